@@ -1,0 +1,43 @@
+"""Loss-scaling methods behind one interface (``LossScaler``).
+
+``build_scaler`` turns a study's scaling entry into a scaler; the adaptive
+method needs the model because it scales per layer during backward.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .base import LossScaler, StepResult
+from .dynamic import DynamicLossScaler
+from .fixed import FixedLossScaler, NoLossScaler
+
+__all__ = ["LossScaler", "StepResult", "FixedLossScaler", "NoLossScaler", "DynamicLossScaler",
+           "AdaptiveLossScaler", "build_scaler"]
+
+
+def __getattr__(name: str):
+    if name == "AdaptiveLossScaler":
+        from .adaptive import AdaptiveLossScaler
+
+        return AdaptiveLossScaler
+    raise AttributeError(name)
+
+
+def build_scaler(entry: dict[str, Any], model=None) -> LossScaler:
+    """Build the scaler for a scaling entry (``{"method": ..., **options}``)."""
+    method = entry["method"]
+    if method == "none":
+        return NoLossScaler()
+    if method == "fixed":
+        return FixedLossScaler(scale=entry.get("scale", 1.0), skip_nonfinite=entry.get("skip_nonfinite", True))
+    if method == "dynamic":
+        return DynamicLossScaler(style=entry.get("style", "chainer"), init_scale=entry.get("init_scale"),
+                                 interval=entry.get("interval"))
+    if method == "adaptive":
+        from .adaptive import AdaptiveLossScaler
+
+        opts = {k: entry[k] for k in ("update_every", "n_uf_threshold", "scale_upper_bound",
+                                      "accum_upper_bound", "power_of_two", "init_scale") if k in entry}
+        return AdaptiveLossScaler(model, **opts)
+    raise ValueError(f"unknown scaling method {method!r}")

@@ -1,0 +1,137 @@
+"""The one interface the training loop sees for every loss-scaling method.
+
+The loop calls ``scale(loss).backward()``, then ``step(optimizer)``, then
+``update()``, and never asks which scaler it holds (as with
+``torch.amp.GradScaler``). A skipped step is reported in the returned
+``StepResult``, so the loop can count and log it instead of losing it.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable
+
+import torch
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What happened to one optimizer step.
+
+    ``scale`` is the loss scale the step's gradients carried (for layer-wise
+    methods: the scale at the loss, i.e. ``init_scale``); ``overflow`` says a
+    non-finite gradient was found; ``skipped`` says the optimizer did not run.
+    """
+
+    skipped: bool
+    scale: float
+    overflow: bool
+
+
+def _grads(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    return [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+
+
+def all_reduce_flag(flag: torch.Tensor) -> torch.Tensor:
+    """Agree on an overflow flag across data-parallel workers (max-reduce).
+
+    Replicas that decided differently would drift apart: one would step while
+    another skipped. A no-op when torch.distributed is not initialised.
+    """
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return flag
+
+
+def unscale_and_check(grads: Iterable[torch.Tensor], inv_scale: float | torch.Tensor) -> torch.Tensor:
+    """Multiply ``grads`` in place by ``inv_scale``; return a 0-d float flag, 1.0 if any is non-finite.
+
+    One fused kernel per device and dtype (the same one GradScaler uses), so
+    there is a single host synchronisation per step, when the flag is read.
+    """
+    grads = list(grads)
+    if not grads:
+        return torch.zeros(())
+    by_key: dict[tuple, list[torch.Tensor]] = {}
+    for g in grads:
+        by_key.setdefault((g.device, g.dtype), []).append(g)
+    flags = []
+    for (device, _), group in by_key.items():
+        found = torch.zeros(1, device=device, dtype=torch.float32)
+        inv = torch.as_tensor(inv_scale, device=device, dtype=torch.float32).reshape(1)
+        torch._amp_foreach_non_finite_check_and_unscale_(group, found, inv)
+        flags.append(found.to(grads[0].device))
+    return torch.stack(flags).max()
+
+
+class LossScaler(ABC):
+    """Base of every method: fixed, dynamic, adaptive, none."""
+
+    #: short name used in metrics and labels
+    method: str = "base"
+
+    def __init__(self) -> None:
+        self._unscaled = False
+        self._found_inf: torch.Tensor | None = None
+
+    # -- the loop's interface ------------------------------------------------
+    @abstractmethod
+    def scale(self, loss: torch.Tensor) -> torch.Tensor:
+        """Return the loss multiplied by the current (global) scale."""
+
+    def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
+        """Divide gradients by the scale they carry and record overflow (idempotent per step)."""
+        if self._unscaled:
+            return
+        found = unscale_and_check(_grads(optimizer), 1.0 / self.current_scale())
+        self._found_inf = all_reduce_flag(found)
+        self._unscaled = True
+
+    def step(self, optimizer: torch.optim.Optimizer,
+             step_fn: Callable[[torch.optim.Optimizer], Any] | None = None) -> StepResult:
+        """Unscale if not done yet, then run ``step_fn(optimizer)`` unless a gradient overflowed.
+
+        ``step_fn`` lets a backend substitute its own optimizer step
+        (``xm.optimizer_step`` on XLA) without the scaler knowing about it.
+        """
+        self.unscale_(optimizer)
+        overflow = bool(self._found_inf.item()) if self._found_inf is not None else False
+        skip = overflow and self.skips_on_overflow
+        if not skip:
+            (step_fn or (lambda opt: opt.step()))(optimizer)
+        result = StepResult(skipped=skip, scale=float(self.current_scale()), overflow=overflow)
+        self._last_overflow = overflow
+        return result
+
+    def update(self) -> None:
+        """Adjust the scale for the next step (after ``step``)."""
+        self._unscaled = False
+        self._found_inf = None
+
+    # -- introspection -------------------------------------------------------
+    #: whether a step with non-finite gradients is skipped
+    skips_on_overflow: bool = True
+
+    @abstractmethod
+    def current_scale(self) -> float:
+        """The global loss scale for the coming (or current) step."""
+
+    def metrics(self) -> dict[str, float]:
+        """Scalar metrics to log each step (``loss_scale`` at least)."""
+        return {"loss_scale": float(self.current_scale())}
+
+    def layer_table(self) -> list[dict[str, Any]]:
+        """Per-layer state for the telemetry artifact; empty for global methods."""
+        return []
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+    def remove(self) -> None:
+        """Detach from the model; global methods hold nothing."""
