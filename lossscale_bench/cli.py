@@ -1,0 +1,178 @@
+"""``lsbench``: run | validate | report | ui.
+
+User errors (a bad study file, missing data, an absent backend, an unknown
+study in the report) print one line naming the file/field/path and exit
+with code 2; anything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+EXIT_USAGE = 2
+
+
+def embedded_study() -> Path:
+    """The default study shipped inside the package (``studies/smoke.yaml``)."""
+    return Path(__file__).parent / "studies" / "smoke.yaml"
+
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+    from .backends.base import BackendUnavailable
+    from .data.coco import DataNotFound
+    from .models.ssd import WeightsError
+    from .study import StudyError
+
+    errs: list[type[BaseException]] = [StudyError, DataNotFound, BackendUnavailable, WeightsError]
+    try:
+        from .report import ReportError
+
+        errs.append(ReportError)
+    except ImportError:
+        pass
+    return tuple(errs)
+
+
+def _print_table(trials) -> None:
+    from tabulate import tabulate
+
+    from .study import trial_table
+
+    rows = trial_table(trials)
+    print(tabulate(rows, headers="keys", tablefmt="github"))
+    print(f"{len(rows)} trials")
+
+
+def cmd_validate(args) -> int:
+    from .study import load_study
+
+    for f in args.files:
+        study = load_study(f)
+        print(f"{f}: ok, study {study.name!r}")
+        _print_table(study.trials())
+    return 0
+
+
+def cmd_run(args) -> int:
+    from .study import load_study
+
+    path = args.file or str(embedded_study())
+    study = load_study(path)
+    if args.dry_run:
+        print(f"study {study.name!r} from {path}")
+        _print_table(study.trials())
+        return 0
+    from .sweep import run_study
+
+    result = run_study(study, runs_dir=args.runs_dir, tracking_uri=args.tracking_uri,
+                       max_concurrent=args.max_concurrent, address=args.address, num_cpus=args.num_cpus,
+                       executor=args.executor, quiet=args.quiet)
+    counts = result.counts()
+    print(f"study {study.name}: " + ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in counts.items()))
+    if not args.no_report:
+        from .report import write_report
+
+        text, out = write_report(result.tracking_uri, study=study.name, fmt="markdown",
+                                 reports_dir=args.reports_dir)
+        print()
+        print(text)
+        print(f"(written to {out})")
+    return 0
+
+
+def cmd_report(args) -> int:
+    from .report import write_report
+    from .tracking import resolve_tracking_uri
+
+    uri = resolve_tracking_uri(args.tracking_uri, args.runs_dir)
+    text, out = write_report(uri, study=args.study, fmt=args.format, out=args.out, metric=args.metric,
+                             reports_dir=args.reports_dir)
+    if args.format in ("markdown", "csv", "latex") and not args.out:
+        print(text)
+    print(f"(written to {out})", file=sys.stderr)
+    return 0
+
+
+def cmd_ui(args) -> int:
+    import subprocess
+
+    from .tracking import resolve_tracking_uri
+
+    uri = resolve_tracking_uri(args.tracking_uri, args.runs_dir)
+    url = f"http://{args.host}:{args.port}"
+    print(f"MLflow UI for {uri} at {url} (Ctrl-C stops it)", flush=True)
+    if args.host not in ("127.0.0.1", "localhost", "::1"):
+        print(f"warning: serving on {args.host}: anyone who can reach this address can read the runs",
+              file=sys.stderr)
+    cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", uri, "--host", args.host,
+           "--port", str(args.port), "--workers", "1"]
+    try:
+        return subprocess.call(cmd)
+    except KeyboardInterrupt:
+        return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="lsbench", description="Mixed-precision loss-scaling studies of SSD detectors")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def store_args(sp):
+        sp.add_argument("--runs-dir", default=os.environ.get("LSBENCH_RUNS", "runs"),
+                        help="study outputs and the default MLflow store (runs/mlflow.db)")
+        sp.add_argument("--tracking-uri", default=None,
+                        help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI or sqlite:///<runs-dir>/mlflow.db)")
+
+    sp = sub.add_parser("run", help="run a study (default: the embedded smoke study)")
+    sp.add_argument("file", nargs="?", help="study YAML file")
+    sp.add_argument("--dry-run", action="store_true", help="print the trial table and exit")
+    store_args(sp)
+    sp.add_argument("--max-concurrent", type=int, default=None, help="at most this many trials at once")
+    sp.add_argument("--address", default=None, help="join an existing Ray cluster (else $RAY_ADDRESS, else local)")
+    sp.add_argument("--num-cpus", type=int, default=None, help="CPUs for a local Ray instance (default: all)")
+    sp.add_argument("--executor", choices=("ray", "local"), default="ray",
+                    help="'local' runs trials one by one in this process, without Ray (debugging)")
+    sp.add_argument("--quiet", action="store_true", help="no per-trial progress lines")
+    sp.add_argument("--no-report", action="store_true", help="do not print the report at the end")
+    sp.add_argument("--reports-dir", default="reports")
+    sp.set_defaults(func=cmd_run)
+
+    sp = sub.add_parser("validate", help="validate study files and print their trial tables")
+    sp.add_argument("files", nargs="+")
+    sp.set_defaults(func=cmd_validate)
+
+    sp = sub.add_parser("report", help="mAP tables from the MLflow store")
+    sp.add_argument("--study", default=None)
+    sp.add_argument("--format", choices=("markdown", "csv", "html", "latex"), default="markdown")
+    sp.add_argument("--out", default=None, help="file to write (default: reports/<study>.<ext>)")
+    sp.add_argument("--metric", default="final_map", help="final_map (default), final_map_50 or best_map")
+    sp.add_argument("--reports-dir", default="reports")
+    store_args(sp)
+    sp.set_defaults(func=cmd_report)
+
+    sp = sub.add_parser("ui", help="serve the MLflow UI for the study store")
+    store_args(sp)
+    sp.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1: this machine only)")
+    sp.add_argument("--port", type=int, default=5000)
+    sp.set_defaults(func=cmd_ui)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # noqa: BLE001
+        if isinstance(exc, _user_errors()):
+            print(f"lsbench: error: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())

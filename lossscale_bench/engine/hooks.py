@@ -1,0 +1,176 @@
+"""Hooks around the loop: metrics, divergence, evaluation, checkpoints.
+
+Each hook has one job and sees the ``Trainer`` and each ``StepRecord``. A
+diverged trial is data: ``DivergenceHook`` ends the loop with
+``TrialDiverged`` (policy ``stop``) or records the step and lets it run on
+(policy ``continue``); the trial turns that into a status, never a crash.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from ..sink import Sink
+from .loop import StepRecord, StopTraining
+
+
+class Hook:
+    def before_train(self, trainer) -> None:
+        pass
+
+    def after_step(self, trainer, record: StepRecord) -> None:
+        pass
+
+    def after_train(self, trainer) -> None:
+        pass
+
+
+class TrialDiverged(StopTraining):
+    def __init__(self, step: int, last_finite_loss: float | None, scale: float, reason: str):
+        super().__init__(f"diverged at step {step}: {reason}")
+        self.step = step
+        self.last_finite_loss = last_finite_loss
+        self.scale = scale
+        self.reason = reason
+
+
+class MetricsHook(Hook):
+    """Logs every step's loss, scale, overflow, skip count, lr and throughput; flushes every ``log_every``."""
+
+    def __init__(self, sink: Sink, log_every: int = 10) -> None:
+        self.sink = sink
+        self.log_every = max(1, int(log_every))
+        self._buf: list[tuple[str, float, int]] = []
+
+    @staticmethod
+    def _finite_or_none(x: float) -> float:
+        # MLflow stores nan/inf, but keep them visible as such: no clamping.
+        return float(x)
+
+    def after_step(self, trainer, record: StepRecord) -> None:
+        s = record.step
+        st = trainer.state
+        items = [("loss", self._finite_or_none(record.loss), s), ("lr", record.lr, s),
+                 ("overflow", float(record.result.overflow), s), ("skipped", float(record.result.skipped), s),
+                 ("skipped_steps", float(st.skipped_steps), s), ("images_per_sec", record.images_per_sec, s)]
+        items += [(f"loss_{k}", v, s) for k, v in record.parts.items()]
+        if s % self.log_every == 0 or s == trainer.iterations:
+            # Per-layer summaries need a host read: only on logged steps.
+            items += [(k, float(v), s) for k, v in trainer.scaler.metrics().items()]
+        else:
+            items.append(("loss_scale", float(record.result.scale), s))
+        self._buf.extend(items)
+        if s % self.log_every == 0:
+            self.flush(trainer)
+
+    def flush(self, trainer=None) -> None:
+        if self._buf:
+            self.sink.metrics(self._buf)
+            self._buf = []
+        self.sink.flush()
+
+    def after_train(self, trainer) -> None:
+        stats = trainer.backend.memory_stats()
+        if stats:
+            self._buf.extend((k, float(v), trainer.state.step) for k, v in stats.items())
+        self.flush(trainer)
+
+
+class DivergenceHook(Hook):
+    """Declares divergence after ``patience`` consecutive non-finite losses or
+    ``max_consecutive_skips`` consecutive skipped steps (a scale that can never recover)."""
+
+    def __init__(self, sink: Sink, patience: int = 10, max_consecutive_skips: int = 200, policy: str = "stop") -> None:
+        self.sink = sink
+        self.patience = int(patience)
+        self.max_skips = int(max_consecutive_skips)
+        self.policy = policy
+        self.bad = 0
+        self.skips = 0
+        self.last_finite_loss: float | None = None
+        self.last_scale: float = float("nan")
+        self.diverged: TrialDiverged | None = None
+
+    def after_step(self, trainer, record: StepRecord) -> None:
+        if math.isfinite(record.loss):
+            self.bad = 0
+            self.last_finite_loss = record.loss
+            self.last_scale = record.result.scale
+        else:
+            self.bad += 1
+        self.skips = self.skips + 1 if record.result.skipped else 0
+        reason = None
+        if self.bad >= self.patience:
+            reason = f"loss non-finite for {self.bad} consecutive steps"
+        elif self.skips >= self.max_skips:
+            reason = f"{self.skips} consecutive steps skipped on overflow"
+        if reason and self.diverged is None:
+            first_bad = record.step - (self.bad if self.bad >= self.patience else self.skips) + 1
+            self.diverged = TrialDiverged(first_bad, self.last_finite_loss, self.last_scale, reason)
+            self.sink.tags({"lsbench.diverged_step": first_bad, "lsbench.diverged_reason": reason,
+                            "lsbench.last_finite_loss": self.last_finite_loss,
+                            "lsbench.diverged_scale": self.last_scale})
+            if self.policy == "stop":
+                raise self.diverged
+
+
+class EvalHook(Hook):
+    """Evaluates every ``every`` iterations (not at the end: the trial does the final evaluation)."""
+
+    def __init__(self, sink: Sink, evaluate: Callable[[], dict[str, float]], every: int | None,
+                 on_eval: Callable[[int, dict], None] | None = None) -> None:
+        self.sink = sink
+        self.evaluate = evaluate
+        self.every = every
+        self.on_eval = on_eval
+        self.best_map = float("-inf")
+
+    def run_eval(self, trainer) -> dict[str, float]:
+        res = self.evaluate()
+        step = trainer.state.step
+        self.best_map = max(self.best_map, res.get("map", float("-inf")))
+        self.sink.metrics([(k, float(v), step) for k, v in res.items() if k in ("map", "map_50")])
+        self.sink.flush()
+        if self.on_eval:
+            self.on_eval(step, res)
+        return res
+
+    def after_step(self, trainer, record: StepRecord) -> None:
+        if self.every and record.step % self.every == 0 and record.step < trainer.iterations:
+            self.run_eval(trainer)
+
+
+def atomic_torch_save(obj: Any, path: Path) -> None:
+    """Write to a temp file in the same folder, fsync, then rename: a kill never leaves half a checkpoint."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+class CheckpointHook(Hook):
+    """Saves the full training state every ``every`` iterations (and when training stops early)."""
+
+    def __init__(self, path: Path, every: int, state_fn: Callable[[], dict]) -> None:
+        self.path = Path(path)
+        self.every = max(1, int(every))
+        self.state_fn = state_fn
+
+    def after_step(self, trainer, record: StepRecord) -> None:
+        if record.step % self.every == 0:
+            atomic_torch_save(self.state_fn(), self.path)

@@ -1,0 +1,50 @@
+"""Where a trial sends what it measures, without knowing MLflow or Ray.
+
+In a sweep the sink forwards batches to the driver through ``tune.report``
+and the driver is the single MLflow writer (SQLite allows one writer at a
+time). Run in-process, the sink writes to MLflow directly. Tests use
+``MemorySink``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class Sink:
+    def metrics(self, items: list[tuple[str, float, int]]) -> None:
+        """Record ``(key, value, step)`` triples."""
+
+    def tags(self, tags: dict[str, Any]) -> None:
+        """Set run tags (status, diverged_step, ...)."""
+
+    def artifact(self, path: str, artifact_path: str | None = None) -> None:
+        """Attach a file that the trial wrote (absolute path)."""
+
+    def flush(self) -> None:
+        """Deliver whatever is buffered."""
+
+
+class MemorySink(Sink):
+    """Keeps everything in lists; for tests and for reading back a trial's history."""
+
+    def __init__(self) -> None:
+        self.items: list[tuple[str, float, int]] = []
+        self.tag_values: dict[str, Any] = {}
+        self.artifacts: list[tuple[str, str | None]] = []
+        self.flushes = 0
+
+    def metrics(self, items):
+        self.items.extend(items)
+
+    def tags(self, tags):
+        self.tag_values.update(tags)
+
+    def artifact(self, path, artifact_path=None):
+        self.artifacts.append((path, artifact_path))
+
+    def flush(self):
+        self.flushes += 1
+
+    def history(self, key: str) -> list[tuple[int, float]]:
+        return [(s, v) for k, v, s in self.items if k == key]

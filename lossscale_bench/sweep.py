@@ -1,0 +1,323 @@
+"""Run a study's trials: Ray Tune schedules them, the driver is the only MLflow writer.
+
+Why the funnel: trials run in Ray worker processes, and SQLite (MLflow's
+default store) takes one writer at a time; several trials logging every step
+hit "database is locked". So a trial never touches MLflow: its ``TuneSink``
+hands batches of metrics/tags to ``tune.report`` and the driver's
+``MlflowFunnel`` callback writes them, batched, into the trial's child run.
+Any store works the same way (``--tracking-uri`` to an ``mlflow server``).
+
+Resume is keyed by ``trial_id``, not by Ray's experiment state: finished and
+diverged trials (by their MLflow status tag) are not scheduled again, and an
+interrupted trial continues from its own checkpoint in its trial directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .sink import Sink
+from .tracking import TERMINAL, MlflowSink, Tracker
+
+
+@dataclass
+class StudyResult:
+    study: str
+    tracking_uri: str
+    outcomes: dict[str, dict] = field(default_factory=dict)   # trial_id -> outcome dict
+    skipped: list[str] = field(default_factory=list)          # already done before this run
+
+    def counts(self) -> dict[str, int]:
+        c = {"finished": 0, "diverged": 0, "failed": 0}
+        for o in self.outcomes.values():
+            c[o.get("status", "failed")] = c.get(o.get("status", "failed"), 0) + 1
+        c["already_done"] = len(self.skipped)
+        return c
+
+
+class TuneSink(Sink):
+    """Inside a Tune trial: forward buffered metrics/tags/artifacts to the driver via ``tune.report``."""
+
+    def __init__(self) -> None:
+        self._metrics: list = []
+        self._tags: dict = {}
+        self._artifacts: list = []
+        self.reports = 0
+
+    def metrics(self, items):
+        self._metrics.extend((k, float(v), int(s)) for k, v, s in items)
+
+    def tags(self, tags):
+        self._tags.update({k: (None if v is None else v if isinstance(v, (int, float, str)) else str(v))
+                           for k, v in tags.items()})
+
+    def artifact(self, path, artifact_path=None):
+        self._artifacts.append((str(path), artifact_path))
+
+    def flush(self, outcome: dict | None = None):
+        if not (self._metrics or self._tags or self._artifacts or outcome):
+            return
+        from ray import tune
+
+        payload = {"metrics": self._metrics, "tags": self._tags, "artifacts": self._artifacts}
+        if outcome is not None:
+            payload["outcome"] = outcome
+        self._metrics, self._tags, self._artifacts = [], {}, []
+        self.reports += 1
+        tune.report({"lsbench": json.dumps(payload), "lsbench_reports": self.reports})
+
+
+def _tune_trainable(config: dict) -> None:
+    """The Tune function trainable: one lossscale_bench trial."""
+    from .trial import run_trial
+
+    spec = config["trial"]
+    sink = TuneSink()
+    outcome = run_trial(spec["cfg"], sink=sink, trial_dir=spec["trial_dir"], threads=spec["threads"])
+    sink.flush(outcome=outcome.to_dict())
+
+
+def _resources_of(config: dict):
+    from ray.tune import PlacementGroupFactory
+
+    return PlacementGroupFactory([config["trial"]["resources"]])
+
+
+class Progress:
+    """One line per trial event, plus a running count and ETA (``quiet`` prints only the end)."""
+
+    def __init__(self, total: int, already: int, concurrency: int, quiet: bool, stream=None) -> None:
+        self.total, self.already, self.concurrency, self.quiet = total, already, max(1, concurrency), quiet
+        self.stream = stream or sys.stdout
+        self.started: dict[str, float] = {}
+        self.durations: list[float] = []
+        self.status: dict[str, str] = {}
+        self.last_step: dict[str, int] = {}
+
+    def line(self, msg: str) -> None:
+        if not self.quiet:
+            print(msg, file=self.stream, flush=True)
+
+    def _summary(self) -> str:
+        vals = list(self.status.values())
+        done = sum(v in ("finished", "diverged", "failed") for v in vals)
+        running = sum(v == "running" for v in vals)
+        eta = ""
+        remaining = self.total - done
+        if self.durations and remaining:
+            mean = sum(self.durations) / len(self.durations)
+            eta = f", ETA ~{mean * remaining / self.concurrency / 60:.1f} min"
+        return (f"[{done}/{self.total} done, {running} running, {vals.count('failed')} failed, "
+                f"{vals.count('diverged')} diverged{eta}]")
+
+    def start(self, tid: str, label: str) -> None:
+        self.started[tid] = time.time()
+        self.status[tid] = "running"
+        self.line(f"{self._summary()} start   {label} ({tid})")
+
+    def step(self, tid: str, label: str, step: int, loss: float | None, iterations: int) -> None:
+        """A per-trial progress line about every tenth of its iterations."""
+        every = max(1, iterations // 10)
+        last = self.last_step.get(tid, 0)
+        if loss is not None and step // every > last // every:
+            self.line(f"    {label} ({tid}) step {step}/{iterations} loss {loss:.4g}")
+        self.last_step[tid] = step
+
+    def end(self, tid: str, label: str, outcome: dict) -> None:
+        self.status[tid] = outcome.get("status", "failed")
+        if tid in self.started:
+            self.durations.append(time.time() - self.started[tid])
+        extra = ""
+        if outcome.get("final_map") is not None:
+            extra = f" mAP {outcome['final_map']:.4f} mAP@0.5 {outcome.get('final_map_50') or 0:.4f}"
+        if outcome.get("diverged_step") is not None:
+            extra += f" diverged at step {outcome['diverged_step']}"
+        if outcome.get("error"):
+            extra += f" error: {outcome['error'][:200]}"
+        self.line(f"{self._summary()} {self.status[tid]:8s} {label} ({tid}){extra}")
+
+
+def _make_funnel(tracker: Tracker, run_ids: dict[str, str], labels: dict[str, str], study_result: StudyResult,
+                 progress: Progress, iterations: dict[str, int]):
+    from ray.tune import Callback
+
+    class MlflowFunnel(Callback):
+        """Driver-side: the single writer to MLflow for every trial's reports."""
+
+        def _tid(self, trial) -> str:
+            return trial.config["trial"]["cfg"]["trial_id"]
+
+        def on_trial_start(self, iteration, trials, trial, **info):
+            tid = self._tid(trial)
+            progress.start(tid, labels[tid])
+
+        def on_trial_result(self, iteration, trials, trial, result, **info):
+            raw = result.get("lsbench")
+            if not raw:
+                return
+            tid = self._tid(trial)
+            run_id = run_ids[tid]
+            payload = json.loads(raw)
+            if payload.get("metrics"):
+                tracker.log_metrics(run_id, payload["metrics"])
+                losses = [(s, v) for k, v, s in payload["metrics"] if k == "loss"]
+                if losses:
+                    progress.step(tid, labels[tid], losses[-1][0], losses[-1][1], iterations[tid])
+            if payload.get("tags"):
+                tracker.set_tags(run_id, payload["tags"])
+            for path, apath in payload.get("artifacts", []):
+                tracker.log_artifact(run_id, path, apath)
+            if "outcome" in payload:
+                outcome = payload["outcome"]
+                study_result.outcomes[tid] = outcome
+                tracker.end_trial(run_id, outcome["status"])
+                progress.end(tid, labels[tid], outcome)
+
+        def on_trial_error(self, iteration, trials, trial, **info):
+            # Retries (FailureConfig.max_failures) are exhausted: the process kept dying.
+            tid = self._tid(trial)
+            err = str(getattr(trial, "error_file", "") or "")
+            msg = "trial process failed repeatedly"
+            try:
+                if err and Path(err).exists():
+                    msg = Path(err).read_text()[-2000:]
+            except OSError:
+                pass
+            outcome = {"trial_id": tid, "status": "failed", "error": msg}
+            study_result.outcomes[tid] = outcome
+            tracker.set_tags(run_ids[tid], {"lsbench.status": "failed", "lsbench.error": msg[-5000:]})
+            tracker.end_trial(run_ids[tid], "failed")
+            progress.end(tid, labels[tid], outcome)
+
+        def on_trial_recover(self, iteration, trials, trial, **info):
+            tid = self._tid(trial)
+            progress.line(f"    retrying {labels[tid]} ({tid}) from its last checkpoint")
+            tracker.set_tags(run_ids[tid], {"lsbench.retries": getattr(trial, "num_failures", "?")})
+
+    return MlflowFunnel()
+
+
+def study_dir(runs_dir: str | Path, study_name: str) -> Path:
+    return Path(runs_dir).expanduser().resolve() / study_name
+
+
+def run_study(study, *, runs_dir: str | Path = "runs", tracking_uri: str | None = None,
+              max_concurrent: int | None = None, address: str | None = None, num_cpus: int | None = None,
+              executor: str = "ray", quiet: bool = False, stream=None) -> StudyResult:
+    """Run every trial of ``study`` that has not finished or diverged yet."""
+    from .data.prepare import prepare_dataset
+    from .tracking import resolve_tracking_uri
+
+    runs_dir = Path(runs_dir).expanduser().resolve()
+    uri = resolve_tracking_uri(tracking_uri, runs_dir)
+    sdir = study_dir(runs_dir, study.name)
+    trials = study.trials()
+    # Data first: a study whose data is missing fails before any trial starts.
+    prepare_dataset(trials[0].dataset)
+
+    tracker = Tracker(uri, artifact_root=runs_dir / "artifacts")
+    exp_id, parent = tracker.study_run(study.name, study.description, getattr(study, "source", None))
+    existing = tracker.trial_runs(exp_id)
+    result = StudyResult(study=study.name, tracking_uri=uri)
+    todo = []
+    for cfg in trials:
+        run = existing.get(cfg.trial_id)
+        if run is not None and run.data.tags.get("lsbench.status") in TERMINAL:
+            result.skipped.append(cfg.trial_id)
+        else:
+            todo.append(cfg)
+    run_ids = {cfg.trial_id: tracker.ensure_trial_run(exp_id, parent, cfg, existing.get(cfg.trial_id))
+               for cfg in todo}
+    labels = {cfg.trial_id: cfg.label for cfg in trials}
+    concurrency = max_concurrent or max(1, int((num_cpus or os.cpu_count() or 1)
+                                               // max(1.0, float(trials[0].resources.get("cpus_per_trial", 1)))))
+    progress = Progress(len(trials), len(result.skipped), concurrency, quiet, stream)
+    if result.skipped:
+        progress.line(f"{len(result.skipped)} of {len(trials)} trials already finished or diverged: not run again")
+    if todo:
+        if executor == "local":
+            _run_local(todo, tracker, run_ids, sdir, result, progress)
+        elif executor == "ray":
+            _run_ray(study, todo, tracker, run_ids, labels, sdir, result, progress, max_concurrent, address, num_cpus,
+                     quiet)
+        else:
+            raise ValueError(f"unknown executor {executor!r}; allowed: ray, local")
+    tracker.end_study(parent, result.counts())
+    return result
+
+
+def _threads(cfg) -> int:
+    return max(1, int(float(cfg.resources.get("cpus_per_trial", 1))))
+
+
+def _run_local(todo, tracker, run_ids, sdir, result, progress) -> None:
+    """Trials one after another in this process (debugging; no Ray)."""
+    from .trial import run_trial
+
+    for cfg in todo:
+        progress.start(cfg.trial_id, cfg.label)
+        sink = MlflowSink(tracker, run_ids[cfg.trial_id])
+        outcome = run_trial(cfg, sink=sink, trial_dir=sdir / "trials" / cfg.trial_id, threads=_threads(cfg)).to_dict()
+        result.outcomes[cfg.trial_id] = outcome
+        tracker.end_trial(run_ids[cfg.trial_id], outcome["status"])
+        progress.end(cfg.trial_id, cfg.label, outcome)
+
+
+def _run_ray(study, todo, tracker, run_ids, labels, sdir, result, progress, max_concurrent, address, num_cpus,
+             quiet) -> None:
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+    os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
+    import ray
+    from ray import tune
+
+    from .backends import ray_resources
+
+    started_here = False
+    if not ray.is_initialized():
+        address = address or os.environ.get("RAY_ADDRESS")
+        kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": not quiet,
+                                  "configure_logging": True, "logging_level": "WARNING"}
+        if address:
+            ray.init(address=address, **kwargs)
+        else:
+            ray.init(num_cpus=num_cpus or os.cpu_count(), **kwargs)
+        started_here = True
+    specs = []
+    for cfg in todo:
+        res = ray_resources(cfg.resources.get("backend", "cpu"), int(cfg.resources.get("devices_per_trial", 1)),
+                            float(cfg.resources.get("cpus_per_trial", 1)))
+        specs.append({"cfg": cfg.to_dict(), "trial_dir": str(sdir / "trials" / cfg.trial_id),
+                      "threads": _threads(cfg), "resources": res})
+    funnel = _make_funnel(tracker, run_ids, labels, result, progress,
+                          {c.trial_id: int(c.schedule["iterations"]) for c in todo})
+    # Tune's own result files are off (TUNE_DISABLE_AUTO_CALLBACK_LOGGERS): MLflow holds the results,
+    # so its end-of-run complaint that they are missing is noise.
+    import logging
+
+    logging.getLogger("ray.tune.analysis.experiment_analysis").setLevel(logging.ERROR)
+    tuner = tune.Tuner(
+        tune.with_resources(_tune_trainable, _resources_of),
+        param_space={"trial": tune.grid_search(specs)},
+        tune_config=tune.TuneConfig(max_concurrent_trials=max_concurrent, reuse_actors=False,
+                                    trial_dirname_creator=lambda t: t.config["trial"]["cfg"]["trial_id"]),
+        run_config=tune.RunConfig(name=f"{study.name}-{time.strftime('%Y%m%d-%H%M%S')}",
+                                  storage_path=str(sdir / "ray"), callbacks=[funnel], verbose=0,
+                                  failure_config=tune.FailureConfig(max_failures=study.max_failures)),
+    )
+    try:
+        tuner.fit()
+    finally:
+        if started_here:
+            ray.shutdown()
+    for cfg in todo:  # a trial Ray never reported on (cancelled) stays visible as failed
+        if cfg.trial_id not in result.outcomes:
+            outcome = {"trial_id": cfg.trial_id, "status": "failed", "error": "no result from Ray"}
+            result.outcomes[cfg.trial_id] = outcome
+            tracker.set_tags(run_ids[cfg.trial_id], {"lsbench.status": "failed", "lsbench.error": outcome["error"]})
+            tracker.end_trial(run_ids[cfg.trial_id], "failed")

@@ -1,0 +1,230 @@
+"""Run one trial from its ``TrialConfig``: build, train, evaluate, report through a ``Sink``.
+
+No Ray and no MLflow here: the sweep wraps this function in a Tune trainable
+and the in-process runner hands it an MLflow sink. Divergence and errors end
+as a status (``diverged`` / ``failed``) in the returned ``TrialOutcome``,
+never as an exception out of this function.
+
+Resume: every ``checkpoint_every`` iterations the whole state (model,
+optimizer, lr schedule, scaler incl. per-layer adaptive state, step, RNG,
+best mAP) is written atomically to ``<trial_dir>/checkpoint.pt``; a trial
+started again with the same directory continues from it, and the data
+stream restarts at the saved step.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import time
+import traceback
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from .sink import Sink
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint exists but cannot be read (truncated, corrupt, foreign)."""
+
+
+@dataclass
+class TrialOutcome:
+    trial_id: str
+    status: str  # finished | diverged | failed
+    steps: int = 0
+    final_map: float | None = None
+    final_map_50: float | None = None
+    best_map: float | None = None
+    diverged_step: int | None = None
+    skipped_steps: int = 0
+    seconds: float = 0.0
+    error: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _rng_state() -> dict[str, Any]:
+    st = np.random.get_state()
+    return {"torch": torch.get_rng_state(), "python": random.getstate(),
+            "numpy": [st[0], st[1].tolist(), int(st[2]), int(st[3]), float(st[4])]}
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(tuple(state["python"]) if not isinstance(state["python"], tuple) else state["python"])
+    n = state["numpy"]
+    np.random.set_state((n[0], np.asarray(n[1], dtype=np.uint32), n[2], n[3], n[4]))
+
+
+def load_checkpoint(path: Path) -> dict[str, Any]:
+    """Load with ``weights_only=True`` (no code execution from a checkpoint file)."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - truncated zip, pickle error, foreign file
+        raise CheckpointError(f"checkpoint {path} cannot be read ({type(exc).__name__}: "
+                              f"{str(exc).splitlines()[0][:200] if str(exc) else ''}); delete it to restart "
+                              "this trial from scratch") from None
+
+
+def _as_config(cfg):
+    from .study import TrialConfig
+
+    return cfg if isinstance(cfg, TrialConfig) else TrialConfig.from_dict(cfg)
+
+
+def make_evaluator(metric: str, model, val_ds, backend, precision, max_images=None):
+    """Return a zero-argument function computing ``{"map", "map_50"}`` on the validation set."""
+    autocast = (lambda: backend.autocast(precision.autocast_dtype))
+    if metric == "coco":
+        from .evaluation.coco import evaluate_coco
+
+        return lambda: evaluate_coco(model, val_ds, device=backend.device, max_images=max_images, autocast=autocast)
+    if metric in ("voc07", "voc"):
+        from .evaluation.voc import evaluate_voc
+
+        return lambda: evaluate_voc(model, val_ds, device=backend.device, max_images=max_images, autocast=autocast,
+                                    use_07_metric=(metric == "voc07"))
+    raise ValueError(f"unknown eval metric {metric!r}")
+
+
+def run_trial(cfg, *, sink: Sink, trial_dir: str | Path, threads: int | None = None,
+              checkpoint_every: int | None = None) -> TrialOutcome:
+    """Train and evaluate one trial; always returns an outcome (errors become status ``failed``)."""
+    cfg = _as_config(cfg)
+    t0 = time.time()
+    trial_dir = Path(trial_dir)
+    trial_dir.mkdir(parents=True, exist_ok=True)
+    outcome = TrialOutcome(trial_id=cfg.trial_id, status="failed")
+    sink.tags({"lsbench.status": "running"})
+    try:
+        _train(cfg, sink, trial_dir, threads, checkpoint_every, outcome)
+    except Exception as exc:  # noqa: BLE001 - a failed trial is data, the study goes on
+        outcome.status = "failed"
+        outcome.error = f"{type(exc).__name__}: {exc}"
+        (trial_dir / "error.txt").write_text(traceback.format_exc())
+        sink.tags({"lsbench.status": "failed", "lsbench.error": outcome.error[:5000]})
+        sink.artifact(str(trial_dir / "error.txt"))
+    outcome.seconds = time.time() - t0
+    (trial_dir / "outcome.json").write_text(json.dumps(outcome.to_dict(), indent=2))
+    sink.flush()
+    return outcome
+
+
+def _train(cfg, sink: Sink, trial_dir: Path, threads, checkpoint_every, outcome: TrialOutcome) -> None:
+    from .backends import get_backend
+    from .data import build_datasets, infinite_batches
+    from .engine import CheckpointHook, DivergenceHook, EvalHook, MetricsHook, Trainer, TrialDiverged
+    from .engine.loop import TrainState
+    from .engine.schedule import build_optimizer, build_scheduler
+    from .models import build_model
+    from .precision import get_precision
+    from .scaling import build_scaler
+
+    backend = get_backend(cfg.resources.get("backend", "cpu"), threads=threads)
+    backend.seed(cfg.seed)
+    random.seed(cfg.seed)
+    np.random.seed(cfg.seed % 2**32)
+
+    opts = dict(cfg.model_options)
+    if "image_size" not in opts and cfg.dataset.get("name") == "synthetic" and cfg.model == "ssd_tiny":
+        opts["image_size"] = int(cfg.dataset.get("image_size", 128))
+    train_ds, val_ds, classes = build_datasets(cfg.dataset, image_size=opts.get("image_size"),
+                                               max_val_images=cfg.eval.get("max_images"))
+    model = backend.prepare_model(build_model(cfg.model, num_classes=len(classes) + 1, **opts))
+    precision = get_precision(cfg.precision)
+    precision.prepare(model)
+    scaler = build_scaler(cfg.scaling, model)
+    optimizer = build_optimizer(model, cfg.schedule)
+    scheduler = build_scheduler(optimizer, cfg.schedule)
+    state = TrainState()
+
+    iterations = int(cfg.schedule["iterations"])
+    eval_every = cfg.eval.get("every")
+    ckpt_every = checkpoint_every or eval_every or max(1, iterations // 10)
+    ckpt_path = trial_dir / "checkpoint.pt"
+    best = {"map": float("-inf")}
+    diverged_hook = DivergenceHook(sink, patience=cfg.divergence.get("patience", 10),
+                                   max_consecutive_skips=cfg.divergence.get("max_consecutive_skips", 200),
+                                   policy=cfg.on_divergence)
+
+    if ckpt_path.exists():
+        ck = load_checkpoint(ckpt_path)
+        if ck.get("trial_id") != cfg.trial_id:
+            raise CheckpointError(f"checkpoint {ckpt_path} belongs to trial {ck.get('trial_id')}, not {cfg.trial_id}")
+        model.load_state_dict(ck["model"])
+        optimizer.load_state_dict(ck["optimizer"])
+        scheduler.load_state_dict(ck["scheduler"])
+        scaler.load_state_dict(ck["scaler"])
+        state.step, state.skipped_steps, state.overflow_steps, state.images_seen = (
+            ck["step"], ck["skipped_steps"], ck["overflow_steps"], ck["images_seen"])
+        best["map"] = ck.get("best_map", float("-inf"))
+        _set_rng_state(ck["rng"])
+        sink.tags({"lsbench.resumed_from_step": state.step})
+
+    def checkpoint_state() -> dict[str, Any]:
+        return {"trial_id": cfg.trial_id, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(), "step": state.step,
+                "skipped_steps": state.skipped_steps, "overflow_steps": state.overflow_steps,
+                "images_seen": state.images_seen, "best_map": best["map"], "rng": _rng_state()}
+
+    evaluate = make_evaluator(cfg.eval.get("metric", "coco"), model, val_ds, backend, precision,
+                              cfg.eval.get("max_images"))
+
+    def on_eval(step: int, res: dict) -> None:
+        best["map"] = max(best["map"], res.get("map", float("-inf")))
+
+    metrics_hook = MetricsHook(sink, cfg.log_every)
+    eval_hook = EvalHook(sink, evaluate, eval_every, on_eval=on_eval)
+    hooks = [metrics_hook, diverged_hook, eval_hook, CheckpointHook(ckpt_path, ckpt_every, checkpoint_state)]
+    batches = infinite_batches(train_ds, cfg.batch_size, seed=cfg.seed, start_step=state.step)
+    trainer = Trainer(model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler, backend=backend,
+                      precision=precision, batches=batches, iterations=iterations, hooks=hooks,
+                      grad_clip=cfg.schedule.get("grad_clip"),
+                      bias_grad_factor=cfg.schedule.get("bias_grad_factor", 1.0), state=state)
+    sink.tags({"lsbench.backend": backend.describe()})
+    try:
+        trainer.run()
+    except TrialDiverged as div:
+        outcome.status = "diverged"
+        outcome.diverged_step = div.step
+    finally:
+        outcome.steps = state.step
+        outcome.skipped_steps = state.skipped_steps
+        scaler.remove()
+    if outcome.status == "diverged":
+        atomic_done(ckpt_path)
+        sink.tags({"lsbench.status": "diverged"})
+        return
+    # final evaluation (also for policy 'continue' after a divergence)
+    res = evaluate()
+    best["map"] = max(best["map"], res.get("map", float("-inf")))
+    outcome.final_map, outcome.final_map_50 = res.get("map"), res.get("map_50")
+    outcome.best_map = best["map"] if math.isfinite(best["map"]) else None
+    step = state.step
+    final = [("map", res["map"], step), ("map_50", res["map_50"], step), ("final_map", res["map"], step),
+             ("final_map_50", res["map_50"], step), ("skipped_steps_total", float(state.skipped_steps), step)]
+    if outcome.best_map is not None:
+        final.append(("best_map", outcome.best_map, step))
+    sink.metrics(final)
+    if diverged_hook.diverged is not None:
+        outcome.status = "diverged"
+        outcome.diverged_step = diverged_hook.diverged.step
+    else:
+        outcome.status = "finished"
+    atomic_done(ckpt_path)
+    sink.tags({"lsbench.status": outcome.status})
+
+
+def atomic_done(ckpt_path: Path) -> None:
+    """A finished trial needs no checkpoint to resume from; drop it to save disk."""
+    try:
+        ckpt_path.unlink()
+    except FileNotFoundError:
+        pass

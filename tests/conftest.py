@@ -1,0 +1,38 @@
+"""Shared test fixtures: every test writes under its tmp_path, never into ~ or the checkout."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _isolated_data_cache(tmp_path_factory):
+    """Synthetic datasets go to a per-session cache, not ~/.cache."""
+    cache = tmp_path_factory.mktemp("lsbench-data")
+    old = os.environ.get("LSBENCH_DATA")
+    os.environ["LSBENCH_DATA"] = str(cache)
+    os.environ.pop("MLFLOW_TRACKING_URI", None)
+    yield cache
+    if old is None:
+        os.environ.pop("LSBENCH_DATA", None)
+    else:
+        os.environ["LSBENCH_DATA"] = old
+
+
+@pytest.fixture(autouse=True)
+def _torch_threads():
+    """Tests share 2 cores; one intra-op thread keeps timings sane when Ray trials run beside."""
+    try:
+        import torch
+
+        n = torch.get_num_threads()
+        torch.set_num_threads(min(n, 2))
+        yield
+        torch.set_num_threads(n)
+    except ImportError:
+        yield
