@@ -104,6 +104,9 @@ class LossScaler(ABC):
             (step_fn or (lambda opt: opt.step()))(optimizer)
         result = StepResult(skipped=skip, scale=float(self.current_scale()), overflow=overflow)
         self._last_overflow = overflow
+        # The next unscale_ belongs to the next iteration's gradients.
+        self._unscaled = False
+        self._found_inf = None
         return result
 
     def update(self) -> None:
