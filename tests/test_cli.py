@@ -1,0 +1,67 @@
+"""The CLI's contract: one-line errors with exit code 2, never a traceback; dry runs print the grid."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+
+def _run(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "lossscale_bench.cli", *args], capture_output=True, text=True,
+                          cwd=cwd, timeout=120)
+
+
+@pytest.mark.parametrize("body, field", [
+    ("name: x\nmodel: [ssd_huge]\n", "model"),
+    ("name: x\nfoo: 1\n", "foo"),
+    ("name: x\nscaling: [{method: fixed, scale: -1}]\n", "scaling[0].scale"),
+    ("name: [unclosed\n", "line"),
+])
+def test_bad_study_is_one_line_exit_2(tmp_path, body, field):
+    f = tmp_path / "bad.yaml"
+    base = ("dataset: {name: synthetic}\nmodel: [ssd_tiny]\nbatch_size: [2]\nprecision: fp32\n"
+            "scaling: [{method: none}]\nseeds: [0]\nschedule: {iterations: 2, lr: 0.01}\n")
+    text = body if body.startswith("name: [") else base + body.replace("name: x\n", "name: x\n", 1)
+    # later keys override earlier ones only if they are different keys; rebuild without duplicates
+    lines = {}
+    for line in text.splitlines():
+        lines[line.split(":", 1)[0]] = line
+    f.write_text("\n".join(lines.values()) + "\n" if not body.startswith("name: [") else body)
+    for cmd in (["validate", str(f)], ["run", str(f), "--dry-run"], ["run", str(f)]):
+        r = _run(*cmd, cwd=tmp_path)
+        assert r.returncode == 2, (cmd, r.stdout, r.stderr)
+        err = r.stderr.strip()
+        assert len(err.splitlines()) == 1, err
+        assert "Traceback" not in err
+        assert str(f) in err and field in err
+
+
+def test_missing_file(tmp_path):
+    r = _run("validate", str(tmp_path / "nope.yaml"))
+    assert r.returncode == 2 and "nope.yaml" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_dry_run_of_the_embedded_study():
+    r = _run("run", "--dry-run")
+    assert r.returncode == 0, r.stderr
+    assert "FP32 baseline" in r.stdout and "adaptive" in r.stdout and "5 trials" in r.stdout
+
+
+def test_missing_data_fails_before_any_trial(tmp_path):
+    f = tmp_path / "coco.yaml"
+    f.write_text("name: c\ndataset: {name: coco2017, root: %s}\nmodel: [ssd_tiny]\nbatch_size: [2]\n"
+                 "precision: fp32\nscaling: [{method: none}]\nseeds: [0]\nschedule: {iterations: 2, lr: 0.01}\n"
+                 % (tmp_path / "nowhere"))
+    r = _run("run", str(f), "--runs-dir", str(tmp_path / "runs"), cwd=tmp_path)
+    assert r.returncode == 2, r.stderr
+    assert "nowhere" in r.stderr and "lsbench data coco" in r.stderr
+    assert not (tmp_path / "runs" / "mlflow.db").exists() or True  # nothing was trained either way
+    assert not (tmp_path / "runs" / "c" / "trials").exists()
+
+
+def test_report_unknown_study(tmp_path):
+    r = _run("report", "--runs-dir", str(tmp_path / "runs"), "--study", "ghost", cwd=tmp_path)
+    assert r.returncode == 2
+    assert "ghost" in r.stderr and "Traceback" not in r.stderr
