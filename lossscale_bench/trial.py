@@ -120,12 +120,13 @@ def run_trial(cfg, *, sink: Sink, trial_dir: str | Path, threads: int | None = N
 def _train(cfg, sink: Sink, trial_dir: Path, threads, checkpoint_every, outcome: TrialOutcome) -> None:
     from .backends import get_backend
     from .data import build_datasets, infinite_batches
-    from .engine import CheckpointHook, DivergenceHook, EvalHook, MetricsHook, Trainer, TrialDiverged
+    from .engine import CheckpointHook, DivergenceHook, EvalHook, MetricsHook, TelemetryHook, Trainer, TrialDiverged
     from .engine.loop import TrainState
     from .engine.schedule import build_optimizer, build_scheduler
     from .models import build_model
     from .precision import get_precision
     from .scaling import build_scaler
+    from .telemetry import LayerHistory, UnderflowProbe
 
     backend = get_backend(cfg.resources.get("backend", "cpu"), threads=threads)
     backend.seed(cfg.seed)
@@ -141,6 +142,8 @@ def _train(cfg, sink: Sink, trial_dir: Path, threads, checkpoint_every, outcome:
     precision = get_precision(cfg.precision)
     precision.prepare(model)
     scaler = build_scaler(cfg.scaling, model)
+    probe = UnderflowProbe(model)  # after the emulation hooks: it sees gradients before fp16 rounding
+    history = LayerHistory(trial_dir / "layers_history.csv")
     optimizer = build_optimizer(model, cfg.schedule)
     scheduler = build_scheduler(optimizer, cfg.schedule)
     state = TrainState()
@@ -166,6 +169,7 @@ def _train(cfg, sink: Sink, trial_dir: Path, threads, checkpoint_every, outcome:
             ck["step"], ck["skipped_steps"], ck["overflow_steps"], ck["images_seen"])
         best["map"] = ck.get("best_map", float("-inf"))
         _set_rng_state(ck["rng"])
+        history.truncate_after(state.step)
         sink.tags({"lsbench.resumed_from_step": state.step})
 
     def checkpoint_state() -> dict[str, Any]:
@@ -177,12 +181,16 @@ def _train(cfg, sink: Sink, trial_dir: Path, threads, checkpoint_every, outcome:
     evaluate = make_evaluator(cfg.eval.get("metric", "coco"), model, val_ds, backend, precision,
                               cfg.eval.get("max_images"))
 
+    telemetry = TelemetryHook(sink, probe, history, cfg.log_every)
+
     def on_eval(step: int, res: dict) -> None:
         best["map"] = max(best["map"], res.get("map", float("-inf")))
+        write_layer_table(trial_dir / "layers" / f"layers_step{step:07d}.csv", telemetry.last_rates,
+                          scaler.layer_table(), sink)
 
     metrics_hook = MetricsHook(sink, cfg.log_every)
     eval_hook = EvalHook(sink, evaluate, eval_every, on_eval=on_eval)
-    hooks = [metrics_hook, diverged_hook, eval_hook, CheckpointHook(ckpt_path, ckpt_every, checkpoint_state)]
+    hooks = [telemetry, metrics_hook, diverged_hook, eval_hook, CheckpointHook(ckpt_path, ckpt_every, checkpoint_state)]
     batches = infinite_batches(train_ds, cfg.batch_size, seed=cfg.seed, start_step=state.step)
     trainer = Trainer(model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler, backend=backend,
                       precision=precision, batches=batches, iterations=iterations, hooks=hooks,
@@ -197,13 +205,17 @@ def _train(cfg, sink: Sink, trial_dir: Path, threads, checkpoint_every, outcome:
     finally:
         outcome.steps = state.step
         outcome.skipped_steps = state.skipped_steps
-        scaler.remove()
+        if history.path.exists():
+            sink.artifact(str(history.path), "layers")
     if outcome.status == "diverged":
+        scaler.remove()
         atomic_done(ckpt_path)
         sink.tags({"lsbench.status": "diverged"})
         return
     # final evaluation (also for policy 'continue' after a divergence)
     res = evaluate()
+    on_eval(state.step, res)
+    scaler.remove()
     best["map"] = max(best["map"], res.get("map", float("-inf")))
     outcome.final_map, outcome.final_map_50 = res.get("map"), res.get("map_50")
     outcome.best_map = best["map"] if math.isfinite(best["map"]) else None
@@ -220,6 +232,26 @@ def _train(cfg, sink: Sink, trial_dir: Path, threads, checkpoint_every, outcome:
         outcome.status = "finished"
     atomic_done(ckpt_path)
     sink.tags({"lsbench.status": outcome.status})
+
+
+def write_layer_table(path: Path, rates: dict, scaler_rows: list[dict], sink: Sink) -> None:
+    """The per-layer table at an evaluation: underflow rates (every method) and adaptive scales."""
+    import csv
+
+    by_layer: dict[str, dict] = {name: {"layer": name, **r} for name, r in rates.items()}
+    for row in scaler_rows:
+        by_layer.setdefault(row["layer"], {"layer": row["layer"]}).update(row)
+    if not by_layer:
+        return
+    fields: list[str] = []
+    for row in by_layer.values():
+        fields += [k for k in row if k not in fields]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=fields)
+        w.writeheader()
+        w.writerows(by_layer.values())
+    sink.artifact(str(path), "layers")
 
 
 def atomic_done(ckpt_path: Path) -> None:

@@ -24,6 +24,9 @@ class Hook:
     def before_train(self, trainer) -> None:
         pass
 
+    def before_step(self, trainer, step: int) -> None:
+        """``step`` is the 1-based number the coming step will have."""
+
     def after_step(self, trainer, record: StepRecord) -> None:
         pass
 
@@ -174,3 +177,31 @@ class CheckpointHook(Hook):
     def after_step(self, trainer, record: StepRecord) -> None:
         if record.step % self.every == 0:
             atomic_torch_save(self.state_fn(), self.path)
+
+
+class TelemetryHook(Hook):
+    """Arms the underflow probe on logged steps; logs summaries and appends the per-layer history."""
+
+    def __init__(self, sink: Sink, probe, history, every: int) -> None:
+        self.sink = sink
+        self.probe = probe
+        self.history = history
+        self.every = max(1, int(every))
+        self.last_rates: dict = {}
+
+    def before_step(self, trainer, step: int) -> None:
+        if step % self.every == 0 or step == 1:
+            self.probe.arm()
+
+    def after_step(self, trainer, record: StepRecord) -> None:
+        if not self.probe.armed:
+            return
+        self.probe.disarm()
+        from ..telemetry import summarize
+
+        self.last_rates = self.probe.read()
+        self.sink.metrics([(k, v, record.step) for k, v in summarize(self.last_rates).items()])
+        self.history.append(record.step, self.last_rates, trainer.scaler.layer_table())
+
+    def after_train(self, trainer) -> None:
+        self.probe.remove()

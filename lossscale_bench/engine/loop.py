@@ -108,6 +108,8 @@ class Trainer:
         try:
             while self.state.step < self.iterations:
                 _, images, targets = next(self.batches)
+                for h in self.hooks:
+                    h.before_step(self, self.state.step + 1)
                 record = self.train_step(images, targets)
                 for h in self.hooks:
                     h.after_step(self, record)

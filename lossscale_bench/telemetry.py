@@ -1,0 +1,131 @@
+"""Per-layer underflow telemetry: what makes a loss-scaling study explain itself.
+
+At every Conv2d/Linear output we look at the activation gradient arriving
+there (with whatever scale it carries) and count, among its elements that are
+non-zero in fp32, those that would be subnormal in fp16 (|g| < 2**-14, losing
+precision) and those that would flush to zero (|g| < 2**-25). Exact zeros are
+not counted: SSD heads' gradients are mostly exact zeros from hard-negative
+mining (FIELD-NOTES). The gradient is seen before fp16-emulated rounding (the
+probe's hook sits on the tensor the emulation returns), so flushed elements
+are still visible.
+
+The probe is armed only on logged steps and keeps its counts on the device;
+``read()`` is the one host synchronisation.
+"""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from .precision import EMULATED_LAYERS
+
+FP16_MIN_NORMAL = 2.0 ** -14
+FP16_FLUSH = 2.0 ** -25  # below half the smallest subnormal, fp16 rounding gives 0
+
+
+class UnderflowProbe:
+    def __init__(self, model: nn.Module, layer_types=EMULATED_LAYERS) -> None:
+        self.names: list[str] = []
+        self._handles = []
+        self._armed = False
+        self._counts: dict[str, torch.Tensor] = {}
+        for name, m in model.named_modules():
+            if isinstance(m, layer_types):
+                self.names.append(name)
+                self._handles.append(m.register_forward_hook(self._make_hook(name)))
+
+    def _make_hook(self, name: str):
+        def fwd_hook(module, inputs, output):
+            if self._armed and isinstance(output, torch.Tensor) and output.requires_grad:
+                output.register_hook(lambda g: self._record(name, g))
+            return None
+
+        return fwd_hook
+
+    @torch.no_grad()
+    def _record(self, name: str, g: torch.Tensor) -> None:
+        a = g.detach().abs()
+        nz = a != 0
+        counts = torch.stack([nz.sum(), (nz & (a < FP16_MIN_NORMAL)).sum(), (nz & (a < FP16_FLUSH)).sum()])
+        prev = self._counts.get(name)
+        self._counts[name] = counts if prev is None else prev + counts
+        return None
+
+    def arm(self) -> None:
+        self._armed = True
+        self._counts = {}
+
+    def disarm(self) -> None:
+        self._armed = False
+
+    @property
+    def armed(self) -> bool:
+        return self._armed
+
+    def read(self) -> dict[str, dict[str, float]]:
+        """``layer -> {"nonzero", "underflow_rate", "flush_rate"}`` for the last armed step."""
+        if not self._counts:
+            return {}
+        names = list(self._counts)
+        allc = torch.stack([self._counts[n] for n in names]).double().cpu()
+        out = {}
+        for n, (nz, sub, flush) in zip(names, allc.tolist()):
+            out[n] = {"nonzero": nz, "underflow_rate": sub / nz if nz else 0.0, "flush_rate": flush / nz if nz else 0.0}
+        return out
+
+    def remove(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+
+
+def summarize(rates: dict[str, dict[str, float]]) -> dict[str, float]:
+    """Step metrics from per-layer rates (only layers that received non-zero gradients)."""
+    vals = [r for r in rates.values() if r["nonzero"] > 0]
+    if not vals:
+        return {}
+    u = [r["underflow_rate"] for r in vals]
+    f = [r["flush_rate"] for r in vals]
+    return {"underflow_rate_mean": sum(u) / len(u), "underflow_rate_max": max(u),
+            "flush_rate_mean": sum(f) / len(f), "flush_rate_max": max(f),
+            "layers_mostly_flushed": float(sum(x > 0.5 for x in f))}
+
+
+class LayerHistory:
+    """Appends one row per layer per logged step to a CSV in the trial directory (for heatmaps)."""
+
+    FIELDS = ["step", "layer", "underflow_rate", "flush_rate", "nonzero", "scale", "accum_scale"]
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+
+    def append(self, step: int, rates: dict[str, dict[str, float]], scaler_rows: list[dict[str, Any]]) -> None:
+        scales = {r.get("layer"): r for r in scaler_rows}
+        new = not self.path.exists()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.path.open("a", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=self.FIELDS, extrasaction="ignore")
+            if new:
+                w.writeheader()
+            for layer in list(rates) + [n for n in scales if n not in rates]:
+                r = rates.get(layer, {})
+                s = scales.get(layer, {})
+                w.writerow({"step": step, "layer": layer, "underflow_rate": r.get("underflow_rate", ""),
+                            "flush_rate": r.get("flush_rate", ""), "nonzero": r.get("nonzero", ""),
+                            "scale": s.get("scale", ""), "accum_scale": s.get("accum_scale", "")})
+
+    def truncate_after(self, step: int) -> None:
+        """On resume, drop rows newer than the checkpoint so the history has no duplicates."""
+        if not self.path.exists():
+            return
+        with self.path.open() as f:
+            rows = [r for r in csv.DictReader(f) if int(r["step"]) <= step]
+        with self.path.open("w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=self.FIELDS)
+            w.writeheader()
+            w.writerows(rows)

@@ -1,0 +1,51 @@
+"""Underflow telemetry: counts what fp16 would lose, per layer, before emulated rounding."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from lossscale_bench.precision import install_fp16_emulation
+from lossscale_bench.telemetry import LayerHistory, UnderflowProbe, summarize
+
+
+def _net():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 4))
+
+
+def test_rates_for_known_gradients():
+    model = _net()
+    install_fp16_emulation(model)
+    probe = UnderflowProbe(model)
+    probe.arm()
+    out = model(torch.randn(3, 8))
+    g = torch.zeros_like(out)
+    g[0] = torch.tensor([1e-9, 1e-6, 1.0, 0.0])   # flushed, subnormal, normal, exact zero
+    out.backward(g)
+    rates = probe.read()
+    last = rates["2"]
+    assert last["nonzero"] == 3
+    assert abs(last["underflow_rate"] - 2 / 3) < 1e-9   # 1e-9 and 1e-6 are below 2**-14
+    assert abs(last["flush_rate"] - 1 / 3) < 1e-9      # only 1e-9 rounds to 0 (seen before rounding)
+    s = summarize(rates)
+    assert s["underflow_rate_max"] >= 2 / 3
+
+
+def test_disarmed_probe_records_nothing_and_remove_cleans_up(tmp_path):
+    model = _net()
+    probe = UnderflowProbe(model)
+    model(torch.randn(2, 8)).sum().backward()
+    assert probe.read() == {}
+    probe.remove()
+    assert all(not m._forward_hooks for m in model.modules())
+
+
+def test_history_truncates_on_resume(tmp_path):
+    h = LayerHistory(tmp_path / "h.csv")
+    rates = {"a": {"nonzero": 1.0, "underflow_rate": 0.5, "flush_rate": 0.0}}
+    for step in (10, 20, 30):
+        h.append(step, rates, [{"layer": "a", "scale": 2.0, "accum_scale": 4.0}])
+    h.truncate_after(20)
+    rows = (tmp_path / "h.csv").read_text().strip().splitlines()
+    assert len(rows) == 3 and rows[-1].startswith("20,a,0.5")
