@@ -94,17 +94,31 @@ def make_evaluator(metric: str, model, val_ds, backend, precision, max_images=No
     raise ValueError(f"unknown eval metric {metric!r}")
 
 
+def shard_batches(batches, rank: int, world_size: int):
+    """Each replica takes its slice of the same global batch (``batch_size`` is the global batch)."""
+    for step, images, targets in batches:
+        yield step, images[rank::world_size], targets[rank::world_size]
+
+
 def run_trial(cfg, *, sink: Sink, trial_dir: str | Path, threads: int | None = None,
-              checkpoint_every: int | None = None) -> TrialOutcome:
-    """Train and evaluate one trial; always returns an outcome (errors become status ``failed``)."""
+              checkpoint_every: int | None = None, rank: int = 0, world_size: int = 1,
+              grad_sync=None) -> TrialOutcome:
+    """Train and evaluate one trial; always returns an outcome (errors become status ``failed``).
+
+    For a data-parallel trial every replica calls this with its ``rank``; only rank 0
+    reports to the sink and writes checkpoints, and ``grad_sync`` averages gradients.
+    """
     cfg = _as_config(cfg)
     t0 = time.time()
-    trial_dir = Path(trial_dir)
+    ckpt_dir = Path(trial_dir)
+    trial_dir = ckpt_dir if rank == 0 else ckpt_dir / f"rank{rank}"
+    if rank != 0:
+        sink = Sink()
     trial_dir.mkdir(parents=True, exist_ok=True)
     outcome = TrialOutcome(trial_id=cfg.trial_id, status="failed")
     sink.tags({"lsbench.status": "running"})
     try:
-        _train(cfg, sink, trial_dir, threads, checkpoint_every, outcome)
+        _train(cfg, sink, trial_dir, threads, checkpoint_every, outcome, rank, world_size, grad_sync, ckpt_dir)
     except Exception as exc:  # noqa: BLE001 - a failed trial is data, the study goes on
         outcome.status = "failed"
         outcome.error = f"{type(exc).__name__}: {exc}"
@@ -117,7 +131,8 @@ def run_trial(cfg, *, sink: Sink, trial_dir: str | Path, threads: int | None = N
     return outcome
 
 
-def _train(cfg, sink: Sink, trial_dir: Path, threads, checkpoint_every, outcome: TrialOutcome) -> None:
+def _train(cfg, sink: Sink, trial_dir: Path, threads, checkpoint_every, outcome: TrialOutcome,
+           rank: int = 0, world_size: int = 1, grad_sync=None, ckpt_dir: Path | None = None) -> None:
     from .backends import get_backend
     from .data import build_datasets, infinite_batches
     from .engine import CheckpointHook, DivergenceHook, EvalHook, MetricsHook, TelemetryHook, Trainer, TrialDiverged
@@ -151,7 +166,7 @@ def _train(cfg, sink: Sink, trial_dir: Path, threads, checkpoint_every, outcome:
     iterations = int(cfg.schedule["iterations"])
     eval_every = cfg.eval.get("every")
     ckpt_every = checkpoint_every or eval_every or max(1, iterations // 10)
-    ckpt_path = trial_dir / "checkpoint.pt"
+    ckpt_path = (ckpt_dir or trial_dir) / "checkpoint.pt"  # rank 0 writes it, every rank resumes from it
     best = {"map": float("-inf")}
     diverged_hook = DivergenceHook(sink, patience=cfg.divergence.get("patience", 10),
                                    max_consecutive_skips=cfg.divergence.get("max_consecutive_skips", 200),
@@ -180,6 +195,8 @@ def _train(cfg, sink: Sink, trial_dir: Path, threads, checkpoint_every, outcome:
 
     evaluate = make_evaluator(cfg.eval.get("metric", "coco"), model, val_ds, backend, precision,
                               cfg.eval.get("max_images"))
+    if rank != 0:  # replicas hold identical weights: rank 0's evaluation is the trial's
+        evaluate = lambda: {"map": float("nan"), "map_50": float("nan")}  # noqa: E731
 
     telemetry = TelemetryHook(sink, probe, history, cfg.log_every)
 
@@ -190,12 +207,17 @@ def _train(cfg, sink: Sink, trial_dir: Path, threads, checkpoint_every, outcome:
 
     metrics_hook = MetricsHook(sink, cfg.log_every)
     eval_hook = EvalHook(sink, evaluate, eval_every, on_eval=on_eval)
-    hooks = [telemetry, metrics_hook, diverged_hook, eval_hook, CheckpointHook(ckpt_path, ckpt_every, checkpoint_state)]
+    hooks = [telemetry, metrics_hook, diverged_hook, eval_hook]
+    if rank == 0:
+        hooks.append(CheckpointHook(ckpt_path, ckpt_every, checkpoint_state))
     batches = infinite_batches(train_ds, cfg.batch_size, seed=cfg.seed, start_step=state.step)
+    if world_size > 1:
+        batches = shard_batches(batches, rank, world_size)
     trainer = Trainer(model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler, backend=backend,
                       precision=precision, batches=batches, iterations=iterations, hooks=hooks,
                       grad_clip=cfg.schedule.get("grad_clip"),
-                      bias_grad_factor=cfg.schedule.get("bias_grad_factor", 1.0), state=state)
+                      bias_grad_factor=cfg.schedule.get("bias_grad_factor", 1.0), state=state,
+                      grad_sync=grad_sync)
     sink.tags({"lsbench.backend": backend.describe()})
     try:
         trainer.run()
@@ -209,7 +231,8 @@ def _train(cfg, sink: Sink, trial_dir: Path, threads, checkpoint_every, outcome:
             sink.artifact(str(history.path), "layers")
     if outcome.status == "diverged":
         scaler.remove()
-        atomic_done(ckpt_path)
+        if rank == 0:
+            atomic_done(ckpt_path)
         sink.tags({"lsbench.status": "diverged"})
         return
     # final evaluation (also for policy 'continue' after a divergence)
@@ -230,7 +253,8 @@ def _train(cfg, sink: Sink, trial_dir: Path, threads, checkpoint_every, outcome:
         outcome.diverged_step = diverged_hook.diverged.step
     else:
         outcome.status = "finished"
-    atomic_done(ckpt_path)
+    if rank == 0:
+        atomic_done(ckpt_path)
     sink.tags({"lsbench.status": outcome.status})
 
 

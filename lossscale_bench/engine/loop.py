@@ -48,7 +48,8 @@ class StopTraining(Exception):
 class Trainer:
     def __init__(self, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler, scaler: LossScaler,
                  backend: Backend, precision: Precision, batches: Iterable, iterations: int, hooks=(),
-                 grad_clip: float | None = None, bias_grad_factor: float = 1.0, state: TrainState | None = None):
+                 grad_clip: float | None = None, bias_grad_factor: float = 1.0, state: TrainState | None = None,
+                 grad_sync=None):
         self.model = model
         self.optimizer = optimizer
         self.scheduler = scheduler
@@ -61,6 +62,10 @@ class Trainer:
         self.grad_clip = grad_clip
         self.bias_grad_factor = float(bias_grad_factor)
         self.state = state or TrainState()
+        # Data parallelism without DDP: every replica unscales its own gradients (each
+        # scaler knows the scales its gradients carry, per layer for adaptive), then
+        # ``grad_sync(params)`` averages the true gradients across replicas.
+        self.grad_sync = grad_sync
         self._bias_params = [p for n, p in model.named_parameters() if n.endswith(".bias") and p.requires_grad]
 
     # -- one step ---------------------------------------------------------------
@@ -74,9 +79,11 @@ class Trainer:
             loss = sum(parts.values())
         self.scaler.scale(loss.float()).backward()
         self.backend.after_backward()
-        if self.grad_clip or self.bias_grad_factor != 1.0:
-            # Both act on true gradient values, so unscale first (idempotent in step()).
+        if self.grad_clip or self.bias_grad_factor != 1.0 or self.grad_sync is not None:
+            # These act on true gradient values, so unscale first (idempotent in step()).
             self.scaler.unscale_(self.optimizer)
+            if self.grad_sync is not None:
+                self.grad_sync([p for g in self.optimizer.param_groups for p in g["params"]])
             if self.bias_grad_factor != 1.0:
                 for p in self._bias_params:
                     if p.grad is not None:
