@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import random
 import time
 import traceback
@@ -115,6 +116,8 @@ def run_trial(cfg, *, sink: Sink, trial_dir: str | Path, threads: int | None = N
     if rank != 0:
         sink = Sink()
     trial_dir.mkdir(parents=True, exist_ok=True)
+    # Which process runs the trial right now (for operators, and the worker-fault test).
+    (trial_dir / "pid").write_text(str(os.getpid()))
     outcome = TrialOutcome(trial_id=cfg.trial_id, status="failed")
     sink.tags({"lsbench.status": "running"})
     try:

@@ -1,0 +1,103 @@
+"""Faults: kill -9 of the driver mid-study, then the same command again (issue 6).
+
+Finished trials are not rerun; the interrupted trial continues from its last
+checkpoint; each trial keeps one MLflow child run; the report has the same shape.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+STUDY = textwrap.dedent("""\
+    name: resume
+    dataset: {name: synthetic, train_images: 16, val_images: 8, image_size: 64, seed: 0}
+    model: ssd_tiny
+    model_options: {width: 8}
+    batch_size: 4
+    precision: fp16-emulated
+    scaling:
+      - {method: fixed, scale: 128}
+      - {method: dynamic, interval: 10}
+    seeds: [0]
+    schedule: {iterations: 400, lr: 0.01, warmup_iterations: 4}
+    eval: {every: 20, metric: coco, max_images: 4}
+    log_every: 10
+    """)
+
+
+def _cmd(study, runs):
+    return [sys.executable, "-m", "lossscale_bench.cli", "run", str(study), "--runs-dir", str(runs),
+            "--num-cpus", "1", "--no-report", "--quiet"]
+
+
+def _checkpoints(runs: Path):
+    return list((runs / "resume" / "trials").glob("*/checkpoint.pt"))
+
+
+@pytest.mark.slow
+def test_kill_driver_then_resume(tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    study = tmp_path / "resume.yaml"
+    study.write_text(STUDY)
+    runs = tmp_path / "runs"
+    # one CPU: the two trials run one after the other, so the kill lands mid-study
+    proc = subprocess.Popen(_cmd(study, runs), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    deadline = time.time() + 240
+    while time.time() < deadline and not _checkpoints(runs):
+        time.sleep(0.5)
+    assert _checkpoints(runs), "no checkpoint appeared"
+    time.sleep(1.0)
+    os.killpg(proc.pid, signal.SIGKILL)  # the driver and everything it started, at once
+    proc.wait(timeout=30)
+    ck = _checkpoints(runs)[0]
+    interrupted = ck.parent.name
+
+    r = subprocess.run(_cmd(study, runs), cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    client = MlflowClient(tracking_uri=f"sqlite:///{runs / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("resume")
+    trials = client.search_runs([exp.experiment_id], "tags.`lsbench.role` = 'trial'")
+    assert len(trials) == 2, [t.data.tags.get("lsbench.trial_id") for t in trials]
+    assert {t.data.tags["lsbench.status"] for t in trials} == {"finished"}
+    resumed = [t for t in trials if t.data.tags["lsbench.trial_id"] == interrupted][0]
+    assert int(resumed.data.tags["lsbench.resumed_from_step"]) >= 20
+    steps = {m.step for m in client.get_metric_history(resumed.info.run_id, "loss")}
+    assert steps == set(range(1, 401))  # no gap across the kill
+    assert not _checkpoints(runs)      # finished trials drop their checkpoints
+    assert len(client.search_runs([exp.experiment_id], "tags.`lsbench.role` = 'study'")) == 1
+
+
+@pytest.mark.slow
+def test_killed_worker_is_retried_from_its_checkpoint(tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    study = tmp_path / "resume.yaml"
+    study.write_text(STUDY.replace("  - {method: dynamic, interval: 10}\n", "").replace("iterations: 400",
+                                                                                       "iterations: 200"))
+    runs = tmp_path / "runs"
+    proc = subprocess.Popen(_cmd(study, runs), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            start_new_session=True, text=True)
+    deadline = time.time() + 240
+    while time.time() < deadline and not _checkpoints(runs):
+        time.sleep(0.3)
+    assert _checkpoints(runs), "no checkpoint appeared"
+    pid = int((_checkpoints(runs)[0].parent / "pid").read_text())
+    os.kill(pid, signal.SIGKILL)  # the Ray worker running the trial, not the driver
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, out[-3000:]
+    client = MlflowClient(tracking_uri=f"sqlite:///{runs / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("resume")
+    (run,) = client.search_runs([exp.experiment_id], "tags.`lsbench.role` = 'trial'")
+    assert run.data.tags["lsbench.status"] == "finished"
+    assert int(run.data.tags["lsbench.resumed_from_step"]) >= 20
+    assert "lsbench.retries" in run.data.tags
