@@ -1,0 +1,242 @@
+"""SSD training augmentation, as chainercv's SSD example (and torchvision's SSD preset) does it.
+
+Order (chainercv ``examples/ssd/train.py`` ``Transform``): photometric
+distortion → expand (zoom out onto a mean-coloured canvas) → random crop
+under IoU constraints → (resize, done by the detector's own transform) →
+horizontal flip. Parameters are chainercv's:
+
+* photometric (``random_distort``): brightness ±32/255 (p 0.5); then either
+  contrast, saturation, hue or saturation, hue, contrast (p 0.5 each);
+  contrast and saturation ×[0.5, 1.5], hue ±18/180 of the colour circle;
+* expand (``random_expand``, p 0.5): canvas ratio uniform in [1, 4], the
+  image at a random offset, the rest filled with the model's mean colour;
+* crop (``random_crop_with_bbox_constraints``): candidates are the whole
+  image plus, for each IoU constraint (min 0.1, 0.3, 0.5, 0.7, 0.9; max 1),
+  the first of 50 random crops (scale 0.3–1, aspect 1/2–2) whose IoU with
+  *every* box satisfies it; one candidate is then picked uniformly. (The 50
+  draws of a constraint are made at once, vectorised: the same distribution
+  as chainercv's loop, not its exact random stream.) Boxes
+  whose centre falls outside the crop are dropped, the rest are clipped;
+* flip (p 0.5).
+
+Unlike chainercv, a candidate crop that would leave no box (or only boxes
+narrower than ``min_box_size`` px) is rejected, as torchvision's
+``RandomIoUCrop`` does: a non-empty target stays non-empty, every box stays
+inside the image with positive width and height.
+
+The expand canvas is never materialised: the crop is cut from the virtual
+canvas directly, so a 4× zoom-out costs no more than the crop itself.
+
+Determinism: every random choice comes from ``numpy.random.default_rng(seed)``,
+so the same ``(image, target, seed)`` gives the same output in any process.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from .transforms import hflip
+
+__all__ = ["SSDAugment", "photometric_distort", "rgb_to_hsv", "hsv_to_rgb", "CHAINERCV_MEAN"]
+
+#: chainercv's SSD mean colour (123, 117, 104) / 255, RGB: the expand canvas fill
+CHAINERCV_MEAN = (123 / 255, 117 / 255, 104 / 255)
+CROP_CONSTRAINTS = ((0.1, None), (0.3, None), (0.5, None), (0.7, None), (0.9, None), (None, 1.0))
+
+
+# --------------------------------------------------------------------------- colour
+def rgb_to_hsv(img: torch.Tensor) -> torch.Tensor:
+    """``[3, H, W]`` RGB in 0..1 -> HSV, all three in 0..1."""
+    r, g, b = img.unbind(0)
+    maxc, _ = img.max(0)
+    minc, _ = img.min(0)
+    delta = maxc - minc
+    s = torch.where(maxc > 0, delta / maxc.clamp_min(1e-12), torch.zeros_like(maxc))
+    d = delta.clamp_min(1e-12)
+    rc, gc, bc = (maxc - r) / d, (maxc - g) / d, (maxc - b) / d
+    h = torch.where(maxc == r, bc - gc, torch.where(maxc == g, 2.0 + rc - bc, 4.0 + gc - rc))
+    h = torch.where(delta > 0, (h / 6.0) % 1.0, torch.zeros_like(h))
+    return torch.stack([h, s, maxc])
+
+
+def hsv_to_rgb(img: torch.Tensor) -> torch.Tensor:
+    h, s, v = img.unbind(0)
+    i = torch.floor(h * 6.0)
+    f = h * 6.0 - i
+    i = i.long() % 6
+    p, q, t = v * (1 - s), v * (1 - s * f), v * (1 - s * (1 - f))
+    table = torch.stack([torch.stack(x) for x in ((v, t, p), (q, v, p), (p, v, t), (p, q, v), (t, p, v), (v, p, q))])
+    return table.gather(0, i.view(1, 1, *i.shape).expand(1, 3, *i.shape)).squeeze(0)
+
+
+def photometric_distort(img: torch.Tensor, rng: np.random.Generator, *, brightness_delta: float = 32 / 255,
+                        contrast=(0.5, 1.5), saturation=(0.5, 1.5), hue_delta: int = 18) -> torch.Tensor:
+    """chainercv ``random_distort`` on a float ``[3, H, W]`` image in 0..1 (returns a new tensor)."""
+    img = img.float().clone()
+
+    def bright(x):
+        if rng.integers(2):
+            x = (x + float(rng.uniform(-brightness_delta, brightness_delta))).clamp_(0, 1)
+        return x
+
+    def contr(x):
+        if rng.integers(2):
+            x = (x * float(rng.uniform(*contrast))).clamp_(0, 1)
+        return x
+
+    def satur(x):
+        if rng.integers(2):
+            hsv = rgb_to_hsv(x)
+            hsv[1] = (hsv[1] * float(rng.uniform(*saturation))).clamp_(0, 1)
+            x = hsv_to_rgb(hsv)
+        return x
+
+    def hue(x):
+        if rng.integers(2):
+            hsv = rgb_to_hsv(x)
+            hsv[0] = (hsv[0] + int(rng.integers(-hue_delta, hue_delta + 1)) / 180.0) % 1.0
+            x = hsv_to_rgb(hsv)
+        return x
+
+    img = bright(img)
+    if rng.integers(2):
+        img = hue(satur(contr(img)))
+    else:
+        img = contr(hue(satur(img)))
+    return img.clamp_(0, 1)
+
+
+# --------------------------------------------------------------------------- geometry
+def _crop_keep(boxes: np.ndarray, crop: np.ndarray, min_size: float) -> tuple[np.ndarray, np.ndarray]:
+    """(mask of boxes kept, their clipped coordinates relative to the crop)."""
+    if len(boxes) == 0:
+        return np.zeros(0, bool), boxes.reshape(0, 4)
+    centre = (boxes[:, :2] + boxes[:, 2:]) / 2
+    keep = np.logical_and(crop[:2] <= centre, centre < crop[2:]).all(axis=1)
+    clipped = np.concatenate([np.maximum(boxes[:, :2], crop[:2]), np.minimum(boxes[:, 2:], crop[2:])], axis=1)
+    clipped = clipped - np.tile(crop[:2], 2)
+    keep &= ((clipped[:, 2:] - clipped[:, :2]) >= min_size).all(axis=1)
+    return keep, clipped
+
+
+@dataclass
+class SSDAugment:
+    """Callable ``(image, target, seed) -> (image, target)`` for training splits.
+
+    ``image``: float ``[3, H, W]`` in 0..1; ``target``: ``boxes`` float
+    ``[N, 4]`` xyxy pixels plus any per-box tensors (``labels``,
+    ``difficult``, ...) which are filtered alongside; other entries pass
+    through. ``out_size``: resize the result to ``out_size × out_size``
+    (the detector resizes anyway; this only saves memory between loader and
+    model). Switch parts off with the flags.
+    """
+
+    photometric: bool = True
+    expand: bool = True
+    crop: bool = True
+    flip: bool = True
+    max_expand_ratio: float = 4.0
+    fill: tuple = CHAINERCV_MEAN
+    min_scale: float = 0.3
+    max_aspect_ratio: float = 2.0
+    max_trials: int = 50
+    min_box_size: float = 1.0
+    out_size: int | None = None
+
+    def __call__(self, image: torch.Tensor, target: dict, seed: int):
+        rng = np.random.default_rng(int(seed) % (2**63))
+        boxes_t = target["boxes"]
+        n = int(boxes_t.shape[0])
+        per_box = {k: v for k, v in target.items() if isinstance(v, torch.Tensor) and v.dim() >= 1
+                   and v.shape[0] == n and k != "boxes"}
+        boxes = boxes_t.detach().cpu().numpy().astype(np.float64).reshape(-1, 4)
+
+        if self.photometric:
+            image = photometric_distort(image, rng)
+        _, h, w = image.shape
+
+        # expand: the image sits at (x_off, y_off) on a canvas of (ch, cw), never built
+        ch, cw, y_off, x_off = h, w, 0, 0
+        if self.expand and self.max_expand_ratio > 1 and rng.integers(2):
+            ratio = float(rng.uniform(1, self.max_expand_ratio))
+            ch, cw = int(h * ratio), int(w * ratio)
+            y_off = int(rng.integers(0, ch - h + 1))
+            x_off = int(rng.integers(0, cw - w + 1))
+        boxes = boxes + np.array([x_off, y_off, x_off, y_off], dtype=np.float64)
+
+        crop = np.array([0.0, 0.0, cw, ch])  # x1, y1, x2, y2 on the canvas
+        if self.crop and n > 0:
+            crop = self._choose_crop(rng, boxes, ch, cw)
+        keep, clipped = _crop_keep(boxes, crop, self.min_box_size if n else 0.0)
+        if n > 0 and not keep.any():  # only possible for the whole canvas with degenerate input boxes
+            keep, clipped = _crop_keep(boxes, crop, 0.0)
+        image = self._cut(image, crop, y_off, x_off)
+
+        new_boxes = torch.from_numpy(clipped[keep]).to(boxes_t.dtype).reshape(-1, 4)
+        idx = torch.from_numpy(np.nonzero(keep)[0])
+        out = dict(target)
+        out["boxes"] = new_boxes
+        for k, v in per_box.items():
+            out[k] = v[idx]
+
+        if self.out_size:
+            s = int(self.out_size)
+            _, hh, ww = image.shape
+            image = F.interpolate(image[None], size=(s, s), mode="bilinear", align_corners=False)[0]
+            out["boxes"] = out["boxes"] * torch.tensor([s / ww, s / hh, s / ww, s / hh], dtype=out["boxes"].dtype)
+
+        if self.flip and rng.integers(2):
+            image, out["boxes"] = hflip(image, out["boxes"])
+        return image.contiguous(), out
+
+    # ------------------------------------------------------------------
+    def _choose_crop(self, rng: np.random.Generator, boxes: np.ndarray, ch: int, cw: int) -> np.ndarray:
+        """chainercv's candidate search, with the ``max_trials`` draws of a constraint vectorised."""
+        candidates = [np.array([0.0, 0.0, cw, ch])]
+        trials = int(self.max_trials)
+        centre = (boxes[:, :2] + boxes[:, 2:]) / 2  # [N, 2]
+        area_b = np.prod(boxes[:, 2:] - boxes[:, :2], axis=1)  # [N]
+        for min_iou, max_iou in CROP_CONSTRAINTS:
+            lo = 0.0 if min_iou is None else min_iou
+            hi = 1.0 if max_iou is None else max_iou
+            scale = rng.uniform(self.min_scale, 1.0, trials)
+            ar = rng.uniform(np.maximum(1 / self.max_aspect_ratio, scale * scale),
+                             np.minimum(self.max_aspect_ratio, 1 / (scale * scale)))
+            crop_h = np.maximum(1, (ch * scale / np.sqrt(ar)).astype(np.int64))
+            crop_w = np.maximum(1, (cw * scale * np.sqrt(ar)).astype(np.int64))
+            top = rng.integers(0, np.maximum(1, ch - crop_h))
+            left = rng.integers(0, np.maximum(1, cw - crop_w))
+            crops = np.stack([left, top, left + crop_w, top + crop_h], axis=1).astype(np.float64)  # [T, 4]
+            tl = np.maximum(boxes[None, :, :2], crops[:, None, :2])
+            br = np.minimum(boxes[None, :, 2:], crops[:, None, 2:])
+            inter = np.prod(np.clip(br - tl, 0, None), axis=2)  # [T, N]
+            area_c = np.prod(crops[:, 2:] - crops[:, :2], axis=1)
+            iou = inter / np.maximum(area_b[None, :] + area_c[:, None] - inter, 1e-12)
+            ok = (iou.min(axis=1) >= lo) & (iou.max(axis=1) <= hi)
+            # the box survives the crop: centre inside, clipped size >= min_box_size
+            inside = ((crops[:, None, :2] <= centre[None]) & (centre[None] < crops[:, None, 2:])).all(axis=2)
+            big = ((br - tl) >= self.min_box_size).all(axis=2)
+            ok &= (inside & big).any(axis=1)
+            hits = np.flatnonzero(ok)
+            if hits.size:
+                candidates.append(crops[hits[0]])
+        return candidates[int(rng.integers(len(candidates)))]
+
+    def _cut(self, image: torch.Tensor, crop: np.ndarray, y_off: int, x_off: int) -> torch.Tensor:
+        """The ``crop`` window of the virtual canvas (image at the offsets, ``fill`` elsewhere)."""
+        _, h, w = image.shape
+        x1, y1, x2, y2 = (int(v) for v in crop)
+        if (x1, y1, x2, y2) == (x_off, y_off, x_off + w, y_off + h):
+            return image
+        out = torch.empty(image.shape[0], y2 - y1, x2 - x1, dtype=image.dtype)
+        out[:] = torch.tensor(self.fill, dtype=image.dtype).view(-1, 1, 1)
+        # intersection of the crop and the image, in canvas coordinates
+        ix1, iy1 = max(x1, x_off), max(y1, y_off)
+        ix2, iy2 = min(x2, x_off + w), min(y2, y_off + h)
+        if ix2 > ix1 and iy2 > iy1:
+            out[:, iy1 - y1:iy2 - y1, ix1 - x1:ix2 - x1] = image[:, iy1 - y_off:iy2 - y_off, ix1 - x_off:ix2 - x_off]
+        return out
