@@ -40,7 +40,20 @@ def prepare_dataset(cfg: dict) -> None:
             _need(root / rel, name, root)
         return
     if name in ("voc", "voc0712"):
+        from .voc import voc_required_paths
+
         root = Path(cfg["root"])
+        if name == "voc":
+            # any VOC-format folder: `lsbench data voc` only helps when it is Pascal VOC itself
+            for p in [root] + voc_required_paths(cfg):
+                if not p.exists():
+                    raise DataNotFound(
+                        f"dataset voc: not found: {p} (root must be a VOC-format folder with Annotations/, "
+                        f"JPEGImages/ and ImageSets/Main/<split>.txt; for Pascal VOC itself: "
+                        f"lsbench data voc --root DIR, then root: DIR/VOCdevkit/VOC2007)")
+            return
         _need(root, name, root)
+        for p in voc_required_paths(cfg):
+            _need(p, name, root)
         return
     raise DataNotFound(f"dataset {name}: unknown dataset")
