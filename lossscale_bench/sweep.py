@@ -75,9 +75,17 @@ class TuneSink(Sink):
 
 def _tune_trainable(config: dict) -> None:
     """The Tune function trainable: one lossscale_bench trial."""
-    from .trial import run_trial
+    from .distributed import is_distributed
 
     spec = config["trial"]
+    if is_distributed(spec["cfg"]["resources"]):
+        # devices_per_trial > 1: this function drives a Ray Train TorchTrainer and relays rank 0's reports.
+        from .distributed import run_distributed_trial
+
+        run_distributed_trial(spec)
+        return
+    from .trial import run_trial
+
     sink = TuneSink()
     outcome = run_trial(spec["cfg"], sink=sink, trial_dir=spec["trial_dir"], threads=spec["threads"])
     sink.flush(outcome=outcome.to_dict())
@@ -86,6 +94,12 @@ def _tune_trainable(config: dict) -> None:
 def _resources_of(config: dict):
     from ray.tune import PlacementGroupFactory
 
+    from .distributed import driver_bundle, is_distributed
+
+    res = config["trial"]["cfg"]["resources"]
+    if is_distributed(res):
+        # Train V2 reserves the workers' devices in its own placement group; the Tune trial only drives it.
+        return PlacementGroupFactory([driver_bundle(res)])
     return PlacementGroupFactory([config["trial"]["resources"]])
 
 
@@ -94,7 +108,7 @@ class Progress:
 
     def __init__(self, total: int, already: int, concurrency: int, quiet: bool, stream=None) -> None:
         self.total, self.already, self.concurrency, self.quiet = total, already, max(1, concurrency), quiet
-        self.stream = stream or sys.stdout
+        self._stream = stream  # None: sys.stdout at print time (Tune pickles callbacks; keep streams out)
         self.started: dict[str, float] = {}
         self.durations: list[float] = []
         self.status: dict[str, str] = {}
@@ -102,7 +116,7 @@ class Progress:
 
     def line(self, msg: str) -> None:
         if not self.quiet:
-            print(msg, file=self.stream, flush=True)
+            print(msg, file=self._stream or sys.stdout, flush=True)
 
     def _summary(self) -> str:
         vals = list(self.status.values())
