@@ -53,16 +53,19 @@ sync of a step is the overflow flag read in ``step()``.
 *Unscaling.* Parameter gradients stay scaled (by their own ``P``) in ``.grad``
 until ``unscale_``, which multiplies each group of gradients sharing a scale
 by ``1/P`` with the fused non-finite check GradScaler uses (one flag, one host
-read). Under ``torch.distributed`` (or ``unscale_in_backward=True``) the
-gradients are divided by ``P`` before they are accumulated instead, because
-DDP averages ``.grad`` across replicas during backward and replicas' ``P``
-may differ; scales then need not agree across replicas for correctness.
-With ``update_every > 1`` each layer's last *unbounded* scale is reused
-(bounds and the power-of-two step still applied, with the current ``P``),
-and when distributed, the stacked unbounded scales are all-reduced with MIN
-after each recompute step (:meth:`AdaptiveLossScaler.agree_scales`; one tiny
-collective, a no-op otherwise), so replicas use the same layer scales until
-the next recompute.
+read). Data parallelism as this project's loop does it (each replica unscales
+its own gradients, then they are averaged) needs nothing more: replicas may
+use different layer scales. A model wrapped in ``DistributedDataParallel``
+(or ``unscale_in_backward=True``) is different: DDP averages ``.grad`` during
+backward, while replicas' ``P`` may differ, so there the gradients are divided
+by ``P`` before they are accumulated (that gradient rounding then happens on
+unscaled values under fp16 emulation). With ``update_every > 1`` each layer's
+last *unbounded* scale is reused (bounds and the power-of-two step still
+applied, with the current ``P``); when ``torch.distributed`` is initialised,
+the stacked unbounded scales are all-reduced with MIN after each recompute
+step (:meth:`AdaptiveLossScaler.agree_scales`: one tiny collective, skipped
+with ``update_every == 1`` and a no-op when not distributed), so replicas use
+the same layer scales until the next recompute.
 
 Deviations from the Chainer reference (all documented in ADAPTIVE.md's terms)
 ------------------------------------------------------------------------------
@@ -514,9 +517,10 @@ class AdaptiveLossScaler(LossScaler):
     """Adaptive layer-wise loss scaling on an unmodified model (see module doc).
 
     Options as in ADAPTIVE.md. Keyword-only extras: ``sync_scales`` (all-reduce MIN
-    of recomputed unbounded scales when distributed), ``unscale_in_backward``
-    (None: only when distributed), ``scale_fn`` (test hook: ``fn(layer_name,
-    grad, weight, prev_scale) -> scale`` replaces steps 1-9), ``layer_types``.
+    of recomputed unbounded scales when distributed and ``update_every > 1``),
+    ``unscale_in_backward`` (None: only for a model wrapped in DDP), ``scale_fn``
+    (test hook: ``fn(layer_name, grad, weight, prev_scale) -> scale`` replaces
+    steps 1-9), ``layer_types`` (a subset of Conv2d/Linear to scale).
     """
 
     method = "adaptive"
@@ -544,10 +548,10 @@ class AdaptiveLossScaler(LossScaler):
         self.accum_upper_bound = float(accum_upper_bound)
         self.power_of_two = bool(power_of_two)
         self.sync_scales = bool(sync_scales)
-        self.unscale_in_backward = unscale_in_backward
         self.scale_fn = scale_fn
-
-        if isinstance(model, nn.parallel.DistributedDataParallel):
+        is_ddp = isinstance(model, nn.parallel.DistributedDataParallel)
+        self.unscale_in_backward = is_ddp if unscale_in_backward is None else bool(unscale_in_backward)
+        if is_ddp:
             model = model.module
         self._model: nn.Module | None = model
         self._layers: list[_LayerInfo] = []
@@ -614,7 +618,7 @@ class AdaptiveLossScaler(LossScaler):
         for cnode, entries in consumers.values():
             entries.sort()
             it.handles.append(cnode.register_hook(_merge_hook(it, entries)))
-        unscaled_mode = self.unscale_in_backward if self.unscale_in_backward is not None else _world_size() > 1
+        unscaled_mode = self.unscale_in_backward
         for acc, var, sid in plan.leaves:
             key = id(var)
             if key not in self._carried:
@@ -659,7 +663,7 @@ class AdaptiveLossScaler(LossScaler):
 
     def update(self) -> None:
         super().update()
-        if self._recomputed and self.sync_scales and _world_size() > 1:
+        if self._recomputed and self.sync_scales and self.update_every > 1 and _world_size() > 1:
             self.agree_scales()
         self._recomputed = False
         self._iter += 1
@@ -757,6 +761,7 @@ class AdaptiveLossScaler(LossScaler):
                 u = float(info.last_unbounded)
             applied = info.applied and info.name in vals
             scale = s if applied else 1.0
+            u = None if u is None or math.isnan(u) else u
             table.append({"layer": info.name, "type": info.kind, "fan_in": info.fan_in, "applied": applied,
                           "scale": scale, "prev_scale": p, "accum_scale": p * scale, "unbounded_scale": u})
         return table
