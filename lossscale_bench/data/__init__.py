@@ -1,0 +1,194 @@
+"""Data sets and loaders for the detectors.
+
+``build_datasets(cfg)`` turns a study's ``dataset`` section into
+``(train_ds, val_ds, class_names)``; ``make_loader`` and ``infinite_batches``
+iterate them in an order fixed by a seed (and, through per-sample
+augmentation seeds, with reproducible flips), so a run resumed at step ``s``
+sees exactly the batches an uninterrupted run would have seen.
+
+``class_names`` has K entries (no background): label ``i`` is
+``class_names[i - 1]``; a detector needs ``num_classes = K + 1``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterator
+
+import torch
+from torch.utils.data import DataLoader, Sampler
+
+from .coco import CocoDetection, DataNotFound, FakeCocoDetection, fake_coco
+from .synthetic import CLASSES as SYNTHETIC_CLASSES
+from .synthetic import ensure_synthetic
+
+__all__ = [
+    "CocoDetection", "DataNotFound", "FakeCocoDetection", "SYNTHETIC_CLASSES", "build_datasets", "collate",
+    "ensure_synthetic", "fake_coco", "infinite_batches", "make_loader",
+]
+
+_MOD = 1_000_003
+
+
+def collate(batch):
+    """``[(image, target), ...]`` -> ``([image, ...], [target, ...])`` (detectors take lists)."""
+    images, targets = zip(*batch) if batch else ((), ())
+    return list(images), list(targets)
+
+
+def _aug_seed(seed: int, epoch: int, index: int) -> int:
+    return ((int(seed) * _MOD + int(epoch)) * _MOD + int(index)) % (2**63)
+
+
+def _epoch_order(n: int, seed: int, epoch: int, shuffle: bool) -> list[int]:
+    if not shuffle:
+        return list(range(n))
+    g = torch.Generator().manual_seed(int(seed) + int(epoch))
+    return torch.randperm(n, generator=g).tolist()
+
+
+def _key(ds, seed: int, epoch: int, index: int):
+    if getattr(ds, "supports_aug_seed", False):
+        return (index, _aug_seed(seed, epoch, index))
+    return index
+
+
+class SeededSampler(Sampler):
+    """Epoch ``e`` (counted from ``start_epoch``, one per ``iter()``) is a permutation seeded ``seed + e``."""
+
+    def __init__(self, ds, *, seed: int, shuffle: bool, start_epoch: int = 0) -> None:
+        self.ds, self.seed, self.shuffle, self.epoch = ds, int(seed), bool(shuffle), int(start_epoch)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+
+    def __len__(self) -> int:
+        return len(self.ds)
+
+    def __iter__(self):
+        epoch = self.epoch
+        self.epoch += 1
+        for i in _epoch_order(len(self.ds), self.seed, epoch, self.shuffle):
+            yield _key(self.ds, self.seed, epoch, i)
+
+
+def make_loader(ds, batch_size: int, *, shuffle: bool, seed: int, drop_last: bool, num_workers: int = 0) -> DataLoader:
+    """A ``DataLoader`` yielding ``(images, targets)`` lists; order and flips fixed by ``seed``.
+
+    Iterating it again starts the next epoch (permutation seeded ``seed + epoch``).
+    """
+    return DataLoader(ds, batch_size=batch_size, sampler=SeededSampler(ds, seed=seed, shuffle=shuffle),
+                      drop_last=drop_last, num_workers=num_workers, collate_fn=collate,
+                      generator=torch.Generator().manual_seed(int(seed)),
+                      persistent_workers=False)
+
+
+def steps_per_epoch(ds, batch_size: int) -> int:
+    return len(ds) // int(batch_size)
+
+
+def infinite_batches(ds, batch_size: int, *, seed: int, start_step: int = 0,
+                     num_workers: int = 0) -> Iterator[tuple[int, list, list]]:
+    """Yield ``(step, images, targets)`` forever: full batches, reshuffled each epoch.
+
+    Epoch ``e`` uses the permutation seeded ``seed + e`` (the incomplete last
+    batch is dropped). ``start_step`` jumps straight to that step without
+    loading the skipped samples, so a resumed run continues the same sequence.
+    """
+    spe = steps_per_epoch(ds, batch_size)
+    if spe == 0:
+        raise ValueError(f"data set has {len(ds)} samples, fewer than one batch of {batch_size}")
+    step = int(start_step)
+    epoch, offset = divmod(step, spe)
+    while True:
+        order = _epoch_order(len(ds), seed, epoch, True)
+        batches = [[_key(ds, seed, epoch, i) for i in order[b * batch_size:(b + 1) * batch_size]]
+                   for b in range(offset, spe)]
+        if num_workers > 0:
+            loader = DataLoader(ds, batch_sampler=batches, num_workers=num_workers, collate_fn=collate)
+            it = iter(loader)
+        else:
+            it = (collate([ds[k] for k in keys]) for keys in batches)
+        for images, targets in it:
+            yield step, images, targets
+            step += 1
+        epoch, offset = epoch + 1, 0
+
+
+# ---------------------------------------------------------------------------
+def _as_dict(cfg) -> dict:
+    if cfg is None:
+        return {}
+    if hasattr(cfg, "model_dump"):
+        return cfg.model_dump()
+    return dict(cfg)
+
+
+def _coco2017_paths(root: Path) -> dict:
+    return {
+        "train_images": root / "train2017",
+        "train_ann": root / "annotations" / "instances_train2017.json",
+        "val_images": root / "val2017",
+        "val_ann": root / "annotations" / "instances_val2017.json",
+    }
+
+
+def build_datasets(dataset_cfg, *, image_size: int | None = None, max_val_images=None):
+    """``(train_ds, val_ds, class_names)`` for a study's ``dataset`` section.
+
+    synthetic: ``{"name": "synthetic", "root": None, "train_images": 512, "val_images": 128,
+    "image_size": 128, "seed": 0}``; the images are generated at the config's
+    ``image_size``, else the ``image_size`` argument, else 128.
+    coco2017: ``{"name": "coco2017", "root": DIR, "fake_data": False}`` reads
+    ``DIR/{train2017,val2017}`` and ``DIR/annotations/instances_{train,val}2017.json``;
+    ``fake_data: True`` needs no files (``fake_train_images`` 64, ``fake_val_images`` 16,
+    ``num_classes`` 80, images of the config's ``image_size``, else the argument, else 300 px).
+    Optional for both: ``hflip`` (True), ``max_train_images``, ``max_val_images``
+    (the argument wins over the config).
+    """
+    cfg = _as_dict(dataset_cfg)
+    name = cfg.get("name", "synthetic")
+    hflip = bool(cfg.get("hflip", True))
+    max_train = cfg.get("max_train_images")
+    max_val = max_val_images if max_val_images is not None else cfg.get("max_val_images")
+
+    if name == "synthetic":
+        size = cfg.get("image_size") or image_size or 128
+        paths = ensure_synthetic(cfg.get("root"), train_images=int(cfg.get("train_images", 512)),
+                                 val_images=int(cfg.get("val_images", 128)), image_size=int(size),
+                                 seed=int(cfg.get("seed", 0)))
+        train = CocoDetection(paths["train_images"], paths["train_ann"], train=True, hflip=hflip,
+                              max_images=max_train)
+        val = CocoDetection(paths["val_images"], paths["val_ann"], train=False, max_images=max_val)
+        return train, val, list(train.class_names)
+
+    if name == "coco2017":
+        if cfg.get("fake_data"):
+            size = cfg.get("image_size") or image_size or 300
+            k = int(cfg.get("num_classes", 80))
+            seed = int(cfg.get("seed", 0))
+            n_val = int(cfg.get("fake_val_images", 16))
+            if max_val is not None:
+                n_val = min(n_val, int(max_val))
+            train = fake_coco(int(cfg.get("fake_train_images", 64)), size, k, seed, train=hflip)
+            val = fake_coco(n_val, size, k, seed + 1, train=False)
+            return train, val, list(train.class_names)
+        root = cfg.get("root")
+        if not root:
+            raise DataNotFound("coco2017: dataset.root is not set (expected a folder holding train2017/, "
+                               "val2017/ and annotations/instances_{train,val}2017.json)")
+        paths = _coco2017_paths(Path(root).expanduser())
+        for key in ("train_images", "val_images"):
+            if not paths[key].is_dir():
+                raise DataNotFound(f"coco2017: image folder not found: {paths[key]}")
+        for key in ("train_ann", "val_ann"):
+            if not paths[key].is_file():
+                raise DataNotFound(f"coco2017: annotation file not found: {paths[key]}")
+        train = CocoDetection(paths["train_images"], paths["train_ann"], train=True, hflip=hflip,
+                              max_images=max_train)
+        val = CocoDetection(paths["val_images"], paths["val_ann"], train=False, max_images=max_val)
+        return train, val, list(train.class_names)
+
+    if name in ("voc", "voc0712"):
+        raise NotImplementedError(f"dataset {name!r} is not implemented yet (Pascal VOC support: issue 4)")
+    raise ValueError(f"unknown dataset {name!r}; allowed: synthetic, coco2017, voc, voc0712")

@@ -1,0 +1,228 @@
+"""COCO-format detection data sets (real COCO 2017 or the synthetic shapes) and a fake one.
+
+Targets follow torchvision's detection convention: ``boxes`` float32
+``[N, 4]`` xyxy pixels, ``labels`` int64 in ``1..K`` (0 is background).
+COCO category ids (sparse for real COCO) map to contiguous labels in
+ascending id order: ``label_to_cat`` / ``cat_to_label`` convert, and
+``class_names[label - 1]`` names a label.
+
+Sample keys: ``ds[i]`` flips with torch's global RNG (when ``train`` and
+``hflip``); ``ds[(i, aug_seed)]`` decides the flip from ``aug_seed`` alone,
+which is what ``make_loader`` / ``infinite_batches`` use so the augmentation
+is reproducible and resumable whatever the worker layout.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+from pathlib import Path
+
+import torch
+from PIL import Image
+from torch.utils.data import Dataset
+
+from .transforms import clip_boxes, flip_decision, hflip, pil_to_tensor, valid_box_mask, xywh_to_xyxy
+
+
+class DataNotFound(FileNotFoundError):
+    """A data set folder or annotation file is missing; the message names the path looked at."""
+
+
+def silent_coco(dataset: dict):
+    """A pycocotools ``COCO`` built from an in-memory dict without its prints."""
+    from pycocotools.coco import COCO
+
+    coco = COCO()
+    coco.dataset = dataset
+    with contextlib.redirect_stdout(io.StringIO()):
+        coco.createIndex()
+    return coco
+
+
+def _split_key(key):
+    if isinstance(key, tuple):
+        return int(key[0]), int(key[1])
+    return int(key), None
+
+
+class CocoDetection(Dataset):
+    """Images from ``image_dir`` with the annotations of the COCO json ``ann_file``.
+
+    ``train=True`` drops images without any usable (non-crowd, non-degenerate)
+    box, as torchvision's references do, and enables the horizontal flip
+    (p=0.5) when ``hflip``. ``train=False`` keeps every image (in id order)
+    and never flips. ``max_images`` keeps the first images by id.
+    ``skipped_boxes`` counts non-crowd boxes dropped as degenerate (width or
+    height <= 1 px after clipping to the image).
+    """
+
+    supports_aug_seed = True
+
+    def __init__(self, image_dir, ann_file, *, train: bool, hflip: bool = True, max_images=None) -> None:
+        self.image_dir = Path(image_dir).expanduser()
+        self.ann_file = Path(ann_file).expanduser()
+        if not self.image_dir.is_dir():
+            raise DataNotFound(f"image folder not found: {self.image_dir}")
+        if not self.ann_file.is_file():
+            raise DataNotFound(f"annotation file not found: {self.ann_file}")
+        self.train = bool(train)
+        self.hflip = bool(hflip) and self.train
+        with open(self.ann_file) as f:
+            self._data = json.load(f)
+        self._coco = None
+
+        cats = sorted(self._data.get("categories", []), key=lambda c: c["id"])
+        self.label_to_cat: dict[int, int] = {i: int(c["id"]) for i, c in enumerate(cats, start=1)}
+        self.cat_to_label: dict[int, int] = {c: l for l, c in self.label_to_cat.items()}
+        self.class_names: list[str] = [str(c["name"]) for c in cats]
+
+        images = {int(im["id"]): im for im in self._data.get("images", [])}
+        per_image: dict[int, list] = {i: [] for i in images}
+        for ann in self._data.get("annotations", []):
+            if int(ann["image_id"]) in per_image:
+                per_image[int(ann["image_id"])].append(ann)
+
+        self.skipped_boxes = 0
+        self.crowd_boxes = 0
+        self._records = []
+        for img_id in sorted(images):
+            im = images[img_id]
+            boxes, labels = [], []
+            for ann in per_image[img_id]:
+                if ann.get("iscrowd", 0):
+                    self.crowd_boxes += 1
+                    continue
+                if int(ann["category_id"]) not in self.cat_to_label:
+                    self.skipped_boxes += 1
+                    continue
+                boxes.append(ann["bbox"])
+                labels.append(self.cat_to_label[int(ann["category_id"])])
+            w, h = int(im["width"]), int(im["height"])
+            b = xywh_to_xyxy(torch.tensor(boxes, dtype=torch.float32).reshape(-1, 4))
+            b = clip_boxes(b, w, h)
+            keep = valid_box_mask(b, 1.0)
+            self.skipped_boxes += int((~keep).sum())
+            rec = {"id": img_id, "file_name": im["file_name"], "width": w, "height": h,
+                   "boxes": b[keep], "labels": torch.tensor(labels, dtype=torch.int64)[keep]}
+            if self.train and len(rec["labels"]) == 0:
+                continue
+            self._records.append(rec)
+            if max_images is not None and len(self._records) >= int(max_images):
+                break
+        self.image_ids: list[int] = [r["id"] for r in self._records]
+
+    # ------------------------------------------------------------------
+    @property
+    def coco(self):
+        """pycocotools ``COCO`` of the whole annotation file (built on first use, silently)."""
+        if self._coco is None:
+            self._coco = silent_coco(self._data)
+        return self._coco
+
+    @property
+    def num_classes(self) -> int:
+        """Object classes K (a detector needs ``K + 1`` outputs with the background)."""
+        return len(self.class_names)
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    def load(self, index: int, flip: bool = False):
+        rec = self._records[index]
+        with Image.open(self.image_dir / rec["file_name"]) as img:
+            image = pil_to_tensor(img)
+        boxes = rec["boxes"].clone()
+        if flip:
+            image, boxes = hflip(image, boxes)
+        return image, {"boxes": boxes, "labels": rec["labels"].clone(), "image_id": rec["id"]}
+
+    def __getitem__(self, key):
+        index, aug_seed = _split_key(key)
+        flip = False
+        if self.hflip:
+            flip = flip_decision(aug_seed) if aug_seed is not None else bool(torch.rand(()) < 0.5)
+        return self.load(index, flip)
+
+    def __repr__(self) -> str:
+        return (f"CocoDetection({self.image_dir}, {len(self)} images, {self.num_classes} classes, "
+                f"train={self.train}, hflip={self.hflip})")
+
+
+class FakeCocoDetection(Dataset):
+    """Random images with random valid boxes, generated per index from the seed; nothing on disk.
+
+    Exposes the same surface as ``CocoDetection`` (``coco``, ``label_to_cat``,
+    ``class_names``, ``load``), so training *and* evaluation code paths run.
+    """
+
+    supports_aug_seed = True
+
+    def __init__(self, num_images: int, image_size: int, num_classes: int, seed: int, *, train: bool = True,
+                 max_boxes: int = 5) -> None:
+        self.num_images, self.image_size, self.seed = int(num_images), int(image_size), int(seed)
+        self.train, self.hflip, self.max_boxes = bool(train), bool(train), int(max_boxes)
+        self.label_to_cat = {k: k for k in range(1, num_classes + 1)}
+        self.cat_to_label = dict(self.label_to_cat)
+        self.class_names = [f"class{k}" for k in range(1, num_classes + 1)]
+        self.skipped_boxes = 0
+        self.image_ids = list(range(1, self.num_images + 1))
+        self._coco = None
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.class_names)
+
+    def __len__(self) -> int:
+        return self.num_images
+
+    def _target(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + index)
+        s = self.image_size
+        n = int(torch.randint(1, self.max_boxes + 1, (), generator=g))
+        wh = torch.empty(n, 2).uniform_(0.1, 0.6, generator=g) * s
+        xy = torch.rand(n, 2, generator=g) * (s - wh)
+        boxes = torch.cat([xy, xy + wh], dim=1).floor()
+        labels = torch.randint(1, self.num_classes + 1, (n,), generator=g)
+        return boxes, labels
+
+    def load(self, index: int, flip: bool = False):
+        if not 0 <= index < self.num_images:
+            raise IndexError(index)
+        boxes, labels = self._target(index)
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + index + 7)
+        image = torch.rand(3, self.image_size, self.image_size, generator=g)
+        if flip:
+            image, boxes = hflip(image, boxes)
+        return image, {"boxes": boxes, "labels": labels, "image_id": index + 1}
+
+    def __getitem__(self, key):
+        index, aug_seed = _split_key(key)
+        flip = False
+        if self.hflip:
+            flip = flip_decision(aug_seed) if aug_seed is not None else bool(torch.rand(()) < 0.5)
+        return self.load(index, flip)
+
+    @property
+    def coco(self):
+        if self._coco is None:
+            anns = []
+            for i in range(self.num_images):
+                boxes, labels = self._target(i)
+                for b, l in zip(boxes.tolist(), labels.tolist()):
+                    w, h = b[2] - b[0], b[3] - b[1]
+                    anns.append({"id": len(anns) + 1, "image_id": i + 1, "category_id": l,
+                                 "bbox": [b[0], b[1], w, h], "area": w * h, "iscrowd": 0})
+            self._coco = silent_coco({
+                "images": [{"id": i, "file_name": f"{i:06d}.png", "width": self.image_size,
+                            "height": self.image_size} for i in self.image_ids],
+                "annotations": anns,
+                "categories": [{"id": k, "name": n} for k, n in zip(self.label_to_cat.values(), self.class_names)],
+            })
+        return self._coco
+
+
+def fake_coco(num_images: int, image_size: int, num_classes: int, seed: int, *, train: bool = True) -> FakeCocoDetection:
+    """Random tensors with random valid boxes (``--fake_data``): no disk, deterministic by seed."""
+    return FakeCocoDetection(num_images, image_size, num_classes, seed, train=train)

@@ -1,0 +1,93 @@
+"""COCO box mAP with pycocotools, silenced.
+
+``evaluate_coco`` runs a torchvision detector over a ``CocoDetection`` (or
+the fake one), maps contiguous labels back to COCO category ids and scores
+the detections; ``evaluate_detections`` is the pycocotools part alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+
+import numpy as np
+import torch
+
+
+def _zero(num_images: int, num_detections: int = 0) -> dict:
+    return {"map": 0.0, "map_50": 0.0, "map_75": 0.0, "num_images": num_images, "num_detections": num_detections}
+
+
+def evaluate_detections(coco_gt, detections: list[dict], img_ids=None) -> dict:
+    """Box AP of ``detections`` (COCO result dicts: ``image_id``, ``category_id``,
+    ``bbox`` [x, y, w, h], ``score``) against the pycocotools ``coco_gt``.
+
+    ``img_ids`` restricts the evaluation to those images (default: all of
+    ``coco_gt``). No detections -> all zeros, not an exception. An AP that
+    pycocotools leaves undefined (no ground truth at all) is reported as 0.0.
+    """
+    from pycocotools.cocoeval import COCOeval
+
+    ids = sorted(coco_gt.getImgIds()) if img_ids is None else sorted(int(i) for i in img_ids)
+    if not detections:
+        return _zero(len(ids))
+    dets = [{"image_id": int(d["image_id"]), "category_id": int(d["category_id"]),
+             "bbox": [float(v) for v in d["bbox"]], "score": float(d["score"])} for d in detections]
+    with contextlib.redirect_stdout(io.StringIO()):
+        coco_dt = coco_gt.loadRes(dets)
+        ev = COCOeval(coco_gt, coco_dt, "bbox")
+        ev.params.imgIds = ids
+        ev.evaluate()
+        ev.accumulate()
+        ev.summarize()
+    stats = [float(s) if s >= 0 else 0.0 for s in np.asarray(ev.stats, dtype=float)]
+    return {"map": stats[0], "map_50": stats[1], "map_75": stats[2], "num_images": len(ids),
+            "num_detections": len(dets)}
+
+
+def _load(dataset, index: int):
+    if hasattr(dataset, "load"):
+        return dataset.load(index, flip=False)
+    return dataset[index]
+
+
+@torch.no_grad()
+def evaluate_coco(model, dataset, *, device="cpu", batch_size: int = 8, max_images=None, autocast=None) -> dict:
+    """COCO mAP of ``model`` on the first ``max_images`` images of ``dataset`` (all by default).
+
+    Returns ``{"map": AP@[.5:.95], "map_50": AP@.5, "map_75", "num_images", "num_detections"}``.
+    The model runs in eval mode and gets its previous train/eval mode back.
+    ``autocast``: optional factory returning a context manager, entered around
+    each forward (e.g. ``lambda: torch.autocast("cpu", torch.bfloat16)``).
+    """
+    n = len(dataset) if max_images is None else min(len(dataset), int(max_images))
+    was_training = model.training
+    model.eval()
+    detections: list[dict] = []
+    img_ids: list[int] = []
+    try:
+        for start in range(0, n, batch_size):
+            batch = [_load(dataset, i) for i in range(start, min(n, start + batch_size))]
+            images = [img.to(device) for img, _ in batch]
+            ctx = autocast() if autocast is not None else contextlib.nullcontext()
+            with ctx:
+                outputs = model(images)
+            for (_, target), out in zip(batch, outputs):
+                image_id = int(target["image_id"])
+                img_ids.append(image_id)
+                boxes = out["boxes"].detach().float().cpu()
+                if boxes.numel() == 0:
+                    continue
+                xywh = torch.cat([boxes[:, :2], boxes[:, 2:] - boxes[:, :2]], dim=1).tolist()
+                labels = out["labels"].detach().cpu().tolist()
+                scores = out["scores"].detach().float().cpu().tolist()
+                for b, l, s in zip(xywh, labels, scores):
+                    cat = dataset.label_to_cat.get(int(l))
+                    if cat is None:  # background or out-of-range label: not a COCO class
+                        continue
+                    detections.append({"image_id": image_id, "category_id": cat, "bbox": b, "score": s})
+    finally:
+        model.train(was_training)
+    if n == 0:
+        return _zero(0)
+    return evaluate_detections(dataset.coco, detections, img_ids=img_ids)

@@ -1,0 +1,140 @@
+"""COCO mAP: perfect, empty and shifted detections; evaluate_coco end to end."""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+from torch import nn
+
+from lossscale_bench.data import build_datasets
+from lossscale_bench.evaluation import evaluate_coco, evaluate_detections
+
+
+@pytest.fixture(scope="module")
+def val_ds(tmp_path_factory):
+    root = tmp_path_factory.mktemp("synth")
+    _, val, _ = build_datasets({"name": "synthetic", "root": str(root), "train_images": 0, "val_images": 12,
+                                "image_size": 64, "seed": 0})
+    return val
+
+
+def _gt_detections(coco, dx=0.0, score=1.0):
+    return [{"image_id": a["image_id"], "category_id": a["category_id"],
+             "bbox": [a["bbox"][0] + dx, a["bbox"][1], a["bbox"][2], a["bbox"][3]], "score": score}
+            for a in coco.dataset["annotations"]]
+
+
+def test_perfect_predictions(val_ds):
+    r = evaluate_detections(val_ds.coco, _gt_detections(val_ds.coco))
+    assert r["map"] == pytest.approx(1.0, abs=1e-6) and r["map_50"] == pytest.approx(1.0, abs=1e-6)
+    assert r["num_images"] == 12
+
+
+def test_empty_predictions(val_ds):
+    r = evaluate_detections(val_ds.coco, [])
+    assert r["map"] == 0.0 and r["map_50"] == 0.0 and r["num_images"] == 12
+
+
+def test_shifted_boxes_score_lower(val_ds):
+    perfect = evaluate_detections(val_ds.coco, _gt_detections(val_ds.coco))["map"]
+    small = evaluate_detections(val_ds.coco, _gt_detections(val_ds.coco, dx=2.0))["map"]
+    large = evaluate_detections(val_ds.coco, _gt_detections(val_ds.coco, dx=8.0))["map"]
+    assert perfect > small > large
+
+
+def test_wrong_category_scores_zero(val_ds):
+    dets = _gt_detections(val_ds.coco)
+    for d in dets:
+        d["category_id"] = d["category_id"] % 3 + 1
+    assert evaluate_detections(val_ds.coco, dets)["map"] == pytest.approx(0.0)
+
+
+def test_img_ids_restrict_the_evaluation(val_ds):
+    dets = [d for d in _gt_detections(val_ds.coco) if d["image_id"] <= 4]
+    assert evaluate_detections(val_ds.coco, dets, img_ids=[1, 2, 3, 4])["map"] == pytest.approx(1.0)
+    assert evaluate_detections(val_ds.coco, dets)["map"] < 0.9
+
+
+class _OracleModel(nn.Module):
+    """Returns the ground truth of the images it is shown, in data set order, as detections."""
+
+    def __init__(self, ds):
+        super().__init__()
+        self.targets = [ds.load(i)[1] for i in range(len(ds))]
+        self.calls = 0
+        self.lin = nn.Linear(1, 1)
+
+    def forward(self, images):
+        assert not self.training
+        out = []
+        for _ in images:
+            t = self.targets[self.calls]
+            self.calls += 1
+            out.append({"boxes": t["boxes"], "labels": t["labels"], "scores": torch.ones(len(t["labels"]))})
+        return out
+
+
+def test_evaluate_coco_maps_labels_back_to_category_ids(tmp_path):
+    """Sparse COCO category ids: a perfect model must score 1.0 only if labels are mapped back."""
+    import json
+    import numpy as np
+    from PIL import Image
+
+    from lossscale_bench.data import CocoDetection
+
+    (tmp_path / "img").mkdir()
+    images, anns = [], []
+    for i in range(1, 5):
+        Image.fromarray(np.zeros((32, 32, 3), np.uint8)).save(tmp_path / "img" / f"{i}.png")
+        images.append({"id": i, "file_name": f"{i}.png", "width": 32, "height": 32})
+        for k, cat in enumerate((5, 90)):
+            anns.append({"id": len(anns) + 1, "image_id": i, "category_id": cat, "bbox": [2 + 12 * k, 4, 10, 12],
+                         "area": 120, "iscrowd": 0})
+    (tmp_path / "a.json").write_text(json.dumps({"images": images, "annotations": anns, "categories": [
+        {"id": 90, "name": "z"}, {"id": 5, "name": "y"}]}))
+    ds = CocoDetection(tmp_path / "img", tmp_path / "a.json", train=False)
+    model = _OracleModel(ds)
+    r = evaluate_coco(model, ds, batch_size=3)
+    assert r["map"] == pytest.approx(1.0) and r["num_images"] == 4 and model.calls == 4
+
+
+def test_evaluate_coco_ssd_tiny_end_to_end(val_ds):
+    from lossscale_bench.models import build_model
+
+    torch.manual_seed(0)
+    model = build_model("ssd_tiny", num_classes=val_ds.num_classes + 1, image_size=64, width=8)
+    model.train()
+    entered = []
+
+    @contextlib.contextmanager
+    def autocast():
+        entered.append(1)
+        yield
+
+    r = evaluate_coco(model, val_ds, batch_size=4, max_images=6, autocast=autocast)
+    assert model.training  # mode restored
+    assert r["num_images"] == 6 and len(entered) == 2
+    assert 0.0 <= r["map"] <= r["map_50"] <= 1.0
+    model.eval()
+    evaluate_coco(model, val_ds, batch_size=8, max_images=2)
+    assert not model.training
+
+
+def test_evaluate_coco_no_detections_is_zero(val_ds):
+    class Nothing(nn.Module):
+        def forward(self, images):
+            return [{"boxes": torch.zeros(0, 4), "labels": torch.zeros(0, dtype=torch.int64),
+                     "scores": torch.zeros(0)} for _ in images]
+
+    r = evaluate_coco(Nothing(), val_ds, max_images=5)
+    assert r == {**r, "map": 0.0, "map_50": 0.0, "num_images": 5}
+
+
+def test_evaluate_coco_on_fake_data():
+    from lossscale_bench.data import fake_coco
+
+    ds = fake_coco(4, 32, 3, seed=0, train=False)
+    r = evaluate_coco(_OracleModel(ds), ds)
+    assert r["map"] == pytest.approx(1.0)
