@@ -1,0 +1,128 @@
+"""One trial in-process (no Ray): divergence policies, checkpoints, bad checkpoints, write failures."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from lossscale_bench.sink import MemorySink
+from lossscale_bench.study import load_study_text
+from lossscale_bench.trial import run_trial
+
+BASE = textwrap.dedent("""\
+    name: t
+    dataset: {name: synthetic, train_images: 16, val_images: 4, image_size: 64, seed: 0}
+    model: ssd_tiny
+    model_options: {width: 8}
+    batch_size: 4
+    precision: fp16-emulated
+    scaling:
+      - %s
+    seeds: [0]
+    schedule: {iterations: %d, lr: 0.01, warmup_iterations: 2}
+    eval: {every: %s, metric: coco}
+    divergence: {patience: 3}
+    on_divergence: %s
+    log_every: 2
+    """)
+
+BLOWUP = "{method: fixed, scale: 1.0e+30, skip_nonfinite: false}"
+
+
+def _cfg(scaling="{method: fixed, scale: 128}", iterations=6, every="null", policy="stop"):
+    return load_study_text(BASE % (scaling, iterations, every, policy)).trials()[0]
+
+
+def test_divergence_stop_is_a_status_with_step_loss_and_scale(tmp_path):
+    sink = MemorySink()
+    out = run_trial(_cfg(BLOWUP, iterations=20), sink=sink, trial_dir=tmp_path)
+    assert out.status == "diverged"
+    assert out.steps < 20 and out.diverged_step == sink.tag_values["lsbench.diverged_step"]
+    assert sink.tag_values["lsbench.status"] == "diverged"
+    assert sink.tag_values["lsbench.diverged_scale"] == 1e30
+    assert "lsbench.last_finite_loss" in sink.tag_values
+    assert out.final_map is None
+
+
+def test_divergence_continue_runs_to_the_end(tmp_path):
+    sink = MemorySink()
+    out = run_trial(_cfg(BLOWUP, iterations=8, policy="continue"), sink=sink, trial_dir=tmp_path)
+    assert out.status == "diverged" and out.steps == 8
+    assert out.diverged_step is not None
+    assert [s for s, _ in sink.history("loss")] == list(range(1, 9))
+    assert any(not math.isfinite(v) for _, v in sink.history("loss"))
+
+
+def test_finished_trial_logs_every_step_and_final_map(tmp_path):
+    sink = MemorySink()
+    out = run_trial(_cfg(iterations=6, every=3), sink=sink, trial_dir=tmp_path)
+    assert out.status == "finished", out.error
+    assert [s for s, _ in sink.history("loss")] == [1, 2, 3, 4, 5, 6]
+    assert {v for _, v in sink.history("loss_scale")} == {128.0}
+    assert [s for s, _ in sink.history("map")] == [3, 6]
+    assert sink.history("final_map") and sink.history("underflow_rate_mean")
+    assert any(a.endswith("layers_history.csv") for a, _ in sink.artifacts)
+    assert not (tmp_path / "checkpoint.pt").exists()
+
+
+def test_resume_from_checkpoint_continues_at_the_saved_step(tmp_path):
+    cfg = _cfg(iterations=6, every=3)
+    # a first run that stops at step 3 leaves a checkpoint, as a killed process would
+    import lossscale_bench.trial as trial_mod
+    from lossscale_bench.engine.hooks import CheckpointHook
+
+    class Kill(Exception):
+        pass
+
+    orig = CheckpointHook.after_step
+
+    def after_step(self, trainer, record):
+        orig(self, trainer, record)
+        if record.step == 3:
+            raise Kill()
+
+    CheckpointHook.after_step = after_step
+    try:
+        out = run_trial(cfg, sink=MemorySink(), trial_dir=tmp_path)
+    finally:
+        CheckpointHook.after_step = orig
+    assert out.status == "failed" and "Kill" in out.error
+    assert (tmp_path / "checkpoint.pt").exists()
+    sink = MemorySink()
+    out = trial_mod.run_trial(cfg, sink=sink, trial_dir=tmp_path)
+    assert out.status == "finished"
+    assert sink.tag_values["lsbench.resumed_from_step"] == 3
+    assert [s for s, _ in sink.history("loss")] == [4, 5, 6]
+
+
+def test_truncated_checkpoint_fails_clearly(tmp_path):
+    (tmp_path / "checkpoint.pt").write_bytes(b"PK\x03\x04 truncated")
+    out = run_trial(_cfg(), sink=MemorySink(), trial_dir=tmp_path)
+    assert out.status == "failed"
+    assert "checkpoint" in out.error and "cannot be read" in out.error and "delete it" in out.error
+
+
+def test_full_disk_while_checkpointing_fails_the_trial_with_the_os_error(tmp_path):
+    """A real write failure: RLIMIT_FSIZE makes the checkpoint write fail (EFBIG), as a full disk would."""
+    code = textwrap.dedent(f"""
+        import resource, signal, sys
+        sys.path.insert(0, {str(tmp_path)!r})
+        from lossscale_bench.sink import MemorySink
+        from lossscale_bench.study import load_study_text
+        from lossscale_bench.trial import run_trial
+        from lossscale_bench.data.synthetic import ensure_synthetic
+        ensure_synthetic(train_images=16, val_images=4, image_size=64, seed=0)   # data first, then the limit
+        cfg = load_study_text({(BASE % ("{method: fixed, scale: 128}", 4, 2, "stop"))!r}).trials()[0]
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (20000, 20000))
+        out = run_trial(cfg, sink=MemorySink(), trial_dir={str(tmp_path / 'trial')!r})
+        print("STATUS", out.status, out.error)
+    """)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert "STATUS failed" in r.stdout, r.stdout + r.stderr[-2000:]
+    assert "File too large" in r.stdout or "No space" in r.stdout
+    assert not list((tmp_path / "trial").glob("checkpoint.pt*"))  # no half-written checkpoint left
