@@ -1,0 +1,548 @@
+"""Multi-device trials: one Tune trial drives a Ray Train ``TorchTrainer`` with N workers.
+
+A study with ``resources.devices_per_trial: N > 1`` runs each trial data-parallel
+over N devices, the way the seeds ran ``mpiexec -n 8``::
+
+    Tune trial (the Train driver, CPU:0.25, no device)      driver side: MlflowFunnel
+      ├─ thread: TorchTrainer.fit() ─▶ Train controller ─▶ N workers, one device each
+      │                                                     rank r: run_trial(rank=r, world_size=N,
+      │                                                             grad_sync=GradSync())
+      └─ polls a ray.util.queue.Queue ◀── rank 0's QueueSink payloads
+         and forwards each with tune.report ─────────────▶ one MLflow run per trial
+
+*Placement (Ray 2.60, Train V2).* The Tune function only launches and watches
+the Train run, so it holds a small CPU share and no device; the Train worker
+group reserves its own placement group, ``N × {CPU: cpus_per_trial, <DEV>: 1}``
+(PACK). Nesting the devices into the Tune trial's bundle as well would reserve
+them twice and deadlock (Train V2 always creates its own placement group and
+cannot adopt Tune's). Consequences, both handled here: Tune no longer sees the
+device demand, so :func:`tune_concurrency` gives the ``max_concurrent_trials``
+that keeps Tune from starting trials whose Train runs can only wait; and a
+trial whose devices the cluster does not have at all fails at once with a
+message (:func:`infeasible`) instead of waiting forever for them.
+
+*Gradients.* There is no DDP: each replica runs the same ``run_trial`` on its
+shard ``images[rank::N]`` of the global batch (``batch_size`` is the global
+batch), its scaler unscales its own gradients (per layer for adaptive scaling),
+and :class:`GradSync` then averages the true gradients with one flattened
+all-reduce per dtype. Overflow flags are max-reduced inside the scalers
+(``scaling.base.all_reduce_flag``), so every replica skips the same steps and
+the weights stay identical; at the end rank 0 compares per-tensor parameter
+sums of all replicas and logs the largest difference as ``replica_param_drift``
+(0.0 when they agree bit for bit).
+
+*Process groups.* cpu: gloo; cuda: nccl, with each worker seeing only its own
+GPU (``CUDA_VISIBLE_DEVICES`` not shared, so the CUDA backend's ``cuda:0`` is
+that worker's GPU; NCCL then uses shared memory/network rather than CUDA P2P
+between the processes); hpu: hccl (Ray imports ``habana_frameworks.torch.
+distributed.hccl``; each worker gets its card through ``HABANA_VISIBLE_MODULES``).
+xla: torch_xla runs one process per TPU chip, started by its own launcher, so
+the Train run has ONE worker holding all N chips (``use_tpu=True``), which
+calls ``torch_xla.launch``; each replica joins the ``xla`` process group
+(``init_method="xla://"``) and gradients are averaged by ``xm.optimizer_step``
+(it all-reduces when the XLA world is larger than one), after the scaler
+unscaled them. Rank 0's payloads reach the Ray queue through a multiprocessing
+queue. The XLA path follows torch_xla's documented API and is untested on TPU
+hardware (see docs/cluster.md).
+
+Metrics are rank 0's: ``loss`` is the loss of rank 0's shard and
+``images_per_sec`` its per-replica throughput (× N for the trial).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from typing import Any, Callable
+
+from .sink import Sink
+
+#: CPU share the Tune trial (the Train driver) itself holds; it only polls a queue
+DRIVER_CPUS = 0.25
+#: torch.distributed backend per lossscale_bench backend
+PROCESS_GROUP = {"cpu": "gloo", "cuda": "nccl", "hpu": "hccl", "xla": "xla"}
+#: Ray resource of one device per backend (None: CPU only)
+DEVICE_RESOURCE = {"cpu": None, "cuda": "GPU", "hpu": "HPU", "xla": "TPU"}
+#: seconds rank 0 waits for the other replicas' end records after it finished
+END_WAIT_S = float(os.environ.get("LSBENCH_DIST_END_WAIT_S", "120"))
+#: torch.distributed collective timeout (must exceed rank 0's longest evaluation)
+COLLECTIVE_TIMEOUT_S = int(os.environ.get("LSBENCH_DIST_TIMEOUT_S", "1800"))
+
+
+# --------------------------------------------------------------------------- placement (no Ray import)
+
+
+def devices_of(resources: dict) -> int:
+    return int(resources.get("devices_per_trial", 1) or 1)
+
+
+def is_distributed(resources: dict) -> bool:
+    return devices_of(resources) > 1
+
+
+def _backend(resources: dict) -> str:
+    backend = resources.get("backend", "cpu")
+    if backend == "auto" and is_distributed(resources):
+        raise ValueError("resources.backend auto cannot be used with devices_per_trial > 1: "
+                         "name the backend (cpu, cuda, hpu, xla) so Ray can reserve its devices")
+    return backend
+
+
+def driver_bundle(resources: dict) -> dict[str, float]:
+    """What the Tune trial (the Train driver) holds: a CPU share, no device."""
+    return {"CPU": DRIVER_CPUS}
+
+
+def worker_bundles(resources: dict) -> list[dict[str, float]]:
+    """The Train worker group's placement group: one bundle per worker."""
+    backend = _backend(resources)
+    n = devices_of(resources)
+    cpus = float(resources.get("cpus_per_trial", 1))
+    dev = DEVICE_RESOURCE.get(backend)
+    if backend == "xla":  # one worker holds every chip; torch_xla starts a process per chip
+        return [{"CPU": cpus, "TPU": float(n)}]
+    bundle = {"CPU": cpus}
+    if dev:
+        bundle[dev] = 1.0
+    return [dict(bundle) for _ in range(n)]
+
+
+def _fmt(x: float) -> str:
+    return f"{x:g}"
+
+
+def placement_text(resources: dict) -> str:
+    """One-line placement for ``--dry-run``, e.g. ``CPU:0.25 + 8×{CPU:1, GPU:1}``."""
+    if not is_distributed(resources):
+        backend = resources.get("backend", "cpu")
+        dev = DEVICE_RESOURCE.get(backend) or ("auto" if backend == "auto" else None)
+        parts = [f"CPU:{_fmt(float(resources.get('cpus_per_trial', 1)))}"]
+        if dev:
+            parts.append(f"{dev}:{devices_of(resources)}")
+        return ", ".join(parts)
+    bundles = worker_bundles(resources)
+    inner = ", ".join(f"{k}:{_fmt(v)}" for k, v in bundles[0].items())
+    return f"CPU:{_fmt(DRIVER_CPUS)} + {len(bundles)}×{{{inner}}}"
+
+
+def infeasible(resources: dict, cluster: dict[str, float]) -> str | None:
+    """Why the cluster (``ray.cluster_resources()``) can never hold this trial, or None."""
+    need: dict[str, float] = dict(driver_bundle(resources))
+    for b in worker_bundles(resources):
+        for k, v in b.items():
+            need[k] = need.get(k, 0.0) + v
+    short = {k: (v, float(cluster.get(k, 0.0))) for k, v in need.items() if float(cluster.get(k, 0.0)) + 1e-9 < v}
+    if not short:
+        return None
+    what = ", ".join(f"{k} {_fmt(v)} (cluster has {_fmt(have)})" for k, (v, have) in short.items())
+    return (f"a {devices_of(resources)}-device {resources.get('backend')} trial needs {what}; "
+            f"add nodes with that resource (docs/cluster.md) or lower resources.devices_per_trial")
+
+
+def tune_concurrency(trial_resources: list[dict], cluster: dict[str, float]) -> int | None:
+    """``max_concurrent_trials`` that lets no Tune trial start only to wait for its devices.
+
+    Tune schedules multi-device trials by their driver's CPU share only, so the
+    limit comes from the scarcest device: ``min over resources of floor(cluster /
+    per-trial need)``. None when no trial is multi-device (Tune's own accounting
+    is exact then). With several backends in one study it is conservative: the
+    bound of the scarcest backend applies to all.
+    """
+    if not any(is_distributed(r) for r in trial_resources):
+        return None
+    limit = None
+    for r in trial_resources:
+        need: dict[str, float] = {}
+        bundles = worker_bundles(r) if is_distributed(r) else [_single_bundle(r)]
+        for b in bundles:
+            for k, v in b.items():
+                need[k] = need.get(k, 0.0) + v
+        for k, v in need.items():
+            if v > 0:
+                fit = int(float(cluster.get(k, 0.0)) // v)
+                if fit >= 1:
+                    limit = fit if limit is None else min(limit, fit)
+    return limit
+
+
+def _single_bundle(resources: dict) -> dict[str, float]:
+    from .backends import ray_resources
+
+    return ray_resources(resources.get("backend", "cpu"), devices_of(resources),
+                         float(resources.get("cpus_per_trial", 1)))
+
+
+# --------------------------------------------------------------------------- worker side
+
+
+class QueueSink(Sink):
+    """Rank 0's sink: buffers like ``TuneSink`` and puts the same payload into a queue.
+
+    The Tune function forwards each item with ``tune.report``, so the driver's
+    ``MlflowFunnel`` sees exactly what a single-device trial would send.
+    """
+
+    def __init__(self, put: Callable[[dict], None]) -> None:
+        from .sweep import TuneSink
+
+        self._inner = TuneSink()
+        self._put = put
+        self.reports = 0
+
+    def metrics(self, items):
+        self._inner.metrics(items)
+
+    def tags(self, tags):
+        self._inner.tags(tags)
+
+    def artifact(self, path, artifact_path=None):
+        self._inner.artifact(path, artifact_path)
+
+    def flush(self, outcome: dict | None = None):
+        s = self._inner
+        if not (s._metrics or s._tags or s._artifacts or outcome):
+            return
+        payload = {"metrics": s._metrics, "tags": s._tags, "artifacts": s._artifacts}
+        if outcome is not None:
+            payload["outcome"] = outcome
+        s._metrics, s._tags, s._artifacts = [], {}, []
+        self.reports += 1
+        self._put({"kind": "report", "final": outcome is not None,
+                   "report": {"lsbench": json.dumps(payload), "lsbench_reports": self.reports}})
+
+
+class GradSync:
+    """``grad_sync`` for ``run_trial``: average true (unscaled) gradients across replicas.
+
+    Called by the loop after the scaler's ``unscale_``. Parameters whose gradient
+    is None on some replica are given zeros there (one tiny MAX all-reduce of a
+    has-gradient mask keeps the flattened buffers the same size everywhere), then
+    one flattened SUM all-reduce per (device, dtype) divided by the world size.
+    Keeps the last parameter list so the end-of-trial drift check can read it.
+    """
+
+    def __init__(self) -> None:
+        self.params: list = []
+        self.calls = 0
+
+    def __call__(self, params) -> None:
+        import torch
+        import torch.distributed as dist
+
+        self.params = [p for p in params if p.requires_grad]
+        self.calls += 1
+        if not (dist.is_available() and dist.is_initialized()):
+            return
+        world = dist.get_world_size()
+        if world <= 1 or not self.params:
+            return
+        dev = self.params[0].device
+        has = torch.tensor([float(p.grad is not None) for p in self.params], device=dev)
+        dist.all_reduce(has, op=dist.ReduceOp.MAX)
+        for p, h in zip(self.params, has.tolist()):
+            if h and p.grad is None:
+                p.grad = torch.zeros_like(p)
+        buckets: dict[tuple, list] = {}
+        for p, h in zip(self.params, has.tolist()):
+            if h:
+                buckets.setdefault((p.grad.device, p.grad.dtype), []).append(p.grad)
+        for grads in buckets.values():
+            flat = torch.cat([g.reshape(-1) for g in grads])
+            dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+            flat.div_(world)
+            offset = 0
+            for g in grads:
+                n = g.numel()
+                g.copy_(flat[offset:offset + n].view_as(g))
+                offset += n
+
+
+#: the function name the brief and trial.py's docstring use
+allreduce_mean = GradSync
+
+
+def param_stats(params) -> list[float]:
+    """Per-tensor (sum, sum of |x|) in float64 on the host: equal lists mean equal replicas (in practice)."""
+    import torch
+
+    out: list[float] = []
+    with torch.no_grad():
+        for p in params:
+            t = p.detach().to("cpu", torch.float64)
+            out += [float(t.sum()), float(t.abs().sum())]
+    return out
+
+
+def drift(stats: list[list[float]]) -> float:
+    """Largest difference between replicas' :func:`param_stats` (0.0: identical)."""
+    if len(stats) < 2 or not stats[0]:
+        return 0.0
+    if any(len(s) != len(stats[0]) for s in stats):
+        return float("inf")
+    return max(max(col) - min(col) for col in zip(*stats))
+
+
+def _train_worker(config: dict) -> None:
+    """One Ray Train worker: a replica of the trial (or, for xla, the launcher of the replicas)."""
+    import ray.train
+
+    spec, channel = config["spec"], config["queue"]
+    ctx = ray.train.get_context()
+    if spec["cfg"]["resources"].get("backend") == "xla":
+        return _xla_launch(spec, channel)
+    _replica(spec, ctx.get_world_rank(), ctx.get_world_size(), channel, GradSync())
+
+
+def _replica(spec: dict, rank: int, world: int, channel, grad_sync) -> None:
+    """Run one replica; rank 0 streams its payloads and, at the end, the replicas' agreement."""
+    from .trial import run_trial
+
+    sink = QueueSink(channel.put) if rank == 0 else Sink()
+    outcome = run_trial(spec["cfg"], sink=sink, trial_dir=spec["trial_dir"], threads=spec["threads"],
+                        rank=rank, world_size=world, grad_sync=grad_sync)
+    params = getattr(grad_sync, "params", None) or []
+    record = {"kind": "end", "rank": rank, "status": outcome.status, "steps": outcome.steps,
+              "error": outcome.error, "stats": param_stats(params) if outcome.status == "finished" else []}
+    if rank != 0:
+        channel.put(record)
+        if outcome.status == "failed":
+            # Let Train stop the whole group: rank 0 may be waiting in a collective for this replica.
+            raise RuntimeError(f"replica {rank} failed: {outcome.error}")
+        return
+    # rank 0: the trial's outcome is its own; attach the replicas' agreement, then deliver it.
+    ends = channel.collect_ends(world - 1, END_WAIT_S)
+    missing = sorted(set(range(1, world)) - {e["rank"] for e in ends})
+    tags: dict[str, Any] = {"lsbench.world_size": world}
+    stats = [record["stats"]] + [e["stats"] for e in sorted(ends, key=lambda e: e["rank"])]
+    if outcome.status == "finished" and not missing and all(stats):
+        d = drift(stats)
+        tags["lsbench.replica_param_drift"] = d
+        sink.metrics([("replica_param_drift", d, outcome.steps)])
+    if missing:
+        tags["lsbench.replicas_missing"] = ",".join(map(str, missing))
+    bad = [e for e in ends if e["status"] != outcome.status]
+    if bad:
+        tags["lsbench.replica_status"] = "; ".join(f"rank {e['rank']}: {e['status']} {e['error'] or ''}".strip()
+                                                   for e in bad)[:5000]
+    sink.tags(tags)
+    sink.flush(outcome=outcome.to_dict())
+    if missing:
+        raise RuntimeError(f"replicas {missing} did not finish within {END_WAIT_S:.0f} s after rank 0; "
+                           "stopping the worker group")
+
+
+class _Channel:
+    """What a replica sends: reports (rank 0) go to the report queue, end records (ranks > 0) to the end queue."""
+
+    def __init__(self, reports, ends) -> None:
+        self.reports, self.ends = reports, ends
+
+    def put(self, item: dict) -> None:
+        (self.ends if item.get("kind") == "end" else self.reports).put(item)
+
+    def collect_ends(self, n: int, wait_s: float) -> list[dict]:
+        from ray.util.queue import Empty
+
+        ends: list[dict] = []
+        deadline = time.time() + wait_s
+        while len(ends) < n and time.time() < deadline:
+            try:
+                ends.append(self.ends.get(timeout=max(0.1, min(deadline - time.time(), 5.0))))
+            except Empty:
+                continue
+        return ends
+
+
+# --------------------------------------------------------------------------- xla (torch_xla launcher)
+
+
+def _xla_launch(spec: dict, channel) -> None:
+    """Inside the single Train worker that holds all TPU chips: one process per chip via torch_xla.
+
+    Replicas cannot use Ray handles (they are not Ray workers), so rank 0 sends
+    through a multiprocessing queue that this process forwards to the Ray queues.
+    """
+    import multiprocessing as mp
+
+    try:
+        import torch_xla
+    except Exception as exc:  # noqa: BLE001
+        raise RuntimeError(f"backend xla: cannot import torch_xla ({exc}); see docs/cluster.md") from None
+    manager = mp.get_context("spawn").Manager()
+    mq, ends = manager.Queue(), manager.Queue()
+    done = threading.Event()
+
+    def forward():
+        import queue as _q
+
+        while not done.is_set() or not mq.empty():
+            try:
+                channel.put(mq.get(timeout=0.5))
+            except _q.Empty:
+                continue
+
+    t = threading.Thread(target=forward, daemon=True)
+    t.start()
+    try:
+        torch_xla.launch(_xla_replica, args=(spec, mq, ends))
+    finally:
+        done.set()
+        t.join(timeout=30)
+
+
+class _MpChannel:
+    """A replica's channel under torch_xla.launch: everything goes through one multiprocessing queue;
+    end records of ranks > 0 are read back by rank 0 from a second one."""
+
+    def __init__(self, mq, ends) -> None:
+        self.mq, self.ends = mq, ends
+
+    def put(self, item: dict) -> None:
+        (self.ends if item.get("kind") == "end" else self.mq).put(item)
+
+    def collect_ends(self, n: int, wait_s: float) -> list[dict]:
+        import queue as _q
+
+        out: list[dict] = []
+        deadline = time.time() + wait_s
+        while len(out) < n and time.time() < deadline:
+            try:
+                out.append(self.ends.get(timeout=max(0.1, min(deadline - time.time(), 5.0))))
+            except _q.Empty:
+                continue
+        return out
+
+
+def _xla_replica(index: int, spec: dict, mq, ends) -> None:
+    import torch.distributed as dist
+    import torch_xla.distributed.xla_backend  # noqa: F401 - registers the "xla" process group
+    import torch_xla.runtime as xr
+
+    if not dist.is_initialized():
+        dist.init_process_group("xla", init_method="xla://")
+    # xm.optimizer_step averages the (already unscaled) gradients across replicas: no grad_sync.
+    _replica(spec, xr.global_ordinal(), xr.world_size(), _MpChannel(mq, ends), None)
+
+
+# --------------------------------------------------------------------------- Tune side
+
+
+def _torch_config(backend: str, pg_backend: str | None):
+    from ray.train.torch import TorchConfig
+
+    pg = pg_backend or ("gloo" if backend == "xla" else PROCESS_GROUP[backend])
+    if backend == "cuda":
+        try:  # each worker sees only its own GPU, so CUDABackend's cuda:0 is the right one
+            from dataclasses import dataclass
+
+            from ray.train.torch.config import _TorchBackend
+
+            class _OwnGPUBackend(_TorchBackend):
+                share_cuda_visible_devices = False
+
+            @dataclass
+            class _OwnGPUTorchConfig(TorchConfig):
+                @property
+                def backend_cls(self):
+                    return _OwnGPUBackend
+
+            return _OwnGPUTorchConfig(backend=pg, timeout_s=COLLECTIVE_TIMEOUT_S)
+        except ImportError:  # pragma: no cover - Ray moved the private class
+            os.environ["TRAIN_ENABLE_SHARE_CUDA_VISIBLE_DEVICES"] = "0"
+    return TorchConfig(backend=pg, timeout_s=COLLECTIVE_TIMEOUT_S)
+
+
+def fit_streaming(spec: dict, on_item: Callable[[dict], None], *, worker_fn: Callable[[dict], None] | None = None,
+                  pg_backend: str | None = None, extra_config: dict | None = None) -> BaseException | None:
+    """Run the Train worker group for ``spec`` and call ``on_item`` for every queued report, live.
+
+    ``trainer.fit()`` runs in a background thread; this thread polls the queue
+    (so ``on_item`` may call ``tune.report``). Returns the exception ``fit()``
+    raised, or None. ``worker_fn``/``pg_backend`` let tests run a probe instead
+    of a training replica.
+    """
+    from ray.train import FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+    from ray.util.queue import Empty, Queue
+
+    res = spec["cfg"]["resources"]
+    backend = _backend(res)
+    bundles = worker_bundles(res)
+    reports = Queue(actor_options={"num_cpus": 0})
+    ends = Queue(actor_options={"num_cpus": 0})
+    channel = _Channel(reports, ends)
+    scaling = ScalingConfig(num_workers=len(bundles), use_gpu=backend == "cuda", use_tpu=backend == "xla",
+                            resources_per_worker=dict(bundles[0]))
+    storage = os.path.join(os.path.abspath(spec["trial_dir"]), "ray_train")
+    name = f"{spec['cfg']['trial_id']}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+    trainer = TorchTrainer(worker_fn or _train_worker,
+                           train_loop_config={"spec": spec, "queue": channel, **(extra_config or {})},
+                           scaling_config=scaling, torch_config=_torch_config(backend, pg_backend),
+                           run_config=RunConfig(name=name, storage_path=storage,
+                                                failure_config=FailureConfig(max_failures=0)))
+    box: dict[str, BaseException] = {}
+
+    def fit() -> None:
+        try:
+            trainer.fit()
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            box["error"] = exc
+
+    t = threading.Thread(target=fit, name=f"lsbench-train-{spec['cfg']['trial_id']}", daemon=True)
+    t.start()
+    try:
+        while True:
+            try:
+                on_item(reports.get(timeout=0.5))
+                continue
+            except Empty:
+                pass
+            if not t.is_alive():
+                while True:  # drain what arrived after the last poll
+                    try:
+                        on_item(reports.get_nowait())
+                    except Empty:
+                        break
+                break
+    finally:
+        t.join(timeout=5)
+        for q in (reports, ends):
+            try:
+                q.shutdown()
+            except Exception:  # noqa: BLE001
+                pass
+    return box.get("error")
+
+
+def run_distributed_trial(spec: dict) -> None:
+    """The Tune function body for a multi-device trial (called by ``sweep._tune_trainable``)."""
+    import ray
+    from ray import tune
+
+    from .sweep import TuneSink
+
+    res = spec["cfg"]["resources"]
+    try:
+        problem = infeasible(res, ray.cluster_resources())
+    except ValueError as exc:
+        problem = str(exc)
+    if problem:
+        sink = TuneSink()
+        sink.tags({"lsbench.status": "failed", "lsbench.error": problem})
+        sink.flush(outcome={"trial_id": spec["cfg"]["trial_id"], "status": "failed", "error": problem})
+        return
+    delivered = {"final": False}
+
+    def on_item(item: dict) -> None:
+        if item.get("kind") == "report":
+            tune.report(item["report"])
+            delivered["final"] |= bool(item.get("final"))
+
+    error = fit_streaming(spec, on_item)
+    if delivered["final"]:
+        return  # the outcome is logged; a later worker-group error must not re-run a finished trial
+    if error is not None:
+        raise RuntimeError(f"multi-device trial {spec['cfg']['trial_id']} failed: {error}") from error
+    raise RuntimeError(f"multi-device trial {spec['cfg']['trial_id']}: rank 0 ended without an outcome")
