@@ -92,8 +92,17 @@ Deviations from the Chainer reference (all documented in ADAPTIVE.md's terms)
 
 Limits
 ------
-Double backward (``create_graph=True``) and ``torch.compile``/TorchScript of
-the patched modules are not supported; one ``scale()`` per backward. Modules
+Double backward (``create_graph=True``), reentrant activation checkpointing
+and ``torch.compile``/TorchScript of the patched modules are not supported.
+One ``scale()`` per backward: scaling two losses separately and
+back-propagating their sum is not supported (both graphs share the
+parameters' gradient accumulators, where autograd would add gradients of
+different scales before any hook sees them); scale the summed loss instead.
+Use ``.backward()``, not ``torch.autograd.grad`` with ``inputs`` (pruned
+branches would never arrive at a merge). Leaf tensors outside the optimizer
+that require grad keep scaled gradients. A merge holds its branches'
+gradients until the last arrives (autograd would have summed them at once):
+a little more peak memory at merge points. Modules
 other than stock Conv2d/Linear (ConvTranspose2d, subclasses with their own
 forward) pass the scale through unchanged: correct, just not rescaled.
 Deep-copying a model while attached yields a copy that behaves unpatched.
@@ -104,6 +113,7 @@ from __future__ import annotations
 import functools
 import math
 import statistics
+import threading
 import types
 import warnings
 import weakref
@@ -114,7 +124,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ._graph import ROOT_SCALE_ID, analyse
-from .base import LossScaler, _grads, all_reduce_flag
+from .base import LossScaler, all_reduce_flag
 
 __all__ = ["AdaptiveLossScaler", "approx_range_scale", "approx_range_scale_tensor", "unbounded_scale_tensor",
            "bound_scale_tensor", "branch_target_scale", "backward_fan_in", "U_MIN", "U_MAX"]
@@ -188,7 +198,7 @@ def bound_scale_tensor(unbounded: torch.Tensor, prev_scale: torch.Tensor | float
     """Steps 7-9: heuristic bounds, power of two, fp16 storage. ``prev_scale`` is ``P``."""
     unbounded = unbounded.to(_F32)
     if not isinstance(prev_scale, torch.Tensor):
-        prev_scale = torch.tensor(float(prev_scale), dtype=_F32, device=unbounded.device)
+        prev_scale = torch.full((), float(prev_scale), dtype=_F32, device=unbounded.device)
     s = torch.minimum(unbounded, accum_upper_bound / prev_scale.to(device=unbounded.device, dtype=_F32))
     s = s.clamp(max=scale_upper_bound)
     if power_of_two:
@@ -424,7 +434,30 @@ class _Iteration:
         self.vals[ROOT_SCALE_ID] = root_scale
         self.recompute = recompute
         self.merges: list[_Merge] = []
+        #: hooks on this iteration's graph nodes (removed by the next scale() once a backward ran, or update())
         self.handles: list[Any] = []
+        self.backward_done = False
+        #: merges may see branches from several device threads (model parallel)
+        self.lock = threading.Lock()
+
+    def release(self) -> None:
+        handles, self.handles = self.handles, []
+        for h in handles:
+            h.remove()
+        for m in self.merges:  # a backward that failed half-way must not leave gradients stashed
+            m.stash = [None] * len(m.ids)
+            m.order = []
+
+    def on_backward_start(self, grad_outputs):
+        """Pre-hook of the root node: have the engine mark the end of this backward."""
+        torch.autograd.Variable._execution_engine.queue_callback(self._mark_done)
+        return None
+
+    def _mark_done(self) -> None:
+        self.backward_done = True
+        for m in self.merges:
+            m.stash = [None] * len(m.ids)
+            m.order = []
 
     # called from the layers' backward
     def layer_backward(self, info: _LayerInfo, g: torch.Tensor, w: torch.Tensor, in_id: int, out_id: int,
@@ -442,10 +475,11 @@ class _Iteration:
     # called from the merge post-hooks
     def arrive(self, mi: int, slot: int, g: torch.Tensor | None) -> torch.Tensor | None:
         m = self.merges[mi]
-        m.stash[slot] = g
-        m.order.append(slot)
-        if len(m.order) < len(m.ids):
-            return None
+        with self.lock:
+            m.stash[slot] = g
+            m.order.append(slot)
+            if len(m.order) < len(m.ids):
+                return None
         try:
             return self._combine(m)
         finally:
@@ -454,7 +488,6 @@ class _Iteration:
 
     def _combine(self, m: _Merge) -> torch.Tensor | None:
         scales = torch.stack([self.vals[sid] for sid in m.ids])
-        self.scaler._merges_run += 1
         live = [(m.stash[k], self.vals[m.ids[k]]) for k in m.order if m.stash[k] is not None]
         if not live:
             self.vals[m.out_id] = scales.amax()
@@ -584,21 +617,24 @@ class AdaptiveLossScaler(LossScaler):
                           f"{self.skipped_layers[:3]}", stacklevel=2)
 
         self._iter = 0
-        self._it: _Iteration | None = None
+        #: iterations whose hooks may still be registered (normally only the current one)
+        self._pending: list[_Iteration] = []
         self._recomputed = False
         #: id(param) -> (iteration, scale id) whose value the param's .grad carries, or _UNSCALED
         self._carried: dict[int, tuple[_Iteration, int] | None] = {}
-        self._old_handles: list[Any] = []
         #: number of statistics computations (steps 1-6) since construction
         self.stat_computations = 0
-        self._merges_run = 0
         self._last_plan = {"nodes": 0, "merge_points": 0, "layers": 0}
 
     # -- the loop's interface ------------------------------------------------
     def scale(self, loss: torch.Tensor) -> torch.Tensor:
         if self._model is None:
             raise RuntimeError("scaler was removed from its model")
-        self._release_handles()
+        # hooks of a finished backward go now: a parameter's AccumulateGrad node can outlive its graph
+        for it in self._pending:
+            if it.backward_done:
+                it.release()
+        self._pending = [it for it in self._pending if it.handles]
         scaled = loss * self.init_scale if self.init_scale != 1.0 else loss
         root = scaled.grad_fn
         if root is None:
@@ -606,7 +642,8 @@ class AdaptiveLossScaler(LossScaler):
         plan = analyse(root, lambda n: isinstance(n, _SCALING_NODE_TYPES))
         recompute = self._iter % self.update_every == 0
         self._recomputed |= recompute
-        it = _Iteration(self, plan.n_ids, torch.tensor(self.init_scale, dtype=_F32, device=loss.device), recompute)
+        it = _Iteration(self, plan.n_ids, torch.full((), self.init_scale, dtype=_F32, device=loss.device), recompute)
+        it.handles.append(root.register_prehook(it.on_backward_start))
         for node, in_id, out_id in plan.layers:
             node._ada = (it, in_id, out_id)
         consumers: dict[int, tuple[Any, list[tuple[int, int, int]]]] = {}
@@ -628,7 +665,7 @@ class AdaptiveLossScaler(LossScaler):
                 continue
             it.handles.append(acc.register_prehook(_convert_hook(it, sid, target)))
         self._last_plan = {"nodes": plan.n_nodes, "merge_points": len(plan.merges), "layers": len(plan.layers)}
-        self._it = it
+        self._pending.append(it)
         return scaled
 
     def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
@@ -668,7 +705,7 @@ class AdaptiveLossScaler(LossScaler):
         self._recomputed = False
         self._iter += 1
         self._carried.clear()
-        self._release_handles()
+        self._release_pending()
 
     def current_scale(self) -> float:
         return self.init_scale
@@ -689,13 +726,10 @@ class AdaptiveLossScaler(LossScaler):
         return bound_scale_tensor(unb, prev, scale_upper_bound=self.scale_upper_bound,
                                   accum_upper_bound=self.accum_upper_bound, power_of_two=self.power_of_two)
 
-    def _release_handles(self) -> None:
-        if self._it is not None:
-            self._old_handles.extend(self._it.handles)
-            self._it.handles = []
-        for h in self._old_handles:
-            h.remove()
-        self._old_handles = []
+    def _release_pending(self) -> None:
+        for it in self._pending:
+            it.release()
+        self._pending = []
 
     def agree_scales(self) -> None:
         """All-reduce MIN of the stored unbounded layer scales across replicas (no-op when not distributed)."""
@@ -708,12 +742,14 @@ class AdaptiveLossScaler(LossScaler):
             dev = self._modules[0].weight.device
         if dist.get_backend() == "nccl" and dev.type != "cuda":
             dev = torch.device("cuda", torch.cuda.current_device())
-        inf = torch.tensor(float("inf"), dtype=_F32, device=dev)
+        inf = torch.full((), float("inf"), dtype=_F32, device=dev)
         vec = torch.stack([i.last_unbounded.to(dev, _F32) if i.last_unbounded is not None else inf
                            for i in self._layers])
         dist.all_reduce(vec, op=dist.ReduceOp.MIN)
         for info, v in zip(self._layers, vec):
-            info.last_unbounded = torch.where(torch.isfinite(v), v, torch.ones_like(v))
+            if info.last_unbounded is not None:  # layers without statistics (no input gradient) stay so
+                info.last_unbounded = torch.where(torch.isfinite(v), v, torch.ones_like(v)).to(
+                    info.last_unbounded.device)
 
     def _detach_modules(self) -> None:
         for mod in self._modules:
@@ -730,7 +766,7 @@ class AdaptiveLossScaler(LossScaler):
         if not rows:
             return []
         dev = rows[0].last_prev.device
-        nan = torch.tensor(float("nan"), dtype=_F32, device=dev)
+        nan = torch.full((), float("nan"), dtype=_F32, device=dev)
 
         def v(t):
             return nan if t is None else t.to(dev, _F32).reshape(())
@@ -798,12 +834,6 @@ class AdaptiveLossScaler(LossScaler):
     def remove(self) -> None:
         """Restore the model exactly: the instance forwards go, pending hooks are removed."""
         self._detach_modules()
-        if self._it is not None:
-            self._old_handles.extend(self._it.handles)
-            self._it.handles = []
-            self._it = None
-        for h in self._old_handles:
-            h.remove()
-        self._old_handles = []
+        self._release_pending()
         self._carried.clear()
         self._model = None

@@ -7,8 +7,10 @@ SSD512 forward+backward twice); the rest uses ssd_tiny or toy nets.
 from __future__ import annotations
 
 import copy
+import gc
 import math
 import random
+import weakref
 
 import pytest
 import torch
@@ -21,6 +23,8 @@ from lossscale_bench.scaling.adaptive import (U_MAX, U_MIN, AdaptiveLossScaler, 
                                               approx_range_scale_tensor, backward_fan_in, branch_target_scale,
                                               underflow_k)
 from lossscale_bench.scaling.fixed import FixedLossScaler
+
+REPO = __import__("pathlib").Path(__file__).resolve().parents[2]
 
 K = math.sqrt(2.0) * float(torch.special.erfinv(torch.tensor(1e-3, dtype=torch.float64)))
 
@@ -596,3 +600,88 @@ def test_agree_scales_is_a_noop_without_distributed():
     scaler.agree_scales()
     scaler.update()
     assert [r["unbounded_scale"] for r in scaler.layer_table()] == before
+
+
+def test_retained_graph_backward_twice_and_nothing_leaks():
+    torch.manual_seed(0)
+    net = _Net()
+    x = torch.randn(2, 3, 7, 7)
+    net(x).square().sum().backward()
+    ref = _grads(net)
+    net.zero_grad(set_to_none=True)
+    rng = random.Random(4)
+    forced = {}
+    scaler = AdaptiveLossScaler(net, init_scale=4.0,
+                                scale_fn=lambda name, *a: forced.setdefault(name, 2.0 ** rng.randint(-2, 5)))
+    scaled = scaler.scale(net(x).square().sum())
+    nodes, seen, todo = [], set(), [scaled.grad_fn]
+    while todo:
+        n = todo.pop()
+        if id(n) in seen:
+            continue
+        seen.add(id(n))
+        if hasattr(n, "_ada"):  # our layers' nodes (Python nodes support weak references)
+            nodes.append(weakref.ref(n))
+        todo += [m for m, _ in n.next_functions if m is not None]
+    del todo, n
+    assert len(nodes) == 5
+    scaled.backward(retain_graph=True)
+    scaled.backward()             # the same graph again: merges and scales work a second time
+    scaler.step(_opt(net))
+    scaler.update()
+    for k, r in ref.items():
+        assert _rel_err(net.get_parameter(k).grad, 2 * r) <= 1e-6, k
+    del scaled
+    assert all(r() is None for r in nodes)  # the scaler holds no graph node (freed without gc)
+    gc.collect()
+    assert not any(type(o).__name__ == "_Iteration" for o in gc.get_objects())
+
+
+_AGREE_WORKER = """
+import sys
+import torch
+import torch.distributed as dist
+from torch import nn
+from lossscale_bench.scaling.adaptive import AdaptiveLossScaler
+
+rank, world, init_file, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+torch.set_num_threads(1)
+dist.init_process_group("gloo", init_method="file://" + init_file, rank=rank, world_size=world)
+try:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1), nn.ReLU(),
+                          nn.Flatten(), nn.Linear(8 * 4 * 4, 5))
+    scaler = AdaptiveLossScaler(model, update_every=2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    x = torch.randn(4, 3, 4, 4, generator=torch.Generator().manual_seed(100 + rank)) * (1 + 3 * rank)
+    scaler.scale(model(x).square().mean() * 1e-7).backward()
+    local = [r["unbounded_scale"] for r in scaler.layer_table()]
+    scaler.step(opt)
+    scaler.update()  # iteration 0 recomputed statistics: all-reduce MIN
+    agreed = [r["unbounded_scale"] for r in scaler.layer_table()]
+    torch.save({"local": local, "agreed": agreed}, out)
+finally:
+    dist.destroy_process_group()
+"""
+
+
+def test_agree_scales_across_two_processes(tmp_path):
+    """Two gloo replicas with different data agree on the MIN of their unbounded layer scales."""
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "worker.py"
+    script.write_text(_AGREE_WORKER)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    procs = [subprocess.Popen([sys.executable, str(script), str(r), "2", str(tmp_path / "rdv"),
+                               str(tmp_path / f"{r}.pt")], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for r in (0, 1)]
+    for p in procs:
+        out, _ = p.communicate(timeout=120)
+        assert p.returncode == 0, out
+    r0, r1 = (torch.load(tmp_path / f"{r}.pt") for r in (0, 1))
+    assert r0["local"][0] is None and r0["agreed"][0] is None   # first conv: no statistics
+    assert r0["local"][1:] != r1["local"][1:]                   # the replicas saw different gradients
+    assert r0["agreed"] == r1["agreed"]
+    assert r0["agreed"][1:] == [min(a, b) for a, b in zip(r0["local"][1:], r1["local"][1:])]
