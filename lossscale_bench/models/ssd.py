@@ -14,7 +14,9 @@ from typing import Callable
 
 import torch
 from torch import nn
-from torchvision.models import resnet34, resnet50, vgg16
+from torchvision.models import resnet34, resnet50
+from torchvision.models.vgg import cfgs as vgg_cfgs
+from torchvision.models.vgg import make_layers as make_vgg_layers
 from torchvision.models.detection.anchor_utils import DefaultBoxGenerator
 from torchvision.models.detection.ssd import SSD, _vgg_extractor
 
@@ -49,18 +51,21 @@ def load_backbone_weights(module: nn.Module, path: str | Path) -> None:
     if not isinstance(state, dict):
         raise WeightsError(f"backbone_weights: {path} does not hold a state dict")
     own = module.state_dict()
-    state = {k: v for k, v in state.items() if k in own or not k.startswith(("fc.", "classifier."))}
-    missing = sorted(set(own) - set(state))
+    head = ("fc.", "classifier.")
+    state = {k: v for k, v in state.items() if k in own or not k.startswith(head)}
+    # a features-only file (no classifier) is fine: detectors drop the classifier anyway
+    missing = sorted(k for k in set(own) - set(state) if not k.startswith(head))
     unexpected = sorted(set(state) - set(own))
     if missing or unexpected:
         raise WeightsError(
             f"backbone_weights: {path} does not match the backbone: "
             f"missing {missing[:3]}{'...' if len(missing) > 3 else ''}, "
             f"unexpected {unexpected[:3]}{'...' if len(unexpected) > 3 else ''}")
-    bad = [k for k in own if tuple(own[k].shape) != tuple(state[k].shape)]
+    bad = [k for k in state if tuple(own[k].shape) != tuple(state[k].shape)]
     if bad:
-        raise WeightsError(f"backbone_weights: {path}: shape mismatch at {bad[:3]}")
-    module.load_state_dict(state)
+        raise WeightsError(f"backbone_weights: {path}: shape mismatch at {bad[:3]} "
+                           f"(file {tuple(state[bad[0]].shape)}, backbone {tuple(own[bad[0]].shape)})")
+    module.load_state_dict(state, strict=False)
 
 
 # ---------------------------------------------------------------------------
@@ -108,67 +113,148 @@ def ssd_tiny(num_classes: int, image_size: int = 128, width: int = 16, backbone_
 
 
 # ---------------------------------------------------------------------------
-# VGG16 SSD300 / SSD512 (torchvision's extractor; SSD512 uses its highres block)
+# VGG16 SSD300 / SSD512 as chainercv builds them (chainercv.links.model.ssd.ssd_vgg16):
+# VGG16 with pool5 3x3/1, dilated conv6, conv7, L2Norm(conv4_3) with initial scale 20,
+# extras conv8..conv11 (SSD512: conv8..conv12, all stride 2, conv12_2 4x4), Glorot-uniform
+# extras and heads with zero bias; default boxes of chainercv's sizes, not clipped.
+def _extra_block(cin: int, mid: int, cout: int, kernel: int, stride: int, padding: int) -> nn.Sequential:
+    return nn.Sequential(nn.Conv2d(cin, mid, kernel_size=1), nn.ReLU(inplace=True),
+                         nn.Conv2d(mid, cout, kernel_size=kernel, stride=stride, padding=padding),
+                         nn.ReLU(inplace=True))
+
+
+def _glorot_zero(module: nn.Module) -> None:
+    for m in module.modules():
+        if isinstance(m, nn.Conv2d):
+            nn.init.xavier_uniform_(m.weight)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+
+
+class _VGG16Features(nn.Module):
+    """torchvision's VGG16 without its classifier (same ``features.*`` keys and initialisation):
+    the 100M-parameter classifier would only be built to be thrown away."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.features = make_vgg_layers(vgg_cfgs["D"], batch_norm=False)
+        for m in self.features.modules():
+            if isinstance(m, nn.Conv2d):
+                nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+                nn.init.zeros_(m.bias)
+
+
 def _vgg_backbone(highres: bool, backbone_weights) -> nn.Module:
-    vgg = vgg16()
+    vgg = _VGG16Features()
     if backbone_weights:
         load_backbone_weights(vgg, backbone_weights)
+    # torchvision's extractor: conv4_3 -> L2Norm (scale_weight initialised to 20, as chainercv's
+    # Normalize(initial=20)), pool5 3x3/1/1, conv6 3x3 dilation 6, conv7 1x1; pool3 in ceil mode
+    # (chainercv pools with cover_all, i.e. ceil, everywhere: the same sizes at 300 and 512 px).
     extractor = _vgg_extractor(vgg, highres, trainable_layers=5)
+    if highres:
+        # chainercv VGG16Extractor512: conv10_2 and conv11_2 are 3x3 stride 2 pad 1, conv12_2 4x4 pad 1
+        # (torchvision's highres variant uses 3x3 pad 0 and 4x4 pad 0: maps 6, 4, 1 instead of 4, 2, 1)
+        extractor.extra[3] = _extra_block(256, 128, 256, 3, 2, 1)
+        extractor.extra[4] = _extra_block(256, 128, 256, 3, 2, 1)
+        extractor.extra[5] = _extra_block(256, 128, 256, 4, 1, 1)
+        for i in (3, 4, 5):
+            _glorot_zero(extractor.extra[i])
     # Declared, so torchvision does not probe the channels with a dummy forward.
     extractor.out_channels = [512, 1024, 512, 256, 256, 256] + ([256] if highres else [])
     return extractor
 
 
+#: chainercv default-box sizes in pixels (SSD300 / SSD512) and feature-map steps
+CHAINERCV_SSD300 = {"size": 300, "sizes": (30, 60, 111, 162, 213, 264, 315), "steps": (8, 16, 32, 64, 100, 300),
+                    "aspect_ratios": ((2,), (2, 3), (2, 3), (2, 3), (2,), (2,))}
+CHAINERCV_SSD512 = {"size": 512, "sizes": (35.84, 76.8, 153.6, 230.4, 307.2, 384.0, 460.8, 537.6),
+                    "steps": (8, 16, 32, 64, 128, 256, 512),
+                    "aspect_ratios": ((2,), (2, 3), (2, 3), (2, 3), (2, 3), (2,), (2,))}
+#: NVIDIA SSD300 v1.1 / MLPerf SSD-ResNet34 dboxes300_coco: scales in pixels, boxes clamped to the image
+DBOXES300_COCO = {"size": 300, "sizes": (21, 45, 99, 153, 207, 261, 315), "steps": (8, 16, 32, 64, 100, 300),
+                  "aspect_ratios": ((2,), (2, 3), (2, 3), (2, 3), (2,), (2,))}
+
+
+class ClampedBoxGenerator(DefaultBoxGenerator):
+    """NVIDIA's / MLPerf's ``DefaultBoxes``: centre *and* size clamped to [0, 1] (torchvision's
+    ``clip`` clamps the sizes only; with steps 32 on a 10x10 map at 300 px the last centres
+    would lie at 1.013)."""
+
+    def _grid_default_boxes(self, grid_sizes, image_size, dtype=torch.float32):
+        return super()._grid_default_boxes(grid_sizes, image_size, dtype).clamp(0, 1)
+
+
+def _anchors(cfg: dict, image_size: int, clip: bool) -> DefaultBoxGenerator:
+    """Default boxes of ``cfg``; at its nominal size the centres follow its steps (as the reference),
+    at any other size they follow the feature-map grid (steps would no longer match the maps).
+    ``clip``: clamp centres and sizes to the image, as NVIDIA's/MLPerf's dboxes (chainercv: no clip)."""
+    scales = [s / cfg["size"] for s in cfg["sizes"]]
+    steps = list(cfg["steps"]) if int(image_size) == cfg["size"] else None
+    cls = ClampedBoxGenerator if clip else DefaultBoxGenerator
+    return cls([list(a) for a in cfg["aspect_ratios"]], scales=scales, steps=steps, clip=clip)
+
+
 def ssd300_vgg16(num_classes: int, image_size: int = 300, backbone_weights=None, **kw) -> SSD:
-    anchors = DefaultBoxGenerator([[2], [2, 3], [2, 3], [2, 3], [2], [2]],
-                                  scales=[0.07, 0.15, 0.33, 0.51, 0.69, 0.87, 1.05],
-                                  steps=[8, 16, 32, 64, 100, 300])
-    return SSD(_vgg_backbone(False, backbone_weights), anchors, (image_size, image_size), num_classes,
-               image_mean=_VGG_MEAN, image_std=_VGG_STD, **kw)
+    """chainercv SSD300: 8732 default boxes of sizes 30..315 px (not clipped)."""
+    return SSD(_vgg_backbone(False, backbone_weights), _anchors(CHAINERCV_SSD300, image_size, clip=False),
+               (image_size, image_size), num_classes, image_mean=_VGG_MEAN, image_std=_VGG_STD, **kw)
 
 
 def ssd512_vgg16(num_classes: int, image_size: int = 512, backbone_weights=None, **kw) -> SSD:
-    # chainercv SSD512 default box sizes 35.84 .. 537.6 px on a 512 image
-    anchors = DefaultBoxGenerator([[2], [2, 3], [2, 3], [2, 3], [2, 3], [2], [2]],
-                                  scales=[0.07, 0.15, 0.3, 0.45, 0.6, 0.75, 0.9, 1.05],
-                                  steps=[8, 16, 32, 64, 128, 256, 512])
-    return SSD(_vgg_backbone(True, backbone_weights), anchors, (image_size, image_size), num_classes,
-               image_mean=_VGG_MEAN, image_std=_VGG_STD, **kw)
+    """chainercv SSD512: 24564 default boxes of sizes 35.84..537.6 px on maps 64, 32, 16, 8, 4, 2, 1."""
+    return SSD(_vgg_backbone(True, backbone_weights), _anchors(CHAINERCV_SSD512, image_size, clip=False),
+               (image_size, image_size), num_classes, image_mean=_VGG_MEAN, image_std=_VGG_STD, **kw)
 
 
 # ---------------------------------------------------------------------------
-# ResNet SSD300 (MLPerf SSD-ResNet34; NVIDIA SSD300 v1.1 ResNet-50)
-class ResNetSSDBackbone(nn.Module):
-    """ResNet up to layer3 with layer3's stride removed (38x38 at 300 px), then SSD extra blocks.
+# ResNet SSD300: MLPerf SSD-ResNet34 and NVIDIA SSD300 v1.1 (ResNet-50)
+def _torch_default_then_xavier(module: nn.Module) -> None:
+    """The references' ``_init_weights``: Xavier-uniform weights, PyTorch's default bias init."""
+    for m in module.modules():
+        if isinstance(m, nn.Conv2d):
+            m.reset_parameters()
+            nn.init.xavier_uniform_(m.weight)
 
-    This is the layout of NVIDIA's SSD300 v1.1 and the MLPerf single-stage
-    detector: residual additions and BatchNorm give adaptive scaling its
-    branch-merge and pass-through cases.
+
+class ResNetSSDBackbone(nn.Module):
+    """ResNet up to layer3 with layer3's stride removed (38x38 at 300 px), then the SSD extra blocks.
+
+    Both references (NVIDIA ``ssd/model.py``, MLPerf ``ssd300.py`` + ``base_model.py``) keep
+    ``conv1 .. layer3`` of the torchvision ResNet, set the first layer3 block's strides to 1
+    (conv1 and conv2 and the downsample), and add five extra blocks (1x1 conv to 256, 256, 128,
+    128, 128 channels, then a 3x3 conv: stride 2 pad 1 for the first three, pad 0 for the last
+    two) giving maps 38, 19, 10, 5, 3, 1 with channels [C3, 512, 512, 256, 256, 256].
+    ``batch_norm=True`` (NVIDIA v1.1): bias-free convs each followed by BatchNorm.
+    ``batch_norm=False`` (MLPerf reference): convs with bias, no BatchNorm.
     """
 
-    def __init__(self, resnet: nn.Module) -> None:
+    def __init__(self, resnet: nn.Module, *, batch_norm: bool) -> None:
         super().__init__()
         self.features = nn.Sequential(resnet.conv1, resnet.bn1, resnet.relu, resnet.maxpool,
                                       resnet.layer1, resnet.layer2, resnet.layer3)
         block = resnet.layer3[0]
         for name in ("conv1", "conv2"):
-            conv = getattr(block, name)
-            if conv.stride == (2, 2):
-                conv.stride = (1, 1)
+            getattr(block, name).stride = (1, 1)
         if block.downsample is not None:
             block.downsample[0].stride = (1, 1)
-        c3 = resnet.layer3[-1].conv2.out_channels if hasattr(resnet.layer3[-1], "conv2") and not hasattr(
-            resnet.layer3[-1], "conv3") else resnet.layer3[-1].conv3.out_channels
+        last = resnet.layer3[-1]
+        c3 = (last.conv3 if hasattr(last, "conv3") else last.conv2).out_channels
         chans = [c3, 512, 512, 256, 256, 256]
         mids = [256, 256, 128, 128, 128]
         extra = []
         for i, (cin, mid, cout) in enumerate(zip(chans[:-1], mids, chans[1:])):
             stride, pad = (2, 1) if i < 3 else (1, 0)
-            extra.append(nn.Sequential(
-                nn.Conv2d(cin, mid, 1, bias=False), nn.BatchNorm2d(mid), nn.ReLU(inplace=True),
-                nn.Conv2d(mid, cout, 3, stride=stride, padding=pad, bias=False), nn.BatchNorm2d(cout),
-                nn.ReLU(inplace=True)))
+            if batch_norm:
+                layers = [nn.Conv2d(cin, mid, 1, bias=False), nn.BatchNorm2d(mid), nn.ReLU(inplace=True),
+                          nn.Conv2d(mid, cout, 3, stride=stride, padding=pad, bias=False), nn.BatchNorm2d(cout),
+                          nn.ReLU(inplace=True)]
+            else:
+                layers = [nn.Conv2d(cin, mid, 1), nn.ReLU(inplace=True),
+                          nn.Conv2d(mid, cout, 3, stride=stride, padding=pad), nn.ReLU(inplace=True)]
+            extra.append(nn.Sequential(*layers))
         self.extra = nn.ModuleList(extra)
+        _torch_default_then_xavier(self.extra)
         self.out_channels = chans
 
     def forward(self, x: torch.Tensor) -> "OrderedDict[str, torch.Tensor]":
@@ -180,22 +266,27 @@ class ResNetSSDBackbone(nn.Module):
         return OrderedDict((str(i), v) for i, v in enumerate(out))
 
 
-def _resnet_ssd300(factory: Callable[[], nn.Module], num_classes: int, image_size: int, backbone_weights, **kw):
+def _resnet_ssd300(factory: Callable[[], nn.Module], num_classes: int, image_size: int, backbone_weights,
+                   batch_norm: bool, **kw):
     resnet = factory()
     if backbone_weights:
         load_backbone_weights(resnet, backbone_weights)
-    anchors = DefaultBoxGenerator([[2], [2, 3], [2, 3], [2, 3], [2], [2]],
-                                  scales=[0.07, 0.15, 0.33, 0.51, 0.69, 0.87, 1.05],
-                                  steps=[8, 16, 32, 64, 100, 300])
-    return SSD(ResNetSSDBackbone(resnet), anchors, (image_size, image_size), num_classes, **kw)
+    # dboxes300_coco, clamped to [0, 1] like the references' DefaultBoxes; ImageNet mean/std inputs
+    model = SSD(ResNetSSDBackbone(resnet, batch_norm=batch_norm), _anchors(DBOXES300_COCO, image_size, clip=True),
+                (image_size, image_size), num_classes, **kw)
+    _torch_default_then_xavier(model.head)
+    return model
 
 
 def ssd300_resnet34(num_classes: int, image_size: int = 300, backbone_weights=None, **kw) -> SSD:
-    return _resnet_ssd300(resnet34, num_classes, image_size, backbone_weights, **kw)
+    """MLPerf SSD-ResNet34 (training reference v0.5-v0.7, the base of Habana's seed-003 model):
+    extra blocks with bias and no BatchNorm."""
+    return _resnet_ssd300(resnet34, num_classes, image_size, backbone_weights, batch_norm=False, **kw)
 
 
 def ssd300_resnet50(num_classes: int, image_size: int = 300, backbone_weights=None, **kw) -> SSD:
-    return _resnet_ssd300(resnet50, num_classes, image_size, backbone_weights, **kw)
+    """NVIDIA SSD300 v1.1 (DeepLearningExamples): ResNet-50 to layer3, BatchNorm extra blocks."""
+    return _resnet_ssd300(resnet50, num_classes, image_size, backbone_weights, batch_norm=True, **kw)
 
 
 BUILDERS: dict[str, Callable[..., SSD]] = {
