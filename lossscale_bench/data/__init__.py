@@ -190,5 +190,12 @@ def build_datasets(dataset_cfg, *, image_size: int | None = None, max_val_images
         return train, val, list(train.class_names)
 
     if name in ("voc", "voc0712"):
-        raise NotImplementedError(f"dataset {name!r} is not implemented yet (Pascal VOC support: issue 4)")
+        return _build_voc(cfg, image_size=image_size, max_val_images=max_val)
     raise ValueError(f"unknown dataset {name!r}; allowed: synthetic, coco2017, voc, voc0712")
+
+
+def _build_voc(cfg: dict, *, image_size=None, max_val_images=None):
+    """voc / voc0712: ``(train, val, class_names)``; see ``data/voc.py`` (training split augmented)."""
+    from .voc import build_voc_datasets
+
+    return build_voc_datasets(cfg, image_size=image_size, max_val_images=max_val_images)

@@ -157,3 +157,34 @@ def test_numpy_free_targets_collate_with_the_loader(tmp_path):
     images, targets = collate([train[(i, 7)] for i in range(len(train))])
     assert len(images) == len(targets) == 3
     assert all(isinstance(t["boxes"], torch.Tensor) and not isinstance(t["boxes"], np.ndarray) for t in targets)
+
+
+def test_a_voc_format_folder_trains_through_run_trial(tmp_path):
+    """Given only its root and class list, a VOC-format data set trains and is scored with the VOC07 metric."""
+    from lossscale_bench.sink import MemorySink
+    from lossscale_bench.study import load_study_text
+    from lossscale_bench.trial import run_trial
+
+    root = tmp_path / "shapes"
+    make_tiny_voc(root, {"trainval": 6, "test": 3}, classes=("square", "disc"), seed=5)
+    study = load_study_text(f"""
+name: tinyvoc
+dataset: {{name: voc, root: {root}, classes: [square, disc]}}
+model: [ssd_tiny]
+model_options: {{width: 8, image_size: 64}}
+batch_size: [2]
+precision: fp32
+scaling: [{{method: none}}]
+schedule: {{iterations: 4, lr: 1.0e-3, warmup_iterations: 1}}
+eval: {{every: 2, metric: voc07}}
+resources: {{backend: cpu}}
+log_every: 1
+""")
+    prepare_dataset(study.trials()[0].dataset)
+    sink = MemorySink()
+    out = run_trial(study.trials()[0], sink=sink, trial_dir=tmp_path / "trial", threads=1)
+    assert out.status == "finished", out.error
+    assert out.steps == 4 and out.final_map is not None and 0.0 <= out.final_map <= 1.0
+    assert [s for s, _ in sink.history("map")] == [2, 4]
+    assert sink.history("map_50")[-1][1] == out.final_map  # VOC: map and map_50 are the same number
+    assert len(sink.history("loss")) == 4
