@@ -24,8 +24,9 @@ Linear). Forward hooks of other code (``install_fp16_emulation``) still wrap
 the patched ``forward``, so the order in which emulation and scaler are
 installed does not matter: the gradient reaching the Function is already
 rounded to fp16, as a real fp16 gradient would be, and the weight gradient
-leaves it carrying ``P`` (in fp16 before the emulation's post-accumulate hook
-or autocast's cast rounds it, as in real mixed precision).
+leaves it still carrying ``P``, so that the emulation's post-accumulate hook
+(or, under autocast, the fp16 computation itself) rounds the *scaled* value,
+as in real mixed precision.
 A module instance patch, rather than a module transform, is what lets the
 method apply to torchvision's SSDs and ResNets unchanged; a custom Function
 rather than ``register_full_backward_hook`` because the latter breaks with
@@ -105,7 +106,8 @@ gradients until the last arrives (autograd would have summed them at once):
 a little more peak memory at merge points. Modules
 other than stock Conv2d/Linear (ConvTranspose2d, subclasses with their own
 forward) pass the scale through unchanged: correct, just not rescaled.
-Deep-copying a model while attached yields a copy that behaves unpatched.
+Deep-copying or pickling a model while attached yields a copy that runs
+unpatched (a new scaler can attach to it).
 """
 
 from __future__ import annotations
@@ -114,7 +116,6 @@ import functools
 import math
 import statistics
 import threading
-import types
 import warnings
 import weakref
 from typing import Any, Callable
@@ -395,8 +396,31 @@ _SCALING_NODE_TYPES = (_AdaConv2d._backward_cls, _AdaLinear._backward_cls)  # ty
 _ATTACHED: "weakref.WeakKeyDictionary[nn.Module, _LayerInfo]" = weakref.WeakKeyDictionary()
 
 
+class _PatchedForward:
+    """The instance ``forward`` of a wrapped Conv2d/Linear.
+
+    A callable object rather than a bound method so that a model can be deep-copied
+    or pickled while attached: the copy carries a ``_PatchedForward`` of its own
+    module, which is not in ``_ATTACHED`` and therefore runs the class forward.
+    """
+
+    __slots__ = ("module",)
+
+    def __init__(self, module: nn.Module) -> None:
+        self.module = module
+
+    def __call__(self, input: torch.Tensor) -> torch.Tensor:
+        return _ada_forward(self.module, input)
+
+    def __reduce__(self):
+        return (_PatchedForward, (self.module,))
+
+
+def _is_ours(forward: Any) -> bool:
+    return isinstance(forward, _PatchedForward)
+
+
 def _ada_forward(self: nn.Module, input: torch.Tensor) -> torch.Tensor:
-    """The instance ``forward`` of a wrapped Conv2d/Linear."""
     info = _ATTACHED.get(self)
     cls_forward = type(self).forward
     if info is None or not torch.is_grad_enabled():
@@ -603,12 +627,12 @@ class AdaptiveLossScaler(LossScaler):
             if type(mod).forward is not stock[base]:
                 self.skipped_layers.append((name, "class overrides forward"))
                 continue
-            if "forward" in mod.__dict__:
+            if "forward" in mod.__dict__ and not _is_ours(mod.__dict__["forward"]):  # ours: a stale copy
                 self.skipped_layers.append((name, "instance forward already patched"))
                 continue
             info = _LayerInfo(name or type(mod).__name__, mod)
             _ATTACHED[mod] = info
-            mod.forward = types.MethodType(_ada_forward, mod)
+            mod.forward = _PatchedForward(mod)
             self._layers.append(info)
             self._modules.append(mod)
             self._by_name[info.name] = info
@@ -753,8 +777,7 @@ class AdaptiveLossScaler(LossScaler):
 
     def _detach_modules(self) -> None:
         for mod in self._modules:
-            f = mod.__dict__.get("forward")
-            if isinstance(f, types.MethodType) and f.__func__ is _ada_forward:
+            if _is_ours(mod.__dict__.get("forward")):
                 del mod.__dict__["forward"]
             _ATTACHED.pop(mod, None)
         self._modules = []

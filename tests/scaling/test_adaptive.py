@@ -24,8 +24,6 @@ from lossscale_bench.scaling.adaptive import (U_MAX, U_MIN, AdaptiveLossScaler, 
                                               underflow_k)
 from lossscale_bench.scaling.fixed import FixedLossScaler
 
-REPO = __import__("pathlib").Path(__file__).resolve().parents[2]
-
 K = math.sqrt(2.0) * float(torch.special.erfinv(torch.tensor(1e-3, dtype=torch.float64)))
 
 
@@ -335,6 +333,7 @@ def test_remove_restores_the_model():
     scaler.remove()
     assert _all_hook_dicts_empty(model)
     assert all(m.forward.__func__ is nn.Conv2d.forward for m in convs)
+    assert not any(m in __import__("lossscale_bench.scaling.adaptive", fromlist=["_"])._ATTACHED for m in convs)
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     model.zero_grad(set_to_none=True)
     _loss(model, images, targets).backward()  # plain training works; nodes are torch's own
@@ -637,51 +636,62 @@ def test_retained_graph_backward_twice_and_nothing_leaks():
     assert not any(type(o).__name__ == "_Iteration" for o in gc.get_objects())
 
 
-_AGREE_WORKER = """
-import sys
-import torch
-import torch.distributed as dist
-from torch import nn
-from lossscale_bench.scaling.adaptive import AdaptiveLossScaler
+def _agree_worker(rank: int, world: int, init_file: str, out_dir: str) -> None:
+    import torch.distributed as dist
 
-rank, world, init_file, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
-torch.set_num_threads(1)
-dist.init_process_group("gloo", init_method="file://" + init_file, rank=rank, world_size=world)
-try:
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1), nn.ReLU(),
-                          nn.Flatten(), nn.Linear(8 * 4 * 4, 5))
-    scaler = AdaptiveLossScaler(model, update_every=2)
-    opt = torch.optim.SGD(model.parameters(), lr=0.0)
-    x = torch.randn(4, 3, 4, 4, generator=torch.Generator().manual_seed(100 + rank)) * (1 + 3 * rank)
-    scaler.scale(model(x).square().mean() * 1e-7).backward()
-    local = [r["unbounded_scale"] for r in scaler.layer_table()]
-    scaler.step(opt)
-    scaler.update()  # iteration 0 recomputed statistics: all-reduce MIN
-    agreed = [r["unbounded_scale"] for r in scaler.layer_table()]
-    torch.save({"local": local, "agreed": agreed}, out)
-finally:
-    dist.destroy_process_group()
-"""
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1), nn.ReLU(),
+                              nn.Flatten(), nn.Linear(8 * 4 * 4, 5))
+        scaler = AdaptiveLossScaler(model, update_every=2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.0)
+        x = torch.randn(4, 3, 4, 4, generator=torch.Generator().manual_seed(100 + rank)) * (1 + 3 * rank)
+        scaler.scale(model(x).square().mean() * 1e-7).backward()
+        local = [r["unbounded_scale"] for r in scaler.layer_table()]
+        scaler.step(opt)
+        scaler.update()  # iteration 0 recomputed statistics: all-reduce MIN
+        agreed = [r["unbounded_scale"] for r in scaler.layer_table()]
+        torch.save({"local": local, "agreed": agreed}, f"{out_dir}/{rank}.pt")
+    finally:
+        dist.destroy_process_group()
 
 
 def test_agree_scales_across_two_processes(tmp_path):
     """Two gloo replicas with different data agree on the MIN of their unbounded layer scales."""
-    import os
-    import subprocess
-    import sys
+    import torch.multiprocessing as mp
 
-    script = tmp_path / "worker.py"
-    script.write_text(_AGREE_WORKER)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
-    procs = [subprocess.Popen([sys.executable, str(script), str(r), "2", str(tmp_path / "rdv"),
-                               str(tmp_path / f"{r}.pt")], env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True) for r in (0, 1)]
-    for p in procs:
-        out, _ = p.communicate(timeout=120)
-        assert p.returncode == 0, out
+    # fork: the children inherit the imported torch (spawn would import it again, seconds on 2 cores)
+    mp.start_processes(_agree_worker, args=(2, str(tmp_path / "rdv"), str(tmp_path)), nprocs=2, join=True,
+                       start_method="fork")
     r0, r1 = (torch.load(tmp_path / f"{r}.pt") for r in (0, 1))
     assert r0["local"][0] is None and r0["agreed"][0] is None   # first conv: no statistics
     assert r0["local"][1:] != r1["local"][1:]                   # the replicas saw different gradients
     assert r0["agreed"] == r1["agreed"]
     assert r0["agreed"][1:] == [min(a, b) for a, b in zip(r0["local"][1:], r1["local"][1:])]
+
+
+def test_copies_of_an_attached_model_run_unpatched():
+    import io
+
+    torch.manual_seed(0)
+    net = _Net()
+    x = torch.randn(2, 3, 7, 7)
+    scaler = AdaptiveLossScaler(net, init_scale=4.0, scale_fn=lambda *a: 8.0)
+    buf = io.BytesIO()
+    torch.save(net, buf)
+    buf.seek(0)
+    for twin in (copy.deepcopy(net), torch.load(buf, weights_only=False)):
+        twin(x).square().sum().backward()              # plain autograd, no scaler involved
+        twin_scaler = AdaptiveLossScaler(twin)          # a scaler can attach to the copy
+        assert not twin_scaler.skipped_layers
+        twin_scaler.remove()
+        assert not any("forward" in m.__dict__ for m in twin.modules())
+        net.zero_grad(set_to_none=True)
+        scaler.scale(net(x).square().sum()).backward()
+        scaler.unscale_(_opt(net))
+        scaler.update()
+        for k, v in _grads(twin).items():
+            assert _rel_err(net.get_parameter(k).grad, v) <= 1e-6, k
+    scaler.remove()
