@@ -129,11 +129,11 @@ def test_build_datasets_coco2017_layout(tmp_path, tiny_coco):
     assert names == ["a", "b", "c"] and len(train) == 2 and len(val) == 1 and not val.hflip
 
 
-def test_build_datasets_voc_not_yet():
-    for name in ("voc", "voc0712"):
-        with pytest.raises(NotImplementedError, match="issue 4"):
-            build_datasets({"name": name, "root": "/nonexistent"})
-    with pytest.raises(ValueError):
+def test_build_datasets_dispatches_voc_and_rejects_unknown_names(tmp_path):
+    # VOC itself is tested in test_voc.py; here only that the branch is reached
+    with pytest.raises(DataNotFound):
+        build_datasets({"name": "voc0712", "root": str(tmp_path / "nowhere")})
+    with pytest.raises(ValueError, match="unknown dataset"):
         build_datasets({"name": "imagenet"})
 
 

@@ -126,17 +126,28 @@ def test_lost_rename_race_uses_the_winner(tmp_path, monkeypatch):
 
 
 def test_concurrent_processes_yield_one_valid_dataset(tmp_path):
-    code = ("import sys, json; from lossscale_bench.data.synthetic import ensure_synthetic; "
+    """Two processes released at the same moment both generate; one rename wins, both get a valid set."""
+    import time
+
+    root, sync = tmp_path / "data", tmp_path / "sync"
+    sync.mkdir()
+    code = ("import sys, time, pathlib; from lossscale_bench.data.synthetic import ensure_synthetic; "
+            "sync = pathlib.Path(sys.argv[2]); (sync / ('ready' + sys.argv[3])).touch(); "
+            "[time.sleep(0.01) for _ in iter(lambda: (sync / 'go').exists(), True)]; "
             "p = ensure_synthetic(sys.argv[1], train_images=40, val_images=10, image_size=64, seed=5); "
             "print(p['root'])")
-    procs = [subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(root), str(sync), str(i)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for i in range(2)]
+    deadline = time.time() + 120
+    while len(list(sync.glob("ready*"))) < 2 and time.time() < deadline and all(p.poll() is None for p in procs):
+        time.sleep(0.02)
+    (sync / "go").touch()
     outs = [pr.communicate(timeout=120) for pr in procs]
     assert all(pr.returncode == 0 for pr in procs), [o[1] for o in outs]
     roots = {o[0].strip() for o in outs}
     assert len(roots) == 1
-    assert [x.name for x in tmp_path.iterdir()] == [Path(roots.pop()).name]  # no temp dirs left behind
-    p = ensure_synthetic(tmp_path, train_images=40, val_images=10, image_size=64, seed=5)
+    assert [x.name for x in root.iterdir()] == [Path(roots.pop()).name]  # no temp dirs left behind
+    p = ensure_synthetic(root, train_images=40, val_images=10, image_size=64, seed=5)
     doc = json.loads(p["train_ann"].read_text())
     assert len(doc["images"]) == 40 and len(list(p["train_images"].glob("*.png"))) == 40
     ref = ensure_synthetic(tmp_path / "ref", train_images=40, val_images=10, image_size=64, seed=5)
