@@ -1,4 +1,4 @@
-"""``lsbench``: run | validate | report | ui.
+"""``lsbench``: run | validate | report | ui | data.
 
 User errors (a bad study file, missing data, an absent backend, an unknown
 study in the report) print one line naming the file/field/path and exit
@@ -26,7 +26,11 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from .models.ssd import WeightsError
     from .study import StudyError
 
-    errs: list[type[BaseException]] = [StudyError, DataNotFound, BackendUnavailable, WeightsError]
+    from .data.download import DownloadError
+    from .trial import CheckpointError
+
+    errs: list[type[BaseException]] = [StudyError, DataNotFound, BackendUnavailable, WeightsError, DownloadError,
+                                       CheckpointError]
     try:
         from .report import ReportError
 
@@ -151,6 +155,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--reports-dir", default="reports")
     store_args(sp)
     sp.set_defaults(func=cmd_report)
+
+    from .data.download import register as register_data
+
+    register_data(sub)
 
     sp = sub.add_parser("ui", help="serve the MLflow UI for the study store")
     store_args(sp)

@@ -1,0 +1,101 @@
+"""Time one training step per loss-scaling method, side by side in one run.
+
+Methods: none, fixed (128), dynamic (chainer, interval 10), adaptive
+(update_every 1 and 10). Steps are interleaved round-robin (method A step,
+method B step, ...) so that machine noise hits every method alike; the
+figure of merit is each method's median step time divided by dynamic's.
+
+    .venv/bin/python benchmarks/scaler_overhead.py --models ssd_tiny ssd300_vgg16 --steps 8
+
+Prints a markdown table (paste it into docs/benchmarks.md with the command).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+METHODS = {
+    "none": {"method": "none"},
+    "fixed 128": {"method": "fixed", "scale": 128.0},
+    "dynamic (interval 10)": {"method": "dynamic", "style": "chainer", "interval": 10},
+    "adaptive (update_every 1)": {"method": "adaptive", "update_every": 1},
+    "adaptive (update_every 10)": {"method": "adaptive", "update_every": 10},
+}
+SIZES = {"ssd_tiny": (128, 8), "ssd300_vgg16": (300, 2), "ssd512_vgg16": (512, 1), "ssd300_resnet34": (300, 2)}
+
+
+def _batch(size: int, n: int, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    images = [torch.rand(3, size, size, generator=g) for _ in range(n)]
+    targets = []
+    for _ in range(n):
+        xy = torch.rand(2, generator=g) * size * 0.5
+        wh = 16 + torch.rand(2, generator=g) * size * 0.4
+        targets.append({"boxes": torch.cat([xy, xy + wh]).clamp(max=size - 1).unsqueeze(0),
+                        "labels": torch.tensor([1])})
+    return images, targets
+
+
+def build(model_name: str, method: dict, precision_name: str, device: str):
+    from lossscale_bench.backends import get_backend
+    from lossscale_bench.engine.loop import Trainer
+    from lossscale_bench.engine.schedule import build_optimizer, build_scheduler
+    from lossscale_bench.models import build_model
+    from lossscale_bench.precision import get_precision
+    from lossscale_bench.scaling import build_scaler
+
+    torch.manual_seed(0)
+    size, _ = SIZES[model_name]
+    backend = get_backend(device)
+    model = backend.prepare_model(build_model(model_name, num_classes=4, image_size=size))
+    precision = get_precision(precision_name)
+    precision.prepare(model)
+    scaler = build_scaler(method, model)
+    sched = {"lr": 1e-4, "momentum": 0.9, "weight_decay": 5e-4}
+    opt = build_optimizer(model, sched)
+    return Trainer(model=model, optimizer=opt, scheduler=build_scheduler(opt, sched), scaler=scaler,
+                   backend=backend, precision=precision, batches=iter(()), iterations=0)
+
+
+def measure(model_name: str, steps: int, warmup: int, precision: str, device: str) -> dict[str, float]:
+    size, n = SIZES[model_name]
+    trainers = {name: build(model_name, m, precision, device) for name, m in METHODS.items()}
+    times: dict[str, list[float]] = {name: [] for name in METHODS}
+    for i in range(warmup + steps):
+        images, targets = _batch(size, n, i)
+        for name, tr in trainers.items():
+            t0 = time.perf_counter()
+            tr.train_step(images, targets)
+            if i >= warmup:
+                times[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--models", nargs="+", default=["ssd_tiny", "ssd300_vgg16"])
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--precision", default=None, help="default: fp16-emulated on cpu, mixed16 on cuda")
+    ap.add_argument("--device", default="cpu")
+    args = ap.parse_args()
+    precision = args.precision or ("mixed16" if args.device == "cuda" else "fp16-emulated")
+    print(f"device {args.device}, precision {precision}, {args.steps} timed steps after {args.warmup} warm-up, "
+          f"torch {torch.__version__}, {torch.get_num_threads()} threads")
+    print()
+    print("| model | method | median step (ms) | ratio to dynamic |")
+    print("|---|---|---|---|")
+    for model in args.models:
+        med = measure(model, args.steps, args.warmup, precision, args.device)
+        base = med["dynamic (interval 10)"]
+        for name, t in med.items():
+            print(f"| {model} (batch {SIZES[model][1]}, {SIZES[model][0]} px) | {name} | {t * 1000:.1f} | "
+                  f"{t / base:.3f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
