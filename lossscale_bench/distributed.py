@@ -51,6 +51,7 @@ Metrics are rank 0's: ``loss`` is the loss of rank 0's shard and
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import threading
@@ -142,29 +143,32 @@ def infeasible(resources: dict, cluster: dict[str, float]) -> str | None:
 
 
 def tune_concurrency(trial_resources: list[dict], cluster: dict[str, float]) -> int | None:
-    """``max_concurrent_trials`` that lets no Tune trial start only to wait for its devices.
+    """``max_concurrent_trials`` so that Tune does not start many trials that can only wait for devices.
 
-    Tune schedules multi-device trials by their driver's CPU share only, so the
-    limit comes from the scarcest device: ``min over resources of floor(cluster /
-    per-trial need)``. None when no trial is multi-device (Tune's own accounting
-    is exact then). With several backends in one study it is conservative: the
-    bound of the scarcest backend applies to all.
+    Tune schedules a multi-device trial by its driver's CPU share only. For each
+    kind of trial (backend × devices_per_trial) this counts how many fit the
+    cluster at once, ``floor(cluster[R] / need[R])`` over its resources, capped
+    by how many such trials there are, and returns the sum. None when no trial
+    is multi-device (Tune's own accounting is exact then). In a mixed study a
+    kind may briefly start more than fit while another kind waits in Tune's
+    queue; its surplus Train runs then wait for their placement group.
     """
     if not any(is_distributed(r) for r in trial_resources):
         return None
-    limit = None
+    kinds: dict[tuple, list] = {}
     for r in trial_resources:
+        key = (r.get("backend", "cpu"), devices_of(r), float(r.get("cpus_per_trial", 1)))
+        kinds.setdefault(key, []).append(r)
+    total = 0
+    for rs in kinds.values():
+        r = rs[0]
         need: dict[str, float] = {}
-        bundles = worker_bundles(r) if is_distributed(r) else [_single_bundle(r)]
-        for b in bundles:
+        for b in (worker_bundles(r) if is_distributed(r) else [_single_bundle(r)]):
             for k, v in b.items():
                 need[k] = need.get(k, 0.0) + v
-        for k, v in need.items():
-            if v > 0:
-                fit = int(float(cluster.get(k, 0.0)) // v)
-                if fit >= 1:
-                    limit = fit if limit is None else min(limit, fit)
-    return limit
+        fit = min((int(float(cluster.get(k, 0.0)) // v) for k, v in need.items() if v > 0), default=len(rs))
+        total += max(1, min(fit, len(rs)))
+    return total
 
 
 def _single_bundle(resources: dict) -> dict[str, float]:
@@ -429,39 +433,47 @@ def _xla_replica(index: int, spec: dict, mq, ends) -> None:
 # --------------------------------------------------------------------------- Tune side
 
 
-def _torch_config(backend: str, pg_backend: str | None):
+@functools.lru_cache(maxsize=None)
+def _own_gpu_config_cls():
+    """A TorchConfig whose backend does not share CUDA_VISIBLE_DEVICES across a node's workers."""
+    from dataclasses import dataclass
+
+    from ray.train.torch import TorchConfig
+    from ray.train.torch.config import _TorchBackend
+
+    class _OwnGPUBackend(_TorchBackend):
+        share_cuda_visible_devices = False
+
+    @dataclass
+    class OwnGPUTorchConfig(TorchConfig):
+        @property
+        def backend_cls(self):
+            return _OwnGPUBackend
+
+    return OwnGPUTorchConfig
+
+
+def torch_config(backend: str, pg_backend: str | None = None):
+    """Ray Train's process-group setup for ``backend`` (gloo, nccl with one GPU per worker, hccl)."""
     from ray.train.torch import TorchConfig
 
     pg = pg_backend or ("gloo" if backend == "xla" else PROCESS_GROUP[backend])
     if backend == "cuda":
         try:  # each worker sees only its own GPU, so CUDABackend's cuda:0 is the right one
-            from dataclasses import dataclass
-
-            from ray.train.torch.config import _TorchBackend
-
-            class _OwnGPUBackend(_TorchBackend):
-                share_cuda_visible_devices = False
-
-            @dataclass
-            class _OwnGPUTorchConfig(TorchConfig):
-                @property
-                def backend_cls(self):
-                    return _OwnGPUBackend
-
-            return _OwnGPUTorchConfig(backend=pg, timeout_s=COLLECTIVE_TIMEOUT_S)
-        except ImportError:  # pragma: no cover - Ray moved the private class
+            return _own_gpu_config_cls()(backend=pg, timeout_s=COLLECTIVE_TIMEOUT_S)
+        except ImportError:  # pragma: no cover - Ray moved the private class; the env switch does the same
             os.environ["TRAIN_ENABLE_SHARE_CUDA_VISIBLE_DEVICES"] = "0"
     return TorchConfig(backend=pg, timeout_s=COLLECTIVE_TIMEOUT_S)
 
 
 def fit_streaming(spec: dict, on_item: Callable[[dict], None], *, worker_fn: Callable[[dict], None] | None = None,
-                  pg_backend: str | None = None, extra_config: dict | None = None) -> BaseException | None:
+                  pg_backend: str | None = None, train_torch_config=None) -> BaseException | None:
     """Run the Train worker group for ``spec`` and call ``on_item`` for every queued report, live.
 
     ``trainer.fit()`` runs in a background thread; this thread polls the queue
     (so ``on_item`` may call ``tune.report``). Returns the exception ``fit()``
-    raised, or None. ``worker_fn``/``pg_backend`` let tests run a probe instead
-    of a training replica.
+    raised, or None. ``worker_fn``, ``pg_backend`` and ``train_torch_config`` let
+    tests run a probe instead of a training replica on fake devices.
     """
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
@@ -478,8 +490,8 @@ def fit_streaming(spec: dict, on_item: Callable[[dict], None], *, worker_fn: Cal
     storage = os.path.join(os.path.abspath(spec["trial_dir"]), "ray_train")
     name = f"{spec['cfg']['trial_id']}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
     trainer = TorchTrainer(worker_fn or _train_worker,
-                           train_loop_config={"spec": spec, "queue": channel, **(extra_config or {})},
-                           scaling_config=scaling, torch_config=_torch_config(backend, pg_backend),
+                           train_loop_config={"spec": spec, "queue": channel}, scaling_config=scaling,
+                           torch_config=train_torch_config or torch_config(backend, pg_backend),
                            run_config=RunConfig(name=name, storage_path=storage,
                                                 failure_config=FailureConfig(max_failures=0)))
     box: dict[str, BaseException] = {}
