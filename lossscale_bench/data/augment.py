@@ -41,7 +41,7 @@ import torch.nn.functional as F
 
 from .transforms import hflip
 
-__all__ = ["SSDAugment", "photometric_distort", "rgb_to_hsv", "hsv_to_rgb", "CHAINERCV_MEAN"]
+__all__ = ["SSDAugment", "AugmentedDataset", "photometric_distort", "rgb_to_hsv", "hsv_to_rgb", "CHAINERCV_MEAN"]
 
 #: chainercv's SSD mean colour (123, 117, 104) / 255, RGB: the expand canvas fill
 CHAINERCV_MEAN = (123 / 255, 117 / 255, 104 / 255)
@@ -240,3 +240,38 @@ class SSDAugment:
         if ix2 > ix1 and iy2 > iy1:
             out[:, iy1 - y1:iy2 - y1, ix1 - x1:ix2 - x1] = image[:, iy1 - y_off:iy2 - y_off, ix1 - x_off:ix2 - x_off]
         return out
+
+
+class AugmentedDataset(torch.utils.data.Dataset):
+    """Wrap a training set that has ``load(index, flip=False)`` (``CocoDetection``, ``VOCDetection``)
+    so that ``ds[(index, aug_seed)]`` returns ``augment(*ds.load(index), aug_seed)``.
+
+    Everything else (``class_names``, ``coco``, ``label_to_cat``, ``load``, ...) is the wrapped
+    set's, so evaluators and ``build_datasets`` callers see the same surface. For the coco2017
+    training split: ``AugmentedDataset(CocoDetection(..., train=True), SSDAugment())``.
+    """
+
+    supports_aug_seed = True
+
+    def __init__(self, dataset, augment) -> None:
+        self.dataset = dataset
+        self.augment = augment
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, key):
+        if isinstance(key, tuple):
+            index, seed = int(key[0]), int(key[1])
+        else:
+            index, seed = int(key), int(torch.randint(0, 2**62, ()))
+        image, target = self.dataset.load(index)
+        return self.augment(image, target, seed)
+
+    def __getattr__(self, name):
+        if name in ("dataset", "augment"):
+            raise AttributeError(name)
+        return getattr(self.dataset, name)
+
+    def __repr__(self) -> str:
+        return f"AugmentedDataset({self.dataset!r})"

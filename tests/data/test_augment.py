@@ -137,3 +137,18 @@ def test_hsv_round_trip_and_distortion_range():
         assert y.shape == x.shape and y.min() >= 0 and y.max() <= 1
         changed += not torch.allclose(y, x)
     assert changed >= 15
+
+
+def test_augmented_dataset_wraps_a_loader_dataset():
+    from lossscale_bench.data import fake_coco
+    from lossscale_bench.data.augment import AugmentedDataset
+
+    base = fake_coco(4, 64, 3, seed=0, train=True)
+    ds = AugmentedDataset(base, SSDAugment())
+    assert len(ds) == 4 and ds.class_names == base.class_names and ds.supports_aug_seed
+    a, b = ds[(1, 99)], ds[(1, 99)]
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1]["boxes"], b[1]["boxes"])
+    img, t = ds[2]
+    _, h, w = img.shape
+    assert len(t["boxes"]) >= 1 and (t["boxes"][:, 2] <= w).all() and (t["boxes"][:, 3] <= h).all()
+    assert torch.equal(ds.load(0)[0], base.load(0)[0])  # evaluation path untouched
