@@ -186,6 +186,11 @@ def build_datasets(dataset_cfg, *, image_size: int | None = None, max_val_images
                 raise DataNotFound(f"coco2017: annotation file not found: {paths[key]}")
         train = CocoDetection(paths["train_images"], paths["train_ann"], train=True, hflip=hflip,
                               max_images=max_train)
+        if cfg.get("augment", True):
+            # the seeds' SSD recipe: photometric, zoom-out, IoU crop, flip (as for VOC)
+            from .augment import AugmentedDataset, SSDAugment
+
+            train = AugmentedDataset(train, SSDAugment(flip=hflip, out_size=image_size))
         val = CocoDetection(paths["val_images"], paths["val_ann"], train=False, max_images=max_val)
         return train, val, list(train.class_names)
 

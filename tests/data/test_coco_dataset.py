@@ -234,3 +234,26 @@ def test_infinite_batches_skips_without_loading(small_synth, monkeypatch):
 def test_collate():
     images, targets = collate([(torch.zeros(3, 2, 2), {"a": 1}), (torch.ones(3, 4, 4), {"a": 2})])
     assert [i.shape[-1] for i in images] == [2, 4] and [t["a"] for t in targets] == [1, 2]
+
+
+def test_coco2017_training_split_is_augmented(tmp_path):
+    """coco2017 trains with the SSD augmentation (as VOC does); evaluation data stays plain."""
+    import json
+    import shutil
+
+    from lossscale_bench.data import build_datasets, infinite_batches
+    from lossscale_bench.data.augment import AugmentedDataset
+    from lossscale_bench.data.synthetic import ensure_synthetic
+
+    p = ensure_synthetic(tmp_path / "syn", train_images=8, val_images=4, image_size=64, seed=3)
+    root = tmp_path / "coco"
+    (root / "annotations").mkdir(parents=True)
+    shutil.copytree(p["train_images"], root / "train2017")
+    shutil.copytree(p["val_images"], root / "val2017")
+    shutil.copy(p["train_ann"], root / "annotations" / "instances_train2017.json")
+    shutil.copy(p["val_ann"], root / "annotations" / "instances_val2017.json")
+    assert json.loads((root / "annotations" / "instances_val2017.json").read_text())["images"]
+    train, val, classes = build_datasets({"name": "coco2017", "root": str(root)}, image_size=64)
+    assert isinstance(train, AugmentedDataset) and not isinstance(val, AugmentedDataset)
+    step, images, targets = next(infinite_batches(train, 4, seed=0))
+    assert len(images) == 4 and all(t["boxes"].shape[1] == 4 for t in targets)
