@@ -17,10 +17,15 @@ the stock ``forward`` gets an instance ``forward`` (a bound method; removed by
 ``remove()``) that runs a custom ``autograd.Function``. Its backward receives
 the gradient ``g`` arriving at the layer output (carrying the accumulated
 scale ``P``), computes the layer scale ``s`` on the device (steps 1-9 of
-ADAPTIVE.md, :func:`approx_range_scale_tensor`), computes the input gradient
-from ``s*g`` and the weight/bias gradients from ``g`` (two
-``aten.convolution_backward`` calls with output masks, or matmuls for
-Linear). Forward hooks of other code (``install_fp16_emulation``) still wrap
+ADAPTIVE.md, :func:`approx_range_scale_tensor`), and computes the input
+gradient scaled by ``s`` and the weight/bias gradients from ``g`` (scale
+``P``). ``s`` is folded into the weight operand: ``conv_T(g, s*W)`` equals
+``conv_T(s*g, W)`` (bit for bit with power-of-two scales, unless ``s*W``
+over/underflows, which weights times ``s <= 16`` do not; with ``s < 1`` it
+loses less than scaling tiny gradients down would). That spares a pass over
+the large gradient tensor and lets one ``aten.convolution_backward`` call
+(input, weight and bias masks) do what plain autograd does; Linear uses
+matmuls. Forward hooks of other code (``install_fp16_emulation``) still wrap
 the patched ``forward``, so the order in which emulation and scaler are
 installed does not matter: the gradient reaching the Function is already
 rounded to fp16, as a real fp16 gradient would be, and the weight gradient
@@ -187,6 +192,14 @@ def unbounded_scale_tensor(grad: torch.Tensor, weight: torch.Tensor, *, n_uf_thr
     return torch.where(ok, s, torch.ones_like(s))
 
 
+def _max_abs(t: torch.Tensor) -> torch.Tensor:
+    """``max|t|`` as a 0-d fp32 tensor, one pass (aminmax; CPU's inf-norm reduction is far slower)."""
+    if t.numel() == 0:
+        return torch.zeros((), dtype=_F32, device=t.device)
+    lo, hi = torch.aminmax(t.detach())
+    return torch.maximum(lo.abs(), hi.abs()).to(_F32)
+
+
 def _floor_pow2(s: torch.Tensor) -> torch.Tensor:
     _, e = torch.frexp(s)
     p = torch.ldexp(torch.ones_like(s), e - 1)
@@ -313,13 +326,20 @@ def _cast(t: torch.Tensor | None, dtype: torch.dtype | None) -> torch.Tensor | N
     return t.to(dtype)
 
 
-def _scaled_grad(ctx, g: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """The gradient the input-gradient product uses: ``s*g`` when a plan is attached, else ``g``."""
+def _input_grad_weight(ctx, g: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """The weight operand of the input-gradient product: ``s*W`` when a plan is attached, else ``W``.
+
+    ``conv_T(g, s*W) == s * conv_T(g, W) == conv_T(s*g, W)`` (exactly for powers of two); folding
+    ``s`` into the small weight spares a pass over the large gradient and lets one
+    ``convolution_backward`` call produce the input, weight and bias gradients (the weight and
+    bias gradients do not read the weight), as plain autograd does.
+    """
     plan = getattr(ctx, "_ada", None)
     if plan is None:
-        return g
+        return w
     it, in_id, out_id = plan
-    return it.layer_backward(ctx.info, g, w, in_id, out_id, ctx.needs_input_grad[0])
+    s = it.layer_backward(ctx.info, g, w, in_id, out_id, ctx.needs_input_grad[0])
+    return w if s is None else w * s
 
 
 class _AdaConv2d(torch.autograd.Function):
@@ -343,19 +363,15 @@ class _AdaConv2d(torch.autograd.Function):
         x, w = ctx.saved_tensors
         info = ctx.info
         need_x, need_w, need_b = ctx.needs_input_grad[:3]
-        g_in = _scaled_grad(ctx, g, w)
-        gx = gw = gb = None
-        conv_bwd = torch.ops.aten.convolution_backward
-        args = (info.stride, info.padding, info.dilation, False, [0, 0], info.groups)
-        if need_x:
-            gx = conv_bwd(g_in, x, w, None, *args, [True, False, False])[0]
-            gx = _cast(gx, ctx.dtypes[0])
-        has_b = ctx.bias_sizes is not None
-        if need_w or (need_b and has_b):
-            _, gw, gb = conv_bwd(g, x, w, ctx.bias_sizes, *args, [False, bool(need_w), bool(need_b and has_b)])
-            gw = _cast(gw, ctx.dtypes[1]) if need_w else None
-            gb = _cast(gb, ctx.dtypes[2]) if (need_b and has_b) else None
-        return gx, gw, gb, None
+        need_b = bool(need_b and ctx.bias_sizes is not None)
+        w_in = _input_grad_weight(ctx, g, w)
+        if not (need_x or need_w or need_b):
+            return None, None, None, None
+        gx, gw, gb = torch.ops.aten.convolution_backward(
+            g, x, w_in, ctx.bias_sizes if need_b else None, info.stride, info.padding, info.dilation, False,
+            [0, 0], info.groups, [bool(need_x), bool(need_w), need_b])
+        return (_cast(gx, ctx.dtypes[0]) if need_x else None, _cast(gw, ctx.dtypes[1]) if need_w else None,
+                _cast(gb, ctx.dtypes[2]) if need_b else None, None)
 
 
 class _AdaLinear(torch.autograd.Function):
@@ -378,10 +394,10 @@ class _AdaLinear(torch.autograd.Function):
     def backward(ctx, g):  # type: ignore[override]
         x, w = ctx.saved_tensors
         need_x, need_w, need_b = ctx.needs_input_grad[:3]
-        g_in = _scaled_grad(ctx, g, w)
+        w_in = _input_grad_weight(ctx, g, w)
         gx = gw = gb = None
         if need_x:
-            gx = _cast(g_in.matmul(w), ctx.dtypes[0])
+            gx = _cast(g.matmul(w_in), ctx.dtypes[0])
         g2 = g.reshape(-1, g.shape[-1])
         if need_w:
             gw = _cast(g2.t().matmul(x.reshape(-1, x.shape[-1])), ctx.dtypes[1])
@@ -485,16 +501,17 @@ class _Iteration:
 
     # called from the layers' backward
     def layer_backward(self, info: _LayerInfo, g: torch.Tensor, w: torch.Tensor, in_id: int, out_id: int,
-                       need_input_grad: bool) -> torch.Tensor:
+                       need_input_grad: bool) -> torch.Tensor | None:
+        """The layer scale ``s`` (0-d fp32 tensor), or None when no input gradient is needed."""
         prev = self.vals[in_id]
         if not need_input_grad:  # nothing upstream to scale
             self.vals[out_id] = prev
             info.record(None, prev)
-            return g
+            return None
         s = self.scaler._layer_scale(self, info, g, w, prev)
         self.vals[out_id] = prev * s
         info.record(s, prev)
-        return g * s
+        return s
 
     # called from the merge post-hooks
     def arrive(self, mi: int, slot: int, g: torch.Tensor | None) -> torch.Tensor | None:
@@ -518,8 +535,7 @@ class _Iteration:
             return None
         # every branch scale is a candidate, also those of branches whose gradient is None (zero)
         zero = torch.zeros((), dtype=_F32, device=scales.device)
-        max_abs = torch.stack([zero if g is None else torch.linalg.vector_norm(g.detach(), float("inf"), dtype=_F32)
-                               for g in m.stash])
+        max_abs = torch.stack([zero if g is None else _max_abs(g) for g in m.stash])
         t = branch_target_scale(max_abs, scales)
         self.vals[m.out_id] = t
         dtype = functools.reduce(torch.promote_types, (g.dtype for g, _ in live))
