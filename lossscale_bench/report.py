@@ -19,7 +19,7 @@ Pipeline::
     load_runs(uri, study)  -> one row per trial (latest run per trial_id)
     summarize(runs)        -> one row per table cell (study, model, batch, row)
     render(runs, fmt)      -> markdown | csv | html | latex text
-    write_report(uri, ...) -> (text, path)
+    write_report(uri, ...) -> (text, path)   (+ plots: see lossscale_bench.plots)
 
 Only :func:`load_runs` touches MLflow, and it imports it lazily so that the
 rest of the package (and ``lsbench --help``) does not pay for the import.
@@ -702,6 +702,8 @@ def _render_html(summary, runs, metric, images: Mapping[str, bytes] | None, titl
         out.append("</section>")
     # plots: name -> PNG bytes, embedded so the page stays self-contained
     out.append('<section id="plots">')
+    if images:
+        out.append("<h2>Plots</h2>")
     for name, png in (images or {}).items():
         data = base64.b64encode(png).decode("ascii")
         out.append(
@@ -744,6 +746,39 @@ def render(
     return _render_html(summary, runs, metric, images, title or f"Loss-scaling report: {', '.join(studies)}")
 
 
+def _plot_list(tracking_uri: str, study: str | None, runs: pd.DataFrame, metric: str) -> list:
+    try:
+        from .plots import study_plots
+
+        return study_plots(tracking_uri, study, runs=runs, metric=metric)
+    except Exception as e:  # PlotError, matplotlib or MLflow errors: one line, and the way out
+        msg = " ".join(str(e).split())
+        raise ReportError(f"cannot draw the report's plots: {type(e).__name__}: {msg[:300]} "
+                          f"(plots=False / --no-plots writes the tables alone)") from None
+
+
+def _md_alt(text: str) -> str:
+    return re.sub(r"([\\\[\]])", r"\\\1", text)
+
+
+def _markdown_plots(path: Path, pictures: list[tuple[str, str, bytes]]) -> tuple[str, list[tuple[Path, bytes]]]:
+    """Markdown section linking PNG files beside ``path``: ``<stem>_<name>.png``."""
+    from urllib.parse import quote
+
+    from .plots import slug
+
+    lines, files, used = ["", "## Plots", ""], [], set()
+    for name, title, png in pictures:
+        base = f"{path.stem}_{slug(name)}"
+        fname, k = f"{base}.png", 2
+        while fname in used:
+            fname, k = f"{base}_{k}.png", k + 1
+        used.add(fname)
+        files.append((path.parent / fname, png))
+        lines += [f"![{_md_alt(title)}]({quote(fname)})", ""]
+    return "\n".join(lines).rstrip("\n") + "\n", files
+
+
 def write_report(
     tracking_uri: str,
     *,
@@ -753,10 +788,16 @@ def write_report(
     metric: str = "final_map",
     reports_dir: str | Path = "reports",
     images: Mapping[str, bytes] | None = None,
+    plots: bool = True,
 ) -> tuple[str, Path]:
     """Load, render and write a report; returns (text, path).
 
     The file is ``out`` when given, else ``<reports_dir>/<study or 'all'>.<ext>``.
+    ``plots`` (html and markdown only): draw the study plots
+    (:func:`lossscale_bench.plots.study_plots`); html embeds them (with
+    ``images``) as base64 in one self-contained page, markdown writes them as
+    ``<stem>_<plot>.png`` beside the report and links them in a ``Plots``
+    section.  csv and latex never have plots.
     """
     if fmt not in FORMATS:
         raise ReportError(f"unknown report format {fmt!r}; choose one of: {', '.join(FORMATS)}")
@@ -764,10 +805,23 @@ def write_report(
     if len(runs) == 0:
         where = f"study {study!r}" if study else "any study"
         raise ReportError(f"no trial runs for {where} in {tracking_uri}")
-    text = render(runs, fmt, metric, images=images)
     path = Path(out) if out is not None else Path(reports_dir) / f"{study or 'all'}.{FORMATS[fmt]}"
+    pictures: list[tuple[str, str, bytes]] = []  # (name, title, png)
+    if plots and fmt in ("html", "markdown"):
+        pictures = [(p.name, p.title, p.png) for p in _plot_list(tracking_uri, study, runs, metric)]
+    pictures += [(name, name, png) for name, png in (images or {}).items()]
+    files: list[tuple[Path, bytes]] = []
+    if fmt == "html":
+        text = render(runs, fmt, metric, images={title: png for _, title, png in pictures})
+    else:
+        text = render(runs, fmt, metric)
+        if fmt == "markdown" and pictures:
+            section, files = _markdown_plots(path, pictures)
+            text += section
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
+        for fpath, png in files:  # pictures first: the report never links a missing file
+            fpath.write_bytes(png)
         path.write_text(text, encoding="utf-8")
     except OSError as e:
         raise ReportError(f"cannot write report to {path}: {e.strerror or e}") from None
