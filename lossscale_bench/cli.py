@@ -93,10 +93,12 @@ def cmd_report(args) -> int:
 
     uri = resolve_tracking_uri(args.tracking_uri, args.runs_dir)
     text, out = write_report(uri, study=args.study, fmt=args.format, out=args.out, metric=args.metric,
-                             reports_dir=args.reports_dir)
-    if args.format in ("markdown", "csv", "latex") and not args.out:
+                             reports_dir=args.reports_dir, plots=not args.no_plots)
+    if args.format == "html" or args.out:
+        print(out)  # a self-contained page with base64 images: the path, not the page
+    else:
         print(text)
-    print(f"(written to {out})", file=sys.stderr)
+        print(f"(written to {out})", file=sys.stderr)
     return 0
 
 
@@ -153,6 +155,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--out", default=None, help="file to write (default: reports/<study>.<ext>)")
     sp.add_argument("--metric", default="final_map", help="final_map (default), final_map_50 or best_map")
     sp.add_argument("--reports-dir", default="reports")
+    sp.add_argument("--no-plots", action="store_true", help="tables only, no plots")
     store_args(sp)
     sp.set_defaults(func=cmd_report)
 

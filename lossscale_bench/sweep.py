@@ -190,6 +190,7 @@ def _make_funnel(tracker: Tracker, run_ids: dict[str, str], labels: dict[str, st
             if "outcome" in payload:
                 outcome = payload["outcome"]
                 study_result.outcomes[tid] = outcome
+                log_trial_plots(tracker, run_id, Path(trial.config["trial"]["trial_dir"]) / "plots")
                 tracker.end_trial(run_id, outcome["status"])
                 progress.end(tid, labels[tid], outcome)
 
@@ -215,6 +216,17 @@ def _make_funnel(tracker: Tracker, run_ids: dict[str, str], labels: dict[str, st
             tracker.set_tags(run_ids[tid], {"lsbench.retries": getattr(trial, "num_failures", "?")})
 
     return MlflowFunnel()
+
+
+def log_trial_plots(tracker: Tracker, run_id: str, out_dir: Path) -> None:
+    """Loss, loss-scale and per-layer heatmaps as artifacts of the trial's run, drawn from the
+    store (so a resumed trial's plots cover all of it). A plotting error never fails a trial."""
+    try:
+        from .plots import run_plots
+
+        run_plots(tracker.client, run_id, out_dir)
+    except Exception as exc:  # noqa: BLE001
+        tracker.set_tags(run_id, {"lsbench.plot_error": f"{type(exc).__name__}: {exc}"[:500]})
 
 
 def study_dir(runs_dir: str | Path, study_name: str) -> Path:
@@ -279,6 +291,7 @@ def _run_local(todo, tracker, run_ids, sdir, result, progress) -> None:
         sink = MlflowSink(tracker, run_ids[cfg.trial_id])
         outcome = run_trial(cfg, sink=sink, trial_dir=sdir / "trials" / cfg.trial_id, threads=_threads(cfg)).to_dict()
         result.outcomes[cfg.trial_id] = outcome
+        log_trial_plots(tracker, run_ids[cfg.trial_id], sdir / "trials" / cfg.trial_id / "plots")
         tracker.end_trial(run_ids[cfg.trial_id], outcome["status"])
         progress.end(cfg.trial_id, cfg.label, outcome)
 
