@@ -18,6 +18,7 @@ from torch import nn
 
 from lossscale_bench.models import build_model
 from lossscale_bench.precision import install_fp16_emulation, round_fp16
+from lossscale_bench.scaling import adaptive as adaptive_mod
 from lossscale_bench.scaling import build_scaler
 from lossscale_bench.scaling.adaptive import (U_MAX, U_MIN, AdaptiveLossScaler, approx_range_scale,
                                               approx_range_scale_tensor, backward_fan_in, branch_target_scale,
@@ -333,10 +334,19 @@ def test_remove_restores_the_model():
     scaler.remove()
     assert _all_hook_dicts_empty(model)
     assert all(m.forward.__func__ is nn.Conv2d.forward for m in convs)
-    assert not any(m in __import__("lossscale_bench.scaling.adaptive", fromlist=["_"])._ATTACHED for m in convs)
+    assert not any(m in adaptive_mod._ATTACHED for m in convs)
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     model.zero_grad(set_to_none=True)
-    _loss(model, images, targets).backward()  # plain training works; nodes are torch's own
+    loss = _loss(model, images, targets)
+    todo, kinds, seen = [loss.grad_fn], set(), set()
+    while todo:
+        n = todo.pop()
+        if id(n) not in seen:
+            seen.add(id(n))
+            kinds.add(type(n).__name__)
+            todo += [m for m, _ in n.next_functions if m is not None]
+    assert "ConvolutionBackward0" in kinds and not any("Ada" in k for k in kinds)  # torch's own nodes again
+    loss.backward()
     with pytest.raises(RuntimeError):
         scaler.scale(torch.ones((), requires_grad=True))
 
