@@ -123,7 +123,10 @@ def placement_text(resources: dict) -> str:
         if dev:
             parts.append(f"{dev}:{devices_of(resources)}")
         return ", ".join(parts)
-    bundles = worker_bundles(resources)
+    try:
+        bundles = worker_bundles(resources)
+    except ValueError:  # backend auto: nothing to reserve a device by
+        return f"auto:{devices_of(resources)} (not placeable: name the backend)"
     inner = ", ".join(f"{k}:{_fmt(v)}" for k, v in bundles[0].items())
     return f"CPU:{_fmt(DRIVER_CPUS)} + {len(bundles)}×{{{inner}}}"
 
@@ -265,6 +268,33 @@ class GradSync:
 
 #: the function name the brief and trial.py's docstring use
 allreduce_mean = GradSync
+
+
+class RecordOnlySync(GradSync):
+    """For XLA replicas: ``xm.optimizer_step`` already averages gradients; only remember the parameters.
+
+    Passing it (rather than None) still tells the loop the trial is data-parallel:
+    gradients are unscaled before the optimizer step, the drift check sees the weights.
+    """
+
+    def __call__(self, params) -> None:
+        self.params = [p for p in params if p.requires_grad]
+        self.calls += 1
+
+
+def mean_across_replicas(t):
+    """Mean of tensor ``t`` over the data-parallel replicas (``t`` itself when not distributed).
+
+    For the loop: all-reducing the step's loss (and its parts) makes the logged
+    loss the replicas' mean and every divergence decision the same on all replicas.
+    """
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        t = t.detach().clone()
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        t /= dist.get_world_size()
+    return t
 
 
 def param_stats(params) -> list[float]:
@@ -426,8 +456,8 @@ def _xla_replica(index: int, spec: dict, mq, ends) -> None:
 
     if not dist.is_initialized():
         dist.init_process_group("xla", init_method="xla://")
-    # xm.optimizer_step averages the (already unscaled) gradients across replicas: no grad_sync.
-    _replica(spec, xr.global_ordinal(), xr.world_size(), _MpChannel(mq, ends), None)
+    # xm.optimizer_step averages the (already unscaled) gradients across replicas.
+    _replica(spec, xr.global_ordinal(), xr.world_size(), _MpChannel(mq, ends), RecordOnlySync())
 
 
 # --------------------------------------------------------------------------- Tune side

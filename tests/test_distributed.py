@@ -97,6 +97,10 @@ def _gloo_rank(rank: int, port: int, out_dir: str) -> None:
         ada.update()
         res[f"ada{every}"] = {k: v["unbounded"] for k, v in ada.state_dict()["layers"].items()}
         ada.remove()
+    # 5. the loop's loss agreement helper: the replicas' mean on every replica
+    from lossscale_bench.distributed import mean_across_replicas
+
+    res["mean"] = mean_across_replicas(torch.tensor([rank + 1.0, 10.0 * (rank + 1)])).tolist()
     dist.destroy_process_group()
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
         json.dump(res, f)
@@ -120,6 +124,7 @@ def test_grad_sync_and_agreed_decisions_on_two_gloo_processes(tmp_path):
     assert r0["ada1"] != r1["ada1"]
     assert r0["ada2"] == r1["ada2"]
     assert all(v == min(r0["ada1"][k], r1["ada1"][k]) for k, v in r0["ada2"].items() if r0["ada1"][k] is not None)
+    assert r0["mean"] == r1["mean"] == [1.5, 15.0]
 
 
 # --------------------------------------------------------------------------- through Ray Tune + Train + MLflow

@@ -179,5 +179,6 @@ def test_placement_shapes_and_feasibility():
     hpu1 = {"backend": "hpu", "devices_per_trial": 1, "cpus_per_trial": 1}
     assert distributed.tune_concurrency([gpu8] * 3 + [hpu1] * 5, {"CPU": 64.0, "GPU": 16.0, "HPU": 4.0}) == 2 + 4
     assert distributed.tune_concurrency([{"backend": "cuda", "devices_per_trial": 1}], {"GPU": 8.0}) is None
+    assert "not placeable" in distributed.placement_text({"backend": "auto", "devices_per_trial": 2})
     with pytest.raises(ValueError, match="auto cannot"):
         distributed.worker_bundles({"backend": "auto", "devices_per_trial": 2})

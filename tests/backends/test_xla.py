@@ -99,3 +99,44 @@ def test_short_ssd_tiny_bf16_trial_on_the_xla_cpu_device(tmp_path):
     assert len(losses) == 4 and all(math.isfinite(v) for v in losses)
     assert sink.tag_values["lsbench.backend"].startswith("xla")
     assert out.final_map is not None and 0.0 <= out.final_map <= 1.0
+
+
+@needs_xla
+def test_multi_device_launcher_path_on_one_cpu_device(tmp_path):
+    """The xla branch of a multi-device trial, minus Ray: torch_xla.launch starts the replicas (one on the
+    CPU device), each joins the ``xla`` process group and runs the trial; rank 0's reports and its final
+    outcome come back through the multiprocessing queue. Real multi-chip runs need a TPU host."""
+    import json
+
+    from lossscale_bench import distributed
+    from lossscale_bench.study import load_study_text
+
+    (cfg,) = load_study_text(textwrap.dedent("""\
+        name: xla_launch
+        dataset: {name: synthetic, train_images: 8, val_images: 4, image_size: 64, seed: 0}
+        model: ssd_tiny
+        model_options: {width: 8}
+        batch_size: 4
+        precision: fp32
+        scaling:
+          - {method: none}
+        schedule: {iterations: 2, lr: 0.01, warmup_iterations: 0}
+        eval: {every: 2, metric: coco, max_images: 2}
+        log_every: 1
+        resources: {backend: xla, devices_per_trial: 2}
+        """)).trials()
+    assert distributed.worker_bundles(cfg.resources) == [{"CPU": 1.0, "TPU": 2.0}]
+
+    class Channel:
+        items: list = []
+
+        def put(self, item):
+            self.items.append(item)
+
+    ch = Channel()
+    distributed._xla_launch({"cfg": cfg.to_dict(), "trial_dir": str(tmp_path / "t"), "threads": 1}, ch)
+    payloads = [json.loads(i["report"]["lsbench"]) for i in ch.items if i["kind"] == "report"]
+    final = payloads[-1]
+    assert ch.items[-1]["final"] and final["outcome"]["status"] == "finished"
+    assert final["tags"]["lsbench.world_size"] == 1
+    assert [s for k, _, s in sum((p["metrics"] for p in payloads), []) if k == "loss"] == [1, 2]
