@@ -3,7 +3,7 @@
 Each image holds 1-3 filled shapes (the class is the *shape*; colour, size,
 aspect ratio and position are random and independent of it) on a textured,
 noisy background: a colour gradient, low-frequency blotches and per-pixel
-noise, which also covers the shapes. Object sizes (about 16-80 px on a 128 px
+noise, which also covers the shapes. Object sizes (about 20-80 px on a 128 px
 image) span the ``ssd_tiny`` default boxes (12.8 / 47 / 81 / 115 px at
 128 px). Shapes may overlap, but by at most half of the smaller box (IoU <= 0.3),
 and a shape's colour differs from the background and from the shapes it
@@ -30,15 +30,15 @@ from PIL import Image, ImageDraw
 CLASSES = ("rectangle", "ellipse", "triangle")
 
 #: bump when the generator's output changes, so stale caches are not reused
-GENERATOR_VERSION = 3
+GENERATOR_VERSION = 4
 
 _MIN_OBJECTS, _MAX_OBJECTS = 1, 3
 _MAX_IOU = 0.3          # between any two boxes
 _MAX_COVERED = 0.5      # max overlap as a fraction of the smaller of two boxes
-_MIN_COLOUR_DIST = 0.35  # RGB distance (0..1 scale) from the background and overlapped shapes
-_MIN_SIZE, _MAX_SIZE = 16, 80  # geometric-mean side in px at 128 px (scaled with image_size)
-_BLOT_SIGMA = (0.03, 0.08)     # low-frequency background blotches
-_NOISE_SIGMA = (0.02, 0.05)    # per-pixel noise over the whole image
+_MIN_COLOUR_DIST = 0.5   # RGB distance (0..1 scale) from the background and overlapped shapes
+_MIN_SIZE, _MAX_SIZE = 20, 80  # geometric-mean side in px at 128 px (scaled with image_size)
+_BLOT_SIGMA = (0.02, 0.05)     # low-frequency background blotches
+_NOISE_SIGMA = (0.01, 0.04)    # per-pixel noise over the whole image
 
 
 def default_root() -> Path:
