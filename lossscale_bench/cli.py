@@ -20,23 +20,20 @@ def embedded_study() -> Path:
     return Path(__file__).parent / "studies" / "smoke.yaml"
 
 
+# (module, class) of the errors a user can cause; only modules already imported are looked at,
+# so classifying an error never imports torch (a bad study file fails in a fraction of a second).
+USER_ERRORS = (("lossscale_bench.study", "StudyError"), ("lossscale_bench.data.coco", "DataNotFound"),
+               ("lossscale_bench.backends.base", "BackendUnavailable"), ("lossscale_bench.models.ssd", "WeightsError"),
+               ("lossscale_bench.data.download", "DownloadError"), ("lossscale_bench.trial", "CheckpointError"),
+               ("lossscale_bench.report", "ReportError"))
+
+
 def _user_errors() -> tuple[type[BaseException], ...]:
-    from .backends.base import BackendUnavailable
-    from .data.coco import DataNotFound
-    from .models.ssd import WeightsError
-    from .study import StudyError
-
-    from .data.download import DownloadError
-    from .trial import CheckpointError
-
-    errs: list[type[BaseException]] = [StudyError, DataNotFound, BackendUnavailable, WeightsError, DownloadError,
-                                       CheckpointError]
-    try:
-        from .report import ReportError
-
-        errs.append(ReportError)
-    except ImportError:
-        pass
+    errs = []
+    for mod, name in USER_ERRORS:
+        m = sys.modules.get(mod)
+        if m is not None and hasattr(m, name):
+            errs.append(getattr(m, name))
     return tuple(errs)
 
 
@@ -159,9 +156,8 @@ def build_parser() -> argparse.ArgumentParser:
     store_args(sp)
     sp.set_defaults(func=cmd_report)
 
-    from .data.download import register as register_data
-
-    register_data(sub)
+    # Listed for --help; main() hands `lsbench data ...` to data/download.py before parsing.
+    sub.add_parser("data", help="download, verify and extract VOC or COCO: lsbench data {voc,coco} --root DIR")
 
     sp = sub.add_parser("ui", help="serve the MLflow UI for the study store")
     store_args(sp)
@@ -172,6 +168,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["data"]:
+        # `lsbench data ...` has its own parser (data/download.py), imported only when used.
+        from .data.download import main as data_main
+
+        return int(data_main(argv[1:]) or 0)
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)

@@ -827,11 +827,10 @@ _RAY_RESOURCE = {"cuda": "GPU", "xla": "TPU", "hpu": "HPU", "auto": "auto"}
 
 
 def _resource_text(res: dict) -> str:
-    backend = res.get("backend", "cpu")
-    devices = int(res.get("devices_per_trial", 1))
-    if backend == "cpu":
-        return f"CPU:{_fmt_num(float(res.get('cpus_per_trial', 1)) * devices)}"
-    return f"{_RAY_RESOURCE.get(backend, backend)}:{devices}"
+    # the real placement (multi-device trials: a small Tune bundle + one Train bundle per device)
+    from .distributed import placement_text
+
+    return placement_text(res)
 
 
 def trial_table(trials: list[TrialConfig]) -> list[dict]:

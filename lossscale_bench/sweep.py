@@ -190,7 +190,9 @@ def _make_funnel(tracker: Tracker, run_ids: dict[str, str], labels: dict[str, st
             if "outcome" in payload:
                 outcome = payload["outcome"]
                 study_result.outcomes[tid] = outcome
-                log_trial_plots(tracker, run_id, Path(trial.config["trial"]["trial_dir"]) / "plots")
+                tdir = trial.config["trial"].get("trial_dir")
+                if tdir:
+                    log_trial_plots(tracker, run_id, Path(tdir) / "plots")
                 tracker.end_trial(run_id, outcome["status"])
                 progress.end(tid, labels[tid], outcome)
 
@@ -313,8 +315,16 @@ def _run_ray(study, todo, tracker, run_ids, labels, sdir, result, progress, max_
         if address:
             ray.init(address=address, **kwargs)
         else:
-            ray.init(num_cpus=num_cpus or os.cpu_count(), **kwargs)
+            # address="local": always a fresh instance of our own, never a cluster some other
+            # process left running on this machine (that is what --address is for).
+            ray.init(address="local", num_cpus=num_cpus or os.cpu_count(), **kwargs)
         started_here = True
+    if max_concurrent is None:
+        # multi-device trials hold their devices through Ray Train, not the Tune bundle:
+        # do not start more trials than the cluster's devices can serve
+        from .distributed import tune_concurrency
+
+        max_concurrent = tune_concurrency([c.resources for c in todo], ray.cluster_resources())
     specs = []
     for cfg in todo:
         res = ray_resources(cfg.resources.get("backend", "cpu"), int(cfg.resources.get("devices_per_trial", 1)),

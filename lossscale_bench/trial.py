@@ -137,7 +137,8 @@ def run_trial(cfg, *, sink: Sink, trial_dir: str | Path, threads: int | None = N
 def _train(cfg, sink: Sink, trial_dir: Path, threads, checkpoint_every, outcome: TrialOutcome,
            rank: int = 0, world_size: int = 1, grad_sync=None, ckpt_dir: Path | None = None) -> None:
     from .backends import get_backend
-    from .data import build_datasets, infinite_batches
+    from .data import build_datasets
+    from .data.dali import make_batches
     from .engine import CheckpointHook, DivergenceHook, EvalHook, MetricsHook, TelemetryHook, Trainer, TrialDiverged
     from .engine.loop import TrainState
     from .engine.schedule import build_optimizer, build_scheduler
@@ -213,7 +214,7 @@ def _train(cfg, sink: Sink, trial_dir: Path, threads, checkpoint_every, outcome:
     hooks = [telemetry, metrics_hook, diverged_hook, eval_hook]
     if rank == 0:
         hooks.append(CheckpointHook(ckpt_path, ckpt_every, checkpoint_state))
-    batches = infinite_batches(train_ds, cfg.batch_size, seed=cfg.seed, start_step=state.step)
+    batches = make_batches(cfg, train_ds, state.step)  # DALI for `loader: dali`, else infinite_batches
     if world_size > 1:
         batches = shard_batches(batches, rank, world_size)
     trainer = Trainer(model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler, backend=backend,

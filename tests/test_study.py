@@ -485,12 +485,12 @@ def test_trial_table_rows():
     assert len(rows) == 8
     assert set(rows[0]) == {"trial_id", "model", "batch_size", "precision", "label", "seed", "backend", "resources"}
     assert rows[0]["label"] == "FP32 baseline" and rows[0]["precision"] == "fp32"
-    assert rows[0]["backend"] == "cuda" and rows[0]["resources"] == "GPU:1"
+    assert rows[0]["backend"] == "cuda" and rows[0]["resources"] == "CPU:1, GPU:1"  # what Ray reserves
     assert load_study_text(BASE).trials() and trial_table(load_study_text(BASE).trials())[0]["resources"] == "CPU:1"
     hpu = trial_table(load_study_text(BASE + "resources: {backend: hpu, devices_per_trial: 8}\n").trials())
-    assert hpu[0]["resources"] == "HPU:8"
+    assert hpu[0]["resources"] == "CPU:0.25 + 8×{CPU:1, HPU:1}"  # Tune bundle + one Train bundle per card
     xla = trial_table(load_study_text(BASE.replace("fp16-emulated", "bf16") + "resources: {backend: xla}\n").trials())
-    assert xla[0]["resources"] == "TPU:1"
+    assert xla[0]["resources"] == "CPU:1, TPU:1"
 
 
 def test_import_is_light():

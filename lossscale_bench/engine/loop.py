@@ -97,14 +97,20 @@ class Trainer:
         self.backend.after_step()
         self.backend.synchronize()
         seconds = time.perf_counter() - t0
-        loss_value = float(loss.detach())
+        vals = torch.stack([loss.detach().float()] + [v.detach().float() for v in parts.values()])
+        if self.grad_sync is not None:
+            # replicas log the mean loss and take the same divergence decisions
+            from ..distributed import mean_across_replicas
+
+            vals = mean_across_replicas(vals)
+        loss_value, *part_values = vals.tolist()
         st = self.state
         st.step += 1
         st.images_seen += len(images)
         st.skipped_steps += int(result.skipped)
         st.overflow_steps += int(result.overflow)
         return StepRecord(step=st.step, loss=loss_value,
-                          parts={k: float(v.detach()) for k, v in parts.items()}, result=result, lr=lr,
+                          parts=dict(zip(parts, part_values)), result=result, lr=lr,
                           images_per_sec=len(images) / seconds if seconds > 0 else math.inf, seconds=seconds)
 
     # -- the loop ---------------------------------------------------------------
