@@ -157,6 +157,7 @@ def _train(cfg, sink: Sink, trial_dir: Path, threads, checkpoint_every, outcome:
         opts["image_size"] = int(cfg.dataset.get("image_size", 128))
     train_ds, val_ds, classes = build_datasets(cfg.dataset, image_size=opts.get("image_size"),
                                                max_val_images=cfg.eval.get("max_images"))
+    sink.tags(data_report(train_ds, val_ds))
     model = backend.prepare_model(build_model(cfg.model, num_classes=len(classes) + 1, **opts))
     precision = get_precision(cfg.precision)
     precision.prepare(model)
@@ -260,6 +261,23 @@ def _train(cfg, sink: Sink, trial_dir: Path, threads, checkpoint_every, outcome:
     if rank == 0:
         atomic_done(ckpt_path)
     sink.tags({"lsbench.status": outcome.status})
+
+
+def data_report(train_ds, val_ds) -> dict[str, Any]:
+    """What the loaders skipped, as run tags: boxes outside their image or with x2 < x1 (dropped),
+    crowd boxes, objects of classes outside the class list (by name), difficult objects dropped.
+    Skips are counted and logged, never silent."""
+    tags: dict[str, Any] = {}
+    for split, ds in (("train", train_ds), ("val", val_ds)):
+        tags[f"lsbench.data.{split}.images"] = len(ds)
+        for attr in ("skipped_boxes", "crowd_boxes", "dropped_difficult"):
+            v = getattr(ds, attr, None)
+            if v:
+                tags[f"lsbench.data.{split}.{attr}"] = int(v)
+        unknown = getattr(ds, "unknown_objects", None)
+        if unknown:
+            tags[f"lsbench.data.{split}.unknown_objects"] = json.dumps(dict(unknown), sort_keys=True)
+    return tags
 
 
 def write_layer_table(path: Path, rates: dict, scaler_rows: list[dict], sink: Sink) -> None:

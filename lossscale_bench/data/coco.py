@@ -20,10 +20,9 @@ import json
 from pathlib import Path
 
 import torch
-from PIL import Image
 from torch.utils.data import Dataset
 
-from .transforms import clip_boxes, flip_decision, hflip, pil_to_tensor, valid_box_mask, xywh_to_xyxy
+from .transforms import clip_boxes, flip_decision, hflip, read_image, valid_box_mask, xywh_to_xyxy
 
 
 class DataNotFound(FileNotFoundError):
@@ -131,8 +130,7 @@ class CocoDetection(Dataset):
 
     def load(self, index: int, flip: bool = False):
         rec = self._records[index]
-        with Image.open(self.image_dir / rec["file_name"]) as img:
-            image = pil_to_tensor(img)
+        image = read_image(self.image_dir / rec["file_name"])
         boxes = rec["boxes"].clone()
         if flip:
             image, boxes = hflip(image, boxes)

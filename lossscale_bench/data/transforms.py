@@ -12,6 +12,22 @@ import torch
 from PIL import Image
 
 
+class CorruptImage(ValueError):
+    """An image file exists but cannot be decoded; the message names the file."""
+
+
+def read_image(path) -> "torch.Tensor":
+    """Decode an image file to a float tensor, or raise ``CorruptImage`` naming it (never a bare PIL error)."""
+    from PIL import Image
+
+    try:
+        with Image.open(path) as img:
+            img.load()
+            return pil_to_tensor(img)
+    except (OSError, SyntaxError, ValueError) as exc:
+        raise CorruptImage(f"corrupt or unreadable image {path}: {type(exc).__name__}: {exc}") from None
+
+
 def pil_to_tensor(img: Image.Image) -> torch.Tensor:
     """RGB PIL image -> float32 ``[3, H, W]`` in 0..1."""
     arr = np.asarray(img.convert("RGB"), dtype=np.uint8)

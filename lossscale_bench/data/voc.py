@@ -37,7 +37,7 @@ from torch.utils.data import Dataset
 
 from ..study import VOC_CLASSES
 from .coco import DataNotFound
-from .transforms import flip_decision, hflip, pil_to_tensor
+from .transforms import flip_decision, hflip, read_image
 
 __all__ = ["VOCDetection", "VOC_CLASSES", "resolve_devkit", "voc_sources", "voc_required_paths",
            "build_voc_datasets", "make_tiny_voc", "FETCH_VOC"]
@@ -225,8 +225,7 @@ class VOCDetection(Dataset):
     def load(self, index: int, flip: bool = False):
         """Sample ``index`` without augmentation (optionally mirrored)."""
         rec = self._records[index]
-        with Image.open(self._image_path(rec)) as img:
-            image = pil_to_tensor(img)
+        image = read_image(self._image_path(rec))
         boxes = rec["boxes"].clone()
         if rec["width"] <= 0 or rec["height"] <= 0 or (rec["width"], rec["height"]) != (image.shape[-1], image.shape[-2]):
             h, w = image.shape[-2:]
