@@ -110,10 +110,12 @@ def main(argv=None) -> int:
     t = time.perf_counter()
     load_runs(uri, STUDY)
     print(f"load_runs (warm): {time.perf_counter() - t:.2f} s")
-    for fmt in FORMATS:
-        t = time.perf_counter()
-        text, path = write_report(uri, study=STUDY, fmt=fmt, reports_dir=root / "reports")
-        print(f"write_report fmt={fmt}: {time.perf_counter() - t:.2f} s -> {path} ({len(text)} chars)")
+    for plots in (False, True):
+        for fmt in FORMATS:
+            t = time.perf_counter()
+            text, path = write_report(uri, study=STUDY, fmt=fmt, reports_dir=root / "reports", plots=plots)
+            print(f"write_report fmt={fmt} plots={plots}: {time.perf_counter() - t:.2f} s -> {path} "
+                  f"({len(text)} chars)")
     return 0
 
 

@@ -24,6 +24,7 @@ MICRO = textwrap.dedent("""\
     scaling:
       - {method: fixed, scale: 128}
       - {method: fixed, scale: 1.0e+30, skip_nonfinite: false, label: blow-up}
+      - {method: adaptive, update_every: 2, init_scale: 16}
     seeds: [0]
     schedule: {iterations: 12, lr: 0.01, warmup_iterations: 4}
     eval: {every: 6, metric: coco}
@@ -47,7 +48,7 @@ def test_micro_study_through_ray_mlflow_and_report(tmp_path):
     r = _lsbench("run", str(study), "--runs-dir", str(runs), "--num-cpus", "2", cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     out = r.stdout
-    assert "1 finished, 1 diverged, 0 failed" in out, out
+    assert "2 finished, 1 diverged, 0 failed" in out, out
     assert "| Model    | Loss scale       | Batch size | Validation mAP |" in out.replace("  ", " ") or \
         "Validation mAP" in out
     assert "| blow-up" in out and "diverged" in out.split("| blow-up", 1)[1].splitlines()[0]
@@ -57,7 +58,7 @@ def test_micro_study_through_ray_mlflow_and_report(tmp_path):
     client = MlflowClient(tracking_uri=uri)
     exp = client.get_experiment_by_name("micro")
     trial_runs = client.search_runs([exp.experiment_id], "tags.`lsbench.role` = 'trial'")
-    assert len(trial_runs) == 2
+    assert len(trial_runs) == 3
     by_label = {r.data.tags["lsbench.label"]: r for r in trial_runs}
     ok, bad = by_label["loss scale (128)"], by_label["blow-up"]
     assert ok.data.tags["lsbench.status"] == "finished"
@@ -72,15 +73,23 @@ def test_micro_study_through_ray_mlflow_and_report(tmp_path):
     assert {m.value for m in scale} == {128.0}
     assert "final_map" in ok.data.metrics and 0.0 <= ok.data.metrics["final_map"] <= 1.0
     assert ok.data.params["scaling.method"] == "fixed"
+    ada = [r for r in trial_runs if r.data.params["scaling.method"] == "adaptive"][0]
+    assert ada.data.tags["lsbench.status"] == "finished"
+    assert ada.data.tags["lsbench.label"].startswith("adaptive (freq=2")
+    assert "ada_scale_log2_max" in ada.data.metrics and "final_map" in ada.data.metrics
+    arts = {a.path for a in client.list_artifacts(ada.info.run_id, "layers")}
+    assert "layers/layers_history.csv" in arts
+    assert {a.path for a in client.list_artifacts(ada.info.run_id, "plots")} >= {"plots/loss.png",
+                                                                                 "plots/scale_heatmap.png"}
 
     # second run: nothing trained, no new runs
     r2 = _lsbench("run", str(study), "--runs-dir", str(runs), "--num-cpus", "2", "--no-report", cwd=tmp_path)
     assert r2.returncode == 0, r2.stderr[-3000:]
-    assert "2 of 2 trials already finished or diverged" in r2.stdout
+    assert "3 of 3 trials already finished or diverged" in r2.stdout
     assert "0 finished" in r2.stdout
     again = client.search_runs([exp.experiment_id], "tags.`lsbench.role` = 'trial'")
-    assert len(again) == 2
-    assert len(client.search_runs([exp.experiment_id], "")) == 3
+    assert len(again) == 3
+    assert len(client.search_runs([exp.experiment_id], "")) == 4
 
     # report from the store alone
     r3 = _lsbench("report", "--runs-dir", str(runs), "--study", "micro", cwd=tmp_path)
