@@ -13,6 +13,8 @@ import io
 import numpy as np
 import torch
 
+from .predict import predictions
+
 
 def _zero(num_images: int, num_detections: int = 0) -> dict:
     return {"map": 0.0, "map_50": 0.0, "map_75": 0.0, "num_images": num_images, "num_detections": num_detections}
@@ -45,12 +47,6 @@ def evaluate_detections(coco_gt, detections: list[dict], img_ids=None) -> dict:
             "num_detections": len(dets)}
 
 
-def _load(dataset, index: int):
-    if hasattr(dataset, "load"):
-        return dataset.load(index, flip=False)
-    return dataset[index]
-
-
 @torch.no_grad()
 def evaluate_coco(model, dataset, *, device="cpu", batch_size: int = 8, max_images=None, autocast=None) -> dict:
     """COCO mAP of ``model`` on the first ``max_images`` images of ``dataset`` (all by default).
@@ -60,34 +56,24 @@ def evaluate_coco(model, dataset, *, device="cpu", batch_size: int = 8, max_imag
     ``autocast``: optional factory returning a context manager, entered around
     each forward (e.g. ``lambda: torch.autocast("cpu", torch.bfloat16)``).
     """
-    n = len(dataset) if max_images is None else min(len(dataset), int(max_images))
-    was_training = model.training
-    model.eval()
     detections: list[dict] = []
     img_ids: list[int] = []
-    try:
-        for start in range(0, n, batch_size):
-            batch = [_load(dataset, i) for i in range(start, min(n, start + batch_size))]
-            images = [img.to(device) for img, _ in batch]
-            ctx = autocast() if autocast is not None else contextlib.nullcontext()
-            with ctx:
-                outputs = model(images)
-            for (_, target), out in zip(batch, outputs):
-                image_id = int(target["image_id"])
-                img_ids.append(image_id)
-                boxes = out["boxes"].detach().float().cpu()
-                if boxes.numel() == 0:
-                    continue
-                xywh = torch.cat([boxes[:, :2], boxes[:, 2:] - boxes[:, :2]], dim=1).tolist()
-                labels = out["labels"].detach().cpu().tolist()
-                scores = out["scores"].detach().float().cpu().tolist()
-                for b, l, s in zip(xywh, labels, scores):
-                    cat = dataset.label_to_cat.get(int(l))
-                    if cat is None:  # background or out-of-range label: not a COCO class
-                        continue
-                    detections.append({"image_id": image_id, "category_id": cat, "bbox": b, "score": s})
-    finally:
-        model.train(was_training)
+    for target, out in predictions(model, dataset, device=device, batch_size=batch_size, max_images=max_images,
+                                   autocast=autocast):
+        image_id = int(target["image_id"])
+        img_ids.append(image_id)
+        boxes = out["boxes"].detach().float().cpu()
+        if boxes.numel() == 0:
+            continue
+        xywh = torch.cat([boxes[:, :2], boxes[:, 2:] - boxes[:, :2]], dim=1).tolist()
+        labels = out["labels"].detach().cpu().tolist()
+        scores = out["scores"].detach().float().cpu().tolist()
+        for b, l, s in zip(xywh, labels, scores):
+            cat = dataset.label_to_cat.get(int(l))
+            if cat is None:  # background or out-of-range label: not a COCO class
+                continue
+            detections.append({"image_id": image_id, "category_id": cat, "bbox": b, "score": s})
+    n = len(img_ids)
     if n == 0:
         return _zero(0)
     return evaluate_detections(dataset.coco, detections, img_ids=img_ids)

@@ -25,12 +25,13 @@ boxes compared here are exactly the ones chainercv compares.
 
 from __future__ import annotations
 
-import contextlib
 from collections import defaultdict
 from typing import Iterable
 
 import numpy as np
 import torch
+
+from .predict import predictions
 
 __all__ = ["bbox_iou", "calc_detection_voc_prec_rec", "calc_detection_voc_ap", "eval_detection_voc",
            "evaluate_voc"]
@@ -185,12 +186,6 @@ def eval_detection_voc(pred_bboxes, pred_labels, pred_scores, gt_bboxes, gt_labe
 
 
 # ---------------------------------------------------------------------------
-def _load(dataset, index: int):
-    if hasattr(dataset, "load"):
-        return dataset.load(index, flip=False)
-    return dataset[index]
-
-
 @torch.no_grad()
 def evaluate_voc(model, dataset, *, device="cpu", max_images=None, autocast=None, use_07_metric: bool = False,
                  batch_size: int = 8, iou_thresh: float = 0.5) -> dict:
@@ -205,31 +200,22 @@ def evaluate_voc(model, dataset, *, device="cpu", max_images=None, autocast=None
     mode and gets its previous mode back. ``autocast``: optional factory
     returning a context manager entered around each forward.
     """
-    n = len(dataset) if max_images is None else min(len(dataset), int(max_images))
-    was_training = model.training
-    model.eval()
     preds_b, preds_l, preds_s, gts_b, gts_l, gts_d = [], [], [], [], [], []
     num_det = 0
-    try:
-        for start in range(0, n, batch_size):
-            batch = [_load(dataset, i) for i in range(start, min(n, start + batch_size))]
-            images = [img.to(device) for img, _ in batch]
-            ctx = autocast() if autocast is not None else contextlib.nullcontext()
-            with ctx:
-                outputs = model(images)
-            for (_, target), out in zip(batch, outputs):
-                boxes = out["boxes"].detach().float().cpu().numpy().reshape(-1, 4)
-                preds_b.append(boxes)
-                preds_l.append(out["labels"].detach().cpu().numpy().reshape(-1))
-                preds_s.append(out["scores"].detach().float().cpu().numpy().reshape(-1))
-                num_det += len(boxes)
-                gb = _np(target["boxes"], np.float64, (-1, 4))
-                gts_b.append(gb)
-                gts_l.append(_np(target["labels"], np.int64, (-1,)))
-                d = target.get("difficult")
-                gts_d.append(np.zeros(len(gb), dtype=bool) if d is None else _np(d, bool, (-1,)))
-    finally:
-        model.train(was_training)
+    n = 0
+    for target, out in predictions(model, dataset, device=device, batch_size=batch_size, max_images=max_images,
+                                   autocast=autocast):
+        n += 1
+        boxes = out["boxes"].detach().float().cpu().numpy().reshape(-1, 4)
+        preds_b.append(boxes)
+        preds_l.append(out["labels"].detach().cpu().numpy().reshape(-1))
+        preds_s.append(out["scores"].detach().float().cpu().numpy().reshape(-1))
+        num_det += len(boxes)
+        gb = _np(target["boxes"], np.float64, (-1, 4))
+        gts_b.append(gb)
+        gts_l.append(_np(target["labels"], np.int64, (-1,)))
+        d = target.get("difficult")
+        gts_d.append(np.zeros(len(gb), dtype=bool) if d is None else _np(d, bool, (-1,)))
     res = eval_detection_voc(preds_b, preds_l, preds_s, gts_b, gts_l, gts_d, iou_thresh=iou_thresh,
                              use_07_metric=use_07_metric)
     m = res["map"] if np.isfinite(res["map"]) else 0.0
