@@ -290,6 +290,19 @@ _STRICT = ConfigDict(extra="forbid", frozen=True, validate_default=False)
 # --------------------------------------------------------------------------- scaling entries
 
 
+class ResourcesOverride(BaseModel):
+    """A scaling entry's own resources (a study may mix backends: GPU rows next to Gaudi rows)."""
+
+    model_config = _STRICT
+
+    backend: Optional[_choice("backend", BACKEND_NAMES)] = None  # type: ignore[valid-type]
+    devices_per_trial: Optional[PosInt] = None  # type: ignore[valid-type]
+    cpus_per_trial: Optional[PosFloat] = None  # type: ignore[valid-type]
+
+    def given(self) -> dict:
+        return {k: v for k, v in self.model_dump(mode="json").items() if v is not None}
+
+
 class _ScalingBase(BaseModel):
     model_config = _STRICT
 
@@ -297,6 +310,7 @@ class _ScalingBase(BaseModel):
     precision: Optional[_choice("precision", PRECISIONS)] = None  # type: ignore[valid-type]
     model: Optional[_choice("model", MODEL_NAMES)] = None  # type: ignore[valid-type]
     batch_size: Optional[PosInt] = None  # type: ignore[valid-type]
+    resources: Optional[ResourcesOverride] = None
 
     def normalized(self) -> dict:
         """``{"method": ..., every option with defaults filled}``; no label, no overrides."""
@@ -350,7 +364,7 @@ class AdaptiveScaling(_ScalingBase):
     init_scale: PosFloat = 1.0  # type: ignore[valid-type]
 
 
-_COMMON_KEYS = ("method", "label", "precision", "model", "batch_size")
+_COMMON_KEYS = ("method", "label", "precision", "model", "batch_size", "resources")
 SCALING_MODELS: dict[str, type[_ScalingBase]] = {
     "none": NoneScaling, "fixed": FixedScaling, "dynamic": DynamicScaling, "adaptive": AdaptiveScaling,
 }
@@ -717,10 +731,11 @@ class Study(BaseModel):
             if s >= sch.iterations:
                 fail(f"schedule.lr_steps[{i}]", f"{s} is beyond the last iteration", steps_allowed)
 
-        backend = self.resources.backend
-        devices = self.resources.devices_per_trial
         width = self.model_options.width
         for k, e in enumerate(self.scaling):
+            own = e.resources.given() if e.resources is not None else {}
+            backend = own.get("backend", self.resources.backend)
+            devices = own.get("devices_per_trial", self.resources.devices_per_trial)
             models = [e.model] if e.model is not None else self.model
             if width is not None:
                 for m in models:
@@ -765,8 +780,9 @@ class Study(BaseModel):
                     p = ov.get("precision", self.precision)
                     scaling = entry.normalized()
                     label = entry.label if entry.label is not None else default_label(scaling, p)
+                    res = {**resources, **(entry.resources.given() if entry.resources is not None else {})}
                     for seed in self.seeds:
-                        ident = _identity(m, b, p, scaling, seed, dataset, schedule, eval_, resources,
+                        ident = _identity(m, b, p, scaling, seed, dataset, schedule, eval_, res,
                                           model_options, divergence, self.loader)
                         tid = _make_trial_id(ident)
                         if tid in seen:
@@ -776,7 +792,7 @@ class Study(BaseModel):
                             study=self.name, trial_id=tid, model=m, batch_size=b, precision=p,
                             scaling=dict(scaling), label=label, row=row, seed=seed,
                             dataset=dict(dataset), schedule=dict(schedule), eval=dict(eval_),
-                            resources=dict(resources), model_options=dict(model_options),
+                            resources=dict(res), model_options=dict(model_options),
                             divergence=dict(divergence), on_divergence=self.on_divergence,
                             max_failures=self.max_failures, log_every=self.log_every, loader=self.loader,
                         ))

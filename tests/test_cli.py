@@ -65,3 +65,24 @@ def test_report_unknown_study(tmp_path):
     r = _run("report", "--runs-dir", str(tmp_path / "runs"), "--study", "ghost", cwd=tmp_path)
     assert r.returncode == 2
     assert "ghost" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("study", sorted(p.name for p in (__import__("pathlib").Path(__file__).resolve().parents[1]
+                                                         / "studies").glob("*.yaml")))
+def test_every_shipped_study_validates_and_dry_runs(study):
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "studies" / study
+    r = _run("run", str(path), "--dry-run")
+    assert r.returncode == 0, r.stderr
+    assert "trials" in r.stdout
+
+
+def test_mixed_backend_dry_run_shows_each_trials_placement():
+    from pathlib import Path
+
+    r = _run("run", str(Path(__file__).resolve().parents[1] / "studies" / "mixed_backends.yaml"), "--dry-run")
+    assert r.returncode == 0, r.stderr
+    assert "CPU:4, GPU:1" in r.stdout
+    assert "CPU:0.25 + 8×{CPU:4, HPU:1}" in r.stdout
+    assert "CPU:0.25 + 1×{CPU:4, TPU:8}" in r.stdout  # one TPU worker drives 8 chips (torch_xla.launch)

@@ -84,14 +84,14 @@ MALFORMED = [
     ("source-is-not-a-key", BASE + "source: elsewhere.yaml\n",
      f"source: unknown key (set by the loader, not the file); allowed: {TOP_KEYS}"),
     ("unknown-key-in-fixed", BASE.replace("scale: 128", "scale: 128, interval: 3"),
-     "scaling[1].interval: unknown key; allowed: method, label, precision, model, batch_size, scale, skip_nonfinite"),
+     "scaling[1].interval: unknown key; allowed: method, label, precision, model, batch_size, resources, scale, skip_nonfinite"),
     ("unknown-key-in-none", BASE.replace("  - none", "  - {method: none, scale: 2}"),
-     "scaling[0].scale: unknown key; allowed: method, label, precision, model, batch_size"),
+     "scaling[0].scale: unknown key; allowed: method, label, precision, model, batch_size, resources"),
     ("unknown-key-in-adaptive", BASE.replace("  - none", "  - {method: adaptive, freq: 10}"),
-     "scaling[0].freq: unknown key; allowed: method, label, precision, model, batch_size, update_every, "
+     "scaling[0].freq: unknown key; allowed: method, label, precision, model, batch_size, resources, update_every, "
      "n_uf_threshold, scale_upper_bound, accum_upper_bound, power_of_two, init_scale"),
     ("unknown-key-in-dynamic", BASE.replace("  - none", "  - {method: dynamic, growth: 2}"),
-     "scaling[0].growth: unknown key; allowed: method, label, precision, model, batch_size, style, interval, "
+     "scaling[0].growth: unknown key; allowed: method, label, precision, model, batch_size, resources, style, interval, "
      "init_scale"),
     ("wrong-type-scalar", BASE.replace("batch_size: 8", "batch_size: eight"),
      "batch_size: expected an integer, got 'eight'; allowed: integers >= 1"),
@@ -128,7 +128,7 @@ MALFORMED = [
      "eval.evry: unknown key (did you mean 'every'?); allowed: every, metric, max_images"),
     ("unknown-key-in-single-scaling-mapping", BASE.replace("scaling:\n  - none\n  - {method: fixed, scale: 128}",
                                                            "scaling: {method: fixed, foo: 1}"),
-     "scaling.foo: unknown key; allowed: method, label, precision, model, batch_size, scale, skip_nonfinite"),
+     "scaling.foo: unknown key; allowed: method, label, precision, model, batch_size, resources, scale, skip_nonfinite"),
     ("non-integral-int", BASE.replace("batch_size: 8", "batch_size: 8.5"),
      "batch_size: expected an integer, got 8.5; allowed: integers >= 1"),
     ("bool-is-not-int", BASE + "log_every: true\n", "log_every: expected an integer, got true; allowed: integers >= 1"),
@@ -518,3 +518,25 @@ def test_textwrap_indented_study_loads():
     s = load_study_text(text)
     assert s.dataset.root is None and s.dataset.fake_data is True
     assert s.schedule.lr_steps == [3] and s.eval.every is None
+
+
+def test_scaling_entries_may_name_their_own_backend(tmp_path):
+    """One study mixing backends: the dry run shows each trial's placement."""
+    text = BASE.replace("fp16-emulated", "bf16") + textwrap.dedent("""\
+        resources: {backend: cuda, devices_per_trial: 1}
+        """)
+    text = text.replace("scaling:", "scaling:\n  - {method: none, resources: {backend: hpu, devices_per_trial: 8}}\n"
+                        "  - {method: none, label: on TPU, resources: {backend: xla}}", 1)
+    study = load_study_text(text)
+    rows = {r["label"] + "/" + r["backend"]: r["resources"] for r in trial_table(study.trials())}
+    assert rows["no loss scale/hpu"] == "CPU:0.25 + 8×{CPU:1, HPU:1}"
+    assert rows["on TPU/xla"] == "CPU:1, TPU:1"
+    assert any(k.endswith("/cuda") and v == "CPU:1, GPU:1" for k, v in rows.items())
+    ids = [t.trial_id for t in study.trials()]
+    assert len(ids) == len(set(ids))
+
+
+def test_entry_resources_are_validated(tmp_path):
+    bad = BASE.replace("scaling:", "scaling:\n  - {method: none, resources: {backend: gpu}}", 1)
+    with pytest.raises(StudyError, match=r"scaling\[0\]\.resources\.backend"):
+        load_study_text(bad)
