@@ -120,7 +120,7 @@ class Progress:
 
     def _summary(self) -> str:
         vals = list(self.status.values())
-        done = sum(v in ("finished", "diverged", "failed") for v in vals)
+        done = self.already + sum(v in ("finished", "diverged", "failed") for v in vals)
         running = sum(v == "running" for v in vals)
         eta = ""
         remaining = self.total - done

@@ -62,15 +62,21 @@ class Tracker:
         self.artifact_root = Path(artifact_root).resolve() if artifact_root else None
 
     # -- study ---------------------------------------------------------------------
+    # MLflow 3's UI opens an experiment as a GenAI (traces) or a model-training (runs, charts) page
+    # by this tag; studies are training runs.
+    KIND_TAG = ("mlflow.experimentKind", "custom_model_development")
+
     def experiment_id(self, study_name: str, create: bool = True) -> str | None:
         exp = self.client.get_experiment_by_name(study_name)
         if exp is not None:
+            if exp.tags.get(self.KIND_TAG[0]) is None:
+                _retry(self.client.set_experiment_tag, exp.experiment_id, *self.KIND_TAG)
             return exp.experiment_id
         if not create:
             return None
         loc = (self.artifact_root / study_name).as_uri() if self.artifact_root else None
         return _retry(self.client.create_experiment, study_name, artifact_location=loc,
-                      tags={"lsbench.study": study_name})
+                      tags={"lsbench.study": study_name, self.KIND_TAG[0]: self.KIND_TAG[1]})
 
     def study_run(self, study_name: str, description: str = "", study_file: str | None = None) -> tuple[str, str]:
         """Return ``(experiment_id, parent_run_id)``, creating them on the first run of the study."""
