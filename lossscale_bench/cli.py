@@ -25,7 +25,7 @@ def embedded_study() -> Path:
 USER_ERRORS = (("lossscale_bench.study", "StudyError"), ("lossscale_bench.data.coco", "DataNotFound"),
                ("lossscale_bench.backends.base", "BackendUnavailable"), ("lossscale_bench.models.ssd", "WeightsError"),
                ("lossscale_bench.data.download", "DownloadError"), ("lossscale_bench.trial", "CheckpointError"),
-               ("lossscale_bench.report", "ReportError"))
+               ("lossscale_bench.report", "ReportError"), ("lossscale_bench.sweep", "ClusterUnavailable"))
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:

@@ -26,6 +26,10 @@ from .sink import Sink
 from .tracking import TERMINAL, MlflowSink, Tracker
 
 
+class ClusterUnavailable(RuntimeError):
+    """``--address`` names a Ray cluster this process cannot join; the message says why."""
+
+
 @dataclass
 class StudyResult:
     study: str
@@ -313,7 +317,21 @@ def _run_ray(study, todo, tracker, run_ids, labels, sdir, result, progress, max_
         kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": not quiet,
                                   "configure_logging": True, "logging_level": "WARNING"}
         if address:
-            ray.init(address=address, **kwargs)
+            try:
+                ray.init(address=address, **kwargs)
+            except (ConnectionError, RuntimeError) as exc:
+                cause = exc
+                while cause.__cause__ is not None:
+                    cause = cause.__cause__
+                text = str(cause)
+                if "auth" in text.lower() and "token" in text.lower():
+                    first = "the cluster's authentication token is missing or wrong"
+                else:
+                    first = text.strip().splitlines()[0][:300] if text.strip() else type(cause).__name__
+                raise ClusterUnavailable(f"cannot join the Ray cluster at {address}: {first} "
+                                         "(a cluster started with token authentication, Ray's default, needs "
+                                         "RAY_AUTH_MODE=token and its token in ~/.ray/auth_token or RAY_AUTH_TOKEN "
+                                         "on this machine; see docs/cluster.md)") from None
         else:
             # address="local": always a fresh instance of our own, never a cluster some other
             # process left running on this machine (that is what --address is for).
