@@ -75,6 +75,14 @@ def test_kill_driver_then_resume(tmp_path):
     assert steps == set(range(1, 401))  # no gap across the kill
     assert not _checkpoints(runs)      # finished trials drop their checkpoints
     assert len(client.search_runs([exp.experiment_id], "tags.`lsbench.role` = 'study'")) == 1
+    # the report has the shape of an uninterrupted study's: one row per trial, each with a value
+    rep = subprocess.run([sys.executable, "-m", "lossscale_bench.cli", "report", "--study", "resume",
+                          "--runs-dir", str(runs), "--no-plots"], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=120)
+    assert rep.returncode == 0, rep.stderr
+    rows = [ln for ln in rep.stdout.splitlines() if ln.startswith("| SSD-tiny")]
+    assert len(rows) == 2 and all(ln.rstrip(" |").split("|")[-1].strip()[:1].isdigit()
+                                  or ln.split("|")[-2].strip().strip("*")[:1].isdigit() for ln in rows), rows
 
 
 @pytest.mark.slow
