@@ -46,7 +46,21 @@ def _split_key(key):
     return int(key), None
 
 
-class CocoDetection(Dataset):
+class _SeededFlip:
+    """``ds[i]`` or ``ds[(i, aug_seed)]``: the sample, mirrored when ``hflip`` and the seed say so
+    (a seeded decision, so a resumed trial sees the same flips)."""
+
+    hflip = False
+
+    def __getitem__(self, key):
+        index, aug_seed = _split_key(key)
+        flip = False
+        if self.hflip:
+            flip = flip_decision(aug_seed) if aug_seed is not None else bool(torch.rand(()) < 0.5)
+        return self.load(index, flip)
+
+
+class CocoDetection(_SeededFlip, Dataset):
     """Images from ``image_dir`` with the annotations of the COCO json ``ann_file``.
 
     ``train=True`` drops images without any usable (non-crowd, non-degenerate)
@@ -136,19 +150,12 @@ class CocoDetection(Dataset):
             image, boxes = hflip(image, boxes)
         return image, {"boxes": boxes, "labels": rec["labels"].clone(), "image_id": rec["id"]}
 
-    def __getitem__(self, key):
-        index, aug_seed = _split_key(key)
-        flip = False
-        if self.hflip:
-            flip = flip_decision(aug_seed) if aug_seed is not None else bool(torch.rand(()) < 0.5)
-        return self.load(index, flip)
-
     def __repr__(self) -> str:
         return (f"CocoDetection({self.image_dir}, {len(self)} images, {self.num_classes} classes, "
                 f"train={self.train}, hflip={self.hflip})")
 
 
-class FakeCocoDetection(Dataset):
+class FakeCocoDetection(_SeededFlip, Dataset):
     """Random images with random valid boxes, generated per index from the seed; nothing on disk.
 
     Exposes the same surface as ``CocoDetection`` (``coco``, ``label_to_cat``,
@@ -194,13 +201,6 @@ class FakeCocoDetection(Dataset):
         if flip:
             image, boxes = hflip(image, boxes)
         return image, {"boxes": boxes, "labels": labels, "image_id": index + 1}
-
-    def __getitem__(self, key):
-        index, aug_seed = _split_key(key)
-        flip = False
-        if self.hflip:
-            flip = flip_decision(aug_seed) if aug_seed is not None else bool(torch.rand(()) < 0.5)
-        return self.load(index, flip)
 
     @property
     def coco(self):

@@ -342,16 +342,22 @@ def _input_grad_weight(ctx, g: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return w if s is None else w * s
 
 
+def _forward_as_autocast_would(op, x, weight, bias):
+    """Cast inputs to the active autocast dtype (if any) and run ``op`` with autocast off, so the
+    custom Function computes in the dtype the stock layer would; returns the cast inputs too."""
+    dt = _autocast_dtype(x)
+    x_c, w_c, b_c = _cast(x, dt), _cast(weight, dt), _cast(bias, dt)
+    if dt is not None:
+        with torch.autocast(x.device.type, enabled=False):
+            return x_c, w_c, b_c, op(x_c, w_c, b_c)
+    return x_c, w_c, b_c, op(x_c, w_c, b_c)
+
+
 class _AdaConv2d(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, info):  # type: ignore[override]
-        dt = _autocast_dtype(x)
-        x_c, w_c, b_c = _cast(x, dt), _cast(weight, dt), _cast(bias, dt)
-        if dt is not None:
-            with torch.autocast(x.device.type, enabled=False):
-                out = F.conv2d(x_c, w_c, b_c, info.stride, info.padding, info.dilation, info.groups)
-        else:
-            out = F.conv2d(x_c, w_c, b_c, info.stride, info.padding, info.dilation, info.groups)
+        x_c, w_c, b_c, out = _forward_as_autocast_would(
+            lambda a, w, b: F.conv2d(a, w, b, info.stride, info.padding, info.dilation, info.groups), x, weight, bias)
         ctx.save_for_backward(x_c, w_c)
         ctx.info = info
         ctx.dtypes = (x.dtype, weight.dtype, None if bias is None else bias.dtype)
@@ -377,13 +383,7 @@ class _AdaConv2d(torch.autograd.Function):
 class _AdaLinear(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, info):  # type: ignore[override]
-        dt = _autocast_dtype(x)
-        x_c, w_c, b_c = _cast(x, dt), _cast(weight, dt), _cast(bias, dt)
-        if dt is not None:
-            with torch.autocast(x.device.type, enabled=False):
-                out = F.linear(x_c, w_c, b_c)
-        else:
-            out = F.linear(x_c, w_c, b_c)
+        x_c, w_c, b_c, out = _forward_as_autocast_would(F.linear, x, weight, bias)
         ctx.save_for_backward(x_c, w_c)
         ctx.info = info
         ctx.dtypes = (x.dtype, weight.dtype, None if bias is None else bias.dtype)
