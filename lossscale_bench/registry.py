@@ -8,11 +8,11 @@ themselves against them in the tests.
 MODEL_NAMES = ("ssd_tiny", "ssd300_vgg16", "ssd512_vgg16", "ssd300_resnet34", "ssd300_resnet50")
 SCALING_METHODS = ("none", "fixed", "dynamic", "adaptive")
 DYNAMIC_STYLES = ("chainer", "torch")
-PRECISIONS = ("fp32", "mixed16", "bf16", "fp16-emulated")
+PRECISIONS = ("fp32", "mixed16", "bf16", "fp16-emulated", "fp8-emulated")
 DATASET_NAMES = ("synthetic", "voc", "voc0712", "coco2017")
 BACKEND_NAMES = ("cpu", "cuda", "xla", "hpu", "auto")
 EVAL_METRICS = ("coco", "voc07", "voc")
 
-# Precisions whose autocast dtype is fp16 (real or emulated): only these
-# underflow, so only these make a loss scale meaningful.
-FP16_PRECISIONS = ("mixed16", "fp16-emulated")
+# Precisions whose gradients live in a narrow-range format (fp16, or E5M2 in
+# fp8-emulated): only these underflow, so only these make a loss scale meaningful.
+SCALED_PRECISIONS = ("mixed16", "fp16-emulated", "fp8-emulated")

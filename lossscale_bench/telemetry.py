@@ -2,8 +2,10 @@
 
 At every Conv2d/Linear output we look at the activation gradient arriving
 there (with whatever scale it carries) and count, among its elements that are
-non-zero in fp32, those that would be subnormal in fp16 (|g| < 2**-14, losing
-precision) and those that would flush to zero (|g| < 2**-25). Exact zeros are
+non-zero in fp32, those that would be subnormal in the precision's gradient
+format (fp16: |g| < 2**-14, losing precision; E5M2 the same) and those that
+would flush to zero (fp16: |g| <= 2**-25; E5M2: |g| <= 2**-17), the thresholds
+read from the format (:mod:`lossscale_bench.formats`). Exact zeros are
 not counted: SSD heads' gradients are mostly exact zeros from hard-negative
 mining (FIELD-NOTES). The gradient is seen before fp16-emulated rounding (the
 probe's hook sits on the tensor the emulation returns), so flushed elements
@@ -22,14 +24,19 @@ from typing import Any
 import torch
 from torch import nn
 
+from .formats import FP16, FloatFormat
 from .precision import EMULATED_LAYERS
 
-FP16_MIN_NORMAL = 2.0 ** -14
-FP16_FLUSH = 2.0 ** -25  # below half the smallest subnormal, fp16 rounding gives 0
+FP16_MIN_NORMAL = FP16.min_normal
+FP16_FLUSH = FP16.flush_threshold  # at or below half the smallest subnormal, fp16 rounding gives 0
 
 
 class UnderflowProbe:
-    def __init__(self, model: nn.Module, layer_types=EMULATED_LAYERS) -> None:
+    def __init__(self, model: nn.Module, layer_types=EMULATED_LAYERS, fmt: FloatFormat = FP16) -> None:
+        #: the format whose thresholds are counted against (the precision's gradient format)
+        self.format = fmt
+        self._min_normal = float(fmt.min_normal)
+        self._flush = float(fmt.flush_threshold)
         self.names: list[str] = []
         self._handles = []
         self._armed = False
@@ -51,7 +58,7 @@ class UnderflowProbe:
     def _record(self, name: str, g: torch.Tensor) -> None:
         a = g.detach().abs()
         nz = a != 0
-        counts = torch.stack([nz.sum(), (nz & (a < FP16_MIN_NORMAL)).sum(), (nz & (a < FP16_FLUSH)).sum()])
+        counts = torch.stack([nz.sum(), (nz & (a < self._min_normal)).sum(), (nz & (a <= self._flush)).sum()])
         prev = self._counts.get(name)
         self._counts[name] = counts if prev is None else prev + counts
         return None

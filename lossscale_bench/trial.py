@@ -161,8 +161,9 @@ def _train(cfg, sink: Sink, trial_dir: Path, threads, checkpoint_every, outcome:
     model = backend.prepare_model(build_model(cfg.model, num_classes=len(classes) + 1, **opts))
     precision = get_precision(cfg.precision)
     precision.prepare(model)
-    scaler = build_scaler(cfg.scaling, model)
-    probe = UnderflowProbe(model)  # after the emulation hooks: it sees gradients before fp16 rounding
+    scaler = build_scaler(cfg.scaling, model, grad_format=precision.grad_format)
+    # after the emulation hooks: it sees gradients before they are rounded
+    probe = UnderflowProbe(model, fmt=precision.telemetry_format)
     history = LayerHistory(trial_dir / "layers_history.csv")
     optimizer = build_optimizer(model, cfg.schedule)
     scheduler = build_scheduler(optimizer, cfg.schedule)

@@ -24,8 +24,12 @@ def __getattr__(name: str):
     raise AttributeError(name)
 
 
-def build_scaler(entry: dict[str, Any], model=None) -> LossScaler:
-    """Build the scaler for a scaling entry (``{"method": ..., **options}``)."""
+def build_scaler(entry: dict[str, Any], model=None, grad_format=None) -> LossScaler:
+    """Build the scaler for a scaling entry (``{"method": ..., **options}``).
+
+    ``grad_format`` is the precision's gradient format (:mod:`lossscale_bench.formats`); the
+    adaptive rule keeps gradients inside its range (None: fp16, the method's own format).
+    """
     method = entry["method"]
     if method == "none":
         return NoLossScaler()
@@ -39,5 +43,7 @@ def build_scaler(entry: dict[str, Any], model=None) -> LossScaler:
 
         opts = {k: entry[k] for k in ("update_every", "n_uf_threshold", "scale_upper_bound",
                                       "accum_upper_bound", "power_of_two", "init_scale") if k in entry}
+        if grad_format is not None:
+            opts["grad_format"] = grad_format
         return AdaptiveLossScaler(model, **opts)
     raise ValueError(f"unknown scaling method {method!r}")

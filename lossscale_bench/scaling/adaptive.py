@@ -129,16 +129,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..formats import FP16, FloatFormat
 from ._graph import ROOT_SCALE_ID, analyse
 from .base import LossScaler, all_reduce_flag
 
 __all__ = ["AdaptiveLossScaler", "approx_range_scale", "approx_range_scale_tensor", "unbounded_scale_tensor",
            "bound_scale_tensor", "branch_target_scale", "backward_fan_in", "U_MIN", "U_MAX"]
 
-#: fp16's smallest subnormal, as the reference uses it
-U_MIN = 6.0e-8
-#: fp16's largest finite value
-U_MAX = 65504.0
+#: fp16's smallest subnormal, as the reference uses it (the default ``u_min``; other gradient
+#: formats bring their own, see ``AdaptiveLossScaler(grad_format=...)``)
+U_MIN = FP16.u_min
+#: fp16's largest finite value (the default ``u_max``)
+U_MAX = FP16.u_max
 #: branch merges halve the smallest branch scale down to this
 MIN_BRANCH_SCALE = 0.125
 
@@ -163,8 +165,11 @@ def backward_fan_in(weight: torch.Tensor) -> int:
 
 
 def unbounded_scale_tensor(grad: torch.Tensor, weight: torch.Tensor, *, n_uf_threshold: float = 1e-3,
-                           fan_in: int | None = None) -> torch.Tensor:
+                           fan_in: int | None = None, u_min: float = U_MIN, u_max: float = U_MAX) -> torch.Tensor:
     """Steps 1-6: the statistical scale before the heuristic bounds, a 0-d fp32 tensor on grad's device.
+
+    ``u_min``/``u_max`` are the gradient format's range (the reference's ``get_range(dtype)``):
+    fp16's by default, E5M2's (2**-16, 57344) under ``fp8-emulated``.
 
     Never synchronises with the host (no ``.item()``, no data-dependent Python branch).
     """
@@ -184,9 +189,9 @@ def unbounded_scale_tensor(grad: torch.Tensor, weight: torch.Tensor, *, n_uf_thr
     g_min, g_max, w_min, w_max = (v.to(_F32) for v in (g_min, g_max, w_min, w_max))
     o_max = torch.stack([g_max * w_max, g_min * w_min, g_max * w_min, g_min * w_max]).abs().amax()
     # step 5: underflow scale, never below 1
-    s = (U_MIN / (underflow_k(n_uf_threshold) * sigma_o)).clamp(min=1.0)
+    s = (u_min / (underflow_k(n_uf_threshold) * sigma_o)).clamp(min=1.0)
     # step 6: overflow cap
-    s = torch.minimum(s, (U_MAX / fan_in) / o_max)
+    s = torch.minimum(s, (u_max / fan_in) / o_max)
     # step 4 (sigma_o == 0 -> 1), and non-finite statistics -> 1 (see module doc)
     ok = (sigma_o > 0) & torch.isfinite(sigma_o) & torch.isfinite(o_max)
     return torch.where(ok, s, torch.ones_like(s))
@@ -222,28 +227,33 @@ def bound_scale_tensor(unbounded: torch.Tensor, prev_scale: torch.Tensor | float
 
 def approx_range_scale_tensor(grad: torch.Tensor, weight: torch.Tensor, prev_scale: torch.Tensor | float = 1.0, *,
                               n_uf_threshold: float = 1e-3, scale_upper_bound: float = 16.0,
-                              accum_upper_bound: float = 1024.0, power_of_two: bool = True) -> torch.Tensor:
+                              accum_upper_bound: float = 1024.0, power_of_two: bool = True,
+                              grad_format: FloatFormat = FP16) -> torch.Tensor:
     """ADAPTIVE.md steps 1-9 as a 0-d fp32 device tensor (no host sync)."""
-    unb = unbounded_scale_tensor(grad, weight, n_uf_threshold=n_uf_threshold)
+    unb = unbounded_scale_tensor(grad, weight, n_uf_threshold=n_uf_threshold, u_min=grad_format.u_min,
+                                 u_max=grad_format.u_max)
     return bound_scale_tensor(unb, prev_scale, scale_upper_bound=scale_upper_bound,
                               accum_upper_bound=accum_upper_bound, power_of_two=power_of_two)
 
 
 def approx_range_scale(grad: torch.Tensor, weight: torch.Tensor, prev_scale: float = 1.0, *,
                        n_uf_threshold: float = 1e-3, scale_upper_bound: float = 16.0,
-                       accum_upper_bound: float = 1024.0, power_of_two: bool = True) -> float:
+                       accum_upper_bound: float = 1024.0, power_of_two: bool = True,
+                       grad_format: FloatFormat = FP16) -> float:
     """The layer scale of ADAPTIVE.md (steps 1-9) for gradient ``grad`` at a layer with ``weight``.
 
     ``grad``: Linear ``(N, out)`` (or ``(*, out)``), Conv2d ``(N, Cout, H, W)``;
     ``weight``: ``(out, in)`` or ``(Cout, Cin/groups, kh, kw)``; ``prev_scale``: the
-    accumulated scale ``P`` the gradient already carries.
+    accumulated scale ``P`` the gradient already carries; ``grad_format``: the format whose
+    range the gradient must stay in.
     """
     return float(approx_range_scale_tensor(grad, weight, prev_scale, n_uf_threshold=n_uf_threshold,
                                            scale_upper_bound=scale_upper_bound,
-                                           accum_upper_bound=accum_upper_bound, power_of_two=power_of_two))
+                                           accum_upper_bound=accum_upper_bound, power_of_two=power_of_two,
+                                           grad_format=grad_format))
 
 
-def branch_target_scale(max_abs: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+def branch_target_scale(max_abs: torch.Tensor, scales: torch.Tensor, u_max: float = U_MAX) -> torch.Tensor:
     """The common scale ``t`` of merging branches (ADAPTIVE.md "Branches"), on the device.
 
     ``max_abs[i]`` is ``max|g_i|`` of branch i (scaled, as it arrives), ``scales[i]``
@@ -253,11 +263,11 @@ def branch_target_scale(max_abs: torch.Tensor, scales: torch.Tensor) -> torch.Te
     """
     scales = scales.to(_F32)
     m = (max_abs.to(_F32) / scales).amax()
-    fits = m * scales < U_MAX
+    fits = m * scales < u_max
     best = torch.where(fits, scales, torch.zeros_like(scales)).amax()
     mn = scales.amin()
-    # smallest j >= 1 with m * mn * 2^-j < U_MAX
-    j = (torch.floor(torch.log2(mn * m / U_MAX)) + 1).clamp(min=1.0)
+    # smallest j >= 1 with m * mn * 2^-j < u_max
+    j = (torch.floor(torch.log2(mn * m / u_max)) + 1).clamp(min=1.0)
     j = torch.where(torch.isfinite(j), j, torch.ones_like(j))
     halved = torch.maximum(mn * torch.exp2(-j), torch.full_like(mn, MIN_BRANCH_SCALE))
     fallback = torch.where(mn >= MIN_BRANCH_SCALE, halved, mn)
@@ -536,7 +546,7 @@ class _Iteration:
         # every branch scale is a candidate, also those of branches whose gradient is None (zero)
         zero = torch.zeros((), dtype=_F32, device=scales.device)
         max_abs = torch.stack([zero if g is None else _max_abs(g) for g in m.stash])
-        t = branch_target_scale(max_abs, scales)
+        t = branch_target_scale(max_abs, scales, self.scaler.grad_format.u_max)
         self.vals[m.out_id] = t
         dtype = functools.reduce(torch.promote_types, (g.dtype for g, _ in live))
         total = None
@@ -593,7 +603,10 @@ class AdaptiveLossScaler(LossScaler):
     of recomputed unbounded scales when distributed and ``update_every > 1``),
     ``unscale_in_backward`` (None: only for a model wrapped in DDP), ``scale_fn``
     (test hook: ``fn(layer_name, grad, weight, prev_scale) -> scale`` replaces
-    steps 1-9), ``layer_types`` (a subset of Conv2d/Linear to scale).
+    steps 1-9), ``layer_types`` (a subset of Conv2d/Linear to scale), ``grad_format`` (the
+    gradients' format, :mod:`lossscale_bench.formats`; fp16 by default, E5M2 under
+    ``fp8-emulated``: ``u_min``/``u_max`` of steps 5-6 and of branch merges come from it, as the
+    reference's ``get_range(dtype)``).
     """
 
     method = "adaptive"
@@ -603,7 +616,7 @@ class AdaptiveLossScaler(LossScaler):
                  accum_upper_bound: float = 1024.0, power_of_two: bool = True, *,
                  sync_scales: bool = True, unscale_in_backward: bool | None = None,
                  scale_fn: Callable[[str, torch.Tensor, torch.Tensor, torch.Tensor], Any] | None = None,
-                 layer_types: tuple[type, ...] = (nn.Conv2d, nn.Linear)) -> None:
+                 layer_types: tuple[type, ...] = (nn.Conv2d, nn.Linear), grad_format: FloatFormat = FP16) -> None:
         super().__init__()
         if model is None:
             raise ValueError("adaptive loss scaling needs the model")
@@ -622,6 +635,8 @@ class AdaptiveLossScaler(LossScaler):
         self.power_of_two = bool(power_of_two)
         self.sync_scales = bool(sync_scales)
         self.scale_fn = scale_fn
+        #: the format the gradients live in: its range is the rule's [u_min, u_max]
+        self.grad_format = grad_format
         is_ddp = isinstance(model, nn.parallel.DistributedDataParallel)
         self.unscale_in_backward = is_ddp if unscale_in_backward is None else bool(unscale_in_backward)
         if is_ddp:
@@ -758,7 +773,8 @@ class AdaptiveLossScaler(LossScaler):
             return torch.as_tensor(s, dtype=_F32, device=g.device).reshape(())
         unb = info.last_unbounded
         if it.recompute or unb is None:
-            unb = unbounded_scale_tensor(g, w, n_uf_threshold=self.n_uf_threshold, fan_in=info.fan_in)
+            unb = unbounded_scale_tensor(g, w, n_uf_threshold=self.n_uf_threshold, fan_in=info.fan_in,
+                                         u_min=self.grad_format.u_min, u_max=self.grad_format.u_max)
             info.last_unbounded = unb
             self.stat_computations += 1
         elif unb.device != g.device:
