@@ -46,6 +46,7 @@ from .registry import (
     DYNAMIC_STYLES,
     EVAL_METRICS,
     MODEL_NAMES,
+    MODEL_VERSIONS,
     PRECISIONS,
     SCALING_METHODS,
 )
@@ -497,6 +498,8 @@ class ModelOptions(BaseModel):
 
     image_size: _number("int", ge=32, nullable=True) = None  # type: ignore[valid-type]
     width: _number("int", ge=4, nullable=True) = None  # type: ignore[valid-type]
+    #: ssd_tiny only: BatchNorm after each backbone conv (the model's default: true)
+    batch_norm: Optional[Bool] = None  # type: ignore[valid-type]
     backbone_weights: OptStr = None  # type: ignore[valid-type]
 
     @field_validator("backbone_weights", mode="after")
@@ -606,6 +609,8 @@ def _identity(model, batch_size, precision, scaling, seed, dataset, schedule, ev
         "seed": seed, "dataset": ds, "schedule": dict(schedule), "eval": dict(eval_),
         "resources": {"backend": resources.get("backend"), "devices_per_trial": resources.get("devices_per_trial")},
         "model_options": mo, "divergence": dict(divergence), "loader": loader,
+        # only models that changed carry a version, so other models' ids stay as they were
+        **({"model_version": MODEL_VERSIONS[model]} if model in MODEL_VERSIONS else {}),
     }
 
 
@@ -731,16 +736,16 @@ class Study(BaseModel):
             if s >= sch.iterations:
                 fail(f"schedule.lr_steps[{i}]", f"{s} is beyond the last iteration", steps_allowed)
 
-        width = self.model_options.width
+        tiny_only = {"width": self.model_options.width, "batch_norm": self.model_options.batch_norm}
         for k, e in enumerate(self.scaling):
             own = e.resources.given() if e.resources is not None else {}
             backend = own.get("backend", self.resources.backend)
             devices = own.get("devices_per_trial", self.resources.devices_per_trial)
             models = [e.model] if e.model is not None else self.model
-            if width is not None:
+            for opt, val in tiny_only.items():
                 for m in models:
-                    if m != "ssd_tiny":
-                        fail("model_options.width",
+                    if val is not None and m != "ssd_tiny":
+                        fail(f"model_options.{opt}",
                              f"only meaningful for ssd_tiny, but the grid has {m}"
                              + (f" (scaling[{k}].model)" if e.model is not None else ""))
             if e.batch_size is not None:

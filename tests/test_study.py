@@ -141,11 +141,11 @@ MALFORMED = [
      "name: 'my study' is not safe for file names; allowed: letters, digits, '_', '.', '-'"),
     ("xla-mixed16", BASE.replace("fp16-emulated", "mixed16") + "resources: {backend: xla}\n",
      "precision: mixed16 is not supported on backend xla (torch_xla has no fp16 autocast path); use bf16; "
-     "allowed: fp32, bf16, fp16-emulated"),
+     "allowed: fp32, bf16, fp16-emulated, fp8-emulated"),
     ("xla-mixed16-override", BASE.replace("  - none", "  - {method: none, precision: mixed16}")
      + "resources: {backend: xla}\n",
      "scaling[0].precision: mixed16 is not supported on backend xla (torch_xla has no fp16 autocast path); "
-     "use bf16; allowed: fp32, bf16, fp16-emulated"),
+     "use bf16; allowed: fp32, bf16, fp16-emulated, fp8-emulated"),
     ("batch-not-divisible", BASE + "resources: {backend: hpu, devices_per_trial: 3}\n",
      "batch_size[0]: 8 is not divisible by resources.devices_per_trial (3); allowed: multiples of 3"),
     ("override-batch-not-divisible", BASE.replace("scale: 128", "scale: 128, batch_size: 6")
@@ -398,7 +398,26 @@ def test_trial_id_known_value():
     assert _only(ONE).trial_id == KNOWN_ID
 
 
-KNOWN_ID = "ssd_tiny-bs8-fp16-emulated-fixed128-s0-0e4a0fe9"
+# changed on purpose: ssd_tiny version 2 (BatchNorm in the backbone, registry.MODEL_VERSIONS)
+KNOWN_ID = "ssd_tiny-bs8-fp16-emulated-fixed128-s0-da720a1f"
+
+
+def test_model_version_changes_only_that_models_ids():
+    """A model whose training changed gets new ids; other models keep theirs."""
+    from lossscale_bench import study as study_mod
+
+    tiny = _only(ONE)
+    vgg_text = ONE.replace("model: ssd_tiny", "model: ssd300_vgg16")
+    vgg = _only(vgg_text)
+    assert "model_version" in tiny.identity() and "model_version" not in vgg.identity()
+    old = dict(study_mod.MODEL_VERSIONS)
+    try:
+        study_mod.MODEL_VERSIONS["ssd_tiny"] = old["ssd_tiny"] + 1
+        assert _only(ONE).trial_id != tiny.trial_id
+        assert _only(vgg_text).trial_id == vgg.trial_id
+    finally:
+        study_mod.MODEL_VERSIONS.clear()
+        study_mod.MODEL_VERSIONS.update(old)
 
 
 @pytest.mark.parametrize("edit", [

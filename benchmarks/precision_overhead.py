@@ -1,0 +1,65 @@
+"""Step time of the emulated precisions against fp32, side by side in one run.
+
+Each precision gets its own Trainer (same seed, same batches, no loss scale);
+steps are interleaved round-robin so machine noise hits every precision
+alike. The figure of merit is each precision's median step time divided by
+fp32's (issue 9: fp8-emulated <= 1.3x fp32).
+
+    .venv/bin/python benchmarks/precision_overhead.py --models ssd_tiny --steps 60 --warmup 5
+
+Prints a markdown table (paste it into docs/benchmarks.md with the command).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from scaler_overhead import SIZES, _batch, build  # noqa: E402
+
+PRECISIONS = ("fp32", "fp16-emulated", "fp8-emulated")
+
+
+def measure(model_name: str, steps: int, warmup: int, device: str) -> dict[str, float]:
+    size, n = SIZES[model_name]
+    trainers = {p: build(model_name, {"method": "none"}, p, device) for p in PRECISIONS}
+    times: dict[str, list[float]] = {p: [] for p in PRECISIONS}
+    for i in range(warmup + steps):
+        images, targets = _batch(size, n, i)
+        for name, tr in trainers.items():
+            t0 = time.perf_counter()
+            tr.train_step(images, targets)
+            if i >= warmup:
+                times[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--models", nargs="+", default=["ssd_tiny"])
+    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (a demo trial runs with 1)")
+    ap.add_argument("--device", default="cpu")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    print(f"device {args.device}, {args.steps} timed steps after {args.warmup} warm-up, "
+          f"torch {torch.__version__}, {torch.get_num_threads()} threads")
+    print()
+    print("| model | precision | median step (ms) | ratio to fp32 |")
+    print("|---|---|---|---|")
+    for model in args.models:
+        med = measure(model, args.steps, args.warmup, args.device)
+        for name, t in med.items():
+            print(f"| {model} (batch {SIZES[model][1]}, {SIZES[model][0]} px) | {name} | {t * 1000:.1f} | "
+                  f"{t / med['fp32']:.3f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
