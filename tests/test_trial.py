@@ -126,3 +126,31 @@ def test_full_disk_while_checkpointing_fails_the_trial_with_the_os_error(tmp_pat
     assert "STATUS failed" in r.stdout, r.stdout + r.stderr[-2000:]
     assert "File too large" in r.stdout or "No space" in r.stdout
     assert not list((tmp_path / "trial").glob("checkpoint.pt*"))  # no half-written checkpoint left
+
+
+def _losses_and_map(cfg, trial_dir, threads):
+    sink = MemorySink()
+    out = run_trial(cfg, sink=sink, trial_dir=trial_dir, threads=threads)
+    assert out.status == "finished", out.error
+    return [v for _, v in sink.history("loss")], out.final_map
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp8-emulated"])
+def test_same_trial_twice_gives_bit_identical_losses_and_map(tmp_path, precision):
+    """Determinism (issue 9): same trial id, same machine, same thread count -> the same numbers.
+
+    Data order and flips are seeded per trial, no DataLoader workers run, and CPU kernels are
+    deterministic at a fixed thread count; `threads` is pinned from `cpus_per_trial` in a sweep.
+    """
+    import torch
+
+    before = torch.get_num_threads()
+    try:
+        cfg = load_study_text((BASE % ("{method: fixed, scale: 128}", 8, "null", "stop")).replace(
+            "precision: fp16-emulated", f"precision: {precision}")).trials()[0]
+        a = _losses_and_map(cfg, tmp_path / "a", threads=1)
+        b = _losses_and_map(cfg, tmp_path / "b", threads=1)
+    finally:
+        torch.set_num_threads(before)
+    assert a[0] == b[0] and len(a[0]) == 8
+    assert a[1] == b[1]
