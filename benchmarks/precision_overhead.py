@@ -6,8 +6,11 @@ alike. The figure of merit is each precision's median step time divided by
 fp32's (issue 9: fp8-emulated <= 1.3x fp32).
 
     .venv/bin/python benchmarks/precision_overhead.py --models ssd_tiny --steps 60 --warmup 5
+    .venv/bin/python benchmarks/precision_overhead.py --layouts --steps 40   # NCHW vs channels_last
 
-Prints a markdown table (paste it into docs/benchmarks.md with the command).
+``--layouts`` instead times fp32 and fp8-emulated with the model in NCHW
+(``contiguous_format``) and in channels_last (the CPU backend's default), side
+by side. Prints a markdown table (paste it into docs/benchmarks.md with the command).
 """
 
 from __future__ import annotations
@@ -40,6 +43,25 @@ def measure(model_name: str, steps: int, warmup: int, device: str) -> dict[str, 
     return {name: statistics.median(t) for name, t in times.items()}
 
 
+def measure_layouts(model_name: str, steps: int, warmup: int, device: str) -> dict[str, float]:
+    size, n = SIZES[model_name]
+    trainers = {}
+    for prec in ("fp32", "fp8-emulated"):
+        for layout, fmt in (("NCHW", torch.contiguous_format), ("channels_last", torch.channels_last)):
+            tr = build(model_name, {"method": "none"}, prec, device)
+            tr.model.to(memory_format=fmt)
+            trainers[f"{prec}, {layout}"] = tr
+    times: dict[str, list[float]] = {k: [] for k in trainers}
+    for i in range(warmup + steps):
+        images, targets = _batch(size, n, i)
+        for name, tr in trainers.items():
+            t0 = time.perf_counter()
+            tr.train_step(images, targets)
+            if i >= warmup:
+                times[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", nargs="+", default=["ssd_tiny"])
@@ -47,11 +69,21 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1, help="torch threads (a demo trial runs with 1)")
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--layouts", action="store_true", help="NCHW vs channels_last instead of precisions")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     print(f"device {args.device}, {args.steps} timed steps after {args.warmup} warm-up, "
           f"torch {torch.__version__}, {torch.get_num_threads()} threads")
     print()
+    if args.layouts:
+        print("| model | precision, layout | median step (ms) | ratio to fp32 NCHW |")
+        print("|---|---|---|---|")
+        for model in args.models:
+            med = measure_layouts(model, args.steps, args.warmup, args.device)
+            for name, t in med.items():
+                print(f"| {model} (batch {SIZES[model][1]}, {SIZES[model][0]} px) | {name} | {t * 1000:.1f} | "
+                      f"{t / med['fp32, NCHW']:.3f} |", flush=True)
+        return
     print("| model | precision | median step (ms) | ratio to fp32 |")
     print("|---|---|---|---|")
     for model in args.models:

@@ -9,7 +9,8 @@ The report reads the MLflow store, never training logs.  The store contract
   ``lsbench.trial_id``, ``lsbench.status`` (running | finished | diverged |
   failed; any other value, e.g. pending, reads as not done yet),
   ``lsbench.diverged_step``, ``lsbench.label``, ``lsbench.row``,
-  ``lsbench.precision``, ``lsbench.eval_metric``; params ``model``,
+  ``lsbench.precision``, ``lsbench.eval_metric``, ``lsbench.baseline``
+  (``true`` on the trials of the study's ``baseline: true`` entry); params ``model``,
   ``batch_size``, ``seed``, ``precision``, ``scaling.method``, ...; metrics
   ``final_map``, ``final_map_50``, ``best_map`` (fractions), plus step and
   eval metrics.
@@ -23,6 +24,23 @@ Pipeline::
 
 Only :func:`load_runs` touches MLflow, and it imports it lazily so that the
 rest of the package (and ``lsbench --help``) does not pay for the import.
+
+Seeds and statistics.  A cell with several seeds shows ``mean ± sample std
+(n=k)``, k the number of seeds that finished with a value.  Each table
+(study, model, batch size) has a baseline row: the scaling entry marked
+``baseline: true`` in the study (tag ``lsbench.baseline``), else the first
+``fp32`` row, else none (and no verdicts).  Every other row is compared with
+it, alpha 0.05: by a paired t-test of the per-seed differences when both rows
+finished the same seeds (a seed fixes initial weights and batches, so the
+pairs differ only by the method), else by Welch's t-test on the seed values;
+with the difference of means and its 95% confidence interval
+(:mod:`lossscale_bench.report_stats`):
+``worse than baseline (p=0.003)``, ``better than baseline (p=0.01)``,
+``within seed noise (p=0.42)``, or ``too few seeds`` when either side has
+fewer than two values.  Diverged, failed and running seeds are left out of
+the test (the cell says ``k/n diverged``): a diverged seed has no mAP to
+compare, and inventing one (0, say) would turn "diverges sometimes" into a
+p-value about accuracy.  A row with no value at all says ``no values``.
 """
 
 from __future__ import annotations
@@ -36,12 +54,15 @@ from pathlib import Path
 
 import pandas as pd
 
+from .report_stats import ALPHA, noise_verdict, paired_verdict
+
 __all__ = [
     "ReportError",
     "load_runs",
     "summarize",
     "render",
     "write_report",
+    "noise_verdict",
     "MODEL_NAMES",
     "FORMATS",
 ]
@@ -71,12 +92,15 @@ _EVAL_METRIC_NAMES_50 = {
     "voc": "VOC area mAP",
 }
 
-EMULATED_PRECISION = "fp16-emulated"
+EMULATED_SUFFIX = "-emulated"  # any precision named so is a CPU emulation, marked † in tables
 EMULATED_MARK = "†"
-EMULATED_NOTE = (
-    "fp16-emulated: these numbers come from the CPU fp16 emulation "
-    "(compute in fp32, fp16 rounding of layer outputs and gradients), not real fp16."
-)
+#: what each emulation rounds; an emulation not listed here gets a generic note
+EMULATION_NOTES: dict[str, str] = {
+    "fp16-emulated": "these numbers come from the CPU fp16 emulation "
+    "(compute in fp32, fp16 rounding of layer outputs and gradients), not real fp16.",
+    "fp8-emulated": "these numbers come from the CPU fp8 emulation "
+    "(compute in fp32, conv/linear outputs rounded to float8 E4M3, gradients to E5M2), not real fp8.",
+}
 
 RUNNING_TEXT = "–"  # en dash: still running, or no value for the metric yet
 
@@ -96,6 +120,7 @@ RUN_COLUMNS = [
     "seed",
     "precision",
     "method",
+    "baseline",
     "final_map",
     "final_map_50",
     "best_map",
@@ -121,6 +146,7 @@ SUMMARY_COLUMNS = [
     "row",
     "label",
     "precision",
+    "baseline",
     "eval_metric",
     "metric",
     "n_runs",
@@ -132,8 +158,16 @@ SUMMARY_COLUMNS = [
     "n_running",
     "mean",
     "std",
+    "n",
     "cell",
     "best",
+    "baseline_label",
+    "p_value",
+    "diff",
+    "diff_ci_low",
+    "diff_ci_high",
+    "test",
+    "verdict",
 ]
 
 
@@ -197,6 +231,20 @@ def derive_label(params: Mapping[str, str], precision: str | None = None) -> str
     return method
 
 
+def _is_true(value) -> bool:
+    """A tag or column value meaning yes: ``true`` (as tracking writes it), True, 1, ``yes``."""
+    if value is None or _isna(value):
+        return False
+    if isinstance(value, str):
+        return value.strip().lower() in ("true", "1", "yes")
+    return bool(value)
+
+
+def is_emulated(precision) -> bool:
+    """Any ``*-emulated`` precision is a CPU emulation: its rows carry the † mark."""
+    return isinstance(precision, str) and precision.endswith(EMULATED_SUFFIX)
+
+
 def _status(tag_status: str | None, mlflow_status: str) -> str:
     mlflow_status = (mlflow_status or "").upper()
     if tag_status:
@@ -229,6 +277,7 @@ def _run_record(run) -> dict:
         "seed": _to_int(params.get("seed")),
         "precision": precision,
         "method": params.get("scaling.method"),
+        "baseline": _is_true(tags.get(TAG + "baseline")),
         "diverged_step": _to_int(tags.get(TAG + "diverged_step")),
         "eval_metric": tags.get(TAG + "eval_metric") or params.get("eval.metric"),
         "experiment_id": info.experiment_id,
@@ -257,6 +306,8 @@ def _typed(df: pd.DataFrame) -> pd.DataFrame:
         df[c] = pd.to_numeric(df[c], errors="coerce").astype("float64")
     for c in ("start_time", "end_time"):
         df[c] = pd.to_numeric(df[c], errors="coerce")
+    df["baseline"] = [_is_true(v) for v in df["baseline"]]  # runs logged before the tag existed: no
+    df["baseline"] = df["baseline"].astype(bool)
     extra = [c for c in df.columns if c not in RUN_COLUMNS]
     return df[RUN_COLUMNS + extra]
 
@@ -394,17 +445,22 @@ def model_name(model: str | None) -> str:
 
 
 def _cell_text(values: list[float], counts: dict[str, int], n_runs: int, table_n_runs: int, metric: str) -> str:
-    """Display text of one cell.  ``table_n_runs``: the table's usual runs per
-    cell; a cell averaging a different number of values says ``(n=k)``."""
+    """Display text of one cell: ``mean ± std (n=k, j/m diverged)``.
+
+    ``n=k`` (the seeds that finished with a value, what mean and std are over)
+    is shown whenever the cell has several seeds, so a reader never has to
+    guess how many runs a ± stands on; a one-seed cell stays a bare number
+    unless the table's usual runs per cell (``table_n_runs``) differ.
+    """
     notes = [f"{counts[s]}/{n_runs} {s}" for s in ("diverged", "failed", "running") if counts[s]]
     if values:
         text = _fmt(pd.Series(values).mean(), metric)
         if len(values) > 1:
             text += f" ± {_fmt(pd.Series(values).std(ddof=1), metric)}"
+        if len(values) > 1 or n_runs > 1 or len(values) != table_n_runs:
+            notes.insert(0, f"n={len(values)}")
         if notes:
             text += f" ({', '.join(notes)})"
-        elif len(values) != table_n_runs:
-            text += f" (n={len(values)})"
         return text
     if counts["running"]:
         head = RUNNING_TEXT
@@ -426,17 +482,26 @@ def summarize(df: pd.DataFrame, metric: str = "final_map") -> pd.DataFrame:
 
     Columns: see ``SUMMARY_COLUMNS``.  ``mean``/``std`` are in the metric's
     own unit (fractions for mAP), over finished runs that logged the metric;
-    ``std`` is the sample std (NaN for one value).  ``cell`` is the display
-    text (percent for mAP metrics), ``best`` marks the best value per table
-    (only when a table has at least two values to compare).  A run that is
-    finished but has not logged ``metric`` counts as running (``–``).
+    ``std`` is the sample std (NaN for one value), ``n`` the number of
+    values they are over.  ``cell`` is the display text (percent for mAP
+    metrics), ``best`` marks the best value per table (only when a table has
+    at least two values to compare).  A run that is finished but has not
+    logged ``metric`` counts as running (``–``).
+
+    ``baseline`` marks each table's baseline row (see the module docstring);
+    ``verdict`` is ``baseline`` there and the noise verdict on the other rows
+    (empty in tables without a baseline), with ``p_value``, ``diff`` (row
+    mean − baseline mean, the metric's unit) and ``diff_ci_low``/``_high``
+    (95% CI) from :func:`lossscale_bench.report_stats.noise_verdict`.
     """
     if df is None or len(df) == 0:
         return pd.DataFrame({c: [] for c in SUMMARY_COLUMNS})
     df = df.copy()
-    for c in ("study", "model", "batch_size", "row", "label", "precision", "eval_metric", "seed", "status"):
+    for c in ("study", "model", "batch_size", "row", "label", "precision", "eval_metric", "seed", "status",
+              "baseline"):
         if c not in df.columns:
             df[c] = None
+    df["baseline"] = [_is_true(v) for v in df["baseline"]]
     values = pd.to_numeric(df[metric], errors="coerce") if metric in df.columns else pd.Series(math.nan, index=df.index)
     df["_value"] = values.astype("float64")
     status = df["status"].fillna("running").astype(str).str.lower()
@@ -451,6 +516,7 @@ def summarize(df: pd.DataFrame, metric: str = "final_map") -> pd.DataFrame:
     for key, g in df.groupby(keys, dropna=False, sort=False):
         k = dict(zip(keys, key))
         vals = g.loc[g["_kind"] == "value", "_value"].tolist()
+        by_seed = {int(s): v for s, v in zip(g.loc[g["_kind"] == "value", "seed"], vals) if not _isna(s)}
         counts = {s: int((g["_kind"] == s).sum()) for s in ("diverged", "failed", "running")}
         evals = [e for e in pd.unique(g["eval_metric"].dropna()) if e]
         rows.append(
@@ -468,7 +534,10 @@ def summarize(df: pd.DataFrame, metric: str = "final_map") -> pd.DataFrame:
                 "n_running": counts["running"],
                 "mean": float(pd.Series(vals).mean()) if vals else math.nan,
                 "std": float(pd.Series(vals).std(ddof=1)) if len(vals) > 1 else math.nan,
+                "n": len(vals),
+                "_marked": bool(g["baseline"].any()),
                 "_vals": vals,
+                "_by_seed": by_seed,
                 "_counts": counts,
             }
         )
@@ -491,13 +560,69 @@ def summarize(df: pd.DataFrame, metric: str = "final_map") -> pd.DataFrame:
             best.append((i, bool(n_with >= 2 and not math.isnan(shown[i]) and shown[i] == target)))
     out["cell"] = pd.Series(dict(cells))
     out["best"] = pd.Series(dict(best)).astype(bool)
+    out = _add_verdicts(out, higher)
     return out[SUMMARY_COLUMNS].reset_index(drop=True)
+
+
+def _baseline_index(table: pd.DataFrame):
+    """The index of a table's baseline row, or None.
+
+    The study's ``baseline: true`` entry wins; studies without one keep the
+    convention of the published tables, where the fp32 row is the reference.
+    Rows are in row order, so "first" is the study file's order.
+    """
+    marked = table.index[table["_marked"]]
+    if len(marked):
+        return marked[0]
+    fp32 = table.index[table["precision"].astype(str).str.lower() == "fp32"]
+    return fp32[0] if len(fp32) else None
+
+
+def _add_verdicts(out: pd.DataFrame, higher: bool) -> pd.DataFrame:
+    """``baseline``, ``baseline_label``, ``p_value``, ``diff``, CI and ``verdict`` per row.
+
+    Tables without a baseline row get no verdicts (empty strings, NaN numbers):
+    a comparison with an arbitrary row would look like a finding.
+    """
+    out = out.copy()
+    nan = math.nan
+    cols = {"baseline": False, "baseline_label": "", "p_value": nan, "diff": nan,
+            "diff_ci_low": nan, "diff_ci_high": nan, "test": "", "verdict": ""}
+    for c, v in cols.items():
+        out[c] = v
+    out["baseline"] = out["baseline"].astype(bool)
+    out["verdict"] = out["verdict"].astype(object)
+    out["baseline_label"] = out["baseline_label"].astype(object)
+    out["test"] = out["test"].astype(object)
+    for _, g in out.groupby(["study", "model", "batch_size"], dropna=False, sort=False):
+        b = _baseline_index(g)
+        if b is None:
+            continue
+        base_vals = out.at[b, "_vals"]
+        base_label = str(out.at[b, "label"])
+        for i in g.index:
+            out.at[i, "baseline_label"] = base_label
+            if i == b:
+                out.at[i, "baseline"] = True
+                out.at[i, "verdict"] = "baseline"
+                continue
+            mine, base = out.at[i, "_by_seed"], out.at[b, "_by_seed"]
+            if len(set(mine) & set(base)) >= 2 and set(mine) == set(base):
+                # same seeds = same initial weights and batches: compare seed by seed
+                v = paired_verdict(mine, base, ALPHA, higher_is_better=higher)
+            else:
+                v = noise_verdict(out.at[i, "_vals"], base_vals, ALPHA, higher_is_better=higher)
+            for c in ("p_value", "diff", "diff_ci_low", "diff_ci_high", "test"):
+                out.at[i, c] = v[c]
+            out.at[i, "verdict"] = v["verdict"]
+    return out
 
 
 # --------------------------------------------------------------------------
 # rendering
 
 HEADERS = ("Model", "Loss scale", "Batch size")
+VS_HEADER = "vs baseline"
 
 
 def _value_header(metric: str) -> str:
@@ -509,16 +634,52 @@ def _metric_description(metric: str, eval_metrics: Iterable[str]) -> str:
     evals = sorted({e for em in eval_metrics if em for e in str(em).split(",")})
     what = " / ".join(names.get(e, e) for e in evals) or "unknown evaluation metric"
     unit = ", %" if _is_map_metric(metric) else ""
+    return f"Metric: {what} (`{metric}`{unit}). Best per table in bold."
+
+
+SEEDS_NOTE = (
+    "Several seeds: mean ± sample std over the n seeds that finished with a value "
+    "(diverged, failed and running seeds are counted beside it, not averaged)."
+)
+
+
+def _verdict_note(metric: str) -> str:
+    """How to read the ``vs baseline`` column; printed under tables that have one."""
+    unit = "percentage points" if _is_map_metric(metric) else "the metric's unit"
     return (
-        f"Metric: {what} (`{metric}`{unit}). Several seeds: mean ± sample std; "
-        f"best per table in bold."
+        f"{VS_HEADER}: the row's seed values against the baseline row's (the scaling entry marked "
+        "`baseline: true` in the study, else the first fp32 row), two-sided, "
+        f"alpha {ALPHA:g}: p < {ALPHA:g} reads as worse/better than baseline, otherwise within seed noise. "
+        "When both rows finished the same seeds (a seed fixes the initial weights and the batches), a paired "
+        "t-test of the per-seed differences (marked paired); otherwise Welch's t-test (unequal variances). "
+        "n is the number of seeds that finished with a value; fewer than 2 on either side: too few seeds. "
+        "Diverged, failed and running seeds are left out of the test (the cell counts them). "
+        f"Δ: row mean − baseline mean ({unit}) with its 95% confidence interval "
+        "(paired: n−1 degrees of freedom; Welch: Welch–Satterthwaite)."
     )
 
 
-def _tables(summary: pd.DataFrame):
-    """Yield (study, model, batch_size, table_rows) in report order.
+def _text(value) -> str:
+    """A summary string column's value; a csv read back has NaN where it was empty."""
+    return "" if value is None or _isna(value) else str(value)
 
-    table_rows: list of (label, cell, best, emulated) in row order.
+
+def _vs_text(r, metric: str) -> str:
+    """The ``vs baseline`` cell: the verdict, and Δ with its CI where a test was run."""
+    verdict = _text(r.get("verdict"))
+    p, diff = r.get("p_value"), r.get("diff")
+    lo, hi = r.get("diff_ci_low"), r.get("diff_ci_high")
+    if not verdict or any(v is None or _isna(v) for v in (p, diff, lo, hi)):
+        return verdict
+    k = _scale(metric)
+    return f"{verdict}, Δ {diff * k:+.2f} [{lo * k:+.2f}, {hi * k:+.2f}]"
+
+
+def _tables(summary: pd.DataFrame, metric: str = "final_map"):
+    """Yield (study, model, batch_size, table_rows, has_baseline) in report order.
+
+    table_rows: list of (label, cell, best, emulated, vs_baseline) in row order;
+    ``has_baseline``: the table has a baseline row, so it gets a ``vs baseline`` column.
     """
     for (study, model, bs), g in summary.groupby(["study", "model", "batch_size"], dropna=False, sort=False):
         labels = g["label"].astype(str).tolist()
@@ -528,8 +689,9 @@ def _tables(summary: pd.DataFrame):
             label = str(r["label"])
             if label in dup and not _isna(r["precision"]):
                 label = f"{label} [{r['precision']}]"
-            rows.append((label, str(r["cell"]), bool(r["best"]), r["precision"] == EMULATED_PRECISION))
-        yield study, model, bs, rows
+            rows.append((label, str(r["cell"]), bool(r["best"]), is_emulated(r["precision"]), _vs_text(r, metric)))
+        has_baseline = "verdict" in g.columns and g["verdict"].map(_text).eq("baseline").any()
+        yield study, model, bs, rows, bool(has_baseline)
 
 
 def _bold_split(cell: str) -> tuple[str, str]:
@@ -543,16 +705,32 @@ def _heading(study, model, bs) -> str:
     return f"{study}: {model_name(model)} batch {bs_text}"
 
 
+def _emulation_notes(precisions: Iterable) -> list[str]:
+    """One † line per emulation that appears, in registry-ish order (fp16 before fp8)."""
+    found = sorted({str(p) for p in precisions if is_emulated(p)},
+                   key=lambda p: (list(EMULATION_NOTES).index(p) if p in EMULATION_NOTES else len(EMULATION_NOTES), p))
+    lines = []
+    for p in found:
+        fmt = p[: -len(EMULATED_SUFFIX)]
+        note = EMULATION_NOTES.get(p, f"these numbers come from a CPU emulation of {fmt}, not real {fmt}.")
+        lines.append(f"{EMULATED_MARK} {p}: {note}")
+    return lines
+
+
 def _study_notes(summary: pd.DataFrame, runs_of_study: pd.DataFrame | None, metric: str) -> list[str]:
+    """Footnotes under a study's tables; each says only what its tables show."""
     lines = [_metric_description(metric, summary["eval_metric"].dropna().tolist())]
+    if (pd.to_numeric(summary["n_values"], errors="coerce") > 1).any():
+        lines.append(SEEDS_NOTE)
+    if any(has for *_, has in _tables(summary, metric)):
+        lines.append(_verdict_note(metric))
     n = runs_of_study
     if n is not None and len(n):
         st = n["status"].fillna("running").astype(str).str.lower()
         parts = [f"{int((st == s).sum())} {s}" for s in ("finished", "diverged", "failed", "running")]
         parts += [f"{int((st == s).sum())} {s}" for s in sorted(set(st) - set(STATUSES))]  # e.g. pending
         lines.append(f"Trials: {len(n)} ({', '.join(parts)}).")
-    if (summary["precision"] == EMULATED_PRECISION).any():
-        lines.append(f"{EMULATED_MARK} {EMULATED_NOTE}")
+    lines += _emulation_notes(summary["precision"].dropna())
     return lines
 
 
@@ -569,15 +747,16 @@ def _render_markdown(summary, runs, metric) -> str:
     out: list[str] = []
     for study, sg in summary.groupby("study", dropna=False, sort=False):
         out += [f"## {study}", ""]
-        for _, model, bs, rows in _tables(sg):
+        for _, model, bs, rows, has_vs in _tables(sg, metric):
             body = []
-            for label, cell, best, emu in rows:
+            for label, cell, best, emu, vs in rows:
                 if best:
                     v, rest = _bold_split(cell)
                     cell = f"**{v}**{rest}"
-                body.append([model_name(model), label + (f" {EMULATED_MARK}" if emu else ""), str(bs), cell])
+                body.append([model_name(model), label + (f" {EMULATED_MARK}" if emu else ""), str(bs), cell]
+                            + ([vs] if has_vs else []))
             out += [f"### {_heading(study, model, bs)}", ""]
-            out += _md_table([*HEADERS, _value_header(metric)], body)
+            out += _md_table([*HEADERS, _value_header(metric)] + ([VS_HEADER] if has_vs else []), body)
             out.append("")
         srun = runs[runs["study"] == study] if runs is not None else None
         for note in _study_notes(sg, srun, metric):
@@ -598,6 +777,8 @@ _LATEX_ESCAPES = {
     "^": r"\textasciicircum{}",
     "±": r"$\pm$",
     "–": "--",
+    "−": r"$-$",
+    "Δ": r"$\Delta$",
     EMULATED_MARK: r"$^\dagger$",
 }
 _LATEX_RE = re.compile("|".join(re.escape(k) for k in _LATEX_ESCAPES))
@@ -619,25 +800,28 @@ def _render_latex(summary, runs, metric) -> str:
     ]
     for study, sg in summary.groupby("study", dropna=False, sort=False):
         out += ["", f"% study: {latex_escape(study)}"]
-        for _, model, bs, rows in _tables(sg):
+        for _, model, bs, rows, has_vs in _tables(sg, metric):
+            headers = [*HEADERS, _value_header(metric)] + ([VS_HEADER] if has_vs else [])
             out += [
                 "",
                 r"\begin{table}[ht]",
                 r"\centering",
                 r"\caption{" + latex_escape(_heading(study, model, bs)) + "}",
-                r"\begin{tabular}{llrl}",
+                r"\begin{tabular}{llrl" + ("l" if has_vs else "") + "}",
                 r"\toprule",
-                " & ".join(latex_escape(h) for h in [*HEADERS, _value_header(metric)]) + r" \\",
+                " & ".join(latex_escape(h) for h in headers) + r" \\",
                 r"\midrule",
             ]
-            for label, cell, best, emu in rows:
+            for label, cell, best, emu, vs in rows:
                 if best:
                     v, rest = _bold_split(cell)
                     cell_tex = r"\textbf{" + latex_escape(v) + "}" + latex_escape(rest)
                 else:
                     cell_tex = latex_escape(cell)
                 label_tex = latex_escape(label) + (latex_escape(EMULATED_MARK) if emu else "")
-                out.append(f"{latex_escape(model_name(model))} & {label_tex} & {latex_escape(bs)} & {cell_tex} \\\\")
+                vs_tex = f" & {latex_escape(vs)}" if has_vs else ""
+                cells_tex = [latex_escape(model_name(model)), label_tex, latex_escape(bs), cell_tex]
+                out.append(" & ".join(cells_tex) + vs_tex + r" \\")
             out += [r"\bottomrule", r"\end{tabular}", r"\end{table}"]
         srun = runs[runs["study"] == study] if runs is not None else None
         out.append("")
@@ -678,12 +862,13 @@ def _render_html(summary, runs, metric, images: Mapping[str, bytes] | None, titl
     for study, sg in summary.groupby("study", dropna=False, sort=False):
         out.append(f'<section class="study" id="study-{e(str(study))}">')
         out.append(f"<h2>{e(str(study))}</h2>")
-        for _, model, bs, rows in _tables(sg):
+        for _, model, bs, rows, has_vs in _tables(sg, metric):
+            headers = [*HEADERS, _value_header(metric)] + ([VS_HEADER] if has_vs else [])
             out.append(f"<h3>{e(_heading(study, model, bs))}</h3>")
             out.append("<table>")
-            out.append("<thead><tr>" + "".join(f"<th>{e(h)}</th>" for h in [*HEADERS, _value_header(metric)]) + "</tr></thead>")
+            out.append("<thead><tr>" + "".join(f"<th>{e(h)}</th>" for h in headers) + "</tr></thead>")
             out.append("<tbody>")
-            for label, cell, best, emu in rows:
+            for label, cell, best, emu, vs in rows:
                 if best:
                     v, rest = _bold_split(cell)
                     cell_html = f"<strong>{e(v)}</strong>{e(rest)}"
@@ -692,7 +877,8 @@ def _render_html(summary, runs, metric, images: Mapping[str, bytes] | None, titl
                 label_html = e(label) + (f" {EMULATED_MARK}" if emu else "")
                 out.append(
                     f"<tr><td>{e(model_name(model))}</td><td>{label_html}</td>"
-                    f'<td class="num">{e(str(bs))}</td><td class="num">{cell_html}</td></tr>'
+                    f'<td class="num">{e(str(bs))}</td><td class="num">{cell_html}</td>'
+                    + (f"<td>{e(vs)}</td>" if has_vs else "") + "</tr>"
                 )
             out.append("</tbody>")
             out.append("</table>")

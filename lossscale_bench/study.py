@@ -2,9 +2,12 @@
 
 A study file (YAML) names a grid: ``model × batch_size × scaling entry ×
 seed``. A scaling entry may override ``precision``, ``model`` or
-``batch_size`` for itself (the FP32 baseline row). :meth:`Study.trials`
+``batch_size`` for itself (the FP32 baseline row), and at most one entry
+may say ``baseline: true`` (the row the report tests the others against;
+without one, the report uses the first fp32 row). :meth:`Study.trials`
 expands the grid into :class:`TrialConfig` objects, each with a stable
-``trial_id`` derived from everything that affects training.
+``trial_id`` derived from everything that affects training (which row is
+the baseline does not: it changes the report, not what is trained).
 
 Every problem with a study file is a :class:`StudyError` whose text is one
 line, ``"<file>: <field path>: <problem>; allowed: <...>"``, e.g.::
@@ -312,6 +315,8 @@ class _ScalingBase(BaseModel):
     model: Optional[_choice("model", MODEL_NAMES)] = None  # type: ignore[valid-type]
     batch_size: Optional[PosInt] = None  # type: ignore[valid-type]
     resources: Optional[ResourcesOverride] = None
+    #: the report's reference row (Welch's t-test of every other row against it); not in the trial id
+    baseline: Bool = False  # type: ignore[valid-type]
 
     def normalized(self) -> dict:
         """``{"method": ..., every option with defaults filled}``; no label, no overrides."""
@@ -365,7 +370,7 @@ class AdaptiveScaling(_ScalingBase):
     init_scale: PosFloat = 1.0  # type: ignore[valid-type]
 
 
-_COMMON_KEYS = ("method", "label", "precision", "model", "batch_size", "resources")
+_COMMON_KEYS = ("method", "label", "precision", "model", "batch_size", "resources", "baseline")
 SCALING_MODELS: dict[str, type[_ScalingBase]] = {
     "none": NoneScaling, "fixed": FixedScaling, "dynamic": DynamicScaling, "adaptive": AdaptiveScaling,
 }
@@ -538,6 +543,8 @@ class TrialConfig(BaseModel):
     label: str
     row: int
     seed: int
+    #: the study's ``baseline: true`` entry; a report setting (tag ``lsbench.baseline``), not in the id
+    baseline: bool = False
     dataset: dict[str, Any]
     schedule: dict[str, Any]
     eval: dict[str, Any]
@@ -569,6 +576,8 @@ class TrialConfig(BaseModel):
         """Dotted keys for MLflow params; every value a string of at most 500 characters.
 
         Scalars print as in YAML/JSON (``true``, ``null``, ``0.001``); lists as JSON.
+        ``baseline`` is not a param: MLflow params cannot change once logged, and
+        which row is the baseline may change after the trial ran (it is a tag).
         """
         out: dict[str, str] = {}
         for k in ("study", "trial_id", "model", "batch_size", "precision", "label", "row", "seed",
@@ -736,6 +745,11 @@ class Study(BaseModel):
             if s >= sch.iterations:
                 fail(f"schedule.lr_steps[{i}]", f"{s} is beyond the last iteration", steps_allowed)
 
+        marked = [k for k, e in enumerate(self.scaling) if e.baseline]
+        if len(marked) > 1:
+            fail(f"scaling[{marked[1]}].baseline",
+                 f"scaling[{marked[0]}] is already the baseline; at most one scaling entry may say baseline: true")
+
         tiny_only = {"width": self.model_options.width, "batch_norm": self.model_options.batch_norm}
         for k, e in enumerate(self.scaling):
             own = e.resources.given() if e.resources is not None else {}
@@ -766,9 +780,13 @@ class Study(BaseModel):
     # -- grid -------------------------------------------------------------------
 
     def trials(self) -> list[TrialConfig]:
-        """model × batch_size × scaling entry × seed, overrides applied, duplicates collapsed."""
+        """model × batch_size × scaling entry × seed, overrides applied, duplicates collapsed.
+
+        A ``baseline: true`` entry that collapses into an earlier identical one
+        makes that earlier trial the baseline (it is the same training run).
+        """
         out: list[TrialConfig] = []
-        seen: set[str] = set()
+        seen: dict[str, int] = {}  # trial_id -> index in out
         dataset = self.dataset.model_dump(mode="json")
         schedule = self.schedule.model_dump(mode="json")
         eval_ = self.eval.model_dump(mode="json")
@@ -791,11 +809,13 @@ class Study(BaseModel):
                                           model_options, divergence, self.loader)
                         tid = _make_trial_id(ident)
                         if tid in seen:
+                            if entry.baseline:
+                                out[seen[tid]] = out[seen[tid]].model_copy(update={"baseline": True})
                             continue
-                        seen.add(tid)
+                        seen[tid] = len(out)
                         out.append(TrialConfig(
                             study=self.name, trial_id=tid, model=m, batch_size=b, precision=p,
-                            scaling=dict(scaling), label=label, row=row, seed=seed,
+                            scaling=dict(scaling), label=label, row=row, seed=seed, baseline=entry.baseline,
                             dataset=dict(dataset), schedule=dict(schedule), eval=dict(eval_),
                             resources=dict(res), model_options=dict(model_options),
                             divergence=dict(divergence), on_divergence=self.on_divergence,

@@ -256,6 +256,8 @@ def run_study(study, *, runs_dir: str | Path = "runs", tracking_uri: str | None 
     tracker = Tracker(uri, artifact_root=runs_dir / "artifacts")
     exp_id, parent = tracker.study_run(study.name, study.description, getattr(study, "source", None))
     existing = tracker.trial_runs(exp_id)
+    # finished trials are not run again, so a baseline moved in the study file is re-tagged here
+    tracker.sync_baseline_tags(trials, existing)
     result = StudyResult(study=study.name, tracking_uri=uri)
     todo = []
     for cfg in trials:

@@ -18,6 +18,16 @@ from typing import Any, Iterable
 TERMINAL = ("finished", "diverged")
 
 
+def is_emulated(precision) -> bool:
+    """``fp16-emulated``, ``fp8-emulated``, ...: a CPU emulation, which the report marks †."""
+    return str(precision).endswith("-emulated")
+
+
+def _bool_tag(value) -> str:
+    """Tags are strings; booleans are written ``true``/``false`` as in the study file."""
+    return "true" if value else "false"
+
+
 def default_tracking_uri(runs_dir: str | Path) -> str:
     """``sqlite:///<absolute>/mlflow.db``: absolute because Ray trials run in their own directories."""
     return f"sqlite:///{Path(runs_dir).expanduser().resolve() / 'mlflow.db'}"
@@ -116,18 +126,42 @@ class Tracker:
             if not token:
                 return out
 
+    def sync_baseline_tags(self, trials, existing: dict[str, Any]) -> int:
+        """Set ``lsbench.baseline`` on finished runs to the study's current choice.
+
+        Finished trials are skipped by a re-run, so without this a study that
+        moves ``baseline: true`` to another entry (same trial ids) would keep
+        reporting against the old row.  ``existing``: :meth:`trial_runs`.
+        Returns the number of runs whose tag changed.
+        """
+        changed = 0
+        for cfg in trials:
+            run = existing.get(cfg.trial_id)
+            want = _bool_tag(getattr(cfg, "baseline", False))
+            if run is not None and run.data.tags.get("lsbench.baseline") != want:
+                self.set_tags(run.info.run_id, {"lsbench.baseline": want})
+                changed += 1
+        return changed
+
     def ensure_trial_run(self, exp_id: str, parent_run_id: str, cfg, existing=None) -> str:
-        """The trial's child run: the existing one (continued, not duplicated) or a new one."""
+        """The trial's child run: the existing one (continued, not duplicated) or a new one.
+
+        ``lsbench.baseline`` is brought up to date on a continued run: which
+        entry is the baseline may change without changing the trial id.
+        """
+        baseline = _bool_tag(getattr(cfg, "baseline", False))
         if existing is not None:
             run_id = existing.info.run_id
             if existing.info.status != "RUNNING":
                 _retry(self.client.update_run, run_id, status="RUNNING")
+            if existing.data.tags.get("lsbench.baseline") != baseline:
+                self.set_tags(run_id, {"lsbench.baseline": baseline})
             return run_id
         tags = {"mlflow.parentRunId": parent_run_id, "lsbench.role": "trial", "lsbench.study": cfg.study,
                 "lsbench.trial_id": cfg.trial_id, "lsbench.status": "pending", "lsbench.label": cfg.label,
                 "lsbench.row": str(cfg.row), "lsbench.precision": cfg.precision,
                 "lsbench.eval_metric": cfg.eval.get("metric", "coco"),
-                "lsbench.emulated": str(cfg.precision == "fp16-emulated").lower()}
+                "lsbench.emulated": _bool_tag(is_emulated(cfg.precision)), "lsbench.baseline": baseline}
         run = _retry(self.client.create_run, exp_id, run_name=f"{cfg.label} | {cfg.trial_id}", tags=tags)
         run_id = run.info.run_id
         from mlflow.entities import Param

@@ -46,7 +46,7 @@ def test_missing_file(tmp_path):
 def test_dry_run_of_the_embedded_study():
     r = _run("run", "--dry-run")
     assert r.returncode == 0, r.stderr
-    assert "FP32 baseline" in r.stdout and "adaptive" in r.stdout and "6 trials" in r.stdout
+    assert "FP32 baseline" in r.stdout and "adaptive" in r.stdout and "27 trials" in r.stdout
 
 
 def test_missing_data_fails_before_any_trial(tmp_path):

@@ -84,14 +84,14 @@ MALFORMED = [
     ("source-is-not-a-key", BASE + "source: elsewhere.yaml\n",
      f"source: unknown key (set by the loader, not the file); allowed: {TOP_KEYS}"),
     ("unknown-key-in-fixed", BASE.replace("scale: 128", "scale: 128, interval: 3"),
-     "scaling[1].interval: unknown key; allowed: method, label, precision, model, batch_size, resources, scale, skip_nonfinite"),
+     "scaling[1].interval: unknown key; allowed: method, label, precision, model, batch_size, resources, baseline, scale, skip_nonfinite"),
     ("unknown-key-in-none", BASE.replace("  - none", "  - {method: none, scale: 2}"),
-     "scaling[0].scale: unknown key; allowed: method, label, precision, model, batch_size, resources"),
+     "scaling[0].scale: unknown key; allowed: method, label, precision, model, batch_size, resources, baseline"),
     ("unknown-key-in-adaptive", BASE.replace("  - none", "  - {method: adaptive, freq: 10}"),
-     "scaling[0].freq: unknown key; allowed: method, label, precision, model, batch_size, resources, update_every, "
+     "scaling[0].freq: unknown key; allowed: method, label, precision, model, batch_size, resources, baseline, update_every, "
      "n_uf_threshold, scale_upper_bound, accum_upper_bound, power_of_two, init_scale"),
     ("unknown-key-in-dynamic", BASE.replace("  - none", "  - {method: dynamic, growth: 2}"),
-     "scaling[0].growth: unknown key; allowed: method, label, precision, model, batch_size, resources, style, interval, "
+     "scaling[0].growth: unknown key; allowed: method, label, precision, model, batch_size, resources, baseline, style, interval, "
      "init_scale"),
     ("wrong-type-scalar", BASE.replace("batch_size: 8", "batch_size: eight"),
      "batch_size: expected an integer, got 'eight'; allowed: integers >= 1"),
@@ -128,7 +128,7 @@ MALFORMED = [
      "eval.evry: unknown key (did you mean 'every'?); allowed: every, metric, max_images"),
     ("unknown-key-in-single-scaling-mapping", BASE.replace("scaling:\n  - none\n  - {method: fixed, scale: 128}",
                                                            "scaling: {method: fixed, foo: 1}"),
-     "scaling.foo: unknown key; allowed: method, label, precision, model, batch_size, resources, scale, skip_nonfinite"),
+     "scaling.foo: unknown key; allowed: method, label, precision, model, batch_size, resources, baseline, scale, skip_nonfinite"),
     ("non-integral-int", BASE.replace("batch_size: 8", "batch_size: 8.5"),
      "batch_size: expected an integer, got 8.5; allowed: integers >= 1"),
     ("bool-is-not-int", BASE + "log_every: true\n", "log_every: expected an integer, got true; allowed: integers >= 1"),
@@ -174,6 +174,11 @@ MALFORMED = [
     ("not-a-mapping", "- name: tiny\n- model: ssd_tiny\n",
      "the top level must be a mapping of study keys, got list [{'name': 'tiny'}, {'model': 'ssd_tiny'}]"),
     ("empty-file", "", "the file is empty; expected a mapping of study keys"),
+    ("two-baselines", BASE.replace("  - none", "  - {method: none, baseline: true}")
+     .replace("scale: 128}", "scale: 128, baseline: true}"),
+     "scaling[1].baseline: scaling[0] is already the baseline; at most one scaling entry may say baseline: true"),
+    ("baseline-not-bool", BASE.replace("scale: 128}", "scale: 128, baseline: yes please}"),
+     "scaling[1].baseline: expected true or false, got 'yes please'; allowed: true, false"),
 ]
 
 
@@ -450,6 +455,28 @@ def test_trial_id_ignores(edit):
         "backend"])
 def test_trial_id_changes(edit):
     assert _only(edit(ONE)).trial_id != _only(ONE).trial_id
+
+
+def test_baseline_is_a_report_setting_not_part_of_the_trial_id():
+    """Choosing another baseline row must not orphan the trials already run (their ids stay)."""
+    plain = load_study_text(BASE).trials()
+    first = load_study_text(BASE.replace("  - none", "  - {method: none, baseline: true}")).trials()
+    second = load_study_text(BASE.replace("scale: 128}", "scale: 128, baseline: true}")).trials()
+    assert [t.trial_id for t in plain] == [t.trial_id for t in first] == [t.trial_id for t in second]
+    assert [t.baseline for t in plain] == [False, False]
+    assert [t.baseline for t in first] == [True, False]
+    assert [t.baseline for t in second] == [False, True]
+    assert first[0].identity() == plain[0].identity() and "baseline" not in first[0].identity()
+    assert "baseline" not in first[0].flat_params()  # params are immutable in MLflow; it is a tag
+    assert "baseline" not in first[0].scaling  # not part of normalized()
+    assert TrialConfig.from_dict(first[0].to_dict()).baseline is True
+
+
+def test_baseline_on_a_collapsed_duplicate_marks_the_trial_it_collapsed_into():
+    text = BASE.replace("  - none", "  - {method: fixed, scale: 128}").replace(
+        "scale: 128}\nschedule", "scale: 128, label: same, baseline: true}\nschedule")
+    (t,) = load_study_text(text).trials()
+    assert t.baseline and t.row == 0
 
 
 def test_trial_id_ignores_machine_specific_roots(tmp_path):

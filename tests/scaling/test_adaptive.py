@@ -229,7 +229,9 @@ def test_rescue_under_fp16_emulation():
     """
     seed = 1
     torch.manual_seed(seed)
-    base = build_model("ssd_tiny", num_classes=4)
+    # the plain VGG-style stack these numbers were measured on: with BatchNorm (the default since
+    # ssd_tiny v2) conv biases feed a mean subtraction, their gradients are ~0 and a cosine is noise
+    base = build_model("ssd_tiny", num_classes=4, batch_norm=False)
     base.train()
     images, targets = _batch(2, 128, seed=seed)
     fp32 = copy.deepcopy(base)
@@ -319,7 +321,7 @@ def _all_hook_dicts_empty(model: nn.Module) -> bool:
 
 def test_remove_restores_the_model():
     torch.manual_seed(0)
-    model = build_model("ssd_tiny", num_classes=4)
+    model = build_model("ssd_tiny", num_classes=4, batch_norm=False)  # no BN buffers: state_dict comparable
     model.train()
     before = {k: v.clone() for k, v in model.state_dict().items()}
     assert _all_hook_dicts_empty(model)
@@ -444,7 +446,7 @@ def test_update_every_counts_statistics():
 
 def test_injected_inf_skips_the_step_and_recovers():
     torch.manual_seed(0)
-    model = build_model("ssd_tiny", num_classes=4)
+    model = build_model("ssd_tiny", num_classes=4, batch_norm=False)  # no BN buffers: state_dict comparable
     model.train()
     install_fp16_emulation(model)
     scaler = AdaptiveLossScaler(model, update_every=2)
@@ -568,7 +570,7 @@ def test_training_loop_reduces_loss_like_fp32():
     moves) while adaptive scaling from init_scale 16 trains like fp32.
     """
     torch.manual_seed(0)
-    base = build_model("ssd_tiny", num_classes=4)
+    base = build_model("ssd_tiny", num_classes=4, batch_norm=False)  # the stack these numbers were measured on
     images, targets = _batch(4, 128, seed=7)
     factor = 2.0 ** -20
 
