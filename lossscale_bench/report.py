@@ -607,7 +607,9 @@ def _add_verdicts(out: pd.DataFrame, higher: bool) -> pd.DataFrame:
                 out.at[i, "verdict"] = "baseline"
                 continue
             mine, base = out.at[i, "_by_seed"], out.at[b, "_by_seed"]
-            if len(set(mine) & set(base)) >= 2 and set(mine) == set(base):
+            # pair only when every value of both rows has its own seed (no seedless or repeated seeds)
+            whole = len(mine) == len(out.at[i, "_vals"]) and len(base) == len(base_vals)
+            if whole and len(set(mine) & set(base)) >= 2 and set(mine) == set(base):
                 # same seeds = same initial weights and batches: compare seed by seed
                 v = paired_verdict(mine, base, ALPHA, higher_is_better=higher)
             else:

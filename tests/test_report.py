@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import io
+import math
 import statistics
+import warnings
 
 import pandas as pd
 import pytest
@@ -18,7 +20,7 @@ OTHER = "tiny_coco"
 def _add_trial(client, exp_id, parent_id, study, *, trial_id, row, label, status, bs, seed,
                model="ssd512_vgg16", precision="fp16-emulated", method="adaptive",
                final_map=None, eval_metric="voc07", start=None, diverged_step=None,
-               extra_params=None, label_tag=True):
+               extra_params=None, label_tag=True, baseline=None):
     from mlflow.entities import Metric, Param
 
     tags = {
@@ -35,6 +37,8 @@ def _add_trial(client, exp_id, parent_id, study, *, trial_id, row, label, status
         tags["lsbench.label"] = label
     if diverged_step is not None:
         tags["lsbench.diverged_step"] = str(diverged_step)
+    if baseline is not None:  # runs logged before the tag existed have none
+        tags["lsbench.baseline"] = "true" if baseline else "false"
     run = client.create_run(exp_id, start_time=start, tags=tags, run_name=trial_id)
     rid = run.info.run_id
     params = {"model": model, "batch_size": str(bs), "seed": str(seed), "precision": precision,
@@ -99,6 +103,43 @@ def store(tmp_path_factory):
     return uri
 
 
+# batch 8 of ``store``: the FP32 baseline's and the dynamic row's values by seed (dynamic's seed 2 diverged)
+FP32_B8_VALS, DYN_VALS = {0: 0.7894, 1: 0.7900}, {0: 0.7800, 1: 0.7820}
+# scipy.stats.ttest_rel(DYN, FP32): p = 0.0511, mean difference -0.0087, 95% CI [-0.017594, +0.000194]
+# (Welch's test on the same values, what the report printed before pairing: p = 0.0543, [-1.80, +0.06])
+DYN_VS = "within seed noise (paired, p=0.051), Δ -0.87 [-1.76, +0.02]"
+
+
+def _scipy_test(a, b, paired: bool):
+    """(p, mean difference, CI low, CI high) from scipy alone: ``a``/``b`` map seed -> value;
+    paired: ``ttest_rel`` on the common seeds, else ``ttest_ind(equal_var=False)`` on all values."""
+    from scipy import stats
+
+    if paired:
+        seeds = sorted(set(a) & set(b))
+        x, y = [a[k] for k in seeds], [b[k] for k in seeds]
+        res = stats.ttest_rel(x, y)
+    else:
+        x, y = list(a.values()), list(b.values())
+        res = stats.ttest_ind(x, y, equal_var=False)
+    ci = res.confidence_interval(0.95)
+    return float(res.pvalue), statistics.mean(x) - statistics.mean(y), float(ci.low), float(ci.high)
+
+
+def _ptext(p: float) -> str:
+    """p as the report words it, for a p whose two significant digits stay on its side of 0.05."""
+    assert (float(f"{p:.2g}") < 0.05) == (p < 0.05)
+    return "p<0.001" if p < 0.001 else f"p={p:.2g}"
+
+
+def _vs_cell(verdict: str, a, b, paired: bool) -> str:
+    """The ``vs baseline`` cell as the report words it, in mAP %, for a p whose two significant
+    digits stay on its side of 0.05 (format_p's own rule is tested on its own)."""
+    p, d, lo, hi = _scipy_test(a, b, paired)
+    assert (p < 0.05) == (verdict != "within seed noise")
+    return f"{verdict} ({'paired, ' if paired else ''}{_ptext(p)}), Δ {100 * d:+.2f} [{100 * lo:+.2f}, {100 * hi:+.2f}]"
+
+
 @pytest.fixture(scope="module")
 def runs(store):
     return load_runs(store, STUDY)
@@ -147,7 +188,7 @@ def test_summarize_mean_std(runs):
     dyn = s[(s["batch_size"] == 8) & (s["row"] == 6)].iloc[0]
     assert (dyn["n_runs"], dyn["n_values"], dyn["n_diverged"]) == (3, 2, 1)
     assert dyn["std"] == pytest.approx(statistics.stdev([0.78, 0.782]))
-    assert dyn["cell"] == "78.10 ± 0.14 (1/3 diverged)"
+    assert dyn["cell"] == "78.10 ± 0.14 (n=2, 1/3 diverged)"
     adaptive = s[(s["batch_size"] == 8) & (s["row"] == 1)].iloc[0]
     assert adaptive["n_runs"] == 1 and adaptive["best"]  # duplicate run counted once
     assert s["best"].sum() == 2  # one per table
@@ -156,21 +197,35 @@ def test_summarize_mean_std(runs):
 def test_markdown_exact(runs):
     lines = render(runs, "markdown").splitlines()
     i = lines.index(f"### {STUDY}: SSD512 batch 8")
+    # batch 8 has an fp32 row: it is the baseline (no entry is marked), so the table has verdicts.
+    # dynamic finished seeds 0 and 1, the baseline's seeds (its diverged seed 2 is left out): paired test.
+    # The adaptive rows have seed 0 only: Welch's test, which needs two values a side: too few seeds.
+    assert DYN_VS == _vs_cell("within seed noise", DYN_VALS, FP32_B8_VALS, paired=True)
+    w = len(DYN_VS)
     assert lines[i + 1: i + 12] == [
         "",
-        "| Model  | Loss scale                          | Batch size | Validation mAP              |",
-        "| ------ | ----------------------------------- | ---------- | --------------------------- |",
-        "| SSD512 | FP32 baseline                       | 8          | 78.97 ± 0.04 (n=2)          |",
-        "| SSD512 | adaptive †                          | 8          | **79.27**                   |",
-        "| SSD512 | adaptive (freq=10) †                | 8          | 79.24                       |",
-        "| SSD512 | no loss scale †                     | 8          | diverged                    |",
-        "| SSD512 | loss scale (8) †                    | 8          | failed                      |",
-        "| SSD512 | loss scale (128) †                  | 8          | –                           |",
-        "| SSD512 | loss scale (dynamic, interval=10) † | 8          | 78.10 ± 0.14 (1/3 diverged) |",
+        "| Model  | Loss scale                          | Batch size | Validation mAP                   | "
+        f"{'vs baseline':<{w}} |",
+        "| ------ | ----------------------------------- | ---------- | -------------------------------- | "
+        f"{'-' * w} |",
+        "| SSD512 | FP32 baseline                       | 8          | 78.97 ± 0.04 (n=2)               | "
+        f"{'baseline':<{w}} |",
+        "| SSD512 | adaptive †                          | 8          | **79.27**                        | "
+        f"{'too few seeds':<{w}} |",
+        "| SSD512 | adaptive (freq=10) †                | 8          | 79.24                            | "
+        f"{'too few seeds':<{w}} |",
+        "| SSD512 | no loss scale †                     | 8          | diverged                         | "
+        f"{'no values':<{w}} |",
+        "| SSD512 | loss scale (8) †                    | 8          | failed                           | "
+        f"{'no values':<{w}} |",
+        "| SSD512 | loss scale (128) †                  | 8          | –                                | "
+        f"{'no values':<{w}} |",
+        f"| SSD512 | loss scale (dynamic, interval=10) † | 8          | 78.10 ± 0.14 (n=2, 1/3 diverged) | {DYN_VS} |",
         "",
     ]
     j = lines.index(f"### {STUDY}: SSD512 batch 32")
     assert j > i
+    # batch 32 has no fp32 row and no marked one: no baseline, no verdict column
     assert lines[j + 1: j + 8] == [
         "",
         "| Model  | Loss scale         | Batch size | Validation mAP |",
@@ -183,7 +238,11 @@ def test_markdown_exact(runs):
     assert lines[0] == f"## {STUDY}"
     assert sum(line.startswith("### ") for line in lines) == 2
     assert lines[j + 8:] == [
-        "Metric: VOC07 11-point mAP (`final_map`, %). Several seeds: mean ± sample std; best per table in bold.",
+        "Metric: VOC07 11-point mAP (`final_map`, %). Best per table in bold.",
+        "",
+        report.SEEDS_NOTE,
+        "",
+        report._verdict_note("final_map"),
         "",
         "Trials: 13 (8 finished, 3 diverged, 1 failed, 1 running).",
         "",
@@ -195,6 +254,8 @@ def test_markdown_exact(runs):
 def test_no_emulation_note_without_emulated_runs(store):
     md = render(load_runs(store, OTHER), "markdown")
     assert "†" not in md and "emulation" not in md
+    # one seed per cell and no baseline row: neither the seeds note nor the verdict column
+    assert "Several seeds" not in md and "vs baseline" not in md
     assert "Metric: COCO mAP@[.5:.95] (`final_map`, %)." in md
     assert "| SSD-tiny | loss scale (128) | 4          | 25.00          |" in md.splitlines()
     md50 = render(load_runs(store, OTHER), "markdown", metric="final_map_50")
@@ -209,19 +270,34 @@ def test_csv_parse_back(runs):
     assert len(back) == 10  # 7 rows at batch 8, 3 at batch 32
     row = back[(back["batch_size"] == 8) & (back["row"] == 0)].iloc[0]
     assert row["mean"] == pytest.approx(0.7897) and row["cell"] == "78.97 ± 0.04 (n=2)"
+    assert row["n"] == 2 and row["std"] == pytest.approx(statistics.stdev([0.7894, 0.79]))
+    assert row["baseline"] and row["verdict"] == "baseline" and row["baseline_label"] == "FP32 baseline"
+    dyn = back[(back["batch_size"] == 8) & (back["row"] == 6)].iloc[0]
+    p, d, lo, hi = _scipy_test(DYN_VALS, FP32_B8_VALS, paired=True)
+    assert dyn["test"] == "paired" and dyn["verdict"] == "within seed noise (paired, p=0.051)"
+    assert dyn["p_value"] == pytest.approx(p, rel=1e-9) and dyn["diff"] == pytest.approx(d)
+    assert (dyn["diff_ci_low"], dyn["diff_ci_high"]) == (pytest.approx(lo), pytest.approx(hi))
+    # one seed: Welch's fallback (too few seeds); the baseline row and tables without one: no test
+    assert back.loc[(back["batch_size"] == 8) & back["row"].isin([1, 2]), "test"].eq("welch").all()
+    assert back.loc[back["baseline"] | (back["batch_size"] == 32), "test"].isna().all()
+    assert report.SUMMARY_COLUMNS.index("test") == report.SUMMARY_COLUMNS.index("verdict") - 1
+    assert back.loc[back["batch_size"] == 32, "verdict"].isna().all()  # no baseline there
     assert back.loc[back["best"], "cell"].tolist() == ["79.27", "80.30"]
     assert back[back["row"] == 3]["cell"].eq("diverged").all()
 
 
 def test_latex_escaping(runs):
     tex = render(runs, "latex")
-    assert r"\begin{tabular}{llrl}" in tex and r"\toprule" in tex and r"\bottomrule" in tex
+    assert r"\begin{tabular}{llrll}" in tex and r"\toprule" in tex and r"\bottomrule" in tex
+    assert r"\begin{tabular}{llrl}" in tex  # batch 32: no baseline, no verdict column
     assert tex.count(r"\begin{tabular}") == 2
-    assert r"SSD512 & FP32 baseline & 8 & 78.97 $\pm$ 0.04 (n=2) \\" in tex
-    assert r"SSD512 & adaptive$^\dagger$ & 8 & \textbf{79.27} \\" in tex
+    assert r"SSD512 & FP32 baseline & 8 & 78.97 $\pm$ 0.04 (n=2) & baseline \\" in tex
+    assert r"SSD512 & adaptive$^\dagger$ & 8 & \textbf{79.27} & too few seeds \\" in tex
+    assert r"SSD512 & adaptive$^\dagger$ & 32 & \textbf{80.30} \\" in tex
+    assert r"within seed noise (paired, p=0.051), $\Delta$ -0.87 [-1.76, +0.02] \\" in tex
     assert r"\caption{ssd512\_emu: SSD512 batch 8}" in tex
     assert r"\texttt{final\_map}, \%" in tex
-    assert "±" not in tex and "–" not in tex
+    assert "±" not in tex and "–" not in tex and "Δ" not in tex and "−" not in tex
     assert report.latex_escape("a_b 50% & c") == r"a\_b 50\% \& c"
 
 
@@ -229,9 +305,10 @@ def test_html_contains_tables_and_images(runs):
     page = render(runs, "html", images={"loss_scale": b"\x89PNG fake"})
     assert page.startswith("<!DOCTYPE html>") and page.rstrip().endswith("</html>")
     assert page.count("<table>") == 2
-    assert "<th>Validation mAP</th>" in page
-    assert '<td class="num"><strong>79.27</strong></td>' in page
-    assert "78.10 ± 0.14 (1/3 diverged)" in page
+    assert "<th>Validation mAP</th><th>vs baseline</th>" in page
+    assert '<td class="num"><strong>79.27</strong></td><td>too few seeds</td>' in page
+    assert '<td class="num"><strong>80.30</strong></td></tr>' in page  # batch 32: no verdict column
+    assert "78.10 ± 0.14 (n=2, 1/3 diverged)" in page
     assert 'src="data:image/png;base64,iVBORyBmYWtl"' in page
     assert "http" not in page.replace('lang="en"', "")  # self-contained
 
@@ -262,7 +339,7 @@ def test_cell_rules():
         dict(base, trial_id="e1", row=4, label="e", seed=1, status="failed", final_map=None),
     ]
     s = summarize(pd.DataFrame(rows)).set_index("label")
-    assert s.loc["a", "cell"] == "50.00 ± 0.00" and s.loc["a", "best"]
+    assert s.loc["a", "cell"] == "50.00 ± 0.00 (n=2)" and s.loc["a", "best"]
     assert s.loc["b", "cell"] == "40.00 (n=1)"
     assert s.loc["c", "cell"] == "– (1/2 diverged)"
     assert s.loc["d", "cell"] == "–"  # finished but no metric logged
@@ -273,3 +350,330 @@ def test_cell_rules():
     one = summarize(pd.DataFrame(rows[2:3]))
     assert not one["best"].any()
 
+
+
+# --------------------------------------------------------------------------
+# seeds and statistics: a second store with known seed values
+
+NOISY = "noisy"
+ONE_SEED = "one_seed"
+BASE_VALS, BAD_VALS, OK_VALS = [0.50, 0.51, 0.49], [0.10, 0.12, 0.11], [0.505, 0.49, 0.51]
+MARKED_VALS, FP32_VALS = [0.40, 0.41, 0.42], [0.60, 0.61, 0.59]
+# batch 8, beside BASE_VALS (seeds 0, 1, 2):
+# CLOSE: seeds 0, 1, 2, each about 1.1 points under the baseline's same seed, well inside the seed-to-seed
+#   spread (2 points): Welch sees noise, the paired test sees a consistent loss
+# SHIFTED: seeds 3, 4, 5, 3 points under BASE_VALS position by position; no seed in common, so Welch. Were
+#   they (wrongly) paired by position, the differences would be all equal: "no seed variance"
+# PARTIAL: seeds 0 and 1 of the baseline's three: not the same seeds, so Welch on 2 values against 3
+CLOSE_VALS = [0.489, 0.499, 0.480]
+SHIFTED_VALS = {3: 0.47, 4: 0.48, 5: 0.46}
+PARTIAL_VALS = {0: 0.47, 1: 0.52}
+
+
+def _by_seed(values):
+    return dict(enumerate(values)) if isinstance(values, list) else dict(values)
+
+
+@pytest.fixture(scope="module")
+def stats_store(tmp_path_factory):
+    """``noisy``: batch 8 has an fp32 row and no marked one; batch 16 marks a non-fp32 row
+    ``baseline: true`` beside an fp32 row.  ``one_seed``: one seed per cell."""
+    from mlflow import MlflowClient
+
+    uri = f"sqlite:///{tmp_path_factory.mktemp('mlruns-stats').resolve()}/mlflow.db"
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.create_experiment(NOISY)
+    parent = client.create_run(exp, tags={"lsbench.role": "study", "lsbench.study": NOISY}).info.run_id
+
+    def rows(bs, row, label, values, **kw):  # values: a list (seeds 0, 1, ...) or seed -> value
+        for seed, v in _by_seed(values).items():
+            _add_trial(client, exp, parent, NOISY, trial_id=f"b{bs}-r{row}-s{seed}", row=row, label=label,
+                       status="finished", bs=bs, seed=seed, final_map=v, **kw)
+
+    rows(8, 0, "FP32 baseline", BASE_VALS, precision="fp32", method="none", baseline=False)
+    rows(8, 1, "bad", BAD_VALS, precision="fp8-emulated", baseline=False)
+    rows(8, 2, "ok", OK_VALS, baseline=False)
+    _add_trial(client, exp, parent, NOISY, trial_id="b8-r2-s3", row=2, label="ok", status="diverged", bs=8,
+               seed=3, diverged_step=40, baseline=False)
+    rows(8, 3, "close", CLOSE_VALS, baseline=False)
+    rows(8, 4, "other seeds", SHIFTED_VALS, baseline=False)
+    rows(8, 5, "partial", PARTIAL_VALS, baseline=False)
+    rows(16, 0, "FP32 baseline", FP32_VALS, precision="fp32", method="none", baseline=False)
+    rows(16, 1, "adaptive", MARKED_VALS, precision="mixed16", baseline=True)
+    rows(16, 2, "dynamic", [0.41, 0.40, 0.415], precision="mixed16", method="dynamic", baseline=False)
+
+    exp2 = client.create_experiment(ONE_SEED)
+    parent2 = client.create_run(exp2, tags={"lsbench.role": "study", "lsbench.study": ONE_SEED}).info.run_id
+    for row, (label, prec, v) in enumerate((("FP32 baseline", "fp32", 0.5), ("adaptive", "mixed16", 0.45))):
+        _add_trial(client, exp2, parent2, ONE_SEED, trial_id=f"o{row}", row=row, label=label, status="finished",
+                   bs=4, seed=0, precision=prec, method="none" if prec == "fp32" else "adaptive", final_map=v)
+    return uri
+
+
+def _cell(summary, bs, row):
+    return summary[(summary["batch_size"] == bs) & (summary["row"] == row)].iloc[0]
+
+
+def test_verdicts_against_the_fp32_row(stats_store):
+    from scipy import stats
+
+    s = summarize(load_runs(stats_store, NOISY))
+    base = _cell(s, 8, 0)
+    assert base["baseline"] and base["verdict"] == "baseline" and math.isnan(base["p_value"])
+    assert base["cell"] == "50.00 ± 1.00 (n=3)" and base["n"] == 3
+
+    assert base["test"] == ""  # the baseline row is not tested against itself
+
+    # same seeds 0, 1, 2 as the baseline: paired, seed by seed
+    bad = _cell(s, 8, 1)
+    ref = stats.ttest_rel(BAD_VALS, BASE_VALS)
+    assert bad["test"] == "paired"
+    assert bad["p_value"] == pytest.approx(ref.pvalue, rel=1e-9) and bad["p_value"] < 0.001
+    assert bad["verdict"] == "worse than baseline (paired, p<0.001)"
+    assert bad["diff"] == pytest.approx(statistics.mean(BAD_VALS) - statistics.mean(BASE_VALS))
+    ci = ref.confidence_interval(0.95)
+    assert (bad["diff_ci_low"], bad["diff_ci_high"]) == (pytest.approx(ci.low), pytest.approx(ci.high))
+    assert bad["diff_ci_high"] < 0 and bad["baseline_label"] == "FP32 baseline"
+
+    ok = _cell(s, 8, 2)  # the diverged seed 3 is left out: seeds 0, 1, 2 finished, the baseline's: paired
+    ref = stats.ttest_rel(OK_VALS, BASE_VALS)
+    assert ok["test"] == "paired" and ok["n"] == 3 and ok["n_diverged"] == 1
+    assert ok["p_value"] == pytest.approx(ref.pvalue, rel=1e-9)
+    assert ok["verdict"] == f"within seed noise (paired, {_ptext(ref.pvalue)})" == "within seed noise (paired, p=0.9)"
+    assert ok["diff_ci_low"] < 0 < ok["diff_ci_high"]
+    assert ok["cell"] == "50.17 ± 1.04 (n=3, 1/4 diverged)"
+
+
+def test_same_seeds_are_paired_other_seeds_fall_back_to_welch(stats_store):
+    from scipy import stats
+
+    s = summarize(load_runs(stats_store, NOISY))
+    close = _cell(s, 8, 3)  # same seeds: paired finds the consistent 1-point loss that Welch calls noise
+    ref = stats.ttest_rel(CLOSE_VALS, BASE_VALS)
+    assert close["test"] == "paired" and close["p_value"] == pytest.approx(ref.pvalue, rel=1e-9)
+    assert close["verdict"] == f"worse than baseline (paired, {_ptext(ref.pvalue)})"
+    welch = stats.ttest_ind(CLOSE_VALS, BASE_VALS, equal_var=False)
+    assert ref.pvalue < 0.05 < welch.pvalue
+
+    other = _cell(s, 8, 4)  # seeds 3, 4, 5 against 0, 1, 2: nothing to pair, Welch on the values
+    ref = stats.ttest_ind(list(SHIFTED_VALS.values()), BASE_VALS, equal_var=False)
+    assert other["test"] == "welch" and other["p_value"] == pytest.approx(ref.pvalue, rel=1e-9)
+    assert other["verdict"] == f"worse than baseline ({_ptext(ref.pvalue)})" and "paired" not in other["verdict"]
+    ci = ref.confidence_interval(0.95)
+    assert (other["diff_ci_low"], other["diff_ci_high"]) == (pytest.approx(ci.low), pytest.approx(ci.high))
+
+    partial = _cell(s, 8, 5)  # seeds 0, 1 of the baseline's 0, 1, 2: not the same seeds, Welch on 2 against 3
+    ref = stats.ttest_ind(list(PARTIAL_VALS.values()), BASE_VALS, equal_var=False)
+    assert partial["test"] == "welch" and partial["n"] == 2
+    assert partial["p_value"] == pytest.approx(ref.pvalue, rel=1e-9)
+    assert partial["verdict"] == f"within seed noise ({_ptext(ref.pvalue)})"
+
+    md = render(load_runs(stats_store, NOISY), "markdown").splitlines()
+
+    def vs_column(label):
+        return next(x for x in md if f"| {label} †" in x).strip("|").split("|")[-1].strip()
+
+    base = _by_seed(BASE_VALS)
+    assert vs_column("other seeds") == _vs_cell("worse than baseline", SHIFTED_VALS, base, paired=False)
+    assert vs_column("close") == _vs_cell("worse than baseline", _by_seed(CLOSE_VALS), base, paired=True)
+    assert vs_column("partial") == _vs_cell("within seed noise", PARTIAL_VALS, base, paired=False)
+
+
+def test_baseline_true_picks_a_non_fp32_row(stats_store):
+    from scipy import stats
+
+    s = summarize(load_runs(stats_store, NOISY))
+    fp32, marked, dyn = _cell(s, 16, 0), _cell(s, 16, 1), _cell(s, 16, 2)
+    assert marked["baseline"] and marked["verdict"] == "baseline" and not fp32["baseline"]
+    ref = stats.ttest_rel(FP32_VALS, MARKED_VALS)  # all three rows ran seeds 0, 1, 2: paired
+    assert fp32["verdict"] == f"better than baseline (paired, {_ptext(ref.pvalue)})"
+    assert fp32["baseline_label"] == "adaptive" and fp32["test"] == "paired"
+    assert fp32["p_value"] == pytest.approx(ref.pvalue, rel=1e-9) and fp32["diff"] == pytest.approx(0.19)
+    ref = stats.ttest_rel([0.41, 0.40, 0.415], MARKED_VALS)
+    assert dyn["verdict"] == f"within seed noise (paired, {_ptext(ref.pvalue)})" and dyn["test"] == "paired"
+    assert dyn["p_value"] == pytest.approx(ref.pvalue, rel=1e-9)
+
+
+def test_verdict_column_and_notes_in_every_format(stats_store):
+    runs = load_runs(stats_store, NOISY)
+    md = render(runs, "markdown")
+    assert md.count("| vs baseline") == 2
+    bad_line = next(line for line in md.splitlines() if "| bad †" in line)
+    # scipy.stats.ttest_rel on the same numbers: p = 0.00022, 95% CI of the difference [-0.4148, -0.3652]
+    bad_vs = _vs_cell("worse than baseline", _by_seed(BAD_VALS), _by_seed(BASE_VALS), paired=True)
+    assert bad_vs == "worse than baseline (paired, p<0.001), Δ -39.00 [-41.48, -36.52]"
+    assert bad_line.endswith(f"| {bad_vs} |")
+    assert report.SEEDS_NOTE in md and report._verdict_note("final_map") in md
+    assert "alpha 0.05" in md and "left out of the test" in md
+    assert "paired t-test of the per-seed differences" in md and "Welch's t-test" in md
+    # both emulations appear, each named with what it rounds
+    assert "† fp16-emulated: " in md and "† fp8-emulated: " in md and "E4M3" in md and "E5M2" in md
+    html_page = render(runs, "html")
+    assert "<th>vs baseline</th>" in html_page and "<td>baseline</td>" in html_page
+    assert "bad †" in html_page
+    tex = render(runs, "latex")
+    assert tex.count(r"\begin{tabular}{llrll}") == 2 and r"bad$^\dagger$" in tex
+    back = pd.read_csv(io.StringIO(render(runs, "csv")))
+    for c in ("mean", "std", "n", "cell", "p_value", "diff", "diff_ci_low", "diff_ci_high", "test", "verdict",
+              "baseline_label", "baseline"):
+        assert c in back.columns, c
+    bad = back[(back["batch_size"] == 8) & (back["row"] == 1)].iloc[0]
+    assert bad["n"] == 3 and bad["verdict"].startswith("worse than baseline (paired") and bad["test"] == "paired"
+    assert back.loc[(back["batch_size"] == 8) & back["row"].isin([4, 5]), "test"].eq("welch").all()
+    # a summary read back from csv renders the same tables (empty verdicts come back as NaN)
+    assert render(back, "markdown") == render(summarize(runs), "markdown")
+
+
+def test_one_seed_study_says_too_few_seeds_and_no_seeds_note(stats_store):
+    runs = load_runs(stats_store, ONE_SEED)
+    s = summarize(runs)
+    assert s["verdict"].tolist() == ["baseline", "too few seeds"]
+    assert s["p_value"].isna().all()
+    md = render(runs, "markdown")
+    assert "Several seeds" not in md and "± " not in md and "(n=" not in md
+    assert "| SSD512 | adaptive      | 4          | 45.00          | too few seeds |" in md.splitlines()
+    # one common seed is too few to pair: Welch's fallback says it
+    assert s["test"].tolist() == ["", "welch"]
+    # the column is there, so is its explanation
+    assert "vs baseline: the row's seed values against the baseline row's" in md
+    assert report._verdict_note("final_map") in md
+
+
+def test_noise_verdict_matches_scipy():
+    from scipy import stats
+
+    v = report.noise_verdict(BAD_VALS, BASE_VALS)
+    ref = stats.ttest_ind(BAD_VALS, BASE_VALS, equal_var=False)
+    assert v["p_value"] == pytest.approx(ref.pvalue, rel=1e-12) and v["t"] == pytest.approx(ref.statistic)
+    assert v["outcome"] == "worse" and v["verdict"] == "worse than baseline (p<0.001)"
+    # CI: Welch–Satterthwaite df and t.ppf, the same interval scipy's own result gives
+    ci = ref.confidence_interval(0.95)
+    assert (v["diff_ci_low"], v["diff_ci_high"]) == (pytest.approx(ci.low), pytest.approx(ci.high))
+    assert v["df"] == pytest.approx(ref.df)
+    ok = report.noise_verdict(OK_VALS, BASE_VALS)
+    assert ok["outcome"] == "noise" and ok["verdict"].startswith("within seed noise (p=0.")
+    assert report.noise_verdict(BASE_VALS, BAD_VALS)["outcome"] == "better"
+    # lower is better (a loss): the same difference reads the other way
+    assert report.noise_verdict(BAD_VALS, BASE_VALS, higher_is_better=False)["outcome"] == "better"
+    assert report.noise_verdict([0.5], BASE_VALS)["verdict"] == "too few seeds"
+    assert report.noise_verdict(BASE_VALS, [0.5])["verdict"] == "too few seeds"
+    assert report.noise_verdict([], BASE_VALS)["verdict"] == "no values"
+    flat = report.noise_verdict([0.5, 0.5], [0.4, 0.4])  # scipy would divide by zero
+    assert flat["outcome"] == "no variance" and math.isnan(flat["p_value"]) and flat["diff"] == pytest.approx(0.1)
+
+
+def test_paired_verdict_matches_scipy():
+    from scipy import stats
+
+    from lossscale_bench.report_stats import paired_verdict
+
+    base = {0: 0.50, 1: 0.52, 2: 0.48}
+    row = {0: 0.489, 1: 0.511, 2: 0.470}  # each seed 0.9-1.1 points under its baseline seed; seeds spread 2 points
+    x, y = [row[k] for k in (0, 1, 2)], [base[k] for k in (0, 1, 2)]
+    ref = stats.ttest_rel(x, y)
+    v = paired_verdict(row, base)
+    assert v["test"] == "paired" and v["n"] == v["n_baseline"] == 3 and v["df"] == 2
+    assert v["p_value"] == pytest.approx(ref.pvalue, rel=1e-9) and v["t"] == pytest.approx(ref.statistic, rel=1e-9)
+    ci = ref.confidence_interval(0.95)
+    assert (v["diff_ci_low"], v["diff_ci_high"]) == (pytest.approx(ci.low, rel=1e-9), pytest.approx(ci.high, rel=1e-9))
+    assert v["diff"] == pytest.approx(statistics.mean(x) - statistics.mean(y))
+    assert v["mean"] == pytest.approx(statistics.mean(x)) and v["mean_baseline"] == pytest.approx(0.50)
+    # the same numbers unpaired: Welch sees seed noise, the pairs a consistent loss
+    welch = report.noise_verdict(x, y)
+    assert welch["outcome"] == "noise" and welch["p_value"] > 0.05 and "paired" not in welch["verdict"]
+    assert v["outcome"] == "worse" and ref.pvalue < 0.05
+    assert v["verdict"] == f"worse than baseline (paired, {_ptext(ref.pvalue)})"
+    # either dict order; a seed only one side has is left out; lower-is-better reads the sign the other way
+    assert paired_verdict(dict(reversed(row.items())), {**base, 7: 0.1})["p_value"] == pytest.approx(ref.pvalue)
+    assert paired_verdict(row, base, higher_is_better=False)["outcome"] == "better"
+    assert paired_verdict(base, row)["outcome"] == "better"
+    # alpha: the same p is noise at a stricter level
+    assert paired_verdict(row, base, alpha=ref.pvalue / 2)["outcome"] == "noise"
+
+    noisy = paired_verdict({0: 0.505, 1: 0.49, 2: 0.51}, {0: 0.50, 1: 0.51, 2: 0.49})
+    ref = stats.ttest_rel([0.505, 0.49, 0.51], [0.50, 0.51, 0.49])
+    assert noisy["outcome"] == "noise" and noisy["verdict"] == f"within seed noise (paired, {_ptext(ref.pvalue)})"
+    assert noisy["p_value"] == pytest.approx(ref.pvalue, rel=1e-9)
+
+    # one seed in common (0): nothing to estimate a spread from
+    few = paired_verdict({0: 0.45, 1: 0.46}, {0: 0.50, 2: 0.49})
+    assert few["verdict"] == "too few seeds" and few["outcome"] == "too few" and few["n"] == 1
+    assert math.isnan(few["p_value"]) and few["diff"] == pytest.approx(-0.05)
+
+    # identical differences: no spread to test against (scipy: t = inf, p = 0)
+    flat = paired_verdict({0: 0.33, 1: 0.34}, {0: 0.30, 1: 0.31})
+    assert flat["verdict"] == "no seed variance" and flat["outcome"] == "no variance"
+    assert math.isnan(flat["p_value"]) and math.isnan(flat["diff_ci_low"]) and flat["diff"] == pytest.approx(0.03)
+    # equal up to float rounding (0.33-0.30 != 0.42-0.39 in binary): scipy finds p ~ 6e-16 in the residue,
+    # which would read "better than baseline (p<0.001)"; the report says there is no spread
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # scipy: "catastrophic cancellation"
+        assert 0.33 - 0.30 != 0.42 - 0.39 and stats.ttest_rel([0.33, 0.42], [0.30, 0.39]).pvalue < 1e-12
+    residue = paired_verdict({0: 0.33, 1: 0.42}, {0: 0.30, 1: 0.39})
+    assert residue["verdict"] == "no seed variance" and math.isnan(residue["p_value"])
+    # but a real, tiny spread of the differences is tested
+    tiny = paired_verdict({0: 0.33, 1: 0.3401}, {0: 0.30, 1: 0.31})
+    assert tiny["outcome"] != "no variance"
+    assert tiny["p_value"] == pytest.approx(stats.ttest_rel([0.33, 0.3401], [0.30, 0.31]).pvalue, rel=1e-9)
+
+
+def test_p_value_text_never_contradicts_the_verdict():
+    from lossscale_bench.report_stats import format_p
+
+    assert format_p(0.003) == "p=0.003" and format_p(0.42) == "p=0.42" and format_p(0.01) == "p=0.01"
+    assert format_p(0.0496) == "p=0.0496"  # two digits would print 0.05 next to "worse"
+    assert format_p(0.0004) == "p<0.001" and format_p(1.0) == "p=1"
+
+
+def test_emulated_precisions_are_marked():
+    base = dict(study="s", model="ssd_tiny", batch_size=4, eval_metric="voc", status="finished", seed=0)
+    rows = [dict(base, trial_id="a", row=0, label="a", precision="fp8-emulated", final_map=0.3),
+            dict(base, trial_id="b", row=1, label="b", precision="fp4-emulated", final_map=0.2),
+            dict(base, trial_id="c", row=2, label="c", precision="bf16", final_map=0.1)]
+    md = render(pd.DataFrame(rows), "markdown")
+    assert "| a † " in md and "| b † " in md and "| c " in md and "| c †" not in md
+    assert "† fp8-emulated: " in md and "† fp4-emulated: these numbers come from a CPU emulation of fp4" in md
+    assert "fp16-emulated" not in md
+
+
+TAGGED = ("name: tagged\ndataset: {name: synthetic}\nmodel: ssd_tiny\nbatch_size: 4\nprecision: fp8-emulated\n"
+          "scaling:\n  - {method: none, precision: fp32FP32}\n  - {method: adaptiveADAPTIVE}\n"
+          "schedule: {iterations: 10, lr: 1e-3}\n")
+
+
+def _tagged(marked: str):
+    """The ``tagged`` study with ``baseline: true`` on the fp32 or the adaptive entry."""
+    from lossscale_bench.study import load_study_text
+
+    text = TAGGED.replace("FP32", ", baseline: true" if marked == "fp32" else "")
+    return load_study_text(text.replace("ADAPTIVE", ", baseline: true" if marked == "adaptive" else "")).trials()
+
+
+def _marked(uri):
+    runs = load_runs(uri, "tagged").set_index("label")
+    return [label for label in ("FP32 baseline", "adaptive") if runs.loc[label, "baseline"]]
+
+
+def test_tracker_writes_baseline_and_emulated_tags(tmp_path):
+    """The trial code's own tags, read back by the report."""
+    from lossscale_bench.tracking import Tracker
+
+    uri = f"sqlite:///{tmp_path.resolve()}/mlflow.db"
+    tracker = Tracker(uri)
+    exp, parent = tracker.study_run("tagged")
+    ids = {t.label: tracker.ensure_trial_run(exp, parent, t) for t in _tagged("adaptive")}
+    tags = {label: tracker.client.get_run(rid).data.tags for label, rid in ids.items()}
+    assert tags["FP32 baseline"]["lsbench.baseline"] == "false" and tags["adaptive"]["lsbench.baseline"] == "true"
+    assert tags["FP32 baseline"]["lsbench.emulated"] == "false" and tags["adaptive"]["lsbench.emulated"] == "true"
+    assert _marked(uri) == ["adaptive"]
+    # a continued run takes the study's current choice of baseline (trial ids did not change)
+    existing = tracker.trial_runs(exp)
+    for t in _tagged("fp32"):
+        assert tracker.ensure_trial_run(exp, parent, t, existing[t.trial_id]) == ids[t.label]
+    assert _marked(uri) == ["FP32 baseline"]
+    # finished runs (a re-run skips them) are brought up to date by sync_baseline_tags
+    for rid in ids.values():
+        tracker.end_trial(rid, "finished")
+    assert tracker.sync_baseline_tags(_tagged("adaptive"), tracker.trial_runs(exp)) == 2
+    assert tracker.sync_baseline_tags(_tagged("adaptive"), tracker.trial_runs(exp)) == 0
+    assert _marked(uri) == ["adaptive"]

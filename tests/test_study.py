@@ -403,8 +403,19 @@ def test_trial_id_known_value():
     assert _only(ONE).trial_id == KNOWN_ID
 
 
-# changed on purpose: ssd_tiny version 2 (BatchNorm in the backbone, registry.MODEL_VERSIONS)
-KNOWN_ID = "ssd_tiny-bs8-fp16-emulated-fixed128-s0-da720a1f"
+# changed on purpose: ssd_tiny version 2 (BatchNorm in the backbone, registry.MODEL_VERSIONS), and the
+# CPU thread count (cpus_per_trial on backend cpu) is part of the identity
+KNOWN_ID = "ssd_tiny-bs8-fp16-emulated-fixed128-s0-2859bb7a"
+
+
+def test_cpu_thread_count_is_part_of_a_cpu_trials_id():
+    """On the CPU a trial's torch thread count comes from cpus_per_trial, and results follow the
+    thread count (reduction order): two thread counts must not share an id. On a GPU they may."""
+    assert _only(ONE + "resources: {cpus_per_trial: 2}\n").trial_id != _only(ONE).trial_id
+    assert _only(ONE + "resources: {cpus_per_trial: 1.5}\n").trial_id == _only(ONE).trial_id  # 1 thread
+    cuda = ONE.replace("fp16-emulated", "mixed16")
+    assert (_only(cuda + "resources: {backend: cuda, cpus_per_trial: 2}\n").trial_id
+            == _only(cuda + "resources: {backend: cuda}\n").trial_id)
 
 
 def test_model_version_changes_only_that_models_ids():
@@ -429,11 +440,10 @@ def test_model_version_changes_only_that_models_ids():
     lambda t: t.replace("scale: 128}", "scale: 128, label: renamed}"),
     lambda t: t + "description: words\n",
     lambda t: t + "log_every: 3\nmax_failures: 0\n",
-    lambda t: t + "resources: {cpus_per_trial: 2}\n",
     lambda t: t.replace("scale: 128", "scale: 128.0"),
     lambda t: t.replace("{method: fixed, scale: 128}", "{method: fixed, scale: 128, skip_nonfinite: true}"),
     lambda t: t.replace("name: tiny", "name: tiny\ndescription: x"),
-], ids=["label", "description", "log_every+max_failures", "cpus_per_trial", "float-int", "explicit-default",
+], ids=["label", "description", "log_every+max_failures", "float-int", "explicit-default",
         "description2"])
 def test_trial_id_ignores(edit):
     assert _only(edit(ONE)).trial_id == _only(ONE).trial_id

@@ -154,3 +154,40 @@ def test_same_trial_twice_gives_bit_identical_losses_and_map(tmp_path, precision
         torch.set_num_threads(before)
     assert a[0] == b[0] and len(a[0]) == 8
     assert a[1] == b[1]
+
+
+def test_resumed_trial_ends_bit_identical_to_an_uninterrupted_one(tmp_path, monkeypatch):
+    """Determinism across a resume (issue 9): a trial stopped after its step-4 checkpoint and run
+    again from it logs the same losses and the same final mAP as one that never stopped."""
+    import torch
+
+    from lossscale_bench.engine import loop
+
+    before = torch.get_num_threads()
+    cfg = load_study_text((BASE % ("{method: dynamic, interval: 2}", 8, "null", "stop")).replace(
+        "precision: fp16-emulated", "precision: fp8-emulated")).trials()[0]
+    try:
+        straight = MemorySink()
+        a = run_trial(cfg, sink=straight, trial_dir=tmp_path / "a", threads=1, checkpoint_every=4)
+
+        real_step = loop.Trainer.train_step
+
+        def stop_after_4(self, images, targets):
+            if self.state.step == 5:
+                raise RuntimeError("simulated crash")
+            return real_step(self, images, targets)
+
+        monkeypatch.setattr(loop.Trainer, "train_step", stop_after_4)
+        first = MemorySink()
+        crashed = run_trial(cfg, sink=first, trial_dir=tmp_path / "b", threads=1, checkpoint_every=4)
+        assert crashed.status == "failed" and (tmp_path / "b" / "checkpoint.pt").exists()
+        monkeypatch.setattr(loop.Trainer, "train_step", real_step)
+        second = MemorySink()
+        b = run_trial(cfg, sink=second, trial_dir=tmp_path / "b", threads=1, checkpoint_every=4)
+    finally:
+        torch.set_num_threads(before)
+    assert a.status == b.status == "finished"
+    assert second.tag_values["lsbench.resumed_from_step"] == 4
+    resumed = dict(first.history("loss")[:4] + second.history("loss"))
+    assert resumed == dict(straight.history("loss"))
+    assert a.final_map == b.final_map
