@@ -16,50 +16,30 @@ by side. Prints a markdown table (paste it into docs/benchmarks.md with the comm
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from scaler_overhead import SIZES, _batch, build  # noqa: E402
+from scaler_overhead import SIZES, build, time_interleaved  # noqa: E402
 
 PRECISIONS = ("fp32", "fp16-emulated", "fp8-emulated")
 
 
 def measure(model_name: str, steps: int, warmup: int, device: str) -> dict[str, float]:
-    size, n = SIZES[model_name]
     trainers = {p: build(model_name, {"method": "none"}, p, device) for p in PRECISIONS}
-    times: dict[str, list[float]] = {p: [] for p in PRECISIONS}
-    for i in range(warmup + steps):
-        images, targets = _batch(size, n, i)
-        for name, tr in trainers.items():
-            t0 = time.perf_counter()
-            tr.train_step(images, targets)
-            if i >= warmup:
-                times[name].append(time.perf_counter() - t0)
-    return {name: statistics.median(t) for name, t in times.items()}
+    return time_interleaved(trainers, model_name, steps, warmup)
 
 
 def measure_layouts(model_name: str, steps: int, warmup: int, device: str) -> dict[str, float]:
-    size, n = SIZES[model_name]
     trainers = {}
     for prec in ("fp32", "fp8-emulated"):
         for layout, fmt in (("NCHW", torch.contiguous_format), ("channels_last", torch.channels_last)):
             tr = build(model_name, {"method": "none"}, prec, device)
             tr.model.to(memory_format=fmt)
             trainers[f"{prec}, {layout}"] = tr
-    times: dict[str, list[float]] = {k: [] for k in trainers}
-    for i in range(warmup + steps):
-        images, targets = _batch(size, n, i)
-        for name, tr in trainers.items():
-            t0 = time.perf_counter()
-            tr.train_step(images, targets)
-            if i >= warmup:
-                times[name].append(time.perf_counter() - t0)
-    return {name: statistics.median(t) for name, t in times.items()}
+    return time_interleaved(trainers, model_name, steps, warmup)
 
 
 def main() -> None:
@@ -75,23 +55,15 @@ def main() -> None:
     print(f"device {args.device}, {args.steps} timed steps after {args.warmup} warm-up, "
           f"torch {torch.__version__}, {torch.get_num_threads()} threads")
     print()
-    if args.layouts:
-        print("| model | precision, layout | median step (ms) | ratio to fp32 NCHW |")
-        print("|---|---|---|---|")
-        for model in args.models:
-            med = measure_layouts(model, args.steps, args.warmup, args.device)
-            for name, t in med.items():
-                print(f"| {model} (batch {SIZES[model][1]}, {SIZES[model][0]} px) | {name} | {t * 1000:.1f} | "
-                      f"{t / med['fp32, NCHW']:.3f} |", flush=True)
-        return
-    print("| model | precision | median step (ms) | ratio to fp32 |")
+    measure_fn, header, base = ((measure_layouts, "precision, layout", "fp32, NCHW") if args.layouts
+                                else (measure, "precision", "fp32"))
+    print(f"| model | {header} | median step (ms) | ratio to {base} |")
     print("|---|---|---|---|")
     for model in args.models:
-        med = measure(model, args.steps, args.warmup, args.device)
+        med = measure_fn(model, args.steps, args.warmup, args.device)
         for name, t in med.items():
             print(f"| {model} (batch {SIZES[model][1]}, {SIZES[model][0]} px) | {name} | {t * 1000:.1f} | "
-                  f"{t / med['fp32']:.3f} |", flush=True)
-
+                  f"{t / med[base]:.3f} |", flush=True)
 
 if __name__ == "__main__":
     main()

@@ -61,10 +61,10 @@ def build(model_name: str, method: dict, precision_name: str, device: str):
                    backend=backend, precision=precision, batches=iter(()), iterations=0)
 
 
-def measure(model_name: str, steps: int, warmup: int, precision: str, device: str) -> dict[str, float]:
+def time_interleaved(trainers: dict, model_name: str, steps: int, warmup: int) -> dict[str, float]:
+    """Median step time per trainer, steps interleaved round-robin on the same batches."""
     size, n = SIZES[model_name]
-    trainers = {name: build(model_name, m, precision, device) for name, m in METHODS.items()}
-    times: dict[str, list[float]] = {name: [] for name in METHODS}
+    times: dict[str, list[float]] = {name: [] for name in trainers}
     for i in range(warmup + steps):
         images, targets = _batch(size, n, i)
         for name, tr in trainers.items():
@@ -73,6 +73,11 @@ def measure(model_name: str, steps: int, warmup: int, precision: str, device: st
             if i >= warmup:
                 times[name].append(time.perf_counter() - t0)
     return {name: statistics.median(t) for name, t in times.items()}
+
+
+def measure(model_name: str, steps: int, warmup: int, precision: str, device: str) -> dict[str, float]:
+    trainers = {name: build(model_name, m, precision, device) for name, m in METHODS.items()}
+    return time_interleaved(trainers, model_name, steps, warmup)
 
 
 def main() -> None:

@@ -40,9 +40,10 @@ def _user_errors() -> tuple[type[BaseException], ...]:
 def _print_table(trials) -> None:
     from tabulate import tabulate
 
+    from .placement import placement_text
     from .study import trial_table
 
-    rows = trial_table(trials)
+    rows = trial_table(trials, placement=placement_text)
     print(tabulate(rows, headers="keys", tablefmt="github"))
     print(f"{len(rows)} trials")
 
@@ -66,11 +67,12 @@ def cmd_run(args) -> int:
         print(f"study {study.name!r} from {path}")
         _print_table(study.trials())
         return 0
+    from .plots import run_plots
     from .sweep import run_study
 
     result = run_study(study, runs_dir=args.runs_dir, tracking_uri=args.tracking_uri,
                        max_concurrent=args.max_concurrent, address=args.address, num_cpus=args.num_cpus,
-                       executor=args.executor, quiet=args.quiet)
+                       executor=args.executor, quiet=args.quiet, trial_plots=run_plots)
     counts = result.counts()
     print(f"study {study.name}: " + ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in counts.items()))
     if not args.no_report:

@@ -52,7 +52,6 @@ Metrics are rank 0's: ``loss`` is the loss of rank 0's shard and
 from __future__ import annotations
 
 import functools
-import json
 import os
 import threading
 import time
@@ -60,125 +59,17 @@ from typing import Any, Callable
 
 from .sink import Sink
 
-#: CPU share the Tune trial (the Train driver) itself holds; it only polls a queue
-DRIVER_CPUS = 0.25
 #: torch.distributed backend per lossscale_bench backend
 PROCESS_GROUP = {"cpu": "gloo", "cuda": "nccl", "hpu": "hccl", "xla": "xla"}
-#: Ray resource of one device per backend (None: CPU only)
-DEVICE_RESOURCE = {"cpu": None, "cuda": "GPU", "hpu": "HPU", "xla": "TPU"}
 #: seconds rank 0 waits for the other replicas' end records after it finished
 END_WAIT_S = float(os.environ.get("LSBENCH_DIST_END_WAIT_S", "120"))
 #: torch.distributed collective timeout (must exceed rank 0's longest evaluation)
 COLLECTIVE_TIMEOUT_S = int(os.environ.get("LSBENCH_DIST_TIMEOUT_S", "1800"))
 
 
-# --------------------------------------------------------------------------- placement (no Ray import)
-
-
-def devices_of(resources: dict) -> int:
-    return int(resources.get("devices_per_trial", 1) or 1)
-
-
-def is_distributed(resources: dict) -> bool:
-    return devices_of(resources) > 1
-
-
-def _backend(resources: dict) -> str:
-    backend = resources.get("backend", "cpu")
-    if backend == "auto" and is_distributed(resources):
-        raise ValueError("resources.backend auto cannot be used with devices_per_trial > 1: "
-                         "name the backend (cpu, cuda, hpu, xla) so Ray can reserve its devices")
-    return backend
-
-
-def driver_bundle(resources: dict) -> dict[str, float]:
-    """What the Tune trial (the Train driver) holds: a CPU share, no device."""
-    return {"CPU": DRIVER_CPUS}
-
-
-def worker_bundles(resources: dict) -> list[dict[str, float]]:
-    """The Train worker group's placement group: one bundle per worker."""
-    backend = _backend(resources)
-    n = devices_of(resources)
-    cpus = float(resources.get("cpus_per_trial", 1))
-    dev = DEVICE_RESOURCE.get(backend)
-    if backend == "xla":  # one worker holds every chip; torch_xla starts a process per chip
-        return [{"CPU": cpus, "TPU": float(n)}]
-    bundle = {"CPU": cpus}
-    if dev:
-        bundle[dev] = 1.0
-    return [dict(bundle) for _ in range(n)]
-
-
-def _fmt(x: float) -> str:
-    return f"{x:g}"
-
-
-def placement_text(resources: dict) -> str:
-    """One-line placement for ``--dry-run``, e.g. ``CPU:0.25 + 8×{CPU:1, GPU:1}``."""
-    if not is_distributed(resources):
-        backend = resources.get("backend", "cpu")
-        dev = DEVICE_RESOURCE.get(backend) or ("auto" if backend == "auto" else None)
-        parts = [f"CPU:{_fmt(float(resources.get('cpus_per_trial', 1)))}"]
-        if dev:
-            parts.append(f"{dev}:{devices_of(resources)}")
-        return ", ".join(parts)
-    try:
-        bundles = worker_bundles(resources)
-    except ValueError:  # backend auto: nothing to reserve a device by
-        return f"auto:{devices_of(resources)} (not placeable: name the backend)"
-    inner = ", ".join(f"{k}:{_fmt(v)}" for k, v in bundles[0].items())
-    return f"CPU:{_fmt(DRIVER_CPUS)} + {len(bundles)}×{{{inner}}}"
-
-
-def infeasible(resources: dict, cluster: dict[str, float]) -> str | None:
-    """Why the cluster (``ray.cluster_resources()``) can never hold this trial, or None."""
-    need: dict[str, float] = dict(driver_bundle(resources))
-    for b in worker_bundles(resources):
-        for k, v in b.items():
-            need[k] = need.get(k, 0.0) + v
-    short = {k: (v, float(cluster.get(k, 0.0))) for k, v in need.items() if float(cluster.get(k, 0.0)) + 1e-9 < v}
-    if not short:
-        return None
-    what = ", ".join(f"{k} {_fmt(v)} (cluster has {_fmt(have)})" for k, (v, have) in short.items())
-    return (f"a {devices_of(resources)}-device {resources.get('backend')} trial needs {what}; "
-            f"add nodes with that resource (docs/cluster.md) or lower resources.devices_per_trial")
-
-
-def tune_concurrency(trial_resources: list[dict], cluster: dict[str, float]) -> int | None:
-    """``max_concurrent_trials`` so that Tune does not start many trials that can only wait for devices.
-
-    Tune schedules a multi-device trial by its driver's CPU share only. For each
-    kind of trial (backend × devices_per_trial) this counts how many fit the
-    cluster at once, ``floor(cluster[R] / need[R])`` over its resources, capped
-    by how many such trials there are, and returns the sum. None when no trial
-    is multi-device (Tune's own accounting is exact then). In a mixed study a
-    kind may briefly start more than fit while another kind waits in Tune's
-    queue; its surplus Train runs then wait for their placement group.
-    """
-    if not any(is_distributed(r) for r in trial_resources):
-        return None
-    kinds: dict[tuple, list] = {}
-    for r in trial_resources:
-        key = (r.get("backend", "cpu"), devices_of(r), float(r.get("cpus_per_trial", 1)))
-        kinds.setdefault(key, []).append(r)
-    total = 0
-    for rs in kinds.values():
-        r = rs[0]
-        need: dict[str, float] = {}
-        for b in (worker_bundles(r) if is_distributed(r) else [_single_bundle(r)]):
-            for k, v in b.items():
-                need[k] = need.get(k, 0.0) + v
-        fit = min((int(float(cluster.get(k, 0.0)) // v) for k, v in need.items() if v > 0), default=len(rs))
-        total += max(1, min(fit, len(rs)))
-    return total
-
-
-def _single_bundle(resources: dict) -> dict[str, float]:
-    from .backends import ray_resources
-
-    return ray_resources(resources.get("backend", "cpu"), devices_of(resources),
-                         float(resources.get("cpus_per_trial", 1)))
+from .placement import (  # noqa: E402,F401 - re-exported: the launcher and its tests use them from here
+    DEVICE_RESOURCE, DRIVER_CPUS, _backend, _single_bundle, devices_of, driver_bundle, infeasible,
+    is_distributed, placement_text, tune_concurrency, worker_bundles)
 
 
 # --------------------------------------------------------------------------- worker side
@@ -192,7 +83,7 @@ class QueueSink(Sink):
     """
 
     def __init__(self, put: Callable[[dict], None]) -> None:
-        from .sweep import TuneSink
+        from .tune_sink import TuneSink
 
         self._inner = TuneSink()
         self._put = put
@@ -208,93 +99,14 @@ class QueueSink(Sink):
         self._inner.artifact(path, artifact_path)
 
     def flush(self, outcome: dict | None = None):
-        s = self._inner
-        if not (s._metrics or s._tags or s._artifacts or outcome):
+        report = self._inner.take_report(outcome)
+        if report is None:
             return
-        payload = {"metrics": s._metrics, "tags": s._tags, "artifacts": s._artifacts}
-        if outcome is not None:
-            payload["outcome"] = outcome
-        s._metrics, s._tags, s._artifacts = [], {}, []
-        self.reports += 1
-        self._put({"kind": "report", "final": outcome is not None,
-                   "report": {"lsbench": json.dumps(payload), "lsbench_reports": self.reports}})
+        self.reports = self._inner.reports
+        self._put({"kind": "report", "final": outcome is not None, "report": report})
 
 
-class GradSync:
-    """``grad_sync`` for ``run_trial``: average true (unscaled) gradients across replicas.
-
-    Called by the loop after the scaler's ``unscale_``. Parameters whose gradient
-    is None on some replica are given zeros there (one tiny MAX all-reduce of a
-    has-gradient mask keeps the flattened buffers the same size everywhere), then
-    one flattened SUM all-reduce per (device, dtype) divided by the world size.
-    Keeps the last parameter list so the end-of-trial drift check can read it.
-    """
-
-    def __init__(self) -> None:
-        self.params: list = []
-        self.calls = 0
-
-    def __call__(self, params) -> None:
-        import torch
-        import torch.distributed as dist
-
-        self.params = [p for p in params if p.requires_grad]
-        self.calls += 1
-        if not (dist.is_available() and dist.is_initialized()):
-            return
-        world = dist.get_world_size()
-        if world <= 1 or not self.params:
-            return
-        dev = self.params[0].device
-        has = torch.tensor([float(p.grad is not None) for p in self.params], device=dev)
-        dist.all_reduce(has, op=dist.ReduceOp.MAX)
-        for p, h in zip(self.params, has.tolist()):
-            if h and p.grad is None:
-                p.grad = torch.zeros_like(p)
-        buckets: dict[tuple, list] = {}
-        for p, h in zip(self.params, has.tolist()):
-            if h:
-                buckets.setdefault((p.grad.device, p.grad.dtype), []).append(p.grad)
-        for grads in buckets.values():
-            flat = torch.cat([g.reshape(-1) for g in grads])
-            dist.all_reduce(flat, op=dist.ReduceOp.SUM)
-            flat.div_(world)
-            offset = 0
-            for g in grads:
-                n = g.numel()
-                g.copy_(flat[offset:offset + n].view_as(g))
-                offset += n
-
-
-#: the function name the brief and trial.py's docstring use
-allreduce_mean = GradSync
-
-
-class RecordOnlySync(GradSync):
-    """For XLA replicas: ``xm.optimizer_step`` already averages gradients; only remember the parameters.
-
-    Passing it (rather than None) still tells the loop the trial is data-parallel:
-    gradients are unscaled before the optimizer step, the drift check sees the weights.
-    """
-
-    def __call__(self, params) -> None:
-        self.params = [p for p in params if p.requires_grad]
-        self.calls += 1
-
-
-def mean_across_replicas(t):
-    """Mean of tensor ``t`` over the data-parallel replicas (``t`` itself when not distributed).
-
-    For the loop: all-reducing the step's loss (and its parts) makes the logged
-    loss the replicas' mean and every divergence decision the same on all replicas.
-    """
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        t = t.detach().clone()
-        dist.all_reduce(t, op=dist.ReduceOp.SUM)
-        t /= dist.get_world_size()
-    return t
+from .replica_sync import GradSync, RecordOnlySync, allreduce_mean, mean_across_replicas  # noqa: E402,F401
 
 
 def param_stats(params) -> list[float]:
@@ -563,7 +375,7 @@ def run_distributed_trial(spec: dict) -> None:
     import ray
     from ray import tune
 
-    from .sweep import TuneSink
+    from .tune_sink import TuneSink
 
     res = spec["cfg"]["resources"]
     try:

@@ -21,3 +21,12 @@ SCALED_PRECISIONS = ("mixed16", "fp16-emulated", "fp8-emulated")
 # trial ids (and with them resume and the report) never mix results of the old and new model.
 # ssd_tiny 2: BatchNorm after every backbone conv (docs/toy_model.md).
 MODEL_VERSIONS = {"ssd_tiny": 2}
+
+# The 20 PASCAL VOC classes in the devkit's order (label i is VOC_CLASSES[i - 1]); a voc0712
+# study's default ``dataset.classes``. Here, not in ``data``: importing ``lossscale_bench.data``
+# imports torch, and study validation must not (nor may the schema layer import a component).
+VOC_CLASSES = (
+    "aeroplane", "bicycle", "bird", "boat", "bottle", "bus", "car", "cat", "chair", "cow",
+    "diningtable", "dog", "horse", "motorbike", "person", "pottedplant", "sheep", "sofa",
+    "train", "tvmonitor",
+)

@@ -58,6 +58,15 @@ def format_p(p: float, alpha: float = ALPHA) -> str:
     return f"p={p!r}"
 
 
+def _decide(p: float, diff: float, alpha: float, higher_is_better: bool, prefix: str) -> dict:
+    """``outcome`` and ``verdict`` text from a two-sided p-value and the sign of the difference."""
+    if p < alpha:
+        outcome, text = ("better", BETTER) if (diff > 0) == higher_is_better else ("worse", WORSE)
+    else:
+        outcome, text = "noise", NOISE
+    return {"outcome": outcome, "verdict": f"{text} ({prefix}{format_p(p, alpha)})"}
+
+
 def _mean_var(x: Sequence[float]) -> tuple[float, float]:
     n = len(x)
     mean = math.fsum(x) / n
@@ -120,12 +129,7 @@ def noise_verdict(a: Sequence[float], b: Sequence[float], alpha: float = ALPHA,
     p = float(res.pvalue)
     out.update(t=float(res.statistic), p_value=p, df=df,
                diff_ci_low=out["diff"] - half, diff_ci_high=out["diff"] + half)
-    if p < alpha:
-        better = (out["diff"] > 0) == higher_is_better
-        outcome, text = ("better", BETTER) if better else ("worse", WORSE)
-    else:
-        outcome, text = "noise", NOISE
-    return {**out, "outcome": outcome, "verdict": f"{text} ({format_p(p, alpha)})"}
+    return {**out, **_decide(p, out["diff"], alpha, higher_is_better, "")}
 
 
 def paired_verdict(a: dict, b: dict, alpha: float = ALPHA, higher_is_better: bool = True) -> dict:
@@ -161,9 +165,4 @@ def paired_verdict(a: dict, b: dict, alpha: float = ALPHA, higher_is_better: boo
     p = float(res.pvalue)
     out.update(t=float(res.statistic), p_value=p, df=float(df),
                diff_ci_low=out["diff"] - half, diff_ci_high=out["diff"] + half)
-    if p < alpha:
-        better = (out["diff"] > 0) == higher_is_better
-        outcome, text = ("better", BETTER) if better else ("worse", WORSE)
-    else:
-        outcome, text = "noise", NOISE
-    return {**out, "outcome": outcome, "verdict": f"{text} (paired, {format_p(p, alpha)})"}
+    return {**out, **_decide(p, out["diff"], alpha, higher_is_better, "paired, ")}

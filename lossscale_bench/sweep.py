@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .sink import Sink
 from .tracking import TERMINAL, MlflowSink, Tracker
+from .tune_sink import TuneSink  # noqa: F401 - re-exported (benchmarks, tests)
 
 
 class ClusterUnavailable(RuntimeError):
@@ -45,41 +45,9 @@ class StudyResult:
         return c
 
 
-class TuneSink(Sink):
-    """Inside a Tune trial: forward buffered metrics/tags/artifacts to the driver via ``tune.report``."""
-
-    def __init__(self) -> None:
-        self._metrics: list = []
-        self._tags: dict = {}
-        self._artifacts: list = []
-        self.reports = 0
-
-    def metrics(self, items):
-        self._metrics.extend((k, float(v), int(s)) for k, v, s in items)
-
-    def tags(self, tags):
-        self._tags.update({k: (None if v is None else v if isinstance(v, (int, float, str)) else str(v))
-                           for k, v in tags.items()})
-
-    def artifact(self, path, artifact_path=None):
-        self._artifacts.append((str(path), artifact_path))
-
-    def flush(self, outcome: dict | None = None):
-        if not (self._metrics or self._tags or self._artifacts or outcome):
-            return
-        from ray import tune
-
-        payload = {"metrics": self._metrics, "tags": self._tags, "artifacts": self._artifacts}
-        if outcome is not None:
-            payload["outcome"] = outcome
-        self._metrics, self._tags, self._artifacts = [], {}, []
-        self.reports += 1
-        tune.report({"lsbench": json.dumps(payload), "lsbench_reports": self.reports})
-
-
 def _tune_trainable(config: dict) -> None:
     """The Tune function trainable: one lossscale_bench trial."""
-    from .distributed import is_distributed
+    from .placement import is_distributed
 
     spec = config["trial"]
     if is_distributed(spec["cfg"]["resources"]):
@@ -98,7 +66,7 @@ def _tune_trainable(config: dict) -> None:
 def _resources_of(config: dict):
     from ray.tune import PlacementGroupFactory
 
-    from .distributed import driver_bundle, is_distributed
+    from .placement import driver_bundle, is_distributed
 
     res = config["trial"]["cfg"]["resources"]
     if is_distributed(res):
@@ -226,11 +194,16 @@ def _make_funnel(tracker: Tracker, run_ids: dict[str, str], labels: dict[str, st
 
 def log_trial_plots(tracker: Tracker, run_id: str, out_dir: Path) -> None:
     """Loss, loss-scale and per-layer heatmaps as artifacts of the trial's run, drawn from the
-    store (so a resumed trial's plots cover all of it). A plotting error never fails a trial."""
-    try:
-        from .plots import run_plots
+    store (so a resumed trial's plots cover all of it). A plotting error never fails a trial.
 
-        run_plots(tracker.client, run_id, out_dir)
+    The drawing function is handed in (``run_study(trial_plots=...)``; the CLI passes
+    ``lossscale_bench.plots.run_plots``): plots belong to the reporting layer, above this one.
+    """
+    draw = getattr(tracker, "trial_plots", None)
+    if draw is None:
+        return
+    try:
+        draw(tracker.client, run_id, out_dir)
     except Exception as exc:  # noqa: BLE001
         tracker.set_tags(run_id, {"lsbench.plot_error": f"{type(exc).__name__}: {exc}"[:500]})
 
@@ -241,8 +214,12 @@ def study_dir(runs_dir: str | Path, study_name: str) -> Path:
 
 def run_study(study, *, runs_dir: str | Path = "runs", tracking_uri: str | None = None,
               max_concurrent: int | None = None, address: str | None = None, num_cpus: int | None = None,
-              executor: str = "ray", quiet: bool = False, stream=None) -> StudyResult:
-    """Run every trial of ``study`` that has not finished or diverged yet."""
+              executor: str = "ray", quiet: bool = False, stream=None, trial_plots=None) -> StudyResult:
+    """Run every trial of ``study`` that has not finished or diverged yet.
+
+    ``trial_plots(client, run_id, out_dir)``, if given, draws each finished trial's plots from
+    the store and is logged as the run's artifacts (the CLI passes ``plots.run_plots``).
+    """
     from .data.prepare import prepare_dataset
     from .tracking import resolve_tracking_uri
 
@@ -254,6 +231,7 @@ def run_study(study, *, runs_dir: str | Path = "runs", tracking_uri: str | None 
     prepare_dataset(trials[0].dataset)
 
     tracker = Tracker(uri, artifact_root=runs_dir / "artifacts")
+    tracker.trial_plots = trial_plots
     exp_id, parent = tracker.study_run(study.name, study.description, getattr(study, "source", None))
     existing = tracker.trial_runs(exp_id)
     # finished trials are not run again, so a baseline moved in the study file is re-tagged here
@@ -342,7 +320,7 @@ def _run_ray(study, todo, tracker, run_ids, labels, sdir, result, progress, max_
     if max_concurrent is None:
         # multi-device trials hold their devices through Ray Train, not the Tune bundle:
         # do not start more trials than the cluster's devices can serve
-        from .distributed import tune_concurrency
+        from .placement import tune_concurrency
 
         max_concurrent = tune_concurrency([c.resources for c in todo], ray.cluster_resources())
     specs = []

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from lossscale_bench.registry import BACKEND_NAMES, DATASET_NAMES, MODEL_NAMES, PRECISIONS, SCALING_METHODS
+from lossscale_bench.placement import placement_text
 from lossscale_bench.study import (
     StudyError,
     TrialConfig,
@@ -537,15 +538,15 @@ def test_flat_params():
 
 
 def test_trial_table_rows():
-    rows = trial_table(load_study_text(DESIGN_EXAMPLE).trials())
+    rows = trial_table(load_study_text(DESIGN_EXAMPLE).trials(), placement=placement_text)
     assert len(rows) == 8
     assert set(rows[0]) == {"trial_id", "model", "batch_size", "precision", "label", "seed", "backend", "resources"}
     assert rows[0]["label"] == "FP32 baseline" and rows[0]["precision"] == "fp32"
     assert rows[0]["backend"] == "cuda" and rows[0]["resources"] == "CPU:1, GPU:1"  # what Ray reserves
-    assert load_study_text(BASE).trials() and trial_table(load_study_text(BASE).trials())[0]["resources"] == "CPU:1"
-    hpu = trial_table(load_study_text(BASE + "resources: {backend: hpu, devices_per_trial: 8}\n").trials())
+    assert load_study_text(BASE).trials() and trial_table(load_study_text(BASE).trials(), placement=placement_text)[0]["resources"] == "CPU:1"
+    hpu = trial_table(load_study_text(BASE + "resources: {backend: hpu, devices_per_trial: 8}\n").trials(), placement=placement_text)
     assert hpu[0]["resources"] == "CPU:0.25 + 8×{CPU:1, HPU:1}"  # Tune bundle + one Train bundle per card
-    xla = trial_table(load_study_text(BASE.replace("fp16-emulated", "bf16") + "resources: {backend: xla}\n").trials())
+    xla = trial_table(load_study_text(BASE.replace("fp16-emulated", "bf16") + "resources: {backend: xla}\n").trials(), placement=placement_text)
     assert xla[0]["resources"] == "CPU:1, TPU:1"
 
 
@@ -584,7 +585,7 @@ def test_scaling_entries_may_name_their_own_backend(tmp_path):
     text = text.replace("scaling:", "scaling:\n  - {method: none, resources: {backend: hpu, devices_per_trial: 8}}\n"
                         "  - {method: none, label: on TPU, resources: {backend: xla}}", 1)
     study = load_study_text(text)
-    rows = {r["label"] + "/" + r["backend"]: r["resources"] for r in trial_table(study.trials())}
+    rows = {r["label"] + "/" + r["backend"]: r["resources"] for r in trial_table(study.trials(), placement=placement_text)}
     assert rows["no loss scale/hpu"] == "CPU:0.25 + 8×{CPU:1, HPU:1}"
     assert rows["on TPU/xla"] == "CPU:1, TPU:1"
     assert any(k.endswith("/cuda") and v == "CPU:1, GPU:1" for k, v in rows.items())

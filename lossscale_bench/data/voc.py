@@ -35,7 +35,7 @@ import torch
 from PIL import Image
 from torch.utils.data import Dataset
 
-from ..study import VOC_CLASSES
+from ..registry import VOC_CLASSES
 from .coco import DataNotFound
 from .transforms import flip_decision, hflip, read_image
 

@@ -64,7 +64,10 @@ class Trainer:
         self.state = state or TrainState()
         # Data parallelism without DDP: every replica unscales its own gradients (each
         # scaler knows the scales its gradients carry, per layer for adaptive), then
-        # ``grad_sync(params)`` averages the true gradients across replicas.
+        # ``grad_sync(params)`` averages the true gradients across replicas, and
+        # ``grad_sync.mean(t)`` (if it has one) the step's loss values, so that every replica
+        # logs the same loss and takes the same divergence decisions. The object comes from
+        # the launcher (``distributed.GradSync``); the loop knows only this interface.
         self.grad_sync = grad_sync
         self._bias_params = [p for n, p in model.named_parameters() if n.endswith(".bias") and p.requires_grad]
 
@@ -98,11 +101,9 @@ class Trainer:
         self.backend.synchronize()
         seconds = time.perf_counter() - t0
         vals = torch.stack([loss.detach().float()] + [v.detach().float() for v in parts.values()])
-        if self.grad_sync is not None:
+        if self.grad_sync is not None and hasattr(self.grad_sync, "mean"):
             # replicas log the mean loss and take the same divergence decisions
-            from ..distributed import mean_across_replicas
-
-            vals = mean_across_replicas(vals)
+            vals = self.grad_sync.mean(vals)
         loss_value, *part_values = vals.tolist()
         st = self.state
         st.step += 1

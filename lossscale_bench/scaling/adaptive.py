@@ -75,19 +75,10 @@ the same layer scales until the next recompute.
 
 Deviations from the Chainer reference (all documented in ADAPTIVE.md's terms)
 ------------------------------------------------------------------------------
-* ``sigma_g**2 + mu_g**2`` is computed as the mean of squares (the identity
-  holds for the population std numpy uses); one reduction instead of two.
-* ``2**floor(log2(s))`` is taken with ``frexp`` (exact), because fp32 ``log2``
-  rounds values just below a power of two up to it.
+* The rule itself deviates in four places (mean of squares, ``frexp``, non-finite
+  statistics, the branch merge's ``m``): see :mod:`.adaptive_rule`.
 * Accumulated scales ``P`` are kept in fp32 (the reference multiplies them in
   fp16); the layer scales themselves are stored as fp16 values (step 9).
-* Non-finite statistics (an inf/NaN gradient) give an unbounded scale of 1
-  instead of raising; the non-finite gradient then skips the step as usual and
-  does not poison the scale stored for ``update_every`` reuse.
-* Branch merge: ``m`` is the maximum of the *unscaled* branch gradients, as
-  ADAPTIVE.md says (the Chainer code multiplies an already-scaled maximum by
-  the candidate scale). If no candidate fits even at 1/8 the target is 1/8
-  and the overflow skips the step, where the reference raises.
 * Layers whose input needs no gradient (the first conv) compute no statistics:
   their scale would multiply nothing. ``layer_table`` marks them
   ``applied: False``.
@@ -117,472 +108,27 @@ unpatched (a new scaler can attach to it).
 
 from __future__ import annotations
 
-import functools
 import math
 import statistics
-import threading
 import warnings
-import weakref
 from typing import Any, Callable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..formats import FP16, FloatFormat
-from ._graph import ROOT_SCALE_ID, analyse
+from ._graph import analyse
+from .adaptive_layers import _ATTACHED, _SCALING_NODE_TYPES, _is_ours, _Iteration, _LayerInfo, _PatchedForward
+# rule names this module does not use are re-exported: tests and callers import them from here
+from .adaptive_rule import (MIN_BRANCH_SCALE, U_MAX, U_MIN, approx_range_scale, approx_range_scale_tensor,
+                            backward_fan_in, bound_scale_tensor, branch_target_scale, unbounded_scale_tensor,
+                            underflow_k)
 from .base import LossScaler, all_reduce_flag
 
 __all__ = ["AdaptiveLossScaler", "approx_range_scale", "approx_range_scale_tensor", "unbounded_scale_tensor",
            "bound_scale_tensor", "branch_target_scale", "backward_fan_in", "U_MIN", "U_MAX"]
 
-#: fp16's smallest subnormal, as the reference uses it (the default ``u_min``; other gradient
-#: formats bring their own, see ``AdaptiveLossScaler(grad_format=...)``)
-U_MIN = FP16.u_min
-#: fp16's largest finite value (the default ``u_max``)
-U_MAX = FP16.u_max
-#: branch merges halve the smallest branch scale down to this
-MIN_BRANCH_SCALE = 0.125
-
 _F32 = torch.float32
-
-
-# ---------------------------------------------------------------------------
-# the per-layer scale (ADAPTIVE.md steps 1-9)
-@functools.lru_cache(maxsize=None)
-def underflow_k(n_uf_threshold: float) -> float:
-    """``k = sqrt(2) * erfinv(T)``: with T = 1e-3, k ~= 1.2533e-3."""
-    if not 0.0 < n_uf_threshold < 1.0:
-        raise ValueError(f"n_uf_threshold must be in (0, 1), got {n_uf_threshold}")
-    return math.sqrt(2.0) * float(torch.erfinv(torch.tensor(n_uf_threshold, dtype=torch.float64)))
-
-
-def backward_fan_in(weight: torch.Tensor) -> int:
-    """Fan-in of the backward product: Linear ``out_features``; conv ``out_channels * kh * kw``."""
-    if weight.dim() == 2:
-        return int(weight.shape[0])
-    return int(weight.shape[0] * math.prod(weight.shape[2:]))
-
-
-def unbounded_scale_tensor(grad: torch.Tensor, weight: torch.Tensor, *, n_uf_threshold: float = 1e-3,
-                           fan_in: int | None = None, u_min: float = U_MIN, u_max: float = U_MAX) -> torch.Tensor:
-    """Steps 1-6: the statistical scale before the heuristic bounds, a 0-d fp32 tensor on grad's device.
-
-    ``u_min``/``u_max`` are the gradient format's range (the reference's ``get_range(dtype)``):
-    fp16's by default, E5M2's (2**-16, 57344) under ``fp8-emulated``.
-
-    Never synchronises with the host (no ``.item()``, no data-dependent Python branch).
-    """
-    if fan_in is None:
-        fan_in = backward_fan_in(weight)
-    g = grad.detach()
-    w = weight.detach().to(g.device)
-    if g.numel() == 0 or w.numel() == 0:
-        return torch.ones((), dtype=_F32, device=g.device)
-    # steps 1-2: sigma_o = sqrt((sigma_g^2 + mu_g^2)(sigma_W^2 + mu_W^2)), i.e. sqrt(E[g^2] E[W^2])
-    rms_g = torch.linalg.vector_norm(g, dtype=_F32) / math.sqrt(g.numel())
-    rms_w = torch.linalg.vector_norm(w, dtype=_F32) / math.sqrt(w.numel())
-    sigma_o = rms_g * rms_w * math.sqrt(0.5 * fan_in)  # step 3
-    # step 6's operands: signed extremes of the raw tensors
-    g_min, g_max = torch.aminmax(g)
-    w_min, w_max = torch.aminmax(w)
-    g_min, g_max, w_min, w_max = (v.to(_F32) for v in (g_min, g_max, w_min, w_max))
-    o_max = torch.stack([g_max * w_max, g_min * w_min, g_max * w_min, g_min * w_max]).abs().amax()
-    # step 5: underflow scale, never below 1
-    s = (u_min / (underflow_k(n_uf_threshold) * sigma_o)).clamp(min=1.0)
-    # step 6: overflow cap
-    s = torch.minimum(s, (u_max / fan_in) / o_max)
-    # step 4 (sigma_o == 0 -> 1), and non-finite statistics -> 1 (see module doc)
-    ok = (sigma_o > 0) & torch.isfinite(sigma_o) & torch.isfinite(o_max)
-    return torch.where(ok, s, torch.ones_like(s))
-
-
-def _max_abs(t: torch.Tensor) -> torch.Tensor:
-    """``max|t|`` as a 0-d fp32 tensor, one pass (aminmax; CPU's inf-norm reduction is far slower)."""
-    if t.numel() == 0:
-        return torch.zeros((), dtype=_F32, device=t.device)
-    lo, hi = torch.aminmax(t.detach())
-    return torch.maximum(lo.abs(), hi.abs()).to(_F32)
-
-
-def _floor_pow2(s: torch.Tensor) -> torch.Tensor:
-    _, e = torch.frexp(s)
-    p = torch.ldexp(torch.ones_like(s), e - 1)
-    return torch.where((s > 0) & torch.isfinite(s), p, s)
-
-
-def bound_scale_tensor(unbounded: torch.Tensor, prev_scale: torch.Tensor | float = 1.0, *,
-                       scale_upper_bound: float = 16.0, accum_upper_bound: float = 1024.0,
-                       power_of_two: bool = True) -> torch.Tensor:
-    """Steps 7-9: heuristic bounds, power of two, fp16 storage. ``prev_scale`` is ``P``."""
-    unbounded = unbounded.to(_F32)
-    if not isinstance(prev_scale, torch.Tensor):
-        prev_scale = torch.full((), float(prev_scale), dtype=_F32, device=unbounded.device)
-    s = torch.minimum(unbounded, accum_upper_bound / prev_scale.to(device=unbounded.device, dtype=_F32))
-    s = s.clamp(max=scale_upper_bound)
-    if power_of_two:
-        s = _floor_pow2(s)
-    return s.to(torch.float16).to(_F32)
-
-
-def approx_range_scale_tensor(grad: torch.Tensor, weight: torch.Tensor, prev_scale: torch.Tensor | float = 1.0, *,
-                              n_uf_threshold: float = 1e-3, scale_upper_bound: float = 16.0,
-                              accum_upper_bound: float = 1024.0, power_of_two: bool = True,
-                              grad_format: FloatFormat = FP16) -> torch.Tensor:
-    """ADAPTIVE.md steps 1-9 as a 0-d fp32 device tensor (no host sync)."""
-    unb = unbounded_scale_tensor(grad, weight, n_uf_threshold=n_uf_threshold, u_min=grad_format.u_min,
-                                 u_max=grad_format.u_max)
-    return bound_scale_tensor(unb, prev_scale, scale_upper_bound=scale_upper_bound,
-                              accum_upper_bound=accum_upper_bound, power_of_two=power_of_two)
-
-
-def approx_range_scale(grad: torch.Tensor, weight: torch.Tensor, prev_scale: float = 1.0, *,
-                       n_uf_threshold: float = 1e-3, scale_upper_bound: float = 16.0,
-                       accum_upper_bound: float = 1024.0, power_of_two: bool = True,
-                       grad_format: FloatFormat = FP16) -> float:
-    """The layer scale of ADAPTIVE.md (steps 1-9) for gradient ``grad`` at a layer with ``weight``.
-
-    ``grad``: Linear ``(N, out)`` (or ``(*, out)``), Conv2d ``(N, Cout, H, W)``;
-    ``weight``: ``(out, in)`` or ``(Cout, Cin/groups, kh, kw)``; ``prev_scale``: the
-    accumulated scale ``P`` the gradient already carries; ``grad_format``: the format whose
-    range the gradient must stay in.
-    """
-    return float(approx_range_scale_tensor(grad, weight, prev_scale, n_uf_threshold=n_uf_threshold,
-                                           scale_upper_bound=scale_upper_bound,
-                                           accum_upper_bound=accum_upper_bound, power_of_two=power_of_two,
-                                           grad_format=grad_format))
-
-
-def branch_target_scale(max_abs: torch.Tensor, scales: torch.Tensor, u_max: float = U_MAX) -> torch.Tensor:
-    """The common scale ``t`` of merging branches (ADAPTIVE.md "Branches"), on the device.
-
-    ``max_abs[i]`` is ``max|g_i|`` of branch i (scaled, as it arrives), ``scales[i]``
-    its scale. ``m = max_i(max_abs[i] / scales[i])``; ``t`` is the largest branch
-    scale with ``m*t < U_MAX``, else ``min(scales)`` halved until it fits, not below
-    1/8 (where nothing fits the overflow is left to the non-finite check).
-    """
-    scales = scales.to(_F32)
-    m = (max_abs.to(_F32) / scales).amax()
-    fits = m * scales < u_max
-    best = torch.where(fits, scales, torch.zeros_like(scales)).amax()
-    mn = scales.amin()
-    # smallest j >= 1 with m * mn * 2^-j < u_max
-    j = (torch.floor(torch.log2(mn * m / u_max)) + 1).clamp(min=1.0)
-    j = torch.where(torch.isfinite(j), j, torch.ones_like(j))
-    halved = torch.maximum(mn * torch.exp2(-j), torch.full_like(mn, MIN_BRANCH_SCALE))
-    fallback = torch.where(mn >= MIN_BRANCH_SCALE, halved, mn)
-    return torch.where(fits.any(), best, fallback)
-
-
-# ---------------------------------------------------------------------------
-# the layers' autograd Functions
-class _LayerInfo:
-    """Per wrapped module: geometry and the scales it recorded (device tensors)."""
-
-    def __init__(self, name: str, module: nn.Module) -> None:
-        self.name = name
-        self.kind = type(module).__name__
-        self.is_conv = isinstance(module, nn.Conv2d)
-        self.fan_in = backward_fan_in(module.weight)
-        self.last_unbounded: torch.Tensor | None = None
-        self.last_scale: torch.Tensor | None = None
-        self.last_prev: torch.Tensor | None = None
-        self.applied = False
-        if self.is_conv:
-            self.stride = tuple(module.stride)
-            self.dilation = tuple(module.dilation)
-            self.groups = module.groups
-            self.prepad: tuple[int, ...] | None = None
-            self.prepad_mode = "constant"
-            if module.padding_mode != "zeros":
-                self.prepad = tuple(module._reversed_padding_repeated_twice)
-                self.prepad_mode = module.padding_mode
-                self.padding = (0, 0)
-            elif isinstance(module.padding, str):
-                if module.padding == "valid":
-                    self.padding = (0, 0)
-                else:  # 'same': torch pads the extra pixel at the end
-                    pads = []
-                    for d, k in zip(self.dilation, module.kernel_size):
-                        total = d * (k - 1)
-                        pads.append((total // 2, total - total // 2))
-                    if all(a == b for a, b in pads):
-                        self.padding = tuple(a for a, _ in pads)
-                    else:
-                        self.padding = (0, 0)
-                        self.prepad = tuple(v for a, b in reversed(pads) for v in (a, b))
-            else:
-                self.padding = tuple(module.padding)
-
-    def record(self, scale: torch.Tensor | None, prev: torch.Tensor) -> None:
-        self.last_prev = prev
-        self.last_scale = scale
-        self.applied = scale is not None
-
-
-def _autocast_dtype(t: torch.Tensor) -> torch.dtype | None:
-    dev = t.device.type
-    try:
-        if torch.is_autocast_enabled(dev) and t.is_floating_point() and t.dtype != torch.float64:
-            return torch.get_autocast_dtype(dev)
-    except (RuntimeError, TypeError):  # device type without autocast support
-        return None
-    return None
-
-
-def _cast(t: torch.Tensor | None, dtype: torch.dtype | None) -> torch.Tensor | None:
-    if t is None or dtype is None or t.dtype == dtype:
-        return t
-    return t.to(dtype)
-
-
-def _input_grad_weight(ctx, g: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """The weight operand of the input-gradient product: ``s*W`` when a plan is attached, else ``W``.
-
-    ``conv_T(g, s*W) == s * conv_T(g, W) == conv_T(s*g, W)`` (exactly for powers of two); folding
-    ``s`` into the small weight spares a pass over the large gradient and lets one
-    ``convolution_backward`` call produce the input, weight and bias gradients (the weight and
-    bias gradients do not read the weight), as plain autograd does.
-    """
-    plan = getattr(ctx, "_ada", None)
-    if plan is None:
-        return w
-    it, in_id, out_id = plan
-    s = it.layer_backward(ctx.info, g, w, in_id, out_id, ctx.needs_input_grad[0])
-    return w if s is None else w * s
-
-
-def _forward_as_autocast_would(op, x, weight, bias):
-    """Cast inputs to the active autocast dtype (if any) and run ``op`` with autocast off, so the
-    custom Function computes in the dtype the stock layer would; returns the cast inputs too."""
-    dt = _autocast_dtype(x)
-    x_c, w_c, b_c = _cast(x, dt), _cast(weight, dt), _cast(bias, dt)
-    if dt is not None:
-        with torch.autocast(x.device.type, enabled=False):
-            return x_c, w_c, b_c, op(x_c, w_c, b_c)
-    return x_c, w_c, b_c, op(x_c, w_c, b_c)
-
-
-class _AdaConv2d(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, weight, bias, info):  # type: ignore[override]
-        x_c, w_c, b_c, out = _forward_as_autocast_would(
-            lambda a, w, b: F.conv2d(a, w, b, info.stride, info.padding, info.dilation, info.groups), x, weight, bias)
-        ctx.save_for_backward(x_c, w_c)
-        ctx.info = info
-        ctx.dtypes = (x.dtype, weight.dtype, None if bias is None else bias.dtype)
-        ctx.bias_sizes = None if bias is None else [bias.shape[0]]
-        return out
-
-    @staticmethod
-    def backward(ctx, g):  # type: ignore[override]
-        x, w = ctx.saved_tensors
-        info = ctx.info
-        need_x, need_w, need_b = ctx.needs_input_grad[:3]
-        need_b = bool(need_b and ctx.bias_sizes is not None)
-        w_in = _input_grad_weight(ctx, g, w)
-        if not (need_x or need_w or need_b):
-            return None, None, None, None
-        gx, gw, gb = torch.ops.aten.convolution_backward(
-            g, x, w_in, ctx.bias_sizes if need_b else None, info.stride, info.padding, info.dilation, False,
-            [0, 0], info.groups, [bool(need_x), bool(need_w), need_b])
-        return (_cast(gx, ctx.dtypes[0]) if need_x else None, _cast(gw, ctx.dtypes[1]) if need_w else None,
-                _cast(gb, ctx.dtypes[2]) if need_b else None, None)
-
-
-class _AdaLinear(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, weight, bias, info):  # type: ignore[override]
-        x_c, w_c, b_c, out = _forward_as_autocast_would(F.linear, x, weight, bias)
-        ctx.save_for_backward(x_c, w_c)
-        ctx.info = info
-        ctx.dtypes = (x.dtype, weight.dtype, None if bias is None else bias.dtype)
-        ctx.has_bias = bias is not None
-        return out
-
-    @staticmethod
-    def backward(ctx, g):  # type: ignore[override]
-        x, w = ctx.saved_tensors
-        need_x, need_w, need_b = ctx.needs_input_grad[:3]
-        w_in = _input_grad_weight(ctx, g, w)
-        gx = gw = gb = None
-        if need_x:
-            gx = _cast(g.matmul(w_in), ctx.dtypes[0])
-        g2 = g.reshape(-1, g.shape[-1])
-        if need_w:
-            gw = _cast(g2.t().matmul(x.reshape(-1, x.shape[-1])), ctx.dtypes[1])
-        if need_b and ctx.has_bias:
-            gb = _cast(g2.sum(0), ctx.dtypes[2])
-        return gx, gw, gb, None
-
-
-_SCALING_NODE_TYPES = (_AdaConv2d._backward_cls, _AdaLinear._backward_cls)  # type: ignore[attr-defined]
-
-#: module -> _LayerInfo of the scaler attached to it (a copied module is not in here: it runs unpatched)
-_ATTACHED: "weakref.WeakKeyDictionary[nn.Module, _LayerInfo]" = weakref.WeakKeyDictionary()
-
-
-class _PatchedForward:
-    """The instance ``forward`` of a wrapped Conv2d/Linear.
-
-    A callable object rather than a bound method so that a model can be deep-copied
-    or pickled while attached: the copy carries a ``_PatchedForward`` of its own
-    module, which is not in ``_ATTACHED`` and therefore runs the class forward.
-    """
-
-    __slots__ = ("module",)
-
-    def __init__(self, module: nn.Module) -> None:
-        self.module = module
-
-    def __call__(self, input: torch.Tensor) -> torch.Tensor:
-        return _ada_forward(self.module, input)
-
-    def __reduce__(self):
-        return (_PatchedForward, (self.module,))
-
-
-def _is_ours(forward: Any) -> bool:
-    return isinstance(forward, _PatchedForward)
-
-
-def _ada_forward(self: nn.Module, input: torch.Tensor) -> torch.Tensor:
-    info = _ATTACHED.get(self)
-    cls_forward = type(self).forward
-    if info is None or not torch.is_grad_enabled():
-        return cls_forward(self, input)
-    weight, bias = self.weight, self.bias
-    if not (input.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)):
-        return cls_forward(self, input)
-    if info.is_conv:
-        if info.prepad is not None:
-            mode = info.prepad_mode
-            input = F.pad(input, info.prepad, mode=mode) if mode != "constant" else F.pad(input, info.prepad)
-        return _AdaConv2d.apply(input, weight, bias, info)
-    return _AdaLinear.apply(input, weight, bias, info)
-
-
-# ---------------------------------------------------------------------------
-# one backward pass
-class _Merge:
-    __slots__ = ("out_id", "ids", "stash", "order")
-
-    def __init__(self, out_id: int, ids: list[int]) -> None:
-        self.out_id = out_id
-        self.ids = ids
-        self.stash: list[torch.Tensor | None] = [None] * len(ids)
-        #: slots in arrival order: the sum follows it, as autograd's own accumulation would
-        self.order: list[int] = []
-
-
-class _Iteration:
-    """State of one ``scale(loss)``/backward: the scale values, indexed by scale source id."""
-
-    def __init__(self, scaler: "AdaptiveLossScaler", n_ids: int, root_scale: torch.Tensor, recompute: bool) -> None:
-        self.scaler = scaler
-        self.vals: list[torch.Tensor | None] = [None] * n_ids
-        self.vals[ROOT_SCALE_ID] = root_scale
-        self.recompute = recompute
-        self.merges: list[_Merge] = []
-        #: hooks on this iteration's graph nodes (removed by the next scale() once a backward ran, or update())
-        self.handles: list[Any] = []
-        self.backward_done = False
-        #: merges may see branches from several device threads (model parallel)
-        self.lock = threading.Lock()
-
-    def release(self) -> None:
-        handles, self.handles = self.handles, []
-        for h in handles:
-            h.remove()
-        for m in self.merges:  # a backward that failed half-way must not leave gradients stashed
-            m.stash = [None] * len(m.ids)
-            m.order = []
-
-    def on_backward_start(self, grad_outputs):
-        """Pre-hook of the root node: have the engine mark the end of this backward."""
-        torch.autograd.Variable._execution_engine.queue_callback(self._mark_done)
-        return None
-
-    def _mark_done(self) -> None:
-        self.backward_done = True
-        for m in self.merges:
-            m.stash = [None] * len(m.ids)
-            m.order = []
-
-    # called from the layers' backward
-    def layer_backward(self, info: _LayerInfo, g: torch.Tensor, w: torch.Tensor, in_id: int, out_id: int,
-                       need_input_grad: bool) -> torch.Tensor | None:
-        """The layer scale ``s`` (0-d fp32 tensor), or None when no input gradient is needed."""
-        prev = self.vals[in_id]
-        if not need_input_grad:  # nothing upstream to scale
-            self.vals[out_id] = prev
-            info.record(None, prev)
-            return None
-        s = self.scaler._layer_scale(self, info, g, w, prev)
-        self.vals[out_id] = prev * s
-        info.record(s, prev)
-        return s
-
-    # called from the merge post-hooks
-    def arrive(self, mi: int, slot: int, g: torch.Tensor | None) -> torch.Tensor | None:
-        m = self.merges[mi]
-        with self.lock:
-            m.stash[slot] = g
-            m.order.append(slot)
-            if len(m.order) < len(m.ids):
-                return None
-        try:
-            return self._combine(m)
-        finally:
-            m.stash = [None] * len(m.ids)
-            m.order = []
-
-    def _combine(self, m: _Merge) -> torch.Tensor | None:
-        scales = torch.stack([self.vals[sid] for sid in m.ids])
-        live = [(m.stash[k], self.vals[m.ids[k]]) for k in m.order if m.stash[k] is not None]
-        if not live:
-            self.vals[m.out_id] = scales.amax()
-            return None
-        # every branch scale is a candidate, also those of branches whose gradient is None (zero)
-        zero = torch.zeros((), dtype=_F32, device=scales.device)
-        max_abs = torch.stack([zero if g is None else _max_abs(g) for g in m.stash])
-        t = branch_target_scale(max_abs, scales, self.scaler.grad_format.u_max)
-        self.vals[m.out_id] = t
-        dtype = functools.reduce(torch.promote_types, (g.dtype for g, _ in live))
-        total = None
-        for g, s in live:
-            factor = t / s
-            if total is None:
-                total = g.to(dtype) * factor
-            else:
-                total.addcmul_(g.to(dtype), factor)
-        return total
-
-
-def _merge_hook(it: _Iteration, entries: list[tuple[int, int, int]]):
-    def hook(grad_inputs, grad_outputs):
-        gi = list(grad_inputs)
-        for j, mi, slot in entries:
-            gi[j] = it.arrive(mi, slot, gi[j])
-        return tuple(gi)
-
-    return hook
-
-
-def _convert_hook(it: _Iteration, x_id: int, target: tuple[_Iteration, int] | None):
-    """Pre-hook of a parameter's AccumulateGrad: bring its gradient from scale ``x_id`` to ``target``."""
-
-    def hook(grad_outputs):
-        g = grad_outputs[0]
-        if g is None:
-            return None
-        x = it.vals[x_id]
-        if x is None:
-            return None
-        c = 1.0 if target is None else target[0].vals[target[1]]
-        return (g * (c / x).to(g.device),) + tuple(grad_outputs[1:])
-
-    return hook
 
 
 def _world_size() -> int:
@@ -591,9 +137,6 @@ def _world_size() -> int:
     if dist.is_available() and dist.is_initialized():
         return dist.get_world_size()
     return 1
-
-
-_UNSCALED = None  # marker in AdaptiveLossScaler._carried: the gradient is accumulated unscaled
 
 
 class AdaptiveLossScaler(LossScaler):
@@ -675,7 +218,7 @@ class AdaptiveLossScaler(LossScaler):
         #: iterations whose hooks may still be registered (normally only the current one)
         self._pending: list[_Iteration] = []
         self._recomputed = False
-        #: id(param) -> (iteration, scale id) whose value the param's .grad carries, or _UNSCALED
+        #: id(param) -> (iteration, scale id) whose value the param's .grad carries, or _UNSCALED (None; adaptive_layers)
         self._carried: dict[int, tuple[_Iteration, int] | None] = {}
         #: number of statistics computations (steps 1-6) since construction
         self.stat_computations = 0
@@ -698,27 +241,7 @@ class AdaptiveLossScaler(LossScaler):
         recompute = self._iter % self.update_every == 0
         self._recomputed |= recompute
         it = _Iteration(self, plan.n_ids, torch.full((), self.init_scale, dtype=_F32, device=loss.device), recompute)
-        it.handles.append(root.register_prehook(it.on_backward_start))
-        for node, in_id, out_id in plan.layers:
-            node._ada = (it, in_id, out_id)
-        consumers: dict[int, tuple[Any, list[tuple[int, int, int]]]] = {}
-        for spec in plan.merges:
-            mi = len(it.merges)
-            it.merges.append(_Merge(spec.out_id, [sid for _, _, sid in spec.edges]))
-            for slot, (cnode, j, _) in enumerate(spec.edges):
-                consumers.setdefault(id(cnode), (cnode, []))[1].append((j, mi, slot))
-        for cnode, entries in consumers.values():
-            entries.sort()
-            it.handles.append(cnode.register_hook(_merge_hook(it, entries)))
-        unscaled_mode = self.unscale_in_backward
-        for acc, var, sid in plan.leaves:
-            key = id(var)
-            if key not in self._carried:
-                self._carried[key] = _UNSCALED if unscaled_mode else (it, sid)
-            target = self._carried[key]
-            if target is not None and target[0] is it and target[1] == sid:
-                continue
-            it.handles.append(acc.register_prehook(_convert_hook(it, sid, target)))
+        it.install(root, plan, self._carried, self.unscale_in_backward)
         self._last_plan = {"nodes": plan.n_nodes, "merge_points": len(plan.merges), "layers": len(plan.layers)}
         self._pending.append(it)
         return scaled

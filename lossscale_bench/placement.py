@@ -1,0 +1,120 @@
+"""Where a trial goes: the Ray resources of a trial, its placement text, what the cluster can hold.
+
+Pure resource arithmetic, no Ray import: the sweep uses it to schedule and to
+print ``--dry-run`` tables, the multi-device launcher (``distributed``) to
+build its worker group. It sits with the sweep, above ``trial``.
+"""
+
+from __future__ import annotations
+
+#: CPU share the Tune trial (the Train driver) itself holds; it only polls a queue
+DRIVER_CPUS = 0.25
+#: Ray resource of one device per backend (None: CPU only)
+DEVICE_RESOURCE = {"cpu": None, "cuda": "GPU", "hpu": "HPU", "xla": "TPU"}
+
+
+
+def devices_of(resources: dict) -> int:
+    return int(resources.get("devices_per_trial", 1) or 1)
+
+
+def is_distributed(resources: dict) -> bool:
+    return devices_of(resources) > 1
+
+
+def _backend(resources: dict) -> str:
+    backend = resources.get("backend", "cpu")
+    if backend == "auto" and is_distributed(resources):
+        raise ValueError("resources.backend auto cannot be used with devices_per_trial > 1: "
+                         "name the backend (cpu, cuda, hpu, xla) so Ray can reserve its devices")
+    return backend
+
+
+def driver_bundle(resources: dict) -> dict[str, float]:
+    """What the Tune trial (the Train driver) holds: a CPU share, no device."""
+    return {"CPU": DRIVER_CPUS}
+
+
+def worker_bundles(resources: dict) -> list[dict[str, float]]:
+    """The Train worker group's placement group: one bundle per worker."""
+    backend = _backend(resources)
+    n = devices_of(resources)
+    cpus = float(resources.get("cpus_per_trial", 1))
+    dev = DEVICE_RESOURCE.get(backend)
+    if backend == "xla":  # one worker holds every chip; torch_xla starts a process per chip
+        return [{"CPU": cpus, "TPU": float(n)}]
+    bundle = {"CPU": cpus}
+    if dev:
+        bundle[dev] = 1.0
+    return [dict(bundle) for _ in range(n)]
+
+
+def _fmt(x: float) -> str:
+    return f"{x:g}"
+
+
+def placement_text(resources: dict) -> str:
+    """One-line placement for ``--dry-run``, e.g. ``CPU:0.25 + 8×{CPU:1, GPU:1}``."""
+    if not is_distributed(resources):
+        backend = resources.get("backend", "cpu")
+        dev = DEVICE_RESOURCE.get(backend) or ("auto" if backend == "auto" else None)
+        parts = [f"CPU:{_fmt(float(resources.get('cpus_per_trial', 1)))}"]
+        if dev:
+            parts.append(f"{dev}:{devices_of(resources)}")
+        return ", ".join(parts)
+    try:
+        bundles = worker_bundles(resources)
+    except ValueError:  # backend auto: nothing to reserve a device by
+        return f"auto:{devices_of(resources)} (not placeable: name the backend)"
+    inner = ", ".join(f"{k}:{_fmt(v)}" for k, v in bundles[0].items())
+    return f"CPU:{_fmt(DRIVER_CPUS)} + {len(bundles)}×{{{inner}}}"
+
+
+def infeasible(resources: dict, cluster: dict[str, float]) -> str | None:
+    """Why the cluster (``ray.cluster_resources()``) can never hold this trial, or None."""
+    need: dict[str, float] = dict(driver_bundle(resources))
+    for b in worker_bundles(resources):
+        for k, v in b.items():
+            need[k] = need.get(k, 0.0) + v
+    short = {k: (v, float(cluster.get(k, 0.0))) for k, v in need.items() if float(cluster.get(k, 0.0)) + 1e-9 < v}
+    if not short:
+        return None
+    what = ", ".join(f"{k} {_fmt(v)} (cluster has {_fmt(have)})" for k, (v, have) in short.items())
+    return (f"a {devices_of(resources)}-device {resources.get('backend')} trial needs {what}; "
+            f"add nodes with that resource (docs/cluster.md) or lower resources.devices_per_trial")
+
+
+def tune_concurrency(trial_resources: list[dict], cluster: dict[str, float]) -> int | None:
+    """``max_concurrent_trials`` so that Tune does not start many trials that can only wait for devices.
+
+    Tune schedules a multi-device trial by its driver's CPU share only. For each
+    kind of trial (backend × devices_per_trial) this counts how many fit the
+    cluster at once, ``floor(cluster[R] / need[R])`` over its resources, capped
+    by how many such trials there are, and returns the sum. None when no trial
+    is multi-device (Tune's own accounting is exact then). In a mixed study a
+    kind may briefly start more than fit while another kind waits in Tune's
+    queue; its surplus Train runs then wait for their placement group.
+    """
+    if not any(is_distributed(r) for r in trial_resources):
+        return None
+    kinds: dict[tuple, list] = {}
+    for r in trial_resources:
+        key = (r.get("backend", "cpu"), devices_of(r), float(r.get("cpus_per_trial", 1)))
+        kinds.setdefault(key, []).append(r)
+    total = 0
+    for rs in kinds.values():
+        r = rs[0]
+        need: dict[str, float] = {}
+        for b in (worker_bundles(r) if is_distributed(r) else [_single_bundle(r)]):
+            for k, v in b.items():
+                need[k] = need.get(k, 0.0) + v
+        fit = min((int(float(cluster.get(k, 0.0)) // v) for k, v in need.items() if v > 0), default=len(rs))
+        total += max(1, min(fit, len(rs)))
+    return total
+
+
+def _single_bundle(resources: dict) -> dict[str, float]:
+    from .backends import ray_resources
+
+    return ray_resources(resources.get("backend", "cpu"), devices_of(resources),
+                         float(resources.get("cpus_per_trial", 1)))

@@ -1,0 +1,75 @@
+"""LaTeX renderer: a summary -> booktabs tables (needs ``\\usepackage{booktabs}``)."""
+
+from __future__ import annotations
+
+import re
+
+from .report_summary import model_name
+from .report_tables import EMULATED_MARK, HEADERS, VS_HEADER, _bold_split, _heading, _study_notes, _tables, _value_header
+
+__all__ = ["render_latex", "latex_escape"]
+
+_LATEX_ESCAPES = {
+    "\\": r"\textbackslash{}",
+    "&": r"\&",
+    "%": r"\%",
+    "$": r"\$",
+    "#": r"\#",
+    "_": r"\_",
+    "{": r"\{",
+    "}": r"\}",
+    "~": r"\textasciitilde{}",
+    "^": r"\textasciicircum{}",
+    "±": r"$\pm$",
+    "–": "--",
+    "−": r"$-$",
+    "Δ": r"$\Delta$",
+    EMULATED_MARK: r"$^\dagger$",
+}
+_LATEX_RE = re.compile("|".join(re.escape(k) for k in _LATEX_ESCAPES))
+
+
+def latex_escape(text: str) -> str:
+    return _LATEX_RE.sub(lambda m: _LATEX_ESCAPES[m.group(0)], str(text))
+
+
+def _md_inline_to_latex(text: str) -> str:
+    # `code` -> \texttt{code}; escape everything else
+    parts = re.split(r"`([^`]*)`", text)
+    return "".join(latex_escape(p) if i % 2 == 0 else r"\texttt{" + latex_escape(p) + "}" for i, p in enumerate(parts))
+
+
+def render_latex(summary, runs, metric) -> str:
+    out = [
+        "% lossscale_bench report; needs \\usepackage{booktabs}",
+    ]
+    for study, sg in summary.groupby("study", dropna=False, sort=False):
+        out += ["", f"% study: {latex_escape(study)}"]
+        for _, model, bs, rows, has_vs in _tables(sg, metric):
+            headers = [*HEADERS, _value_header(metric)] + ([VS_HEADER] if has_vs else [])
+            out += [
+                "",
+                r"\begin{table}[ht]",
+                r"\centering",
+                r"\caption{" + latex_escape(_heading(study, model, bs)) + "}",
+                r"\begin{tabular}{llrl" + ("l" if has_vs else "") + "}",
+                r"\toprule",
+                " & ".join(latex_escape(h) for h in headers) + r" \\",
+                r"\midrule",
+            ]
+            for label, cell, best, emu, vs in rows:
+                if best:
+                    v, rest = _bold_split(cell)
+                    cell_tex = r"\textbf{" + latex_escape(v) + "}" + latex_escape(rest)
+                else:
+                    cell_tex = latex_escape(cell)
+                label_tex = latex_escape(label) + (latex_escape(EMULATED_MARK) if emu else "")
+                vs_tex = f" & {latex_escape(vs)}" if has_vs else ""
+                cells_tex = [latex_escape(model_name(model)), label_tex, latex_escape(bs), cell_tex]
+                out.append(" & ".join(cells_tex) + vs_tex + r" \\")
+            out += [r"\bottomrule", r"\end{tabular}", r"\end{table}"]
+        srun = runs[runs["study"] == study] if runs is not None else None
+        out.append("")
+        for note in _study_notes(sg, srun, metric):
+            out += [_md_inline_to_latex(note), ""]
+    return "\n".join(out).rstrip("\n") + "\n"

@@ -1,0 +1,341 @@
+"""MLflow store -> one pandas row per trial: :func:`load_runs` and what it needs.
+
+The report reads the MLflow store, never training logs.  The store contract
+(written by the trial code, see docs/DESIGN "MLflow conventions"):
+
+* one experiment per study, named by the study;
+* one parent run per study (``lsbench.role=study``);
+* one child run per trial (``lsbench.role=trial``) tagged ``lsbench.study``,
+  ``lsbench.trial_id``, ``lsbench.status`` (running | finished | diverged |
+  failed; any other value, e.g. pending, reads as not done yet),
+  ``lsbench.diverged_step``, ``lsbench.label``, ``lsbench.row``,
+  ``lsbench.precision``, ``lsbench.eval_metric``, ``lsbench.baseline``
+  (``true`` on the trials of the study's ``baseline: true`` entry); params ``model``,
+  ``batch_size``, ``seed``, ``precision``, ``scaling.method``, ...; metrics
+  ``final_map``, ``final_map_50``, ``best_map`` (fractions), plus step and
+  eval metrics.
+
+Only :func:`load_runs` touches MLflow, and it imports it lazily so that the
+rest of the package (and ``lsbench --help``) does not pay for the import.
+
+Part of the summary layer (with :mod:`lossscale_bench.report_summary`, which
+re-exports everything public here): no rendering, no plots.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import pandas as pd
+
+__all__ = [
+    "ReportError",
+    "load_runs",
+    "derive_label",
+    "model_name",
+    "is_emulated",
+    "MODEL_NAMES",
+    "RUN_COLUMNS",
+    "STATUSES",
+    "TAG",
+    "EMULATED_SUFFIX",
+]
+
+# --------------------------------------------------------------------------
+# constants
+
+MODEL_NAMES: dict[str, str] = {
+    "ssd512_vgg16": "SSD512",
+    "ssd300_vgg16": "SSD300",
+    "ssd_tiny": "SSD-tiny",
+    "ssd300_resnet34": "SSD300-R34",
+    "ssd300_resnet50": "SSD300-R50",
+}
+
+EMULATED_SUFFIX = "-emulated"  # any precision named so is a CPU emulation, marked † in tables
+
+STATUSES = ("running", "finished", "diverged", "failed")
+
+TAG = "lsbench."
+# the columns load_runs always returns, in this order
+RUN_COLUMNS = [
+    "study",
+    "trial_id",
+    "run_id",
+    "status",
+    "label",
+    "row",
+    "model",
+    "batch_size",
+    "seed",
+    "precision",
+    "method",
+    "baseline",
+    "final_map",
+    "final_map_50",
+    "best_map",
+    "map",
+    "map_50",
+    "diverged_step",
+    "eval_metric",
+    "experiment_id",
+    "run_name",
+    "mlflow_status",
+    "start_time",
+    "end_time",
+]
+_INT_COLUMNS = ("row", "batch_size", "seed", "diverged_step")
+_FLOAT_COLUMNS = ("final_map", "final_map_50", "best_map", "map", "map_50")
+
+
+class ReportError(Exception):
+    """A report cannot be produced; the message is one line for the user."""
+
+
+# --------------------------------------------------------------------------
+# loading
+
+
+def _to_int(value) -> int | None:
+    if value is None:
+        return None
+    try:
+        f = float(str(value).strip())
+    except ValueError:
+        return None
+    if math.isnan(f) or math.isinf(f) or f != int(f):
+        return None
+    return int(f)
+
+
+def _fmt_number(value: str | None) -> str:
+    """'128.0' -> '128', '0.5' -> '0.5', None -> '?'."""
+    if value is None:
+        return "?"
+    i = _to_int(value)
+    return str(i) if i is not None else str(value)
+
+
+def derive_label(params: Mapping[str, str], precision: str | None = None) -> str:
+    """A row label from the scaling params, for runs without ``lsbench.label``.
+
+    Mirrors the published wording: ``FP32 baseline``, ``adaptive``,
+    ``no loss scale``, ``loss scale (128)``, ``loss scale (dynamic, interval=10)``.
+    """
+    method = (params.get("scaling.method") or "").lower()
+    precision = (precision or params.get("precision") or "").lower()
+    if method in ("", "none"):
+        if precision == "fp32":
+            return "FP32 baseline"
+        if precision:
+            return f"{precision}, no loss scale"
+        return "no loss scale"
+    if method == "fixed":
+        scale = params.get("scaling.scale", params.get("scaling.init_scale"))
+        if _to_int(scale) == 1:
+            return "no loss scale"
+        return f"loss scale ({_fmt_number(scale)})"
+    if method == "dynamic":
+        interval = params.get("scaling.interval")
+        if interval is None:
+            return "loss scale (dynamic)"
+        return f"loss scale (dynamic, interval={_fmt_number(interval)})"
+    if method == "adaptive":
+        every = params.get("scaling.update_every")
+        if every is None or _to_int(every) == 1:
+            return "adaptive"
+        return f"adaptive (freq={_fmt_number(every)})"
+    return method
+
+
+def _is_true(value) -> bool:
+    """A tag or column value meaning yes: ``true`` (as tracking writes it), True, 1, ``yes``."""
+    if value is None or _isna(value):
+        return False
+    if isinstance(value, str):
+        return value.strip().lower() in ("true", "1", "yes")
+    return bool(value)
+
+
+def is_emulated(precision) -> bool:
+    """Any ``*-emulated`` precision is a CPU emulation: its rows carry the † mark."""
+    return isinstance(precision, str) and precision.endswith(EMULATED_SUFFIX)
+
+
+def _status(tag_status: str | None, mlflow_status: str) -> str:
+    mlflow_status = (mlflow_status or "").upper()
+    if tag_status:
+        s = tag_status.strip().lower()
+        # a trial whose process died leaves the tag at "running"; MLflow knows better
+        if s in ("running", "pending") and mlflow_status in ("FAILED", "KILLED"):
+            return "failed"
+        return s
+    return {
+        "FINISHED": "finished",
+        "FAILED": "failed",
+        "KILLED": "failed",
+    }.get(mlflow_status, "running")
+
+
+def _run_record(run) -> dict:
+    info, data = run.info, run.data
+    tags, params, metrics = data.tags, data.params, data.metrics
+    precision = tags.get(TAG + "precision") or params.get("precision")
+    label = tags.get(TAG + "label") or derive_label(params, precision)
+    rec = {
+        "study": tags.get(TAG + "study"),
+        "trial_id": tags.get(TAG + "trial_id") or info.run_id,
+        "run_id": info.run_id,
+        "status": _status(tags.get(TAG + "status"), info.status),
+        "label": label,
+        "row": _to_int(tags.get(TAG + "row")),
+        "model": params.get("model"),
+        "batch_size": _to_int(params.get("batch_size")),
+        "seed": _to_int(params.get("seed")),
+        "precision": precision,
+        "method": params.get("scaling.method"),
+        "baseline": _is_true(tags.get(TAG + "baseline")),
+        "diverged_step": _to_int(tags.get(TAG + "diverged_step")),
+        "eval_metric": tags.get(TAG + "eval_metric") or params.get("eval.metric"),
+        "experiment_id": info.experiment_id,
+        "run_name": info.run_name,
+        "mlflow_status": info.status,
+        "start_time": info.start_time,
+        "end_time": info.end_time,
+    }
+    # every metric's latest value under its own name (final_map, loss_scale, ...)
+    for key, value in metrics.items():
+        rec[key if key not in rec else f"metric.{key}"] = value
+    return rec
+
+
+def _empty_runs() -> pd.DataFrame:
+    return _typed(pd.DataFrame({c: [] for c in RUN_COLUMNS}))
+
+
+def _typed(df: pd.DataFrame) -> pd.DataFrame:
+    for c in RUN_COLUMNS:
+        if c not in df.columns:
+            df[c] = None
+    for c in _INT_COLUMNS:
+        df[c] = pd.array([_to_int(v) if v is not None and not _isna(v) else None for v in df[c]], dtype="Int64")
+    for c in _FLOAT_COLUMNS:
+        df[c] = pd.to_numeric(df[c], errors="coerce").astype("float64")
+    for c in ("start_time", "end_time"):
+        df[c] = pd.to_numeric(df[c], errors="coerce")
+    df["baseline"] = [_is_true(v) for v in df["baseline"]]  # runs logged before the tag existed: no
+    df["baseline"] = df["baseline"].astype(bool)
+    extra = [c for c in df.columns if c not in RUN_COLUMNS]
+    return df[RUN_COLUMNS + extra]
+
+
+def _isna(value) -> bool:
+    try:
+        return bool(pd.isna(value))
+    except (TypeError, ValueError):
+        return False
+
+
+def _quote(value: str) -> str | None:
+    """Quote a value for an MLflow filter string, or None if it cannot be."""
+    if "'" not in value:
+        return f"'{value}'"
+    if '"' not in value:
+        return f'"{value}"'
+    return None
+
+
+def _all_experiments(client) -> list:
+    from mlflow.entities import ViewType
+
+    out, token = [], None
+    while True:
+        page = client.search_experiments(view_type=ViewType.ACTIVE_ONLY, max_results=1000, page_token=token)
+        out.extend(page)
+        token = page.token
+        if not token:
+            return out
+
+
+def _search_trials(client, experiment_ids: list[str], extra_filter: str = "") -> list:
+    from mlflow.entities import ViewType
+
+    flt = f"tags.`{TAG}role` = 'trial'" + (f" and {extra_filter}" if extra_filter else "")
+    runs, token = [], None
+    while True:
+        page = client.search_runs(
+            experiment_ids=experiment_ids,
+            filter_string=flt,
+            run_view_type=ViewType.ACTIVE_ONLY,
+            max_results=5000,
+            page_token=token,
+        )
+        runs.extend(page)
+        token = page.token
+        if not token:
+            return runs
+
+
+def load_runs(tracking_uri: str, study: str | None = None) -> pd.DataFrame:
+    """One row per trial child run of ``study`` (all studies when None).
+
+    When one ``trial_id`` has several runs (a resumed or restored trial),
+    only the latest by start time is kept.  Runs are read with one paged
+    ``search_runs`` pass, no per-run calls.  Columns: see ``RUN_COLUMNS``;
+    every logged metric also appears with its latest value under its own name.
+    Unknown study -> :class:`ReportError`.
+    """
+    try:
+        from mlflow import MlflowClient
+    except ImportError as e:  # pragma: no cover - mlflow is a dependency
+        raise ReportError(f"mlflow is not installed: {e}") from None
+
+    client = MlflowClient(tracking_uri=tracking_uri)
+    try:
+        if study is None:
+            experiments = _all_experiments(client)
+            runs = _search_trials(client, [e.experiment_id for e in experiments]) if experiments else []
+        else:
+            exp = client.get_experiment_by_name(study)
+            if exp is not None and exp.lifecycle_stage == "active":
+                runs = _search_trials(client, [exp.experiment_id])
+            else:
+                # the experiment may have been named differently; the tag decides
+                experiments = _all_experiments(client)
+                q = _quote(study)
+                runs = []
+                if experiments and q is not None:
+                    runs = _search_trials(client, [e.experiment_id for e in experiments], f"tags.`{TAG}study` = {q}")
+                if not runs:
+                    names = sorted(e.name for e in experiments if e.name != "Default")
+                    known = ", ".join(names) if names else "(none)"
+                    raise ReportError(f"no study named {study!r} in {tracking_uri}; studies: {known}")
+    except ReportError:
+        raise
+    except Exception as e:  # MlflowException, sqlalchemy errors, connection errors
+        msg = " ".join(str(e).split())
+        raise ReportError(f"cannot read MLflow store {tracking_uri}: {type(e).__name__}: {msg[:300]}") from None
+
+    if not runs:
+        return _empty_runs()
+    df = pd.DataFrame.from_records([_run_record(r) for r in runs])
+    if study is not None:
+        # runs in the study's experiment that do not say which study they belong to are its own
+        df["study"] = df["study"].fillna(study)
+        df = df[df["study"] == study]
+    else:
+        # fall back to the experiment's name, which is the study's name by convention
+        exp_names = {e.experiment_id: e.name for e in experiments}
+        df["study"] = df["study"].fillna(df["experiment_id"].map(exp_names))
+    df = _typed(df)
+    df = df.sort_values(["start_time", "run_id"], kind="stable", na_position="first")
+    df = df.drop_duplicates(subset=["study", "trial_id"], keep="last")
+    df = df.sort_values(["study", "row", "trial_id"], kind="stable", na_position="last")
+    return df.reset_index(drop=True)
+
+
+def model_name(model: str | None) -> str:
+    if model is None or _isna(model):
+        return "?"
+    return MODEL_NAMES.get(str(model), str(model))

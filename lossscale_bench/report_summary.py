@@ -1,0 +1,296 @@
+"""Runs -> summary: one row per table cell, with seed statistics and verdicts.
+
+The summary layer of the report: :func:`load_runs` (MLflow -> runs, from
+:mod:`lossscale_bench.report_runs`, re-exported here) and :func:`summarize`
+(runs -> one row per (study, model, batch, row)).  No rendering and no plots
+here: the table renderers (``report_markdown``, ``report_csv``,
+``report_html``, ``report_latex``) and :mod:`lossscale_bench.plots` build on
+this module, and :mod:`lossscale_bench.report` sits above them all.
+
+Seeds and statistics.  A cell with several seeds shows ``mean ± sample std
+(n=k)``, k the number of seeds that finished with a value.  Each table
+(study, model, batch size) has a baseline row: the scaling entry marked
+``baseline: true`` in the study (tag ``lsbench.baseline``), else the first
+``fp32`` row, else none (and no verdicts).  Every other row is compared with
+it, alpha 0.05: by a paired t-test of the per-seed differences when both rows
+finished the same seeds (a seed fixes initial weights and batches, so the
+pairs differ only by the method), else by Welch's t-test on the seed values;
+with the difference of means and its 95% confidence interval
+(:mod:`lossscale_bench.report_stats`):
+``worse than baseline (p=0.003)``, ``better than baseline (p=0.01)``,
+``within seed noise (p=0.42)``, or ``too few seeds`` when either side has
+fewer than two values.  Diverged, failed and running seeds are left out of
+the test (the cell says ``k/n diverged``): a diverged seed has no mAP to
+compare, and inventing one (0, say) would turn "diverges sometimes" into a
+p-value about accuracy.  A row with no value at all says ``no values``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from .report_runs import (
+    EMULATED_SUFFIX,
+    MODEL_NAMES,
+    RUN_COLUMNS,
+    STATUSES,
+    TAG,
+    ReportError,
+    _is_true,
+    _isna,
+    _to_int,
+    derive_label,
+    is_emulated,
+    load_runs,
+    model_name,
+)
+from .report_stats import ALPHA, noise_verdict, paired_verdict
+
+__all__ = [
+    "ReportError",
+    "load_runs",
+    "summarize",
+    "derive_label",
+    "model_name",
+    "is_emulated",
+    "noise_verdict",
+    "paired_verdict",
+    "ALPHA",
+    "MODEL_NAMES",
+    "RUN_COLUMNS",
+    "SUMMARY_COLUMNS",
+    "STATUSES",
+    "TAG",
+    "EMULATED_SUFFIX",
+    "RUNNING_TEXT",
+]
+
+# summary columns, in this order (csv output)
+SUMMARY_COLUMNS = [
+    "study",
+    "model",
+    "model_name",
+    "batch_size",
+    "row",
+    "label",
+    "precision",
+    "baseline",
+    "eval_metric",
+    "metric",
+    "n_runs",
+    "n_seeds",
+    "n_values",
+    "n_finished",
+    "n_diverged",
+    "n_failed",
+    "n_running",
+    "mean",
+    "std",
+    "n",
+    "cell",
+    "best",
+    "baseline_label",
+    "p_value",
+    "diff",
+    "diff_ci_low",
+    "diff_ci_high",
+    "test",
+    "verdict",
+]
+
+RUNNING_TEXT = "–"  # en dash: still running, or no value for the metric yet
+
+
+def _is_map_metric(metric: str) -> bool:
+    return "map" in metric.lower()
+
+
+def _higher_is_better(metric: str) -> bool:
+    return "loss" not in metric.lower() and "skipped" not in metric.lower() and "overflow" not in metric.lower()
+
+
+def _scale(metric: str) -> float:
+    """mAP values are fractions; tables show percent."""
+    return 100.0 if _is_map_metric(metric) else 1.0
+
+
+def _fmt(value: float, metric: str) -> str:
+    return f"{value * _scale(metric):.2f}"
+
+
+def _cell_text(values: list[float], counts: dict[str, int], n_runs: int, table_n_runs: int, metric: str) -> str:
+    """Display text of one cell: ``mean ± std (n=k, j/m diverged)``.
+
+    ``n=k`` (the seeds that finished with a value, what mean and std are over)
+    is shown whenever the cell has several seeds, so a reader never has to
+    guess how many runs a ± stands on; a one-seed cell stays a bare number
+    unless the table's usual runs per cell (``table_n_runs``) differ.
+    """
+    notes = [f"{counts[s]}/{n_runs} {s}" for s in ("diverged", "failed", "running") if counts[s]]
+    if values:
+        text = _fmt(pd.Series(values).mean(), metric)
+        if len(values) > 1:
+            text += f" ± {_fmt(pd.Series(values).std(ddof=1), metric)}"
+        if len(values) > 1 or n_runs > 1 or len(values) != table_n_runs:
+            notes.insert(0, f"n={len(values)}")
+        if notes:
+            text += f" ({', '.join(notes)})"
+        return text
+    if counts["running"]:
+        head = RUNNING_TEXT
+        notes = notes[:-1]  # "running" itself is what the dash says
+        if counts["running"] == n_runs:
+            return head
+        return f"{head} ({', '.join(notes)})" if notes else head
+    if counts["diverged"] == n_runs:
+        return "diverged"
+    if counts["failed"] == n_runs:
+        return "failed"
+    if counts["diverged"]:
+        return f"diverged ({counts['failed']}/{n_runs} failed)"
+    return RUNNING_TEXT
+
+
+def summarize(df: pd.DataFrame, metric: str = "final_map") -> pd.DataFrame:
+    """One row per table cell: (study, model, batch_size, row, label, precision).
+
+    Columns: see ``SUMMARY_COLUMNS``.  ``mean``/``std`` are in the metric's
+    own unit (fractions for mAP), over finished runs that logged the metric;
+    ``std`` is the sample std (NaN for one value), ``n`` the number of
+    values they are over.  ``cell`` is the display text (percent for mAP
+    metrics), ``best`` marks the best value per table (only when a table has
+    at least two values to compare).  A run that is finished but has not
+    logged ``metric`` counts as running (``–``).
+
+    ``baseline`` marks each table's baseline row (see the module docstring);
+    ``verdict`` is ``baseline`` there and the noise verdict on the other rows
+    (empty in tables without a baseline), with ``p_value``, ``diff`` (row
+    mean − baseline mean, the metric's unit) and ``diff_ci_low``/``_high``
+    (95% CI) from :func:`lossscale_bench.report_stats.noise_verdict`.
+    """
+    if df is None or len(df) == 0:
+        return pd.DataFrame({c: [] for c in SUMMARY_COLUMNS})
+    df = df.copy()
+    for c in ("study", "model", "batch_size", "row", "label", "precision", "eval_metric", "seed", "status",
+              "baseline"):
+        if c not in df.columns:
+            df[c] = None
+    df["baseline"] = [_is_true(v) for v in df["baseline"]]
+    values = pd.to_numeric(df[metric], errors="coerce") if metric in df.columns else pd.Series(math.nan, index=df.index)
+    df["_value"] = values.astype("float64")
+    status = df["status"].fillna("running").astype(str).str.lower()
+    has_value = df["_value"].notna() & ~df["_value"].isin([math.inf, -math.inf])
+    df["_kind"] = "running"
+    df.loc[status == "diverged", "_kind"] = "diverged"
+    df.loc[status == "failed", "_kind"] = "failed"
+    df.loc[(status == "finished") & has_value, "_kind"] = "value"
+
+    keys = ["study", "model", "batch_size", "row", "label", "precision"]
+    rows = []
+    for key, g in df.groupby(keys, dropna=False, sort=False):
+        k = dict(zip(keys, key))
+        vals = g.loc[g["_kind"] == "value", "_value"].tolist()
+        by_seed = {int(s): v for s, v in zip(g.loc[g["_kind"] == "value", "seed"], vals) if not _isna(s)}
+        counts = {s: int((g["_kind"] == s).sum()) for s in ("diverged", "failed", "running")}
+        evals = [e for e in pd.unique(g["eval_metric"].dropna()) if e]
+        rows.append(
+            {
+                **k,
+                "model_name": model_name(k["model"]),
+                "eval_metric": ",".join(sorted(map(str, evals))) or None,
+                "metric": metric,
+                "n_runs": len(g),
+                "n_seeds": int(g["seed"].nunique(dropna=True)),
+                "n_values": len(vals),
+                "n_finished": int((status.loc[g.index] == "finished").sum()),
+                "n_diverged": counts["diverged"],
+                "n_failed": counts["failed"],
+                "n_running": counts["running"],
+                "mean": float(pd.Series(vals).mean()) if vals else math.nan,
+                "std": float(pd.Series(vals).std(ddof=1)) if len(vals) > 1 else math.nan,
+                "n": len(vals),
+                "_marked": bool(g["baseline"].any()),
+                "_vals": vals,
+                "_by_seed": by_seed,
+                "_counts": counts,
+            }
+        )
+    out = pd.DataFrame(rows)
+    for c in ("batch_size", "row"):
+        out[c] = pd.array([_to_int(v) if not _isna(v) else None for v in out[c]], dtype="Int64")
+    out = out.sort_values(
+        ["study", "model", "batch_size", "row", "label", "precision"], kind="stable", na_position="last"
+    ).reset_index(drop=True)
+
+    higher = _higher_is_better(metric)
+    cells, best = [], []
+    for _, g in out.groupby(["study", "model", "batch_size"], dropna=False, sort=False):
+        usual_runs = int(g["n_runs"].mode().max())  # most common; ties -> the larger
+        shown = g["mean"].map(lambda m: round(m * _scale(metric), 2) if not math.isnan(m) else math.nan)
+        n_with = int(shown.notna().sum())
+        target = (shown.max() if higher else shown.min()) if n_with else math.nan
+        for i, r in g.iterrows():
+            cells.append((i, _cell_text(r["_vals"], r["_counts"], int(r["n_runs"]), usual_runs, metric)))
+            best.append((i, bool(n_with >= 2 and not math.isnan(shown[i]) and shown[i] == target)))
+    out["cell"] = pd.Series(dict(cells))
+    out["best"] = pd.Series(dict(best)).astype(bool)
+    out = _add_verdicts(out, higher)
+    return out[SUMMARY_COLUMNS].reset_index(drop=True)
+
+
+def _baseline_index(table: pd.DataFrame):
+    """The index of a table's baseline row, or None.
+
+    The study's ``baseline: true`` entry wins; studies without one keep the
+    convention of the published tables, where the fp32 row is the reference.
+    Rows are in row order, so "first" is the study file's order.
+    """
+    marked = table.index[table["_marked"]]
+    if len(marked):
+        return marked[0]
+    fp32 = table.index[table["precision"].astype(str).str.lower() == "fp32"]
+    return fp32[0] if len(fp32) else None
+
+
+def _add_verdicts(out: pd.DataFrame, higher: bool) -> pd.DataFrame:
+    """``baseline``, ``baseline_label``, ``p_value``, ``diff``, CI and ``verdict`` per row.
+
+    Tables without a baseline row get no verdicts (empty strings, NaN numbers):
+    a comparison with an arbitrary row would look like a finding.
+    """
+    out = out.copy()
+    nan = math.nan
+    cols = {"baseline": False, "baseline_label": "", "p_value": nan, "diff": nan,
+            "diff_ci_low": nan, "diff_ci_high": nan, "test": "", "verdict": ""}
+    for c, v in cols.items():
+        out[c] = v
+    out["baseline"] = out["baseline"].astype(bool)
+    out["verdict"] = out["verdict"].astype(object)
+    out["baseline_label"] = out["baseline_label"].astype(object)
+    out["test"] = out["test"].astype(object)
+    for _, g in out.groupby(["study", "model", "batch_size"], dropna=False, sort=False):
+        b = _baseline_index(g)
+        if b is None:
+            continue
+        base_vals = out.at[b, "_vals"]
+        base_label = str(out.at[b, "label"])
+        for i in g.index:
+            out.at[i, "baseline_label"] = base_label
+            if i == b:
+                out.at[i, "baseline"] = True
+                out.at[i, "verdict"] = "baseline"
+                continue
+            mine, base = out.at[i, "_by_seed"], out.at[b, "_by_seed"]
+            # pair only when every value of both rows has its own seed (no seedless or repeated seeds)
+            whole = len(mine) == len(out.at[i, "_vals"]) and len(base) == len(base_vals)
+            if whole and len(set(mine) & set(base)) >= 2 and set(mine) == set(base):
+                # same seeds = same initial weights and batches: compare seed by seed
+                v = paired_verdict(mine, base, ALPHA, higher_is_better=higher)
+            else:
+                v = noise_verdict(out.at[i, "_vals"], base_vals, ALPHA, higher_is_better=higher)
+            for c in ("p_value", "diff", "diff_ci_low", "diff_ci_high", "test"):
+                out.at[i, c] = v[c]
+            out.at[i, "verdict"] = v["verdict"]
+    return out

@@ -1,0 +1,150 @@
+"""What every table format shows, before any markup: headings, rows, footnotes.
+
+:func:`_tables` turns a summary (:func:`lossscale_bench.report_summary.summarize`)
+into (study, model, batch, rows, has_baseline) tuples and
+:func:`_study_notes` gives the footnotes under a study's tables; the
+markdown, html and latex renderers only add their own markup around them.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+import pandas as pd
+
+from .report_summary import ALPHA, EMULATED_SUFFIX, STATUSES, _is_map_metric, _isna, _scale, is_emulated, model_name
+
+__all__ = ["HEADERS", "VS_HEADER", "SEEDS_NOTE", "EMULATED_MARK", "EMULATION_NOTES"]
+
+_EVAL_METRIC_NAMES = {
+    "coco": "COCO mAP@[.5:.95]",
+    "voc07": "VOC07 11-point mAP",
+    "voc": "VOC area mAP",
+}
+_EVAL_METRIC_NAMES_50 = {
+    "coco": "COCO mAP@0.5",
+    "voc07": "VOC07 11-point mAP",
+    "voc": "VOC area mAP",
+}
+
+EMULATED_MARK = "†"
+#: what each emulation rounds; an emulation not listed here gets a generic note
+EMULATION_NOTES: dict[str, str] = {
+    "fp16-emulated": "these numbers come from the CPU fp16 emulation "
+    "(compute in fp32, fp16 rounding of layer outputs and gradients), not real fp16.",
+    "fp8-emulated": "these numbers come from the CPU fp8 emulation "
+    "(compute in fp32, conv/linear outputs rounded to float8 E4M3, gradients to E5M2), not real fp8.",
+}
+
+HEADERS = ("Model", "Loss scale", "Batch size")
+VS_HEADER = "vs baseline"
+
+
+def _value_header(metric: str) -> str:
+    return "Validation mAP" if _is_map_metric(metric) else metric
+
+
+def _metric_description(metric: str, eval_metrics: Iterable[str]) -> str:
+    names = _EVAL_METRIC_NAMES_50 if metric.endswith("_50") else _EVAL_METRIC_NAMES
+    evals = sorted({e for em in eval_metrics if em for e in str(em).split(",")})
+    what = " / ".join(names.get(e, e) for e in evals) or "unknown evaluation metric"
+    unit = ", %" if _is_map_metric(metric) else ""
+    return f"Metric: {what} (`{metric}`{unit}). Best per table in bold."
+
+
+SEEDS_NOTE = (
+    "Several seeds: mean ± sample std over the n seeds that finished with a value "
+    "(diverged, failed and running seeds are counted beside it, not averaged)."
+)
+
+
+def _verdict_note(metric: str) -> str:
+    """How to read the ``vs baseline`` column; printed under tables that have one."""
+    unit = "percentage points" if _is_map_metric(metric) else "the metric's unit"
+    return (
+        f"{VS_HEADER}: the row's seed values against the baseline row's (the scaling entry marked "
+        "`baseline: true` in the study, else the first fp32 row), two-sided, "
+        f"alpha {ALPHA:g}: p < {ALPHA:g} reads as worse/better than baseline, otherwise within seed noise. "
+        "When both rows finished the same seeds (a seed fixes the initial weights and the batches), a paired "
+        "t-test of the per-seed differences (marked paired); otherwise Welch's t-test (unequal variances). "
+        "n is the number of seeds that finished with a value; fewer than 2 on either side: too few seeds. "
+        "Diverged, failed and running seeds are left out of the test (the cell counts them). "
+        f"Δ: row mean − baseline mean ({unit}) with its 95% confidence interval "
+        "(paired: n−1 degrees of freedom; Welch: Welch–Satterthwaite)."
+    )
+
+
+def _text(value) -> str:
+    """A summary string column's value; a csv read back has NaN where it was empty."""
+    return "" if value is None or _isna(value) else str(value)
+
+
+def _vs_text(r, metric: str) -> str:
+    """The ``vs baseline`` cell: the verdict, and Δ with its CI where a test was run."""
+    verdict = _text(r.get("verdict"))
+    p, diff = r.get("p_value"), r.get("diff")
+    lo, hi = r.get("diff_ci_low"), r.get("diff_ci_high")
+    if not verdict or any(v is None or _isna(v) for v in (p, diff, lo, hi)):
+        return verdict
+    k = _scale(metric)
+    return f"{verdict}, Δ {diff * k:+.2f} [{lo * k:+.2f}, {hi * k:+.2f}]"
+
+
+def _tables(summary: pd.DataFrame, metric: str = "final_map"):
+    """Yield (study, model, batch_size, table_rows, has_baseline) in report order.
+
+    table_rows: list of (label, cell, best, emulated, vs_baseline) in row order;
+    ``has_baseline``: the table has a baseline row, so it gets a ``vs baseline`` column.
+    """
+    for (study, model, bs), g in summary.groupby(["study", "model", "batch_size"], dropna=False, sort=False):
+        labels = g["label"].astype(str).tolist()
+        dup = {lab for lab in labels if labels.count(lab) > 1}
+        rows = []
+        for _, r in g.iterrows():
+            label = str(r["label"])
+            if label in dup and not _isna(r["precision"]):
+                label = f"{label} [{r['precision']}]"
+            rows.append((label, str(r["cell"]), bool(r["best"]), is_emulated(r["precision"]), _vs_text(r, metric)))
+        has_baseline = "verdict" in g.columns and g["verdict"].map(_text).eq("baseline").any()
+        yield study, model, bs, rows, bool(has_baseline)
+
+
+def _bold_split(cell: str) -> tuple[str, str]:
+    """'79.27 ± 0.12 (n=2)' -> ('79.27', ' ± 0.12 (n=2)')."""
+    m = re.match(r"^(-?[0-9.]+)(.*)$", cell)
+    return (m.group(1), m.group(2)) if m else (cell, "")
+
+
+def _heading(study, model, bs) -> str:
+    bs_text = "?" if _isna(bs) else str(bs)
+    return f"{study}: {model_name(model)} batch {bs_text}"
+
+
+def _emulation_notes(precisions: Iterable) -> list[str]:
+    """One † line per emulation that appears, in registry-ish order (fp16 before fp8)."""
+    found = sorted({str(p) for p in precisions if is_emulated(p)},
+                   key=lambda p: (list(EMULATION_NOTES).index(p) if p in EMULATION_NOTES else len(EMULATION_NOTES), p))
+    lines = []
+    for p in found:
+        fmt = p[: -len(EMULATED_SUFFIX)]
+        note = EMULATION_NOTES.get(p, f"these numbers come from a CPU emulation of {fmt}, not real {fmt}.")
+        lines.append(f"{EMULATED_MARK} {p}: {note}")
+    return lines
+
+
+def _study_notes(summary: pd.DataFrame, runs_of_study: pd.DataFrame | None, metric: str) -> list[str]:
+    """Footnotes under a study's tables; each says only what its tables show."""
+    lines = [_metric_description(metric, summary["eval_metric"].dropna().tolist())]
+    if (pd.to_numeric(summary["n_values"], errors="coerce") > 1).any():
+        lines.append(SEEDS_NOTE)
+    if any(has for *_, has in _tables(summary, metric)):
+        lines.append(_verdict_note(metric))
+    n = runs_of_study
+    if n is not None and len(n):
+        st = n["status"].fillna("running").astype(str).str.lower()
+        parts = [f"{int((st == s).sum())} {s}" for s in ("finished", "diverged", "failed", "running")]
+        parts += [f"{int((st == s).sum())} {s}" for s in sorted(set(st) - set(STATUSES))]  # e.g. pending
+        lines.append(f"Trials: {len(n)} ({', '.join(parts)}).")
+    lines += _emulation_notes(summary["precision"].dropna())
+    return lines

@@ -1,0 +1,176 @@
+"""The per-layer rule of adaptive loss scaling: ADAPTIVE.md steps 1-9 and the branch merge target.
+
+Pure tensor functions, no ``nn.Module`` and no autograd: given the gradient
+arriving at a layer, the layer's weight and the accumulated scale ``P`` the
+gradient already carries, :func:`approx_range_scale_tensor` returns the layer
+scale ``s`` (:func:`unbounded_scale_tensor`: steps 1-6, the statistics;
+:func:`bound_scale_tensor`: steps 7-9, the heuristic bounds, power of two and
+fp16 storage); :func:`branch_target_scale` is the common scale of merging
+branches (ADAPTIVE.md "Branches"). Everything returns 0-d fp32 tensors on the
+gradient's device and never synchronises with the host, so the rule can run
+inside a backward pass per layer; :func:`approx_range_scale` is the float
+convenience form. The layers, hooks and scaler that apply the rule live in
+:mod:`.adaptive_layers` and :mod:`.adaptive`.
+
+Deviations from the Chainer reference in the rule (ADAPTIVE.md's terms; the
+others are listed in :mod:`.adaptive`)
+------------------------------------------------------------------------------
+* ``sigma_g**2 + mu_g**2`` is computed as the mean of squares (the identity
+  holds for the population std numpy uses); one reduction instead of two.
+* ``2**floor(log2(s))`` is taken with ``frexp`` (exact), because fp32 ``log2``
+  rounds values just below a power of two up to it.
+* Non-finite statistics (an inf/NaN gradient) give an unbounded scale of 1
+  instead of raising; the non-finite gradient then skips the step as usual and
+  does not poison the scale stored for ``update_every`` reuse.
+* Branch merge: ``m`` is the maximum of the *unscaled* branch gradients, as
+  ADAPTIVE.md says (the Chainer code multiplies an already-scaled maximum by
+  the candidate scale). If no candidate fits even at 1/8 the target is 1/8
+  and the overflow skips the step, where the reference raises.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+
+from ..formats import FP16, FloatFormat
+
+__all__ = ["approx_range_scale", "approx_range_scale_tensor", "unbounded_scale_tensor", "bound_scale_tensor",
+           "branch_target_scale", "backward_fan_in", "underflow_k", "U_MIN", "U_MAX", "MIN_BRANCH_SCALE"]
+
+#: fp16's smallest subnormal, as the reference uses it (the default ``u_min``; other gradient
+#: formats bring their own, see ``AdaptiveLossScaler(grad_format=...)``)
+U_MIN = FP16.u_min
+#: fp16's largest finite value (the default ``u_max``)
+U_MAX = FP16.u_max
+#: branch merges halve the smallest branch scale down to this
+MIN_BRANCH_SCALE = 0.125
+
+_F32 = torch.float32
+
+
+@functools.lru_cache(maxsize=None)
+def underflow_k(n_uf_threshold: float) -> float:
+    """``k = sqrt(2) * erfinv(T)``: with T = 1e-3, k ~= 1.2533e-3."""
+    if not 0.0 < n_uf_threshold < 1.0:
+        raise ValueError(f"n_uf_threshold must be in (0, 1), got {n_uf_threshold}")
+    return math.sqrt(2.0) * float(torch.erfinv(torch.tensor(n_uf_threshold, dtype=torch.float64)))
+
+
+def backward_fan_in(weight: torch.Tensor) -> int:
+    """Fan-in of the backward product: Linear ``out_features``; conv ``out_channels * kh * kw``."""
+    if weight.dim() == 2:
+        return int(weight.shape[0])
+    return int(weight.shape[0] * math.prod(weight.shape[2:]))
+
+
+def unbounded_scale_tensor(grad: torch.Tensor, weight: torch.Tensor, *, n_uf_threshold: float = 1e-3,
+                           fan_in: int | None = None, u_min: float = U_MIN, u_max: float = U_MAX) -> torch.Tensor:
+    """Steps 1-6: the statistical scale before the heuristic bounds, a 0-d fp32 tensor on grad's device.
+
+    ``u_min``/``u_max`` are the gradient format's range (the reference's ``get_range(dtype)``):
+    fp16's by default, E5M2's (2**-16, 57344) under ``fp8-emulated``.
+
+    Never synchronises with the host (no ``.item()``, no data-dependent Python branch).
+    """
+    if fan_in is None:
+        fan_in = backward_fan_in(weight)
+    g = grad.detach()
+    w = weight.detach().to(g.device)
+    if g.numel() == 0 or w.numel() == 0:
+        return torch.ones((), dtype=_F32, device=g.device)
+    # steps 1-2: sigma_o = sqrt((sigma_g^2 + mu_g^2)(sigma_W^2 + mu_W^2)), i.e. sqrt(E[g^2] E[W^2])
+    rms_g = torch.linalg.vector_norm(g, dtype=_F32) / math.sqrt(g.numel())
+    rms_w = torch.linalg.vector_norm(w, dtype=_F32) / math.sqrt(w.numel())
+    sigma_o = rms_g * rms_w * math.sqrt(0.5 * fan_in)  # step 3
+    # step 6's operands: signed extremes of the raw tensors
+    g_min, g_max = torch.aminmax(g)
+    w_min, w_max = torch.aminmax(w)
+    g_min, g_max, w_min, w_max = (v.to(_F32) for v in (g_min, g_max, w_min, w_max))
+    o_max = torch.stack([g_max * w_max, g_min * w_min, g_max * w_min, g_min * w_max]).abs().amax()
+    # step 5: underflow scale, never below 1
+    s = (u_min / (underflow_k(n_uf_threshold) * sigma_o)).clamp(min=1.0)
+    # step 6: overflow cap
+    s = torch.minimum(s, (u_max / fan_in) / o_max)
+    # step 4 (sigma_o == 0 -> 1), and non-finite statistics -> 1 (see module doc)
+    ok = (sigma_o > 0) & torch.isfinite(sigma_o) & torch.isfinite(o_max)
+    return torch.where(ok, s, torch.ones_like(s))
+
+
+def _max_abs(t: torch.Tensor) -> torch.Tensor:
+    """``max|t|`` as a 0-d fp32 tensor, one pass (aminmax; CPU's inf-norm reduction is far slower)."""
+    if t.numel() == 0:
+        return torch.zeros((), dtype=_F32, device=t.device)
+    lo, hi = torch.aminmax(t.detach())
+    return torch.maximum(lo.abs(), hi.abs()).to(_F32)
+
+
+def _floor_pow2(s: torch.Tensor) -> torch.Tensor:
+    _, e = torch.frexp(s)
+    p = torch.ldexp(torch.ones_like(s), e - 1)
+    return torch.where((s > 0) & torch.isfinite(s), p, s)
+
+
+def bound_scale_tensor(unbounded: torch.Tensor, prev_scale: torch.Tensor | float = 1.0, *,
+                       scale_upper_bound: float = 16.0, accum_upper_bound: float = 1024.0,
+                       power_of_two: bool = True) -> torch.Tensor:
+    """Steps 7-9: heuristic bounds, power of two, fp16 storage. ``prev_scale`` is ``P``."""
+    unbounded = unbounded.to(_F32)
+    if not isinstance(prev_scale, torch.Tensor):
+        prev_scale = torch.full((), float(prev_scale), dtype=_F32, device=unbounded.device)
+    s = torch.minimum(unbounded, accum_upper_bound / prev_scale.to(device=unbounded.device, dtype=_F32))
+    s = s.clamp(max=scale_upper_bound)
+    if power_of_two:
+        s = _floor_pow2(s)
+    return s.to(torch.float16).to(_F32)
+
+
+def approx_range_scale_tensor(grad: torch.Tensor, weight: torch.Tensor, prev_scale: torch.Tensor | float = 1.0, *,
+                              n_uf_threshold: float = 1e-3, scale_upper_bound: float = 16.0,
+                              accum_upper_bound: float = 1024.0, power_of_two: bool = True,
+                              grad_format: FloatFormat = FP16) -> torch.Tensor:
+    """ADAPTIVE.md steps 1-9 as a 0-d fp32 device tensor (no host sync)."""
+    unb = unbounded_scale_tensor(grad, weight, n_uf_threshold=n_uf_threshold, u_min=grad_format.u_min,
+                                 u_max=grad_format.u_max)
+    return bound_scale_tensor(unb, prev_scale, scale_upper_bound=scale_upper_bound,
+                              accum_upper_bound=accum_upper_bound, power_of_two=power_of_two)
+
+
+def approx_range_scale(grad: torch.Tensor, weight: torch.Tensor, prev_scale: float = 1.0, *,
+                       n_uf_threshold: float = 1e-3, scale_upper_bound: float = 16.0,
+                       accum_upper_bound: float = 1024.0, power_of_two: bool = True,
+                       grad_format: FloatFormat = FP16) -> float:
+    """The layer scale of ADAPTIVE.md (steps 1-9) for gradient ``grad`` at a layer with ``weight``.
+
+    ``grad``: Linear ``(N, out)`` (or ``(*, out)``), Conv2d ``(N, Cout, H, W)``;
+    ``weight``: ``(out, in)`` or ``(Cout, Cin/groups, kh, kw)``; ``prev_scale``: the
+    accumulated scale ``P`` the gradient already carries; ``grad_format``: the format whose
+    range the gradient must stay in.
+    """
+    return float(approx_range_scale_tensor(grad, weight, prev_scale, n_uf_threshold=n_uf_threshold,
+                                           scale_upper_bound=scale_upper_bound,
+                                           accum_upper_bound=accum_upper_bound, power_of_two=power_of_two,
+                                           grad_format=grad_format))
+
+
+def branch_target_scale(max_abs: torch.Tensor, scales: torch.Tensor, u_max: float = U_MAX) -> torch.Tensor:
+    """The common scale ``t`` of merging branches (ADAPTIVE.md "Branches"), on the device.
+
+    ``max_abs[i]`` is ``max|g_i|`` of branch i (scaled, as it arrives), ``scales[i]``
+    its scale. ``m = max_i(max_abs[i] / scales[i])``; ``t`` is the largest branch
+    scale with ``m*t < U_MAX``, else ``min(scales)`` halved until it fits, not below
+    1/8 (where nothing fits the overflow is left to the non-finite check).
+    """
+    scales = scales.to(_F32)
+    m = (max_abs.to(_F32) / scales).amax()
+    fits = m * scales < u_max
+    best = torch.where(fits, scales, torch.zeros_like(scales)).amax()
+    mn = scales.amin()
+    # smallest j >= 1 with m * mn * 2^-j < u_max
+    j = (torch.floor(torch.log2(mn * m / u_max)) + 1).clamp(min=1.0)
+    j = torch.where(torch.isfinite(j), j, torch.ones_like(j))
+    halved = torch.maximum(mn * torch.exp2(-j), torch.full_like(mn, MIN_BRANCH_SCALE))
+    fallback = torch.where(mn >= MIN_BRANCH_SCALE, halved, mn)
+    return torch.where(fits.any(), best, fallback)

@@ -1,0 +1,58 @@
+"""Study files: schema, YAML loading with field-precise errors, grid expansion.
+
+A study file (YAML) names a grid: ``model × batch_size × scaling entry ×
+seed``. A scaling entry may override ``precision``, ``model`` or
+``batch_size`` for itself (the FP32 baseline row), and at most one entry
+may say ``baseline: true`` (the row the report tests the others against;
+without one, the report uses the first fp32 row). :meth:`Study.trials`
+expands the grid into :class:`TrialConfig` objects, each with a stable
+``trial_id`` derived from everything that affects training (which row is
+the baseline does not: it changes the report, not what is trained).
+
+Every problem with a study file is a :class:`StudyError` whose text is one
+line, ``"<file>: <field path>: <problem>; allowed: <...>"``, e.g.::
+
+    studies/x.yaml: scaling[2].scale: -1 is out of range; allowed: numbers > 0
+
+This package must stay free of torch, Ray and MLflow: ``lsbench validate``
+and ``lsbench run --dry-run`` use it and must be instant.
+
+Modules: ``errors`` (:class:`StudyError`, value wording), ``fields`` (the
+constrained field types), ``schema`` (the pydantic models), ``trial_config``
+(:class:`TrialConfig`), ``grid`` (expansion, trial ids, labels, the dry-run
+table), ``load`` (YAML, pydantic errors -> :class:`StudyError`).
+"""
+
+from __future__ import annotations
+
+# besides __all__, the names the single module this package replaced offered stay importable from
+# here: the registry's names (MODEL_VERSIONS is the very dict trial ids read), the concrete models
+# and the trial-id helpers
+from ..registry import (BACKEND_NAMES, DATASET_NAMES, DYNAMIC_STYLES, EVAL_METRICS, MODEL_NAMES, MODEL_VERSIONS,
+                        PRECISIONS, SCALING_METHODS, VOC_CLASSES)  # noqa: F401
+from .errors import StudyError
+from .grid import TRIAL_ID_VERSION, _identity, _make_trial_id, _scaling_tag, default_label, trial_table  # noqa: F401
+from .load import load_study, load_study_text
+from .schema import (DATASET_MODELS, SCALING_MODELS, AdaptiveScaling, COCODataset, DatasetSpec, DivergenceSpec,
+                     DynamicScaling, EvalSpec, FixedScaling, ModelOptions, NoneScaling, Resources, ResourcesOverride,
+                     ScalingEntry, Schedule, Study, SyntheticDataset, VOC0712Dataset, VOCDataset)  # noqa: F401
+from .trial_config import TrialConfig
+
+__all__ = [
+    "StudyError",
+    "load_study",
+    "load_study_text",
+    "default_label",
+    "trial_table",
+    "Study",
+    "TrialConfig",
+    "ScalingEntry",
+    "DatasetSpec",
+    "Schedule",
+    "EvalSpec",
+    "Resources",
+    "ModelOptions",
+    "DivergenceSpec",
+    "VOC_CLASSES",
+    "TRIAL_ID_VERSION",
+]

@@ -1,0 +1,76 @@
+"""The one-line :class:`StudyError` and the wording helpers every study module shares."""
+
+from __future__ import annotations
+
+import difflib
+from typing import Any
+
+from pydantic_core import PydanticCustomError
+
+#: the pydantic error type of a problem already worded for the user (see :func:`_err`)
+ERROR_TYPE = "lsbench"
+
+
+class StudyError(Exception):
+    """A problem with a study file; ``str(e)`` is one line.
+
+    Attributes: ``file``, ``path`` (field path such as ``scaling[2].scale``,
+    or ``line 3, column 5`` for YAML syntax, or ``""``), ``problem`` and
+    ``allowed`` (``None`` when there is no set or range to name).
+    """
+
+    def __init__(self, file: str, path: str, problem: str, allowed: str | None = None) -> None:
+        self.file = str(file)
+        self.path = path
+        self.problem = _one_line(problem)
+        self.allowed = _one_line(allowed) if allowed else None
+        parts = [self.file]
+        if path:
+            parts.append(path)
+        parts.append(self.problem)
+        msg = ": ".join(parts)
+        if self.allowed:
+            msg += f"; allowed: {self.allowed}"
+        super().__init__(msg)
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+def _show(v: Any) -> str:
+    """A value as the user wrote it (YAML-ish), short."""
+    if v is None:
+        s = "null"
+    elif isinstance(v, bool):
+        s = "true" if v else "false"
+    elif isinstance(v, float) and v.is_integer() and abs(v) < 1e16:
+        s = str(int(v))
+    else:
+        s = repr(v)
+    s = _one_line(s)
+    return s if len(s) <= 80 else s[:77] + "..."
+
+
+def _fmt_num(x: float | int) -> str:
+    """128.0 -> '128', 0.5 -> '0.5'."""
+    if isinstance(x, bool):
+        return str(x).lower()
+    if isinstance(x, float) and x.is_integer() and abs(x) < 1e16:
+        return str(int(x))
+    return repr(x) if isinstance(x, float) else str(x)
+
+
+def _suggest(word: Any, names) -> str:
+    if not isinstance(word, str):
+        return ""
+    close = difflib.get_close_matches(word, [str(n) for n in names], n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _err(problem: str, allowed: str | None = None) -> PydanticCustomError:
+    """A field problem worded for the user; :func:`~.load._convert` shows it as it is."""
+    ctx = {"problem": problem}
+    if allowed:
+        ctx["allowed"] = allowed
+    return PydanticCustomError(ERROR_TYPE, "{problem}", ctx)

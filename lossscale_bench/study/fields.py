@@ -1,0 +1,160 @@
+"""Field types of the study schema: pydantic's own constraints, worded for the user.
+
+Ranges, choices, booleans, non-blank strings and non-empty lists are pydantic
+constraints (``Field(ge=...)``, ``Literal``, ``StrictBool``, ``pattern``,
+``min_length``), so the JSON schema shows them. Where the message needs
+something pydantic does not know (the allowed range as a whole, the noun of a
+choice, a close match), a wrap validator words pydantic's failure; the
+wording of the other constraints is in :func:`~.load._convert`. What is left
+hand-written is what pydantic does not do: YAML 1.1 reads ``1e-3`` (no dot)
+as a string, and a number must not be given as ``true``.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Annotated, Any, Literal, Optional
+
+from pydantic import BeforeValidator, ConfigDict, Field, StrictBool, ValidationError, ValidationInfo, WrapValidator
+
+from .errors import _err, _fmt_num, _show, _suggest
+
+_DEFAULT_SOURCE = "<string>"
+#: "not blank": the pattern of :data:`Str` (load.py words its mismatch as "must not be empty");
+#: a character ``str.strip()`` keeps (it also strips the separators \x1c-\x1f, which ``\s`` lacks)
+NOT_BLANK = r"[^\s\x1c-\x1f]"
+
+_STRICT = ConfigDict(extra="forbid", frozen=True, validate_default=False)
+
+
+# --------------------------------------------------------------------------- validation context
+
+
+def _ctx_source(info: ValidationInfo | None) -> str:
+    ctx = getattr(info, "context", None) or {}
+    return str(ctx.get("source", _DEFAULT_SOURCE))
+
+
+def _ctx_base_dir(info: ValidationInfo | None) -> str:
+    ctx = getattr(info, "context", None) or {}
+    return str(ctx.get("base_dir") or os.getcwd())
+
+
+def _resolve_path(p: str, base_dir: str) -> str:
+    p = os.path.expanduser(p)
+    if not os.path.isabs(p):
+        p = os.path.join(base_dir, p)
+    return os.path.normpath(p)
+
+
+# --------------------------------------------------------------------------- numbers
+
+
+def _range_text(kind: str, gt=None, ge=None, lt=None, le=None, nullable=False) -> str:
+    noun = "integers" if kind == "int" else "numbers"
+    lo = f"{_fmt_num(gt)} < " if gt is not None else (f"{_fmt_num(ge)} <= " if ge is not None else "")
+    hi = f" < {_fmt_num(lt)}" if lt is not None else (f" <= {_fmt_num(le)}" if le is not None else "")
+    if lo and hi:
+        text = f"{noun} {lo}x{hi}"
+    elif lo:
+        op = lo.split()[1]
+        text = f"{noun} {'>' if op == '<' else '>='} {lo.split()[0]}"
+    elif hi:
+        text = f"{noun}{hi}"
+    else:
+        text = noun
+    return text + (" or null" if nullable else "")
+
+
+_OUT_OF_RANGE = {"greater_than", "greater_than_equal", "less_than", "less_than_equal"}
+
+
+def _number(kind: str, *, gt=None, ge=None, lt=None, le=None, nullable: bool = False):
+    """An ``int``/``float`` with pydantic's bounds (and no inf/nan); failures say the whole range."""
+    allowed = _range_text(kind, gt, ge, lt, le, nullable)
+    expected = "an integer" if kind == "int" else "a number"
+    bounds = {"gt": gt, "ge": ge, "lt": lt, "le": le}
+    base = Annotated[int, Field(**bounds)] if kind == "int" else \
+        Annotated[float, Field(**bounds, allow_inf_nan=False)]
+
+    def check(v: Any, handler):
+        orig = v
+        if isinstance(v, bool):  # pydantic would take true for 1
+            raise _err(f"expected {expected}, got {_show(v)}", allowed)
+        if isinstance(v, str):  # YAML reads 1e-3 (no dot) as a string; pydantic's int would refuse '1e3'
+            try:
+                v = float(v.strip())
+            except ValueError:
+                raise _err(f"expected {expected}, got {_show(orig)}", allowed) from None
+        if kind == "int" and isinstance(v, float) and v.is_integer():
+            v = int(v)  # pydantic's int refuses floats past 64 bits (1.0e20)
+        try:
+            return handler(v)
+        except ValidationError as exc:
+            etype = exc.errors()[0]["type"]
+            if etype in _OUT_OF_RANGE:
+                problem = f"{_show(orig)} is out of range"
+            elif etype == "finite_number":
+                problem = f"expected a finite number, got {_show(orig)}"
+            else:  # int_type, float_type, int_from_float, ...
+                problem = f"expected {expected}, got {_show(orig)}"
+            raise _err(problem, allowed) from None
+
+    return Annotated[Optional[base] if nullable else base, WrapValidator(check)]  # type: ignore[valid-type]
+
+
+# --------------------------------------------------------------------------- choices, booleans, strings
+
+
+def _choice(kind: str, names):
+    """``Literal[names]``; a failure names the kind, the closest name and every name."""
+    names = tuple(names)
+
+    def check(v: Any, handler):
+        try:
+            return handler(v)
+        except ValidationError:
+            raise _err(f"unknown {kind} {_show(v)}{_suggest(v, names)}", ", ".join(names)) from None
+
+    return Annotated[Literal[names], WrapValidator(check)]  # type: ignore[valid-type]
+
+
+def _numbers_as_text(v: Any):
+    """A label may be a number (``label: 128``); it reads as written."""
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        return _fmt_num(v)
+    return v
+
+
+def _as_list(v: Any):
+    """A scalar where a list is expected becomes a one-element list; nothing becomes ``[]``."""
+    if v is None:
+        return []
+    if isinstance(v, (str, int, float, bool)):
+        return [v]
+    if isinstance(v, tuple):
+        return list(v)
+    return v
+
+
+def _mapping_or_empty(v: Any):
+    """Optional sections: ``eval:`` with nothing after it means defaults."""
+    return {} if v is None else v
+
+
+#: true or false only (pydantic's lax bool would take 1 or 'on'); load.py words ``bool_type``
+Bool = StrictBool
+#: a string with something in it (kept as written, not stripped)
+Str = Annotated[str, Field(strict=True, pattern=NOT_BLANK)]
+OptStr = Optional[Str]
+Label = Annotated[Optional[Str], BeforeValidator(_numbers_as_text)]
+PosInt = _number("int", ge=1)
+NonNegInt = _number("int", ge=0)
+PosFloat = _number("float", gt=0)
+
+
+def ListOf(item, *, nonempty: bool = True):  # noqa: N802 - a type constructor
+    """A list of ``item`` that may be written as one scalar; empty is refused unless ``nonempty=False``."""
+    if nonempty:
+        return Annotated[list[item], Field(min_length=1), BeforeValidator(_as_list)]  # type: ignore[valid-type]
+    return Annotated[list[item], BeforeValidator(_as_list)]  # type: ignore[valid-type]

@@ -1,0 +1,188 @@
+"""The grid: expansion into trials, trial ids, default labels and the dry-run table.
+
+Everything here works on plain dicts and on the study's attributes; it
+imports no model of :mod:`.schema` (which calls :func:`expand`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from typing import Any, Callable, Iterable, Optional
+
+from .. import registry
+from .errors import _fmt_num
+
+#: bump when the trial_id recipe changes on purpose (it is part of the hash)
+TRIAL_ID_VERSION = 1
+
+#: a dynamic scaler's options per style, where the entry leaves them out
+DYNAMIC_DEFAULTS = {"chainer": {"interval": 10, "init_scale": 1.0},
+                    "torch": {"interval": 2000, "init_scale": 65536.0}}
+
+_SAFE_ID_RE = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+# --------------------------------------------------------------------------- trial ids
+
+
+def _identity(model, batch_size, precision, scaling, seed, dataset, schedule, eval_, resources,
+              model_options, divergence, loader) -> dict:
+    """Everything that affects training, minus machine-specific paths.
+
+    Dataset roots and the backbone weights' directory are left out so that the
+    same study gives the same ids on every machine (the weights' file name
+    stays in). Label, description, row, log_every, max_failures and
+    on_divergence do not change what is trained. ``cpus_per_trial`` does on
+    the CPU backend: a trial's torch thread count is set from it, and the
+    order of floating-point reductions, so the numbers, follows the thread
+    count (30 steps of ssd_tiny at 1 and 2 threads ended 0.6 apart in loss).
+    """
+    ds = {k: v for k, v in dataset.items() if k != "root"}
+    mo = dict(model_options)
+    if mo.get("backbone_weights"):
+        mo["backbone_weights"] = os.path.basename(str(mo["backbone_weights"]))
+    # read at call time: lossscale_bench.study.MODEL_VERSIONS is this very dict
+    versions = registry.MODEL_VERSIONS
+    return {
+        "v": TRIAL_ID_VERSION,
+        "model": model, "batch_size": batch_size, "precision": precision, "scaling": dict(scaling),
+        "seed": seed, "dataset": ds, "schedule": dict(schedule), "eval": dict(eval_),
+        "resources": {"backend": resources.get("backend"), "devices_per_trial": resources.get("devices_per_trial"),
+                      **({"cpu_threads": max(1, int(float(resources.get("cpus_per_trial") or 1)))}
+                         if resources.get("backend") == "cpu" else {})},
+        "model_options": mo, "divergence": dict(divergence), "loader": loader,
+        # only models that changed carry a version, so other models' ids stay as they were
+        **({"model_version": versions[model]} if model in versions else {}),
+    }
+
+
+def _scaling_tag(s: dict) -> str:
+    m = s.get("method")
+    if m == "fixed":
+        return f"fixed{_fmt_num(s.get('scale', 1.0))}"
+    if m == "dynamic":
+        return ("dyntorch" if s.get("style") == "torch" else "dyn") + _fmt_num(s.get("interval", 0))
+    if m == "adaptive":
+        n = s.get("update_every", 1)
+        return "adaptive" if n == 1 else f"adaptive-f{n}"
+    return str(m)
+
+
+def _make_trial_id(identity: dict) -> str:
+    blob = json.dumps(identity, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    digest = hashlib.sha256(blob.encode()).hexdigest()[:8]
+    readable = "-".join([
+        identity["model"], f"bs{identity['batch_size']}", identity["precision"],
+        _scaling_tag(identity["scaling"]), f"s{identity['seed']}",
+    ])
+    readable = _SAFE_ID_RE.sub("_", readable)
+    return f"{readable}-{digest}"
+
+
+# --------------------------------------------------------------------------- expansion
+
+
+def expand(study) -> list[dict[str, Any]]:
+    """A validated study's grid as :class:`~.trial_config.TrialConfig` keyword arguments, in order.
+
+    model × batch_size × scaling entry × seed, overrides applied; a point whose
+    trial id an earlier point already has is dropped (a ``baseline: true`` on it
+    moves to that earlier trial: it is the same training run).
+    """
+    out: list[dict[str, Any]] = []
+    seen: dict[str, int] = {}  # trial_id -> index in out
+    dataset = study.dataset.model_dump(mode="json")
+    schedule = study.schedule.model_dump(mode="json")
+    eval_ = study.eval.model_dump(mode="json")
+    resources = study.resources.model_dump(mode="json")
+    # only the options given: they are passed on as keyword arguments of the model builder
+    model_options = study.model_options.model_dump(mode="json", exclude_none=True)
+    divergence = study.divergence.model_dump(mode="json")
+    for model in study.model:
+        for bs in study.batch_size:
+            for row, entry in enumerate(study.scaling):
+                ov = entry.overrides()
+                m = ov.get("model", model)
+                b = ov.get("batch_size", bs)
+                p = ov.get("precision", study.precision)
+                scaling = entry.normalized()
+                label = entry.label if entry.label is not None else default_label(scaling, p)
+                res = {**resources, **(entry.resources.given() if entry.resources is not None else {})}
+                for seed in study.seeds:
+                    ident = _identity(m, b, p, scaling, seed, dataset, schedule, eval_, res,
+                                      model_options, divergence, study.loader)
+                    tid = _make_trial_id(ident)
+                    if tid in seen:
+                        if entry.baseline:
+                            out[seen[tid]]["baseline"] = True
+                        continue
+                    seen[tid] = len(out)
+                    out.append(dict(
+                        study=study.name, trial_id=tid, model=m, batch_size=b, precision=p,
+                        scaling=dict(scaling), label=label, row=row, seed=seed, baseline=entry.baseline,
+                        dataset=dict(dataset), schedule=dict(schedule), eval=dict(eval_),
+                        resources=dict(res), model_options=dict(model_options),
+                        divergence=dict(divergence), on_divergence=study.on_divergence,
+                        max_failures=study.max_failures, log_every=study.log_every, loader=study.loader,
+                    ))
+    return out
+
+
+# --------------------------------------------------------------------------- labels and tables
+
+
+def default_label(scaling: dict, precision: str) -> str:
+    """The seed table's wording for a scaling entry (options missing from ``scaling`` take defaults)."""
+    method = scaling.get("method")
+    if method == "none":
+        return "FP32 baseline" if precision == "fp32" else "no loss scale"
+    if method == "fixed":
+        scale = float(scaling.get("scale", 1.0))
+        extra = "" if scaling.get("skip_nonfinite", True) else "no skip"
+        if scale == 1.0:
+            return "no loss scale" + (f" ({extra})" if extra else "")
+        return f"loss scale ({_fmt_num(scale)}{', ' + extra if extra else ''})"
+    if method == "dynamic":
+        style = scaling.get("style", "chainer")
+        d = DYNAMIC_DEFAULTS.get(style, DYNAMIC_DEFAULTS["chainer"])
+        interval = scaling.get("interval")
+        interval = d["interval"] if interval is None else interval
+        parts = ["dynamic"] + (["torch"] if style == "torch" else []) + [f"interval={_fmt_num(interval)}"]
+        init = scaling.get("init_scale")
+        if init is not None and float(init) != d["init_scale"]:
+            parts.append(f"init={_fmt_num(float(init))}")
+        return f"loss scale ({', '.join(parts)})"
+    if method == "adaptive":
+        parts = []
+        n = scaling.get("update_every", 1)
+        if n != 1:
+            parts.append(f"freq={n}")
+        for key, short, default in (("n_uf_threshold", "n_uf", 1e-3), ("scale_upper_bound", "scale_ub", 16.0),
+                                    ("accum_upper_bound", "accum_ub", 1024.0), ("init_scale", "init", 1.0)):
+            v = scaling.get(key)
+            if v is not None and float(v) != default:
+                parts.append(f"{short}={_fmt_num(float(v))}")
+        if scaling.get("power_of_two", True) is False:
+            parts.append("no pow2")
+        return "adaptive" + (f" ({', '.join(parts)})" if parts else "")
+    return str(method)
+
+
+def trial_table(trials: Iterable, placement: Callable[[dict], str]) -> list[dict]:
+    """Rows for ``lsbench run --dry-run``, in trial order.
+
+    ``placement(resources) -> str`` fills the ``resources`` column (what Ray
+    reserves; ``lossscale_bench.placement.placement_text``). The study layer does
+    not import the orchestration layer: the caller passes it.
+    """
+    return [
+        {
+            "trial_id": t.trial_id, "model": t.model, "batch_size": t.batch_size, "precision": t.precision,
+            "label": t.label, "seed": t.seed, "backend": t.resources.get("backend", "cpu"),
+            "resources": placement(t.resources),
+        }
+        for t in trials
+    ]

@@ -1,0 +1,377 @@
+"""The study file's schema: pydantic models of every section, the study and one trial.
+
+Field types come from :mod:`.fields`; cross-field checks raise :class:`StudyError`
+directly (they know the file from the validation context). Grid expansion,
+trial ids and labels are in :mod:`.grid`; YAML and error wording in :mod:`.load`.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal, Optional, Union
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, ValidationInfo, field_validator, \
+    model_validator
+
+from ..registry import (BACKEND_NAMES, DATASET_NAMES, DYNAMIC_STYLES, EVAL_METRICS, MODEL_NAMES, PRECISIONS,
+                        SCALING_METHODS, VOC_CLASSES)
+from .errors import StudyError, _err, _fmt_num, _show
+from .fields import (_DEFAULT_SOURCE, _STRICT, Bool, Label, ListOf, NonNegInt, OptStr, PosFloat, PosInt, Str,
+                     _as_list, _choice, _ctx_base_dir, _ctx_source, _mapping_or_empty, _number, _resolve_path)
+from .grid import DYNAMIC_DEFAULTS, expand
+from .trial_config import TrialConfig
+
+_NAME_RE = re.compile(r"[A-Za-z0-9_.-]+")
+
+
+# --------------------------------------------------------------------------- scaling entries
+
+
+class ResourcesOverride(BaseModel):
+    """A scaling entry's own resources (a study may mix backends: GPU rows next to Gaudi rows)."""
+
+    model_config = _STRICT
+
+    backend: Optional[_choice("backend", BACKEND_NAMES)] = None  # type: ignore[valid-type]
+    devices_per_trial: Optional[PosInt] = None  # type: ignore[valid-type]
+    cpus_per_trial: Optional[PosFloat] = None  # type: ignore[valid-type]
+
+    def given(self) -> dict:
+        return {k: v for k, v in self.model_dump(mode="json").items() if v is not None}
+
+
+class _ScalingBase(BaseModel):
+    model_config = _STRICT
+
+    label: Label = None
+    precision: Optional[_choice("precision", PRECISIONS)] = None  # type: ignore[valid-type]
+    model: Optional[_choice("model", MODEL_NAMES)] = None  # type: ignore[valid-type]
+    batch_size: Optional[PosInt] = None  # type: ignore[valid-type]
+    resources: Optional[ResourcesOverride] = None
+    #: the report's reference row (Welch's t-test of every other row against it); not in the trial id
+    baseline: Bool = False
+
+    def normalized(self) -> dict:
+        """``{"method": ..., every option with defaults filled}``; no label, no overrides."""
+        out = {"method": self.method}  # type: ignore[attr-defined]
+        for k in type(self).model_fields:
+            if k not in _COMMON_KEYS:
+                out[k] = getattr(self, k)
+        return out
+
+    def overrides(self) -> dict:
+        return {k: getattr(self, k) for k in ("precision", "model", "batch_size") if getattr(self, k) is not None}
+
+
+class NoneScaling(_ScalingBase):
+    method: Literal["none"]
+
+
+class FixedScaling(_ScalingBase):
+    method: Literal["fixed"]
+    scale: PosFloat = 1.0  # type: ignore[valid-type]
+    skip_nonfinite: Bool = True
+
+
+class DynamicScaling(_ScalingBase):
+    method: Literal["dynamic"]
+    style: _choice("dynamic style", DYNAMIC_STYLES) = "chainer"  # type: ignore[valid-type]
+    interval: Optional[PosInt] = None  # type: ignore[valid-type]
+    init_scale: Optional[PosFloat] = None  # type: ignore[valid-type]
+
+    def normalized(self) -> dict:
+        d = DYNAMIC_DEFAULTS[self.style]
+        return {
+            "method": "dynamic",
+            "style": self.style,
+            "interval": self.interval if self.interval is not None else d["interval"],
+            "init_scale": self.init_scale if self.init_scale is not None else d["init_scale"],
+        }
+
+
+class AdaptiveScaling(_ScalingBase):
+    method: Literal["adaptive"]
+    update_every: PosInt = 1  # type: ignore[valid-type]
+    n_uf_threshold: _number("float", gt=0, lt=1) = 1e-3  # type: ignore[valid-type]
+    scale_upper_bound: PosFloat = 16.0  # type: ignore[valid-type]
+    accum_upper_bound: PosFloat = 1024.0  # type: ignore[valid-type]
+    power_of_two: Bool = True
+    init_scale: PosFloat = 1.0  # type: ignore[valid-type]
+
+
+_COMMON_KEYS = ("method", "label", "precision", "model", "batch_size", "resources", "baseline")
+SCALING_MODELS: dict[str, type[_ScalingBase]] = {
+    "none": NoneScaling, "fixed": FixedScaling, "dynamic": DynamicScaling, "adaptive": AdaptiveScaling,
+}
+assert tuple(SCALING_MODELS) == tuple(SCALING_METHODS)
+
+ScalingEntry = Annotated[
+    Union[NoneScaling, FixedScaling, DynamicScaling, AdaptiveScaling],
+    Discriminator("method"),
+]
+
+
+def _scaling_keys(method: str) -> list[str]:
+    fields = list(SCALING_MODELS[method].model_fields)
+    return list(_COMMON_KEYS) + [k for k in fields if k not in _COMMON_KEYS]
+
+
+# --------------------------------------------------------------------------- dataset
+
+
+class _DatasetBase(BaseModel):
+    model_config = _STRICT
+
+    @field_validator("root", mode="after", check_fields=False)
+    @classmethod
+    def _root_abs(cls, v, info: ValidationInfo):
+        return None if v is None else _resolve_path(v, _ctx_base_dir(info))
+
+    @model_validator(mode="after")
+    def _unique_classes(self, info: ValidationInfo):
+        seen: dict[str, int] = {}
+        for i, c in enumerate(getattr(self, "classes", None) or ()):
+            if c in seen:
+                raise StudyError(_ctx_source(info), f"dataset.classes[{i}]",
+                                 f"duplicate class {c!r} (also at index {seen[c]})")
+            seen[c] = i
+        return self
+
+
+class SyntheticDataset(_DatasetBase):
+    name: Literal["synthetic"]
+    root: OptStr = None
+    train_images: PosInt = 512  # type: ignore[valid-type]
+    val_images: PosInt = 128  # type: ignore[valid-type]
+    image_size: _number("int", ge=32) = 128  # type: ignore[valid-type]
+    seed: NonNegInt = 0  # type: ignore[valid-type]
+
+
+class VOCDataset(_DatasetBase):
+    name: Literal["voc"]
+    root: Str
+    classes: ListOf(Str)  # type: ignore[valid-type]
+    train_split: Str = "trainval"
+    val_split: Str = "test"
+
+
+class VOC0712Dataset(_DatasetBase):
+    name: Literal["voc0712"]
+    root: Str
+    classes: ListOf(Str) = Field(default_factory=lambda: list(VOC_CLASSES))  # type: ignore[valid-type]
+    train_split: Str = "trainval"
+    val_split: Str = "test"
+
+
+class COCODataset(_DatasetBase):
+    name: Literal["coco2017"]
+    root: OptStr = None
+    fake_data: Bool = False
+
+    @model_validator(mode="after")
+    def _root_needed(self, info: ValidationInfo):
+        if self.root is None and not self.fake_data:
+            raise StudyError(_ctx_source(info), "dataset.root", "required unless fake_data: true")
+        return self
+
+
+DATASET_MODELS: dict[str, type[_DatasetBase]] = {
+    "synthetic": SyntheticDataset, "voc": VOCDataset, "voc0712": VOC0712Dataset, "coco2017": COCODataset,
+}
+assert tuple(DATASET_MODELS) == tuple(DATASET_NAMES)
+
+DatasetSpec = Annotated[
+    Union[SyntheticDataset, VOCDataset, VOC0712Dataset, COCODataset],
+    Discriminator("name"),
+]
+
+
+# --------------------------------------------------------------------------- other sections
+
+
+class Schedule(BaseModel):
+    model_config = _STRICT
+
+    iterations: PosInt  # type: ignore[valid-type]
+    lr: PosFloat  # type: ignore[valid-type]
+    warmup_iterations: NonNegInt = 0  # type: ignore[valid-type]
+    warmup_factor: _number("float", gt=0, le=1) = 0.1  # type: ignore[valid-type]
+    lr_steps: ListOf(PosInt, nonempty=False) = Field(default_factory=list)  # type: ignore[valid-type]
+    lr_gamma: PosFloat = 0.1  # type: ignore[valid-type]
+    momentum: _number("float", ge=0, lt=1) = 0.9  # type: ignore[valid-type]
+    weight_decay: _number("float", ge=0) = 5e-4  # type: ignore[valid-type]
+    grad_clip: _number("float", gt=0, nullable=True) = None  # type: ignore[valid-type]
+    bias_grad_factor: PosFloat = 1.0  # type: ignore[valid-type]
+
+
+class EvalSpec(BaseModel):
+    model_config = _STRICT
+
+    every: _number("int", ge=1, nullable=True) = None  # type: ignore[valid-type]
+    metric: _choice("eval metric", EVAL_METRICS) = "coco"  # type: ignore[valid-type]
+    max_images: _number("int", ge=1, nullable=True) = None  # type: ignore[valid-type]
+
+
+class Resources(BaseModel):
+    model_config = _STRICT
+
+    backend: _choice("backend", BACKEND_NAMES) = "cpu"  # type: ignore[valid-type]
+    devices_per_trial: PosInt = 1  # type: ignore[valid-type]
+    cpus_per_trial: PosFloat = 1.0  # type: ignore[valid-type]
+
+
+class ModelOptions(BaseModel):
+    model_config = _STRICT
+
+    image_size: _number("int", ge=32, nullable=True) = None  # type: ignore[valid-type]
+    width: _number("int", ge=4, nullable=True) = None  # type: ignore[valid-type]
+    #: ssd_tiny only: BatchNorm after each backbone conv (the model's default: true)
+    batch_norm: Optional[Bool] = None
+    backbone_weights: OptStr = None
+
+    @field_validator("backbone_weights", mode="after")
+    @classmethod
+    def _weights_abs(cls, v, info: ValidationInfo):
+        return None if v is None else _resolve_path(v, _ctx_base_dir(info))
+
+
+class DivergenceSpec(BaseModel):
+    model_config = _STRICT
+
+    patience: PosInt = 10  # type: ignore[valid-type]
+    max_consecutive_skips: PosInt = 200  # type: ignore[valid-type]
+
+
+_SECTION_MODELS: dict[str, type[BaseModel]] = {
+    "schedule": Schedule, "eval": EvalSpec, "resources": Resources,
+    "model_options": ModelOptions, "divergence": DivergenceSpec,
+}
+
+
+# --------------------------------------------------------------------------- study
+
+
+def _scaling_axis(v: Any):
+    """One mapping, or a list whose entries may be just the method (``- adaptive``)."""
+    v = [v] if isinstance(v, dict) else _as_list(v)
+    if isinstance(v, list):
+        v = [{"method": e} if isinstance(e, str) else e for e in v]
+    return v
+
+
+def _check_name(v: Any):
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        v = _fmt_num(v)
+    if not isinstance(v, str):
+        raise _err(f"expected a string, got {_show(v)}")
+    if not _NAME_RE.fullmatch(v) or set(v) == {"."}:
+        raise _err(f"{_show(v)} is not safe for file names", "letters, digits, '_', '.', '-'")
+    return v
+
+
+def _check_description(v: Any):
+    if v is None:
+        return ""
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        return _fmt_num(v)
+    if not isinstance(v, str):
+        raise _err(f"expected a string, got {_show(v)}")
+    return v
+
+
+def _dataset_shorthand(v: Any):
+    """``dataset: synthetic`` means ``dataset: {name: synthetic}``."""
+    return {"name": v} if isinstance(v, str) else v
+
+
+def _section(model: type[BaseModel]):
+    """A section that may be left empty (``eval:``): its defaults."""
+    return Annotated[model, BeforeValidator(_mapping_or_empty)]
+
+
+class Study(BaseModel):
+    """A validated study file. Build it with :func:`~.load.load_study` / :func:`~.load.load_study_text`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: Annotated[str, BeforeValidator(_check_name)]
+    description: Annotated[str, BeforeValidator(_check_description)] = ""
+    dataset: Annotated[DatasetSpec, BeforeValidator(_dataset_shorthand)]
+    model: ListOf(_choice("model", MODEL_NAMES))  # type: ignore[valid-type]
+    batch_size: ListOf(PosInt)  # type: ignore[valid-type]
+    precision: _choice("precision", PRECISIONS)  # type: ignore[valid-type]
+    scaling: Annotated[list[ScalingEntry], Field(min_length=1), BeforeValidator(_scaling_axis)]
+    seeds: ListOf(_number("int", ge=0, lt=2**32)) = Field(default_factory=lambda: [0])  # type: ignore[valid-type]
+    schedule: Schedule
+    eval: _section(EvalSpec) = Field(default_factory=EvalSpec)  # type: ignore[valid-type]
+    resources: _section(Resources) = Field(default_factory=Resources)  # type: ignore[valid-type]
+    model_options: _section(ModelOptions) = Field(default_factory=ModelOptions)  # type: ignore[valid-type]
+    divergence: _section(DivergenceSpec) = Field(default_factory=DivergenceSpec)  # type: ignore[valid-type]
+    on_divergence: _choice("on_divergence policy", ("stop", "continue")) = "stop"  # type: ignore[valid-type]
+    max_failures: NonNegInt = 2  # type: ignore[valid-type]
+    log_every: PosInt = 10  # type: ignore[valid-type]
+    loader: _choice("loader", ("torch", "dali")) = "torch"  # type: ignore[valid-type]
+    #: the file it came from; set by the loader, not a key of the YAML schema
+    source: str = _DEFAULT_SOURCE
+
+    # -- cross-field checks (run after every field is valid) -----------------
+
+    @model_validator(mode="after")
+    def _combinations(self, info: ValidationInfo):
+        src = _ctx_source(info) if getattr(info, "context", None) else self.source
+
+        def fail(path, problem, allowed=None):
+            raise StudyError(src, path, problem, allowed)
+
+        sch = self.schedule
+        if sch.warmup_iterations >= sch.iterations:
+            fail("schedule.warmup_iterations",
+                 f"{sch.warmup_iterations} must be < schedule.iterations ({sch.iterations})",
+                 f"integers 0 <= x < {sch.iterations}")
+        steps_allowed = f"increasing integers < schedule.iterations ({sch.iterations})"
+        for i, s in enumerate(sch.lr_steps):
+            if i and s <= sch.lr_steps[i - 1]:
+                fail(f"schedule.lr_steps[{i}]", f"{s} is not greater than the previous step {sch.lr_steps[i - 1]}",
+                     steps_allowed)
+            if s >= sch.iterations:
+                fail(f"schedule.lr_steps[{i}]", f"{s} is beyond the last iteration", steps_allowed)
+
+        marked = [k for k, e in enumerate(self.scaling) if e.baseline]
+        if len(marked) > 1:
+            fail(f"scaling[{marked[1]}].baseline",
+                 f"scaling[{marked[0]}] is already the baseline; at most one scaling entry may say baseline: true")
+
+        tiny_only = {"width": self.model_options.width, "batch_norm": self.model_options.batch_norm}
+        for k, e in enumerate(self.scaling):
+            own = e.resources.given() if e.resources is not None else {}
+            backend = own.get("backend", self.resources.backend)
+            devices = own.get("devices_per_trial", self.resources.devices_per_trial)
+            models = [e.model] if e.model is not None else self.model
+            for opt, val in tiny_only.items():
+                for m in models:
+                    if val is not None and m != "ssd_tiny":
+                        fail(f"model_options.{opt}",
+                             f"only meaningful for ssd_tiny, but the grid has {m}"
+                             + (f" (scaling[{k}].model)" if e.model is not None else ""))
+            if e.batch_size is not None:
+                bs_paths = [(f"scaling[{k}].batch_size", e.batch_size)]
+            else:
+                bs_paths = [(f"batch_size[{i}]", b) for i, b in enumerate(self.batch_size)]
+            for path, b in bs_paths:
+                if b % devices:
+                    fail(path, f"{b} is not divisible by resources.devices_per_trial ({devices})",
+                         f"multiples of {devices}")
+            prec = e.precision if e.precision is not None else self.precision
+            if backend == "xla" and prec == "mixed16":
+                fail(f"scaling[{k}].precision" if e.precision is not None else "precision",
+                     "mixed16 is not supported on backend xla (torch_xla has no fp16 autocast path); use bf16",
+                     ", ".join(p for p in PRECISIONS if p != "mixed16"))
+        return self
+
+    def trials(self) -> list[TrialConfig]:
+        """model × batch_size × scaling entry × seed, overrides applied, duplicates collapsed.
+
+        A ``baseline: true`` entry that collapses into an earlier identical one
+        makes that earlier trial the baseline (it is the same training run).
+        """
+        return [TrialConfig(**kwargs) for kwargs in expand(self)]

@@ -1,0 +1,84 @@
+"""One trial: :class:`TrialConfig`, a fully resolved, JSON-able point of a study's grid.
+
+It is what a trial runs from (``lossscale_bench.trial``) and what Ray ships to a
+worker, so it holds plain dicts, not the study's section models.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from .grid import _identity
+
+
+class TrialConfig(BaseModel):
+    """One trial: a fully resolved, JSON-able point of the study grid."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    study: str
+    trial_id: str
+    model: str
+    batch_size: int
+    precision: str
+    scaling: dict[str, Any]
+    label: str
+    row: int
+    seed: int
+    #: the study's ``baseline: true`` entry; a report setting (tag ``lsbench.baseline``), not in the id
+    baseline: bool = False
+    dataset: dict[str, Any]
+    schedule: dict[str, Any]
+    eval: dict[str, Any]
+    resources: dict[str, Any]
+    model_options: dict[str, Any]
+    divergence: dict[str, Any]
+    on_divergence: str = "stop"
+    max_failures: int = 2
+    log_every: int = 10
+    loader: str = "torch"
+
+    def __hash__(self) -> int:  # dict fields are unhashable; the id identifies the trial
+        return hash((self.study, self.trial_id))
+
+    def to_dict(self) -> dict:
+        return json.loads(json.dumps(self.model_dump(mode="json")))
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "TrialConfig":
+        return cls.model_validate(d)
+
+    def identity(self) -> dict:
+        """What the trial_id hashes (see :func:`.grid._identity`)."""
+        return _identity(self.model, self.batch_size, self.precision, self.scaling, self.seed,
+                         self.dataset, self.schedule, self.eval, self.resources, self.model_options,
+                         self.divergence, self.loader)
+
+    def flat_params(self) -> dict[str, str]:
+        """Dotted keys for MLflow params; every value a string of at most 500 characters.
+
+        Scalars print as in YAML/JSON (``true``, ``null``, ``0.001``); lists as JSON.
+        ``baseline`` is not a param: MLflow params cannot change once logged, and
+        which row is the baseline may change after the trial ran (it is a tag).
+        """
+        out: dict[str, str] = {}
+        for k in ("study", "trial_id", "model", "batch_size", "precision", "label", "row", "seed",
+                  "on_divergence", "max_failures", "log_every", "loader"):
+            out[k] = _param_str(getattr(self, k))
+        for section in ("scaling", "dataset", "schedule", "eval", "resources", "model_options", "divergence"):
+            for k, v in getattr(self, section).items():
+                out[f"{section}.{k}"] = _param_str(v)
+        return out
+
+
+def _param_str(v: Any) -> str:
+    if isinstance(v, str):
+        s = v
+    elif v is None or isinstance(v, (bool, list, dict, tuple)):
+        s = json.dumps(v)
+    else:
+        s = str(v)
+    return s if len(s) <= 500 else s[:497] + "..."
