@@ -22,7 +22,7 @@ from __future__ import annotations
 import functools
 import threading
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -30,10 +30,6 @@ from torch import nn
 
 from ._graph import ROOT_SCALE_ID
 from .adaptive_rule import _max_abs, backward_fan_in, branch_target_scale
-
-if TYPE_CHECKING:
-    from ._graph import GraphPlan
-    from .adaptive import AdaptiveLossScaler
 
 _F32 = torch.float32
 
@@ -244,7 +240,8 @@ class _Merge:
 class _Iteration:
     """State of one ``scale(loss)``/backward: the scale values, indexed by scale source id."""
 
-    def __init__(self, scaler: "AdaptiveLossScaler", n_ids: int, root_scale: torch.Tensor, recompute: bool) -> None:
+    # ``scaler``: the AdaptiveLossScaler that owns this backward (not imported here: it imports us)
+    def __init__(self, scaler: Any, n_ids: int, root_scale: torch.Tensor, recompute: bool) -> None:
         self.scaler = scaler
         self.vals: list[torch.Tensor | None] = [None] * n_ids
         self.vals[ROOT_SCALE_ID] = root_scale
