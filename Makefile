@@ -5,7 +5,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   ?= .venv
 BIN     = $(VENV)/bin
 
-.PHONY: demo test install test-xla clean
+.PHONY: demo test install test-xla clean gpu-check gpu-check-smoke gpu-wheels
 
 install: $(VENV)/.installed
 
@@ -31,6 +31,35 @@ test-xla:
 	# the launcher test spawns XLA processes, which needs a process whose XLA runtime is still unused
 	PJRT_DEVICE=CPU $(XLA_VENV)/bin/python -m pytest -q tests/backends/test_xla.py -k "not launcher"
 	PJRT_DEVICE=CPU $(XLA_VENV)/bin/python -m pytest -q tests/backends/test_xla.py -k launcher
+
+# GPU check (issue 13, docs/benchmarks.md "GPU check"). The GPU machine has no venv: run with its system
+# python and the repository on the path, i.e. `PYTHONPATH=. python3 benchmarks/gpu_check.py`, <= 8 min on one
+# H100; writes $(GPU_CHECK_OUT)/gpu_check.{json,md} and prints the markdown. Needs torch, torchvision, numpy,
+# Pillow (pycocotools optional: mAP); no Ray, MLflow or pydantic.
+GPU_CHECK_OUT ?= runs/gpu_check
+gpu-check:
+	PYTHONPATH=. $(PYTHON) benchmarks/gpu_check.py --out $(GPU_CHECK_OUT)
+
+# the same script on CPU with tiny sizes (what tests/test_gpu_check.py runs)
+gpu-check-smoke: install
+	PYTHONPATH=. $(BIN)/python benchmarks/gpu_check.py --cpu-smoke --out $(GPU_CHECK_OUT)_smoke
+
+# Wheels for a GPU machine without a package registry (copied with the working tree, <= 64 MiB).
+# The check needs nothing the GPU box lacks (torch, torchvision, numpy, Pillow are there), so the list
+# is empty; add pure-Python / cp312 wheels to GPU_WHEELS if that changes. Install there with
+# `pip install --no-index --find-links shared/wheels <name>`.
+GPU_WHEELS     ?=
+GPU_WHEELS_DIR ?= shared/wheels
+gpu-wheels:
+	mkdir -p $(GPU_WHEELS_DIR)
+	@if [ -z "$(strip $(GPU_WHEELS))" ]; then \
+	  echo "gpu-wheels: nothing to download: benchmarks/gpu_check.py needs only torch, torchvision, numpy and Pillow, which the GPU machine has (pycocotools is optional)"; \
+	else \
+	  $(BIN)/python -m pip download --dest $(GPU_WHEELS_DIR) --python-version 3.12 --only-binary=:all: \
+	    --platform manylinux2014_x86_64 --no-deps $(GPU_WHEELS) || exit 1; \
+	  du -sh $(GPU_WHEELS_DIR); \
+	  test $$(du -sm $(GPU_WHEELS_DIR) | cut -f1) -le 64 || { echo "gpu-wheels: $(GPU_WHEELS_DIR) is over 64 MiB, the device tool carries at most 64 MiB"; exit 1; }; \
+	fi
 
 clean:
 	rm -rf runs reports/*.md reports/*.html reports/*.csv reports/*.tex
