@@ -87,16 +87,10 @@ def make_config(smoke: bool) -> dict:
 # ---------------------------------------------------------------------------
 # building blocks
 def _batch(size: int, n: int, seed: int):
-    """Random images with one box each (the helper of benchmarks/scaler_overhead.py)."""
-    g = torch.Generator().manual_seed(seed)
-    images = [torch.rand(3, size, size, generator=g) for _ in range(n)]
-    targets = []
-    for _ in range(n):
-        xy = torch.rand(2, generator=g) * size * 0.5
-        wh = 16 + torch.rand(2, generator=g) * size * 0.4
-        targets.append({"boxes": torch.cat([xy, xy + wh]).clamp(max=size - 1).unsqueeze(0),
-                        "labels": torch.tensor([1])})
-    return images, targets
+    """Random images with one box each: the helper of benchmarks/scaler_overhead.py."""
+    from scaler_overhead import _batch as batch
+
+    return batch(size, n, seed)
 
 
 def _batches(model_name: str, n: int, count: int, seed0: int = 0):
