@@ -50,6 +50,11 @@ import warnings  # noqa: E402
 
 import torch  # noqa: E402
 
+if str(HERE) not in sys.path:  # imported as a module (tests), not run as a script
+    sys.path.insert(0, str(HERE))
+from scaler_overhead import METHODS  # noqa: E402
+from scaler_overhead import _batch as _scaler_batch  # noqa: E402
+
 # a skipped first step (overflow at scale 65536) makes torch warn that the lr schedule stepped first
 warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step()` before")
 
@@ -88,9 +93,7 @@ def make_config(smoke: bool) -> dict:
 # building blocks
 def _batch(size: int, n: int, seed: int):
     """Random images with one box each: the helper of benchmarks/scaler_overhead.py."""
-    from scaler_overhead import _batch as batch
-
-    return batch(size, n, seed)
+    return _scaler_batch(size, n, seed)
 
 
 def _batches(model_name: str, n: int, count: int, seed0: int = 0):
@@ -258,11 +261,8 @@ def section_b(cfg: dict, sc: dict) -> dict:
 
 # ---------------------------------------------------------------------------
 # c. adaptive overhead vs dynamic
-C_METHODS = {
-    "dynamic (interval 10)": {"method": "dynamic", "style": "chainer", "interval": 10},
-    "adaptive (update_every 1)": {"method": "adaptive", "update_every": 1},
-    "adaptive (update_every 10)": {"method": "adaptive", "update_every": 10},
-}
+# scaler_overhead's methods (the benchmark these figures extend), less the unscaled ones
+C_METHODS = {k: v for k, v in METHODS.items() if k.startswith(("dynamic", "adaptive"))}
 
 
 def section_c(cfg: dict, sc: dict) -> dict:
@@ -420,13 +420,7 @@ def section_e(cfg: dict, sc: dict, out_dir: Path) -> dict:
 
 # ---------------------------------------------------------------------------
 # f. peak memory per method
-F_METHODS = {
-    "none": {"method": "none"},
-    "fixed 128": {"method": "fixed", "scale": 128.0},
-    "dynamic (interval 10)": {"method": "dynamic", "style": "chainer", "interval": 10},
-    "adaptive (update_every 1)": {"method": "adaptive", "update_every": 1},
-    "adaptive (update_every 10)": {"method": "adaptive", "update_every": 10},
-}
+F_METHODS = METHODS  # every method of benchmarks/scaler_overhead.py
 
 
 def _maxrss_mb() -> float:

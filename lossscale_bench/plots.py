@@ -58,20 +58,10 @@ from .plots_draw import (  # noqa: F401 - DPI, MAX_POINTS, MAX_STEPS, SMOOTH_MIN
 )
 from .report_summary import load_runs, model_name, summarize
 
-__all__ = [
-    "Plot",
-    "PlotError",
-    "curves_png",
-    "map_bars_png",
-    "layer_heatmap_png",
-    "label_colors",
-    "read_layers_csv",
-    "metric_histories",
-    "study_plots",
-    "trial_plots",
-    "run_plots",
-    "slug",
-]
+from .plots_draw import __all__ as _DRAW_ALL  # noqa: E402
+
+# this module's own names, plus the drawing functions it re-exports
+__all__ = ["Plot", "metric_histories", "study_plots", "trial_plots", "run_plots", *_DRAW_ALL]
 
 LAYERS_ARTIFACT = "layers/layers_history.csv"
 

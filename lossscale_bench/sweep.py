@@ -130,7 +130,7 @@ class Progress:
 
 
 def _make_funnel(tracker: Tracker, run_ids: dict[str, str], labels: dict[str, str], study_result: StudyResult,
-                 progress: Progress, iterations: dict[str, int]):
+                 progress: Progress, iterations: dict[str, int], trial_plots=None):
     from ray.tune import Callback
 
     class MlflowFunnel(Callback):
@@ -164,7 +164,7 @@ def _make_funnel(tracker: Tracker, run_ids: dict[str, str], labels: dict[str, st
                 study_result.outcomes[tid] = outcome
                 tdir = trial.config["trial"].get("trial_dir")
                 if tdir:
-                    log_trial_plots(tracker, run_id, Path(tdir) / "plots")
+                    log_trial_plots(tracker, run_id, Path(tdir) / "plots", trial_plots)
                 tracker.end_trial(run_id, outcome["status"])
                 progress.end(tid, labels[tid], outcome)
 
@@ -192,14 +192,13 @@ def _make_funnel(tracker: Tracker, run_ids: dict[str, str], labels: dict[str, st
     return MlflowFunnel()
 
 
-def log_trial_plots(tracker: Tracker, run_id: str, out_dir: Path) -> None:
+def log_trial_plots(tracker: Tracker, run_id: str, out_dir: Path, draw=None) -> None:
     """Loss, loss-scale and per-layer heatmaps as artifacts of the trial's run, drawn from the
     store (so a resumed trial's plots cover all of it). A plotting error never fails a trial.
 
     The drawing function is handed in (``run_study(trial_plots=...)``; the CLI passes
     ``lossscale_bench.plots.run_plots``): plots belong to the reporting layer, above this one.
     """
-    draw = getattr(tracker, "trial_plots", None)
     if draw is None:
         return
     try:
@@ -231,7 +230,6 @@ def run_study(study, *, runs_dir: str | Path = "runs", tracking_uri: str | None 
     prepare_dataset(trials[0].dataset)
 
     tracker = Tracker(uri, artifact_root=runs_dir / "artifacts")
-    tracker.trial_plots = trial_plots
     exp_id, parent = tracker.study_run(study.name, study.description, getattr(study, "source", None))
     existing = tracker.trial_runs(exp_id)
     # finished trials are not run again, so a baseline moved in the study file is re-tagged here
@@ -254,10 +252,10 @@ def run_study(study, *, runs_dir: str | Path = "runs", tracking_uri: str | None 
         progress.line(f"{len(result.skipped)} of {len(trials)} trials already finished or diverged: not run again")
     if todo:
         if executor == "local":
-            _run_local(todo, tracker, run_ids, sdir, result, progress)
+            _run_local(todo, tracker, run_ids, sdir, result, progress, trial_plots)
         elif executor == "ray":
             _run_ray(study, todo, tracker, run_ids, labels, sdir, result, progress, max_concurrent, address, num_cpus,
-                     quiet)
+                     quiet, trial_plots)
         else:
             raise ValueError(f"unknown executor {executor!r}; allowed: ray, local")
     tracker.end_study(parent, result.counts())
@@ -268,7 +266,7 @@ def _threads(cfg) -> int:
     return max(1, int(float(cfg.resources.get("cpus_per_trial", 1))))
 
 
-def _run_local(todo, tracker, run_ids, sdir, result, progress) -> None:
+def _run_local(todo, tracker, run_ids, sdir, result, progress, trial_plots=None) -> None:
     """Trials one after another in this process (debugging; no Ray)."""
     from .trial import run_trial
 
@@ -277,13 +275,13 @@ def _run_local(todo, tracker, run_ids, sdir, result, progress) -> None:
         sink = MlflowSink(tracker, run_ids[cfg.trial_id])
         outcome = run_trial(cfg, sink=sink, trial_dir=sdir / "trials" / cfg.trial_id, threads=_threads(cfg)).to_dict()
         result.outcomes[cfg.trial_id] = outcome
-        log_trial_plots(tracker, run_ids[cfg.trial_id], sdir / "trials" / cfg.trial_id / "plots")
+        log_trial_plots(tracker, run_ids[cfg.trial_id], sdir / "trials" / cfg.trial_id / "plots", trial_plots)
         tracker.end_trial(run_ids[cfg.trial_id], outcome["status"])
         progress.end(cfg.trial_id, cfg.label, outcome)
 
 
 def _run_ray(study, todo, tracker, run_ids, labels, sdir, result, progress, max_concurrent, address, num_cpus,
-             quiet) -> None:
+             quiet, trial_plots=None) -> None:
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
     import ray
@@ -330,7 +328,7 @@ def _run_ray(study, todo, tracker, run_ids, labels, sdir, result, progress, max_
         specs.append({"cfg": cfg.to_dict(), "trial_dir": str(sdir / "trials" / cfg.trial_id),
                       "threads": _threads(cfg), "resources": res})
     funnel = _make_funnel(tracker, run_ids, labels, result, progress,
-                          {c.trial_id: int(c.schedule["iterations"]) for c in todo})
+                          {c.trial_id: int(c.schedule["iterations"]) for c in todo}, trial_plots)
     # Tune's own result files are off (TUNE_DISABLE_AUTO_CALLBACK_LOGGERS): MLflow holds the results,
     # so its end-of-run complaint that they are missing is noise.
     import logging
