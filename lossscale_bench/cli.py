@@ -3,6 +3,15 @@
 User errors (a bad study file, missing data, an absent backend, an unknown
 study in the report) print one line naming the file/field/path and exit
 with code 2; anything else is a bug and keeps its traceback.
+
+Exit codes (README "Exit codes"; scripts and schedulers branch on them):
+
+- 0: every trial finished or diverged (divergence is a result, not a failure)
+- 1: an internal error (a bug: the traceback is printed)
+- 2: a user error: bad study file or option, missing path, a cluster that cannot run the study
+- 3: the study ran but one or more trials failed (the others' results are kept and reported)
+- 4: the tracking store cannot be used (corrupt, read-only, full, unreachable, bad URI)
+- 130 / 143: interrupted by SIGINT / SIGTERM (trial runs are marked KILLED; a re-run resumes)
 """
 
 from __future__ import annotations
@@ -12,7 +21,12 @@ import os
 import sys
 from pathlib import Path
 
+EXIT_OK = 0
 EXIT_USAGE = 2
+EXIT_TRIALS_FAILED = 3
+EXIT_STORE = 4
+EXIT_SIGINT = 130
+EXIT_SIGTERM = 143
 
 
 def embedded_study() -> Path:
@@ -183,6 +197,10 @@ def main(argv: list[str] | None = None) -> int:
         print("interrupted", file=sys.stderr)
         return 130
     except Exception as exc:  # noqa: BLE001
+        store_error = getattr(sys.modules.get("lossscale_bench.tracking"), "StoreError", None)
+        if store_error is not None and isinstance(exc, store_error):
+            print(f"lsbench: error: {exc}", file=sys.stderr)
+            return EXIT_STORE
         if isinstance(exc, _user_errors()):
             print(f"lsbench: error: {exc}", file=sys.stderr)
             return EXIT_USAGE

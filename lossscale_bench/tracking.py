@@ -18,6 +18,13 @@ from typing import Any, Iterable
 TERMINAL = ("finished", "diverged")
 
 
+class StoreError(RuntimeError):
+    """The tracking store cannot be used (corrupt, read-only, full, unreachable, bad URI).
+
+    The message is one line naming the store and the cause; ``lsbench`` exits 4 on it.
+    """
+
+
 def is_emulated(precision) -> bool:
     """``fp16-emulated``, ``fp8-emulated``, ...: a CPU emulation, which the report marks †."""
     return str(precision).endswith("-emulated")
