@@ -21,6 +21,9 @@ SCALED_PRECISIONS = ("mixed16", "fp16-emulated", "fp8-emulated")
 # trial ids (and with them resume and the report) never mix results of the old and new model.
 # ssd_tiny 2: BatchNorm after every backbone conv (docs/toy_model.md).
 MODEL_VERSIONS = {"ssd_tiny": 2}
+# The same for a scaling method whose implementation changed what a trial trains to (none yet):
+# bump its entry (start at 2) and only that method's trial ids change.
+METHOD_VERSIONS: dict[str, int] = {}
 
 # The 20 PASCAL VOC classes in the devkit's order (label i is VOC_CLASSES[i - 1]); a voc0712
 # study's default ``dataset.classes``. Here, not in ``data``: importing ``lossscale_bench.data``

@@ -7,15 +7,16 @@ imports no model of :mod:`.schema` (which calls :func:`expand`).
 from __future__ import annotations
 
 import hashlib
-import json
-import os
 import re
 from typing import Any, Callable, Iterable, Optional
 
 from .. import registry
 from .errors import _fmt_num
+from .fingerprint import canonical_json, trial_fingerprint
 
-#: bump when the trial_id recipe changes on purpose (it is part of the hash)
+#: bump when the trial_id recipe changes on purpose (it is part of the hash). Still 1 after the
+#: fingerprints came in (see :func:`_identity`): a trial that reads no file has the identity it had,
+#: and one that does reads a new key (``fingerprint``), so its id changed without a bump.
 TRIAL_ID_VERSION = 1
 
 #: a dynamic scaler's options per style, where the entry leaves them out
@@ -29,23 +30,41 @@ _SAFE_ID_RE = re.compile(r"[^A-Za-z0-9_.-]+")
 
 
 def _identity(model, batch_size, precision, scaling, seed, dataset, schedule, eval_, resources,
-              model_options, divergence, loader) -> dict:
-    """Everything that affects training, minus machine-specific paths.
+              model_options, divergence, loader, fingerprint=None, on_divergence="stop") -> dict:
+    """Everything that changes a trial's result, and no machine-specific path.
 
-    Dataset roots and the backbone weights' directory are left out so that the
-    same study gives the same ids on every machine (the weights' file name
-    stays in). Label, description, row, log_every, max_failures and
-    on_divergence do not change what is trained. ``cpus_per_trial`` does on
-    the CPU backend: a trial's torch thread count is set from it, and the
-    order of floating-point reductions, so the numbers, follows the thread
-    count (30 steps of ssd_tiny at 1 and 2 threads ended 0.6 apart in loss).
+    Content, not paths (:mod:`.fingerprint` says why): the dataset root and the
+    backbone weights' path are left out, and ``fingerprint`` (from
+    :func:`.fingerprint.trial_fingerprint`: the data's and the weights' content
+    fingerprints) goes in, so the same data gives the same ids on every machine
+    and other data under the same path gives other ids. Every option of
+    ``dataset`` (but ``root``), ``schedule``, ``eval``, ``model_options``,
+    ``divergence`` and the loader is in, whole. ``cpus_per_trial`` is in on the
+    CPU backend: a trial's torch thread count is set from it, and the order of
+    floating-point reductions, so the numbers, follows the thread count (30
+    steps of ssd_tiny at 1 and 2 threads ended 0.6 apart in loss).
+    ``on_divergence: continue`` is in (a diverged trial then trains on to a
+    final mAP instead of stopping without one); ``stop``, the default, adds
+    nothing, so ids of the default stay as they were. Models and scaling
+    methods whose code changed what they train to carry a version
+    (``registry.MODEL_VERSIONS`` / ``METHOD_VERSIONS``). Label, description,
+    row, ``baseline``, ``log_every`` and ``max_failures`` change neither what
+    is trained nor how it is scored.
+
+    ``TRIAL_ID_VERSION`` was not bumped for the fingerprints: keys are added
+    only where there is something to add (a trial reading no file, with the
+    default ``on_divergence``, hashes exactly what it did), so finished
+    synthetic-data results stay reusable while every trial that reads files
+    got a new id (its old one did not cover what it read).
     """
     ds = {k: v for k, v in dataset.items() if k != "root"}
     mo = dict(model_options)
     if mo.get("backbone_weights"):
-        mo["backbone_weights"] = os.path.basename(str(mo["backbone_weights"]))
+        mo["backbone_weights"] = True  # which file: fingerprint["weights"], by content
     # read at call time: lossscale_bench.study.MODEL_VERSIONS is this very dict
     versions = registry.MODEL_VERSIONS
+    method_versions = getattr(registry, "METHOD_VERSIONS", {})
+    method = scaling.get("method")
     return {
         "v": TRIAL_ID_VERSION,
         "model": model, "batch_size": batch_size, "precision": precision, "scaling": dict(scaling),
@@ -56,7 +75,21 @@ def _identity(model, batch_size, precision, scaling, seed, dataset, schedule, ev
         "model_options": mo, "divergence": dict(divergence), "loader": loader,
         # only models that changed carry a version, so other models' ids stay as they were
         **({"model_version": versions[model]} if model in versions else {}),
+        **({"method_version": method_versions[method]} if method in method_versions else {}),
+        **({"fingerprint": dict(fingerprint)} if fingerprint else {}),
+        **({"on_divergence": on_divergence} if on_divergence not in (None, "stop") else {}),
     }
+
+
+def config_id(identity: dict) -> str:
+    """The configuration a trial is a seed of: the hash of its identity without the seed.
+
+    The report pools seeds into one cell only when this is equal (tag
+    ``lsbench.config_id``), so two configurations stored under one study
+    name (a study file changed, same row) are never averaged together.
+    """
+    rest = {k: v for k, v in identity.items() if k != "seed"}
+    return hashlib.sha256(canonical_json(rest).encode()).hexdigest()[:12]
 
 
 def _scaling_tag(s: dict) -> str:
@@ -72,8 +105,7 @@ def _scaling_tag(s: dict) -> str:
 
 
 def _make_trial_id(identity: dict) -> str:
-    blob = json.dumps(identity, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
-    digest = hashlib.sha256(blob.encode()).hexdigest()[:8]
+    digest = hashlib.sha256(canonical_json(identity).encode()).hexdigest()[:8]
     readable = "-".join([
         identity["model"], f"bs{identity['batch_size']}", identity["precision"],
         _scaling_tag(identity["scaling"]), f"s{identity['seed']}",
@@ -101,6 +133,8 @@ def expand(study) -> list[dict[str, Any]]:
     # only the options given: they are passed on as keyword arguments of the model builder
     model_options = study.model_options.model_dump(mode="json", exclude_none=True)
     divergence = study.divergence.model_dump(mode="json")
+    # once per study: a VOC fingerprint stats every listed file, a weights file is hashed
+    fingerprint = trial_fingerprint(dataset, model_options)
     for model in study.model:
         for bs in study.batch_size:
             for row, entry in enumerate(study.scaling):
@@ -113,7 +147,8 @@ def expand(study) -> list[dict[str, Any]]:
                 res = {**resources, **(entry.resources.given() if entry.resources is not None else {})}
                 for seed in study.seeds:
                     ident = _identity(m, b, p, scaling, seed, dataset, schedule, eval_, res,
-                                      model_options, divergence, study.loader)
+                                      model_options, divergence, study.loader, fingerprint,
+                                      study.on_divergence)
                     tid = _make_trial_id(ident)
                     if tid in seen:
                         if entry.baseline:
@@ -127,6 +162,7 @@ def expand(study) -> list[dict[str, Any]]:
                         resources=dict(res), model_options=dict(model_options),
                         divergence=dict(divergence), on_divergence=study.on_divergence,
                         max_failures=study.max_failures, log_every=study.log_every, loader=study.loader,
+                        fingerprint=dict(fingerprint),
                     ))
     return out
 

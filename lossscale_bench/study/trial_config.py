@@ -11,7 +11,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from .grid import _identity
+from .grid import _identity, config_id
 
 
 class TrialConfig(BaseModel):
@@ -40,6 +40,9 @@ class TrialConfig(BaseModel):
     max_failures: int = 2
     log_every: int = 10
     loader: str = "torch"
+    #: content fingerprints of the files the trial reads (:func:`.fingerprint.trial_fingerprint`);
+    #: computed once per study at expansion, part of the id; empty when it reads none
+    fingerprint: dict[str, str] = {}
 
     def __hash__(self) -> int:  # dict fields are unhashable; the id identifies the trial
         return hash((self.study, self.trial_id))
@@ -55,7 +58,11 @@ class TrialConfig(BaseModel):
         """What the trial_id hashes (see :func:`.grid._identity`)."""
         return _identity(self.model, self.batch_size, self.precision, self.scaling, self.seed,
                          self.dataset, self.schedule, self.eval, self.resources, self.model_options,
-                         self.divergence, self.loader)
+                         self.divergence, self.loader, self.fingerprint, self.on_divergence)
+
+    def config_id(self) -> str:
+        """The configuration this trial is a seed of (tag ``lsbench.config_id``; :func:`.grid.config_id`)."""
+        return config_id(self.identity())
 
     def flat_params(self) -> dict[str, str]:
         """Dotted keys for MLflow params; every value a string of at most 500 characters.
@@ -68,7 +75,8 @@ class TrialConfig(BaseModel):
         for k in ("study", "trial_id", "model", "batch_size", "precision", "label", "row", "seed",
                   "on_divergence", "max_failures", "log_every", "loader"):
             out[k] = _param_str(getattr(self, k))
-        for section in ("scaling", "dataset", "schedule", "eval", "resources", "model_options", "divergence"):
+        for section in ("scaling", "dataset", "schedule", "eval", "resources", "model_options", "divergence",
+                        "fingerprint"):
             for k, v in getattr(self, section).items():
                 out[f"{section}.{k}"] = _param_str(v)
         return out

@@ -1,0 +1,239 @@
+"""Content fingerprints of what a trial reads: its data set's files and its backbone weights.
+
+Why content, not path. A trial id must change whenever the trial's result
+can (otherwise ``lsbench run`` skips it as "already finished" and the report
+shows the old number), and must not change when nothing that matters did
+(otherwise a study moved to another machine, or a data folder moved on the
+same one, re-runs everything). A path does neither: the same path may hold
+other data tomorrow (a VOC folder re-extracted with other split lists) and
+the same data sits under other paths on other machines. So the trial id
+(:func:`lossscale_bench.study.grid._identity`) holds no paths, only these
+fingerprints of what is under them.
+
+What is fingerprinted is exactly what the loaders read (``data/voc.py``,
+``data/__init__.py``), cheaply:
+
+* ``voc`` / ``voc0712``: for every (year folder, split) of the training and
+  the evaluation side, the split list's sha256, and for each image id in it
+  the size of ``Annotations/<id>.xml`` and of the image file. Sizes, not
+  contents, of the 2 x ~20k small files: an edit that keeps every file's size
+  goes unnoticed, the price of a check that costs tens of milliseconds
+  instead of reading every file (``tests/study/test_identity.py`` measures it).
+* ``coco2017``: the sha256 of both annotation JSONs (what every box comes
+  from) and the names and sizes in ``train2017/`` and ``val2017/``.
+* ``synthetic`` and ``coco2017`` with ``fake_data``: nothing; the data is
+  generated from options that are already in the id.
+* backbone weights: the file's sha256.
+
+A root or file that is not there gives ``missing`` (or ``incomplete:<hash>``
+when only part is), which never equals a real fingerprint, so a dry run on a
+machine without the data still lists the grid (with ids that differ from the
+machine that has it); ``lsbench run`` refuses to start without the data.
+
+sha256 of a large file (VGG weights: 0.5 GB; COCO's train annotations: 0.45 GB)
+costs about a second, so file digests are cached in-process by (path, size,
+mtime): expanding a grid of many trials hashes each file once.
+
+Standard library only: this is the schema layer, which ``lsbench validate``
+imports without torch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any, Iterable, Optional
+
+__all__ = ["MISSING", "data_fingerprint", "weights_fingerprint", "file_sha256", "voc_sources", "trial_fingerprint"]
+
+#: the marker of a root or file that is not there; no real fingerprint has this form
+MISSING = "missing"
+_INCOMPLETE = "incomplete:"
+_IMAGE_EXTS = (".jpg", ".jpeg", ".png", ".JPG", ".JPEG", ".PNG", ".bmp")
+_DIGEST_LEN = 16  # hex characters kept: 64 bits, plenty to tell data sets apart
+
+# (realpath, size, mtime_ns) -> sha256 hex
+_FILE_CACHE: dict[tuple[str, int, int], str] = {}
+
+
+def file_sha256(path) -> Optional[str]:
+    """The file's sha256 (hex), or None when it is not a readable regular file; cached by (path, size, mtime)."""
+    try:
+        real = os.path.realpath(os.fspath(path))
+        st = os.stat(real)
+    except (OSError, ValueError):
+        return None
+    if not os.path.isfile(real):
+        return None
+    key = (real, st.st_size, st.st_mtime_ns)
+    hit = _FILE_CACHE.get(key)
+    if hit is not None:
+        return hit
+    h = hashlib.sha256()
+    try:
+        with open(real, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+    except OSError:
+        return None
+    _FILE_CACHE[key] = h.hexdigest()
+    return _FILE_CACHE[key]
+
+
+def _size(path: Path) -> int:
+    """A file's size, -1 when it is not there."""
+    try:
+        st = path.stat()
+    except OSError:
+        return -1
+    return st.st_size if os.path.isfile(path) else -1
+
+
+def _digest(lines: Iterable[str]) -> str:
+    h = hashlib.sha256()
+    for line in lines:
+        h.update(line.encode("utf-8", "surrogateescape"))
+        h.update(b"\n")
+    return h.hexdigest()[:_DIGEST_LEN]
+
+
+# --------------------------------------------------------------------------- VOC
+
+
+def _split_names(split: str) -> list[str]:
+    return [s.strip() for s in str(split).split("+") if s.strip()]
+
+
+def _resolve_devkit(root: Path) -> Path:
+    # the same rule as data.voc.resolve_devkit (tests check the two agree): that module imports torch
+    for cand in (root, root / "VOCdevkit"):
+        if (cand / "VOC2007").is_dir() or (cand / "VOC2012").is_dir():
+            return cand
+    return root / "VOCdevkit" if (root / "VOCdevkit").is_dir() else root
+
+
+def voc_sources(cfg: dict) -> tuple[list[tuple[Path, str]], list[tuple[Path, str]]]:
+    """``(train, val)`` lists of (year folder, split) of a voc/voc0712 section, as ``data.voc.voc_sources``."""
+    root = Path(str(cfg["root"])).expanduser()
+    train_split, val_split = cfg.get("train_split", "trainval"), cfg.get("val_split", "test")
+    if cfg.get("name") == "voc0712":
+        devkit = _resolve_devkit(root)
+        return ([(devkit / "VOC2007", train_split), (devkit / "VOC2012", train_split)],
+                [(devkit / "VOC2007", val_split)])
+    return [(root, train_split)], [(root, val_split)]
+
+
+def _image_size(img_dir: Path, img_id: str) -> int:
+    for ext in _IMAGE_EXTS:
+        n = _size(img_dir / f"{img_id}{ext}")
+        if n >= 0:
+            return n
+    return -1
+
+
+def _voc(cfg: dict) -> str:
+    root = Path(str(cfg["root"])).expanduser()
+    if not root.is_dir():
+        return MISSING
+    train, val = voc_sources(cfg)
+    lines: list[str] = []
+    complete = True
+    for side, sources in (("train", train), ("val", val)):
+        for year_dir, split in sources:
+            # the year folder by its name (VOC2007), never by its path
+            where = year_dir.name if cfg.get("name") == "voc0712" else "."
+            for name in _split_names(split):
+                list_file = year_dir / "ImageSets" / "Main" / f"{name}.txt"
+                digest = file_sha256(list_file)
+                lines.append(f"{side} {where} {name} {digest or MISSING}")
+                if digest is None:
+                    complete = False
+                    continue
+                text = list_file.read_text(errors="replace")
+                for line in text.splitlines():
+                    if not line.strip():
+                        continue
+                    img_id = line.split()[0]
+                    ann = _size(year_dir / "Annotations" / f"{img_id}.xml")
+                    img = _image_size(year_dir / "JPEGImages", img_id)
+                    complete = complete and ann >= 0 and img >= 0
+                    lines.append(f"{img_id} {ann} {img}")
+    digest = _digest(lines)
+    return f"voc:{digest}" if complete else f"{_INCOMPLETE}{digest}"
+
+
+# --------------------------------------------------------------------------- COCO
+
+
+def _listing(folder: Path) -> list[str]:
+    """``name size`` of every file in ``folder``, sorted (os.scandir: one stat per entry)."""
+    out = []
+    with os.scandir(folder) as it:
+        for e in it:
+            try:
+                if e.is_file():
+                    out.append(f"{e.name} {e.stat().st_size}")
+            except OSError:
+                continue
+    return sorted(out)
+
+
+def _coco(cfg: dict) -> str:
+    root = Path(str(cfg["root"])).expanduser()
+    if not root.is_dir():
+        return MISSING
+    lines: list[str] = []
+    complete = True
+    for split in ("train2017", "val2017"):
+        digest = file_sha256(root / "annotations" / f"instances_{split}.json")
+        lines.append(f"annotations {split} {digest or MISSING}")
+        complete = complete and digest is not None
+        folder = root / split
+        if folder.is_dir():
+            lines.append(f"images {split}")
+            lines += _listing(folder)
+        else:
+            lines.append(f"images {split} {MISSING}")
+            complete = False
+    digest = _digest(lines)
+    return f"coco:{digest}" if complete else f"{_INCOMPLETE}{digest}"
+
+
+# --------------------------------------------------------------------------- entry points
+
+
+def data_fingerprint(dataset: dict) -> str:
+    """The fingerprint of the files a ``dataset`` section makes a trial read; ``""`` when it reads none."""
+    name = dataset.get("name")
+    if name in ("voc", "voc0712"):
+        return _voc(dataset) if dataset.get("root") else MISSING
+    if name == "coco2017" and not dataset.get("fake_data"):
+        return _coco(dataset) if dataset.get("root") else MISSING
+    return ""
+
+
+def weights_fingerprint(path) -> str:
+    """``sha256:<16 hex>`` of a weights file; ``missing:<file name>`` when absent; ``""`` for no file."""
+    if not path:
+        return ""
+    digest = file_sha256(path)
+    if digest is None:
+        return f"{MISSING}:{os.path.basename(str(path))}"
+    return f"sha256:{digest[:_DIGEST_LEN]}"
+
+
+def trial_fingerprint(dataset: dict, model_options: dict) -> dict[str, Any]:
+    """``{"data": ..., "weights": ...}`` with only the non-empty ones: what a trial's id holds for its files.
+
+    Empty for a trial that reads no file (synthetic data, no weights), so such
+    trials keep the ids they had before fingerprints existed.
+    """
+    out = {"data": data_fingerprint(dataset), "weights": weights_fingerprint(model_options.get("backbone_weights"))}
+    return {k: v for k, v in out.items() if v}
+
+
+def canonical_json(value: Any) -> str:
+    """The one JSON text hashed for ids: sorted keys, no spaces, ASCII."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
