@@ -220,6 +220,7 @@ def run_study(study, *, runs_dir: str | Path = "runs", tracking_uri: str | None 
     the store and is logged as the run's artifacts (the CLI passes ``plots.run_plots``).
     """
     from .data.prepare import prepare_dataset
+    from .study.configs import change_note
     from .tracking import resolve_tracking_uri
 
     runs_dir = Path(runs_dir).expanduser().resolve()
@@ -250,6 +251,9 @@ def run_study(study, *, runs_dir: str | Path = "runs", tracking_uri: str | None 
     progress = Progress(len(trials), len(result.skipped), concurrency, quiet, stream)
     if result.skipped:
         progress.line(f"{len(result.skipped)} of {len(trials)} trials already finished or diverged: not run again")
+    changed = change_note(study.name, trials, {t: (r.data.tags, r.data.params) for t, r in existing.items()})
+    if changed:  # the study file changed under the same name: its old trials stay apart (the report too)
+        progress.line(changed)
     if todo:
         if executor == "local":
             _run_local(todo, tracker, run_ids, sdir, result, progress, trial_plots)

@@ -139,7 +139,9 @@ class Tracker:
         Finished trials are skipped by a re-run, so without this a study that
         moves ``baseline: true`` to another entry (same trial ids) would keep
         reporting against the old row.  ``existing``: :meth:`trial_runs`.
-        Returns the number of runs whose tag changed.
+        Returns the number of runs whose tag changed. Runs logged before
+        ``lsbench.config_id`` existed get it here too (the report pools seeds
+        by it; :mod:`lossscale_bench.study.configs`).
         """
         changed = 0
         for cfg in trials:
@@ -148,6 +150,8 @@ class Tracker:
             if run is not None and run.data.tags.get("lsbench.baseline") != want:
                 self.set_tags(run.info.run_id, {"lsbench.baseline": want})
                 changed += 1
+            if run is not None and not run.data.tags.get("lsbench.config_id") and hasattr(cfg, "config_id"):
+                self.set_tags(run.info.run_id, {"lsbench.config_id": cfg.config_id()})
         return changed
 
     def ensure_trial_run(self, exp_id: str, parent_run_id: str, cfg, existing=None) -> str:
@@ -168,7 +172,9 @@ class Tracker:
                 "lsbench.trial_id": cfg.trial_id, "lsbench.status": "pending", "lsbench.label": cfg.label,
                 "lsbench.row": str(cfg.row), "lsbench.precision": cfg.precision,
                 "lsbench.eval_metric": cfg.eval.get("metric", "coco"),
-                "lsbench.emulated": _bool_tag(is_emulated(cfg.precision)), "lsbench.baseline": baseline}
+                "lsbench.emulated": _bool_tag(is_emulated(cfg.precision)), "lsbench.baseline": baseline,
+                # the configuration this trial is a seed of: the report pools seeds only within one
+                "lsbench.config_id": cfg.config_id()}
         run = _retry(self.client.create_run, exp_id, run_name=f"{cfg.label} | {cfg.trial_id}", tags=tags)
         run_id = run.info.run_id
         from mlflow.entities import Param
