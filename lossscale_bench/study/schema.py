@@ -11,14 +11,14 @@ import re
 from typing import Annotated, Any, Literal, Optional, Union
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, ValidationInfo, field_validator, \
-    model_validator
+    model_serializer, model_validator
 
 from ..registry import (BACKEND_NAMES, DATASET_NAMES, DYNAMIC_STYLES, EVAL_METRICS, MODEL_NAMES, PRECISIONS,
                         SCALING_METHODS, VOC_CLASSES)
 from .errors import StudyError, _err, _fmt_num, _show
 from .fields import (_DEFAULT_SOURCE, _STRICT, Bool, Label, ListOf, NonNegInt, OptStr, PosFloat, PosInt, Str,
                      _as_list, _choice, _ctx_base_dir, _ctx_source, _mapping_or_empty, _number, _resolve_path)
-from .grid import DYNAMIC_DEFAULTS, expand
+from .grid import DYNAMIC_DEFAULTS, default_label, expand
 from .trial_config import TrialConfig
 
 _NAME_RE = re.compile(r"[A-Za-z0-9_.-]+")
@@ -190,18 +190,48 @@ DatasetSpec = Annotated[
 
 
 class Schedule(BaseModel):
+    """Options in ``engine/schedule.py``'s terms (its docstring cites the references)."""
+
     model_config = _STRICT
 
     iterations: PosInt  # type: ignore[valid-type]
     lr: PosFloat  # type: ignore[valid-type]
     warmup_iterations: NonNegInt = 0  # type: ignore[valid-type]
-    warmup_factor: _number("float", gt=0, le=1) = 0.1  # type: ignore[valid-type]
+    #: 0 with linear warm-up: NVIDIA's/MLPerf's ramp from lr 0
+    warmup_factor: _number("float", ge=0, le=1) = 0.1  # type: ignore[valid-type]
+    #: linear: ramp from warmup_factor to 1; constant: hold warmup_factor (the authors' chainer SSD)
+    warmup_mode: _choice("warmup_mode", ("linear", "constant")) = "linear"  # type: ignore[valid-type]
     lr_steps: ListOf(PosInt, nonempty=False) = Field(default_factory=list)  # type: ignore[valid-type]
     lr_gamma: PosFloat = 0.1  # type: ignore[valid-type]
     momentum: _number("float", ge=0, lt=1) = 0.9  # type: ignore[valid-type]
     weight_decay: _number("float", ge=0) = 5e-4  # type: ignore[valid-type]
+    #: parameters without weight decay: bias (*.bias, chainercv), 1d (every 1-D parameter, NVIDIA)
+    weight_decay_exclude: ListOf(_choice("weight_decay_exclude entry", ("bias", "1d")),  # type: ignore[valid-type]
+                                 nonempty=False) = Field(default_factory=list)
     grad_clip: _number("float", gt=0, nullable=True) = None  # type: ignore[valid-type]
     bias_grad_factor: PosFloat = 1.0  # type: ignore[valid-type]
+
+    @model_validator(mode="after")
+    def _warmup(self, info: ValidationInfo):
+        if self.warmup_mode == "constant" and self.warmup_iterations and self.warmup_factor == 0:
+            raise StudyError(_ctx_source(info), "schedule.warmup_factor",
+                             "0 with warmup_mode: constant would train at lr 0 during the warm-up",
+                             "numbers 0 < x <= 1")
+        return self
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler):
+        """Options added after studies ran are left out while at their default, so the
+        schedule (part of every trial id) and the ids of existing studies do not change."""
+        d = handler(self)
+        for key, default in _SCHEDULE_LATE_DEFAULTS.items():
+            if key in d and d[key] == default:
+                del d[key]
+        return d
+
+
+#: schedule options whose default is not written into a trial's schedule (trial ids unchanged)
+_SCHEDULE_LATE_DEFAULTS = {"warmup_mode": "linear", "weight_decay_exclude": []}
 
 
 class EvalSpec(BaseModel):
@@ -277,6 +307,37 @@ def _check_description(v: Any):
     if not isinstance(v, str):
         raise _err(f"expected a string, got {_show(v)}")
     return v
+
+
+def _unique_labels(study: "Study", fail) -> None:
+    """Two scaling entries that give different trials under the same label in one report table are refused.
+
+    The report's table is per (model, batch size) and tells same-label rows apart only by
+    precision; two entries with equal (model, batch, precision, label) would be two rows
+    nobody can tell apart. Entries naming the same trials collapse into one row
+    (:func:`~.grid.expand`), so they are not duplicates.
+    """
+    base_res = study.resources.model_dump(mode="json")
+    for model in study.model:
+        for bs in study.batch_size:
+            seen_trials: set = set()
+            owner: dict[tuple, int] = {}  # (model, batch, precision, label) -> entry index
+            for k, e in enumerate(study.scaling):
+                ov = e.overrides()
+                m, b, p = ov.get("model", model), ov.get("batch_size", bs), ov.get("precision", study.precision)
+                scaling = e.normalized()
+                res = {**base_res, **(e.resources.given() if e.resources is not None else {})}
+                trials = (m, b, p, repr(sorted(scaling.items())), repr(sorted(res.items())))
+                if trials in seen_trials:
+                    continue
+                seen_trials.add(trials)
+                label = e.label if e.label is not None else default_label(scaling, p)
+                j = owner.setdefault((m, b, p, label), k)
+                if j != k:
+                    how = "its label" if e.label is not None else "its default label"
+                    fail(f"scaling[{k}].label" if e.label is not None else f"scaling[{k}]",
+                         f"{how} {label!r} is also scaling[{j}]'s for {m} batch {b} {p}: the report could not "
+                         f"tell the two rows apart; give one of them a distinct 'label:'")
 
 
 def _dataset_shorthand(v: Any):
@@ -366,6 +427,7 @@ class Study(BaseModel):
                 fail(f"scaling[{k}].precision" if e.precision is not None else "precision",
                      "mixed16 is not supported on backend xla (torch_xla has no fp16 autocast path); use bf16",
                      ", ".join(p for p in PRECISIONS if p != "mixed16"))
+        _unique_labels(self, fail)
         return self
 
     def trials(self) -> list[TrialConfig]:
