@@ -20,6 +20,14 @@ _LATEX_ESCAPES = {
     "}": r"\}",
     "~": r"\textasciitilde{}",
     "^": r"\textasciicircum{}",
+    # OT1, LaTeX's default font encoding, typesets these as ¡ ¿ — in text mode
+    "<": r"\textless{}",
+    ">": r"\textgreater{}",
+    "|": r"\textbar{}",
+    # a blank line is a paragraph break, which ends a tabular row with an error: any line break -> a space
+    "\r\n": " ",
+    "\n": " ",
+    "\r": " ",
     "±": r"$\pm$",
     "–": "--",
     "−": r"$-$",
@@ -30,6 +38,13 @@ _LATEX_RE = re.compile("|".join(re.escape(k) for k in _LATEX_ESCAPES))
 
 
 def latex_escape(text: str) -> str:
+    """``text`` as LaTeX text-mode input that typesets as written.
+
+    Every character LaTeX treats specially is replaced (a label such as
+    ``50% & more`` or ``a_b`` would otherwise break the table or the
+    document), line breaks become spaces, and the report's non-ASCII
+    symbols become their math-mode forms (no inputenc needed).
+    """
     return _LATEX_RE.sub(lambda m: _LATEX_ESCAPES[m.group(0)], str(text))
 
 

@@ -582,11 +582,12 @@ def test_scaling_entries_may_name_their_own_backend(tmp_path):
     text = BASE.replace("fp16-emulated", "bf16") + textwrap.dedent("""\
         resources: {backend: cuda, devices_per_trial: 1}
         """)
-    text = text.replace("scaling:", "scaling:\n  - {method: none, resources: {backend: hpu, devices_per_trial: 8}}\n"
-                        "  - {method: none, label: on TPU, resources: {backend: xla}}", 1)
+    # each backend's row has its own label: the report does not show the backend (duplicate labels are refused)
+    text = text.replace("scaling:", "scaling:\n  - {method: none, label: on HPU, resources: {backend: hpu, "
+                        "devices_per_trial: 8}}\n  - {method: none, label: on TPU, resources: {backend: xla}}", 1)
     study = load_study_text(text)
     rows = {r["label"] + "/" + r["backend"]: r["resources"] for r in trial_table(study.trials(), placement=placement_text)}
-    assert rows["no loss scale/hpu"] == "CPU:0.25 + 8×{CPU:1, HPU:1}"
+    assert rows["on HPU/hpu"] == "CPU:0.25 + 8×{CPU:1, HPU:1}"
     assert rows["on TPU/xla"] == "CPU:1, TPU:1"
     assert any(k.endswith("/cuda") and v == "CPU:1, GPU:1" for k, v in rows.items())
     ids = [t.trial_id for t in study.trials()]

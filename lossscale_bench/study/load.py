@@ -3,6 +3,29 @@
 Every problem becomes a :class:`StudyError` naming the file, the field path
 and, where there is one, what is allowed; pydantic's own messages are never
 shown (:func:`_convert` words each kind of failure).
+
+A study file is untrusted input (it may come from a colleague, a paper's
+repository or a typo), so reading one is bounded before anything can grow
+without limit (README "Study-file limits"):
+
+- :data:`MAX_FILE_BYTES` (1 MiB): the shipped studies are about 2 KB; a
+  megabyte of YAML parses in about a second in PyYAML's pure-Python loader,
+  so a larger file is a mistake (a data file passed as a study), not a study.
+- :data:`MAX_DEPTH` (64 levels of nested lists/mappings): real studies nest
+  4 deep. The limit is checked while the document is composed, before
+  PyYAML's (and our) recursive code could hit Python's recursion limit
+  (a 5,000-deep file was a RecursionError traceback).
+- :data:`MAX_NODES` (100,000 values after expanding aliases): an alias
+  repeats its anchor's contents, so nine lines of aliases ("billion laughs")
+  name 10^9 values; counting the expanded size while composing stops such a
+  file after reading it, in milliseconds and bounded memory. A 20,000-seed
+  list (20,000 values) still gets through, to be refused by the grid limit.
+- A recursive anchor (``&a [*a]``) is refused: it has no finite expansion.
+- :data:`MAX_GRID_TRIALS` (1,000 trials): the largest shipped study has 27;
+  every trial is a training run, an MLflow run and a Ray task, so a grid
+  past 1,000 is almost always a typo (a pasted range of seeds, an extra
+  zero) that would silently start days of work. ``allow_large_grid=True``
+  (``--allow-large-grid``) says it is meant.
 """
 
 from __future__ import annotations
@@ -45,8 +68,92 @@ def _construct_mapping(loader, node, deep=False):
 
 _UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
 
+#: largest study file read, in bytes (the module docstring says why)
+MAX_FILE_BYTES = 1024 * 1024
+#: deepest nesting of lists/mappings, counting the top-level mapping as 1 and a scalar inside it as 2
+MAX_DEPTH = 64
+#: most values (scalars, lists, mappings) the document may hold once every alias is expanded
+MAX_NODES = 100_000
+#: most trials a grid may have without ``allow_large_grid``
+MAX_GRID_TRIALS = 1000
+
+
+class _LimitExceeded(yaml.YAMLError):
+    """A bound of :class:`_BoundedLoader` was hit; ``where`` is ``line L, column C``."""
+
+    def __init__(self, mark, problem: str, allowed: str) -> None:
+        super().__init__(problem)
+        self.where = f"line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        self.problem = problem
+        self.allowed = allowed
+
+
+class _BoundedLoader(_UniqueKeyLoader):
+    """:class:`_UniqueKeyLoader` whose composer bounds depth and expanded size, and refuses recursive anchors.
+
+    PyYAML composes aliases as shared nodes, so a billion-laughs file is small
+    as a node graph; it explodes in whatever walks it as a tree (our key
+    conversion, pydantic). The composer therefore records each finished
+    node's expanded size and height, adds an alias's recorded size to the
+    running count where it is used, and stops at :data:`MAX_NODES` or
+    :data:`MAX_DEPTH`. An alias to a node that has no record yet points into
+    a node still being composed: a recursive anchor.
+    """
+
+    def __init__(self, stream) -> None:
+        super().__init__(stream)
+        self._depth = 0  # collections open around the node being composed
+        self._count = 0  # values so far, aliases expanded
+        self._shape: dict[int, tuple[int, int]] = {}  # id(node) -> (expanded size, height)
+
+    def compose_node(self, parent, index):
+        event = self.peek_event()
+        if isinstance(event, yaml.AliasEvent):
+            target = self.anchors.get(event.anchor)
+            if target is not None:  # an undefined alias is PyYAML's own error
+                shape = self._shape.get(id(target))
+                if shape is None:
+                    raise _LimitExceeded(event.start_mark, f"alias *{event.anchor} is used inside its own anchor "
+                                         f"&{event.anchor} (a recursive structure has no end)",
+                                         "aliases to anchors whose value is complete")
+                self._grow(shape[0], self._depth + shape[1], event.start_mark, f" (through alias *{event.anchor})")
+            return super().compose_node(parent, index)
+        self._grow(1, self._depth + 1, event.start_mark, "")
+        self._depth += 1
+        node = super().compose_node(parent, index)
+        self._depth -= 1
+        if isinstance(node, yaml.MappingNode):
+            children = [n for pair in node.value for n in pair]
+        elif isinstance(node, yaml.SequenceNode):
+            children = node.value
+        else:
+            children = []
+        shapes = [self._shape[id(c)] for c in children]
+        self._shape[id(node)] = (1 + sum(s for s, _ in shapes), 1 + max((h for _, h in shapes), default=0))
+        return node
+
+    def _grow(self, size: int, depth: int, mark, how: str) -> None:
+        if depth > MAX_DEPTH:
+            raise _LimitExceeded(mark, f"nesting deeper than {MAX_DEPTH} levels{how}",
+                                 f"at most {MAX_DEPTH} levels of nested lists and mappings")
+        self._count += size
+        if self._count > MAX_NODES:
+            raise _LimitExceeded(mark, f"the document holds more than {MAX_NODES} values once aliases are "
+                                 f"expanded{how}", f"at most {MAX_NODES} values, aliases expanded")
+
+
+def _parse_yaml(text: str) -> Any:
+    """``text`` as Python data, every bound of :class:`_BoundedLoader` applied."""
+    loader = _BoundedLoader(text)
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
+
 
 def _yaml_error(source: str, exc: yaml.YAMLError) -> StudyError:
+    if isinstance(exc, _LimitExceeded):
+        return StudyError(source, exc.where, exc.problem, exc.allowed)
     mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
     where = f"line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
     problem = getattr(exc, "problem", None) or str(exc)
@@ -159,12 +266,23 @@ def _convert(source: str, exc: ValidationError, raw: Any) -> StudyError:
 # --------------------------------------------------------------------------- entry points
 
 
-def load_study_text(text: str, source: str = _DEFAULT_SOURCE, *, base_dir: str | os.PathLike | None = None) -> Study:
+def _too_big(source: str, size: str) -> StudyError:
+    return StudyError(source, "", f"the file is {size}, too large for a study file",
+                      f"at most {MAX_FILE_BYTES} bytes (1 MiB)")
+
+
+def load_study_text(text: str, source: str = _DEFAULT_SOURCE, *, base_dir: str | os.PathLike | None = None,
+                    allow_large_grid: bool = False) -> Study:
     """Validate a study given as YAML text. Relative paths resolve against ``base_dir``
-    (default: the directory of ``source`` if it is a file path, else the working directory)."""
+    (default: the directory of ``source`` if it is a file path, else the working directory).
+
+    A grid of more than :data:`MAX_GRID_TRIALS` trials is refused unless ``allow_large_grid``.
+    """
     source = str(source)
+    if len(text) > MAX_FILE_BYTES or len(text.encode("utf-8", "surrogatepass")) > MAX_FILE_BYTES:
+        raise _too_big(source, f"more than {MAX_FILE_BYTES} bytes")
     try:
-        raw = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+        raw = _parse_yaml(text)
     except yaml.YAMLError as exc:
         raise _yaml_error(source, exc) from None
     if raw is None:
@@ -180,23 +298,71 @@ def load_study_text(text: str, source: str = _DEFAULT_SOURCE, *, base_dir: str |
         base_dir = os.path.dirname(os.path.abspath(source)) if not source.startswith("<") else os.getcwd()
     data = dict(raw, source=source)
     try:
-        return Study.model_validate(data, context={"source": source, "base_dir": str(base_dir)})
+        study = Study.model_validate(data, context={"source": source, "base_dir": str(base_dir)})
     except ValidationError as exc:
         raise _convert(source, exc, raw) from None
+    if not allow_large_grid:
+        _check_grid_size(study)
+    return study
 
 
-def load_study(path: str | os.PathLike) -> Study:
-    """Read and validate a study file; every problem is a :class:`StudyError`."""
+def grid_size(study: Study) -> int:
+    """How many trials ``study.trials()`` gives, without building them (40,000 TrialConfigs take seconds).
+
+    A grid point is (model, batch size, scaling entry, seed) with the entry's
+    overrides applied; points that come out the same (two entries naming the
+    same options, an override that equals the axis) are one trial, as in
+    :func:`~.grid.expand`. It may count a point twice that expand collapses
+    through a detail of the trial id (cpus_per_trial rounding to the same
+    thread count), never fewer.
+    """
+    points = set()
+    base_res = study.resources.model_dump(mode="json")
+    for model in study.model:
+        for bs in study.batch_size:
+            for entry in study.scaling:
+                ov = entry.overrides()
+                res = {**base_res, **(entry.resources.given() if entry.resources is not None else {})}
+                points.add((ov.get("model", model), ov.get("batch_size", bs), ov.get("precision", study.precision),
+                            repr(sorted(entry.normalized().items())), repr(sorted(res.items()))))
+    return len(points) * len(set(study.seeds))
+
+
+def _check_grid_size(study: Study) -> None:
+    n = grid_size(study)
+    if n > MAX_GRID_TRIALS:
+        def many(k: int, one: str, more: str) -> str:
+            return f"{k} {one if k == 1 else more}"
+
+        axes = " × ".join([many(len(study.model), "model", "models"),
+                           many(len(study.batch_size), "batch size", "batch sizes"),
+                           many(len(study.scaling), "scaling entry", "scaling entries"),
+                           many(len(set(study.seeds)), "seed", "seeds")])
+        raise StudyError(study.source, "", f"the grid has {n} trials ({axes}), more than {MAX_GRID_TRIALS}; "
+                         f"if that is meant, pass --allow-large-grid (allow_large_grid=True)")
+
+
+def load_study(path: str | os.PathLike, *, allow_large_grid: bool = False) -> Study:
+    """Read and validate a study file; every problem is a :class:`StudyError`.
+
+    At most :data:`MAX_FILE_BYTES` + 1 bytes are read, so ``/dev/zero`` is refused, not read forever.
+    """
     source = str(path)
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
+        with p.open("rb") as fh:
+            data = fh.read(MAX_FILE_BYTES + 1)
     except FileNotFoundError:
         raise StudyError(source, "", "file not found") from None
     except IsADirectoryError:
         raise StudyError(source, "", "is a directory, not a study file") from None
-    except UnicodeDecodeError as exc:
-        raise StudyError(source, "", f"not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     except OSError as exc:
         raise StudyError(source, "", f"cannot read: {exc.strerror or exc}") from None
-    return load_study_text(text, source, base_dir=os.path.dirname(os.path.abspath(source)))
+    if len(data) > MAX_FILE_BYTES:
+        raise _too_big(source, f"more than {MAX_FILE_BYTES} bytes")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise StudyError(source, "", f"not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    return load_study_text(text, source, base_dir=os.path.dirname(os.path.abspath(source)),
+                           allow_large_grid=allow_large_grid)

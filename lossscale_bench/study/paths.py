@@ -1,0 +1,110 @@
+"""The paths a study names, and whether they are there: ``lsbench validate`` and ``lsbench run`` check them.
+
+A study can be valid as a schema and still useless on this machine: a
+missing backbone weights file used to fail every trial one by one after Ray
+had started (and ``run`` exited 0). :func:`path_problems` looks at every
+path-like field of the schema (``dataset.root``, ``model_options.backbone_weights``)
+with ``os.path`` alone (this package stays free of torch), and returns one
+:class:`StudyError` per missing path, naming the file, the field and the path.
+
+What a dataset root must hold mirrors the data loaders (``lossscale_bench.data``:
+``prepare_dataset``, ``voc_required_paths``, ``_coco2017_paths``), which this
+layer may not import; ``tests/study/test_hostile_input.py`` checks that the two
+agree on a real VOC folder. Paths that need not exist: a synthetic root (the
+set is generated there on first use) and a ``coco2017`` root with
+``fake_data: true`` (never read). No dataset of the schema downloads itself:
+missing data is fetched with ``lsbench data``, which the message names.
+"""
+
+from __future__ import annotations
+
+import os
+
+from .errors import StudyError
+
+__all__ = ["path_problems", "check_paths"]
+
+_COCO_NEEDS = (("annotations/instances_train2017.json", "file"), ("annotations/instances_val2017.json", "file"),
+               ("train2017", "dir"), ("val2017", "dir"))
+
+
+def _exists(path: str, kind: str) -> bool:
+    return os.path.isdir(path) if kind == "dir" else os.path.isfile(path)
+
+
+def _splits(split: str) -> list[str]:
+    return [s.strip() for s in str(split).split("+") if s.strip()]
+
+
+def _devkit(root: str) -> str:
+    """As ``data.voc.resolve_devkit``: the folder holding VOC2007/VOC2012 is ``root`` or ``root/VOCdevkit``."""
+    for cand in (root, os.path.join(root, "VOCdevkit")):
+        if os.path.isdir(os.path.join(cand, "VOC2007")) or os.path.isdir(os.path.join(cand, "VOC2012")):
+            return cand
+    sub = os.path.join(root, "VOCdevkit")
+    return sub if os.path.isdir(sub) else root
+
+
+def _voc_needs(ds) -> list[tuple[str, str]]:
+    """(path, kind) a ``voc``/``voc0712`` dataset reads, in the order worth reporting (as ``voc_required_paths``)."""
+    if ds.name == "voc0712":
+        devkit = _devkit(ds.root)
+        sources = [(os.path.join(devkit, "VOC2007"), ds.train_split), (os.path.join(devkit, "VOC2012"), ds.train_split),
+                   (os.path.join(devkit, "VOC2007"), ds.val_split)]
+    else:
+        sources = [(ds.root, ds.train_split), (ds.root, ds.val_split)]
+    out: list[tuple[str, str]] = []
+    for year_dir, split in sources:
+        needs = [(os.path.join(year_dir, "Annotations"), "dir"), (os.path.join(year_dir, "JPEGImages"), "dir")]
+        needs += [(os.path.join(year_dir, "ImageSets", "Main", f"{s}.txt"), "file") for s in _splits(split)]
+        out += [n for n in needs if n not in out]
+    return out
+
+
+def _fetch_hint(ds) -> str:
+    if ds.name == "coco2017":
+        return f" (fetch it with: lsbench data coco --root {ds.root})"
+    if ds.name == "voc0712":
+        # `lsbench data voc --root DIR` makes DIR/VOCdevkit/VOC2007 and VOC2012
+        parent = os.path.dirname(ds.root) if os.path.basename(ds.root) == "VOCdevkit" else ds.root
+        return f" (fetch it with: lsbench data voc --root {parent})"
+    return " (a VOC-format folder needs Annotations/, JPEGImages/ and ImageSets/Main/<split>.txt)"
+
+
+def path_problems(study) -> list[StudyError]:
+    """One :class:`StudyError` per path of ``study`` that is missing here (empty: every path is there)."""
+    src = study.source
+    out: list[StudyError] = []
+    ds = study.dataset
+    needs_root = ds.name in ("voc", "voc0712") or (ds.name == "coco2017" and not ds.fake_data)
+    if needs_root:
+        if not os.path.isdir(ds.root):
+            what = "not a folder" if os.path.exists(ds.root) else "not found"
+            out.append(StudyError(src, "dataset.root", f"{what}: {ds.root}{_fetch_hint(ds)}"))
+        else:
+            needs = _COCO_NEEDS if ds.name == "coco2017" else None
+            pairs = ([(os.path.join(ds.root, rel), kind) for rel, kind in needs] if needs is not None
+                     else _voc_needs(ds))
+            for path, kind in pairs:
+                if not _exists(path, kind):
+                    out.append(StudyError(src, "dataset.root", f"{ds.root} does not look like a {ds.name} dataset: "
+                                          f"{'folder' if kind == 'dir' else 'file'} not found: {path}"
+                                          f"{_fetch_hint(ds)}"))
+    weights = study.model_options.backbone_weights
+    if weights is not None and not os.path.isfile(weights):
+        what = "not a file" if os.path.exists(weights) else "file not found"
+        out.append(StudyError(src, "model_options.backbone_weights", f"{what}: {weights}"))
+    return out
+
+
+def check_paths(study) -> None:
+    """Raise the first of :func:`path_problems` as one line (saying how many more there are)."""
+    problems = path_problems(study)
+    if not problems:
+        return
+    first = problems[0]
+    more = len(problems) - 1
+    if more:
+        raise StudyError(first.file, first.path, f"{first.problem} (and {more} more missing path"
+                         f"{'s' if more > 1 else ''}: lsbench validate {first.file} lists them)", first.allowed)
+    raise first
