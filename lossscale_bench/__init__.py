@@ -21,7 +21,8 @@ there is no circle). Where new code goes:
 4. ``orchestration``: ``placement`` (resource arithmetic), ``tune_sink`` (the sink
    both Ray paths use), ``replica_sync`` (what the loop's ``grad_sync`` is),
    ``sweep`` (Ray Tune), ``distributed`` (Ray Train multi-device trials),
-   ``tracking`` (the only MLflow writer).
+   ``tracking`` (the only MLflow writer), ``store`` (opening a store, its faults,
+   store-relative artifacts), ``run_status`` (how a trial's end shows in the MLflow UI).
 5. ``reporting``: ``report*`` (runs -> summary -> one renderer per format;
    a new report format goes here), ``plots*``.
 6. ``cli``: ``lsbench`` commands.
@@ -35,7 +36,8 @@ LAYERS = (
     ("components", ("data", "models", "precision", "scaling", "backends", "telemetry", "evaluation")),
     ("engine", ("engine",)),
     ("trial", ("trial",)),
-    ("orchestration", ("placement", "tune_sink", "replica_sync", "sweep", "distributed", "tracking")),
+    ("orchestration", ("placement", "tune_sink", "replica_sync", "sweep", "distributed", "tracking",
+                       "store", "run_status")),
     ("reporting", ("report*", "plots*")),
     ("cli", ("cli", "__main__")),
 )

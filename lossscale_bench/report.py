@@ -32,7 +32,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from .report_csv import render_csv
+from .report_csv import from_csv, render_csv
+from .report_metrics import REPORT_METRICS, check_metric
 from .report_html import render_html
 from .report_latex import render_latex
 from .report_markdown import render_markdown
@@ -65,6 +66,7 @@ __all__ = [
     "noise_verdict",
     "MODEL_NAMES",
     "FORMATS",
+    "REPORT_METRICS",
 ]
 
 #: format name -> file extension
@@ -86,8 +88,9 @@ def render(
     """
     if fmt not in FORMATS:
         raise ReportError(f"unknown report format {fmt!r}; choose one of: {', '.join(FORMATS)}")
+    check_metric(metric)
     if "cell" in df.columns and "n_runs" in df.columns:
-        summary, runs = df, None
+        summary, runs = from_csv(df), None  # a summary, perhaps read back from a report's csv
     else:
         summary, runs = summarize(df, metric), df
     if fmt == "csv":
@@ -157,6 +160,7 @@ def write_report(
     """
     if fmt not in FORMATS:
         raise ReportError(f"unknown report format {fmt!r}; choose one of: {', '.join(FORMATS)}")
+    check_metric(metric)
     runs = load_runs(tracking_uri, study)
     if len(runs) == 0:
         where = f"study {study!r}" if study else "any study"

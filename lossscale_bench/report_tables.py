@@ -13,9 +13,10 @@ from collections.abc import Iterable
 
 import pandas as pd
 
+from .report_metrics import value_header
 from .report_summary import ALPHA, EMULATED_SUFFIX, STATUSES, _is_map_metric, _isna, _scale, is_emulated, model_name
 
-__all__ = ["HEADERS", "VS_HEADER", "SEEDS_NOTE", "EMULATED_MARK", "EMULATION_NOTES"]
+__all__ = ["HEADERS", "VS_HEADER", "SEEDS_NOTE", "EMULATED_MARK", "EMULATION_NOTES", "TableStudy"]
 
 _EVAL_METRIC_NAMES = {
     "coco": "COCO mAP@[.5:.95]",
@@ -42,7 +43,8 @@ VS_HEADER = "vs baseline"
 
 
 def _value_header(metric: str) -> str:
-    return "Validation mAP" if _is_map_metric(metric) else metric
+    """What the value column is (``final_map_50`` is not the same number as ``final_map``)."""
+    return value_header(metric)
 
 
 def _metric_description(metric: str, eval_metrics: Iterable[str]) -> str:
@@ -91,23 +93,50 @@ def _vs_text(r, metric: str) -> str:
     return f"{verdict}, Δ {diff * k:+.2f} [{lo * k:+.2f}, {hi * k:+.2f}]"
 
 
+class TableStudy(str):
+    """The study name a table belongs to, carrying the table's ``setting`` (empty when the study has one).
+
+    :func:`_tables` yields it first, so a renderer passes it to :func:`_heading`
+    and the heading says which configuration of the study the table shows.
+    """
+
+    setting: str = ""
+
+    def __new__(cls, study, setting: str = ""):
+        obj = super().__new__(cls, "" if study is None else str(study))
+        obj.setting = setting
+        return obj
+
+
 def _tables(summary: pd.DataFrame, metric: str = "final_map"):
     """Yield (study, model, batch_size, table_rows, has_baseline) in report order.
 
+    One table per (study, study setting, model, batch size): a study whose file
+    changed under the same name has a table per version, and ``study`` (a
+    :class:`TableStudy`) carries the setting's wording for :func:`_heading`.
     table_rows: list of (label, cell, best, emulated, vs_baseline) in row order;
+    a row with two configurations in one table shows each as ``label [variant]``.
     ``has_baseline``: the table has a baseline row, so it gets a ``vs baseline`` column.
     """
-    for (study, model, bs), g in summary.groupby(["study", "model", "batch_size"], dropna=False, sort=False):
-        labels = g["label"].astype(str).tolist()
+    keys = [k for k in ("study", "setting_id", "model", "batch_size") if k in summary.columns]
+    if "setting_id" not in summary.columns:  # a summary from before configurations (a csv read back)
+        keys = ["study", "model", "batch_size"]
+    for key, g in summary.groupby(keys, dropna=False, sort=False):
+        k = dict(zip(keys, key))
+        study, model, bs = k["study"], k["model"], k["batch_size"]
+        setting = _text(g["setting"].iloc[0]) if "setting" in g.columns else ""
+        labels = []
+        for _, r in g.iterrows():
+            variant = _text(r.get("variant"))
+            labels.append(str(r["label"]) + (f" [{variant}]" if variant else ""))
         dup = {lab for lab in labels if labels.count(lab) > 1}
         rows = []
-        for _, r in g.iterrows():
-            label = str(r["label"])
+        for label, (_, r) in zip(labels, g.iterrows()):
             if label in dup and not _isna(r["precision"]):
                 label = f"{label} [{r['precision']}]"
             rows.append((label, str(r["cell"]), bool(r["best"]), is_emulated(r["precision"]), _vs_text(r, metric)))
         has_baseline = "verdict" in g.columns and g["verdict"].map(_text).eq("baseline").any()
-        yield study, model, bs, rows, bool(has_baseline)
+        yield TableStudy(study, setting), model, bs, rows, bool(has_baseline)
 
 
 def _bold_split(cell: str) -> tuple[str, str]:
@@ -117,8 +146,10 @@ def _bold_split(cell: str) -> tuple[str, str]:
 
 
 def _heading(study, model, bs) -> str:
+    """``study: SSD-tiny batch 8``, and the table's configuration when its study has several."""
     bs_text = "?" if _isna(bs) else str(bs)
-    return f"{study}: {model_name(model)} batch {bs_text}"
+    setting = getattr(study, "setting", "")
+    return f"{study}: {model_name(model)} batch {bs_text}" + (f" — {setting}" if setting else "")
 
 
 def _emulation_notes(precisions: Iterable) -> list[str]:
@@ -142,9 +173,38 @@ def _study_notes(summary: pd.DataFrame, runs_of_study: pd.DataFrame | None, metr
         lines.append(_verdict_note(metric))
     n = runs_of_study
     if n is not None and len(n):
-        st = n["status"].fillna("running").astype(str).str.lower()
-        parts = [f"{int((st == s).sum())} {s}" for s in ("finished", "diverged", "failed", "running")]
-        parts += [f"{int((st == s).sum())} {s}" for s in sorted(set(st) - set(STATUSES))]  # e.g. pending
-        lines.append(f"Trials: {len(n)} ({', '.join(parts)}).")
+        lines += _trial_counts(summary, n)
     lines += _emulation_notes(summary["precision"].dropna())
+    return lines
+
+
+def _count_text(runs: pd.DataFrame) -> str:
+    st = runs["status"].fillna("running").astype(str).str.lower()
+    parts = [f"{int((st == s).sum())} {s}" for s in ("finished", "diverged", "failed", "running")]
+    parts += [f"{int((st == s).sum())} {s}" for s in sorted(set(st) - set(STATUSES))]  # e.g. pending
+    return f"{len(runs)} ({', '.join(parts)})"
+
+
+def _trial_counts(summary: pd.DataFrame, runs: pd.DataFrame) -> list[str]:
+    """The ``Trials:`` line; with several configurations of the study, one count per configuration.
+
+    Each configuration's counts are its own trials' (the cells count the same
+    way), so failed trials of an earlier study file never read as failures of
+    the current one.
+    """
+    lines = [f"Trials: {_count_text(runs)}."]
+    if "setting_id" not in runs.columns or "setting" not in summary.columns:
+        return lines
+    names = {}
+    for sid, text in zip(summary.get("setting_id", []), summary["setting"]):
+        if _text(text):
+            names.setdefault(sid, _text(text))
+    if len(names) < 2:
+        return lines
+    lines.append(
+        "The store holds several configurations of this study (its file changed under the same name): "
+        "each has its own tables, headed by the fields in which they differ; seeds are pooled only "
+        "within one configuration. Latest: the configuration whose newest trial started last.")
+    for sid, text in sorted(names.items(), key=lambda kv: kv[1]):
+        lines.append(f"Trials of {text}: {_count_text(runs[runs['setting_id'] == sid])}.")
     return lines

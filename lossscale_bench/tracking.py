@@ -10,19 +10,24 @@ retried when SQLite reports "database is locked".
 from __future__ import annotations
 
 import math
-import os
 import time
 from pathlib import Path
 from typing import Any, Iterable
 
+# opening a store and naming its faults lives in .store; re-exported here, where callers look
+from .store import (  # noqa: F401
+    StoreError,
+    StoreMissing,
+    default_tracking_uri,
+    open_store,
+    relative_artifact_location,
+    resolve_tracking_uri,
+    sqlite_path,
+    store_error,
+)
+from .run_status import base_run_name
+
 TERMINAL = ("finished", "diverged")
-
-
-class StoreError(RuntimeError):
-    """The tracking store cannot be used (corrupt, read-only, full, unreachable, bad URI).
-
-    The message is one line naming the store and the cause; ``lsbench`` exits 4 on it.
-    """
 
 
 def is_emulated(precision) -> bool:
@@ -35,29 +40,17 @@ def _bool_tag(value) -> str:
     return "true" if value else "false"
 
 
-def default_tracking_uri(runs_dir: str | Path) -> str:
-    """``sqlite:///<absolute>/mlflow.db``: absolute because Ray trials run in their own directories."""
-    return f"sqlite:///{Path(runs_dir).expanduser().resolve() / 'mlflow.db'}"
-
-
-def resolve_tracking_uri(uri: str | None, runs_dir: str | Path) -> str:
-    uri = uri or os.environ.get("MLFLOW_TRACKING_URI")
-    if not uri:
-        Path(runs_dir).expanduser().resolve().mkdir(parents=True, exist_ok=True)
-        return default_tracking_uri(runs_dir)
-    if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
-        # make relative SQLite paths absolute, for the same reason
-        return f"sqlite:///{Path(uri[len('sqlite:///'):]).expanduser().resolve()}"
-    return uri
-
-
 def _retry(fn, *args, attempts: int = 8, **kwargs):
+    """Call an MlflowClient method, retrying "database is locked"; a store fault becomes a :class:`StoreError`."""
     delay = 0.05
     for i in range(attempts):
         try:
             return fn(*args, **kwargs)
         except Exception as exc:  # noqa: BLE001
             if "locked" not in str(exc).lower() or i == attempts - 1:
+                fault = store_error(exc, str(getattr(getattr(fn, "__self__", None), "tracking_uri", "") or ""))
+                if fault is not None:
+                    raise fault from exc
                 raise
             time.sleep(delay)
             delay = min(delay * 2, 2.0)
@@ -74,8 +67,20 @@ class Tracker:
         # Alembic/MLflow print migration chatter on first use of a store.
         logging.getLogger("alembic").setLevel(logging.WARNING)
         logging.getLogger("mlflow").setLevel(logging.WARNING)
-        self.uri = tracking_uri
-        self.client = MlflowClient(tracking_uri=tracking_uri)
+        # checked before MLflow opens it: a bad store is one StoreError line, never a traceback
+        # or a new empty store; the Tracker writes, so the store may be created
+        self.uri = open_store(tracking_uri, create=True)
+        from .store import ensure_artifact_scheme
+
+        ensure_artifact_scheme()
+        try:
+            self.client = MlflowClient(tracking_uri=tracking_uri)
+            self.client.search_experiments(max_results=1)  # creates/migrates a SQLite store's tables now
+        except Exception as exc:  # noqa: BLE001
+            fault = store_error(exc, tracking_uri)
+            if fault is not None:
+                raise fault from exc
+            raise
         self.artifact_root = Path(artifact_root).resolve() if artifact_root else None
 
     # -- study ---------------------------------------------------------------------
@@ -86,14 +91,26 @@ class Tracker:
     def experiment_id(self, study_name: str, create: bool = True) -> str | None:
         exp = self.client.get_experiment_by_name(study_name)
         if exp is not None:
-            if exp.tags.get(self.KIND_TAG[0]) is None:
-                _retry(self.client.set_experiment_tag, exp.experiment_id, *self.KIND_TAG)
+            for key, value in self._experiment_tags().items():
+                if exp.tags.get(key) != value:
+                    _retry(self.client.set_experiment_tag, exp.experiment_id, key, value)
             return exp.experiment_id
         if not create:
             return None
-        loc = (self.artifact_root / study_name).as_uri() if self.artifact_root else None
+        if sqlite_path(self.uri) is not None:
+            # relative to the folder of mlflow.db: a copied or moved runs folder keeps its artifacts
+            loc = relative_artifact_location(study_name)
+        else:
+            loc = (self.artifact_root / study_name).as_uri() if self.artifact_root else None
         return _retry(self.client.create_experiment, study_name, artifact_location=loc,
-                      tags={"lsbench.study": study_name, self.KIND_TAG[0]: self.KIND_TAG[1]})
+                      tags={"lsbench.study": study_name, **self._experiment_tags()})
+
+    def _experiment_tags(self) -> dict[str, str]:
+        """The model-training page, and lsbench's saved runs-table view (``run_status.VIEW_TAG``:
+        label, status, final mAP, skipped steps; opened by ``run_status.view_url``)."""
+        from .run_status import VIEW_TAG, view_state
+
+        return {self.KIND_TAG[0]: self.KIND_TAG[1], VIEW_TAG: view_state()}
 
     def study_run(self, study_name: str, description: str = "", study_file: str | None = None) -> tuple[str, str]:
         """Return ``(experiment_id, parent_run_id)``, creating them on the first run of the study."""
@@ -112,10 +129,38 @@ class Tracker:
                 _retry(self.client.log_artifact, run_id, study_file)
         return exp_id, run_id
 
-    def end_study(self, parent_run_id: str, counts: dict[str, int]) -> None:
+    def study_counts(self, parent_run_id: str, trial_ids: Iterable[str] | None = None) -> dict[str, int]:
+        """``{finished, diverged, failed, pending, total}`` from the store's child runs' ``lsbench.status``.
+
+        Counted from the store, not from one invocation's outcomes: a resumed study
+        whose trials all finished earlier still says ``trials_finished N``.
+        ``trial_ids`` (the study file's current trials) limits the count to them; a
+        trial without a run, or running/interrupted, counts as pending.
+        """
+        exp_id = self.client.get_run(parent_run_id).info.experiment_id
+        runs = {tid: r for tid, r in self.trial_runs(exp_id).items()
+                if r.data.tags.get("mlflow.parentRunId") == parent_run_id}
+        ids = list(dict.fromkeys(trial_ids)) if trial_ids is not None else list(runs)
+        c = {"finished": 0, "diverged": 0, "failed": 0, "pending": 0}
+        for tid in ids:
+            status = runs[tid].data.tags.get("lsbench.status") if tid in runs else None
+            c[status if status in ("finished", "diverged", "failed") else "pending"] += 1
+        c["total"] = len(ids)
+        return c
+
+    def end_study(self, parent_run_id: str, trial_ids: Iterable[str] | None = None) -> dict[str, int]:
+        """Log ``trials_<status>`` (from the store, :meth:`study_counts`) and end the parent run.
+
+        FAILED when a trial failed (``lsbench run`` exits 3 then), else FINISHED;
+        the tag ``lsbench.trials`` says the counts in words for the runs table.
+        """
+        c = self.study_counts(parent_run_id, trial_ids)
         _retry(self.client.log_batch, parent_run_id,
-               metrics=[self._metric(f"trials_{k}", v, 0) for k, v in counts.items()])
-        _retry(self.client.set_terminated, parent_run_id, status="FINISHED")
+               metrics=[self._metric(f"trials_{k}", v, 0) for k, v in c.items()])
+        self.set_tags(parent_run_id, {"lsbench.trials": f"{c['finished']} finished, {c['diverged']} diverged, "
+                                                        f"{c['failed']} failed, {c['pending']} pending"})
+        _retry(self.client.set_terminated, parent_run_id, status="FAILED" if c["failed"] else "FINISHED")
+        return c
 
     # -- trials ---------------------------------------------------------------------
     def trial_runs(self, exp_id: str) -> dict[str, Any]:
@@ -163,8 +208,10 @@ class Tracker:
         baseline = _bool_tag(getattr(cfg, "baseline", False))
         if existing is not None:
             run_id = existing.info.run_id
-            if existing.info.status != "RUNNING":
-                _retry(self.client.update_run, run_id, status="RUNNING")
+            name = base_run_name(cfg.label, cfg.trial_id)
+            if existing.info.status != "RUNNING" or existing.info.run_name != name:
+                # a re-run of a failed trial drops its " [failed]" name until it ends again
+                _retry(self.client.update_run, run_id, status="RUNNING", name=name)
             if existing.data.tags.get("lsbench.baseline") != baseline:
                 self.set_tags(run_id, {"lsbench.baseline": baseline})
             return run_id
@@ -175,7 +222,7 @@ class Tracker:
                 "lsbench.emulated": _bool_tag(is_emulated(cfg.precision)), "lsbench.baseline": baseline,
                 # the configuration this trial is a seed of: the report pools seeds only within one
                 "lsbench.config_id": cfg.config_id()}
-        run = _retry(self.client.create_run, exp_id, run_name=f"{cfg.label} | {cfg.trial_id}", tags=tags)
+        run = _retry(self.client.create_run, exp_id, run_name=base_run_name(cfg.label, cfg.trial_id), tags=tags)
         run_id = run.info.run_id
         from mlflow.entities import Param
 
@@ -209,7 +256,33 @@ class Tracker:
             _retry(self.client.log_artifact, run_id, path, artifact_path)
 
     def end_trial(self, run_id: str, status: str) -> None:
-        _retry(self.client.set_terminated, run_id, status="FAILED" if status == "failed" else "FINISHED")
+        """End a trial's run so that the runs table shows how it ended (``run_status``).
+
+        finished -> FINISHED; diverged and failed -> FAILED with `` [diverged]`` /
+        `` [failed]`` after the run name; the description (``mlflow.note.content``)
+        says why and at which step. Reads the run's tags (label, diverged step,
+        error) back from the store: they arrived before the outcome.
+        """
+        from .run_status import mlflow_status, note, run_name
+
+        run = self.client.get_run(run_id)
+        tags, metrics = run.data.tags, run.data.metrics
+        if tags.get("lsbench.status") != status:
+            self.set_tags(run_id, {"lsbench.status": status})
+        label, tid = tags.get("lsbench.label"), tags.get("lsbench.trial_id")
+        self.set_tags(run_id, {"mlflow.note.content": note(status, tags, metrics)})
+        if label and tid:
+            _retry(self.client.update_run, run_id, name=run_name(label, tid, status))
+        _retry(self.client.set_terminated, run_id, status=mlflow_status(status))
+
+    def end_interrupted(self, run_id: str) -> None:
+        """SIGINT/SIGTERM stopped the study: the run ends KILLED, tagged ``lsbench.status=interrupted``.
+
+        Not RUNNING (nothing runs it any more), not FAILED (nothing went wrong with
+        it), and the tag is not in ``TERMINAL``: the next run of the study resumes it.
+        """
+        self.set_tags(run_id, {"lsbench.status": "interrupted"})
+        _retry(self.client.set_terminated, run_id, status="KILLED")
 
 
 class MlflowSink:

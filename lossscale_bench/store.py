@@ -1,0 +1,333 @@
+"""Opening an MLflow store without losing or inventing anything.
+
+Why this module exists: MLflow, handed a bad store, either prints a
+SQLAlchemy traceback (a corrupt or truncated ``mlflow.db``, a read-only
+folder, ``foo://bar``) or quietly creates a new, empty store (a mistyped
+path in ``lsbench report``).  :func:`open_store` checks a store before
+MLflow touches it and turns every fault into one :class:`StoreError` line
+naming the store and the cause; :func:`store_error` does the same for a fault
+that appears later (a disk that fills up mid-study).  Nothing here deletes,
+recreates or repairs a store: what was logged stays as it was.
+
+Artifacts are stored relative to the store (:data:`ARTIFACT_SCHEME`): an
+experiment of a SQLite store gets ``lsbench-store:/artifacts/<study>``,
+resolved at read time against the folder holding ``mlflow.db``, so a copied
+or moved runs folder keeps its plots.  MLflow finds the resolver through the
+``mlflow.artifact_repository`` entry point (pyproject.toml), so a plain
+``MlflowClient`` and ``mlflow server`` (``lsbench ui``) read them too, as
+long as lossscale_bench is installed where they run.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import sqlite3
+import tempfile
+from pathlib import Path
+from urllib.parse import quote, unquote, urlparse
+
+__all__ = ["StoreError", "StoreMissing", "ALLOWED_SCHEMES", "ARTIFACT_SCHEME", "open_store", "store_error",
+           "sqlite_path", "resolve_tracking_uri", "default_tracking_uri", "relative_artifact_location",
+           "store_relative_repository", "ensure_artifact_scheme"]
+
+#: tracking-URI schemes MLflow 3 has a store for ('' is a local folder: MLflow's file store);
+#: SQLAlchemy dialects may carry a driver (``postgresql+psycopg2``)
+ALLOWED_SCHEMES = ("sqlite", "file", "http", "https", "postgresql", "mysql", "mssql", "databricks",
+                   "databricks-uc", "uc")
+#: artifact-URI scheme of locations relative to the store's folder (see the module docstring)
+ARTIFACT_SCHEME = "lsbench-store"
+SQLITE_MAGIC = b"SQLite format 3\x00"
+#: below this much free space a study would stop at its first write: refuse before starting
+MIN_FREE_BYTES = 1 << 20
+HTTP_TIMEOUT_S = 5.0
+
+
+class StoreError(RuntimeError):
+    """The tracking store cannot be used (corrupt, read-only, full, unreachable, bad URI).
+
+    The message is one line naming the store and the cause; ``lsbench`` exits 4 on it.
+    """
+
+
+class StoreMissing(StoreError):
+    """There is no store where ``report``/``ui`` were pointed: a user error (exit 2), never created."""
+
+
+# -- URIs ------------------------------------------------------------------------------------
+def default_tracking_uri(runs_dir: str | Path) -> str:
+    """``sqlite:///<absolute>/mlflow.db``: absolute because Ray trials run in their own directories."""
+    return f"sqlite:///{Path(runs_dir).expanduser().resolve() / 'mlflow.db'}"
+
+
+def resolve_tracking_uri(uri: str | None, runs_dir: str | Path) -> str:
+    """The store to use: ``uri``, else ``$MLFLOW_TRACKING_URI``, else ``<runs_dir>/mlflow.db``.
+
+    Creates nothing (``lsbench report`` must not create a store); :func:`open_store` with
+    ``create=True`` makes the folder of a new SQLite store.
+    """
+    uri = uri or os.environ.get("MLFLOW_TRACKING_URI")
+    if not uri:
+        return default_tracking_uri(runs_dir)
+    if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
+        # make relative SQLite paths absolute, for the same reason
+        return f"sqlite:///{Path(uri[len('sqlite:///'):]).expanduser().resolve()}"
+    return uri
+
+
+def _scheme(uri: str) -> str:
+    scheme = urlparse(uri).scheme.lower()
+    if len(scheme) == 1 and os.name == "nt":  # C:\path
+        return ""
+    return scheme.split("+", 1)[0]
+
+
+def redact(uri: str) -> str:
+    """The URI without a password, for messages (a database URI may carry one)."""
+    p = urlparse(uri)
+    if p.password:
+        netloc = p.netloc.replace(f":{p.password}@", ":***@")
+        return p._replace(netloc=netloc).geturl()
+    return uri
+
+
+def sqlite_path(uri: str) -> Path | None:
+    """The database file of a ``sqlite:///`` URI (None for other stores and in-memory SQLite)."""
+    if _scheme(uri) != "sqlite":
+        return None
+    rest = uri.split("://", 1)[1] if "://" in uri else ""
+    rest = rest.split("?", 1)[0]
+    if not rest.startswith("/") or rest in ("/", "/:memory:"):
+        return None
+    return Path(unquote(rest[1:])).expanduser()  # "//abs/path" -> "/abs/path", "/rel" -> "rel"
+
+
+def _file_store_path(uri: str) -> Path | None:
+    scheme = _scheme(uri)
+    if scheme == "file":
+        return Path(unquote(urlparse(uri).path))
+    if scheme == "":
+        return Path(uri).expanduser()
+    return None
+
+
+# -- opening ---------------------------------------------------------------------------------
+def open_store(uri: str, *, create: bool) -> str:
+    """Check the store at ``uri`` before MLflow opens it; return ``uri``.
+
+    ``create=True`` (``lsbench run``): the store will be written, and may be created.
+    ``create=False`` (``report``, ``ui``): it must exist already; nothing is created.
+    Raises :class:`StoreError` (:class:`StoreMissing` for a store that is not there).
+    """
+    scheme = _scheme(uri)
+    if scheme not in ALLOWED_SCHEMES and scheme != "":
+        raise StoreError(f"tracking URI {redact(uri)!r}: unknown scheme {scheme!r}; MLflow stores are "
+                         f"{', '.join(s + ':' for s in ALLOWED_SCHEMES)} or a local folder "
+                         "(e.g. sqlite:///runs/mlflow.db, http://127.0.0.1:5000)")
+    db = sqlite_path(uri)
+    if db is not None:
+        _check_sqlite(db, create)
+    elif scheme in ("http", "https"):
+        _probe_http(uri)
+    else:
+        folder = _file_store_path(uri)
+        if folder is not None and not create and not folder.exists():
+            raise StoreMissing(f"no MLflow store at {folder} (run a study first or pass --tracking-uri)")
+        if folder is not None and folder.is_file() and _is_sqlite_file(folder):
+            raise StoreError(f"tracking URI {uri!r} is a SQLite file, not a folder: pass sqlite:///{folder.resolve()}")
+    return uri
+
+
+def _is_sqlite_file(path: Path) -> bool:
+    try:
+        with path.open("rb") as f:
+            return f.read(len(SQLITE_MAGIC)) == SQLITE_MAGIC
+    except OSError:
+        return False
+
+
+def _check_sqlite(db: Path, create: bool) -> None:
+    if not db.exists():
+        if not create:
+            raise StoreMissing(f"no MLflow store at {db} (run a study first or pass --tracking-uri)")
+        try:
+            db.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise StoreError(f"cannot create the MLflow store {db}: {_os_cause(e)}") from None
+        _check_writable(db)
+        return
+    if db.is_dir():
+        raise StoreError(f"MLflow store {db} is a folder, not a SQLite file")
+    try:
+        with db.open("rb") as f:
+            head = f.read(100)
+    except OSError as e:
+        raise StoreError(f"cannot read the MLflow store {db}: {_os_cause(e)}") from None
+    if not head:
+        if not create:
+            raise StoreMissing(f"no MLflow store at {db} (the file is empty; run a study first)")
+    elif not head.startswith(SQLITE_MAGIC):
+        raise StoreError(f"MLflow store {db} is not a SQLite database (corrupt or another kind of file; "
+                         "it was left as it is)")
+    else:
+        _check_integrity(db, create)
+    if create:
+        _check_writable(db)
+
+
+def _check_integrity(db: Path, create: bool) -> None:
+    """``PRAGMA quick_check`` on a read-only connection: a truncated or damaged file is named as such."""
+    try:
+        conn = sqlite3.connect(f"file:{quote(str(db.resolve()))}?mode=ro", uri=True, timeout=30)
+    except sqlite3.Error as e:
+        raise StoreError(f"cannot open the MLflow store {db}: {e}") from None
+    try:
+        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        problems = [r[0] for r in conn.execute("PRAGMA quick_check(5)")]
+    except sqlite3.OperationalError as e:
+        if "locked" in str(e).lower() or "readonly" in str(e).lower():
+            return  # a writer holds it (a study running); MLflow waits for it, and would see real damage
+        raise StoreError(f"MLflow store {db} is corrupt or truncated ({e}); it was left as it is") from None
+    except sqlite3.DatabaseError as e:
+        raise StoreError(f"MLflow store {db} is corrupt or truncated ({e}); it was left as it is") from None
+    finally:
+        conn.close()
+    if problems != ["ok"]:
+        raise StoreError(f"MLflow store {db} is corrupt or truncated (integrity check: "
+                         f"{'; '.join(problems)[:200]}); it was left as it is")
+    if tables and "experiments" not in tables:
+        raise StoreError(f"{db} is a SQLite database but not an MLflow store (tables: "
+                         f"{', '.join(sorted(tables)[:5])}); pass another --tracking-uri or --runs-dir")
+    if not tables and not create:
+        raise StoreMissing(f"no MLflow store at {db} (an empty SQLite file; run a study first)")
+
+
+def _os_cause(e: OSError) -> str:
+    if e.errno == errno.ENOSPC:
+        return "disk full"
+    if e.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+        return f"read-only ({e.strerror})"
+    return e.strerror or str(e)
+
+
+def _check_writable(db: Path) -> None:
+    """Try it: SQLite writes the file and a journal beside it. Root ignores mode bits, so no ``os.access``."""
+    folder = db.parent
+    try:
+        if db.exists():
+            with db.open("r+b"):
+                pass
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".lsbench-write-check-"):
+            pass
+    except OSError as e:
+        if e.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+            raise StoreError(f"MLflow store {db} is read-only ({e.strerror}: {e.filename or folder}); "
+                             "a study needs to write it: make it writable or pass another --runs-dir") from None
+        raise StoreError(f"MLflow store {db} cannot be written: {_os_cause(e)}") from None
+    try:
+        import shutil
+
+        free = shutil.disk_usage(folder).free
+    except OSError:
+        return
+    if free < MIN_FREE_BYTES:
+        raise StoreError(f"MLflow store {db}: disk full ({free} bytes free in {folder})")
+
+
+def _probe_http(uri: str) -> None:
+    """An unreachable server ends here in seconds, instead of MLflow's minutes of retries."""
+    import urllib.error
+    import urllib.request
+
+    url = uri.rstrip("/") + "/health"
+    try:
+        with urllib.request.urlopen(url, timeout=HTTP_TIMEOUT_S):  # noqa: S310 - http(s) only, checked above
+            pass
+    except urllib.error.HTTPError:
+        return  # something answered; MLflow reports what it says
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        reason = getattr(e, "reason", e)
+        raise StoreError(f"MLflow server {redact(uri)} is unreachable ({reason}, {HTTP_TIMEOUT_S:g} s timeout); "
+                         "start it (lsbench ui / mlflow server) or pass another --tracking-uri") from None
+
+
+# -- faults after opening --------------------------------------------------------------------
+def _chain(exc: BaseException):
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        yield exc
+        orig = getattr(exc, "orig", None)  # SQLAlchemy wraps the DB-API error
+        if orig is not None and id(orig) not in seen:
+            yield orig
+        exc = exc.__cause__ or exc.__context__
+
+
+def store_error(exc: BaseException, uri: str) -> StoreError | None:
+    """The :class:`StoreError` a store fault raised by MLflow/SQLite/the OS means, or None.
+
+    A disk that fills up mid-study reaches us as SQLite's ``database or disk is full``
+    or an ``OSError`` ENOSPC; both say "disk full".
+    """
+    where = sqlite_path(uri) or redact(uri)
+    for e in _chain(exc):
+        if isinstance(e, ImportError):
+            return StoreError(f"tracking URI {redact(uri)}: the database driver is not installed ({e})")
+        text = str(e).lower()
+        code = getattr(e, "errno", None)
+        if code == errno.ENOSPC or "database or disk is full" in text or "no space left" in text:
+            return StoreError(f"MLflow store {where}: disk full ({' '.join(str(e).split())[:150]}); "
+                              "what was logged before is kept: free space and re-run to resume")
+        if code == errno.EDQUOT or "quota exceeded" in text:
+            return StoreError(f"MLflow store {where}: disk quota exceeded; what was logged before is kept")
+        if code == errno.EROFS or "readonly database" in text or "read-only file system" in text:
+            return StoreError(f"MLflow store {where} is read-only ({' '.join(str(e).split())[:150]})")
+        if "malformed" in text or "file is not a database" in text:
+            return StoreError(f"MLflow store {where} is corrupt ({' '.join(str(e).split())[:150]}); "
+                              "it was left as it is")
+        if "disk i/o error" in text:
+            return StoreError(f"MLflow store {where}: disk I/O error (a full disk, a file-size limit "
+                              "or a failing device)")
+    return None
+
+
+# -- artifacts relative to the store ---------------------------------------------------------
+def relative_artifact_location(study_name: str) -> str:
+    """``lsbench-store:/artifacts/<study>``: resolved against the store's folder when read."""
+    return f"{ARTIFACT_SCHEME}:/artifacts/{quote(study_name, safe='')}"
+
+
+def _store_folder(tracking_uri: str | None) -> Path:
+    uri = tracking_uri or os.environ.get("_MLFLOW_SERVER_FILE_STORE") or os.environ.get("MLFLOW_TRACKING_URI")
+    db = sqlite_path(uri) if uri else None
+    if db is None:
+        # `mlflow server` hands its repositories no tracking URI; it exports its store instead
+        server = os.environ.get("_MLFLOW_SERVER_FILE_STORE")
+        db = sqlite_path(server) if server else None
+    if db is None:
+        from mlflow.exceptions import MlflowException
+
+        raise MlflowException(f"{ARTIFACT_SCHEME}: artifact locations are relative to a SQLite store's folder; "
+                              f"the tracking URI is {uri!r}")
+    return db.expanduser().resolve().parent
+
+
+def store_relative_repository(artifact_uri: str, tracking_uri: str | None = None, registry_uri: str | None = None):
+    """MLflow artifact repository for ``lsbench-store:/<path>``: a local one at ``<store folder>/<path>``."""
+    from mlflow.store.artifact.local_artifact_repo import LocalArtifactRepository
+
+    rel = unquote(urlparse(artifact_uri).path).lstrip("/")
+    if any(part == ".." for part in Path(rel).parts):
+        from mlflow.exceptions import MlflowException
+
+        raise MlflowException(f"{artifact_uri}: '..' is not allowed in a store-relative artifact location")
+    target = _store_folder(tracking_uri) / rel
+    return LocalArtifactRepository(target.as_uri(), tracking_uri=tracking_uri, registry_uri=registry_uri)
+
+
+def ensure_artifact_scheme() -> None:
+    """Register :data:`ARTIFACT_SCHEME` when the entry point is not installed (an old editable install)."""
+    from mlflow.store.artifact import artifact_repository_registry as reg
+
+    if ARTIFACT_SCHEME not in reg.get_registered_artifact_repositories():
+        reg._artifact_repository_registry.register(ARTIFACT_SCHEME, store_relative_repository)
