@@ -63,24 +63,48 @@ def _print_table(trials) -> None:
 
 
 def cmd_validate(args) -> int:
-    from .study import load_study
+    """Check every file given (a bad one does not hide the next) and every path each study names.
 
+    One ``ok`` line (and the grid) per good file on stdout, one ``lsbench: error:`` line per problem on
+    stderr; exit 2 after the last file if any had a problem. ``--schema-only`` skips the path checks:
+    a study meant for another machine (its data and weights are there, not here).
+    """
+    from .study import StudyError, load_study
+    from .study.paths import path_problems
+
+    failed = paths_missing = 0
     for f in args.files:
-        study = load_study(f)
-        print(f"{f}: ok, study {study.name!r}")
+        try:
+            study = load_study(f, allow_large_grid=args.allow_large_grid)
+            problems = [] if args.schema_only else path_problems(study)
+            paths_missing += bool(problems)
+        except StudyError as exc:
+            problems = [exc]
+        if problems:
+            failed += 1
+            for exc in problems:
+                print(f"lsbench: error: {exc}", file=sys.stderr)
+            continue
+        print(f"{f}: ok{' (schema only: paths not checked)' if args.schema_only else ''}, study {study.name!r}")
         _print_table(study.trials())
-    return 0
+    if paths_missing:
+        print("lsbench: (a study meant for another machine: lsbench validate --schema-only checks it without "
+              "its paths)", file=sys.stderr)
+    return EXIT_USAGE if failed else EXIT_OK
 
 
 def cmd_run(args) -> int:
     from .study import load_study
 
     path = args.file or str(embedded_study())
-    study = load_study(path)
+    study = load_study(path, allow_large_grid=args.allow_large_grid)
     if args.dry_run:
         print(f"study {study.name!r} from {path}")
         _print_table(study.trials())
         return 0
+    from .study.paths import check_paths
+
+    check_paths(study)  # missing data or weights: one line now, not a failed trial each after Ray started
     from .plots import run_plots
     from .sweep import run_study
 
@@ -147,6 +171,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("run", help="run a study (default: the embedded smoke study)")
     sp.add_argument("file", nargs="?", help="study YAML file")
     sp.add_argument("--dry-run", action="store_true", help="print the trial table and exit")
+    sp.add_argument("--allow-large-grid", action="store_true",
+                    help="accept a grid of more than 1000 trials (refused by default: usually a typo)")
     store_args(sp)
     sp.add_argument("--max-concurrent", type=int, default=None, help="at most this many trials at once")
     sp.add_argument("--address", default=None, help="join an existing Ray cluster (else $RAY_ADDRESS, else local)")
@@ -158,8 +184,11 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--reports-dir", default="reports")
     sp.set_defaults(func=cmd_run)
 
-    sp = sub.add_parser("validate", help="validate study files and print their trial tables")
+    sp = sub.add_parser("validate", help="validate study files and the paths they name; print their trial tables")
     sp.add_argument("files", nargs="+")
+    sp.add_argument("--schema-only", action="store_true",
+                    help="check the file alone, not its data and weights paths (a study for another machine)")
+    sp.add_argument("--allow-large-grid", action="store_true", help="accept a grid of more than 1000 trials")
     sp.set_defaults(func=cmd_validate)
 
     sp = sub.add_parser("report", help="mAP tables from the MLflow store")
