@@ -1,7 +1,10 @@
 """Loss-scaling methods behind one interface (``LossScaler``).
 
-``build_scaler`` turns a study's scaling entry into a scaler; the adaptive
-method needs the model because it scales per layer during backward.
+``build_scaler`` turns a study's scaling entry into a scaler; the per-layer
+methods (``adaptive``, ``layerwise_dynamic``, ``amax``) need the model because
+they scale per layer during backward. A new method is one module here, one
+branch below, its names in :mod:`lossscale_bench.registry` and its entry in
+:mod:`lossscale_bench.study.schema`.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from .dynamic import DynamicLossScaler
 from .fixed import FixedLossScaler, NoLossScaler
 
 __all__ = ["LossScaler", "StepResult", "FixedLossScaler", "NoLossScaler", "DynamicLossScaler",
-           "AdaptiveLossScaler", "build_scaler"]
+           "AdaptiveLossScaler", "LayerwiseDynamicLossScaler", "AmaxLossScaler", "build_scaler"]
 
 
 def __getattr__(name: str):
@@ -21,6 +24,14 @@ def __getattr__(name: str):
         from .adaptive import AdaptiveLossScaler
 
         return AdaptiveLossScaler
+    if name == "LayerwiseDynamicLossScaler":
+        from .layerwise_dynamic import LayerwiseDynamicLossScaler
+
+        return LayerwiseDynamicLossScaler
+    if name == "AmaxLossScaler":
+        from .amax import AmaxLossScaler
+
+        return AmaxLossScaler
     raise AttributeError(name)
 
 
@@ -36,8 +47,22 @@ def build_scaler(entry: dict[str, Any], model=None, grad_format=None) -> LossSca
     if method == "fixed":
         return FixedLossScaler(scale=entry.get("scale", 1.0), skip_nonfinite=entry.get("skip_nonfinite", True))
     if method == "dynamic":
+        extra = {k: entry[k] for k in ("hysteresis", "min_scale", "consecutive_hysteresis") if k in entry}
         return DynamicLossScaler(style=entry.get("style", "chainer"), init_scale=entry.get("init_scale"),
-                                 interval=entry.get("interval"))
+                                 interval=entry.get("interval"), **extra)
+    if method == "layerwise_dynamic":
+        from .layerwise_dynamic import LayerwiseDynamicLossScaler
+
+        opts = {k: entry[k] for k in ("init_scale", "interval", "growth_factor", "backoff_factor",
+                                      "min_scale", "max_scale") if k in entry}
+        return LayerwiseDynamicLossScaler(model, **opts)
+    if method == "amax":
+        from .amax import AmaxLossScaler
+
+        opts = {k: entry[k] for k in ("recipe", "history", "margin", "power_of_two", "init_scale") if k in entry}
+        if grad_format is not None:
+            opts["grad_format"] = grad_format
+        return AmaxLossScaler(model, **opts)
     if method == "adaptive":
         from .adaptive import AdaptiveLossScaler
 
