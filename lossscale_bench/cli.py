@@ -39,7 +39,8 @@ def embedded_study() -> Path:
 USER_ERRORS = (("lossscale_bench.study", "StudyError"), ("lossscale_bench.data.coco", "DataNotFound"),
                ("lossscale_bench.backends.base", "BackendUnavailable"), ("lossscale_bench.models.ssd", "WeightsError"),
                ("lossscale_bench.data.download", "DownloadError"), ("lossscale_bench.trial", "CheckpointError"),
-               ("lossscale_bench.report", "ReportError"), ("lossscale_bench.sweep", "ClusterUnavailable"))
+               ("lossscale_bench.report", "ReportError"), ("lossscale_bench.sweep", "ClusterUnavailable"),
+               ("lossscale_bench.store", "StoreMissing"))
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
@@ -105,12 +106,20 @@ def cmd_run(args) -> int:
     from .study.paths import check_paths
 
     check_paths(study)  # missing data or weights: one line now, not a failed trial each after Ray started
-    from .plots import run_plots
-    from .sweep import run_study
+    import signal
 
-    result = run_study(study, runs_dir=args.runs_dir, tracking_uri=args.tracking_uri,
-                       max_concurrent=args.max_concurrent, address=args.address, num_cpus=args.num_cpus,
-                       executor=args.executor, quiet=args.quiet, trial_plots=run_plots)
+    from .plots import run_plots
+    from .sweep import Interrupted, run_study
+
+    try:
+        result = run_study(study, runs_dir=args.runs_dir, tracking_uri=args.tracking_uri,
+                           max_concurrent=args.max_concurrent, address=args.address, num_cpus=args.num_cpus,
+                           executor=args.executor, quiet=args.quiet, trial_plots=run_plots,
+                           check_resources=not args.no_resource_check)
+    except Interrupted as exc:
+        print(f"lsbench: interrupted by {exc}: {exc.killed} unfinished trial run(s) marked KILLED; "
+              f"the same command resumes them", file=sys.stderr)
+        return EXIT_SIGINT if exc.signum == signal.SIGINT else EXIT_SIGTERM
     counts = result.counts()
     print(f"study {study.name}: " + ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in counts.items()))
     if not args.no_report:
@@ -121,14 +130,16 @@ def cmd_run(args) -> int:
         print()
         print(text)
         print(f"(written to {out})")
-    return 0
+    # scripts and schedulers branch on the code: a failed trial is not a success (diverged is a result)
+    return EXIT_TRIALS_FAILED if counts.get("failed") else EXIT_OK
 
 
 def cmd_report(args) -> int:
+    """Reads the store, never creates one: a missing store is one line, exit 2 (a wrong path)."""
     from .report import write_report
-    from .tracking import resolve_tracking_uri
+    from .store import open_store, resolve_tracking_uri
 
-    uri = resolve_tracking_uri(args.tracking_uri, args.runs_dir)
+    uri = open_store(resolve_tracking_uri(args.tracking_uri, args.runs_dir), create=False)
     text, out = write_report(uri, study=args.study, fmt=args.format, out=args.out, metric=args.metric,
                              reports_dir=args.reports_dir, plots=not args.no_plots)
     if args.format == "html" or args.out:
@@ -137,6 +148,12 @@ def cmd_report(args) -> int:
         print(text)
         print(f"(written to {out})", file=sys.stderr)
     return 0
+
+
+def cmd_weights(args) -> int:
+    from .models.convert import main as convert_main
+
+    return convert_main(args)
 
 
 def cmd_ui(args) -> int:
@@ -177,6 +194,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--max-concurrent", type=int, default=None, help="at most this many trials at once")
     sp.add_argument("--address", default=None, help="join an existing Ray cluster (else $RAY_ADDRESS, else local)")
     sp.add_argument("--num-cpus", type=int, default=None, help="CPUs for a local Ray instance (default: all)")
+    sp.add_argument("--no-resource-check", action="store_true",
+                    help="start trials even if no node can hold them now (an autoscaler adds nodes on demand); "
+                         "also LSBENCH_SKIP_RESOURCE_CHECK=1")
     sp.add_argument("--executor", choices=("ray", "local"), default="ray",
                     help="'local' runs trials one by one in this process, without Ray (debugging)")
     sp.add_argument("--quiet", action="store_true", help="no per-trial progress lines")
@@ -195,7 +215,11 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--study", default=None)
     sp.add_argument("--format", choices=("markdown", "csv", "html", "latex"), default="markdown")
     sp.add_argument("--out", default=None, help="file to write (default: reports/<study>.<ext>)")
-    sp.add_argument("--metric", default="final_map", help="final_map (default), final_map_50 or best_map")
+    from .report_metrics import REPORT_METRICS  # names only: no pandas, --help stays instant
+
+    sp.add_argument("--metric", default="final_map", choices=tuple(REPORT_METRICS),
+                    help="final_map (default: mAP at the last evaluation), final_map_50 (mAP@0.5) "
+                         "or best_map (the best evaluation's); shown in percent")
     sp.add_argument("--reports-dir", default="reports")
     sp.add_argument("--no-plots", action="store_true", help="tables only, no plots")
     store_args(sp)
@@ -203,6 +227,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     # Listed for --help; main() hands `lsbench data ...` to data/download.py before parsing.
     sub.add_parser("data", help="download, verify and extract VOC or COCO: lsbench data {voc,coco} --root DIR")
+
+    sp = sub.add_parser("weights", help="backbone weight files: lsbench weights convert IN OUT")
+    wsub = sp.add_subparsers(dest="weights_command", required=True)
+    wp = wsub.add_parser("convert", help="the fc-reduced VGG16 (chainercv .npz or vgg16_reducedfc.pth) as a "
+                                         "backbone file with conv6/conv7 for ssd300_vgg16/ssd512_vgg16")
+    wp.add_argument("input", help="chainercv ssd_vgg16_imagenet_converted_*.npz or amdegroot's vgg16_reducedfc.pth")
+    wp.add_argument("output", help="the backbone file to write (model_options.backbone_weights)")
+    wp.add_argument("--format", choices=("auto", "chainercv", "pytorch"), default="auto",
+                    help="input layout (auto: .npz is chainercv, else PyTorch)")
+    wp.set_defaults(func=cmd_weights)
 
     sp = sub.add_parser("ui", help="serve the MLflow UI for the study store")
     store_args(sp)
@@ -226,13 +260,18 @@ def main(argv: list[str] | None = None) -> int:
         print("interrupted", file=sys.stderr)
         return 130
     except Exception as exc:  # noqa: BLE001
-        store_error = getattr(sys.modules.get("lossscale_bench.tracking"), "StoreError", None)
-        if store_error is not None and isinstance(exc, store_error):
-            print(f"lsbench: error: {exc}", file=sys.stderr)
-            return EXIT_STORE
-        if isinstance(exc, _user_errors()):
+        if isinstance(exc, _user_errors()):  # first: a missing store (StoreMissing) is a wrong path, exit 2
             print(f"lsbench: error: {exc}", file=sys.stderr)
             return EXIT_USAGE
+        store_error = getattr(sys.modules.get("lossscale_bench.store"), "StoreError", None)
+        # a store fault inside a Ray callback reaches here wrapped: look down the cause chain
+        cause, seen = exc, set()
+        while store_error is not None and cause is not None and id(cause) not in seen:
+            if isinstance(cause, store_error):
+                print(f"lsbench: error: {cause}", file=sys.stderr)
+                return EXIT_STORE
+            seen.add(id(cause))
+            cause = cause.__cause__ or cause.__context__
         raise
 
 

@@ -1,7 +1,9 @@
 """SSD detectors built on torchvision's SSD machinery (loss, matching, anchors, post-processing).
 
 Nothing is downloaded: models start from random initialisation, or load
-backbone weights from a local file (``backbone_weights``), checked by key.
+backbone weights from a local file (``backbone_weights``), checked by key. For the VGG16
+SSDs that file may also hold ``conv6.*``/``conv7.*`` (the fc-reduced VGG16 that chainercv and
+the SSD paper start from; ``lsbench weights convert`` writes it, :mod:`.convert`).
 ``num_classes`` includes the background class (torchvision's convention:
 object labels are 1..K).
 """
@@ -31,25 +33,30 @@ class WeightsError(ValueError):
     """A backbone weight file is missing or does not match the backbone."""
 
 
-def load_backbone_weights(module: nn.Module, path: str | Path) -> None:
-    """Load a local state dict into ``module``, refusing files whose keys do not match.
-
-    Accepts a plain state dict or one nested under ``state_dict``/``model``;
-    a classifier head present in the file (``fc.*``, ``classifier.*``) is
-    ignored because detectors drop it.
-    """
+def read_weights(path: str | Path) -> dict:
+    """A local state dict (plain, or nested under ``state_dict``/``model``), read without running code."""
     path = Path(path).expanduser()
     if not path.is_file():
         raise WeightsError(f"backbone_weights: file not found: {path}")
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - any unreadable file is the same user error
-        raise WeightsError(f"backbone_weights: cannot read {path}: {exc}") from None
+        why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise WeightsError(f"backbone_weights: cannot read {path}: {why}") from None
     for key in ("state_dict", "model"):
         if isinstance(state, dict) and key in state and isinstance(state[key], dict):
             state = state[key]
     if not isinstance(state, dict):
         raise WeightsError(f"backbone_weights: {path} does not hold a state dict")
+    return state
+
+
+def load_state_checked(module: nn.Module, state: dict, path: str | Path) -> None:
+    """Load ``state`` into ``module``, refusing missing, unexpected or misshapen keys.
+
+    A classifier head present in the file (``fc.*``, ``classifier.*``) is ignored
+    because detectors drop it.
+    """
     own = module.state_dict()
     head = ("fc.", "classifier.")
     state = {k: v for k, v in state.items() if k in own or not k.startswith(head)}
@@ -61,11 +68,17 @@ def load_backbone_weights(module: nn.Module, path: str | Path) -> None:
             f"backbone_weights: {path} does not match the backbone: "
             f"missing {missing[:3]}{'...' if len(missing) > 3 else ''}, "
             f"unexpected {unexpected[:3]}{'...' if len(unexpected) > 3 else ''}")
-    bad = [k for k in state if tuple(own[k].shape) != tuple(state[k].shape)]
+    bad = [k for k in state if not isinstance(state[k], torch.Tensor) or tuple(own[k].shape) != tuple(state[k].shape)]
     if bad:
+        got = tuple(state[bad[0]].shape) if isinstance(state[bad[0]], torch.Tensor) else type(state[bad[0]]).__name__
         raise WeightsError(f"backbone_weights: {path}: shape mismatch at {bad[:3]} "
-                           f"(file {tuple(state[bad[0]].shape)}, backbone {tuple(own[bad[0]].shape)})")
+                           f"(file {got}, backbone {tuple(own[bad[0]].shape)})")
     module.load_state_dict(state, strict=False)
+
+
+def load_backbone_weights(module: nn.Module, path: str | Path) -> None:
+    """Load a local state dict into ``module``, refusing files whose keys do not match."""
+    load_state_checked(module, read_weights(path), path)
 
 
 # ---------------------------------------------------------------------------
@@ -156,10 +169,18 @@ class _VGG16Features(nn.Module):
                 nn.init.zeros_(m.bias)
 
 
+#: keys of conv6/conv7 in a backbone file (``lsbench weights convert`` writes them from the
+#: fc-reduced VGG16): loaded into torchvision's extractor, ``extra.0.7.1`` / ``extra.0.7.3``
+FC_REDUCED_KEYS = ("conv6.weight", "conv6.bias", "conv7.weight", "conv7.bias")
+
+
 def _vgg_backbone(highres: bool, backbone_weights) -> nn.Module:
     vgg = _VGG16Features()
+    fc_state: dict = {}
     if backbone_weights:
-        load_backbone_weights(vgg, backbone_weights)
+        state = dict(read_weights(backbone_weights))
+        fc_state = {k: state.pop(k) for k in FC_REDUCED_KEYS if k in state}
+        load_state_checked(vgg, state, backbone_weights)
     # torchvision's extractor: conv4_3 -> L2Norm (scale_weight initialised to 20, as chainercv's
     # Normalize(initial=20)), pool5 3x3/1/1, conv6 3x3 dilation 6, conv7 1x1; pool3 in ceil mode
     # (chainercv pools with cover_all, i.e. ceil, everywhere: the same sizes at 300 and 512 px).
@@ -172,6 +193,12 @@ def _vgg_backbone(highres: bool, backbone_weights) -> nn.Module:
         extractor.extra[5] = _extra_block(256, 128, 256, 4, 1, 1)
         for i in (3, 4, 5):
             _glorot_zero(extractor.extra[i])
+    if fc_state:
+        # conv6 (3x3 dilation 6) and conv7 (1x1): the fc-reduced VGG16's subsampled fc6/fc7, as
+        # chainercv's and the SSD paper's models start (else torchvision's Xavier init)
+        fc = extractor.extra[0][-1]
+        load_state_checked(fc, {k.replace("conv6.", "1.").replace("conv7.", "3."): v for k, v in fc_state.items()},
+                           backbone_weights)
     # Declared, so torchvision does not probe the channels with a dummy forward.
     extractor.out_channels = [512, 1024, 512, 256, 256, 256] + ([256] if highres else [])
     return extractor
