@@ -44,9 +44,9 @@ def render_html(summary, runs, metric, images: Mapping[str, bytes] | None, title
     for study, sg in summary.groupby("study", dropna=False, sort=False):
         out.append(f'<section class="study" id="study-{e(str(study))}">')
         out.append(f"<h2>{e(str(study))}</h2>")
-        for _, model, bs, rows, has_vs in _tables(sg, metric):
+        for tstudy, model, bs, rows, has_vs in _tables(sg, metric):
             headers = [*HEADERS, _value_header(metric)] + ([VS_HEADER] if has_vs else [])
-            out.append(f"<h3>{e(_heading(study, model, bs))}</h3>")
+            out.append(f"<h3>{e(_heading(tstudy, model, bs))}</h3>")
             out.append("<table>")
             out.append("<thead><tr>" + "".join(f"<th>{e(h)}</th>" for h in headers) + "</tr></thead>")
             out.append("<tbody>")

@@ -60,13 +60,13 @@ def render_latex(summary, runs, metric) -> str:
     ]
     for study, sg in summary.groupby("study", dropna=False, sort=False):
         out += ["", f"% study: {latex_escape(study)}"]
-        for _, model, bs, rows, has_vs in _tables(sg, metric):
+        for tstudy, model, bs, rows, has_vs in _tables(sg, metric):
             headers = [*HEADERS, _value_header(metric)] + ([VS_HEADER] if has_vs else [])
             out += [
                 "",
                 r"\begin{table}[ht]",
                 r"\centering",
-                r"\caption{" + latex_escape(_heading(study, model, bs)) + "}",
+                r"\caption{" + latex_escape(_heading(tstudy, model, bs)) + "}",
                 r"\begin{tabular}{llrl" + ("l" if has_vs else "") + "}",
                 r"\toprule",
                 " & ".join(latex_escape(h) for h in headers) + r" \\",

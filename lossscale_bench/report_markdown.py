@@ -43,7 +43,7 @@ def render_markdown(summary, runs, metric) -> str:
     out: list[str] = []
     for study, sg in summary.groupby("study", dropna=False, sort=False):
         out += [f"## {study}", ""]
-        for _, model, bs, rows, has_vs in _tables(sg, metric):
+        for tstudy, model, bs, rows, has_vs in _tables(sg, metric):
             body = []
             for label, cell, best, emu, vs in rows:
                 if best:
@@ -51,7 +51,7 @@ def render_markdown(summary, runs, metric) -> str:
                     cell = f"**{v}**{rest}"
                 body.append([model_name(model), label + (f" {EMULATED_MARK}" if emu else ""), str(bs), cell]
                             + ([vs] if has_vs else []))
-            out += [f"### {_BREAKS.sub(' ', _heading(study, model, bs))}", ""]
+            out += [f"### {_BREAKS.sub(' ', _heading(tstudy, model, bs))}", ""]
             out += _md_table([*HEADERS, _value_header(metric)] + ([VS_HEADER] if has_vs else []), body)
             out.append("")
         srun = runs[runs["study"] == study] if runs is not None else None

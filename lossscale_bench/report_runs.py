@@ -10,7 +10,10 @@ The report reads the MLflow store, never training logs.  The store contract
   failed; any other value, e.g. pending, reads as not done yet),
   ``lsbench.diverged_step``, ``lsbench.label``, ``lsbench.row``,
   ``lsbench.precision``, ``lsbench.eval_metric``, ``lsbench.baseline``
-  (``true`` on the trials of the study's ``baseline: true`` entry); params ``model``,
+  (``true`` on the trials of the study's ``baseline: true`` entry),
+  ``lsbench.config_id`` (the configuration the trial is a seed of; runs
+  without it get one derived from their params, see
+  :mod:`lossscale_bench.study.configs`); params ``model``,
   ``batch_size``, ``seed``, ``precision``, ``scaling.method``, ...; metrics
   ``final_map``, ``final_map_50``, ``best_map`` (fractions), plus step and
   eval metrics.
@@ -28,6 +31,8 @@ import math
 from collections.abc import Mapping
 
 import pandas as pd
+
+from .study.configs import config_params, run_config_id, setting_id
 
 __all__ = [
     "ReportError",
@@ -84,6 +89,9 @@ RUN_COLUMNS = [
     "mlflow_status",
     "start_time",
     "end_time",
+    "config_id",  # the configuration (identity without the seed): seeds pool only within one
+    "setting_id",  # the study-level part of it (one version of the study file), no paths
+    "config_params",  # dict: the params that make the configuration (to say how two differ)
 ]
 _INT_COLUMNS = ("row", "batch_size", "seed", "diverged_step")
 _FLOAT_COLUMNS = ("final_map", "final_map_50", "best_map", "map", "map_50")
@@ -203,6 +211,9 @@ def _run_record(run) -> dict:
         "mlflow_status": info.status,
         "start_time": info.start_time,
         "end_time": info.end_time,
+        "config_id": run_config_id(tags, params),
+        "setting_id": setting_id(params),
+        "config_params": config_params(params),
     }
     # every metric's latest value under its own name (final_map, loss_scale, ...)
     for key, value in metrics.items():

@@ -23,6 +23,17 @@ fewer than two values.  Diverged, failed and running seeds are left out of
 the test (the cell says ``k/n diverged``): a diverged seed has no mAP to
 compare, and inventing one (0, say) would turn "diverges sometimes" into a
 p-value about accuracy.  A row with no value at all says ``no values``.
+
+Configurations.  Seeds are pooled only within one configuration (a run's
+``config_id``: its trial identity without the seed, :mod:`lossscale_bench.study.configs`).
+A study whose file changed under the same name keeps the trials of each
+version in the store; each study-level setting (``setting_id``: dataset and
+its fingerprint, schedule, eval, model options, ...) gets its own tables,
+named by the fields that differ (``setting``), the one whose newest trial
+started last first and called latest.  Two configurations of one row within
+one setting (an entry's own option changed, its label not) are two rows,
+told apart by ``variant``.  Failed, running and pending counts are per cell,
+so per configuration.
 """
 
 from __future__ import annotations
@@ -47,6 +58,7 @@ from .report_runs import (
     model_name,
 )
 from .report_stats import ALPHA, noise_verdict, paired_verdict
+from .study.configs import describe, differing_fields, study_setting
 
 __all__ = [
     "ReportError",
@@ -86,6 +98,7 @@ SUMMARY_COLUMNS = [
     "n_diverged",
     "n_failed",
     "n_running",
+    "n_pending",
     "mean",
     "std",
     "n",
@@ -98,9 +111,14 @@ SUMMARY_COLUMNS = [
     "diff_ci_high",
     "test",
     "verdict",
+    "setting",
+    "setting_id",
+    "variant",
+    "config_id",
 ]
 
 RUNNING_TEXT = "–"  # en dash: still running, or no value for the metric yet
+_NOT_VALUE = ("diverged", "failed", "running", "pending")  # what a cell counts beside its values
 
 
 def _is_map_metric(metric: str) -> bool:
@@ -127,8 +145,10 @@ def _cell_text(values: list[float], counts: dict[str, int], n_runs: int, table_n
     is shown whenever the cell has several seeds, so a reader never has to
     guess how many runs a ± stands on; a one-seed cell stays a bare number
     unless the table's usual runs per cell (``table_n_runs``) differ.
+    ``pending`` (created, not started) is counted apart from ``running``, as in
+    the study's ``Trials:`` line.
     """
-    notes = [f"{counts[s]}/{n_runs} {s}" for s in ("diverged", "failed", "running") if counts[s]]
+    notes = [f"{counts[s]}/{n_runs} {s}" for s in _NOT_VALUE if counts[s]]
     if values:
         text = _fmt(pd.Series(values).mean(), metric)
         if len(values) > 1:
@@ -138,12 +158,12 @@ def _cell_text(values: list[float], counts: dict[str, int], n_runs: int, table_n
         if notes:
             text += f" ({', '.join(notes)})"
         return text
-    if counts["running"]:
-        head = RUNNING_TEXT
-        notes = notes[:-1]  # "running" itself is what the dash says
-        if counts["running"] == n_runs:
-            return head
-        return f"{head} ({', '.join(notes)})" if notes else head
+    waiting = counts["running"] + counts["pending"]
+    if waiting:
+        if waiting == n_runs:
+            return RUNNING_TEXT
+        notes = [n for n in notes if not n.endswith(" running")]  # the dash says it
+        return f"{RUNNING_TEXT} ({', '.join(notes)})" if notes else RUNNING_TEXT
     if counts["diverged"] == n_runs:
         return "diverged"
     if counts["failed"] == n_runs:
@@ -153,8 +173,12 @@ def _cell_text(values: list[float], counts: dict[str, int], n_runs: int, table_n
     return RUNNING_TEXT
 
 
+#: one table: a study's setting (one version of its file), model and batch size
+TABLE_KEYS = ["study", "setting_id", "model", "batch_size"]
+
+
 def summarize(df: pd.DataFrame, metric: str = "final_map") -> pd.DataFrame:
-    """One row per table cell: (study, model, batch_size, row, label, precision).
+    """One row per table cell: (study, setting, model, batch_size, row, label, precision, configuration).
 
     Columns: see ``SUMMARY_COLUMNS``.  ``mean``/``std`` are in the metric's
     own unit (fractions for mAP), over finished runs that logged the metric;
@@ -169,32 +193,44 @@ def summarize(df: pd.DataFrame, metric: str = "final_map") -> pd.DataFrame:
     (empty in tables without a baseline), with ``p_value``, ``diff`` (row
     mean − baseline mean, the metric's unit) and ``diff_ci_low``/``_high``
     (95% CI) from :func:`lossscale_bench.report_stats.noise_verdict`.
+
+    ``setting`` names the table's study setting when the study has several
+    (``configuration 2 of 2 (earlier): schedule.lr = 0.01``), else is empty;
+    ``variant`` tells apart two configurations of one row in one table;
+    ``config_id`` is the cell's configuration (see the module docstring).
     """
     if df is None or len(df) == 0:
         return pd.DataFrame({c: [] for c in SUMMARY_COLUMNS})
     df = df.copy()
     for c in ("study", "model", "batch_size", "row", "label", "precision", "eval_metric", "seed", "status",
-              "baseline"):
+              "baseline", "config_id", "setting_id", "config_params", "start_time"):
         if c not in df.columns:
             df[c] = None
     df["baseline"] = [_is_true(v) for v in df["baseline"]]
+    # runs without a configuration (hand-made frames) are one configuration per cell, as before
+    df["config_id"] = df["config_id"].map(lambda v: "" if v is None or _isna(v) else str(v))
+    df["setting_id"] = df["setting_id"].map(lambda v: "" if v is None or _isna(v) else str(v))
+    df["config_params"] = df["config_params"].map(lambda v: v if isinstance(v, dict) else {})
+    df["start_time"] = pd.to_numeric(df["start_time"], errors="coerce")
     values = pd.to_numeric(df[metric], errors="coerce") if metric in df.columns else pd.Series(math.nan, index=df.index)
     df["_value"] = values.astype("float64")
     status = df["status"].fillna("running").astype(str).str.lower()
     has_value = df["_value"].notna() & ~df["_value"].isin([math.inf, -math.inf])
     df["_kind"] = "running"
+    df.loc[status == "pending", "_kind"] = "pending"
     df.loc[status == "diverged", "_kind"] = "diverged"
     df.loc[status == "failed", "_kind"] = "failed"
     df.loc[(status == "finished") & has_value, "_kind"] = "value"
 
-    keys = ["study", "model", "batch_size", "row", "label", "precision"]
+    keys = ["study", "setting_id", "model", "batch_size", "row", "label", "precision", "config_id"]
     rows = []
     for key, g in df.groupby(keys, dropna=False, sort=False):
         k = dict(zip(keys, key))
         vals = g.loc[g["_kind"] == "value", "_value"].tolist()
         by_seed = {int(s): v for s, v in zip(g.loc[g["_kind"] == "value", "seed"], vals) if not _isna(s)}
-        counts = {s: int((g["_kind"] == s).sum()) for s in ("diverged", "failed", "running")}
+        counts = {s: int((g["_kind"] == s).sum()) for s in _NOT_VALUE}
         evals = [e for e in pd.unique(g["eval_metric"].dropna()) if e]
+        latest = g["start_time"].max()
         rows.append(
             {
                 **k,
@@ -208,6 +244,7 @@ def summarize(df: pd.DataFrame, metric: str = "final_map") -> pd.DataFrame:
                 "n_diverged": counts["diverged"],
                 "n_failed": counts["failed"],
                 "n_running": counts["running"],
+                "n_pending": counts["pending"],
                 "mean": float(pd.Series(vals).mean()) if vals else math.nan,
                 "std": float(pd.Series(vals).std(ddof=1)) if len(vals) > 1 else math.nan,
                 "n": len(vals),
@@ -215,18 +252,23 @@ def summarize(df: pd.DataFrame, metric: str = "final_map") -> pd.DataFrame:
                 "_vals": vals,
                 "_by_seed": by_seed,
                 "_counts": counts,
+                "_params": g["config_params"].iloc[0],
+                "_newest": -(latest if not _isna(latest) else 0.0),
             }
         )
     out = pd.DataFrame(rows)
     for c in ("batch_size", "row"):
         out[c] = pd.array([_to_int(v) if not _isna(v) else None for v in out[c]], dtype="Int64")
+    out["setting"], out["_setting_rank"] = _settings(df, out)
+    out["variant"] = _variants(out)
     out = out.sort_values(
-        ["study", "model", "batch_size", "row", "label", "precision"], kind="stable", na_position="last"
+        ["study", "_setting_rank", "model", "batch_size", "row", "label", "precision", "_newest"],
+        kind="stable", na_position="last"
     ).reset_index(drop=True)
 
     higher = _higher_is_better(metric)
     cells, best = [], []
-    for _, g in out.groupby(["study", "model", "batch_size"], dropna=False, sort=False):
+    for _, g in out.groupby(TABLE_KEYS, dropna=False, sort=False):
         usual_runs = int(g["n_runs"].mode().max())  # most common; ties -> the larger
         shown = g["mean"].map(lambda m: round(m * _scale(metric), 2) if not math.isnan(m) else math.nan)
         n_with = int(shown.notna().sum())
@@ -238,6 +280,45 @@ def summarize(df: pd.DataFrame, metric: str = "final_map") -> pd.DataFrame:
     out["best"] = pd.Series(dict(best)).astype(bool)
     out = _add_verdicts(out, higher)
     return out[SUMMARY_COLUMNS].reset_index(drop=True)
+
+
+def _settings(runs: pd.DataFrame, cells: pd.DataFrame) -> tuple[list[str], list[int]]:
+    """Per cell: its study setting's wording and rank (0: latest), for studies with several settings.
+
+    The setting whose newest trial started last comes first ("latest": the
+    study file as last run); each is named by the study-level fields in which
+    the settings differ (:func:`lossscale_bench.study.configs.differing_fields`).
+    """
+    text: dict[tuple, str] = {}
+    rank: dict[tuple, int] = {}
+    for study, g in runs.groupby("study", dropna=False, sort=False):
+        newest = g.groupby("setting_id", sort=False)["start_time"].max().fillna(0.0)
+        order = sorted(newest.index, key=lambda sid: -newest[sid])
+        for n, sid in enumerate(order):
+            rank[(study, sid)] = n
+        if len(order) < 2:
+            continue
+        params = {sid: study_setting(g.loc[g["setting_id"] == sid, "config_params"].iloc[0]) for sid in order}
+        fields = differing_fields(params.values())
+        for n, sid in enumerate(order):
+            what = describe(params[sid], fields) if fields else f"setting {sid[:8]}"
+            text[(study, sid)] = (f"configuration {n + 1} of {len(order)} "
+                                  f"({'latest' if n == 0 else 'earlier'}): {what}")
+    keys = list(zip(cells["study"], cells["setting_id"]))
+    return [text.get(k, "") for k in keys], [rank.get(k, 0) for k in keys]
+
+
+def _variants(cells: pd.DataFrame) -> list[str]:
+    """Per cell: what tells it from another configuration of the same row in the same table, else ``""``."""
+    out = pd.Series("", index=cells.index, dtype=object)
+    same_row = ["study", "setting_id", "model", "batch_size", "row", "label", "precision"]
+    for _, g in cells.groupby(same_row, dropna=False, sort=False):
+        if g["config_id"].nunique() < 2:
+            continue
+        fields = differing_fields(g["_params"].tolist())
+        for i, r in g.iterrows():
+            out[i] = describe(r["_params"], fields) if fields else f"configuration {str(r['config_id'])[:8]}"
+    return out.tolist()
 
 
 def _baseline_index(table: pd.DataFrame):
@@ -270,7 +351,7 @@ def _add_verdicts(out: pd.DataFrame, higher: bool) -> pd.DataFrame:
     out["verdict"] = out["verdict"].astype(object)
     out["baseline_label"] = out["baseline_label"].astype(object)
     out["test"] = out["test"].astype(object)
-    for _, g in out.groupby(["study", "model", "batch_size"], dropna=False, sort=False):
+    for _, g in out.groupby(TABLE_KEYS, dropna=False, sort=False):
         b = _baseline_index(g)
         if b is None:
             continue
