@@ -67,6 +67,8 @@ class Tracker:
         # Alembic/MLflow print migration chatter on first use of a store.
         logging.getLogger("alembic").setLevel(logging.WARNING)
         logging.getLogger("mlflow").setLevel(logging.WARNING)
+        # it logs a traceback for every database error; ours become one StoreError line (store.store_error)
+        logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
         # checked before MLflow opens it: a bad store is one StoreError line, never a traceback
         # or a new empty store; the Tracker writes, so the store may be created
         self.uri = open_store(tracking_uri, create=True)
@@ -210,7 +212,7 @@ class Tracker:
             run_id = existing.info.run_id
             name = base_run_name(cfg.label, cfg.trial_id)
             if existing.info.status != "RUNNING" or existing.info.run_name != name:
-                # a re-run of a failed trial drops its " [failed]" name until it ends again
+                # a re-run of a failed trial drops its "[failed] " name until it ends again
                 _retry(self.client.update_run, run_id, status="RUNNING", name=name)
             if existing.data.tags.get("lsbench.baseline") != baseline:
                 self.set_tags(run_id, {"lsbench.baseline": baseline})
@@ -258,8 +260,8 @@ class Tracker:
     def end_trial(self, run_id: str, status: str) -> None:
         """End a trial's run so that the runs table shows how it ended (``run_status``).
 
-        finished -> FINISHED; diverged and failed -> FAILED with `` [diverged]`` /
-        `` [failed]`` after the run name; the description (``mlflow.note.content``)
+        finished -> FINISHED; diverged and failed -> FAILED with ``[diverged] `` /
+        ``[failed] `` before the run name; the description (``mlflow.note.content``)
         says why and at which step. Reads the run's tags (label, diverged step,
         error) back from the store: they arrived before the outcome.
         """

@@ -14,6 +14,7 @@ stream restarts at the saved step.
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -42,7 +43,8 @@ class TrialOutcome:
     final_map: float | None = None
     final_map_50: float | None = None
     best_map: float | None = None
-    diverged_step: int | None = None
+    diverged_step: int | None = None   # metric-history step that broke training (DivergenceHook)
+    diverged_reason: str | None = None
     skipped_steps: int = 0
     seconds: float = 0.0
     error: str | None = None
@@ -95,6 +97,30 @@ def make_evaluator(metric: str, model, val_ds, backend, precision, max_images=No
     raise ValueError(f"unknown eval metric {metric!r}")
 
 
+#: errno -> what a researcher reads first in a failed trial's error (the OS text follows)
+_DISK_ERRORS = {errno.ENOSPC: "disk full", errno.EDQUOT: "disk quota exceeded",
+                errno.EFBIG: "file size limit reached (disk full, quota or ulimit -f)"}
+
+
+def failure_text(exc: BaseException) -> str:
+    """A failed trial's error line: ``Type: message``, led by "disk full" when that is the cause.
+
+    "OSError: [Errno 28] No space left on device" buried in a traceback is easy to read as a
+    bug; the cause may also sit under a wrapping error (``__cause__``/``__context__``).
+    """
+    text = f"{type(exc).__name__}: {exc}"
+    seen, e = set(), exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        what = _DISK_ERRORS.get(getattr(e, "errno", None))
+        if what is None and "no space left on device" in str(e).lower():
+            what = "disk full"
+        if what:
+            return f"{what}: {text}"
+        e = e.__cause__ or e.__context__
+    return text
+
+
 def shard_batches(batches, rank: int, world_size: int):
     """Each replica takes its slice of the same global batch (``batch_size`` is the global batch)."""
     for step, images, targets in batches:
@@ -124,12 +150,20 @@ def run_trial(cfg, *, sink: Sink, trial_dir: str | Path, threads: int | None = N
         _train(cfg, sink, trial_dir, threads, checkpoint_every, outcome, rank, world_size, grad_sync, ckpt_dir)
     except Exception as exc:  # noqa: BLE001 - a failed trial is data, the study goes on
         outcome.status = "failed"
-        outcome.error = f"{type(exc).__name__}: {exc}"
-        (trial_dir / "error.txt").write_text(traceback.format_exc())
+        outcome.error = failure_text(exc)
+        try:  # on a full disk this write fails too; the error still reaches the sink
+            (trial_dir / "error.txt").write_text(traceback.format_exc())
+            sink.artifact(str(trial_dir / "error.txt"))
+        except OSError:
+            pass
         sink.tags({"lsbench.status": "failed", "lsbench.error": outcome.error[:5000]})
-        sink.artifact(str(trial_dir / "error.txt"))
     outcome.seconds = time.time() - t0
-    (trial_dir / "outcome.json").write_text(json.dumps(outcome.to_dict(), indent=2))
+    try:
+        (trial_dir / "outcome.json").write_text(json.dumps(outcome.to_dict(), indent=2))
+    except OSError as exc:  # the outcome goes to the sink regardless; a full disk must not hide it
+        if outcome.status != "failed":
+            outcome.status, outcome.error = "failed", failure_text(exc)
+            sink.tags({"lsbench.status": "failed", "lsbench.error": outcome.error[:5000]})
     sink.flush()
     return outcome
 
@@ -159,7 +193,7 @@ def _train(cfg, sink: Sink, trial_dir: Path, threads, checkpoint_every, outcome:
                                                max_val_images=cfg.eval.get("max_images"))
     sink.tags(data_report(train_ds, val_ds))
     model = backend.prepare_model(build_model(cfg.model, num_classes=len(classes) + 1, **opts))
-    precision = get_precision(cfg.precision)
+    precision = get_precision(cfg.precision, cfg.scaling.get("grad_rounding"))  # an entry option (schema)
     precision.prepare(model)
     scaler = build_scaler(cfg.scaling, model, grad_format=precision.grad_format)
     # after the emulation hooks: it sees gradients before they are rounded
@@ -230,6 +264,7 @@ def _train(cfg, sink: Sink, trial_dir: Path, threads, checkpoint_every, outcome:
     except TrialDiverged as div:
         outcome.status = "diverged"
         outcome.diverged_step = div.step
+        outcome.diverged_reason = div.reason
     finally:
         outcome.steps = state.step
         outcome.skipped_steps = state.skipped_steps
@@ -257,6 +292,7 @@ def _train(cfg, sink: Sink, trial_dir: Path, threads, checkpoint_every, outcome:
     if diverged_hook.diverged is not None:
         outcome.status = "diverged"
         outcome.diverged_step = diverged_hook.diverged.step
+        outcome.diverged_reason = diverged_hook.diverged.reason
     else:
         outcome.status = "finished"
     if rank == 0:

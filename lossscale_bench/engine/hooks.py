@@ -87,7 +87,17 @@ class MetricsHook(Hook):
 
 class DivergenceHook(Hook):
     """Declares divergence after ``patience`` consecutive non-finite losses or
-    ``max_consecutive_skips`` consecutive skipped steps (a scale that can never recover)."""
+    ``max_consecutive_skips`` consecutive skipped steps (a scale that can never recover).
+
+    ``diverged_step`` is a step number of the metric history (``StepRecord.step``,
+    the step under which ``loss``, ``overflow`` and ``skipped`` are logged): the
+    step that broke training. A step's ``loss`` is computed before its update, so
+    when the first non-finite loss (step k) follows a step that *applied* a
+    non-finite gradient (``overflow`` 1, ``skipped`` 0 at step k-1), that earlier
+    step is the one that destroyed the weights and is the one named; otherwise
+    it is the first step of the failing streak (first non-finite loss, or first
+    skipped step). The reason says both steps when they differ.
+    """
 
     def __init__(self, sink: Sink, patience: int = 10, max_consecutive_skips: int = 200, policy: str = "stop") -> None:
         self.sink = sink
@@ -96,25 +106,40 @@ class DivergenceHook(Hook):
         self.policy = policy
         self.bad = 0
         self.skips = 0
+        self.bad_since: int | None = None     # first non-finite loss of the current streak
+        self.cause_step: int | None = None    # the applied non-finite update just before it
+        self._applied_nonfinite: int | None = None  # last step whose non-finite gradient was applied
         self.last_finite_loss: float | None = None
         self.last_scale: float = float("nan")
         self.diverged: TrialDiverged | None = None
 
     def after_step(self, trainer, record: StepRecord) -> None:
+        step = record.step
         if math.isfinite(record.loss):
             self.bad = 0
+            self.bad_since = self.cause_step = None
             self.last_finite_loss = record.loss
             self.last_scale = record.result.scale
         else:
+            if self.bad == 0:
+                self.bad_since = step
+                self.cause_step = (self._applied_nonfinite if self._applied_nonfinite == step - 1 else None)
             self.bad += 1
+        applied = bool(record.result.overflow) and not bool(record.result.skipped)
+        self._applied_nonfinite = step if applied else None
         self.skips = self.skips + 1 if record.result.skipped else 0
         reason = None
+        first_bad = step
         if self.bad >= self.patience:
-            reason = f"loss non-finite for {self.bad} consecutive steps"
+            first_bad = self.cause_step or self.bad_since or step
+            reason = f"loss non-finite for {self.bad} consecutive steps from step {self.bad_since}"
+            if self.cause_step is not None:
+                reason = (f"non-finite gradient applied at step {self.cause_step} (overflow, not skipped); "
+                          + reason)
         elif self.skips >= self.max_skips:
-            reason = f"{self.skips} consecutive steps skipped on overflow"
+            first_bad = step - self.skips + 1
+            reason = f"{self.skips} consecutive steps skipped on overflow from step {first_bad}"
         if reason and self.diverged is None:
-            first_bad = record.step - (self.bad if self.bad >= self.patience else self.skips) + 1
             self.diverged = TrialDiverged(first_bad, self.last_finite_loss, self.last_scale, reason)
             self.sink.tags({"lsbench.diverged_step": first_bad, "lsbench.diverged_reason": reason,
                             "lsbench.last_finite_loss": self.last_finite_loss,
