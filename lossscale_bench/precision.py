@@ -23,11 +23,24 @@ underflow and overflow that loss scaling exists to fix appear at fp32 speed.
   flush here: underflow is real at CPU scale.
 
 They are emulations, and reports say so.
+
+Parameter gradients: two orders (``grad_rounding``)
+---------------------------------------------------
+* ``before_unscale`` (the default): the accumulated gradient is rounded to ``grad_format``
+  while it still carries the loss scale ``P``; the scaler then unscales it in fp32. This is
+  PyTorch AMP's order (fp16 weight gradients computed at scale ``P``, ``GradScaler.unscale_``
+  on the fp32 copy).
+* ``after_unscale``: the gradient is unscaled first (in fp32) and then rounded, as Chainer's
+  mixed16 and the adaptive-scaling authors' code do (gradients divided by ``P`` and stored in
+  fp16 before the fp32 update). A true gradient below the format's smallest subnormal flushes
+  here but survives the default order when ``P`` lifts it; past ``u_max`` it becomes inf and the
+  step is skipped. The training loop calls :meth:`Precision.round_unscaled_grads` right after
+  ``scaler.unscale_``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Callable
 
@@ -82,8 +95,14 @@ class EmulationHandle:
         return len(self._handles)
 
 
-def install_emulation(model: nn.Module, forward_format: FloatFormat, grad_format: FloatFormat) -> EmulationHandle:
-    """Round layer outputs to ``forward_format``, their incoming gradients and parameter
+#: the orders in which an emulated precision rounds parameter gradients (module doc)
+GRAD_ROUNDINGS = ("before_unscale", "after_unscale")
+
+
+def install_emulation(model: nn.Module, forward_format: FloatFormat, grad_format: FloatFormat,
+                      round_param_grads: bool = True) -> EmulationHandle:
+    """Round layer outputs to ``forward_format``, their incoming gradients and (unless
+    ``round_param_grads`` is false: ``grad_rounding: after_unscale``) the accumulated parameter
     gradients to ``grad_format``."""
     handles = []
 
@@ -100,9 +119,10 @@ def install_emulation(model: nn.Module, forward_format: FloatFormat, grad_format
         if p.grad is not None:
             p.grad.copy_(grad_format.round(p.grad))
 
-    for p in model.parameters():
-        if p.requires_grad:
-            handles.append(p.register_post_accumulate_grad_hook(grad_hook))
+    if round_param_grads:
+        for p in model.parameters():
+            if p.requires_grad:
+                handles.append(p.register_post_accumulate_grad_hook(grad_hook))
     return EmulationHandle(handles)
 
 
@@ -124,12 +144,38 @@ class Precision:
     #: format of activation and parameter gradients (None: fp32); the adaptive rule's range and
     #: the telemetry's thresholds come from it
     grad_format: FloatFormat | None = None
+    #: emulated only: when parameter gradients are rounded to grad_format (module doc)
+    grad_rounding: str = "before_unscale"
+
+    @property
+    def rounds_after_unscale(self) -> bool:
+        """Whether the loop must unscale every step and then call :meth:`round_unscaled_grads`."""
+        return self.emulated and self.grad_rounding == "after_unscale"
 
     def prepare(self, model: nn.Module) -> EmulationHandle | None:
         """Install whatever the precision needs on the model (the emulation's rounding hooks)."""
         if self.emulated:
-            return install_emulation(model, self.forward_format, self.grad_format)
+            return install_emulation(model, self.forward_format, self.grad_format,
+                                     round_param_grads=not self.rounds_after_unscale)
         return None
+
+    def round_unscaled_grads(self, params) -> torch.Tensor | None:
+        """``after_unscale``: round the (unscaled) gradients of ``params`` to ``grad_format`` in place.
+
+        Returns a 0-d float flag, 1.0 where rounding made a finite gradient non-finite (past the
+        format's maximum: the step must be skipped, as a real fp16 gradient store would overflow),
+        or None when this precision does not round here.
+        """
+        if not self.rounds_after_unscale:
+            return None
+        grads = [p.grad for p in params if p.grad is not None]
+        if not grads:
+            return torch.zeros(())
+        was_finite = torch.stack([torch.isfinite(g).all() for g in grads])
+        for g in grads:
+            g.copy_(self.grad_format.round(g))
+        now_finite = torch.stack([torch.isfinite(g).all() for g in grads])
+        return (was_finite & ~now_finite).any().float()
 
     @property
     def telemetry_format(self) -> FloatFormat:
@@ -150,8 +196,16 @@ _PRECISIONS: dict[str, Callable[[], Precision]] = {
 assert tuple(_PRECISIONS) == PRECISIONS
 
 
-def get_precision(name: str) -> Precision:
+def get_precision(name: str, grad_rounding: str | None = None) -> Precision:
+    """The precision ``name``; ``grad_rounding`` (emulated precisions only) as in the module doc."""
     try:
-        return _PRECISIONS[name]()
+        prec = _PRECISIONS[name]()
     except KeyError:
         raise ValueError(f"unknown precision {name!r}; allowed: {', '.join(PRECISIONS)}") from None
+    if grad_rounding is None or grad_rounding == prec.grad_rounding:
+        return prec
+    if grad_rounding not in GRAD_ROUNDINGS:
+        raise ValueError(f"unknown grad_rounding {grad_rounding!r}; allowed: {', '.join(GRAD_ROUNDINGS)}")
+    if not prec.emulated:
+        raise ValueError(f"grad_rounding applies to the emulated precisions only, not {name!r}")
+    return replace(prec, grad_rounding=grad_rounding)

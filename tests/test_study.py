@@ -85,14 +85,14 @@ MALFORMED = [
     ("source-is-not-a-key", BASE + "source: elsewhere.yaml\n",
      f"source: unknown key (set by the loader, not the file); allowed: {TOP_KEYS}"),
     ("unknown-key-in-fixed", BASE.replace("scale: 128", "scale: 128, interval: 3"),
-     "scaling[1].interval: unknown key; allowed: method, label, precision, model, batch_size, resources, baseline, scale, skip_nonfinite"),
+     "scaling[1].interval: unknown key; allowed: method, label, precision, model, batch_size, resources, baseline, grad_rounding, scale, skip_nonfinite"),
     ("unknown-key-in-none", BASE.replace("  - none", "  - {method: none, scale: 2}"),
-     "scaling[0].scale: unknown key; allowed: method, label, precision, model, batch_size, resources, baseline"),
+     "scaling[0].scale: unknown key; allowed: method, label, precision, model, batch_size, resources, baseline, grad_rounding"),
     ("unknown-key-in-adaptive", BASE.replace("  - none", "  - {method: adaptive, freq: 10}"),
-     "scaling[0].freq: unknown key; allowed: method, label, precision, model, batch_size, resources, baseline, update_every, "
+     "scaling[0].freq: unknown key; allowed: method, label, precision, model, batch_size, resources, baseline, grad_rounding, update_every, "
      "n_uf_threshold, scale_upper_bound, accum_upper_bound, power_of_two, init_scale"),
     ("unknown-key-in-dynamic", BASE.replace("  - none", "  - {method: dynamic, growth: 2}"),
-     "scaling[0].growth: unknown key; allowed: method, label, precision, model, batch_size, resources, baseline, style, interval, "
+     "scaling[0].growth: unknown key; allowed: method, label, precision, model, batch_size, resources, baseline, grad_rounding, style, interval, "
      "init_scale"),
     ("wrong-type-scalar", BASE.replace("batch_size: 8", "batch_size: eight"),
      "batch_size: expected an integer, got 'eight'; allowed: integers >= 1"),
@@ -129,7 +129,7 @@ MALFORMED = [
      "eval.evry: unknown key (did you mean 'every'?); allowed: every, metric, max_images"),
     ("unknown-key-in-single-scaling-mapping", BASE.replace("scaling:\n  - none\n  - {method: fixed, scale: 128}",
                                                            "scaling: {method: fixed, foo: 1}"),
-     "scaling.foo: unknown key; allowed: method, label, precision, model, batch_size, resources, baseline, scale, skip_nonfinite"),
+     "scaling.foo: unknown key; allowed: method, label, precision, model, batch_size, resources, baseline, grad_rounding, scale, skip_nonfinite"),
     ("non-integral-int", BASE.replace("batch_size: 8", "batch_size: 8.5"),
      "batch_size: expected an integer, got 8.5; allowed: integers >= 1"),
     ("bool-is-not-int", BASE + "log_every: true\n", "log_every: expected an integer, got true; allowed: integers >= 1"),

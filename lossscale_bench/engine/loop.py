@@ -82,9 +82,13 @@ class Trainer:
             loss = sum(parts.values())
         self.scaler.scale(loss.float()).backward()
         self.backend.after_backward()
-        if self.grad_clip or self.bias_grad_factor != 1.0 or self.grad_sync is not None:
+        if self.grad_clip or self.bias_grad_factor != 1.0 or self.grad_sync is not None \
+                or self.precision.rounds_after_unscale:
             # These act on true gradient values, so unscale first (idempotent in step()).
             self.scaler.unscale_(self.optimizer)
+            if self.precision.rounds_after_unscale:  # Chainer's order: unscale, then store in fp16
+                self.scaler.mark_overflow(self.precision.round_unscaled_grads(
+                    [p for g in self.optimizer.param_groups for p in g["params"]]))
             if self.grad_sync is not None:
                 self.grad_sync([p for g in self.optimizer.param_groups for p in g["params"]])
             if self.bias_grad_factor != 1.0:

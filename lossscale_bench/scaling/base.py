@@ -109,6 +109,15 @@ class LossScaler(ABC):
         self._found_inf = None
         return result
 
+    def mark_overflow(self, flag: torch.Tensor | None) -> None:
+        """Add a non-finite flag found after ``unscale_`` to this step's (a precision that rounds
+        unscaled gradients may overflow them: ``Precision.round_unscaled_grads``)."""
+        if flag is None:
+            return
+        flag = all_reduce_flag(flag.float().reshape(()))
+        self._found_inf = flag if self._found_inf is None else torch.maximum(
+            self._found_inf.reshape(()), flag.to(self._found_inf.device))
+
     def update(self) -> None:
         """Adjust the scale for the next step (after ``step``)."""
         self._unscaled = False

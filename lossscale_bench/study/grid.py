@@ -172,6 +172,9 @@ def expand(study) -> list[dict[str, Any]]:
 
 def default_label(scaling: dict, precision: str) -> str:
     """The seed table's wording for a scaling entry (options missing from ``scaling`` take defaults)."""
+    if scaling.get("grad_rounding") == "after_unscale":  # Chainer's order (precision.py): its own row
+        rest = {k: v for k, v in scaling.items() if k != "grad_rounding"}
+        return f"{default_label(rest, precision)} (grads rounded after unscale)"
     method = scaling.get("method")
     if method == "none":
         return "FP32 baseline" if precision == "fp32" else "no loss scale"

@@ -51,13 +51,38 @@ class _ScalingBase(BaseModel):
     #: the report's reference row (Welch's t-test of every other row against it); not in the trial id
     baseline: Bool = False
 
+    #: emulated precisions: parameter gradients rounded before (default, PyTorch AMP) or after
+    #: unscaling (Chainer's order); precision.py's module doc. A trial option, so it lives here.
+    grad_rounding: Optional[_choice("grad_rounding", ("before_unscale", "after_unscale"))] = None  # type: ignore
+
     def normalized(self) -> dict:
         """``{"method": ..., every option with defaults filled}``; no label, no overrides."""
         out = {"method": self.method}  # type: ignore[attr-defined]
         for k in type(self).model_fields:
             if k not in _COMMON_KEYS:
                 out[k] = getattr(self, k)
-        return out
+        return {**out, **self._common_options()}
+
+    def _common_options(self) -> dict:
+        """Options every method takes that change the trial, only when not at their default
+        (``before_unscale`` is the default: such an entry is the same trial as one without)."""
+        return {"grad_rounding": self.grad_rounding} if self.grad_rounding == "after_unscale" else {}
+
+    @classmethod
+    def __pydantic_init_subclass__(cls, **kwargs):
+        """Every method's ``normalized()`` (its own, if it overrides the base's) carries
+        :meth:`_common_options`, so a new scaling model cannot forget them."""
+        super().__pydantic_init_subclass__(**kwargs)
+        own = cls.__dict__.get("normalized")
+        if own is None or getattr(own, "_with_common", False):
+            return
+
+        def normalized(self) -> dict:
+            return {**own(self), **self._common_options()}
+
+        normalized._with_common = True  # type: ignore[attr-defined]
+        normalized.__doc__ = own.__doc__
+        cls.normalized = normalized  # type: ignore[method-assign]
 
     def overrides(self) -> dict:
         return {k: getattr(self, k) for k in ("precision", "model", "batch_size") if getattr(self, k) is not None}
@@ -99,7 +124,7 @@ class AdaptiveScaling(_ScalingBase):
     init_scale: PosFloat = 1.0  # type: ignore[valid-type]
 
 
-_COMMON_KEYS = ("method", "label", "precision", "model", "batch_size", "resources", "baseline")
+_COMMON_KEYS = ("method", "label", "precision", "model", "batch_size", "resources", "baseline", "grad_rounding")
 SCALING_MODELS: dict[str, type[_ScalingBase]] = {
     "none": NoneScaling, "fixed": FixedScaling, "dynamic": DynamicScaling, "adaptive": AdaptiveScaling,
 }
@@ -340,6 +365,16 @@ def _unique_labels(study: "Study", fail) -> None:
                          f"tell the two rows apart; give one of them a distinct 'label:'")
 
 
+def _check_grad_rounding(study: "Study", fail) -> None:
+    """``grad_rounding`` is the order of an *emulated* precision's gradient rounding; a real
+    precision's order is the hardware's (AMP: rounded at scale P), so naming one there is a mistake."""
+    for k, e in enumerate(study.scaling):
+        prec = e.precision if e.precision is not None else study.precision
+        if e.grad_rounding is not None and not prec.endswith("-emulated"):
+            fail(f"scaling[{k}].grad_rounding", f"only for the emulated precisions, but this entry trains in {prec}",
+                 "fp16-emulated, fp8-emulated")
+
+
 def _dataset_shorthand(v: Any):
     """``dataset: synthetic`` means ``dataset: {name: synthetic}``."""
     return {"name": v} if isinstance(v, str) else v
@@ -428,6 +463,7 @@ class Study(BaseModel):
                      "mixed16 is not supported on backend xla (torch_xla has no fp16 autocast path); use bf16",
                      ", ".join(p for p in PRECISIONS if p != "mixed16"))
         _unique_labels(self, fail)
+        _check_grad_rounding(self, fail)
         return self
 
     def trials(self) -> list[TrialConfig]:
