@@ -247,6 +247,7 @@ class _Iteration:
         self.vals[ROOT_SCALE_ID] = root_scale
         self.recompute = recompute
         self.merges: list[_Merge] = []
+        self.layer_ids: list[tuple[Any, int, int]] = []
         #: hooks on this iteration's graph nodes (removed by the next scale() once a backward ran, or update())
         self.handles: list[Any] = []
         self.backward_done = False
@@ -262,6 +263,9 @@ class _Iteration:
         later backward passes of the step convert their gradients to it.
         """
         self.handles.append(root.register_prehook(self.on_backward_start))
+        #: (layer info, id of the scale arriving, id of the scale it sends upstream): per-layer scalers
+        #: built on this machinery (layerwise_dynamic) read which parameters carry which layer's scale
+        self.layer_ids = [(getattr(node, "info", None), in_id, out_id) for node, in_id, out_id in plan.layers]
         for node, in_id, out_id in plan.layers:
             node._ada = (self, in_id, out_id)
         consumers: dict[int, tuple[Any, list[tuple[int, int, int]]]] = {}

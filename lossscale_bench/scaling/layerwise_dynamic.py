@@ -1,0 +1,216 @@
+"""Per-layer dynamic loss scaling (fairscale's ``LayerwiseGradientScaler``) on unmodified models.
+
+The reference is ``fairscale/optim/layerwise_gradient_scaler.py``: every layer
+keeps its own scale; after each step a layer whose parameter gradients hold an
+inf/NaN multiplies its scale by ``backoff_factor`` (0.5) and resets its growth
+tracker, every other layer counts a clean step and multiplies its scale by
+``growth_factor`` (2) after ``growth_interval`` of them, clamped to
+``[min_scale, max_scale]`` (fairscale's defaults: float32's tiny and max).
+The optimizer step is skipped when *any* layer found an inf/NaN (fairscale's
+``step``: ``if not inf_nan_found: optimizer.step()``), and the layers still
+update their own scales on a skipped step; so does this scaler.
+
+Where the scales sit. fairscale hooks every module in ``named_modules`` order
+and multiplies a layer's input gradient by ``scale[i-1] / scale[i]``, which
+assumes a chain. Here the per-layer scaling points are adaptive's
+(:mod:`.adaptive`, :mod:`.adaptive_layers`): every stock Conv2d/Linear folds a
+factor into its input-gradient product, merges of branches are brought to one
+scale, parameter gradients are unscaled by the scale they carry; so it runs on
+torchvision's SSDs as they are. The scale of *point j* is the absolute scale
+``S_j`` of the gradient layer ``j`` sends upstream (its factor is
+``S_j / P_j``, ``P_j`` the scale that arrived); point 0 is the loss. The
+gradient is produced at ``S_j`` (not rescaled after it was rounded, as
+fairscale's hook does), and the parameters upstream of ``j`` that receive it
+carry ``S_j``: on a chain that is fairscale's per-layer scale of the layer
+above ``j``, and it backs off when those parameters' gradients overflow.
+Parameters reached through a merge carry the merged scale and report an
+overflow to every branch's point. An overflow propagates upstream as inf/NaN
+and makes the points above it back off too, as in fairscale. A point no
+parameter gradient carried this step (the first conv's, whose input needs no
+gradient) neither grows nor backs off.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..formats import FP16, FloatFormat
+from ._graph import ROOT_SCALE_ID
+from .adaptive import AdaptiveLossScaler
+from .base import all_reduce_flag
+
+_F32 = torch.float32
+LOSS_POINT = "<loss>"
+
+
+class LayerwiseDynamicLossScaler(AdaptiveLossScaler):
+    """A dynamic scale per scaling point (the loss and every Conv2d/Linear's input gradient)."""
+
+    method = "layerwise_dynamic"
+
+    def __init__(self, model: nn.Module, init_scale: float = 65536.0, interval: int = 10000,
+                 growth_factor: float = 2.0, backoff_factor: float = 0.5, min_scale: float | None = None,
+                 max_scale: float | None = None, *, grad_format: FloatFormat = FP16, **kwargs: Any) -> None:
+        if int(interval) != interval or interval < 1:
+            raise ValueError(f"interval must be a positive integer, got {interval}")
+        if not growth_factor > 1.0 or not 0.0 < backoff_factor < 1.0:  # fairscale's assertions
+            raise ValueError("growth_factor must be > 1 and backoff_factor in (0, 1)")
+        super().__init__(model, update_every=1, init_scale=init_scale, grad_format=grad_format, **kwargs)
+        self.interval = int(interval)
+        self.growth_factor = float(growth_factor)
+        self.backoff_factor = float(backoff_factor)
+        self.min_scale = float(torch.finfo(_F32).tiny) if min_scale is None else float(min_scale)
+        self.max_scale = float(torch.finfo(_F32).max) if max_scale is None else float(max_scale)
+        #: point names: the loss, then every wrapped layer (``self._layers`` order)
+        self.points = [LOSS_POINT] + [i.name for i in self._layers]
+        self._point = {id(info): k + 1 for k, info in enumerate(self._layers)}
+        self._scales = [float(init_scale)] * len(self.points)
+        self._trackers = [0] * len(self.points)
+        #: per-point overflow flags (device) of the step in flight, set by unscale_
+        self._point_flags: torch.Tensor | None = None
+        self._point_used: list[bool] = [False] * len(self.points)
+        self.last_backoffs = 0
+
+    # -- the loop's interface ----------------------------------------------------
+    def scale(self, loss: torch.Tensor) -> torch.Tensor:
+        self.init_scale = self._scales[0]
+        return super().scale(loss)
+
+    def _layer_scale(self, it, info, g: torch.Tensor, w: torch.Tensor, prev: torch.Tensor) -> torch.Tensor:
+        target = torch.full((), self._scales[self._point[id(info)]], dtype=_F32, device=g.device)
+        return target / prev.to(device=g.device, dtype=_F32)
+
+    def _points_of(self, it, cache: dict):
+        """``resolve(sid)``: the points whose scale source ``sid`` is (a merge: every branch's), per iteration."""
+        key = id(it)
+        if key in cache:
+            return cache[key]
+        direct: dict[int, tuple[int, ...]] = {ROOT_SCALE_ID: (0,)}
+        for info, _in_id, out_id in it.layer_ids:
+            if info is not None and id(info) in self._point:
+                direct[out_id] = (self._point[id(info)],)
+        merges = {m.out_id: m.ids for m in it.merges}
+        resolved: dict[int, tuple[int, ...]] = {}
+
+        def resolve(sid: int) -> tuple[int, ...]:
+            if sid in resolved:
+                return resolved[sid]
+            if sid in direct:
+                out = direct[sid]
+            elif sid in merges:  # merges form a DAG (analyse's topological order): this ends
+                out = tuple(sorted({p for b in merges[sid] for p in resolve(b)}))
+            else:
+                out = ()
+            resolved[sid] = out
+            return out
+
+        cache[key] = resolve
+        return resolve
+
+    def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
+        """Adaptive's unscaling, with one non-finite flag per group of gradients sharing a point set."""
+        if self._unscaled:
+            return
+        cache: dict = {}
+        groups: dict[tuple, tuple[torch.Tensor | None, tuple[int, ...], list[torch.Tensor]]] = {}
+        for p in (p for group in optimizer.param_groups for p in group["params"]):
+            g = p.grad
+            if g is None:
+                continue
+            target = self._carried.get(id(p))
+            if target is None:
+                val, pts = None, ()
+            else:
+                val, pts = target[0].vals[target[1]], self._points_of(target[0], cache)(target[1])
+            key = (id(val) if val is not None else None, pts, g.device, g.dtype)
+            groups.setdefault(key, (val, pts, []))[2].append(g)
+        n = len(self.points)
+        flags = None
+        used = [False] * n
+        for (_, pts, device, _), (val, _, grads) in groups.items():
+            found = torch.zeros(1, dtype=_F32, device=device)
+            if val is None:
+                inv = torch.ones(1, dtype=_F32, device=device)
+            else:
+                inv = torch.reciprocal(val.to(device=device, dtype=_F32)).reshape(1)
+                found.add_((~torch.isfinite(inv)).to(_F32))
+            torch._amp_foreach_non_finite_check_and_unscale_(grads, found, inv)
+            if flags is None:
+                flags = torch.zeros(n + 1, dtype=_F32, device=device)  # slot n: gradients of no point
+            f = found.to(flags.device).reshape(())
+            for k in pts or (n,):
+                flags[k] = torch.maximum(flags[k], f)
+            for k in pts:
+                used[k] = True
+        if flags is None:
+            self._found_inf = torch.zeros(())
+            self._point_flags = None
+        else:
+            flags = all_reduce_flag(flags.clamp(max=1.0))
+            self._found_inf = flags.amax()
+            self._point_flags = flags[:n]
+        self._point_used = used
+        self._unscaled = True
+
+    def update(self) -> None:
+        flags = self._point_flags
+        self._point_flags = None
+        super().update()
+        self.last_backoffs = 0
+        if flags is None:
+            return
+        for k, (bad, used) in enumerate(zip(flags.tolist(), self._point_used)):
+            if not used:
+                continue
+            s = self._scales[k]
+            if bad:
+                s = s * self.backoff_factor
+                self._trackers[k] = 0
+                self.last_backoffs += 1
+            else:
+                self._trackers[k] += 1
+                if self._trackers[k] == self.interval:
+                    s = s * self.growth_factor
+                    self._trackers[k] = 0
+            self._scales[k] = max(self.min_scale, min(s, self.max_scale))
+        self.init_scale = self._scales[0]
+
+    def current_scale(self) -> float:
+        return self._scales[0]
+
+    # -- introspection -------------------------------------------------------------
+    def point_scales(self) -> dict[str, float]:
+        return dict(zip(self.points, self._scales))
+
+    def metrics(self) -> dict[str, float]:
+        out = {("lw_" + k[4:] if k.startswith("ada_") else k): v for k, v in super().metrics().items()}
+        out["loss_scale"] = self._scales[0]
+        logs = [math.log2(s) for s in self._scales if s > 0]
+        out.update(lw_point_scale_log2_min=min(logs), lw_point_scale_log2_median=float(statistics.median(logs)),
+                   lw_point_scale_log2_max=max(logs), lw_points_backed_off=float(self.last_backoffs))
+        return out
+
+    def layer_table(self) -> list[dict[str, Any]]:
+        rows = super().layer_table()
+        for row, k in zip(rows, range(1, len(self.points))):
+            row.pop("unbounded_scale", None)
+            row["point_scale"] = self._scales[k]
+            row["growth_tracker"] = self._trackers[k]
+        return rows
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"method": self.method, "iteration": self._iter, "interval": self.interval,
+                "scales": dict(zip(self.points, self._scales)), "growth_trackers": dict(zip(self.points, self._trackers))}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._iter = int(state.get("iteration", 0))
+        for k, name in enumerate(self.points):
+            if name in state.get("scales", {}):
+                self._scales[k] = float(state["scales"][name])
+                self._trackers[k] = int(state["growth_trackers"][name])
+        self.init_scale = self._scales[0]
