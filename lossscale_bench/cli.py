@@ -159,11 +159,19 @@ def cmd_weights(args) -> int:
 def cmd_ui(args) -> int:
     import subprocess
 
-    from .tracking import resolve_tracking_uri
+    from .tracking import open_store, resolve_tracking_uri
 
-    uri = resolve_tracking_uri(args.tracking_uri, args.runs_dir)
+    # a damaged store is one line here, not a server that dies with a traceback in its log
+    uri = open_store(resolve_tracking_uri(args.tracking_uri, args.runs_dir), create=False, missing_ok=True)
     url = f"http://{args.host}:{args.port}"
     print(f"MLflow UI for {uri} at {url} (Ctrl-C stops it)", flush=True)
+    try:  # each study's runs table with lsbench's columns (MLflow has no default view to set instead)
+        from .tracking import study_view_urls
+
+        for name, view in study_view_urls(uri, url):
+            print(f"  {name}: {view}", flush=True)
+    except Exception:  # noqa: BLE001 - the links are a convenience; the server says what is wrong
+        pass
     if args.host not in ("127.0.0.1", "localhost", "::1"):
         print(f"warning: serving on {args.host}: anyone who can reach this address can read the runs",
               file=sys.stderr)

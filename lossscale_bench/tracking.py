@@ -287,6 +287,25 @@ class Tracker:
         _retry(self.client.set_terminated, run_id, status="KILLED")
 
 
+
+def study_view_urls(uri: str, base_url: str) -> list[tuple[str, str]]:
+    """``(study, url)`` for every study in the store: its runs table in the model-training view
+    with lsbench's saved view (``run_status.view_url``). Never creates a store: a SQLite file
+    that does not exist gives ``[]``. The view tag is refreshed on studies that lack it."""
+    path = sqlite_path(uri)
+    if path is not None and not path.exists():
+        return []
+    from .run_status import view_url
+
+    tracker = Tracker(uri)
+    out = []
+    for exp in tracker.client.search_experiments():
+        name = exp.tags.get("lsbench.study")
+        if name:
+            out.append((name, view_url(base_url, tracker.experiment_id(exp.name, create=False))))
+    return out
+
+
 class MlflowSink:
     """A ``Sink`` writing straight to one child run (in-process runs; the sweep funnels instead)."""
 
