@@ -1,0 +1,204 @@
+"""Per-layer scaling from the gradient's amax, as FP8 training recipes scale tensors.
+
+Transformer Engine scales every FP8 tensor by ``(fp8_max / amax) / 2**margin``
+(``DelayedScaling``: margin 0, ``amax_history_len`` 1024, ``amax_compute_algo``
+"max"; a zero or non-finite amax keeps the previous scale; the scale starts at
+1). Two recipes:
+
+* ``current``: the amax of this step's gradient (``Float8CurrentScaling``).
+* ``delayed``: the largest amax of the last ``history`` steps, not including
+  this one (``DelayedScaling`` with "max"); until a step has been seen the
+  scale is 1, as in TE.
+
+``fp8_max`` is the largest finite value of the precision's gradient format
+(:mod:`lossscale_bench.formats`: 57344 for E5M2 under ``fp8-emulated``,
+65504 for fp16). ``power_of_two`` rounds each scale down to a power of two, as
+TE's power-of-two scale option does, so scaling and unscaling are exact.
+
+Where the scales sit and where amax is measured. The scaling points are
+adaptive's (:mod:`.adaptive`): the loss, and the input gradient of every stock
+Conv2d/Linear, produced directly at its scale (the factor is folded into the
+layer's input-gradient product) and rounded to the gradient format where it
+arrives at the next layer's output. The scale of the gradient layer ``j`` sends
+upstream is set from the amax of the gradient *arriving at* ``j``, in true
+units (``amax(g) / P``, ``P`` the scale it carries): that is the tensor the
+machinery holds before the input gradient exists, so no second pass over any
+gradient is needed (measuring the input gradient itself would mean producing it,
+taking its amax and rescaling it: one more full pass per layer). A conv's
+backward roughly keeps the gradient's magnitude (He-style initialisation), so
+the arriving amax is a close proxy; ``margin`` absorbs the difference. The
+loss's scale comes from the amax arriving at the layers fed by the loss (the
+heads); the loss must be scaled before its backward runs, so both recipes use
+earlier steps for it (``current``: the previous step's).
+
+Overflow. As for adaptive, scales follow statistics, not a backoff schedule: a
+step with a non-finite gradient is skipped and counted, and its non-finite
+amaxes are not recorded (TE would record them and keep the old scales for the
+whole history window). Parameter gradients carry the scale of the gradient
+they were computed from and are rounded to the gradient format there, as for
+every method in this tool (TE keeps weight gradients in higher precision):
+sums over a batch may exceed the format's maximum, which ``margin`` prevents.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..formats import FP16, FloatFormat
+from ._graph import ROOT_SCALE_ID
+from .adaptive import AdaptiveLossScaler
+from .adaptive_rule import _max_abs
+
+_F32 = torch.float32
+RECIPES = ("current", "delayed")
+LOSS_POINT = "<loss>"
+
+
+def scale_from_amax(amax: torch.Tensor, prev: torch.Tensor, fmax: float, margin: float,
+                    power_of_two: bool) -> torch.Tensor:
+    """TE's default scaling factor: ``(fmax / amax) / 2**margin``; ``prev`` where amax is 0 or not finite."""
+    sf = (fmax / amax) / (2.0 ** margin)
+    if power_of_two:
+        sf = torch.exp2(torch.floor(torch.log2(sf)))
+    ok = (amax > 0) & torch.isfinite(amax) & torch.isfinite(sf) & (sf > 0)
+    return torch.where(ok, sf, prev)
+
+
+class AmaxLossScaler(AdaptiveLossScaler):
+    """A scale per scaling point from the gradient's amax (see module doc)."""
+
+    method = "amax"
+
+    def __init__(self, model: nn.Module, recipe: str = "delayed", history: int = 1024, margin: float = 0.0,
+                 power_of_two: bool = True, init_scale: float = 1.0, *, grad_format: FloatFormat = FP16,
+                 **kwargs: Any) -> None:
+        if recipe not in RECIPES:
+            raise ValueError(f"amax recipe must be one of {', '.join(RECIPES)}, got {recipe!r}")
+        if int(history) != history or history < 1:
+            raise ValueError(f"history must be a positive integer, got {history}")
+        if not margin >= 0:
+            raise ValueError(f"margin must be >= 0, got {margin}")
+        super().__init__(model, update_every=1, init_scale=init_scale, power_of_two=power_of_two,
+                         grad_format=grad_format, **kwargs)
+        self.recipe = recipe
+        self.history = int(history)
+        self.margin = float(margin)
+        self.fmax = float(grad_format.max)
+        self.points = [LOSS_POINT] + [i.name for i in self._layers]
+        self._point = {id(info): k + 1 for k, info in enumerate(self._layers)}
+        n = len(self.points)
+        #: device state, created at the first backward on the gradients' device
+        self._scales: torch.Tensor | None = None     # (n,) scale of every point
+        self._hist: torch.Tensor | None = None       # (history, n) true amaxes, newest first; 0 = none
+        self._now: torch.Tensor | None = None        # (n,) this step's true amaxes (0 = not measured)
+        self._n = n
+        self._loss_scale = float(init_scale)
+        self._pending_state: dict[str, Any] | None = None
+
+    def _ensure(self, device: torch.device) -> None:
+        if self._scales is None:
+            self._scales = torch.ones(self._n, dtype=_F32, device=device)
+            self._scales[0] = self._loss_scale
+            self._hist = torch.zeros(self.history, self._n, dtype=_F32, device=device)
+            if self._pending_state is not None:
+                self._restore(self._pending_state)
+                self._pending_state = None
+        if self._now is None:
+            self._now = torch.zeros(self._n, dtype=_F32, device=self._scales.device)
+
+    # -- the loop's interface ----------------------------------------------------
+    def scale(self, loss: torch.Tensor) -> torch.Tensor:
+        self.init_scale = self._loss_scale
+        return super().scale(loss)
+
+    def _layer_scale(self, it, info, g: torch.Tensor, w: torch.Tensor, prev: torch.Tensor) -> torch.Tensor:
+        self._ensure(g.device)
+        k = self._point[id(info)]
+        from_loss = prev is it.vals[ROOT_SCALE_ID]
+        prev = prev.to(device=self._scales.device, dtype=_F32)
+        a = _max_abs(g).to(self._scales.device, _F32) / prev
+        a = torch.where(torch.isfinite(a), a, torch.zeros_like(a))  # a non-finite amax is not recorded
+        self._now[k] = a
+        if from_loss:
+            self._now[0] = torch.maximum(self._now[0], a)
+        amax = a if self.recipe == "current" else self._hist[:, k].amax()
+        s = scale_from_amax(amax, self._scales[k], self.fmax, self.margin, self.power_of_two)
+        self._scales[k] = s
+        return (s / prev).to(g.device)
+
+    def update(self) -> None:
+        measured = self._now is not None and self._scales is not None
+        super().update()
+        if not measured:
+            return
+        # the newest amaxes go in front; points not measured this step record 0 (TE: no amax, no update)
+        self._hist = torch.roll(self._hist, 1, dims=0)
+        self._hist[0] = self._now
+        self._now = None
+        amax = self._hist[0, 0] if self.recipe == "current" else self._hist[:, 0].amax()
+        self._scales[0] = scale_from_amax(amax, self._scales[0], self.fmax, self.margin, self.power_of_two)
+        self._loss_scale = float(self._scales[0])
+        self.init_scale = self._loss_scale
+
+    def current_scale(self) -> float:
+        return self._loss_scale
+
+    # -- introspection -------------------------------------------------------------
+    def point_scales(self) -> dict[str, float]:
+        if self._scales is None:
+            return {p: (self._loss_scale if k == 0 else 1.0) for k, p in enumerate(self.points)}
+        return dict(zip(self.points, self._scales.tolist()))
+
+    def metrics(self) -> dict[str, float]:
+        out = {("amax_" + k[4:] if k.startswith("ada_") else k): v for k, v in super().metrics().items()}
+        out["loss_scale"] = self._loss_scale
+        logs = [math.log2(s) for s in self.point_scales().values() if s > 0]
+        out.update(amax_point_scale_log2_min=min(logs), amax_point_scale_log2_median=float(statistics.median(logs)),
+                   amax_point_scale_log2_max=max(logs))
+        return out
+
+    def layer_table(self) -> list[dict[str, Any]]:
+        rows = super().layer_table()
+        scales = self.point_scales()
+        last = [0.0] * self._n if self._hist is None else self._hist[0].tolist()
+        for row, k in zip(rows, range(1, self._n)):
+            row.pop("unbounded_scale", None)
+            row["point_scale"] = scales[self.points[k]]
+            row["amax"] = last[k]
+        return rows
+
+    def state_dict(self) -> dict[str, Any]:
+        state = {"method": self.method, "iteration": self._iter, "recipe": self.recipe, "history": self.history,
+                 "loss_scale": self._loss_scale, "points": list(self.points)}
+        if self._scales is not None:
+            state["scales"] = self._scales.cpu().tolist()
+            state["amax_history"] = self._hist.cpu().tolist()
+        return state
+
+    def _restore(self, state: dict[str, Any]) -> None:
+        index = {p: k for k, p in enumerate(state["points"])}
+        scales = torch.tensor(state["scales"], dtype=_F32)
+        hist = torch.tensor(state["amax_history"], dtype=_F32).reshape(-1, len(index))
+        rows = min(self.history, hist.shape[0])
+        for k, p in enumerate(self.points):
+            j = index.get(p)
+            if j is None:
+                continue
+            self._scales[k] = scales[j]
+            self._hist[:rows, k] = hist[:rows, j].to(self._hist.device)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._iter = int(state.get("iteration", 0))
+        self._loss_scale = float(state["loss_scale"])
+        self.init_scale = self._loss_scale
+        if "scales" not in state:
+            return
+        if self._scales is None:  # restored on the device of the first backward
+            self._pending_state = state
+        else:
+            self._restore(state)
