@@ -24,10 +24,6 @@ _LATEX_ESCAPES = {
     "<": r"\textless{}",
     ">": r"\textgreater{}",
     "|": r"\textbar{}",
-    # a blank line is a paragraph break, which ends a tabular row with an error: any line break -> a space
-    "\r\n": " ",
-    "\n": " ",
-    "\r": " ",
     "±": r"$\pm$",
     "–": "--",
     "−": r"$-$",
@@ -35,6 +31,8 @@ _LATEX_ESCAPES = {
     EMULATED_MARK: r"$^\dagger$",
 }
 _LATEX_RE = re.compile("|".join(re.escape(k) for k in _LATEX_ESCAPES))
+#: a blank line is a paragraph break, which ends a tabular row with an error: line breaks become one space
+_BREAKS = re.compile(r"\s*[\r\n]+\s*")
 
 
 def latex_escape(text: str) -> str:
@@ -45,7 +43,7 @@ def latex_escape(text: str) -> str:
     document), line breaks become spaces, and the report's non-ASCII
     symbols become their math-mode forms (no inputenc needed).
     """
-    return _LATEX_RE.sub(lambda m: _LATEX_ESCAPES[m.group(0)], str(text))
+    return _LATEX_RE.sub(lambda m: _LATEX_ESCAPES[m.group(0)], _BREAKS.sub(" ", str(text)))
 
 
 def _md_inline_to_latex(text: str) -> str:

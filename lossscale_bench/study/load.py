@@ -51,9 +51,11 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 
 
 def _construct_mapping(loader, node, deep=False):
+    # only the mapping's own keys: a key it also takes from a merge (`<<: *defaults`) overrides that one
+    own = [pair for pair in node.value if pair[0].tag != "tag:yaml.org,2002:merge"]
     loader.flatten_mapping(node)
     seen = {}
-    for key_node, _ in node.value:
+    for key_node, _ in own:
         key = loader.construct_object(key_node, deep=deep)
         try:
             hash(key)
