@@ -47,7 +47,11 @@ class StoreError(RuntimeError):
     """The tracking store cannot be used (corrupt, read-only, full, unreachable, bad URI).
 
     The message is one line naming the store and the cause; ``lsbench`` exits 4 on it.
+    ``stops_study``: a trial that meets it (through its sink) re-raises it instead of ending
+    as ``failed``: the trial did nothing wrong, the study cannot record anything any more.
     """
+
+    stops_study = True
 
 
 class StoreMissing(StoreError):
@@ -112,13 +116,24 @@ def _file_store_path(uri: str) -> Path | None:
 
 
 # -- opening ---------------------------------------------------------------------------------
-def open_store(uri: str, *, create: bool) -> str:
+def open_store(uri: str, *, create: bool, missing_ok: bool = False) -> str:
     """Check the store at ``uri`` before MLflow opens it; return ``uri``.
 
     ``create=True`` (``lsbench run``): the store will be written, and may be created.
-    ``create=False`` (``report``, ``ui``): it must exist already; nothing is created.
+    ``create=False`` (``report``): it must exist already; nothing is created.
+    ``missing_ok`` (``ui``): a store that is not there is left to the caller; one that is
+    there is checked all the same.
     Raises :class:`StoreError` (:class:`StoreMissing` for a store that is not there).
     """
+    try:
+        return _open_store(uri, create)
+    except StoreMissing:
+        if missing_ok:
+            return uri
+        raise
+
+
+def _open_store(uri: str, create: bool) -> str:
     scheme = _scheme(uri)
     if scheme not in ALLOWED_SCHEMES and scheme != "":
         raise StoreError(f"tracking URI {redact(uri)!r}: unknown scheme {scheme!r}; MLflow stores are "
@@ -193,8 +208,9 @@ def _check_integrity(db: Path, create: bool) -> None:
     finally:
         conn.close()
     if problems != ["ok"]:
-        raise StoreError(f"MLflow store {db} is corrupt or truncated (integrity check: "
-                         f"{'; '.join(problems)[:200]}); it was left as it is")
+        found = " ".join("; ".join(problems).replace("*** in database main ***", "").split())
+        raise StoreError(f"MLflow store {db} is corrupt or truncated (integrity check: {found[:200]}); "
+                         "it was left as it is")
     if tables and "experiments" not in tables:
         raise StoreError(f"{db} is a SQLite database but not an MLflow store (tables: "
                          f"{', '.join(sorted(tables)[:5])}); pass another --tracking-uri or --runs-dir")
@@ -270,20 +286,23 @@ def store_error(exc: BaseException, uri: str) -> StoreError | None:
     or an ``OSError`` ENOSPC; both say "disk full".
     """
     where = sqlite_path(uri) or redact(uri)
+    # the DB-API/OS error says it best; SQLAlchemy's wrapper adds a paragraph of advice
+    inner = next((e for e in _chain(exc) if isinstance(e, OSError) or type(e).__module__.startswith("sqlite3")), exc)
+    detail = " ".join(str(inner).split())[:150]
     for e in _chain(exc):
         if isinstance(e, ImportError):
             return StoreError(f"tracking URI {redact(uri)}: the database driver is not installed ({e})")
         text = str(e).lower()
         code = getattr(e, "errno", None)
         if code == errno.ENOSPC or "database or disk is full" in text or "no space left" in text:
-            return StoreError(f"MLflow store {where}: disk full ({' '.join(str(e).split())[:150]}); "
+            return StoreError(f"MLflow store {where}: disk full ({detail}); "
                               "what was logged before is kept: free space and re-run to resume")
         if code == errno.EDQUOT or "quota exceeded" in text:
             return StoreError(f"MLflow store {where}: disk quota exceeded; what was logged before is kept")
         if code == errno.EROFS or "readonly database" in text or "read-only file system" in text:
-            return StoreError(f"MLflow store {where} is read-only ({' '.join(str(e).split())[:150]})")
+            return StoreError(f"MLflow store {where} is read-only ({detail})")
         if "malformed" in text or "file is not a database" in text:
-            return StoreError(f"MLflow store {where} is corrupt ({' '.join(str(e).split())[:150]}); "
+            return StoreError(f"MLflow store {where} is corrupt ({detail}); "
                               "it was left as it is")
         if "disk i/o error" in text:
             return StoreError(f"MLflow store {where}: disk I/O error (a full disk, a file-size limit "

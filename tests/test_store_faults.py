@@ -1,0 +1,268 @@
+"""Store faults (issue 11, "Deliver 4"; artifacts of "Deliver 6"), each on a real SQLite MLflow store.
+
+Corrupt, truncated, foreign, read-only, full and unreachable stores and bad URIs end in one
+line naming the store and the cause (exit 4; a store that is not there: exit 2), never a
+traceback, and leave the store byte for byte as it was. ``report`` never creates a store.
+A copied runs folder keeps its artifacts (they are stored relative to ``mlflow.db``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+STUDY = textwrap.dedent("""\
+    name: %s
+    dataset: {name: synthetic, train_images: 16, val_images: 4, image_size: 64, seed: 0}
+    model: ssd_tiny
+    model_options: {width: 8}
+    batch_size: 4
+    precision: fp32
+    scaling:
+      - {method: none}
+    seeds: [0]
+    schedule: {iterations: 4, lr: 0.01, warmup_iterations: 2}
+    eval: {every: null, metric: coco}
+    log_every: 2
+    """)
+
+# Root ignores file modes; without CAP_DAC_OVERRIDE it obeys them, as any user does.
+AS_USER = (["setpriv", "--bounding-set=-dac_override,-dac_read_search"]
+           if os.geteuid() == 0 and shutil.which("setpriv") else [])
+
+
+def _lsbench(*args, cwd, as_user=False, timeout=300, env=None):
+    cmd = (AS_USER if as_user else []) + [sys.executable, "-m", "lossscale_bench.cli", *map(str, args)]
+    return subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, timeout=timeout,
+                          env={**os.environ, **(env or {})})
+
+
+def _one_line(r, *needles):
+    """stderr is exactly one ``lsbench: error:`` line holding every needle; no traceback anywhere."""
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip() and " INFO mlflow" not in ln]
+    assert len(lines) == 1 and lines[0].startswith("lsbench: error: "), r.stderr[-3000:]
+    assert "Traceback" not in r.stderr + r.stdout
+    for n in needles:
+        assert str(n) in lines[0], (n, lines[0])
+    return lines[0]
+
+
+def _sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def study_store(tmp_path_factory):
+    """A runs folder with one real finished trial (local executor: no Ray), plots and telemetry artifacts."""
+    root = tmp_path_factory.mktemp("store")
+    f = root / "tiny.yaml"
+    f.write_text(STUDY % "tiny")
+    r = _lsbench("run", f, "--runs-dir", root / "runs", "--executor", "local", "--no-report", cwd=root)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    return root / "runs"
+
+
+def _copy(runs: Path, dst: Path) -> Path:
+    shutil.copytree(runs, dst)
+    return dst
+
+
+# -- bad URIs and missing stores -------------------------------------------------------------
+def test_unknown_scheme_is_one_line_for_report_and_run(tmp_path):
+    f = tmp_path / "s.yaml"
+    f.write_text(STUDY % "s")
+    for cmd in (["report"], ["run", f]):
+        r = _lsbench(*cmd, "--tracking-uri", "foo://bar", cwd=tmp_path, timeout=120)
+        assert r.returncode == 4, (cmd, r.stderr[-2000:])
+        _one_line(r, "foo://bar", "sqlite:", "http:", "postgresql:")
+    assert list(tmp_path.iterdir()) == [f]  # nothing created, no data prepared
+
+
+def test_report_on_a_missing_path_creates_nothing(tmp_path):
+    """Before: `report` created an empty runs/mlflow.db there and printed 'no trial runs'."""
+    for args, path in ((["--runs-dir", tmp_path / "nowhere"], tmp_path / "nowhere" / "mlflow.db"),
+                       (["--tracking-uri", f"sqlite:///{tmp_path}/sub/x.db"], tmp_path / "sub" / "x.db")):
+        r = _lsbench("report", *args, cwd=tmp_path, timeout=120)
+        assert r.returncode == 2, r.stderr[-2000:]
+        _one_line(r, f"no MLflow store at {path}", "run a study first or pass --tracking-uri")
+    assert list(tmp_path.iterdir()) == []
+
+
+# -- damaged stores ----------------------------------------------------------------------------
+def _truncate(db: Path) -> None:
+    data = db.read_bytes()
+    db.write_bytes(data[: len(data) // 3])
+
+
+def _scribble(db: Path) -> None:
+    data = bytearray(db.read_bytes())
+    data[4096 * 2: 4096 * 6] = b"\xa5" * (4096 * 4)  # pages of the schema and tables, not the header
+    db.write_bytes(bytes(data))
+
+
+def _text(db: Path) -> None:
+    db.write_text("not a database\n")
+
+
+@pytest.mark.parametrize("damage, cause", [(_truncate, "corrupt or truncated"), (_scribble, "corrupt or truncated"),
+                                           (_text, "not a SQLite database")])
+def test_damaged_store_is_one_line_and_left_as_it_is(study_store, tmp_path, damage, cause):
+    runs = _copy(study_store, tmp_path / "runs")
+    db = runs / "mlflow.db"
+    damage(db)
+    before = _sha(db)
+    f = tmp_path / "tiny.yaml"
+    f.write_text(STUDY % "tiny")
+    for cmd in (["report", "--runs-dir", runs], ["run", f, "--runs-dir", runs, "--executor", "local"],
+                ["ui", "--runs-dir", runs, "--port", "1"]):
+        r = _lsbench(*cmd, cwd=tmp_path, timeout=120)
+        assert r.returncode == 4, (cmd, r.stdout[-1000:], r.stderr[-2000:])
+        _one_line(r, db, cause)
+        assert _sha(db) == before  # never repaired, recreated or migrated
+    assert not (runs / "tiny" / "ray").exists()
+
+
+def test_foreign_sqlite_file_is_not_turned_into_a_store(tmp_path):
+    import sqlite3
+
+    db = tmp_path / "app.db"
+    with sqlite3.connect(db) as c:
+        c.execute("CREATE TABLE notes (t TEXT)")
+    before = _sha(db)
+    r = _lsbench("report", "--tracking-uri", f"sqlite:///{db}", cwd=tmp_path, timeout=120)
+    assert r.returncode == 4
+    _one_line(r, db, "not an MLflow store", "notes")
+    assert _sha(db) == before
+
+
+# -- read-only, full, unreachable ------------------------------------------------------------
+@pytest.mark.skipif(os.geteuid() == 0 and not AS_USER, reason="root without setpriv ignores file modes")
+def test_read_only_store_refuses_a_run_and_still_reports(study_store, tmp_path):
+    runs = _copy(study_store, tmp_path / "runs")
+    db = runs / "mlflow.db"
+    before = _sha(db)
+    f = tmp_path / "tiny2.yaml"
+    f.write_text(STUDY % "tiny2")
+    for p in [runs, *runs.rglob("*")]:
+        p.chmod(p.stat().st_mode & ~0o222)
+    try:
+        r = _lsbench("run", f, "--runs-dir", runs, "--executor", "local", cwd=tmp_path, as_user=True)
+        assert r.returncode == 4, r.stderr[-2000:]
+        _one_line(r, db, "read-only")
+        # reading needs no write access: the report of what is there still works
+        r = _lsbench("report", "--runs-dir", runs, "--no-plots", "--reports-dir", tmp_path / "rep",
+                     cwd=tmp_path, as_user=True)
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert "FP32 baseline" in r.stdout
+    finally:
+        for p in [runs, *runs.rglob("*")]:
+            p.chmod(p.stat().st_mode | 0o200)
+    assert _sha(db) == before
+
+
+FULL = textwrap.dedent("""\
+    import sqlite3, sys
+    import sqlalchemy
+    db = sys.argv[1]
+    pages = sqlite3.connect(db).execute("PRAGMA page_count").fetchone()[0]
+
+    # The store's disk fills up a little after the study starts: SQLite answers SQLITE_FULL
+    # ("database or disk is full"), exactly as on a full file system, once the file reaches this size.
+    @sqlalchemy.event.listens_for(sqlalchemy.engine.Engine, "connect")
+    def _cap(dbapi_conn, record):
+        dbapi_conn.execute(f"PRAGMA max_page_count = {pages + 8}")
+
+    from lossscale_bench.cli import main
+    sys.exit(main(sys.argv[2:]))
+    """)
+
+
+def test_full_store_disk_says_disk_full_and_keeps_what_was_logged(study_store, tmp_path):
+    from mlflow import MlflowClient
+
+    runs = _copy(study_store, tmp_path / "runs")
+    db = runs / "mlflow.db"
+    uri = f"sqlite:///{db}"
+    old = MlflowClient(uri).search_runs([e.experiment_id for e in MlflowClient(uri).search_experiments()])
+    f = tmp_path / "tiny2.yaml"
+    f.write_text(STUDY % "tiny2")
+    r = subprocess.run([sys.executable, "-c", FULL, str(db), "run", str(f), "--runs-dir", str(runs),
+                        "--executor", "local", "--no-report", "--quiet"],
+                       capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert r.returncode == 4, r.stdout[-2000:] + r.stderr[-3000:]
+    _one_line(r, db, "disk full", "database or disk is full")
+    # nothing logged before is lost: the store is intact and holds every earlier run and metric
+    import sqlite3
+
+    assert sqlite3.connect(db).execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    client = MlflowClient(uri)
+    for run in old:
+        again = client.get_run(run.info.run_id)
+        assert again.data.metrics == run.data.metrics and again.data.tags == run.data.tags
+
+
+def test_trial_on_a_full_disk_says_disk_full(tmp_path):
+    """A real ENOSPC: the trial's telemetry table is written through /dev/full, as on a full disk."""
+    from lossscale_bench.sink import MemorySink
+    from lossscale_bench.study import load_study_text
+    from lossscale_bench.trial import failure_text, run_trial
+
+    with pytest.raises(OSError) as info:
+        with open("/dev/full", "w") as fh:
+            fh.write("x")
+    assert failure_text(info.value).startswith("disk full: OSError: [Errno 28]")
+
+    cfg = load_study_text(STUDY % "full").trials()[0]
+    (tmp_path / "layers").mkdir()
+    for step in range(0, 5):
+        (tmp_path / "layers" / f"layers_step{step:07d}.csv").symlink_to("/dev/full")
+    sink = MemorySink()
+    out = run_trial(cfg, sink=sink, trial_dir=tmp_path)
+    assert out.status == "failed"
+    assert out.error.startswith("disk full: ") and "No space left on device" in out.error
+    assert sink.tag_values["lsbench.error"].startswith("disk full: ")
+
+
+def test_unreachable_server_ends_in_seconds(tmp_path):
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    t0 = time.time()
+    r = _lsbench("report", "--tracking-uri", f"http://127.0.0.1:{port}", cwd=tmp_path, timeout=120)
+    assert r.returncode == 4
+    _one_line(r, f"http://127.0.0.1:{port}", "unreachable")
+    assert time.time() - t0 < 30
+
+
+# -- artifacts relative to the store ---------------------------------------------------------
+def test_copied_store_reads_its_own_artifacts(study_store, tmp_path):
+    """Before: experiments had absolute artifact locations, so a copy read (or missed) the old folder."""
+    from mlflow import MlflowClient
+
+    moved = _copy(study_store, tmp_path / "a" / "runs")
+    moved = Path(shutil.move(str(moved), str(tmp_path / "elsewhere" / "runs")))  # the old folder is gone
+    assert not (tmp_path / "a" / "runs").exists()
+    client = MlflowClient(f"sqlite:///{moved / 'mlflow.db'}")
+    exps = [e for e in client.search_experiments() if e.name == "tiny"]
+    assert exps and not exps[0].artifact_location.startswith(("file:", "/"))
+    trial = [r for r in client.search_runs([exps[0].experiment_id]) if r.data.tags.get("lsbench.role") == "trial"][0]
+    # the copy's own file is what the copy reads (not the folder the study ran in)
+    mine = [p for p in moved.rglob("plots/loss.png") if trial.info.run_id in p.parts]
+    assert len(mine) == 1
+    assert mine[0].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    mine[0].write_bytes(mine[0].read_bytes() + b"this copy")
+    got = Path(client.download_artifacts(trial.info.run_id, "plots/loss.png", str(tmp_path)))
+    assert got.read_bytes().endswith(b"this copy")
+    # the report of the copy draws its plots (layer heatmaps come from the layers artifact)
+    r = _lsbench("report", "--runs-dir", moved, "--reports-dir", tmp_path / "rep", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert (tmp_path / "rep" / "all_tiny_underflow_fp32_baseline.png").stat().st_size > 1000
