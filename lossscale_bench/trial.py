@@ -149,6 +149,8 @@ def run_trial(cfg, *, sink: Sink, trial_dir: str | Path, threads: int | None = N
     try:
         _train(cfg, sink, trial_dir, threads, checkpoint_every, outcome, rank, world_size, grad_sync, ckpt_dir)
     except Exception as exc:  # noqa: BLE001 - a failed trial is data, the study goes on
+        if getattr(exc, "stops_study", False):
+            raise  # the results store itself failed (tracking.StoreError): not this trial's failure
         outcome.status = "failed"
         outcome.error = failure_text(exc)
         try:  # on a full disk this write fails too; the error still reaches the sink
