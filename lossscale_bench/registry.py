@@ -6,8 +6,9 @@ themselves against them in the tests.
 """
 
 MODEL_NAMES = ("ssd_tiny", "ssd300_vgg16", "ssd512_vgg16", "ssd300_resnet34", "ssd300_resnet50")
-SCALING_METHODS = ("none", "fixed", "dynamic", "adaptive")
-DYNAMIC_STYLES = ("chainer", "torch")
+SCALING_METHODS = ("none", "fixed", "dynamic", "adaptive", "layerwise_dynamic", "amax")
+DYNAMIC_STYLES = ("chainer", "torch", "deepspeed")
+AMAX_RECIPES = ("current", "delayed")
 PRECISIONS = ("fp32", "mixed16", "bf16", "fp16-emulated", "fp8-emulated")
 DATASET_NAMES = ("synthetic", "voc", "voc0712", "coco2017")
 BACKEND_NAMES = ("cpu", "cuda", "xla", "hpu", "auto")

@@ -93,7 +93,19 @@ MALFORMED = [
      "n_uf_threshold, scale_upper_bound, accum_upper_bound, power_of_two, init_scale"),
     ("unknown-key-in-dynamic", BASE.replace("  - none", "  - {method: dynamic, growth: 2}"),
      "scaling[0].growth: unknown key; allowed: method, label, precision, model, batch_size, resources, baseline, grad_rounding, style, interval, "
-     "init_scale"),
+     "init_scale, hysteresis, min_scale, consecutive_hysteresis"),
+    ("hysteresis-needs-deepspeed", BASE.replace("  - none", "  - {method: dynamic, style: torch, hysteresis: 2}"),
+     "scaling[0].hysteresis: only meaningful with style: deepspeed (this entry has style: torch)"),
+    ("unknown-dynamic-style", BASE.replace("  - none", "  - {method: dynamic, style: apex}"),
+     "scaling[0].style: unknown dynamic style 'apex'; allowed: chainer, torch, deepspeed"),
+    ("history-needs-delayed", BASE.replace("  - none", "  - {method: amax, recipe: current, history: 16}"),
+     "scaling[0].history: only meaningful with recipe: delayed (this entry has recipe: current)"),
+    ("unknown-amax-recipe", BASE.replace("  - none", "  - {method: amax, recipe: jit}"),
+     "scaling[0].recipe: unknown amax recipe 'jit'; allowed: current, delayed"),
+    ("negative-margin", BASE.replace("  - none", "  - {method: amax, margin: -1}"),
+     "scaling[0].margin: -1 is out of range; allowed: integers >= 0"),
+    ("layerwise-interval", BASE.replace("  - none", "  - {method: layerwise_dynamic, interval: 0}"),
+     "scaling[0].interval: 0 is out of range; allowed: integers >= 1"),
     ("wrong-type-scalar", BASE.replace("batch_size: 8", "batch_size: eight"),
      "batch_size: expected an integer, got 'eight'; allowed: integers >= 1"),
     ("wrong-type-in-list", BASE.replace("batch_size: 8", "batch_size: [8, eight]"),
@@ -336,6 +348,21 @@ def test_scaler_with_fp32_is_allowed():
     assert [t.label for t in s.trials()] == ["FP32 baseline", "loss scale (128)"]
 
 
+def test_new_methods_defaults_and_tags():
+    """deepspeed/layerwise_dynamic/amax fill their reference defaults; other styles' trial ids keep their keys."""
+    s = load_study_text(BASE.replace("  - none", "  - {method: dynamic, style: deepspeed}\n"
+                                                 "  - layerwise_dynamic\n  - {method: amax, recipe: current}\n"
+                                                 "  - amax\n  - {method: dynamic, style: torch}"))
+    ds, lw, cur, dl, torch_, _ = s.trials()
+    assert ds.scaling == {"method": "dynamic", "style": "deepspeed", "interval": 1000, "init_scale": 65536.0,
+                          "hysteresis": 2, "min_scale": 1.0, "consecutive_hysteresis": False}
+    assert "-dynds1000-" in ds.trial_id
+    assert lw.scaling["interval"] == 10000 and lw.scaling["init_scale"] == 65536.0 and "-lwdyn10000-" in lw.trial_id
+    assert "history" not in cur.scaling and "-amaxcur-m0-" in cur.trial_id
+    assert dl.scaling["history"] == 1024 and dl.scaling["recipe"] == "delayed" and "-amaxdel1024-m0-" in dl.trial_id
+    assert set(torch_.scaling) == {"method", "style", "interval", "init_scale"}
+
+
 def test_dynamic_torch_defaults():
     s = load_study_text(BASE.replace("  - none", "  - {method: dynamic, style: torch}"))
     t = s.trials()[0]
@@ -368,6 +395,19 @@ def test_dynamic_torch_defaults():
     ({"method": "adaptive", "update_every": 10, "scale_upper_bound": 32.0}, "mixed16",
      "adaptive (freq=10, scale_ub=32)"),
     ({"method": "adaptive", "power_of_two": False}, "mixed16", "adaptive (no pow2)"),
+    ({"method": "dynamic", "style": "deepspeed", "interval": 1000, "init_scale": 65536.0, "hysteresis": 2,
+      "min_scale": 1.0, "consecutive_hysteresis": False}, "mixed16", "loss scale (dynamic, deepspeed, interval=1000)"),
+    ({"method": "dynamic", "style": "deepspeed", "interval": 50, "hysteresis": 4, "min_scale": 8.0,
+      "consecutive_hysteresis": True}, "fp8-emulated",
+     "loss scale (dynamic, deepspeed, interval=50, hysteresis=4, min=8, consecutive hysteresis)"),
+    ({"method": "layerwise_dynamic", "init_scale": 65536.0, "interval": 10000}, "mixed16",
+     "layer-wise dynamic (interval=10000)"),
+    ({"method": "layerwise_dynamic", "init_scale": 1024.0, "interval": 100}, "mixed16",
+     "layer-wise dynamic (interval=100, init=1024)"),
+    ({"method": "amax", "recipe": "current", "margin": 0}, "fp8-emulated", "amax (current)"),
+    ({"method": "amax", "recipe": "delayed", "history": 1024, "margin": 8}, "fp8-emulated",
+     "amax (delayed, history=1024, margin=8)"),
+    ({"method": "amax", "recipe": "current", "power_of_two": False}, "fp8-emulated", "amax (current, no pow2)"),
 ])
 def test_default_label(scaling, precision, label):
     assert default_label(scaling, precision) == label

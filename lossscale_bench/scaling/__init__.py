@@ -47,27 +47,31 @@ def build_scaler(entry: dict[str, Any], model=None, grad_format=None) -> LossSca
     if method == "fixed":
         return FixedLossScaler(scale=entry.get("scale", 1.0), skip_nonfinite=entry.get("skip_nonfinite", True))
     if method == "dynamic":
-        extra = {k: entry[k] for k in ("hysteresis", "min_scale", "consecutive_hysteresis") if k in entry}
+        extra = {k: entry[k] for k in ("hysteresis", "min_scale", "consecutive_hysteresis")
+                 if k in entry and entry[k] is not None}
         return DynamicLossScaler(style=entry.get("style", "chainer"), init_scale=entry.get("init_scale"),
                                  interval=entry.get("interval"), **extra)
     if method == "layerwise_dynamic":
         from .layerwise_dynamic import LayerwiseDynamicLossScaler
 
         opts = {k: entry[k] for k in ("init_scale", "interval", "growth_factor", "backoff_factor",
-                                      "min_scale", "max_scale") if k in entry}
+                                      "min_scale", "max_scale") if k in entry and entry[k] is not None}
+        if grad_format is not None:
+            opts["grad_format"] = grad_format  # the range merges of branches keep gradients in
         return LayerwiseDynamicLossScaler(model, **opts)
     if method == "amax":
         from .amax import AmaxLossScaler
 
-        opts = {k: entry[k] for k in ("recipe", "history", "margin", "power_of_two", "init_scale") if k in entry}
+        opts = {k: entry[k] for k in ("recipe", "history", "margin", "power_of_two", "init_scale")
+                if k in entry and entry[k] is not None}
         if grad_format is not None:
             opts["grad_format"] = grad_format
         return AmaxLossScaler(model, **opts)
     if method == "adaptive":
         from .adaptive import AdaptiveLossScaler
 
-        opts = {k: entry[k] for k in ("update_every", "n_uf_threshold", "scale_upper_bound",
-                                      "accum_upper_bound", "power_of_two", "init_scale") if k in entry}
+        opts = {k: entry[k] for k in ("update_every", "n_uf_threshold", "scale_upper_bound", "accum_upper_bound",
+                                      "power_of_two", "init_scale", "output_scaling", "update_count") if k in entry}
         if grad_format is not None:
             opts["grad_format"] = grad_format
         return AdaptiveLossScaler(model, **opts)

@@ -21,7 +21,14 @@ TRIAL_ID_VERSION = 1
 
 #: a dynamic scaler's options per style, where the entry leaves them out
 DYNAMIC_DEFAULTS = {"chainer": {"interval": 10, "init_scale": 1.0},
-                    "torch": {"interval": 2000, "init_scale": 65536.0}}
+                    "torch": {"interval": 2000, "init_scale": 65536.0},
+                    # DeepSpeed's engine defaults (initial_scale_power 16, loss_scale_window 1000, ...)
+                    "deepspeed": {"interval": 1000, "init_scale": 65536.0, "hysteresis": 2, "min_scale": 1.0,
+                                  "consecutive_hysteresis": False}}
+#: the amax method's defaults where the entry leaves them out (Transformer Engine's DelayedScaling)
+AMAX_DEFAULTS = {"recipe": "delayed", "history": 1024, "margin": 0, "power_of_two": True, "init_scale": 1.0}
+#: layerwise_dynamic's defaults (fairscale's growth_interval; GradScaler's start)
+LAYERWISE_DEFAULTS = {"init_scale": 65536.0, "interval": 10000}
 
 _SAFE_ID_RE = re.compile(r"[^A-Za-z0-9_.-]+")
 
@@ -97,10 +104,17 @@ def _scaling_tag(s: dict) -> str:
     if m == "fixed":
         return f"fixed{_fmt_num(s.get('scale', 1.0))}"
     if m == "dynamic":
-        return ("dyntorch" if s.get("style") == "torch" else "dyn") + _fmt_num(s.get("interval", 0))
+        prefix = {"torch": "dyntorch", "deepspeed": "dynds"}.get(s.get("style"), "dyn")
+        return prefix + _fmt_num(s.get("interval", 0))
     if m == "adaptive":
         n = s.get("update_every", 1)
         return "adaptive" if n == 1 else f"adaptive-f{n}"
+    if m == "layerwise_dynamic":
+        return "lwdyn" + _fmt_num(s.get("interval", LAYERWISE_DEFAULTS["interval"]))
+    if m == "amax":
+        if s.get("recipe", AMAX_DEFAULTS["recipe"]) == "current":
+            return f"amaxcur-m{_fmt_num(s.get('margin', 0))}"
+        return f"amaxdel{_fmt_num(s.get('history', AMAX_DEFAULTS['history']))}-m{_fmt_num(s.get('margin', 0))}"
     return str(m)
 
 
@@ -189,11 +203,41 @@ def default_label(scaling: dict, precision: str) -> str:
         d = DYNAMIC_DEFAULTS.get(style, DYNAMIC_DEFAULTS["chainer"])
         interval = scaling.get("interval")
         interval = d["interval"] if interval is None else interval
-        parts = ["dynamic"] + (["torch"] if style == "torch" else []) + [f"interval={_fmt_num(interval)}"]
+        parts = ["dynamic"] + ([style] if style in ("torch", "deepspeed") else []) + [f"interval={_fmt_num(interval)}"]
         init = scaling.get("init_scale")
         if init is not None and float(init) != d["init_scale"]:
             parts.append(f"init={_fmt_num(float(init))}")
+        if style == "deepspeed":
+            for key, short in (("hysteresis", "hysteresis"), ("min_scale", "min")):
+                v = scaling.get(key)
+                if v is not None and float(v) != d[key]:
+                    parts.append(f"{short}={_fmt_num(float(v))}")
+            if scaling.get("consecutive_hysteresis"):
+                parts.append("consecutive hysteresis")
         return f"loss scale ({', '.join(parts)})"
+    if method == "layerwise_dynamic":
+        parts = [f"interval={_fmt_num(scaling.get('interval', LAYERWISE_DEFAULTS['interval']))}"]
+        init = scaling.get("init_scale")
+        if init is not None and float(init) != LAYERWISE_DEFAULTS["init_scale"]:
+            parts.append(f"init={_fmt_num(float(init))}")
+        for key, short in (("min_scale", "min"), ("max_scale", "max")):
+            if scaling.get(key) is not None:
+                parts.append(f"{short}={_fmt_num(float(scaling[key]))}")
+        return f"layer-wise dynamic ({', '.join(parts)})"
+    if method == "amax":
+        recipe = scaling.get("recipe", AMAX_DEFAULTS["recipe"])
+        parts = [recipe]
+        if recipe == "delayed":
+            parts.append(f"history={_fmt_num(scaling.get('history', AMAX_DEFAULTS['history']))}")
+        margin = scaling.get("margin", 0)
+        if margin:
+            parts.append(f"margin={_fmt_num(margin)}")
+        init = scaling.get("init_scale")
+        if init is not None and float(init) != AMAX_DEFAULTS["init_scale"]:
+            parts.append(f"init={_fmt_num(float(init))}")
+        if scaling.get("power_of_two", True) is False:
+            parts.append("no pow2")
+        return f"amax ({', '.join(parts)})"
     if method == "adaptive":
         parts = []
         n = scaling.get("update_every", 1)
@@ -206,6 +250,10 @@ def default_label(scaling: dict, precision: str) -> str:
                 parts.append(f"{short}={_fmt_num(float(v))}")
         if scaling.get("power_of_two", True) is False:
             parts.append("no pow2")
+        if scaling.get("output_scaling"):
+            parts.append("output scaling")
+        if scaling.get("update_count", "steps") == "calls" and n != 1:
+            parts.append("per-call count")
         return "adaptive" + (f" ({', '.join(parts)})" if parts else "")
     return str(method)
 

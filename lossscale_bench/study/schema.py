@@ -13,12 +13,12 @@ from typing import Annotated, Any, Literal, Optional, Union
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, ValidationInfo, field_validator, \
     model_serializer, model_validator
 
-from ..registry import (BACKEND_NAMES, DATASET_NAMES, DYNAMIC_STYLES, EVAL_METRICS, MODEL_NAMES, PRECISIONS,
-                        SCALING_METHODS, VOC_CLASSES)
+from ..registry import (AMAX_RECIPES, BACKEND_NAMES, DATASET_NAMES, DYNAMIC_STYLES, EVAL_METRICS, MODEL_NAMES,
+                        PRECISIONS, SCALING_METHODS, VOC_CLASSES)
 from .errors import StudyError, _err, _fmt_num, _show
 from .fields import (_DEFAULT_SOURCE, _STRICT, Bool, Label, ListOf, NonNegInt, OptStr, PosFloat, PosInt, Str,
                      _as_list, _choice, _ctx_base_dir, _ctx_source, _mapping_or_empty, _number, _resolve_path)
-from .grid import DYNAMIC_DEFAULTS, default_label, expand
+from .grid import AMAX_DEFAULTS, DYNAMIC_DEFAULTS, default_label, expand
 from .trial_config import TrialConfig
 
 _NAME_RE = re.compile(r"[A-Za-z0-9_.-]+")
@@ -103,15 +103,29 @@ class DynamicScaling(_ScalingBase):
     style: _choice("dynamic style", DYNAMIC_STYLES) = "chainer"  # type: ignore[valid-type]
     interval: Optional[PosInt] = None  # type: ignore[valid-type]
     init_scale: Optional[PosFloat] = None  # type: ignore[valid-type]
+    #: style deepspeed only (DeepSpeed's hysteresis, min_loss_scale, consecutive_hysteresis)
+    hysteresis: Optional[PosInt] = None  # type: ignore[valid-type]
+    min_scale: Optional[PosFloat] = None  # type: ignore[valid-type]
+    consecutive_hysteresis: Optional[Bool] = None
 
     def normalized(self) -> dict:
         d = DYNAMIC_DEFAULTS[self.style]
-        return {
+        out = {
             "method": "dynamic",
             "style": self.style,
             "interval": self.interval if self.interval is not None else d["interval"],
             "init_scale": self.init_scale if self.init_scale is not None else d["init_scale"],
         }
+        # only deepspeed entries carry its options, so chainer/torch trial ids stay as they were
+        for k, style in DYNAMIC_STYLE_ONLY.items():
+            if style == self.style:
+                v = getattr(self, k)
+                out[k] = v if v is not None else d[k]
+        return out
+
+
+#: dynamic options only one style reads; given with another style they are an error
+DYNAMIC_STYLE_ONLY = {"hysteresis": "deepspeed", "min_scale": "deepspeed", "consecutive_hysteresis": "deepspeed"}
 
 
 class AdaptiveScaling(_ScalingBase):
@@ -122,16 +136,59 @@ class AdaptiveScaling(_ScalingBase):
     accum_upper_bound: PosFloat = 1024.0  # type: ignore[valid-type]
     power_of_two: Bool = True
     init_scale: PosFloat = 1.0  # type: ignore[valid-type]
+    #: the authors' later head-output and L2Norm-input scaling points (scaling/adaptive.py); the
+    #: published table predates them, so off by default
+    output_scaling: Bool = False
+    #: what update_every counts: optimizer steps, or each layer's backward calls (the reference)
+    update_count: _choice("update_count", ("steps", "calls")) = "steps"  # type: ignore[valid-type]
+
+    def normalized(self) -> dict:
+        """Options added after studies ran are left out at their defaults: trial ids unchanged."""
+        out = super().normalized()
+        for key, default in (("output_scaling", False), ("update_count", "steps")):
+            if out.get(key) == default:
+                del out[key]
+        return out
+
+
+class LayerwiseDynamicScaling(_ScalingBase):
+    """fairscale's LayerwiseGradientScaler rule per scaling point (scaling/layerwise_dynamic.py)."""
+
+    method: Literal["layerwise_dynamic"]
+    init_scale: PosFloat = 65536.0  # type: ignore[valid-type]
+    interval: PosInt = 10000  # type: ignore[valid-type]
+    min_scale: Optional[PosFloat] = None  # type: ignore[valid-type]
+    max_scale: Optional[PosFloat] = None  # type: ignore[valid-type]
+
+
+class AmaxScaling(_ScalingBase):
+    """Transformer Engine's amax scaling per scaling point (scaling/amax.py)."""
+
+    method: Literal["amax"]
+    recipe: _choice("amax recipe", AMAX_RECIPES) = "delayed"  # type: ignore[valid-type]
+    #: recipe delayed only: steps of amax history (TE's amax_history_len)
+    history: Optional[PosInt] = None  # type: ignore[valid-type]
+    margin: NonNegInt = 0  # type: ignore[valid-type]
+    power_of_two: Bool = True
+    init_scale: PosFloat = 1.0  # type: ignore[valid-type]
+
+    def normalized(self) -> dict:
+        out = {"method": "amax", "recipe": self.recipe, "margin": self.margin, "power_of_two": self.power_of_two,
+               "init_scale": self.init_scale}
+        if self.recipe == "delayed":
+            out["history"] = self.history if self.history is not None else AMAX_DEFAULTS["history"]
+        return out
 
 
 _COMMON_KEYS = ("method", "label", "precision", "model", "batch_size", "resources", "baseline", "grad_rounding")
 SCALING_MODELS: dict[str, type[_ScalingBase]] = {
     "none": NoneScaling, "fixed": FixedScaling, "dynamic": DynamicScaling, "adaptive": AdaptiveScaling,
+    "layerwise_dynamic": LayerwiseDynamicScaling, "amax": AmaxScaling,
 }
 assert tuple(SCALING_MODELS) == tuple(SCALING_METHODS)
 
 ScalingEntry = Annotated[
-    Union[NoneScaling, FixedScaling, DynamicScaling, AdaptiveScaling],
+    Union[NoneScaling, FixedScaling, DynamicScaling, AdaptiveScaling, LayerwiseDynamicScaling, AmaxScaling],
     Discriminator("method"),
 ]
 
@@ -365,6 +422,17 @@ def _unique_labels(study: "Study", fail) -> None:
                          f"tell the two rows apart; give one of them a distinct 'label:'")
 
 
+def _check_method_options(study: "Study", fail) -> None:
+    """Options that only one dynamic style or one amax recipe reads are an error elsewhere, not ignored."""
+    for k, e in enumerate(study.scaling):
+        if isinstance(e, DynamicScaling):
+            for opt, style in DYNAMIC_STYLE_ONLY.items():
+                if getattr(e, opt) is not None and e.style != style:
+                    fail(f"scaling[{k}].{opt}", f"only meaningful with style: {style} (this entry has style: {e.style})")
+        if isinstance(e, AmaxScaling) and e.history is not None and e.recipe != "delayed":
+            fail(f"scaling[{k}].history", f"only meaningful with recipe: delayed (this entry has recipe: {e.recipe})")
+
+
 def _check_grad_rounding(study: "Study", fail) -> None:
     """``grad_rounding`` is the order of an *emulated* precision's gradient rounding; a real
     precision's order is the hardware's (AMP: rounded at scale P), so naming one there is a mistake."""
@@ -464,6 +532,7 @@ class Study(BaseModel):
                      ", ".join(p for p in PRECISIONS if p != "mixed16"))
         _unique_labels(self, fail)
         _check_grad_rounding(self, fail)
+        _check_method_options(self, fail)
         return self
 
     def trials(self) -> list[TrialConfig]:
