@@ -56,7 +56,7 @@ from .plots_draw import (  # noqa: F401 - DPI, MAX_POINTS, MAX_STEPS, SMOOTH_MIN
     read_layers_csv,
     slug,
 )
-from .report_summary import load_runs, model_name, summarize
+from .report_summary import latest_setting, load_runs, model_name, summarize
 
 from .plots_draw import __all__ as _DRAW_ALL  # noqa: E402
 
@@ -194,6 +194,7 @@ def _download_layers(client, run_id: str, dst: Path) -> Path | None:
 def _study_plot_list(client, study: str, runs: pd.DataFrame, metric: str, prefix: str, *,
                      max_curve_runs: int, seeds_per_label: int, max_layer_runs: int) -> list[Plot]:
     plots: list[Plot] = []
+    runs = latest_setting(runs)  # a study whose file changed: its latest configuration (the report has all)
     summary = _display_labels(summarize(runs, metric))
     runs = _display_labels(runs)
     colors = label_colors(summary["label"])

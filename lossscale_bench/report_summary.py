@@ -77,6 +77,7 @@ __all__ = [
     "TAG",
     "EMULATED_SUFFIX",
     "RUNNING_TEXT",
+    "latest_setting",
 ]
 
 # summary columns, in this order (csv output)
@@ -280,6 +281,22 @@ def summarize(df: pd.DataFrame, metric: str = "final_map") -> pd.DataFrame:
     out["best"] = pd.Series(dict(best)).astype(bool)
     out = _add_verdicts(out, higher)
     return out[SUMMARY_COLUMNS].reset_index(drop=True)
+
+
+def latest_setting(runs: pd.DataFrame) -> pd.DataFrame:
+    """The runs of each study's latest setting (see :func:`summarize`): what the study plots draw.
+
+    Plots draw one line per row label; two versions of a study file drawn
+    together would overlay other settings' curves under one label.
+    """
+    if runs is None or len(runs) == 0 or "setting_id" not in runs.columns:
+        return runs
+    start = pd.to_numeric(runs.get("start_time"), errors="coerce").fillna(0.0)
+    keep: dict = {}  # study -> (newest start, setting)
+    for (study, sid), t in start.groupby([runs["study"], runs["setting_id"]], dropna=False).max().items():
+        if study not in keep or t > keep[study][0]:
+            keep[study] = (t, sid)
+    return runs[[keep.get(st, (0, None))[1] == sid for st, sid in zip(runs["study"], runs["setting_id"])]]
 
 
 def _settings(runs: pd.DataFrame, cells: pd.DataFrame) -> tuple[list[str], list[int]]:

@@ -8,6 +8,7 @@ reported "1 of 1 trials already finished" and the old mAP.
 
 from __future__ import annotations
 
+import io
 import os
 import shutil
 import time
@@ -220,6 +221,7 @@ def _log(tracker, exp_id, parent, cfg, status, final_map=None, start=None):
 def test_report_never_pools_two_lr_values_as_seeds(tmp_path):
     """lr 0.01 (one seed failed) then lr 0.02 (one seed pending) under one study name: apart everywhere."""
     from lossscale_bench.report import load_runs, render, summarize
+    from lossscale_bench.report_summary import latest_setting
     from lossscale_bench.tracking import Tracker
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
@@ -254,8 +256,10 @@ def test_report_never_pools_two_lr_values_as_seeds(tmp_path):
     for fmt in ("html", "latex"):
         text = render(runs, fmt)
         assert "schedule.lr = 0.02" in text and "schedule.lr = 0.01" in text
-    csv = pd.read_csv(__import__("io").StringIO(render(runs, "csv")))
+    csv = pd.read_csv(io.StringIO(render(runs, "csv")))
     assert sorted(csv["setting"]) == sorted(s["setting"]) and csv["config_id"].nunique() == 2
+    # the study plots draw the latest configuration only (curves are drawn per row label)
+    assert sorted(latest_setting(runs)["trial_id"]) == sorted(c.trial_id for c in new)
 
 
 def test_runs_without_the_config_tag_are_told_apart_by_their_params(tmp_path):
