@@ -286,6 +286,36 @@ def test_runs_without_the_config_tag_are_told_apart_by_their_params(tmp_path):
     assert s.loc[lr1, "cell"] == "11.00 ± 1.41 (n=2)"
 
 
+def test_a_rerun_tags_runs_logged_before_the_tag_so_their_seeds_pool_with_new_ones(tmp_path):
+    """Seeds 0 and 1 logged without lsbench.config_id (older lsbench), seed 2 added later: one cell of 3."""
+    from mlflow import MlflowClient
+    from mlflow.entities import Metric, Param
+
+    from lossscale_bench.report import load_runs, summarize
+    from lossscale_bench.tracking import Tracker
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    tracker = Tracker(uri)
+    client = MlflowClient(tracking_uri=uri)
+    exp_id, parent = tracker.study_run("ident")
+    trials = _study("0.01").trials()
+    for cfg, value in zip(trials[:2], (0.10, 0.12)):
+        tags = {"lsbench.role": "trial", "lsbench.study": "ident", "lsbench.trial_id": cfg.trial_id,
+                "lsbench.status": "finished", "lsbench.label": cfg.label, "lsbench.row": "0",
+                "mlflow.parentRunId": parent}
+        rid = client.create_run(exp_id, tags=tags).info.run_id
+        client.log_batch(rid, metrics=[Metric("final_map", value, 0, 3)],
+                         params=[Param(k, v) for k, v in cfg.flat_params().items()])
+        client.set_terminated(rid, "FINISHED")
+    # what `lsbench run` does with the runs it finds before starting the missing seed
+    tracker.sync_baseline_tags(trials, tracker.trial_runs(exp_id))
+    _log(tracker, exp_id, parent, trials[2], "finished", 0.14)
+    runs = load_runs(uri, "ident")
+    assert runs["config_id"].tolist() == [trials[0].config_id()] * 3
+    (cell,) = summarize(runs)["cell"]
+    assert cell == "12.00 ± 2.00 (n=3)"
+
+
 def test_one_row_in_two_configurations_within_one_setting_is_two_rows(tmp_path):
     """An entry's own option changed but not its label: same table, two labelled rows."""
     from lossscale_bench.report import load_runs, render
