@@ -118,3 +118,89 @@ def _single_bundle(resources: dict) -> dict[str, float]:
 
     return ray_resources(resources.get("backend", "cpu"), devices_of(resources),
                          float(resources.get("cpus_per_trial", 1)))
+
+
+# --------------------------------------------------------------------------- can the cluster ever hold it?
+# Ray never refuses a request no node can meet: it logs "infeasible" and waits for a node that may
+# never come (an autoscaler could add one), so a study asking for a GPU on a CPU cluster hangs in
+# silence. The sweep asks these functions first, on the nodes' totals, and stops with one line.
+
+#: a device resource's plain name for messages
+_DEVICE_WORDS = {"GPU": "GPU", "HPU": "HPU (Gaudi)", "TPU": "TPU chip"}
+
+
+def trial_bundles(resources: dict) -> list[dict[str, float]]:
+    """Every bundle a trial holds at once, each of which must fit on one node.
+
+    A single-device trial is one Tune bundle (``CPU`` plus its device); a
+    multi-device trial is the Tune driver's bundle plus its Train workers'.
+    Raises ``ValueError`` for ``backend: auto`` with several devices.
+    """
+    if is_distributed(resources):
+        return [driver_bundle(resources)] + worker_bundles(resources)
+    return [_single_bundle(resources)]
+
+
+def _plural(n: float, word: str) -> str:
+    return f"{_fmt(n)} {word}" + ("" if n == 1 else "s")
+
+
+def cluster_text(nodes: list[dict[str, float]], also: tuple[str, ...] = ()) -> str:
+    """``the cluster has 2 CPUs, no GPU``: CPUs and every device kind it has, ``no X`` for ``also``
+    (the devices the study asked for); per-node maxima when there are several nodes."""
+    several = len(nodes) > 1
+    parts = [_plural(len(nodes), "node")] if several else []
+    for key in ("CPU", *[d for d in _DEVICE_WORDS if d != "CPU"]):
+        total = sum(float(n.get(key, 0.0)) for n in nodes)
+        if total <= 0:
+            if key in also:
+                parts.append(f"no {key}")
+            continue
+        text = _plural(total, key)
+        most = max(float(n.get(key, 0.0)) for n in nodes)
+        if several and most < total:
+            text += f" (at most {_fmt(most)} on one node)"
+        parts.append(text)
+    return "the cluster has " + (", ".join(parts) if parts else "no resources")
+
+
+def unplaceable(resources: dict, nodes: list[dict[str, float]]) -> tuple[str, str] | None:
+    """``(resources key at fault, why)`` if no arrangement of ``nodes`` can ever run the trial, else None.
+
+    ``nodes``: each alive node's resource totals (``ray.nodes()[i]["Resources"]``).
+    Checked: the backend's device exists at all (key ``backend``); each bundle
+    fits some node (``devices_per_trial`` or ``cpus_per_trial``, whichever is
+    short); a multi-device trial's bundles together fit the cluster's totals.
+    These are necessary conditions only, so a trial is never refused that Ray
+    could place; the key names the study-file field the user should change.
+    """
+    backend = resources.get("backend", "cpu")
+    dev = DEVICE_RESOURCE.get(backend)
+    also = (dev,) if dev else ()
+    where = cluster_text(nodes, also)
+    try:
+        bundles = trial_bundles(resources)
+    except ValueError as exc:
+        return "backend", str(exc)
+    if dev and sum(float(n.get(dev, 0.0)) for n in nodes) <= 0:
+        return "backend", f"{backend} trials need a {_DEVICE_WORDS.get(dev, dev)}, but {where}"
+    for b in bundles:
+        if any(all(float(n.get(k, 0.0)) + 1e-9 >= v for k, v in b.items()) for n in nodes):
+            continue
+        short = [k for k, v in b.items() if max((float(n.get(k, 0.0)) for n in nodes), default=0.0) + 1e-9 < v]
+        need = ", ".join(f"{k}:{_fmt(v)}" for k, v in b.items())
+        key = "devices_per_trial" if dev in short else "cpus_per_trial"
+        what = "no node has that much" if short else "no node has all of it"
+        return key, f"a trial needs {need} on one node, but {what} ({where})"
+    if len(bundles) > 1:
+        need: dict[str, float] = {}
+        for b in bundles:
+            for k, v in b.items():
+                need[k] = need.get(k, 0.0) + v
+        for k, v in need.items():
+            have = sum(float(n.get(k, 0.0)) for n in nodes)
+            if have + 1e-9 < v:
+                key = "devices_per_trial" if k == dev else "cpus_per_trial"
+                return key, (f"a {devices_of(resources)}-device trial needs {_fmt(v)} {k} in all "
+                             f"(its {len(bundles) - 1} workers and driver), but {where}")
+    return None

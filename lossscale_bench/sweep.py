@@ -16,7 +16,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import socket
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +31,78 @@ from .tune_sink import TuneSink  # noqa: F401 - re-exported (benchmarks, tests)
 
 class ClusterUnavailable(RuntimeError):
     """``--address`` names a Ray cluster this process cannot join; the message says why."""
+
+
+class Infeasible(ClusterUnavailable):
+    """No node of the cluster can ever hold some trial's resources (a user error: exit 2).
+
+    Ray would accept the request and wait, silently, for a node that never
+    comes; this is raised instead, naming the study file's field and what the
+    cluster has. ``LSBENCH_SKIP_RESOURCE_CHECK=1`` (or ``lsbench run
+    --no-resource-check``) skips the check for clusters whose autoscaler adds nodes on demand.
+    """
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM reached the driver while a study ran.
+
+    A ``KeyboardInterrupt``, so that no ``except Exception`` in Tune, MLflow or
+    our own retry loop swallows it, and Ray's C++ wait loops, which check for
+    signals and turn a ``KeyboardInterrupt`` into their own (any other exception
+    raised there comes out as a ``SystemError``), pass it on. ``run_study`` ends the
+    study's open runs as KILLED (tag ``lsbench.status=interrupted``: not
+    terminal, so a re-run resumes them) before re-raising; ``killed`` is how many.
+    """
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = int(signum)
+        self.killed = 0
+
+    def __str__(self) -> str:
+        return signal.Signals(self.signum).name
+
+
+class _SignalsRaise:
+    """While installed, SIGINT and SIGTERM raise :class:`Interrupted` in the main thread.
+
+    Python's default SIGTERM ends the process at once (and ``ray.init`` replaces
+    it with ``sys.exit``), leaving every MLflow run RUNNING forever; Tune's own
+    SIGINT handler stops quietly and returns as if the study were done. So the
+    driver takes both signals itself; :meth:`install` is called again after
+    ``ray.init``. Outside the main thread (a library caller's worker thread)
+    signals cannot be handled and nothing is installed.
+    """
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self) -> None:
+        self.old: dict[int, Any] = {}
+        self.active = threading.current_thread() is threading.main_thread()
+        #: the first signal received (Ray may re-raise it as a plain KeyboardInterrupt or a SystemError)
+        self.received: int | None = None
+
+    def _raise(self, signum, frame):
+        if self.received is None:
+            self.received = int(signum)
+        raise Interrupted(signum)
+
+    def install(self) -> None:
+        if self.active:
+            for s in self.SIGNALS:
+                prev = signal.signal(s, self._raise)
+                self.old.setdefault(s, prev)
+
+    def hold(self) -> None:
+        """Ignore further signals while the open runs are being marked KILLED (a few writes)."""
+        if self.active:
+            for s in self.SIGNALS:
+                signal.signal(s, signal.SIG_IGN)
+
+    def restore(self) -> None:
+        if self.active:
+            for s, h in self.old.items():
+                signal.signal(s, h if h is not None else signal.SIG_DFL)
 
 
 @dataclass
@@ -73,6 +148,11 @@ def _resources_of(config: dict):
         # Train V2 reserves the workers' devices in its own placement group; the Tune trial only drives it.
         return PlacementGroupFactory([driver_bundle(res)])
     return PlacementGroupFactory([config["trial"]["resources"]])
+
+
+def _pct(fraction) -> str:
+    """An mAP fraction as the report shows it: ``0.5120`` -> ``51.20%`` (``–`` when there is none)."""
+    return "–" if fraction is None else f"{float(fraction) * 100:.2f}%"
 
 
 class Progress:
@@ -121,7 +201,8 @@ class Progress:
             self.durations.append(time.time() - self.started[tid])
         extra = ""
         if outcome.get("final_map") is not None:
-            extra = f" mAP {outcome['final_map']:.4f} mAP@0.5 {outcome.get('final_map_50') or 0:.4f}"
+            # percent with two decimals, as in the report (MLflow keeps the fractions)
+            extra = f" mAP {_pct(outcome['final_map'])} mAP@0.5 {_pct(outcome.get('final_map_50'))}"
         if outcome.get("diverged_step") is not None:
             extra += f" diverged at step {outcome['diverged_step']}"
         if outcome.get("error"):
@@ -178,6 +259,8 @@ def _make_funnel(tracker: Tracker, run_ids: dict[str, str], labels: dict[str, st
                     msg = Path(err).read_text()[-2000:]
             except OSError:
                 pass
+            if "No space left on device" in msg or "[Errno 28]" in msg:
+                msg = "disk full: " + msg  # the process died writing; say so before its traceback
             outcome = {"trial_id": tid, "status": "failed", "error": msg}
             study_result.outcomes[tid] = outcome
             tracker.set_tags(run_ids[tid], {"lsbench.status": "failed", "lsbench.error": msg[-5000:]})
@@ -213,57 +296,119 @@ def study_dir(runs_dir: str | Path, study_name: str) -> Path:
 
 def run_study(study, *, runs_dir: str | Path = "runs", tracking_uri: str | None = None,
               max_concurrent: int | None = None, address: str | None = None, num_cpus: int | None = None,
-              executor: str = "ray", quiet: bool = False, stream=None, trial_plots=None) -> StudyResult:
+              executor: str = "ray", quiet: bool = False, stream=None, trial_plots=None,
+              check_resources: bool = True) -> StudyResult:
     """Run every trial of ``study`` that has not finished or diverged yet.
 
     ``trial_plots(client, run_id, out_dir)``, if given, draws each finished trial's plots from
     the store and is logged as the run's artifacts (the CLI passes ``plots.run_plots``).
+
+    With the Ray executor the cluster is joined, and every trial checked to fit
+    some node (:func:`check_feasible`; ``check_resources=False`` or
+    ``LSBENCH_SKIP_RESOURCE_CHECK=1`` skips it), before any MLflow run is opened.
+    SIGINT/SIGTERM (main thread only) end the open runs as KILLED and raise
+    :class:`Interrupted`; the same call again resumes.
     """
+    if executor not in ("ray", "local"):
+        raise ValueError(f"unknown executor {executor!r}; allowed: ray, local")
     from .data.prepare import prepare_dataset
     from .study.configs import change_note
-    from .tracking import resolve_tracking_uri
+    from .tracking import open_store, resolve_tracking_uri
 
     runs_dir = Path(runs_dir).expanduser().resolve()
     uri = resolve_tracking_uri(tracking_uri, runs_dir)
+    open_store(uri, create=True)  # a bad store (corrupt, read-only, foo://) fails now, before data or Ray
     sdir = study_dir(runs_dir, study.name)
     trials = study.trials()
-    # Data first: a study whose data is missing fails before any trial starts.
-    prepare_dataset(trials[0].dataset)
-
-    tracker = Tracker(uri, artifact_root=runs_dir / "artifacts")
-    exp_id, parent = tracker.study_run(study.name, study.description, getattr(study, "source", None))
-    existing = tracker.trial_runs(exp_id)
-    # finished trials are not run again, so a baseline moved in the study file is re-tagged here
-    tracker.sync_baseline_tags(trials, existing)
     result = StudyResult(study=study.name, tracking_uri=uri)
-    todo = []
-    for cfg in trials:
-        run = existing.get(cfg.trial_id)
-        if run is not None and run.data.tags.get("lsbench.status") in TERMINAL:
-            result.skipped.append(cfg.trial_id)
+    guard = _SignalsRaise()
+    guard.install()
+    tracker, parent, run_ids, ray_started = None, None, {}, False
+    try:
+        # Data first: a study whose data is missing fails before any trial starts.
+        prepare_dataset(trials[0].dataset)
+
+        tracker = Tracker(uri, artifact_root=runs_dir / "artifacts")
+        existing = tracker.trial_runs(tracker.experiment_id(study.name))
+        todo = []
+        for cfg in trials:
+            run = existing.get(cfg.trial_id)
+            if run is not None and run.data.tags.get("lsbench.status") in TERMINAL:
+                result.skipped.append(cfg.trial_id)
+            else:
+                todo.append(cfg)
+        if todo and executor == "ray":
+            # The cluster before any run is opened: one that cannot run the study leaves no RUNNING run.
+            ray_started = connect_ray(address, num_cpus, quiet)
+            guard.install()  # ray.init put its own SIGTERM handler (sys.exit) in place
+            if check_resources and os.environ.get("LSBENCH_SKIP_RESOURCE_CHECK", "0") in ("", "0"):
+                check_feasible(study, todo, cluster_nodes())
+        exp_id, parent = tracker.study_run(study.name, study.description, getattr(study, "source", None))
+        # finished trials are not run again, so a baseline moved in the study file is re-tagged here
+        tracker.sync_baseline_tags(trials, existing)
+        for cfg in todo:
+            run_ids[cfg.trial_id] = tracker.ensure_trial_run(exp_id, parent, cfg, existing.get(cfg.trial_id))
+        labels = {cfg.trial_id: cfg.label for cfg in trials}
+        concurrency = max_concurrent or max(1, int((num_cpus or os.cpu_count() or 1)
+                                                   // max(1.0, float(trials[0].resources.get("cpus_per_trial", 1)))))
+        progress = Progress(len(trials), len(result.skipped), concurrency, quiet, stream)
+        if result.skipped:
+            progress.line(f"{len(result.skipped)} of {len(trials)} trials already finished or diverged: not run again")
+        changed = change_note(study.name, trials, {t: (r.data.tags, r.data.params) for t, r in existing.items()})
+        if changed:  # the study file changed under the same name: its old trials stay apart (the report too)
+            progress.line(changed)
+        if todo:
+            if executor == "local":
+                _run_local(todo, tracker, run_ids, sdir, result, progress, trial_plots)
+            else:
+                _run_ray(study, todo, tracker, run_ids, labels, sdir, result, progress, max_concurrent, quiet,
+                         trial_plots)
+        # counted from the store: trials finished by earlier invocations count too
+        tracker.end_study(parent, [cfg.trial_id for cfg in trials])
+        return result
+    except BaseException as exc:
+        if guard.received is None and not isinstance(exc, KeyboardInterrupt):
+            raise
+        # whatever came out of the code the signal interrupted (Ray re-raises it in its own ways)
+        stop = exc if isinstance(exc, Interrupted) else Interrupted(guard.received or signal.SIGINT)
+        guard.hold()
+        if tracker is not None and parent is not None:
+            stop.killed = _end_interrupted(tracker, parent, run_ids)
+        guard.install()  # a second signal may cut the Ray shutdown short
+        if stop is exc:
+            raise
+        raise stop from None
+    finally:
+        try:
+            if ray_started:
+                import ray
+
+                ray.shutdown()
+        finally:
+            guard.restore()
+
+
+def _end_interrupted(tracker: Tracker, parent: str, run_ids: dict[str, str]) -> int:
+    """End the study's still-RUNNING trial runs, and its parent, as KILLED; return how many trials.
+
+    Tagged ``lsbench.status=interrupted`` (not TERMINAL), so the next run of the
+    study re-runs them from their checkpoints. A run whose outcome already arrived
+    (status tag finished/diverged) but was not closed yet is closed as that outcome.
+    """
+    ours = set(run_ids.values())
+    killed = 0
+    for tid, run in tracker.trial_runs(tracker.client.get_run(parent).info.experiment_id).items():
+        rid = run.info.run_id
+        if rid not in ours or run.info.status != "RUNNING":
+            continue
+        status = run.data.tags.get("lsbench.status")
+        if status in TERMINAL:
+            tracker.end_trial(rid, status)
         else:
-            todo.append(cfg)
-    run_ids = {cfg.trial_id: tracker.ensure_trial_run(exp_id, parent, cfg, existing.get(cfg.trial_id))
-               for cfg in todo}
-    labels = {cfg.trial_id: cfg.label for cfg in trials}
-    concurrency = max_concurrent or max(1, int((num_cpus or os.cpu_count() or 1)
-                                               // max(1.0, float(trials[0].resources.get("cpus_per_trial", 1)))))
-    progress = Progress(len(trials), len(result.skipped), concurrency, quiet, stream)
-    if result.skipped:
-        progress.line(f"{len(result.skipped)} of {len(trials)} trials already finished or diverged: not run again")
-    changed = change_note(study.name, trials, {t: (r.data.tags, r.data.params) for t, r in existing.items()})
-    if changed:  # the study file changed under the same name: its old trials stay apart (the report too)
-        progress.line(changed)
-    if todo:
-        if executor == "local":
-            _run_local(todo, tracker, run_ids, sdir, result, progress, trial_plots)
-        elif executor == "ray":
-            _run_ray(study, todo, tracker, run_ids, labels, sdir, result, progress, max_concurrent, address, num_cpus,
-                     quiet, trial_plots)
-        else:
-            raise ValueError(f"unknown executor {executor!r}; allowed: ray, local")
-    tracker.end_study(parent, result.counts())
-    return result
+            tracker.end_interrupted(rid)
+            killed += 1
+    tracker.end_interrupted(parent)
+    return killed
 
 
 def _threads(cfg) -> int:
@@ -284,41 +429,153 @@ def _run_local(todo, tracker, run_ids, sdir, result, progress, trial_plots=None)
         progress.end(cfg.trial_id, cfg.label, outcome)
 
 
-def _run_ray(study, todo, tracker, run_ids, labels, sdir, result, progress, max_concurrent, address, num_cpus,
-             quiet, trial_plots=None) -> None:
+#: seconds to wait for a TCP answer from ``--address`` before ray.init (which would retry for minutes)
+PROBE_TIMEOUT_S = float(os.environ.get("LSBENCH_ADDRESS_TIMEOUT_S", "5"))
+
+
+def _host_port(address: str) -> tuple[str, int] | None:
+    """``host:port``, ``ray://host:port``, ``[::1]:6379`` -> (host, port); None when there is no port."""
+    rest = address.split("://", 1)[1] if "://" in address else address
+    rest = rest.split("/", 1)[0]
+    if rest.startswith("["):  # IPv6
+        host, _, tail = rest[1:].partition("]")
+        port = tail[1:] if tail.startswith(":") else ""
+    else:
+        host, _, port = rest.rpartition(":")
+    if not host or not port.isdigit():
+        return None
+    return host, int(port)
+
+
+#: the HTTP/2 client preface and an empty SETTINGS frame: a gRPC server (Ray's GCS, a Ray Client
+#: server) answers with its own SETTINGS frame (frame type 4, the 4th byte of the 9-byte header)
+_H2_HELLO = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+
+
+def _speaks_grpc(sock: socket.socket, timeout: float) -> bool:
+    sock.settimeout(timeout)
+    try:
+        sock.sendall(_H2_HELLO)
+        head = b""
+        while len(head) < 9:
+            chunk = sock.recv(9 - len(head))
+            if not chunk:
+                break
+            head += chunk
+    except OSError:
+        return False
+    return len(head) == 9 and head[3] == 4
+
+
+def probe_address(address: str, timeout: float = PROBE_TIMEOUT_S) -> None:
+    """Raise :class:`ClusterUnavailable` unless a Ray cluster can answer on ``address``'s port.
+
+    ``ray.init`` keeps retrying an address for many minutes without a word when
+    nobody answers there, or when something other than Ray does (every attempt
+    waits ~40 s, 20 attempts). So first one TCP connect with a timeout (a host
+    that does not resolve, a closed port, a firewall), then an HTTP/2 hello that
+    any gRPC server, Ray's GCS included, answers at once (skipped with TLS,
+    ``RAY_USE_TLS``). ``auto`` and addresses without a port are left to Ray, which fails fast on them.
+    """
+    hp = _host_port(address)
+    if hp is None:
+        return
+    host, port = hp
+    try:
+        with socket.create_connection((host, port), timeout=timeout) as sock:
+            if os.environ.get("RAY_USE_TLS", "0").lower() in ("1", "true") or _speaks_grpc(sock, timeout):
+                return
+        why = (f"something answers on {host} port {port}, but not a Ray cluster (no gRPC reply within "
+               f"{timeout:g} s; the head's `ray status` prints the address to use)")
+    except socket.gaierror:
+        why = f"the host name {host!r} does not resolve"
+    except socket.timeout:
+        why = f"no answer from {host} port {port} within {timeout:g} s (a firewall, or the wrong host)"
+    except ConnectionRefusedError:
+        why = f"nothing listens on {host} port {port} (is the cluster up? `ray start --head` prints its address)"
+    except OSError as exc:
+        why = f"{host} port {port} cannot be reached ({exc.strerror or exc})"
+    raise ClusterUnavailable(f"cannot join the Ray cluster at {address}: {why}")
+
+
+def connect_ray(address: str | None, num_cpus: int | None, quiet: bool) -> bool:
+    """Join ``address`` (else ``$RAY_ADDRESS``) or start a local Ray; True if this call started it.
+
+    An address is probed first (:func:`probe_address`); a join that fails says why in one line.
+    """
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
+    import ray
+
+    if ray.is_initialized():
+        return False
+    address = address or os.environ.get("RAY_ADDRESS")
+    kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": not quiet,
+                              "configure_logging": True, "logging_level": "WARNING"}
+    if address:
+        probe_address(address)
+        try:
+            ray.init(address=address, **kwargs)
+        except (ConnectionError, RuntimeError) as exc:
+            cause = exc
+            while cause.__cause__ is not None:
+                cause = cause.__cause__
+            text = str(cause)
+            if "auth" in text.lower() and "token" in text.lower():
+                first = "the cluster's authentication token is missing or wrong"
+            else:
+                first = text.strip().splitlines()[0][:300] if text.strip() else type(cause).__name__
+            raise ClusterUnavailable(f"cannot join the Ray cluster at {address}: {first} "
+                                     "(a cluster started with token authentication, Ray's default, needs "
+                                     "RAY_AUTH_MODE=token and its token in ~/.ray/auth_token or RAY_AUTH_TOKEN "
+                                     "on this machine; see docs/cluster.md)") from None
+    else:
+        # address="local": always a fresh instance of our own, never a cluster some other
+        # process left running on this machine (that is what --address is for).
+        ray.init(address="local", num_cpus=num_cpus or os.cpu_count(), **kwargs)
+    return True
+
+
+def _resource_field(study, row: int, key: str) -> str:
+    """Where the study file sets ``key`` for scaling entry ``row``: its own override or the study's."""
+    entry = study.scaling[row] if 0 <= row < len(study.scaling) else None
+    own = entry.resources.given() if entry is not None and entry.resources is not None else {}
+    return f"scaling[{row}].resources.{key}" if key in own else f"resources.{key}"
+
+
+def check_feasible(study, trials, nodes: list[dict[str, float]]) -> None:
+    """Raise :class:`Infeasible` if some trial's resources fit no node of ``nodes`` (or no node has
+    its backend's device); every distinct field at fault is named, in one line."""
+    from .placement import unplaceable
+
+    problems: dict[str, str] = {}
+    for cfg in trials:
+        found = unplaceable(cfg.resources, nodes)
+        if found:
+            key, why = found
+            problems.setdefault(_resource_field(study, cfg.row, key), why)
+    if problems:
+        src = getattr(study, "source", "") or "study"
+        raise Infeasible(f"{src}: " + "; ".join(f"{f}: {why}" for f, why in problems.items())
+                         + " (if an autoscaler adds such nodes on demand: --no-resource-check or "
+                           "LSBENCH_SKIP_RESOURCE_CHECK=1)")
+
+
+def cluster_nodes() -> list[dict[str, float]]:
+    """Resource totals of each alive node of the connected Ray cluster."""
+    import ray
+
+    return [dict(n.get("Resources") or {}) for n in ray.nodes() if n.get("Alive")]
+
+
+def _run_ray(study, todo, tracker, run_ids, labels, sdir, result, progress, max_concurrent, quiet,
+             trial_plots=None) -> None:
+    """The trials as one Tune run on the cluster :func:`connect_ray` joined."""
     import ray
     from ray import tune
 
     from .backends import ray_resources
 
-    started_here = False
-    if not ray.is_initialized():
-        address = address or os.environ.get("RAY_ADDRESS")
-        kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": not quiet,
-                                  "configure_logging": True, "logging_level": "WARNING"}
-        if address:
-            try:
-                ray.init(address=address, **kwargs)
-            except (ConnectionError, RuntimeError) as exc:
-                cause = exc
-                while cause.__cause__ is not None:
-                    cause = cause.__cause__
-                text = str(cause)
-                if "auth" in text.lower() and "token" in text.lower():
-                    first = "the cluster's authentication token is missing or wrong"
-                else:
-                    first = text.strip().splitlines()[0][:300] if text.strip() else type(cause).__name__
-                raise ClusterUnavailable(f"cannot join the Ray cluster at {address}: {first} "
-                                         "(a cluster started with token authentication, Ray's default, needs "
-                                         "RAY_AUTH_MODE=token and its token in ~/.ray/auth_token or RAY_AUTH_TOKEN "
-                                         "on this machine; see docs/cluster.md)") from None
-        else:
-            # address="local": always a fresh instance of our own, never a cluster some other
-            # process left running on this machine (that is what --address is for).
-            ray.init(address="local", num_cpus=num_cpus or os.cpu_count(), **kwargs)
-        started_here = True
     if max_concurrent is None:
         # multi-device trials hold their devices through Ray Train, not the Tune bundle:
         # do not start more trials than the cluster's devices can serve
@@ -347,11 +604,9 @@ def _run_ray(study, todo, tracker, run_ids, labels, sdir, result, progress, max_
                                   storage_path=str(sdir / "ray"), callbacks=[funnel], verbose=0,
                                   failure_config=tune.FailureConfig(max_failures=study.max_failures)),
     )
-    try:
-        tuner.fit()
-    finally:
-        if started_here:
-            ray.shutdown()
+    # Ctrl-C is ours (run_study's _SignalsRaise), not Tune's: its handler ends the run quietly as if done
+    os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"
+    tuner.fit()
     for cfg in todo:  # a trial Ray never reported on (cancelled) stays visible as failed
         if cfg.trial_id not in result.outcomes:
             outcome = {"trial_id": cfg.trial_id, "status": "failed", "error": "no result from Ray"}
