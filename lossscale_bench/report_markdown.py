@@ -11,7 +11,8 @@ __all__ = ["render_markdown", "md_cell"]
 
 
 _BREAKS = re.compile(r"\s*[\r\n]+\s*")
-_MD_SPECIAL = re.compile(r"([\\|<])")
+#: a backslash, a pipe, and a ``<`` that could open raw HTML or an autolink (``p<0.001`` cannot)
+_MD_SPECIAL = re.compile(r"([\\|]|<(?=[A-Za-z/!?]))")
 
 
 def md_cell(text) -> str:
@@ -21,11 +22,12 @@ def md_cell(text) -> str:
     study's, or any string in a store's tags) could shift or split the
     table: line breaks become one space, ``|`` becomes ``\\|``. A backslash is
     doubled first (else ``a\\|b`` would escape the escape and split the cell
-    after all), and ``<`` is escaped so a label is never read as raw HTML.
+    after all), and a ``<`` that could start a tag is escaped so a label is
+    never read as raw HTML.
     Other markdown (``*``, ``_``) can only restyle the text, so it is left
     as written: the table stays readable in a terminal.
     """
-    return _MD_SPECIAL.sub(r"\\\1", _BREAKS.sub(" ", str(text)))
+    return _MD_SPECIAL.sub(lambda m: "\\" + m.group(0), _BREAKS.sub(" ", str(text)))
 
 
 def _md_table(header: list[str], body: list[list[str]]) -> list[str]:
