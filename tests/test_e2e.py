@@ -64,6 +64,9 @@ def test_micro_study_through_ray_mlflow_and_report(tmp_path):
     assert ok.data.tags["lsbench.status"] == "finished"
     assert bad.data.tags["lsbench.status"] == "diverged"
     assert int(bad.data.tags["lsbench.diverged_step"]) >= 1
+    # through the Ray funnel too: the runs table tells them apart (status icon, run name)
+    assert (ok.info.status, bad.info.status) == ("FINISHED", "FAILED")
+    assert bad.info.run_name.startswith("[diverged] blow-up | ")
     parent = client.search_runs([exp.experiment_id], "tags.`lsbench.role` = 'study'")
     assert len(parent) == 1 and ok.data.tags["mlflow.parentRunId"] == parent[0].info.run_id
     # every step logged: loss and loss_scale histories are complete
@@ -90,6 +93,9 @@ def test_micro_study_through_ray_mlflow_and_report(tmp_path):
     again = client.search_runs([exp.experiment_id], "tags.`lsbench.role` = 'trial'")
     assert len(again) == 3
     assert len(client.search_runs([exp.experiment_id], "")) == 4
+    # the parent counts the study from the store, not this invocation's (empty) outcomes
+    parent = client.search_runs([exp.experiment_id], "tags.`lsbench.role` = 'study'")[0]
+    assert (parent.data.metrics["trials_finished"], parent.data.metrics["trials_diverged"]) == (2, 1)
 
     # report from the store alone
     r3 = _lsbench("report", "--runs-dir", str(runs), "--study", "micro", cwd=tmp_path)
