@@ -61,10 +61,12 @@ def test_missing_data_fails_before_any_trial(tmp_path):
     assert not (tmp_path / "runs" / "c" / "trials").exists()
 
 
-def test_report_unknown_study(tmp_path):
+def test_report_without_a_store(tmp_path):
+    """No store there: one line, exit 2, and nothing created (tests/test_store_faults.py has the rest)."""
     r = _run("report", "--runs-dir", str(tmp_path / "runs"), "--study", "ghost", cwd=tmp_path)
     assert r.returncode == 2
-    assert "ghost" in r.stderr and "Traceback" not in r.stderr
+    assert "no MLflow store at" in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "runs").exists()
 
 
 @pytest.mark.parametrize("study", sorted(p.name for p in (__import__("pathlib").Path(__file__).resolve().parents[1]

@@ -266,17 +266,20 @@ def test_no_emulation_note_without_emulated_runs(store):
 def test_csv_parse_back(runs):
     text = render(runs, "csv")
     back = pd.read_csv(io.StringIO(text))
-    assert list(back.columns) == report.SUMMARY_COLUMNS
+    # mAP numbers in percent, like the cell text, and the header says so (issue 11.6)
+    from lossscale_bench.report_csv import PERCENT_COLUMNS
+
+    assert list(back.columns) == [f"{c}_pct" if c in PERCENT_COLUMNS else c for c in report.SUMMARY_COLUMNS]
     assert len(back) == 10  # 7 rows at batch 8, 3 at batch 32
     row = back[(back["batch_size"] == 8) & (back["row"] == 0)].iloc[0]
-    assert row["mean"] == pytest.approx(0.7897) and row["cell"] == "78.97 ± 0.04 (n=2)"
-    assert row["n"] == 2 and row["std"] == pytest.approx(statistics.stdev([0.7894, 0.79]))
+    assert row["mean_pct"] == pytest.approx(78.97) and row["cell"] == "78.97 ± 0.04 (n=2)"
+    assert row["n"] == 2 and row["std_pct"] == pytest.approx(100 * statistics.stdev([0.7894, 0.79]))
     assert row["baseline"] and row["verdict"] == "baseline" and row["baseline_label"] == "FP32 baseline"
     dyn = back[(back["batch_size"] == 8) & (back["row"] == 6)].iloc[0]
     p, d, lo, hi = _scipy_test(DYN_VALS, FP32_B8_VALS, paired=True)
     assert dyn["test"] == "paired" and dyn["verdict"] == "within seed noise (paired, p=0.051)"
-    assert dyn["p_value"] == pytest.approx(p, rel=1e-9) and dyn["diff"] == pytest.approx(d)
-    assert (dyn["diff_ci_low"], dyn["diff_ci_high"]) == (pytest.approx(lo), pytest.approx(hi))
+    assert dyn["p_value"] == pytest.approx(p, rel=1e-9) and dyn["diff_pct"] == pytest.approx(100 * d)
+    assert (dyn["diff_ci_low_pct"], dyn["diff_ci_high_pct"]) == (pytest.approx(100 * lo), pytest.approx(100 * hi))
     # one seed: Welch's fallback (too few seeds); the baseline row and tables without one: no test
     assert back.loc[(back["batch_size"] == 8) & back["row"].isin([1, 2]), "test"].eq("welch").all()
     assert back.loc[back["baseline"] | (back["batch_size"] == 32), "test"].isna().all()
@@ -515,8 +518,8 @@ def test_verdict_column_and_notes_in_every_format(stats_store):
     tex = render(runs, "latex")
     assert tex.count(r"\begin{tabular}{llrll}") == 2 and r"bad$^\dagger$" in tex
     back = pd.read_csv(io.StringIO(render(runs, "csv")))
-    for c in ("mean", "std", "n", "cell", "p_value", "diff", "diff_ci_low", "diff_ci_high", "test", "verdict",
-              "baseline_label", "baseline"):
+    for c in ("mean_pct", "std_pct", "n", "cell", "p_value", "diff_pct", "diff_ci_low_pct", "diff_ci_high_pct",
+              "test", "verdict", "baseline_label", "baseline"):  # mAP in percent, said by the header
         assert c in back.columns, c
     bad = back[(back["batch_size"] == 8) & (back["row"] == 1)].iloc[0]
     assert bad["n"] == 3 and bad["verdict"].startswith("worse than baseline (paired") and bad["test"] == "paired"
