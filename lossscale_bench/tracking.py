@@ -302,7 +302,11 @@ def study_view_urls(uri: str, base_url: str) -> list[tuple[str, str]]:
     for exp in tracker.client.search_experiments():
         name = exp.tags.get("lsbench.study")
         if name:
-            out.append((name, view_url(base_url, tracker.experiment_id(exp.name, create=False))))
+            try:  # stores made before the view existed get it; a read-only store keeps its link
+                tracker.experiment_id(exp.name, create=False)
+            except Exception:  # noqa: BLE001
+                pass
+            out.append((name, view_url(base_url, exp.experiment_id)))
     return out
 
 
