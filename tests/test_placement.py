@@ -182,3 +182,17 @@ def test_placement_shapes_and_feasibility():
     assert "not placeable" in distributed.placement_text({"backend": "auto", "devices_per_trial": 2})
     with pytest.raises(ValueError, match="auto cannot"):
         distributed.worker_bundles({"backend": "auto", "devices_per_trial": 2})
+
+
+def test_feasibility_check_on_the_real_cluster(cluster):
+    """``check_feasible`` on the live ``ray.nodes()`` of the three-node cluster above (issue 11)."""
+    from lossscale_bench.sweep import Infeasible, check_feasible, cluster_nodes, probe_address
+
+    nodes = cluster_nodes()
+    assert len(nodes) == 3 and sum(n.get("GPU", 0) for n in nodes) == 2
+    fits = load_study_text(STUDY.format(tag="f", backend="cuda", devices=2, precision="mixed16"))
+    check_feasible(fits, fits.trials(), nodes)  # two 1-GPU workers on the GPU node
+    too_many = load_study_text(STUDY.format(tag="f", backend="cuda", devices=4, precision="mixed16"), "g.yaml")
+    with pytest.raises(Infeasible, match=r"g.yaml: resources.devices_per_trial: .*4 GPU in all.*2 GPUs"):
+        check_feasible(too_many, too_many.trials(), nodes)
+    probe_address(ray.get_runtime_context().gcs_address)  # a real GCS answers the gRPC hello
