@@ -90,7 +90,7 @@ MALFORMED = [
      "scaling[0].scale: unknown key; allowed: method, label, precision, model, batch_size, resources, baseline, grad_rounding"),
     ("unknown-key-in-adaptive", BASE.replace("  - none", "  - {method: adaptive, freq: 10}"),
      "scaling[0].freq: unknown key; allowed: method, label, precision, model, batch_size, resources, baseline, grad_rounding, update_every, "
-     "n_uf_threshold, scale_upper_bound, accum_upper_bound, power_of_two, init_scale"),
+     "n_uf_threshold, scale_upper_bound, accum_upper_bound, power_of_two, init_scale, output_scaling, update_count"),
     ("unknown-key-in-dynamic", BASE.replace("  - none", "  - {method: dynamic, growth: 2}"),
      "scaling[0].growth: unknown key; allowed: method, label, precision, model, batch_size, resources, baseline, grad_rounding, style, interval, "
      "init_scale, hysteresis, min_scale, consecutive_hysteresis"),

@@ -15,12 +15,13 @@ from pathlib import Path
 from typing import Callable
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torchvision.models import resnet34, resnet50
 from torchvision.models.vgg import cfgs as vgg_cfgs
 from torchvision.models.vgg import make_layers as make_vgg_layers
 from torchvision.models.detection.anchor_utils import DefaultBoxGenerator
-from torchvision.models.detection.ssd import SSD, _vgg_extractor
+from torchvision.models.detection.ssd import SSD, SSDFeatureExtractorVGG, _vgg_extractor
 
 from ..registry import MODEL_NAMES
 
@@ -174,6 +175,29 @@ class _VGG16Features(nn.Module):
 FC_REDUCED_KEYS = ("conv6.weight", "conv6.bias", "conv7.weight", "conv7.bias")
 
 
+class _L2NormInput(nn.Identity):
+    """Marks the L2Norm input: the authors' later SSD scales the gradient arriving there with its
+    own statistics (``ada_loss_cast``; adaptive scaling's ``output_scaling``). An identity: no
+    parameters, no state, the model computes exactly as before."""
+
+    ada_output_point = "l2norm_input"
+    ada_lognormal = False
+
+
+class _VGGExtractor(SSDFeatureExtractorVGG):
+    """torchvision's SSD VGG extractor with the L2Norm input passing through :class:`_L2NormInput`
+    (same parameters and state-dict keys; torchvision's forward otherwise)."""
+
+    def forward(self, x: torch.Tensor) -> "OrderedDict[str, torch.Tensor]":
+        x = self.features(x)
+        rescaled = self.scale_weight.view(1, -1, 1, 1) * F.normalize(self.l2norm_input(x))
+        output = [rescaled]
+        for block in self.extra:
+            x = block(x)
+            output.append(x)
+        return OrderedDict([(str(i), v) for i, v in enumerate(output)])
+
+
 def _vgg_backbone(highres: bool, backbone_weights) -> nn.Module:
     vgg = _VGG16Features()
     fc_state: dict = {}
@@ -185,6 +209,8 @@ def _vgg_backbone(highres: bool, backbone_weights) -> nn.Module:
     # Normalize(initial=20)), pool5 3x3/1/1, conv6 3x3 dilation 6, conv7 1x1; pool3 in ceil mode
     # (chainercv pools with cover_all, i.e. ceil, everywhere: the same sizes at 300 and 512 px).
     extractor = _vgg_extractor(vgg, highres, trainable_layers=5)
+    extractor.__class__ = _VGGExtractor
+    extractor.l2norm_input = _L2NormInput()
     if highres:
         # chainercv VGG16Extractor512: conv10_2 and conv11_2 are 3x3 stride 2 pad 1, conv12_2 4x4 pad 1
         # (torchvision's highres variant uses 3x3 pad 0 and 4x4 pad 0: maps 6, 4, 1 instead of 4, 2, 1)

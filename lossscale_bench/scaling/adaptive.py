@@ -76,16 +76,44 @@ the same layer scales until the next recompute.
 Deviations from the Chainer reference (all documented in ADAPTIVE.md's terms)
 ------------------------------------------------------------------------------
 * The rule itself deviates in four places (mean of squares, ``frexp``, non-finite
-  statistics, the branch merge's ``m``): see :mod:`.adaptive_rule`.
+  statistics, a branch merge where no scale fits): see :mod:`.adaptive_rule`. The merge's
+  ``m`` divides each branch's maximum by its scale, as the reference does.
 * Accumulated scales ``P`` are kept in fp32 (the reference multiplies them in
   fp16); the layer scales themselves are stored as fp16 values (step 9).
 * Layers whose input needs no gradient (the first conv) compute no statistics:
   their scale would multiply nothing. ``layer_table`` marks them
   ``applied: False``.
-* ``update_every`` counts optimizer steps (``update()`` calls); the reference
-  counts backward passes, the same with one backward per step. Several
-  backward passes in one step (gradient accumulation) are supported: later
-  passes convert their parameter gradients to the scale the first pass left.
+* ``update_every``: by default (``update_count="steps"``) it counts optimizer
+  steps (``update()`` calls): every layer recomputes in the same backward passes.
+  The reference counts *calls per layer*: each layer's ``AdaLoss`` object has its
+  own ``cur_iter``, advanced by every ``get_unbound_loss_scale`` call
+  (``ada_loss/core.py``: ``is_updating``), i.e. once per backward pass through that
+  layer. ``update_count="calls"`` does exactly that (a per-layer counter in
+  ``_LayerInfo.calls``, checkpointed). The two agree when each layer runs once per
+  forward and there is one backward per step; they differ under gradient
+  accumulation (k backward passes per step: the reference recomputes every N
+  passes, i.e. every N/k steps), for a module called several times per forward
+  (weight sharing: its counter advances per call), and for a layer a backward
+  does not reach (its counter stands still). Skipped (overflow) steps count in
+  both. Several backward passes in one step are supported: later passes convert
+  their parameter gradients to the scale the first pass left.
+* Output scaling points (``output_scaling=True``, default off). The seed's
+  published table comes from the repository's first commit, where the multibox
+  heads end in a plain cast; a later commit ("Support ada-loss in SSD type
+  casts", ``models/ssd/multibox.py`` and ``models/ssd/ssd.py``) puts an
+  ``ada_loss_cast`` on each head output (lognormal statistics for the class
+  scores) and on the L2Norm input. With the option, :func:`find_output_points`
+  finds the same places in a torchvision SSD (each head conv's output; the
+  module ``models/ssd.py`` marks before L2Norm) and a forward hook puts an
+  ``_AdaCast`` there: an identity (fp32 under autocast, as the reference's cast
+  to float32) whose backward multiplies the arriving gradient by a scale from
+  its own statistics (:func:`.adaptive_rule.output_scale_tensor`; bounded by
+  ``scale_upper_bound`` and ``accum_upper_bound / P``, power of two) before it is
+  rounded to the low-precision format. Install the scaler after
+  ``precision.prepare(model)`` (trial.py does) so that under emulation the
+  rounding hook runs inside the scaling point. Under emulation the L2Norm
+  branch's scaled gradient is rounded after the branch merge at conv4_3's
+  output, where the reference rounds it at the cast (before the merge).
 
 Limits
 ------
@@ -118,17 +146,50 @@ from torch import nn
 
 from ..formats import FP16, FloatFormat
 from ._graph import analyse
-from .adaptive_layers import _ATTACHED, _SCALING_NODE_TYPES, _is_ours, _Iteration, _LayerInfo, _PatchedForward
+from .adaptive_layers import (_ATTACHED, _SCALING_NODE_TYPES, _is_ours, _Iteration, _LayerInfo, _PatchedForward,
+                              _point_hook, _PointInfo)
 # rule names this module does not use are re-exported: tests and callers import them from here
 from .adaptive_rule import (MIN_BRANCH_SCALE, U_MAX, U_MIN, approx_range_scale, approx_range_scale_tensor,
-                            backward_fan_in, bound_scale_tensor, branch_target_scale, unbounded_scale_tensor,
-                            underflow_k)
+                            backward_fan_in, bound_scale_tensor, branch_target_scale, output_scale_tensor,
+                            unbounded_scale_tensor, underflow_k)
 from .base import LossScaler, all_reduce_flag
 
 __all__ = ["AdaptiveLossScaler", "approx_range_scale", "approx_range_scale_tensor", "unbounded_scale_tensor",
-           "bound_scale_tensor", "branch_target_scale", "backward_fan_in", "U_MIN", "U_MAX"]
+           "bound_scale_tensor", "branch_target_scale", "backward_fan_in", "output_scale_tensor",
+           "find_output_points", "UPDATE_COUNTS", "U_MIN", "U_MAX"]
+
+#: what ``update_every`` counts: optimizer steps (ours) or each layer's backward calls (the reference)
+UPDATE_COUNTS = ("steps", "calls")
 
 _F32 = torch.float32
+
+
+def find_output_points(model: nn.Module) -> list[tuple[str, nn.Module, str, bool]]:
+    """The reference's ``ada_loss_cast`` points in ``model``: (name, module, kind, lognormal).
+
+    * every conv of a torchvision SSD head (``SSDClassificationHead``/``SSDRegressionHead``
+      ``module_list``): the multibox outputs the authors' ``Multibox.forward`` casts with
+      ``ada_loss_cast`` (lognormal for the class scores, ``mb_conf``);
+    * any module with an ``ada_output_point`` attribute (its kind) and optional ``ada_lognormal``:
+      ``models/ssd.py`` marks the L2Norm input of the VGG16 SSDs this way (``SSD.forward``
+      there casts ``ys[0]`` before ``Normalize``).
+    """
+    points = []
+    for name, mod in model.named_modules():
+        kind = getattr(mod, "ada_output_point", None)
+        if isinstance(kind, str):
+            points.append((name, mod, kind, bool(getattr(mod, "ada_lognormal", False))))
+    try:
+        from torchvision.models.detection.ssd import SSDClassificationHead, SSDRegressionHead
+    except ImportError:  # pragma: no cover - torchvision is a dependency
+        return points
+    for name, mod in model.named_modules():
+        if isinstance(mod, (SSDClassificationHead, SSDRegressionHead)):
+            is_cls = isinstance(mod, SSDClassificationHead)
+            for i, conv in enumerate(mod.module_list):
+                points.append((f"{name}.module_list.{i}/output", conv, "class_output" if is_cls else "box_output",
+                               is_cls))
+    return points
 
 
 def _world_size() -> int:
@@ -149,7 +210,9 @@ class AdaptiveLossScaler(LossScaler):
     steps 1-9), ``layer_types`` (a subset of Conv2d/Linear to scale), ``grad_format`` (the
     gradients' format, :mod:`lossscale_bench.formats`; fp16 by default, E5M2 under
     ``fp8-emulated``: ``u_min``/``u_max`` of steps 5-6 and of branch merges come from it, as the
-    reference's ``get_range(dtype)``).
+    reference's ``get_range(dtype)``), ``output_scaling`` (add the reference's later head-output and
+    L2Norm-input scaling points; module doc), ``update_count`` (``"steps"``: ``update_every`` counts
+    optimizer steps; ``"calls"``: each layer's backward calls, as the reference).
     """
 
     method = "adaptive"
@@ -159,8 +222,11 @@ class AdaptiveLossScaler(LossScaler):
                  accum_upper_bound: float = 1024.0, power_of_two: bool = True, *,
                  sync_scales: bool = True, unscale_in_backward: bool | None = None,
                  scale_fn: Callable[[str, torch.Tensor, torch.Tensor, torch.Tensor], Any] | None = None,
-                 layer_types: tuple[type, ...] = (nn.Conv2d, nn.Linear), grad_format: FloatFormat = FP16) -> None:
+                 layer_types: tuple[type, ...] = (nn.Conv2d, nn.Linear), grad_format: FloatFormat = FP16,
+                 output_scaling: bool = False, update_count: str = "steps") -> None:
         super().__init__()
+        if update_count not in UPDATE_COUNTS:
+            raise ValueError(f"update_count must be one of {', '.join(UPDATE_COUNTS)}, got {update_count!r}")
         if model is None:
             raise ValueError("adaptive loss scaling needs the model")
         if int(update_every) != update_every or update_every < 1:
@@ -171,6 +237,8 @@ class AdaptiveLossScaler(LossScaler):
             raise ValueError("scale_upper_bound and accum_upper_bound must be > 0")
         underflow_k(n_uf_threshold)  # validates
         self.update_every = int(update_every)
+        self.update_count = update_count
+        self.output_scaling = bool(output_scaling)
         self.init_scale = float(init_scale)
         self.n_uf_threshold = float(n_uf_threshold)
         self.scale_upper_bound = float(scale_upper_bound)
@@ -210,6 +278,19 @@ class AdaptiveLossScaler(LossScaler):
             self._layers.append(info)
             self._modules.append(mod)
             self._by_name[info.name] = info
+        #: output scaling points (``output_scaling``), each with its forward hook
+        self._points: list[_PointInfo] = []
+        self._point_handles: list[Any] = []
+        self._device = next((p.device for p in model.parameters()), torch.device("cpu"))
+        if self.output_scaling:
+            for name, mod, kind, lognormal in find_output_points(model):
+                info = _PointInfo(name, kind, lognormal)
+                self._points.append(info)
+                self._by_name[info.name] = info
+                self._point_handles.append(mod.register_forward_hook(_point_hook(info)))
+            if not self._points:
+                warnings.warn("output_scaling: the model has no SSD head or marked module; nothing added",
+                              stacklevel=2)
         if self.skipped_layers:
             warnings.warn(f"adaptive loss scaling leaves {len(self.skipped_layers)} layer(s) unscaled: "
                           f"{self.skipped_layers[:3]}", stacklevel=2)
@@ -239,7 +320,7 @@ class AdaptiveLossScaler(LossScaler):
             return scaled
         plan = analyse(root, lambda n: isinstance(n, _SCALING_NODE_TYPES))
         recompute = self._iter % self.update_every == 0
-        self._recomputed |= recompute
+        self._recomputed |= recompute and self.update_count == "steps"
         it = _Iteration(self, plan.n_ids, torch.full((), self.init_scale, dtype=_F32, device=loss.device), recompute)
         it.install(root, plan, self._carried, self.unscale_in_backward)
         self._last_plan = {"nodes": plan.n_nodes, "merge_points": len(plan.merges), "layers": len(plan.layers)}
@@ -294,10 +375,20 @@ class AdaptiveLossScaler(LossScaler):
         if self.scale_fn is not None:
             s = self.scale_fn(info.name, g, w, prev)
             return torch.as_tensor(s, dtype=_F32, device=g.device).reshape(())
+        if self.update_count == "calls":  # the reference: each layer's own counter of backward calls
+            recompute = info.calls % self.update_every == 0
+            info.calls += 1
+            self._recomputed |= recompute
+        else:
+            recompute = it.recompute
         unb = info.last_unbounded
-        if it.recompute or unb is None:
-            unb = unbounded_scale_tensor(g, w, n_uf_threshold=self.n_uf_threshold, fan_in=info.fan_in,
-                                         u_min=self.grad_format.u_min, u_max=self.grad_format.u_max)
+        if recompute or unb is None:
+            if getattr(info, "is_point", False):
+                unb = output_scale_tensor(g, lognormal=info.lognormal, n_uf_threshold=self.n_uf_threshold,
+                                          u_min=self.grad_format.u_min, u_max=self.grad_format.u_max)
+            else:
+                unb = unbounded_scale_tensor(g, w, n_uf_threshold=self.n_uf_threshold, fan_in=info.fan_in,
+                                             u_min=self.grad_format.u_min, u_max=self.grad_format.u_max)
             info.last_unbounded = unb
             self.stat_computations += 1
         elif unb.device != g.device:
@@ -312,20 +403,21 @@ class AdaptiveLossScaler(LossScaler):
 
     def agree_scales(self) -> None:
         """All-reduce MIN of the stored unbounded layer scales across replicas (no-op when not distributed)."""
-        if _world_size() <= 1 or not self._layers:
+        infos = self._layers + self._points
+        if _world_size() <= 1 or not infos:
             return
         import torch.distributed as dist
 
-        dev = next((i.last_unbounded.device for i in self._layers if i.last_unbounded is not None), None)
+        dev = next((i.last_unbounded.device for i in infos if i.last_unbounded is not None), None)
         if dev is None:
-            dev = self._modules[0].weight.device
+            dev = self._device
         if dist.get_backend() == "nccl" and dev.type != "cuda":
             dev = torch.device("cuda", torch.cuda.current_device())
         inf = torch.full((), float("inf"), dtype=_F32, device=dev)
         vec = torch.stack([i.last_unbounded.to(dev, _F32) if i.last_unbounded is not None else inf
-                           for i in self._layers])
+                           for i in infos])
         dist.all_reduce(vec, op=dist.ReduceOp.MIN)
-        for info, v in zip(self._layers, vec):
+        for info, v in zip(infos, vec):
             if info.last_unbounded is not None:  # layers without statistics (no input gradient) stay so
                 info.last_unbounded = torch.where(torch.isfinite(v), v, torch.ones_like(v)).to(
                     info.last_unbounded.device)
@@ -340,7 +432,7 @@ class AdaptiveLossScaler(LossScaler):
     # -- introspection -------------------------------------------------------
     def _recorded(self) -> list[tuple[_LayerInfo, list[float]]]:
         """(info, [scale, prev, unbounded]) for layers that ran; one device->host copy."""
-        rows = [i for i in self._layers if i.last_prev is not None]
+        rows = [i for i in self._layers + self._points if i.last_prev is not None]
         if not rows:
             return []
         dev = rows[0].last_prev.device
@@ -369,7 +461,7 @@ class AdaptiveLossScaler(LossScaler):
     def layer_table(self) -> list[dict[str, Any]]:
         vals = {i.name: r for i, r in self._recorded()}
         table = []
-        for info in self._layers:
+        for info in self._layers + self._points:
             s, p, u = vals.get(info.name, (float("nan"),) * 3)
             if info.last_unbounded is not None and info.name not in vals:
                 u = float(info.last_unbounded)
@@ -383,10 +475,11 @@ class AdaptiveLossScaler(LossScaler):
     def state_dict(self) -> dict[str, Any]:
         rec = {i.name: r for i, r in self._recorded()}
         layers = {}
-        for info in self._layers:
+        for info in self._layers + self._points:
             s, p, _ = rec.get(info.name, (None, None, None))
             u = None if info.last_unbounded is None else float(info.last_unbounded)
-            layers[info.name] = {"unbounded": u, "scale": s if info.applied else None, "prev_scale": p}
+            layers[info.name] = {"unbounded": u, "scale": s if info.applied else None, "prev_scale": p,
+                                 "calls": info.calls}
         return {"method": self.method, "iteration": self._iter, "init_scale": self.init_scale,
                 "update_every": self.update_every, "layers": layers}
 
@@ -396,7 +489,9 @@ class AdaptiveLossScaler(LossScaler):
             info = self._by_name.get(name)
             if info is None:
                 continue
-            dev = self._modules[self._layers.index(info)].weight.device
+            dev = (self._device if getattr(info, "is_point", False)
+                   else self._modules[self._layers.index(info)].weight.device)
+            info.calls = int(rec.get("calls", 0))
             info.last_unbounded = (None if rec.get("unbounded") is None
                                    else torch.tensor(float(rec["unbounded"]), dtype=_F32, device=dev))
             p = rec.get("prev_scale")
@@ -410,7 +505,10 @@ class AdaptiveLossScaler(LossScaler):
         return [i.name for i in self._layers]
 
     def remove(self) -> None:
-        """Restore the model exactly: the instance forwards go, pending hooks are removed."""
+        """Restore the model exactly: the instance forwards and output-point hooks go, pending hooks are removed."""
+        for h in self._point_handles:
+            h.remove()
+        self._point_handles = []
         self._detach_modules()
         self._release_pending()
         self._carried.clear()

@@ -41,7 +41,12 @@ _UNSCALED = None  # marker in AdaptiveLossScaler._carried: the gradient is accum
 class _LayerInfo:
     """Per wrapped module: geometry and the scales it recorded (device tensors)."""
 
+    #: a layer (statistics of g and W), not an output scaling point (:class:`_PointInfo`)
+    is_point = False
+
     def __init__(self, name: str, module: nn.Module) -> None:
+        #: backward calls so far (``update_count: calls``, the reference's per-layer counter)
+        self.calls = 0
         self.name = name
         self.kind = type(module).__name__
         self.is_conv = isinstance(module, nn.Conv2d)
@@ -178,7 +183,65 @@ class _AdaLinear(torch.autograd.Function):
         return gx, gw, gb, None
 
 
-_SCALING_NODE_TYPES = (_AdaConv2d._backward_cls, _AdaLinear._backward_cls)  # type: ignore[attr-defined]
+class _PointInfo:
+    """An output scaling point (``output_scaling``): the gradient arriving at a module's output is
+    scaled from its own statistics (``ada_loss_cast`` of the authors' later SSD; no weight).
+
+    Same recording attributes as :class:`_LayerInfo`, so the scaler's tables treat both alike.
+    """
+
+    is_point = True
+    fan_in = None
+
+    def __init__(self, name: str, kind: str, lognormal: bool) -> None:
+        self.name = name
+        self.kind = kind
+        self.lognormal = lognormal
+        self.last_unbounded: torch.Tensor | None = None
+        self.last_scale: torch.Tensor | None = None
+        self.last_prev: torch.Tensor | None = None
+        self.applied = False
+        self.calls = 0
+
+    record = _LayerInfo.record
+
+
+class _AdaCast(torch.autograd.Function):
+    """Identity on a module output (made fp32 under autocast, as the reference's cast to float32);
+    in backward the incoming gradient (scale ``P``) is multiplied by the point's scale ``s`` and
+    returned in the input's dtype, carrying ``s * P``: the scaling happens before the gradient is
+    rounded to the low-precision format (by the cast back, or by the emulation's hook upstream)."""
+
+    @staticmethod
+    def forward(ctx, x, info):  # type: ignore[override]
+        ctx.info = info
+        ctx.in_dtype = x.dtype
+        return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x.clone()
+
+    @staticmethod
+    def backward(ctx, g):  # type: ignore[override]
+        plan = getattr(ctx, "_ada", None)
+        if plan is None or not ctx.needs_input_grad[0]:
+            return _cast(g, ctx.in_dtype), None
+        it, in_id, out_id = plan
+        s = it.layer_backward(ctx.info, g, None, in_id, out_id, True)
+        return _cast(g * s.to(g.device), ctx.in_dtype), None
+
+
+def _point_hook(info: _PointInfo):
+    """Forward hook putting :class:`_AdaCast` on a module's output (training graphs only)."""
+
+    def hook(module, inputs, output):
+        if torch.is_grad_enabled() and isinstance(output, torch.Tensor) and output.requires_grad \
+                and output.is_floating_point():
+            return _AdaCast.apply(output, info)
+        return output
+
+    return hook
+
+
+_SCALING_NODE_TYPES = (_AdaConv2d._backward_cls, _AdaLinear._backward_cls,  # type: ignore[attr-defined]
+                       _AdaCast._backward_cls)  # type: ignore[attr-defined]
 
 #: module -> _LayerInfo of the scaler attached to it (a copied module is not in here: it runs unpatched)
 _ATTACHED: "weakref.WeakKeyDictionary[nn.Module, _LayerInfo]" = weakref.WeakKeyDictionary()

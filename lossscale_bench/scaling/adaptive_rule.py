@@ -22,10 +22,24 @@ others are listed in :mod:`.adaptive`)
 * Non-finite statistics (an inf/NaN gradient) give an unbounded scale of 1
   instead of raising; the non-finite gradient then skips the step as usual and
   does not poison the scale stored for ``update_every`` reuse.
-* Branch merge: ``m`` is the maximum of the *unscaled* branch gradients, as
-  ADAPTIVE.md says (the Chainer code multiplies an already-scaled maximum by
-  the candidate scale). If no candidate fits even at 1/8 the target is 1/8
-  and the overflow skips the step, where the reference raises.
+* Branch merge: ``m = max_i(max|g_i| / scale_i)``, the maximum of the *unscaled*
+  branch gradients, exactly as the reference (``AdaLossChainer.rescaling`` in
+  ``ada_loss/chainer_impl/ada_loss_chainer.py`` divides each branch's max by its
+  scale before trying the candidates, largest first). The one difference: if no
+  candidate fits even at 1/8 the target is 1/8 and the overflow skips the step,
+  where the reference raises ``ValueError``. The target is recomputed at every
+  backward pass, as the reference's effectively is (a new ``AdaLossBranch``, with a
+  fresh ``AdaLossChainer`` whose counter is 0, is built at each forward).
+
+Output scaling points (``output_scaling``; the authors' later SSD, ``ada_loss_cast``)
+------------------------------------------------------------------------------------
+:func:`output_scale_tensor` is the reference's ``get_loss_scale_by_approx_range`` with
+``W = None`` (``ada_loss/chainer_impl/ada_loss_chainer.py``): statistics of the gradient
+alone, no fan-in. Plain: ``s = u_min / (k * std(g))``. Lognormal (class scores): with
+``mu, sigma`` of ``log|g|`` over the non-zero entries, ``s = exp(log(u_min) - mu - sigma *
+sqrt(2) * erfinv(2T - 1))`` (the T-quantile of a lognormal ``|g|`` moved to ``u_min``). Then
+``max(s, 1)``, ``min(s, u_max / max|g|)``; the bounds, power of two and fp16 storage of
+:func:`bound_scale_tensor` follow as for layers.
 """
 
 from __future__ import annotations
@@ -38,7 +52,8 @@ import torch
 from ..formats import FP16, FloatFormat
 
 __all__ = ["approx_range_scale", "approx_range_scale_tensor", "unbounded_scale_tensor", "bound_scale_tensor",
-           "branch_target_scale", "backward_fan_in", "underflow_k", "U_MIN", "U_MAX", "MIN_BRANCH_SCALE"]
+           "branch_target_scale", "backward_fan_in", "underflow_k", "output_scale_tensor", "U_MIN", "U_MAX",
+           "MIN_BRANCH_SCALE"]
 
 #: fp16's smallest subnormal, as the reference uses it (the default ``u_min``; other gradient
 #: formats bring their own, see ``AdaptiveLossScaler(grad_format=...)``)
@@ -96,6 +111,37 @@ def unbounded_scale_tensor(grad: torch.Tensor, weight: torch.Tensor, *, n_uf_thr
     s = torch.minimum(s, (u_max / fan_in) / o_max)
     # step 4 (sigma_o == 0 -> 1), and non-finite statistics -> 1 (see module doc)
     ok = (sigma_o > 0) & torch.isfinite(sigma_o) & torch.isfinite(o_max)
+    return torch.where(ok, s, torch.ones_like(s))
+
+
+def output_scale_tensor(grad: torch.Tensor, *, lognormal: bool = False, n_uf_threshold: float = 1e-3,
+                        u_min: float = U_MIN, u_max: float = U_MAX) -> torch.Tensor:
+    """The unbounded scale of an output scaling point (module doc): statistics of ``grad`` alone.
+
+    A 0-d fp32 tensor on grad's device, no host sync. An all-zero gradient, zero spread or
+    non-finite statistics give 1 (the reference returns 1 for the first two).
+    """
+    g = grad.detach()
+    if g.numel() == 0:
+        return torch.ones((), dtype=_F32, device=g.device)
+    g = g.to(_F32)
+    if lognormal:
+        nz = g != 0
+        n = nz.sum().to(_F32)
+        logs = torch.where(nz, g.abs().clamp_min(torch.finfo(_F32).tiny).log(), torch.zeros_like(g))
+        mu = logs.sum() / n
+        sigma = (torch.where(nz, (logs - mu) ** 2, torch.zeros_like(g)).sum() / n).sqrt()
+        q = math.sqrt(2.0) * float(torch.erfinv(torch.tensor(2 * n_uf_threshold - 1, dtype=torch.float64)))
+        s = torch.exp(math.log(u_min) - mu - sigma * q)
+        ok = (n > 0) & (sigma > 0)
+    else:
+        sigma = g.std(unbiased=False)
+        s = u_min / (underflow_k(n_uf_threshold) * sigma)
+        ok = sigma > 0
+    s = s.clamp(min=1.0)
+    o_max = _max_abs(g)
+    s = torch.minimum(s, u_max / o_max)
+    ok = ok & torch.isfinite(s) & torch.isfinite(o_max) & torch.isfinite(sigma)
     return torch.where(ok, s, torch.ones_like(s))
 
 

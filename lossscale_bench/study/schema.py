@@ -148,6 +148,8 @@ class AdaptiveScaling(_ScalingBase):
         for key, default in (("output_scaling", False), ("update_count", "steps")):
             if out.get(key) == default:
                 del out[key]
+        if out.get("update_every") == 1:  # every backward recomputes: both counts train the same
+            out.pop("update_count", None)
         return out
 
 
