@@ -1,0 +1,81 @@
+"""``lsbench run`` exit codes (README "Exit codes"): 3 when a trial failed, with the report still
+printed; 0 when every trial finished or diverged (divergence is a result). Issue 11: a study whose
+every trial failed (corrupt JPEG, bad annotation XML) used to exit 0.
+
+``--executor local`` keeps these fast: the code is decided from the outcomes, whichever executor
+produced them (tests/test_signals.py runs the Ray path).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+CLI = [sys.executable, "-m", "lossscale_bench.cli"]
+
+VOC_STUDY = textwrap.dedent("""\
+    name: bad_{kind}
+    dataset: {{name: voc, root: {root}, classes: [square, disc]}}
+    model: ssd_tiny
+    model_options: {{width: 8, image_size: 64}}
+    batch_size: 2
+    precision: fp32
+    scaling: [{{method: none}}, {{method: fixed, scale: 8}}]
+    schedule: {{iterations: 2, lr: 1.0e-3}}
+    eval: {{metric: voc07}}
+    """)
+
+
+def _run(tmp_path, study: Path, *extra):
+    return subprocess.run(CLI + ["run", str(study), "--runs-dir", str(tmp_path / "runs"), "--executor", "local",
+                                 "--reports-dir", str(tmp_path / "reports"), *extra],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+
+
+def _break(kind: str, root: Path) -> None:
+    if kind == "jpeg":
+        for f in (root / "JPEGImages").iterdir():
+            f.write_bytes(b"\xff\xd8\xff\xe0 not the rest of a JPEG")
+    else:
+        for f in (root / "Annotations").iterdir():
+            f.write_text("<annotation><object><name>square</name><bndbox><xmin>1</xmin>")  # cut off
+
+
+@pytest.mark.parametrize("kind", ["jpeg", "xml"])
+def test_every_trial_failed_exits_3_with_the_report(tmp_path, kind):
+    from lossscale_bench.data.voc import make_tiny_voc
+
+    root = tmp_path / "voc"
+    make_tiny_voc(root, {"trainval": 4, "test": 2}, seed=1)
+    _break(kind, root)
+    study = tmp_path / "s.yaml"
+    study.write_text(VOC_STUDY.format(kind=kind, root=root))
+    r = _run(tmp_path, study)
+    assert r.returncode == 3, (r.returncode, r.stdout[-2000:], r.stderr[-3000:])
+    assert f"study bad_{kind}: 0 finished, 0 diverged, 2 failed" in r.stdout
+    assert "(written to" in r.stdout  # the report is printed all the same
+    assert "Traceback" not in r.stderr
+
+
+def test_diverged_is_a_result_not_a_failure_exit_0(tmp_path):
+    study = tmp_path / "s.yaml"
+    study.write_text(textwrap.dedent("""\
+        name: blowup
+        dataset: {name: synthetic, train_images: 8, val_images: 4, image_size: 64, seed: 0}
+        model: ssd_tiny
+        model_options: {width: 8}
+        batch_size: 4
+        precision: fp16-emulated
+        scaling:
+          - {method: fixed, scale: 1.0e+30, skip_nonfinite: false}
+          - {method: fixed, scale: 128}
+        schedule: {iterations: 8, lr: 0.01, warmup_iterations: 2}
+        divergence: {patience: 3}
+        """))
+    r = _run(tmp_path, study, "--no-report")
+    assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-3000:])
+    assert "study blowup: 1 finished, 1 diverged, 0 failed" in r.stdout
