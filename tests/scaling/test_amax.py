@@ -21,6 +21,16 @@ from lossscale_bench.scaling import build_scaler
 from lossscale_bench.scaling.amax import LOSS_POINT, AmaxLossScaler, scale_from_amax
 
 
+
+def _through_checkpoint(state):
+    """What trial.py does with a scaler's state: torch.save, then torch.load(weights_only=True)."""
+    import io
+
+    buf = io.BytesIO()
+    torch.save({"scaler": state}, buf)
+    buf.seek(0)
+    return torch.load(buf, map_location="cpu", weights_only=True)["scaler"]
+
 def _pow2_floor(x: float) -> float:
     return 2.0 ** math.floor(math.log2(x))
 
@@ -163,7 +173,7 @@ def test_checkpoint_continues_identically_and_telemetry():
     state = first.state_dict()
     m2 = _chain()
     resumed = AmaxLossScaler(m2, recipe="delayed", history=4, margin=1)
-    resumed.load_state_dict(state)
+    resumed.load_state_dict(_through_checkpoint(state))
     assert _run(resumed, m2, 4, start=6) == whole[6:]
     assert resumed.state_dict() == full.state_dict()
     m = full.metrics()

@@ -52,6 +52,16 @@ class _DeepSpeedReference:
         self.cur_iter += 1
 
 
+
+def _through_checkpoint(state):
+    """What trial.py does with a scaler's state: torch.save, then torch.load(weights_only=True)."""
+    import io
+
+    buf = io.BytesIO()
+    torch.save({"scaler": state}, buf)
+    buf.seek(0)
+    return torch.load(buf, map_location="cpu", weights_only=True)["scaler"]
+
 def _run_ours(scaler: DynamicLossScaler, pattern: list[bool]):
     """Drive the scaler through a real optimizer: (scale before each step, skipped, param unchanged)."""
     p = torch.nn.Parameter(torch.zeros(3))
@@ -134,7 +144,7 @@ def test_deepspeed_state_dict_continues_identically():
     first = DynamicLossScaler(**kw)
     _run_ours(first, pattern[:37])
     resumed = DynamicLossScaler(**kw)
-    resumed.load_state_dict(first.state_dict())
+    resumed.load_state_dict(_through_checkpoint(first.state_dict()))
     assert resumed.state_dict() == first.state_dict()
     assert _run_ours(resumed, pattern[37:]) == whole[37:]
     assert resumed.state_dict() == full.state_dict()

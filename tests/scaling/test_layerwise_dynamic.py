@@ -21,6 +21,16 @@ from lossscale_bench.scaling import build_scaler
 from lossscale_bench.scaling.layerwise_dynamic import LOSS_POINT, LayerwiseDynamicLossScaler
 
 
+
+def _through_checkpoint(state):
+    """What trial.py does with a scaler's state: torch.save, then torch.load(weights_only=True)."""
+    import io
+
+    buf = io.BytesIO()
+    torch.save({"scaler": state}, buf)
+    buf.seek(0)
+    return torch.load(buf, map_location="cpu", weights_only=True)["scaler"]
+
 def _chain():
     torch.manual_seed(0)
     return nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Conv2d(4, 4, 3), nn.ReLU(), nn.Flatten(),
@@ -161,7 +171,7 @@ def test_fp16_overflow_backs_off_and_checkpoint_continues_identically():
 
     model2, scaler2 = fresh()
     model2.load_state_dict(saved[1])
-    scaler2.load_state_dict(saved[0])
+    scaler2.load_state_dict(_through_checkpoint(saved[0]))
     assert scaler2.state_dict() == saved[0]
     opt2 = torch.optim.SGD(model2.parameters(), lr=1e-3, momentum=0.9)
     opt2.load_state_dict(saved[2])
