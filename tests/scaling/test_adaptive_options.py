@@ -120,42 +120,54 @@ def test_points_found_where_the_reference_casts():
 
 def test_output_points_scale_what_arrives_at_the_heads():
     """With output scaling, a head conv receives P * s_point: the point's scale from the gradient's own
-    statistics, recomputed here by hand from the gradient captured at that output."""
+    statistics, recomputed here by hand from the gradient captured at that output (loss x 1e-6, so
+    that the points have something to rescue: scales above 1)."""
     torch.manual_seed(0)
     model = build_model("ssd_tiny", num_classes=4)
     model.train()
     install_fp16_emulation(model)
+    hooks_before = [len(m._forward_hooks) for m in model.modules()]
     scaler = build_scaler({"method": "adaptive", "init_scale": 4.0, "output_scaling": True}, model)
     images, targets = _batch(2, 128)
     captured = {}
-    conv = model.head.classification_head.module_list[0]
 
-    def capture(module, inputs, output):  # runs after the scaler's hook: ``output`` is the point's output
-        output.register_hook(lambda g: captured.setdefault("g", g.detach().clone()))
+    def capture(key):
+        def hook(module, inputs, output):  # runs after the scaler's hook: ``output`` is the point's output
+            output.register_hook(lambda g: captured.setdefault(key, g.detach().clone()))
+        return hook
 
-    h = conv.register_forward_hook(capture)
-    scaler.scale(_loss(model, images, targets, 1e-3)).backward()
-    h.remove()
+    hooks = [model.head.classification_head.module_list[0].register_forward_hook(capture("cls")),
+             model.head.regression_head.module_list[1].register_forward_hook(capture("box"))]
+    scaler.scale(_loss(model, images, targets, 1e-6)).backward()
+    for h in hooks:
+        h.remove()
     rows = {r["layer"]: r for r in scaler.layer_table()}
-    point = rows["head.classification_head.module_list.0/output"]
-    layer = rows["head.classification_head.module_list.0"]
+    assert sum(r["type"] in ("class_output", "box_output") for r in rows.values()) == 8
+
+    def bounded(s):  # min(s, 16, 1024 / P), power of two (P = 4 at the heads)
+        return 2.0 ** math.floor(math.log2(min(s, 16.0, 1024.0 / 4.0)))
+
+    # class scores: lognormal statistics of the gradient as it reaches the point (carrying P = 4)
+    point, layer = rows["head.classification_head.module_list.0/output"], rows["head.classification_head.module_list.0"]
     assert point["type"] == "class_output" and point["applied"] and point["prev_scale"] == 4.0
-    assert layer["prev_scale"] == 4.0 * point["scale"]  # the conv's gradient carries the point's scale
-    # by hand, from the gradient as it reaches the point (carrying P = 4)
-    g = captured["g"]
-    nz = g[g != 0].abs().log()
+    g = captured["cls"]
+    nz = g[g != 0].abs().double().log()
     mu, sigma = float(nz.mean()), float(nz.std(unbiased=False))
     s = min(max(math.exp(math.log(U_MIN) - mu + sigma * Q), 1.0), U_MAX / float(g.abs().max()))
-    assert point["unbounded_scale"] == pytest.approx(s, rel=1e-3)
-    bounded = 2.0 ** math.floor(math.log2(min(s, 16.0, 1024.0 / 4.0)))
-    assert point["scale"] == bounded
-    assert sum(r["type"] in ("class_output", "box_output") for r in rows.values()) == 8
+    assert s > 2 and point["unbounded_scale"] == pytest.approx(s, rel=1e-3)
+    assert point["scale"] == bounded(s)
+    assert layer["prev_scale"] == 4.0 * point["scale"]  # the conv's gradient carries the point's scale
+    # box offsets: the plain rule, u_min / (k * std(g))
+    point, layer = rows["head.regression_head.module_list.1/output"], rows["head.regression_head.module_list.1"]
+    g = captured["box"].double()
+    s = min(max(U_MIN / (K * float(g.std(unbiased=False))), 1.0), U_MAX / float(g.abs().max()))
+    assert s > 16 and point["unbounded_scale"] == pytest.approx(s, rel=1e-3)
+    assert point["scale"] == bounded(s) == 16.0 and layer["prev_scale"] == 64.0
     res = scaler.step(torch.optim.SGD(model.parameters(), lr=0.0))
     scaler.update()
     assert not res.skipped
     scaler.remove()
-    assert not any(m._forward_hooks for m in model.head.modules() if isinstance(m, nn.Conv2d)
-                   and any(getattr(f, "__qualname__", "").startswith("_point_hook") for f in m._forward_hooks.values()))
+    assert [len(m._forward_hooks) for m in model.modules()] == hooks_before  # the point hooks are gone
 
 
 def _exact(name, size):
