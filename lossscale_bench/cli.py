@@ -1,4 +1,4 @@
-"""``lsbench``: run | validate | report | ui | data.
+"""``lsbench``: run | validate | report | ui | data | weights.
 
 User errors (a bad study file, missing data, an absent backend, an unknown
 study in the report) print one line naming the file/field/path and exit
