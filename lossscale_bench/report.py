@@ -161,6 +161,9 @@ def write_report(
     if fmt not in FORMATS:
         raise ReportError(f"unknown report format {fmt!r}; choose one of: {', '.join(FORMATS)}")
     check_metric(metric)
+    from .store import ensure_artifact_scheme
+
+    ensure_artifact_scheme()  # plots read store-relative artifacts even where the entry point is not installed
     runs = load_runs(tracking_uri, study)
     if len(runs) == 0:
         where = f"study {study!r}" if study else "any study"

@@ -266,3 +266,42 @@ def test_copied_store_reads_its_own_artifacts(study_store, tmp_path):
     r = _lsbench("report", "--runs-dir", moved, "--reports-dir", tmp_path / "rep", cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
     assert (tmp_path / "rep" / "all_tiny_underflow_fp32_baseline.png").stat().st_size > 1000
+
+
+def test_ui_of_a_moved_store_serves_its_own_artifacts(study_store, tmp_path):
+    """The MLflow UI (`lsbench ui` = mlflow server) reads a moved store's plots from the moved folder."""
+    import signal
+    import urllib.request
+
+    from mlflow import MlflowClient
+
+    moved = Path(shutil.move(str(_copy(study_store, tmp_path / "a")), str(tmp_path / "b")))
+    client = MlflowClient(f"sqlite:///{moved / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("tiny")
+    rid = [r for r in client.search_runs([exp.experiment_id]) if r.data.tags.get("lsbench.role") == "trial"][0].info.run_id
+    png = [p for p in moved.rglob("plots/loss.png") if rid in p.parts][0].read_bytes()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "lossscale_bench.cli", "ui", "--runs-dir", str(moved),
+                             "--port", str(port)], cwd=tmp_path, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.time() + 120
+        while True:
+            try:
+                urllib.request.urlopen(f"{url}/health", timeout=2).read()
+                break
+            except OSError:
+                assert proc.poll() is None and time.time() < deadline, "the UI did not start"
+                time.sleep(1)
+        got = urllib.request.urlopen(f"{url}/get-artifact?run_uuid={rid}&path=plots/loss.png", timeout=30).read()
+        assert got == png
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
