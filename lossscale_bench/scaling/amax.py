@@ -96,6 +96,7 @@ class AmaxLossScaler(AdaptiveLossScaler):
         self._scales: torch.Tensor | None = None     # (n,) scale of every point
         self._hist: torch.Tensor | None = None       # (history, n) true amaxes, newest first; 0 = none
         self._now: torch.Tensor | None = None        # (n,) this step's true amaxes (0 = not measured)
+        self._hist_max: torch.Tensor | None = None   # (n,) max over the history window, once per step
         self._n = n
         self._loss_scale = float(init_scale)
         self._pending_state: dict[str, Any] | None = None
@@ -108,6 +109,7 @@ class AmaxLossScaler(AdaptiveLossScaler):
             if self._pending_state is not None:
                 self._restore(self._pending_state)
                 self._pending_state = None
+            self._hist_max = self._hist.amax(0)
         if self._now is None:
             self._now = torch.zeros(self._n, dtype=_F32, device=self._scales.device)
 
@@ -126,7 +128,7 @@ class AmaxLossScaler(AdaptiveLossScaler):
         self._now[k] = a
         if from_loss:
             self._now[0] = torch.maximum(self._now[0], a)
-        amax = a if self.recipe == "current" else self._hist[:, k].amax()
+        amax = a if self.recipe == "current" else self._hist_max[k]
         s = scale_from_amax(amax, self._scales[k], self.fmax, self.margin, self.power_of_two)
         self._scales[k] = s
         return (s / prev).to(g.device)
@@ -140,7 +142,8 @@ class AmaxLossScaler(AdaptiveLossScaler):
         self._hist = torch.roll(self._hist, 1, dims=0)
         self._hist[0] = self._now
         self._now = None
-        amax = self._hist[0, 0] if self.recipe == "current" else self._hist[:, 0].amax()
+        self._hist_max = self._hist.amax(0)
+        amax = self._hist[0, 0] if self.recipe == "current" else self._hist_max[0]
         self._scales[0] = scale_from_amax(amax, self._scales[0], self.fmax, self.margin, self.power_of_two)
         self._loss_scale = float(self._scales[0])
         self.init_scale = self._loss_scale
@@ -191,6 +194,7 @@ class AmaxLossScaler(AdaptiveLossScaler):
                 continue
             self._scales[k] = scales[j]
             self._hist[:rows, k] = hist[:rows, j].to(self._hist.device)
+        self._hist_max = self._hist.amax(0)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._iter = int(state.get("iteration", 0))
