@@ -80,6 +80,8 @@ def resolve_tracking_uri(uri: str | None, runs_dir: str | Path) -> str:
 
 
 def _scheme(uri: str) -> str:
+    if uri in ("databricks", "databricks-uc", "uc"):  # MLflow's bare profile-less forms
+        return uri
     scheme = urlparse(uri).scheme.lower()
     if len(scheme) == 1 and os.name == "nt":  # C:\path
         return ""
@@ -144,6 +146,8 @@ def _open_store(uri: str, create: bool) -> str:
         _check_sqlite(db, create)
     elif scheme in ("http", "https"):
         _probe_http(uri)
+    elif scheme in ("postgresql", "mysql", "mssql"):
+        _check_driver(uri)
     else:
         folder = _file_store_path(uri)
         if folder is not None and not create and not folder.exists():
@@ -248,6 +252,19 @@ def _check_writable(db: Path) -> None:
         return
     if free < MIN_FREE_BYTES:
         raise StoreError(f"MLflow store {db}: disk full ({free} bytes free in {folder})")
+
+
+def _check_driver(uri: str) -> None:
+    """SQLAlchemy imports the database driver when it builds an engine (it connects only later)."""
+    import sqlalchemy
+
+    try:
+        sqlalchemy.create_engine(uri).dispose()
+    except ImportError as e:
+        raise StoreError(f"tracking URI {redact(uri)}: its database driver is not installed ({e})") from None
+    except Exception as e:  # noqa: BLE001 - sqlalchemy.exc.ArgumentError and kin: a malformed URL
+        raise StoreError(f"tracking URI {redact(uri)} is not a valid database URL "
+                         f"({' '.join(str(e).split())[:150]})") from None
 
 
 def _probe_http(uri: str) -> None:

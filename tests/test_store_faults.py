@@ -87,6 +87,17 @@ def test_unknown_scheme_is_one_line_for_report_and_run(tmp_path):
     assert list(tmp_path.iterdir()) == [f]  # nothing created, no data prepared
 
 
+def test_database_uri_without_its_driver_is_one_line_without_the_password(tmp_path):
+    import importlib.util
+
+    if importlib.util.find_spec("pymssql") is not None:
+        pytest.skip("pymssql is installed here")
+    r = _lsbench("report", "--tracking-uri", "mssql+pymssql://me:s3cret@127.0.0.1:1/db", cwd=tmp_path, timeout=120)
+    assert r.returncode == 4
+    _one_line(r, "mssql+pymssql://me:***@127.0.0.1:1/db", "driver is not installed", "pymssql")
+    assert "s3cret" not in r.stderr
+
+
 def test_report_on_a_missing_path_creates_nothing(tmp_path):
     """Before: `report` created an empty runs/mlflow.db there and printed 'no trial runs'."""
     for args, path in ((["--runs-dir", tmp_path / "nowhere"], tmp_path / "nowhere" / "mlflow.db"),
