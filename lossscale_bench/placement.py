@@ -197,10 +197,10 @@ def unplaceable(resources: dict, nodes: list[dict[str, float]]) -> tuple[str, st
         for b in bundles:
             for k, v in b.items():
                 need[k] = need.get(k, 0.0) + v
-        for k, v in need.items():
-            have = sum(float(n.get(k, 0.0)) for n in nodes)
+        for k in sorted(need, key=lambda k: k != dev):  # the device first: it is what a user sized
+            v, have = need[k], sum(float(n.get(k, 0.0)) for n in nodes)
             if have + 1e-9 < v:
                 key = "devices_per_trial" if k == dev else "cpus_per_trial"
-                return key, (f"a {devices_of(resources)}-device trial needs {_fmt(v)} {k} in all "
+                return key, (f"a {devices_of(resources)}-device trial needs {_plural(v, k)} in all "
                              f"(its {len(bundles) - 1} workers and driver), but {where}")
     return None

@@ -34,7 +34,7 @@ GPU_NODES = [{"CPU": 32.0}, {"CPU": 8.0, "GPU": 4.0}, {"CPU": 8.0, "GPU": 4.0}]
     ({"backend": "cuda", "cpus_per_trial": 16}, GPU_NODES, "cpus_per_trial",
      ["no node has all of it", "48 CPUs (at most 32 on one node)", "8 GPUs (at most 4 on one node)"]),
     # eight 1-GPU workers: bundles fit nodes, but only 8 GPUs in all for 9 needed
-    ({"backend": "cuda", "devices_per_trial": 9}, GPU_NODES, "devices_per_trial", ["9 GPU in all"]),
+    ({"backend": "cuda", "devices_per_trial": 9}, GPU_NODES, "devices_per_trial", ["9 GPUs in all"]),
     # torch_xla: one worker holds every chip, so 8 chips must be on one node
     ({"backend": "xla", "devices_per_trial": 8}, [{"CPU": 8.0, "TPU": 4.0}] * 2, "devices_per_trial",
      ["TPU:8 on one node"]),

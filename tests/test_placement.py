@@ -193,6 +193,6 @@ def test_feasibility_check_on_the_real_cluster(cluster):
     fits = load_study_text(STUDY.format(tag="f", backend="cuda", devices=2, precision="mixed16"))
     check_feasible(fits, fits.trials(), nodes)  # two 1-GPU workers on the GPU node
     too_many = load_study_text(STUDY.format(tag="f", backend="cuda", devices=4, precision="mixed16"), "g.yaml")
-    with pytest.raises(Infeasible, match=r"g.yaml: resources.devices_per_trial: .*4 GPU in all.*2 GPUs"):
+    with pytest.raises(Infeasible, match=r"g.yaml: resources.devices_per_trial: .*4 GPUs in all.*2 GPUs"):
         check_feasible(too_many, too_many.trials(), nodes)
     probe_address(ray.get_runtime_context().gcs_address)  # a real GCS answers the gRPC hello
