@@ -29,7 +29,10 @@ backward roughly keeps the gradient's magnitude (He-style initialisation), so
 the arriving amax is a close proxy; ``margin`` absorbs the difference. The
 loss's scale comes from the amax arriving at the layers fed by the loss (the
 heads); the loss must be scaled before its backward runs, so both recipes use
-earlier steps for it (``current``: the previous step's).
+earlier steps for it (``current``: the previous step's). Data-parallel replicas
+record the max of their amaxes (TE's ``reduce_amax``); ``current`` layer scales
+are each replica's own (agreeing during backward would cost a collective per
+layer), which the unscaling per replica allows.
 
 Overflow. As for adaptive, scales follow statistics, not a backoff schedule: a
 step with a non-finite gradient is skipped and counted, and its non-finite
@@ -53,6 +56,7 @@ from ..formats import FP16, FloatFormat
 from ._graph import ROOT_SCALE_ID
 from .adaptive import AdaptiveLossScaler
 from .adaptive_rule import _max_abs
+from .base import all_reduce_flag
 
 _F32 = torch.float32
 RECIPES = ("current", "delayed")
@@ -138,9 +142,11 @@ class AmaxLossScaler(AdaptiveLossScaler):
         super().update()
         if not measured:
             return
-        # the newest amaxes go in front; points not measured this step record 0 (TE: no amax, no update)
+        # the newest amaxes go in front; points not measured this step record 0 (TE: no amax, no update).
+        # Data-parallel replicas record the max over replicas (TE's reduce_amax), so their histories,
+        # and the scales that come from them, agree; a no-op when not distributed.
         self._hist = torch.roll(self._hist, 1, dims=0)
-        self._hist[0] = self._now
+        self._hist[0] = all_reduce_flag(self._now)
         self._now = None
         self._hist_max = self._hist.amax(0)
         amax = self._hist[0, 0] if self.recipe == "current" else self._hist_max[0]
