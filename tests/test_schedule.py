@@ -158,3 +158,55 @@ def test_bad_schedule_options_are_one_line_errors(extra, field, words):
         load_study_text(BASE % extra)
     msg = str(ei.value)
     assert "\n" not in msg and field in msg and words in msg, msg
+
+
+# --------------------------------------------------------------------------- momentum style
+
+
+def _trajectory(style, lrs, grad=1.0, p0=1.0, momentum=0.9, wd=0.0):
+    p = nn.Parameter(torch.tensor([p0], dtype=torch.float64))
+    model = nn.Module()
+    model.w = p
+    opt = build_optimizer(model, {"lr": lrs[0], "momentum": momentum, "weight_decay": wd, "momentum_style": style})
+    out = []
+    for lr in lrs:
+        for g in opt.param_groups:
+            g["lr"] = lr
+        p.grad = torch.tensor([grad], dtype=torch.float64)
+        opt.step()
+        out.append(float(p))
+    return out
+
+
+def test_chainer_momentum_by_hand():
+    # chainer MomentumSGD: v <- 0.9 v - lr g; p <- p + v. lr 0.1, 0.1, then 1.0 (the warm-up jump):
+    # v = -0.1, -0.19, -1.171 -> p = 0.9, 0.71, -0.461
+    assert _trajectory("chainer", [0.1, 0.1, 1.0]) == pytest.approx([0.9, 0.71, -0.461], abs=1e-12)
+    # torch SGD: buf = 1, 1.9, 2.71 -> p = 0.9, 0.71, 0.71 - 2.71 = -2.0: the same until lr changes
+    assert _trajectory("torch", [0.1, 0.1, 1.0]) == pytest.approx([0.9, 0.71, -2.0], abs=1e-12)
+    # constant lr: both styles take the same steps
+    assert _trajectory("chainer", [0.1] * 5) == pytest.approx(_trajectory("torch", [0.1] * 5), abs=1e-12)
+    # WeightDecay first: grad + 0.5 * p = 1.0 at p = 2, zero gradient: v = -0.1, p = 1.9
+    assert _trajectory("chainer", [0.1], grad=0.0, p0=2.0, momentum=0.0, wd=0.5) == pytest.approx([1.9])
+
+
+def test_chainer_momentum_state_round_trips():
+    model = _Net()
+    sched = {"lr": 0.1, "momentum_style": "chainer", "weight_decay_exclude": ["bias"]}
+    opt = build_optimizer(model, sched)
+    for p in model.parameters():
+        p.grad = torch.ones_like(p)
+    opt.step()
+    other = build_optimizer(model, sched)
+    other.load_state_dict(opt.state_dict())
+    assert torch.equal(other.state[model.conv.weight]["velocity"], opt.state[model.conv.weight]["velocity"])
+    assert [g["weight_decay"] for g in other.param_groups] == [5e-4, 0.0]
+
+
+def test_momentum_style_in_the_schema():
+    assert "momentum_style" not in _only("").schedule
+    assert _only(", momentum_style: torch").trial_id == _only("").trial_id
+    assert _only(", momentum_style: chainer").schedule["momentum_style"] == "chainer"
+    with pytest.raises(StudyError) as ei:
+        load_study_text(BASE % ", momentum_style: keras")
+    assert "schedule.momentum_style" in str(ei.value) and "torch, chainer" in str(ei.value)

@@ -16,6 +16,14 @@ Each option exists because a seed's reference does it that way (the study files 
   L2Norm scales, biases): NVIDIA's ``tencent_trick`` (``len(param.shape) == 1 or
   name.endswith(".bias")``). Both together give NVIDIA's groups.
 
+* ``momentum_style: chainer``: Chainer's ``MomentumSGD`` update (``v <- momentum * v - lr *
+  grad; param <- param + v``, with ``WeightDecay``'s ``grad += rate * param`` first), which the
+  chainer SSD scripts use. PyTorch's SGD (``buf <- momentum * buf + grad; param -= lr * buf``,
+  the default ``torch``) takes the same steps at constant lr, but when lr changes (the 1e-4 ->
+  1e-3 jump after the warm-up, the decays) it rescales the whole accumulated momentum at once,
+  where Chainer's velocity keeps the old lr's steps and moves to the new lr over ~1/(1 - momentum)
+  iterations.
+
 Bias gradients x2 (chainercv's ``GradientScaling(2)``) is ``bias_grad_factor``, applied by
 the training loop to unscaled gradients (``engine.loop.Trainer``).
 """
@@ -76,6 +84,38 @@ def param_groups(model: torch.nn.Module, weight_decay: float, exclude=()) -> lis
     return [g for g in groups if g["params"]] or [groups[0]]
 
 
+class ChainerMomentumSGD(torch.optim.Optimizer):
+    """``chainer.optimizers.MomentumSGD`` with ``WeightDecay`` (module doc): per parameter,
+    ``v <- momentum * v - lr * (grad + weight_decay * param)``, ``param <- param + v``; ``v``
+    starts at zero (Chainer's ``MomentumSGDRule.init_state``)."""
+
+    def __init__(self, params, lr: float, momentum: float = 0.9, weight_decay: float = 0.0) -> None:
+        super().__init__(params, {"lr": lr, "momentum": momentum, "weight_decay": weight_decay})
+
+    @torch.no_grad()
+    def step(self, closure=None):  # type: ignore[override]
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            lr, mom, wd = group["lr"], group["momentum"], group["weight_decay"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                d = p.grad if wd == 0 else p.grad.add(p, alpha=wd)
+                state = self.state[p]
+                if "velocity" not in state:
+                    state["velocity"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                v = state["velocity"]
+                v.mul_(mom).add_(d, alpha=-lr)
+                p.add_(v)
+        return loss
+
+
+MOMENTUM_STYLES = ("torch", "chainer")
+
+
 def build_optimizer(model: torch.nn.Module, schedule: dict) -> torch.optim.Optimizer:
     """Momentum SGD with weight decay over trainable parameters (the seeds' recipe).
 
@@ -84,5 +124,8 @@ def build_optimizer(model: torch.nn.Module, schedule: dict) -> torch.optim.Optim
     """
     wd = float(schedule.get("weight_decay", 5e-4))
     groups = param_groups(model, wd, schedule.get("weight_decay_exclude") or ())
-    return torch.optim.SGD(groups, lr=float(schedule["lr"]), momentum=float(schedule.get("momentum", 0.9)),
-                           weight_decay=wd)
+    style = schedule.get("momentum_style", "torch")
+    if style not in MOMENTUM_STYLES:
+        raise ValueError(f"unknown momentum_style {style!r}; allowed: {', '.join(MOMENTUM_STYLES)}")
+    cls = ChainerMomentumSGD if style == "chainer" else torch.optim.SGD
+    return cls(groups, lr=float(schedule["lr"]), momentum=float(schedule.get("momentum", 0.9)), weight_decay=wd)

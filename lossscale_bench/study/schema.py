@@ -294,6 +294,9 @@ class Schedule(BaseModel):
                                  nonempty=False) = Field(default_factory=list)
     grad_clip: _number("float", gt=0, nullable=True) = None  # type: ignore[valid-type]
     bias_grad_factor: PosFloat = 1.0  # type: ignore[valid-type]
+    #: torch: PyTorch SGD (lr applied to the momentum buffer); chainer: Chainer's MomentumSGD
+    #: (lr applied to each gradient as it enters the velocity); they differ when lr changes
+    momentum_style: _choice("momentum_style", ("torch", "chainer")) = "torch"  # type: ignore[valid-type]
 
     @model_validator(mode="after")
     def _warmup(self, info: ValidationInfo):
@@ -315,7 +318,7 @@ class Schedule(BaseModel):
 
 
 #: schedule options whose default is not written into a trial's schedule (trial ids unchanged)
-_SCHEDULE_LATE_DEFAULTS = {"warmup_mode": "linear", "weight_decay_exclude": []}
+_SCHEDULE_LATE_DEFAULTS = {"warmup_mode": "linear", "weight_decay_exclude": [], "momentum_style": "torch"}
 
 
 class EvalSpec(BaseModel):
