@@ -172,3 +172,28 @@ def test_sigterm_to_ui_stops_the_whole_server(tmp_path):
     assert not _group(server), "server processes outlived lsbench ui"
     with pytest.raises(OSError):
         urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=2)
+
+
+def test_a_server_that_dies_early_is_one_line_and_leaves_no_workers(capsys):
+    """``mlflow server`` losing the port race (bound between the check and its start) exits 1 with
+    uvicorn's traceback while its job-runner workers live on; ``_serve`` names the cause and
+    stops the whole group. A stand-in server: one lingering worker, the bind error, exit 1."""
+    from lossscale_bench.cli import _serve
+
+    fake = ("import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+            "print('worker', flush=True); time.sleep(0.5); "
+            "sys.stderr.write('OSError: [Errno 98] error while attempting to bind: address already in use\\n'); "
+            "sys.exit(1)")
+    before = {p for p, *_ in _procs()}
+    rc = _serve([sys.executable, "-c", fake], 5123)
+    err = capsys.readouterr().err
+    assert rc == 2 and "lsbench: error: the MLflow server exited with code 1: port 5123 is in use" in err, err
+    def cmdline(pid):
+        try:
+            return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            return ""
+
+    leftover = [p for p, _, _, state in _procs() if p not in before and state != "Z"
+                and "time.sleep(60)" in cmdline(p)]
+    assert not leftover
