@@ -58,7 +58,7 @@ def _runs(runs: Path, name: str):
 @pytest.mark.slow
 def test_sigterm_ends_runs_killed_and_the_same_command_resumes(tmp_path):
     study = tmp_path / "resume.yaml"
-    study.write_text(STUDY.replace("iterations: 400", "iterations: 200"))
+    study.write_text(STUDY.replace("iterations: 400", "iterations: 100"))
     runs = tmp_path / "runs"
     # one CPU: the two trials run one after the other, so the signal lands mid-study
     proc = subprocess.Popen(_cmd(study, runs), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -93,12 +93,12 @@ def test_sigterm_ends_runs_killed_and_the_same_command_resumes(tmp_path):
     resumed = [t for t in trials if t.data.tags["lsbench.trial_id"] == ck.parent.name][0]
     assert int(resumed.data.tags["lsbench.resumed_from_step"]) >= 20
     steps = {m.step for m in client.get_metric_history(resumed.info.run_id, "loss")}
-    assert steps == set(range(1, 201))  # continued from its checkpoint, no gap
+    assert steps == set(range(1, 101))  # continued from its checkpoint, no gap
 
 
 def test_ctrl_c_in_the_local_executor_exits_130_with_runs_killed(tmp_path):
     study = tmp_path / "resume.yaml"
-    study.write_text(STUDY.replace("iterations: 400", "iterations: 200"))
+    study.write_text(STUDY.replace("iterations: 400", "iterations: 100"))
     runs = tmp_path / "runs"
     cmd = _cmd(study, runs) + ["--executor", "local"]
     proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
