@@ -157,8 +157,6 @@ def cmd_weights(args) -> int:
 
 
 def cmd_ui(args) -> int:
-    import subprocess
-
     from .tracking import open_store, resolve_tracking_uri
 
     # a damaged store is one line here, not a server that dies with a traceback in its log

@@ -341,7 +341,8 @@ def run_study(study, *, runs_dir: str | Path = "runs", tracking_uri: str | None 
             # The cluster before any run is opened: one that cannot run the study leaves no RUNNING run.
             ray_started = connect_ray(address, num_cpus, quiet)
             guard.install()  # ray.init put its own SIGTERM handler (sys.exit) in place
-            if check_resources and os.environ.get("LSBENCH_SKIP_RESOURCE_CHECK", "0") in ("", "0"):
+            skip = os.environ.get("LSBENCH_SKIP_RESOURCE_CHECK", "").lower() in ("1", "true", "yes")
+            if check_resources and not skip:
                 check_feasible(study, todo, cluster_nodes())
         exp_id, parent = tracker.study_run(study.name, study.description, getattr(study, "source", None))
         # finished trials are not run again, so a baseline moved in the study file is re-tagged here
@@ -373,7 +374,7 @@ def run_study(study, *, runs_dir: str | Path = "runs", tracking_uri: str | None 
         stop = exc if isinstance(exc, Interrupted) else Interrupted(guard.received or signal.SIGINT)
         guard.hold()
         if tracker is not None and parent is not None:
-            stop.killed = _end_interrupted(tracker, parent, run_ids)
+            stop.killed = _end_interrupted(tracker, parent, {cfg.trial_id for cfg in todo})
         guard.install()  # a second signal may cut the Ray shutdown short
         if stop is exc:
             raise
@@ -388,18 +389,17 @@ def run_study(study, *, runs_dir: str | Path = "runs", tracking_uri: str | None 
             guard.restore()
 
 
-def _end_interrupted(tracker: Tracker, parent: str, run_ids: dict[str, str]) -> int:
-    """End the study's still-RUNNING trial runs, and its parent, as KILLED; return how many trials.
+def _end_interrupted(tracker: Tracker, parent: str, trial_ids: set[str]) -> int:
+    """End this invocation's still-RUNNING trial runs, and the parent, as KILLED; return how many trials.
 
     Tagged ``lsbench.status=interrupted`` (not TERMINAL), so the next run of the
     study re-runs them from their checkpoints. A run whose outcome already arrived
     (status tag finished/diverged) but was not closed yet is closed as that outcome.
     """
-    ours = set(run_ids.values())
     killed = 0
     for tid, run in tracker.trial_runs(tracker.client.get_run(parent).info.experiment_id).items():
         rid = run.info.run_id
-        if rid not in ours or run.info.status != "RUNNING":
+        if tid not in trial_ids or run.info.status != "RUNNING":
             continue
         status = run.data.tags.get("lsbench.status")
         if status in TERMINAL:
