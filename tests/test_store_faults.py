@@ -124,7 +124,7 @@ def _text(db: Path) -> None:
     db.write_text("not a database\n")
 
 
-@pytest.mark.parametrize("damage, cause", [(_truncate, "corrupt or truncated"), (_scribble, "corrupt or truncated"),
+@pytest.mark.parametrize("damage, cause", [(_truncate, "is truncated"), (_scribble, "corrupt or truncated"),
                                            (_text, "not a SQLite database")])
 def test_damaged_store_is_one_line_and_left_as_it_is(study_store, tmp_path, damage, cause):
     runs = _copy(study_store, tmp_path / "runs")
@@ -142,6 +142,23 @@ def test_damaged_store_is_one_line_and_left_as_it_is(study_store, tmp_path, dama
         _one_line(r, db, cause)
         assert _sha(db) == before  # never repaired, recreated or migrated
     assert not (runs / "tiny" / "ray").exists()
+
+
+def test_large_store_skips_the_full_check_and_still_names_damage(study_store, tmp_path, monkeypatch):
+    """Over QUICK_CHECK_MAX_BYTES the page-by-page check is skipped; MLflow's own error is then named."""
+    from lossscale_bench import store
+    from lossscale_bench.tracking import StoreError, Tracker
+
+    runs = _copy(study_store, tmp_path / "runs")
+    db = runs / "mlflow.db"
+    data = db.read_bytes()
+    db.write_bytes(data[:4096] + b"\xa5" * (len(data) - 4096))  # every page but the schema's first
+    before = _sha(db)
+    monkeypatch.setattr(store, "QUICK_CHECK_MAX_BYTES", 0)
+    with pytest.raises(StoreError, match=r"is corrupt|corrupt or truncated") as info:
+        Tracker(f"sqlite:///{db}").trial_runs(Tracker(f"sqlite:///{db}").experiment_id("tiny", create=False))
+    assert str(db) in str(info.value) and "\n" not in str(info.value)
+    assert _sha(db) == before
 
 
 def test_foreign_sqlite_file_is_not_turned_into_a_store(tmp_path):
