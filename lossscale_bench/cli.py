@@ -12,6 +12,7 @@ Exit codes (README "Exit codes"; scripts and schedulers branch on them):
 - 3: the study ran but one or more trials failed (the others' results are kept and reported)
 - 4: the tracking store cannot be used (corrupt, read-only, full, unreachable, bad URI)
 - 130 / 143: interrupted by SIGINT / SIGTERM (trial runs are marked KILLED; a re-run resumes)
+- 141: the reader of standard output went away (`lsbench validate ... | head`)
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ EXIT_TRIALS_FAILED = 3
 EXIT_STORE = 4
 EXIT_SIGINT = 130
 EXIT_SIGTERM = 143
+EXIT_SIGPIPE = 141
 
 
 def embedded_study() -> Path:
@@ -384,6 +386,12 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # `lsbench validate ... | head`: the reader left. Point stdout at /dev/null so the interpreter's
+        # own flush at exit does not raise again, and exit as a process killed by SIGPIPE would.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_SIGPIPE
     except Exception as exc:  # noqa: BLE001
         if isinstance(exc, _user_errors()):  # first: a missing store (StoreMissing) is a wrong path, exit 2
             print(f"lsbench: error: {exc}", file=sys.stderr)

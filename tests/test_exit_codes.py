@@ -79,3 +79,15 @@ def test_diverged_is_a_result_not_a_failure_exit_0(tmp_path):
     r = _run(tmp_path, study, "--no-report")
     assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-3000:])
     assert "study blowup: 1 finished, 1 diverged, 0 failed" in r.stdout
+
+
+def test_validate_into_a_closed_pipe_exits_141_without_a_traceback(tmp_path):
+    """``lsbench validate ... | head -1``: the reader leaves after one line; no BrokenPipeError traceback."""
+    studies = sorted(str(p) for p in (Path(__file__).parent.parent / "studies").glob("*.yaml"))
+    proc = subprocess.Popen(CLI + ["validate", "--schema-only", *studies, *studies], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, cwd=tmp_path)
+    proc.stdout.readline()
+    proc.stdout.close()  # the reader goes away while validate still has tables to print
+    _, err = proc.communicate(timeout=120)
+    assert "Traceback" not in err.decode() and "BrokenPipeError" not in err.decode()
+    assert proc.returncode == 141
