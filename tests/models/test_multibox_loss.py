@@ -164,3 +164,26 @@ def test_degenerate_box_refused_as_torchvision():
     bad = [{"boxes": torch.tensor([[10.0, 10.0, 10.0, 20.0]]), "labels": torch.tensor([1])}]
     with pytest.raises(AssertionError, match="positive height and width"):
         model([torch.rand(3, 64, 64)], bad)
+
+
+def test_batched_loss_option_trial_ids():
+    """Only ``batched_loss: false`` enters the trial id: studies that do not write it (or write the
+    default) keep their ids, and their finished results stay reusable."""
+    from lossscale_bench.study import load_study_text
+
+    text = """
+name: mbl
+dataset: {name: synthetic, train_images: 8, val_images: 4, image_size: 64}
+model: [ssd_tiny]
+model_options: {width: 8, image_size: 64EXTRA}
+batch_size: [2]
+precision: fp32
+scaling: [{method: none}]
+schedule: {iterations: 3, lr: 0.01}
+"""
+    (plain,), (true,), (false,) = (load_study_text(text.replace("EXTRA", e)).trials()
+                                   for e in ("", ", batched_loss: true", ", batched_loss: false"))
+    assert plain.trial_id == true.trial_id != false.trial_id
+    assert false.model_options == {"width": 8, "image_size": 64, "batched_loss": False}
+    model = build_model("ssd_tiny", num_classes=3, **false.model_options)
+    assert type(model) is SSD
