@@ -447,6 +447,10 @@ def _host_port(address: str) -> tuple[str, int] | None:
     return host, int(port)
 
 
+#: the largest TCP port; a larger one would make the probe's connect() fail with an unrelated error
+_MAX_PORT = 65535
+
+
 #: the HTTP/2 client preface and an empty SETTINGS frame: a gRPC server (Ray's GCS, a Ray Client
 #: server) answers with its own SETTINGS frame (frame type 4, the 4th byte of the 9-byte header)
 _H2_HELLO = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
@@ -481,6 +485,9 @@ def probe_address(address: str, timeout: float = PROBE_TIMEOUT_S) -> None:
     if hp is None:
         return
     host, port = hp
+    if port > _MAX_PORT:
+        raise ClusterUnavailable(f"cannot join the Ray cluster at {address}: port {port} is not a TCP port "
+                                 f"(0 to {_MAX_PORT})")
     try:
         with socket.create_connection((host, port), timeout=timeout) as sock:
             if os.environ.get("RAY_USE_TLS", "0").lower() in ("1", "true") or _speaks_grpc(sock, timeout):
@@ -516,6 +523,12 @@ def connect_ray(address: str | None, num_cpus: int | None, quiet: bool) -> bool:
         probe_address(address)
         try:
             ray.init(address=address, **kwargs)
+        except ValueError as exc:
+            # Ray's own check of the address text ("Invalid address format: foo"), or a ray:// address
+            # without the ray[client] extra: a user error, said before any connection is tried
+            raise ClusterUnavailable(f"cannot join the Ray cluster at {address}: {str(exc).strip()[:300]} "
+                                     "(--address takes host:port, ray://host:port or auto; "
+                                     "see docs/cluster.md)") from None
         except (ConnectionError, RuntimeError) as exc:
             cause = exc
             while cause.__cause__ is not None:

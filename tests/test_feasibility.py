@@ -148,3 +148,15 @@ def test_probe_tells_apart_names_that_do_not_resolve_and_ports_that_are_not_ray(
             probe_address(f"ray://127.0.0.1:{port}", timeout=2)
         assert time.time() - t0 < 10
     probe_address("auto")  # no port: left to Ray
+
+
+@pytest.mark.parametrize("address, words", [
+    ("foo", "Invalid address format: foo"),         # Ray's ValueError was a traceback, exit 1
+    ("ray://foo", "cannot join the Ray cluster at ray://foo"),  # ray:// without ray[client]: a ValueError too
+    ("127.0.0.1:99999", "port 99999 is not a TCP port"),  # was "nothing listens on port 99999"
+])
+def test_malformed_address_is_a_cluster_error_not_a_traceback(address, words):
+    from lossscale_bench.sweep import connect_ray
+
+    with pytest.raises(ClusterUnavailable, match=words.replace(".", r"\.")):
+        connect_ray(address, 1, True)
