@@ -212,7 +212,7 @@ def _train(cfg, sink: Sink, trial_dir: Path, threads, checkpoint_every, outcome:
     best = {"map": float("-inf")}
     diverged_hook = DivergenceHook(sink, patience=cfg.divergence.get("patience", 10),
                                    max_consecutive_skips=cfg.divergence.get("max_consecutive_skips", 200),
-                                   policy=cfg.on_divergence)
+                                   policy=cfg.on_divergence, check_every=cfg.log_every)
 
     if ckpt_path.exists():
         ck = load_checkpoint(ckpt_path)
@@ -259,7 +259,7 @@ def _train(cfg, sink: Sink, trial_dir: Path, threads, checkpoint_every, outcome:
                       precision=precision, batches=batches, iterations=iterations, hooks=hooks,
                       grad_clip=cfg.schedule.get("grad_clip"),
                       bias_grad_factor=cfg.schedule.get("bias_grad_factor", 1.0), state=state,
-                      grad_sync=grad_sync)
+                      grad_sync=grad_sync, sync_every=cfg.log_every)  # losses read a window at a time
     sink.tags({"lsbench.backend": backend.describe()})
     try:
         trainer.run()

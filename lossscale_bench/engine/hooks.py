@@ -17,7 +17,7 @@ from typing import Any, Callable
 import torch
 
 from ..sink import Sink
-from .loop import StepRecord, StopTraining
+from .loop import StepRecord, StopTraining, read_records
 
 
 class Hook:
@@ -44,12 +44,17 @@ class TrialDiverged(StopTraining):
 
 
 class MetricsHook(Hook):
-    """Logs every step's loss, scale, overflow, skip count, lr and throughput; flushes every ``log_every``."""
+    """Logs every step's loss, scale, overflow, skip count, lr and throughput; flushes every ``log_every``.
+
+    The losses are read from the device only then, a window at a time (``read_records``): a
+    step's loss need not reach the host when the step ends (loop.py's module doc).
+    """
 
     def __init__(self, sink: Sink, log_every: int = 10) -> None:
         self.sink = sink
         self.log_every = max(1, int(log_every))
         self._buf: list[tuple[str, float, int]] = []
+        self._pending: list[tuple[StepRecord, list[tuple[str, float, int]]]] = []
 
     @staticmethod
     def _finite_or_none(x: float) -> float:
@@ -59,20 +64,33 @@ class MetricsHook(Hook):
     def after_step(self, trainer, record: StepRecord) -> None:
         s = record.step
         st = trainer.state
-        items = [("loss", self._finite_or_none(record.loss), s), ("lr", record.lr, s),
-                 ("overflow", float(record.result.overflow), s), ("skipped", float(record.result.skipped), s),
-                 ("skipped_steps", float(st.skipped_steps), s), ("images_per_sec", record.images_per_sec, s)]
-        items += [(f"loss_{k}", v, s) for k, v in record.parts.items()]
+        # what is known on the host now (the running skip count must be this step's)
+        items = [("lr", record.lr, s), ("overflow", float(record.result.overflow), s),
+                 ("skipped", float(record.result.skipped), s), ("skipped_steps", float(st.skipped_steps), s)]
         if s % self.log_every == 0 or s == trainer.iterations:
             # Per-layer summaries need a host read: only on logged steps.
             items += [(k, float(v), s) for k, v in trainer.scaler.metrics().items()]
         else:
             items.append(("loss_scale", float(record.result.scale), s))
-        self._buf.extend(items)
+        self._pending.append((record, items))
+        if s % self.log_every == 0 or s == trainer.iterations:
+            self._drain()
         if s % self.log_every == 0:
             self.flush(trainer)
 
+    def _drain(self) -> None:
+        """Read the pending steps' losses (one transfer) and queue every pending metric."""
+        read_records(r for r, _ in self._pending)
+        for record, items in self._pending:
+            s = record.step
+            self._buf.append(("loss", self._finite_or_none(record.loss), s))
+            self._buf.extend(items)
+            self._buf.append(("images_per_sec", record.images_per_sec, s))
+            self._buf.extend((f"loss_{k}", v, s) for k, v in record.parts.items())
+        self._pending = []
+
     def flush(self, trainer=None) -> None:
+        self._drain()
         if self._buf:
             self.sink.metrics(self._buf)
             self._buf = []
@@ -99,8 +117,14 @@ class DivergenceHook(Hook):
     skipped step). The reason says both steps when they differ.
     """
 
-    def __init__(self, sink: Sink, patience: int = 10, max_consecutive_skips: int = 200, policy: str = "stop") -> None:
+    def __init__(self, sink: Sink, patience: int = 10, max_consecutive_skips: int = 200, policy: str = "stop",
+                 check_every: int = 1) -> None:
         self.sink = sink
+        #: judge the steps a window at a time, when their losses are read anyway (the trial passes
+        #: ``log_every``): each step is still judged, in order, so ``diverged_step`` is exact; a
+        #: ``stop`` takes effect at the end of the window, up to ``check_every - 1`` steps later
+        self.check_every = max(1, int(check_every))
+        self._pending: list[StepRecord] = []
         self.patience = int(patience)
         self.max_skips = int(max_consecutive_skips)
         self.policy = policy
@@ -114,6 +138,21 @@ class DivergenceHook(Hook):
         self.diverged: TrialDiverged | None = None
 
     def after_step(self, trainer, record: StepRecord) -> None:
+        self._pending.append(record)
+        if record.step % self.check_every == 0 or record.step >= trainer.iterations:
+            self._judge_pending(raise_stop=True)
+
+    def after_train(self, trainer) -> None:
+        # steps left when another hook stopped training mid-window: recorded, nothing raised
+        self._judge_pending(raise_stop=False)
+
+    def _judge_pending(self, raise_stop: bool) -> None:
+        pending, self._pending = self._pending, []
+        read_records(pending)
+        for record in pending:
+            self._judge(record, raise_stop)
+
+    def _judge(self, record: StepRecord, raise_stop: bool) -> None:
         step = record.step
         if math.isfinite(record.loss):
             self.bad = 0
@@ -144,7 +183,7 @@ class DivergenceHook(Hook):
             self.sink.tags({"lsbench.diverged_step": first_bad, "lsbench.diverged_reason": reason,
                             "lsbench.last_finite_loss": self.last_finite_loss,
                             "lsbench.diverged_scale": self.last_scale})
-            if self.policy == "stop":
+            if self.policy == "stop" and raise_stop:
                 raise self.diverged
 
 

@@ -5,6 +5,16 @@ hook -> optional unscale for clipping -> ``scaler.step`` (backend's optimizer
 step) -> ``scaler.update`` -> lr schedule. The loop knows no scaler type, no
 device type and no tracking system: those live behind ``LossScaler``,
 ``Backend`` and the hooks.
+
+Host synchronisation. With ``sync_every`` N > 1 (the trial passes its
+``log_every``) a step does not wait for the device: its loss stays a device
+tensor in the :class:`StepRecord` until a hook reads it, and the hooks that
+read losses (``MetricsHook``, ``DivergenceHook``) read a whole window with one
+transfer (:func:`read_records`) every N steps; the backend synchronises only on
+those steps and ``images_per_sec`` is the window's throughput. One read per
+step remains: the scaler's overflow verdict (``LossScaler.step`` reads the
+fused non-finite flag), because the skip decision and the next scale are made
+on the host. N = 1 is the old behaviour: every step synchronised and read.
 """
 
 from __future__ import annotations
@@ -21,15 +31,75 @@ from ..precision import Precision
 from ..scaling.base import LossScaler, StepResult
 
 
-@dataclass
+class _Window:
+    """Steps between two device synchronisations: their images and the wall time they took."""
+
+    __slots__ = ("start", "images", "seconds")
+
+    def __init__(self, start: float) -> None:
+        self.start = start
+        self.images = 0
+        self.seconds: float | None = None  # set when the window closes (the device was waited for)
+
+
 class StepRecord:
-    step: int                      # iterations completed after this one (1-based)
-    loss: float                    # unscaled total loss (may be nan/inf)
-    parts: dict[str, float]
-    result: StepResult
-    lr: float
-    images_per_sec: float
-    seconds: float
+    """One step as the hooks see it.
+
+    ``loss`` (unscaled total, may be nan/inf) and ``parts`` are read from the device on first
+    access; :func:`read_records` reads many records with one transfer. ``images_per_sec`` is
+    the throughput of the window of steps between two device synchronisations this step
+    belongs to (one step when the trainer synchronises every step); while that window is
+    open, this step's own host-side rate.
+    """
+
+    __slots__ = ("step", "result", "lr", "seconds", "part_names", "_values", "_floats", "_images", "_window")
+
+    def __init__(self, step: int, values: torch.Tensor, part_names: list[str], result: StepResult, lr: float,
+                 images: int, seconds: float, window: _Window | None = None) -> None:
+        self.step = step                # iterations completed after this one (1-based)
+        self.result = result
+        self.lr = lr
+        self.seconds = seconds
+        self.part_names = list(part_names)
+        self._values = values           # [1 + len(parts)] on the device: total loss, then the parts
+        self._floats: list[float] | None = None
+        self._images = images
+        self._window = window
+
+    @property
+    def loss(self) -> float:
+        read_records([self])
+        return self._floats[0]  # type: ignore[index]
+
+    @property
+    def parts(self) -> dict[str, float]:
+        read_records([self])
+        return dict(zip(self.part_names, self._floats[1:]))  # type: ignore[index]
+
+    @property
+    def is_read(self) -> bool:
+        return self._floats is not None
+
+    @property
+    def images_per_sec(self) -> float:
+        w = self._window
+        if w is not None and w.seconds is not None:
+            return w.images / w.seconds if w.seconds > 0 else math.inf
+        return self._images / self.seconds if self.seconds > 0 else math.inf
+
+
+def read_records(records: Iterable[StepRecord]) -> None:
+    """Fetch the losses of every record not yet read in one device-to-host transfer."""
+    todo = [r for r in records if r._floats is None]
+    if not todo:
+        return
+    if len(todo) == 1:
+        todo[0]._floats = todo[0]._values.tolist()
+    else:
+        for r, row in zip(todo, torch.stack([r._values for r in todo]).tolist()):
+            r._floats = row
+    for r in todo:
+        r._values = None  # type: ignore[assignment]  # free the device tensor
 
 
 @dataclass
@@ -49,7 +119,7 @@ class Trainer:
     def __init__(self, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler, scaler: LossScaler,
                  backend: Backend, precision: Precision, batches: Iterable, iterations: int, hooks=(),
                  grad_clip: float | None = None, bias_grad_factor: float = 1.0, state: TrainState | None = None,
-                 grad_sync=None):
+                 grad_sync=None, sync_every: int = 1):
         self.model = model
         self.optimizer = optimizer
         self.scheduler = scheduler
@@ -70,10 +140,15 @@ class Trainer:
         # the launcher (``distributed.GradSync``); the loop knows only this interface.
         self.grad_sync = grad_sync
         self._bias_params = [p for n, p in model.named_parameters() if n.endswith(".bias") and p.requires_grad]
+        #: wait for the device (and read losses eagerly) every this many steps; module doc
+        self.sync_every = max(1, int(sync_every))
+        self._window: _Window | None = None
 
     # -- one step ---------------------------------------------------------------
     def train_step(self, images: list[torch.Tensor], targets: list[dict]) -> StepRecord:
         t0 = time.perf_counter()
+        if self._window is None:
+            self._window = _Window(t0)
         images, targets = self.backend.to_device(images, targets)
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
@@ -102,21 +177,29 @@ class Trainer:
         self.scaler.update()
         self.scheduler.step()
         self.backend.after_step()
-        self.backend.synchronize()
-        seconds = time.perf_counter() - t0
         vals = torch.stack([loss.detach().float()] + [v.detach().float() for v in parts.values()])
         if self.grad_sync is not None and hasattr(self.grad_sync, "mean"):
             # replicas log the mean loss and take the same divergence decisions
             vals = self.grad_sync.mean(vals)
-        loss_value, *part_values = vals.tolist()
         st = self.state
         st.step += 1
         st.images_seen += len(images)
         st.skipped_steps += int(result.skipped)
         st.overflow_steps += int(result.overflow)
-        return StepRecord(step=st.step, loss=loss_value,
-                          parts=dict(zip(parts, part_values)), result=result, lr=lr,
-                          images_per_sec=len(images) / seconds if seconds > 0 else math.inf, seconds=seconds)
+        window = self._window
+        window.images += len(images)
+        closes = self.sync_every == 1 or st.step % self.sync_every == 0 or st.step >= self.iterations
+        if closes:
+            self.backend.synchronize()
+        now = time.perf_counter()
+        record = StepRecord(step=st.step, values=vals, part_names=list(parts), result=result, lr=lr,
+                            images=len(images), seconds=now - t0, window=window)
+        if closes:
+            window.seconds = now - window.start
+            self._window = None
+        if self.sync_every == 1:
+            read_records([record])
+        return record
 
     # -- the loop ---------------------------------------------------------------
     def run(self) -> TrainState:
