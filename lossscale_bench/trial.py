@@ -183,7 +183,8 @@ def _train(cfg, sink: Sink, trial_dir: Path, threads, checkpoint_every, outcome:
     from .scaling import build_scaler
     from .telemetry import LayerHistory, UnderflowProbe
 
-    backend = get_backend(cfg.resources.get("backend", "cpu"), threads=threads)
+    backend = get_backend(cfg.resources.get("backend", "cpu"), threads=threads,
+                          **({"compile": True} if cfg.resources.get("compile") else {}))  # cuda only (schema)
     backend.seed(cfg.seed)
     random.seed(cfg.seed)
     np.random.seed(cfg.seed % 2**32)
@@ -201,7 +202,7 @@ def _train(cfg, sink: Sink, trial_dir: Path, threads, checkpoint_every, outcome:
     # after the emulation hooks: it sees gradients before they are rounded
     probe = UnderflowProbe(model, fmt=precision.telemetry_format)
     history = LayerHistory(trial_dir / "layers_history.csv")
-    optimizer = build_optimizer(model, cfg.schedule)
+    optimizer = build_optimizer(model, cfg.schedule, backend.optimizer_options())
     scheduler = build_scheduler(optimizer, cfg.schedule)
     state = TrainState()
 

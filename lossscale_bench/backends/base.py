@@ -53,6 +53,11 @@ class Backend:
         return torch.autocast(device_type=self.device.type, dtype=dtype)
 
     # -- stepping -------------------------------------------------------------
+    def optimizer_options(self) -> dict[str, Any]:
+        """Keyword arguments for ``torch.optim.SGD`` choosing its implementation on this device
+        (``foreach``/``fused``); {} keeps torch's choice. The same update, other kernels."""
+        return {}
+
     def after_backward(self) -> None:
         """Hook after ``loss.backward()`` (HPU lazy mode marks a step here)."""
 

@@ -33,6 +33,11 @@ class CPUBackend(Backend):
             model = model.to(memory_format=torch.channels_last)
         return model
 
+    def optimizer_options(self) -> dict:
+        """foreach SGD: one multi-tensor call instead of a Python loop over parameters (torch picks
+        it by default on CUDA only). The same update bit for bit (tests/backends)."""
+        return {"foreach": True}
+
     def memory_stats(self) -> dict[str, float]:
         try:
             import resource

@@ -116,11 +116,13 @@ class ChainerMomentumSGD(torch.optim.Optimizer):
 MOMENTUM_STYLES = ("torch", "chainer")
 
 
-def build_optimizer(model: torch.nn.Module, schedule: dict) -> torch.optim.Optimizer:
+def build_optimizer(model: torch.nn.Module, schedule: dict, impl: dict | None = None) -> torch.optim.Optimizer:
     """Momentum SGD with weight decay over trainable parameters (the seeds' recipe).
 
     Without ``weight_decay_exclude`` there is one group, as before (checkpoints of earlier
-    trials load unchanged).
+    trials load unchanged). ``impl``: the backend's ``optimizer_options()`` (``foreach``/``fused``
+    kernels for torch's SGD; the same update, and on CPU bit for bit); Chainer-style momentum
+    has its own step and ignores it.
     """
     wd = float(schedule.get("weight_decay", 5e-4))
     groups = param_groups(model, wd, schedule.get("weight_decay_exclude") or ())
@@ -128,4 +130,6 @@ def build_optimizer(model: torch.nn.Module, schedule: dict) -> torch.optim.Optim
     if style not in MOMENTUM_STYLES:
         raise ValueError(f"unknown momentum_style {style!r}; allowed: {', '.join(MOMENTUM_STYLES)}")
     cls = ChainerMomentumSGD if style == "chainer" else torch.optim.SGD
-    return cls(groups, lr=float(schedule["lr"]), momentum=float(schedule.get("momentum", 0.9)), weight_decay=wd)
+    extra = dict(impl or {}) if cls is torch.optim.SGD else {}
+    return cls(groups, lr=float(schedule["lr"]), momentum=float(schedule.get("momentum", 0.9)), weight_decay=wd,
+               **extra)

@@ -131,6 +131,27 @@ def _make_trial_id(identity: dict) -> str:
 # --------------------------------------------------------------------------- expansion
 
 
+#: data sets whose per-image records the DALI loader reads (data/dali.py ``sample_info``)
+DALI_DATASETS = ("synthetic", "voc", "coco2017")
+
+
+def default_loader(backend: str | None, dataset: dict) -> str:
+    """The loader of a study that names none: DALI's GPU pipeline (nvJPEG decode, prefetch) for
+    ``backend: cuda`` where ``nvidia.dali`` is importable here and the data set is one DALI reads
+    (not ``fake_data``), else torch's DataLoader. Resolved when the grid is expanded, so the trial id
+    (which has the loader: decoders differ in the last bit of a pixel) says which one ran; a CPU
+    study's ids stay as they were."""
+    if backend != "cuda" or dataset.get("name") not in DALI_DATASETS or dataset.get("fake_data"):
+        return "torch"
+    import importlib.util
+
+    try:
+        found = importlib.util.find_spec("nvidia.dali") is not None
+    except (ImportError, ValueError):  # no ``nvidia`` namespace package at all
+        found = False
+    return "dali" if found else "torch"
+
+
 def expand(study) -> list[dict[str, Any]]:
     """A validated study's grid as :class:`~.trial_config.TrialConfig` keyword arguments, in order.
 
@@ -159,9 +180,11 @@ def expand(study) -> list[dict[str, Any]]:
                 scaling = entry.normalized()
                 label = entry.label if entry.label is not None else default_label(scaling, p)
                 res = {**resources, **(entry.resources.given() if entry.resources is not None else {})}
+                loader = (study.loader if "loader" in study.model_fields_set
+                          else default_loader(res.get("backend"), dataset))
                 for seed in study.seeds:
                     ident = _identity(m, b, p, scaling, seed, dataset, schedule, eval_, res,
-                                      model_options, divergence, study.loader, fingerprint,
+                                      model_options, divergence, loader, fingerprint,
                                       study.on_divergence)
                     tid = _make_trial_id(ident)
                     if tid in seen:
@@ -175,7 +198,7 @@ def expand(study) -> list[dict[str, Any]]:
                         dataset=dict(dataset), schedule=dict(schedule), eval=dict(eval_),
                         resources=dict(res), model_options=dict(model_options),
                         divergence=dict(divergence), on_divergence=study.on_divergence,
-                        max_failures=study.max_failures, log_every=study.log_every, loader=study.loader,
+                        max_failures=study.max_failures, log_every=study.log_every, loader=loader,
                         fingerprint=dict(fingerprint),
                     ))
     return out

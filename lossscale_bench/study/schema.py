@@ -335,6 +335,16 @@ class Resources(BaseModel):
     backend: _choice("backend", BACKEND_NAMES) = "cpu"  # type: ignore[valid-type]
     devices_per_trial: PosInt = 1  # type: ignore[valid-type]
     cpus_per_trial: PosFloat = 1.0  # type: ignore[valid-type]
+    #: cuda only: torch.compile the backbone and heads (backends/cuda.py). Off by default and not
+    #: in the trial id, as channels_last: the same training, other kernels
+    compile: Optional[Bool] = None
+
+    @model_validator(mode="after")
+    def _compile_on_cuda(self, info: ValidationInfo):
+        if self.compile and self.backend not in ("cuda", "auto"):
+            raise StudyError(_ctx_source(info), "resources.compile",
+                             f"only the cuda backend compiles the model, not {self.backend}", "cuda, auto")
+        return self
 
 
 class ModelOptions(BaseModel):
@@ -488,6 +498,7 @@ class Study(BaseModel):
     on_divergence: _choice("on_divergence policy", ("stop", "continue")) = "stop"  # type: ignore[valid-type]
     max_failures: NonNegInt = 2  # type: ignore[valid-type]
     log_every: PosInt = 10  # type: ignore[valid-type]
+    #: not given: DALI on CUDA where nvidia.dali is importable, else torch (grid.default_loader)
     loader: _choice("loader", ("torch", "dali")) = "torch"  # type: ignore[valid-type]
     #: the file it came from; set by the loader, not a key of the YAML schema
     source: str = _DEFAULT_SOURCE
