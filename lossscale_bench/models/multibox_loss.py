@@ -3,8 +3,10 @@
 Why: torchvision's ``SSD.forward`` matches anchors image by image and
 ``SSD.compute_loss`` loops over the images in Python, each image costing a
 ``torch.where`` (a host sync on an accelerator) and a dozen small kernels. Here
-the targets are padded to ``[B, G]`` and everything runs as a few batched ops
-with masks, with no data-dependent shapes, so no host sync.
+the targets are padded to ``[B, G]`` and matching and loss run as a few batched
+ops. On an accelerator every selection is a mask (no data-dependent shape, so no
+host sync; tested on the meta device); on the CPU, where reading a mask is free,
+the regression is indexed to the matched anchors instead (less work).
 
 It computes torchvision's loss, rule for rule (torchvision 0.29,
 ``models/detection/ssd.py`` and ``_utils.SSDMatcher``):
@@ -61,10 +63,9 @@ def match_anchors(gt_boxes: Tensor, valid: Tensor, anchors: Tensor, iou_thresh: 
     a = anchors.shape[1]
     if g == 0:
         return torch.full((b, a), -1, dtype=torch.int64, device=anchors.device)
-    iou = box_ops.box_iou(gt_boxes, anchors)                         # [B, G, A]
-    iou = torch.where(valid[..., None], iou, torch.full_like(iou, -1.0))
+    iou = box_ops.box_iou(gt_boxes, anchors).masked_fill_(~valid[..., None], -1.0)  # [B, G, A]
     matched_vals, matches = iou.max(dim=1)                           # best gt per anchor
-    matches = torch.where(matched_vals < iou_thresh, torch.full_like(matches, -1), matches)
+    matches.masked_fill_(matched_vals < iou_thresh, -1)
     # every ground truth takes its best anchor; a padded one forces nothing (-1 never wins amax)
     _, best_anchor = iou.max(dim=2)                                  # [B, G]
     gt_index = torch.arange(g, device=anchors.device).expand(b, g)
@@ -75,24 +76,38 @@ def match_anchors(gt_boxes: Tensor, valid: Tensor, anchors: Tensor, iou_thresh: 
 
 
 def multibox_loss(bbox_regression: Tensor, cls_logits: Tensor, anchors: Tensor, gt_boxes: Tensor,
-                  gt_labels: Tensor, matched: Tensor, box_coder, neg_to_pos_ratio: float) -> dict[str, Tensor]:
+                  gt_labels: Tensor, matched: Tensor, box_coder, neg_to_pos_ratio: float,
+                  dense: bool | None = None) -> dict[str, Tensor]:
     """torchvision's ``SSD.compute_loss`` on padded targets: ``bbox_regression [B, A, 4]``,
-    ``cls_logits [B, A, C]``, ``anchors [B, A, 4]``, ``matched [B, A]`` from :func:`match_anchors`."""
+    ``cls_logits [B, A, C]``, ``anchors [B, A, 4]``, ``matched [B, A]`` from :func:`match_anchors`.
+
+    ``dense`` (default: on any device but the CPU) computes the regression over every anchor
+    and masks, and sums the classification terms through masks: no data-dependent shape, so no
+    host sync. On the CPU, where reading a mask costs nothing, boolean indexing does less work
+    (only the matched anchors are encoded). Both give the same loss (tests run both).
+    """
     b, a = matched.shape
+    if dense is None:
+        dense = bbox_regression.device.type != "cpu"
     matched_fg = matched >= 0
     idx = matched.clamp(min=0)
     if gt_boxes.shape[1] == 0:  # no box in the whole batch: every anchor is background
         gt_boxes = anchors[:, :1]
         gt_labels = torch.zeros((b, 1), dtype=gt_labels.dtype, device=gt_labels.device)
-    matched_boxes = torch.gather(gt_boxes, 1, idx[..., None].expand(b, a, 4))
-    # background anchors encode against themselves: a finite (zero) target, masked out below
-    matched_boxes = torch.where(matched_fg[..., None], matched_boxes.to(anchors.dtype), anchors)
-    target = box_coder.encode_single(matched_boxes.reshape(-1, 4), anchors.reshape(-1, 4)).reshape(b, a, 4)
-    # where(), not a multiply: a non-finite prediction on a background anchor must not reach the sum
-    # (torchvision indexes it away), nor its gradient
-    pred = torch.where(matched_fg[..., None], bbox_regression, target.to(bbox_regression.dtype))
-    bbox_loss = F.smooth_l1_loss(pred, target, reduction="none")
-    bbox_loss = torch.where(matched_fg[..., None], bbox_loss, torch.zeros_like(bbox_loss)).sum()
+    if dense:
+        matched_boxes = torch.gather(gt_boxes, 1, idx[..., None].expand(b, a, 4))
+        # background anchors encode against themselves: a finite (zero) target, masked out below
+        matched_boxes = torch.where(matched_fg[..., None], matched_boxes.to(anchors.dtype), anchors)
+        target = box_coder.encode_single(matched_boxes.reshape(-1, 4), anchors.reshape(-1, 4)).reshape(b, a, 4)
+        # where(), not a multiply: a non-finite prediction on a background anchor must not reach the
+        # sum (torchvision indexes it away), nor its gradient
+        pred = torch.where(matched_fg[..., None], bbox_regression, target.to(bbox_regression.dtype))
+        bbox_loss = F.smooth_l1_loss(pred, target, reduction="none")
+        bbox_loss = torch.where(matched_fg[..., None], bbox_loss, torch.zeros_like(bbox_loss)).sum()
+    else:
+        bi, ai = matched_fg.nonzero(as_tuple=True)
+        target = box_coder.encode_single(gt_boxes[bi, matched[bi, ai]], anchors[bi, ai])
+        bbox_loss = F.smooth_l1_loss(bbox_regression[bi, ai], target, reduction="sum")
 
     cls_targets = torch.where(matched_fg, torch.gather(gt_labels, 1, idx), torch.zeros_like(idx))
     num_classes = cls_logits.size(-1)
@@ -111,8 +126,11 @@ def multibox_loss(bbox_regression: Tensor, cls_logits: Tensor, anchors: Tensor, 
     background = rank < num_negative
 
     n = matched_fg.sum().clamp(min=1)
-    zero = torch.zeros_like(cls_loss)
-    cls_sum = torch.where(foreground, cls_loss, zero).sum() + torch.where(background, cls_loss, zero).sum()
+    if dense:
+        zero = torch.zeros_like(cls_loss)
+        cls_sum = torch.where(foreground, cls_loss, zero).sum() + torch.where(background, cls_loss, zero).sum()
+    else:
+        cls_sum = cls_loss[foreground].sum() + cls_loss[background].sum()
     return {"bbox_regression": bbox_loss / n, "classification": cls_sum / n}
 
 

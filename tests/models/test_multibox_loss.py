@@ -56,12 +56,12 @@ def _torchvision(model: SSD, targets, head, anchors):
     return torch.stack(matched), SSD.compute_loss(model, targets, head, anchors, matched)
 
 
-def _batched(model: SSD, targets, head, anchors):
+def _batched(model: SSD, targets, head, anchors, dense=None):
     anchors = torch.stack(anchors)
     boxes, labels, valid = pad_targets(targets, anchors.device)
     matched = match_anchors(boxes, valid, anchors, model.proposal_matcher.high_threshold)
     return matched, multibox_loss(head["bbox_regression"], head["cls_logits"], anchors, boxes, labels, matched,
-                                  model.box_coder, model.neg_to_pos_ratio)
+                                  model.box_coder, model.neg_to_pos_ratio, dense=dense)
 
 
 def _head(gen, batch, n_anchors, n_classes, constant_logits):
@@ -71,10 +71,11 @@ def _head(gen, batch, n_anchors, n_classes, constant_logits):
     return {"bbox_regression": reg.requires_grad_(), "cls_logits": logits.requires_grad_()}
 
 
+@pytest.mark.parametrize("dense", [True, False], ids=["dense", "indexed"])
 @pytest.mark.parametrize("name", list(GEOMETRIES))
 @pytest.mark.parametrize("counts,constant", [([0, 1, 7, 30], False), ([5, 0, 1], True), ([0, 0], False),
                                              ([1], False), ([12, 12, 3, 40, 0, 2], False)])
-def test_batched_equals_torchvision(name, counts, constant):
+def test_batched_equals_torchvision(name, counts, constant, dense):
     size, maps = GEOMETRIES[name]
     model = build_model(name, num_classes=5, image_size=size, batched_loss=False)
     gen = torch.Generator().manual_seed(len(counts) * 31 + sum(counts))
@@ -84,7 +85,7 @@ def test_batched_equals_torchvision(name, counts, constant):
 
     m_ref, ref = _torchvision(model, targets, head, anchors)
     g_ref = torch.autograd.grad(sum(ref.values()), list(head.values()))
-    m_new, new = _batched(model, targets, head, anchors)
+    m_new, new = _batched(model, targets, head, anchors, dense)
     g_new = torch.autograd.grad(sum(new.values()), list(head.values()))
 
     assert torch.equal(m_ref, m_new)
@@ -111,7 +112,8 @@ def test_duplicate_boxes_force_the_same_anchor_higher_index_wins():
     assert torch.equal(ref, new)
 
 
-def test_nonfinite_background_prediction_stays_out():
+@pytest.mark.parametrize("dense", [True, False], ids=["dense", "indexed"])
+def test_nonfinite_background_prediction_stays_out(dense):
     """torchvision indexes background anchors away, so an inf regression there changes nothing."""
     size, maps = GEOMETRIES["ssd_tiny"]
     model = build_model("ssd_tiny", num_classes=5, image_size=size, batched_loss=False)
@@ -124,7 +126,7 @@ def test_nonfinite_background_prediction_stays_out():
     with torch.no_grad():
         head["bbox_regression"][0, bg] = float("inf")
     _, ref = _torchvision(model, targets, head, anchors)
-    _, new = _batched(model, targets, head, anchors)
+    _, new = _batched(model, targets, head, anchors, dense)
     assert torch.isfinite(ref["bbox_regression"]) and torch.isfinite(new["bbox_regression"])
     torch.testing.assert_close(new["bbox_regression"], ref["bbox_regression"])
     grad = torch.autograd.grad(sum(new.values()), head["bbox_regression"])[0]
@@ -187,3 +189,24 @@ schedule: {iterations: 3, lr: 0.01}
     assert false.model_options == {"width": 8, "image_size": 64, "batched_loss": False}
     model = build_model("ssd_tiny", num_classes=3, **false.model_options)
     assert type(model) is SSD
+
+
+def test_dense_path_has_no_data_dependent_shape():
+    """On the meta device every op that would read values on the host (nonzero, boolean indexing,
+    .item()) fails: the dense path (any device but the CPU) runs there, so it never syncs."""
+    size, maps = GEOMETRIES["ssd_tiny"]
+    model = build_model("ssd_tiny", num_classes=5, image_size=size, batched_loss=False)
+    gen = torch.Generator().manual_seed(5)
+    anchors = _anchors(model, size, maps, 3)
+    targets = [{k: v.to("meta") for k, v in t.items()} for t in _targets(gen, anchors[0], size, [2, 0, 5])]
+    an = torch.stack(anchors).to("meta")
+    boxes, labels, valid = pad_targets(targets, torch.device("meta"))
+    matched = match_anchors(boxes, valid, an, 0.5)
+    head = {k: v.detach().to("meta").requires_grad_() for k, v in _head(gen, 3, an.shape[1], 5, False).items()}
+    out = multibox_loss(head["bbox_regression"], head["cls_logits"], an, boxes, labels, matched,
+                        model.box_coder, model.neg_to_pos_ratio)  # dense chosen: not a CPU tensor
+    sum(out.values()).backward()
+    assert out["classification"].device.type == "meta" and head["cls_logits"].grad is not None
+    with pytest.raises(Exception):  # the indexed path does read values
+        multibox_loss(head["bbox_regression"], head["cls_logits"], an, boxes, labels, matched,
+                      model.box_coder, model.neg_to_pos_ratio, dense=False)
