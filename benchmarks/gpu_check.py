@@ -60,6 +60,9 @@ warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step()
 
 NUM_CLASSES = 4
 SCHED = {"lr": 1e-4, "momentum": 0.9, "weight_decay": 5e-4}
+#: the Trainer reads losses (and waits for the device) every this many steps, as a trial with
+#: log_every 10 does; throughput is timed over blocks of this many steps, each ending in a device sync
+SYNC_EVERY = 10
 IMAGE_SIZE = {"ssd_tiny": 128, "ssd300_vgg16": 300, "ssd512_vgg16": 512}
 
 
@@ -70,7 +73,7 @@ def make_config(smoke: bool) -> dict:
         return {
             "device": "cpu", "precision": "fp16-emulated", "smoke": True, "total_budget_s": 240,
             "a": {"model": "ssd_tiny", "batch": 2, "steps": 12, "growth_interval": 2, "budget_s": 40},
-            "b": {"model": "ssd_tiny", "batch": 4, "steps": 3, "warmup": 1, "budget_s": 30},
+            "b": {"model": "ssd_tiny", "batch": 4, "steps": 4, "warmup": 1, "block": 2, "budget_s": 30},
             "c": {"models": {"ssd_tiny": 2}, "steps": 2, "warmup": 1, "budget_s": 30},
             "d": {"model": "ssd_tiny", "batch": 1, "batches": 1, "budget_s": 40},
             "e": {"seeds": [0, 1], "iterations": 3, "batch": 2, "train_images": 8, "val_images": 4,
@@ -80,7 +83,7 @@ def make_config(smoke: bool) -> dict:
     return {
         "device": "cuda", "precision": "mixed16", "smoke": False, "total_budget_s": 420,
         "a": {"model": "ssd300_vgg16", "batch": 8, "steps": 40, "growth_interval": 10, "budget_s": 40},
-        "b": {"model": "ssd300_vgg16", "batch": 32, "steps": 20, "warmup": 3, "budget_s": 60},
+        "b": {"model": "ssd300_vgg16", "batch": 32, "steps": 40, "warmup": 1, "block": SYNC_EVERY, "budget_s": 60},
         "c": {"models": {"ssd300_vgg16": 32, "ssd512_vgg16": 16}, "steps": 12, "warmup": 2, "budget_s": 110},
         "d": {"model": "ssd300_vgg16", "batch": 8, "batches": 4, "budget_s": 40},
         "e": {"seeds": [0, 1, 2], "iterations": 300, "batch": 8, "train_images": 512, "val_images": 64,
@@ -111,7 +114,10 @@ def base_model(model_name: str, device: str, seed: int = 0):
                                                       image_size=IMAGE_SIZE[model_name]))
 
 
-def make_trainer(model, backend, method: dict, precision_name: str, sched: dict | None = None):
+def make_trainer(model, backend, method: dict, precision_name: str, sched: dict | None = None,
+                 sync_every: int = SYNC_EVERY):
+    """A Trainer as a trial builds it: the backend's optimizer kernels (fused SGD on CUDA, foreach on
+    CPU), losses read every ``sync_every`` steps (the model's batched loss comes with the model)."""
     from lossscale_bench.engine.loop import Trainer
     from lossscale_bench.engine.schedule import build_optimizer, build_scheduler
     from lossscale_bench.precision import get_precision
@@ -121,15 +127,28 @@ def make_trainer(model, backend, method: dict, precision_name: str, sched: dict 
     precision.prepare(model)
     scaler = build_scaler(method, model, grad_format=precision.grad_format)
     sched = sched or SCHED
-    opt = build_optimizer(model, sched)
+    opt = build_optimizer(model, sched, backend.optimizer_options())
+    # iterations: open-ended (steps are driven one by one), so only every sync_every-th step waits
     return Trainer(model=model, optimizer=opt, scheduler=build_scheduler(opt, sched), scaler=scaler,
-                   backend=backend, precision=precision, batches=iter(()), iterations=0)
+                   backend=backend, precision=precision, batches=iter(()), iterations=10**9,
+                   sync_every=sync_every)
+
+
+def reference_model(model):
+    """A copy of ``model`` as torchvision's references train it: torchvision's per-image SSD loss
+    (not the batched one) and the default NCHW memory format."""
+    from torchvision.models.detection.ssd import SSD
+
+    ref = copy.deepcopy(model)
+    ref.__class__ = SSD
+    return ref.to(memory_format=torch.contiguous_format)
 
 
 class PlainAMP:
     """The torchvision-references training step: model(images, targets) -> sum -> GradScaler."""
 
-    def __init__(self, model, backend, precision_name: str, init_scale: float = 65536.0, growth_interval: int = 2000):
+    def __init__(self, model, backend, precision_name: str, init_scale: float = 65536.0, growth_interval: int = 2000,
+                 optimizer_options: dict | None = None):
         from lossscale_bench.engine.schedule import build_optimizer, build_scheduler
         from lossscale_bench.precision import get_precision
 
@@ -137,7 +156,8 @@ class PlainAMP:
         self.precision = get_precision(precision_name)
         self.precision.prepare(model)  # emulated precisions (CPU smoke): the same rounding hooks
         self.device = backend.device
-        self.optimizer = build_optimizer(model, SCHED)
+        # {}: torch's default SGD (foreach on CUDA), as the references
+        self.optimizer = build_optimizer(model, SCHED, optimizer_options)
         self.scheduler = build_scheduler(self.optimizer, SCHED)
         self.scaler = torch.amp.GradScaler(self.device.type, init_scale=init_scale, growth_interval=growth_interval)
 
@@ -156,29 +176,50 @@ class PlainAMP:
         self.scaler.update()
         skipped = self.scaler.get_scale() < scale  # GradScaler backs off exactly when it skipped
         self.scheduler.step()
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
+        # the references log every step: ``loss_value = losses_reduced.item()`` (a host read)
+        float(losses.detach())
         return float(scale), skipped
+
+
+def _optimizer_kernels(device: str) -> str:
+    """What the backend asks of SGD, in words (without building a CUDA backend on a CPU machine)."""
+    return {"cuda": "fused SGD", "cpu": "foreach SGD"}.get(device, "torch's default SGD")
 
 
 def _median_ms(xs):
     return statistics.median(xs) * 1000.0 if xs else None
 
 
-def interleaved(steppers: dict, batches: list, steps: int, warmup: int, deadline: float) -> dict:
-    """Median step seconds per stepper, steps interleaved round-robin, stopping at ``deadline``."""
+def _sync() -> None:
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
+def interleaved(steppers: dict, batches: list, steps: int, warmup: int, deadline: float,
+                block: int = 1) -> dict:
+    """Seconds per step for each stepper, interleaved round-robin, stopping at ``deadline``.
+
+    Each stepper runs ``block`` steps in a row, then the device is waited for, and the block's
+    time divided by ``block`` is one sample: a loop that does not wait every step (the Trainer
+    with ``sync_every``) is timed for what it finishes, not for what it queued. ``steps`` and
+    ``warmup`` count blocks."""
     times = {name: [] for name in steppers}
     done = 0
+    k = 0
     for i in range(warmup + steps):
         if time.monotonic() > deadline and done >= 1:
             break
-        images, targets = batches[i % len(batches)]
         for name, st in steppers.items():
+            _sync()
             t0 = time.perf_counter()
-            st.train_step(images, targets)
-            dt = time.perf_counter() - t0
+            for j in range(block):
+                images, targets = batches[(k + j) % len(batches)]
+                st.train_step(images, targets)
+            _sync()
+            dt = (time.perf_counter() - t0) / block
             if i >= warmup:
                 times[name].append(dt)
+        k += block
         if i >= warmup:
             done += 1
     return times
@@ -209,10 +250,12 @@ def section_a(cfg: dict, sc: dict) -> dict:
 def _section_a(cfg, sc, backend, model, deadline) -> dict:
     from lossscale_bench.scaling import DynamicLossScaler
 
+    # the same model class (loss) and optimizer kernels on both sides: this compares the scalers
     model_gs = copy.deepcopy(model)
     ours = make_trainer(model, backend, {"method": "dynamic", "style": "torch"}, cfg["precision"])
     ours.scaler = DynamicLossScaler(style="torch", interval=sc["growth_interval"])
-    plain = PlainAMP(model_gs, backend, cfg["precision"], growth_interval=sc["growth_interval"])
+    plain = PlainAMP(model_gs, backend, cfg["precision"], growth_interval=sc["growth_interval"],
+                     optimizer_options=backend.optimizer_options())
     rows = []
     for i in range(sc["steps"]):
         if time.monotonic() > deadline and rows:
@@ -240,22 +283,45 @@ def _section_a(cfg, sc, backend, model, deadline) -> dict:
 
 # ---------------------------------------------------------------------------
 # b. Trainer vs plain AMP loop throughput
+B_TRAINER = "lsbench Trainer (dynamic, torch style)"
+B_PLAIN = "plain AMP loop (GradScaler)"
+B_OLD = "lsbench Trainer, torchvision loss, read every step"
+B_COMPILED = "lsbench Trainer + torch.compile"
+
+
 def section_b(cfg: dict, sc: dict) -> dict:
+    """Trainer as trials run it (batched loss, losses read every SYNC_EVERY steps, the backend's
+    optimizer kernels and memory format) vs the references' loop (torchvision's loss, NCHW, default
+    SGD, a loss read per step); also the Trainer with the old step (torchvision's loss, a read per
+    step), and, with ``--compile`` on CUDA, compiled backbone and heads."""
     deadline = time.monotonic() + sc["budget_s"]
     backend, model = base_model(sc["model"], cfg["device"])
-    model2 = copy.deepcopy(model)
-    steppers = {"lsbench Trainer (dynamic, torch style)":
-                make_trainer(model, backend, {"method": "dynamic", "style": "torch"}, cfg["precision"]),
-                "plain AMP loop (GradScaler)": PlainAMP(model2, backend, cfg["precision"])}
+    dyn = {"method": "dynamic", "style": "torch"}
+    from torchvision.models.detection.ssd import SSD
+
+    old_model = copy.deepcopy(model)
+    old_model.__class__ = SSD  # torchvision's loss; the backend's memory format and optimizer kernels
+    steppers = {B_TRAINER: make_trainer(model, backend, dyn, cfg["precision"]),
+                B_PLAIN: PlainAMP(reference_model(model), backend, cfg["precision"]),
+                B_OLD: make_trainer(old_model, backend, dyn, cfg["precision"], sync_every=1)}
+    if cfg.get("compile"):
+        from lossscale_bench.backends.cuda import compile_parts
+
+        compiled = copy.deepcopy(model)
+        compile_parts(compiled)
+        steppers[B_COMPILED] = make_trainer(compiled, backend, dyn, cfg["precision"])
     batches = _batches(sc["model"], sc["batch"], 3)
-    times = interleaved(steppers, batches, sc["steps"], sc["warmup"], deadline)
-    out = {"model": sc["model"], "batch": sc["batch"], "precision": cfg["precision"], "rows": []}
+    block = sc.get("block", SYNC_EVERY)
+    times = interleaved(steppers, batches, max(1, sc["steps"] // block), sc["warmup"], deadline, block=block)
+    out = {"model": sc["model"], "batch": sc["batch"], "precision": cfg["precision"], "block": block,
+           "rows": []}
     for name, ts in times.items():
         med = statistics.median(ts)
-        out["rows"].append({"loop": name, "timed_steps": len(ts), "median_step_ms": med * 1000.0,
+        out["rows"].append({"loop": name, "timed_steps": len(ts) * block, "median_step_ms": med * 1000.0,
                             "images_per_s": sc["batch"] / med})
-    a, b = out["rows"]
-    out["ratio_trainer_to_plain_images_per_s"] = a["images_per_s"] / b["images_per_s"]
+    by = {r["loop"]: r for r in out["rows"]}
+    out["ratio_trainer_to_plain_images_per_s"] = by[B_TRAINER]["images_per_s"] / by[B_PLAIN]["images_per_s"]
+    out["ratio_trainer_to_old_step_images_per_s"] = by[B_TRAINER]["images_per_s"] / by[B_OLD]["images_per_s"]
     return out
 
 
@@ -278,11 +344,12 @@ def section_c(cfg: dict, sc: dict) -> dict:
                     for name, m in C_METHODS.items()}
         del model
         batches = _batches(model_name, batch, 2)
-        times = interleaved(steppers, batches, sc["steps"], sc["warmup"], deadline)
+        block = sc.get("block", 1)
+        times = interleaved(steppers, batches, max(1, sc["steps"] // block), sc["warmup"], deadline, block=block)
         base = statistics.median(times["dynamic (interval 10)"])
         for name, ts in times.items():
             med = statistics.median(ts)
-            out["rows"].append({"model": model_name, "batch": batch, "method": name, "timed_steps": len(ts),
+            out["rows"].append({"model": model_name, "batch": batch, "method": name, "timed_steps": len(ts) * block,
                                 "median_step_ms": med * 1000.0, "ratio_to_dynamic": med / base})
         del steppers, batches
         _free()
@@ -555,7 +622,12 @@ def render_markdown(res: dict) -> str:
         L += _table(["model", "loop", "timed steps", "median step (ms)", "images/s"],
                     [[f"{b['model']} (batch {b['batch']}, {b['precision']})", r["loop"], r["timed_steps"],
                       f"{r['median_step_ms']:.1f}", f"{r['images_per_s']:.1f}"] for r in b["rows"]])
-        L += ["", f"Trainer / plain images/s: **{b['ratio_trainer_to_plain_images_per_s']:.3f}**", ""]
+        L += ["", f"Trainer / plain images/s: **{b['ratio_trainer_to_plain_images_per_s']:.3f}**; "
+              f"Trainer / its old step (torchvision loss, a read per step): "
+              f"{b['ratio_trainer_to_old_step_images_per_s']:.3f}. Timed over blocks of {b['block']} steps, "
+              f"each ending in a device sync; lsbench step: {m['lsbench_step']}. The plain loop is "
+              "torchvision's references': torchvision's SSD loss, NCHW, torch's default SGD, a loss read "
+              "per step.", ""]
     c = head("c", "adaptive overhead vs dynamic")
     if c:
         L += _table(["model", "method", "timed steps", "median step (ms)", "ratio to dynamic"],
@@ -616,6 +688,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="runs/gpu_check", help="output folder (default runs/gpu_check/)")
     ap.add_argument("--cpu-smoke", action="store_true", help="force the CPU and tiny sizes (tests the script)")
     ap.add_argument("--sections", default="abcdef", help="subset of sections to run (default abcdef)")
+    ap.add_argument("--compile", action="store_true",
+                    help="CUDA: also time the Trainer with torch.compile'd backbone and heads in section b")
     ap.add_argument("--_memory", help=argparse.SUPPRESS)
     ap.add_argument("--_memory-args", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -632,6 +706,7 @@ def main(argv=None) -> int:
 
     t_start = time.monotonic()
     cfg = make_config(args.cpu_smoke)
+    cfg["compile"] = bool(args.compile) and cfg["device"] == "cuda"
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     if cfg["device"] == "cuda":
@@ -647,6 +722,9 @@ def main(argv=None) -> int:
     res = {"meta": {"device": cfg["device"], "device_name": device_name(cfg["device"]), "smoke": cfg["smoke"],
                     "torch": torch.__version__, "torchvision": tv, "python": platform.python_version(),
                     "cuda": torch.version.cuda, "precision": cfg["precision"],
+                    "lsbench_step": (f"batched SSD loss, losses read every {SYNC_EVERY} steps, optimizer "
+                                     f"{_optimizer_kernels(cfg['device'])}, "
+                                     f"{'channels_last' if cfg['device'] in ('cpu', 'cuda') else 'NCHW'}"),
                     "command": "python " + " ".join(shlex.quote(a) for a in
                                                     ["benchmarks/gpu_check.py"] + sys.argv[1:]),
                     "config": cfg},
