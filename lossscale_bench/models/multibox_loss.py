@@ -119,7 +119,8 @@ def multibox_loss(bbox_regression: Tensor, cls_logits: Tensor, anchors: Tensor, 
     num_negative = neg_to_pos_ratio * foreground.sum(1, keepdim=True)
     # masked_fill, not torchvision's ``loss[mask] = -inf``: a boolean-index write goes through
     # nonzero(), a host sync on CUDA; the values are the same
-    negative_loss = cls_loss.masked_fill(foreground, -float("inf"))
+    # (detached: only the order is used, torchvision's clone carried a graph for nothing)
+    negative_loss = cls_loss.detach().masked_fill(foreground, -float("inf"))
     _, order = negative_loss.sort(1, descending=True)
     rank = torch.empty_like(order)
     rank.scatter_(1, order, torch.arange(a, device=order.device).expand(b, a))
