@@ -11,10 +11,16 @@ Host synchronisation. With ``sync_every`` N > 1 (the trial passes its
 tensor in the :class:`StepRecord` until a hook reads it, and the hooks that
 read losses (``MetricsHook``, ``DivergenceHook``) read a whole window with one
 transfer (:func:`read_records`) every N steps; the backend synchronises only on
-those steps and ``images_per_sec`` is the window's throughput. One read per
-step remains: the scaler's overflow verdict (``LossScaler.step`` reads the
-fused non-finite flag), because the skip decision and the next scale are made
-on the host. N = 1 is the old behaviour: every step synchronised and read.
+those steps and ``images_per_sec`` is the window's throughput. Reads that
+remain per step, all in the scalers, because their decisions are made on the
+host: the overflow verdict (``LossScaler.step`` reads the fused non-finite
+flag: skip or step, and the next scale, for every method; for ``none`` it only
+feeds the ``overflow`` metric and could be deferred too), ``amax``'s new loss
+scale (a float for the next ``scale()``), and ``layerwise_dynamic``'s per-point
+flags. The SSD loss itself reads nothing on an accelerator
+(``models/multibox_loss.py``); torchvision's per-image loss reads twice per
+image (``torch.where`` and the degenerate-box check). N = 1 is the old
+behaviour: every step synchronised and read.
 """
 
 from __future__ import annotations
