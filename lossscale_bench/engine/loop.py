@@ -18,8 +18,9 @@ flag: skip or step, and the next scale, for every method; for ``none`` it only
 feeds the ``overflow`` metric and could be deferred too), ``amax``'s new loss
 scale (a float for the next ``scale()``), and ``layerwise_dynamic``'s per-point
 flags. The SSD loss itself reads nothing on an accelerator
-(``models/multibox_loss.py``); torchvision's per-image loss reads twice per
-image (``torch.where`` and the degenerate-box check). N = 1 is the old
+(``models/multibox_loss.py``); torchvision's reads four times per image (the
+degenerate-box check, two boolean-mask writes in ``SSDMatcher``, ``torch.where``)
+and three times per batch (boolean indexing in the hard-negative mining). N = 1 is the old
 behaviour: every step synchronised and read.
 """
 
