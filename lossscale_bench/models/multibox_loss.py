@@ -150,6 +150,36 @@ def _check_boxes(targets: list[dict[str, Tensor]]) -> None:
                                  f" Found invalid box {degen} for target at index {target_idx}.")
 
 
+def fixed_size_transform(transform, images: list[Tensor], targets: list[dict[str, Tensor]]):
+    """torchvision's ``GeneralizedRCNNTransform`` for a batch whose images already have its fixed
+    size: one normalisation over the stacked batch instead of, per image, a normalisation, a
+    same-size bilinear resize (``x * 1 + x_next * 0``: the same values for finite pixels) and a copy
+    into the batch; boxes scale by exactly 1, so they are passed on. The same ``ImageList`` bit for
+    bit (tests). None where that does not hold (other sizes, padding, masks or keypoints): the
+    caller then runs the transform itself."""
+    from torchvision.models.detection.image_list import ImageList
+    from torchvision.models.detection.transform import GeneralizedRCNNTransform
+
+    fixed = getattr(transform, "fixed_size", None)
+    if type(transform) is not GeneralizedRCNNTransform or fixed is None or not images:
+        return None
+    h, w = int(fixed[1]), int(fixed[0])
+    first = images[0]
+    if h % transform.size_divisible or w % transform.size_divisible:
+        return None
+    for im in images:
+        if (im.dim() != 3 or tuple(im.shape[-2:]) != (h, w) or not im.is_floating_point()
+                or im.dtype != first.dtype or im.device != first.device or im.shape[0] != first.shape[0]):
+            return None
+    for t in targets:
+        if "masks" in t or "keypoints" in t or not t["boxes"].is_floating_point():
+            return None
+    mean = torch.as_tensor(transform.image_mean, dtype=first.dtype, device=first.device)
+    std = torch.as_tensor(transform.image_std, dtype=first.dtype, device=first.device)
+    batch = (torch.stack(images) - mean[None, :, None, None]) / std[None, :, None, None]
+    return ImageList(batch, [(h, w)] * len(images)), [dict(t) for t in targets]
+
+
 class BatchedLossSSD(SSD):
     """torchvision's ``SSD`` whose training forward matches and computes the loss over the whole batch
     (:func:`match_anchors`, :func:`multibox_loss`). No parameters or buffers of its own: a built
@@ -165,7 +195,8 @@ class BatchedLossSSD(SSD):
             boxes = target["boxes"]
             if not isinstance(boxes, Tensor) or boxes.dim() != 2 or boxes.shape[-1] != 4:
                 raise ValueError(f"Expected target boxes to be a tensor of shape [N, 4], got {getattr(boxes, 'shape', type(boxes))}.")
-        images_t, targets = self.transform(images, targets)
+        fast = fixed_size_transform(self.transform, images, targets)
+        images_t, targets = fast if fast is not None else self.transform(images, targets)
         _check_boxes(targets)
         features = self.backbone(images_t.tensors)
         if isinstance(features, Tensor):

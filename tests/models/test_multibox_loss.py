@@ -210,3 +210,23 @@ def test_dense_path_has_no_data_dependent_shape():
     with pytest.raises(Exception):  # the indexed path does read values
         multibox_loss(head["bbox_regression"], head["cls_logits"], an, boxes, labels, matched,
                       model.box_coder, model.neg_to_pos_ratio, dense=False)
+
+
+def test_fixed_size_transform_is_torchvisions_bit_for_bit():
+    from lossscale_bench.models.multibox_loss import fixed_size_transform
+
+    for name, size in (("ssd_tiny", 64), ("ssd300_vgg16", 300)):
+        model = build_model(name, num_classes=3, image_size=size)
+        model.train()
+        gen = torch.Generator().manual_seed(4)
+        images = [torch.rand(3, size, size, generator=gen) for _ in range(3)]
+        targets = [{"boxes": torch.tensor([[1.5, 2.25, 30.0, 40.75]]), "labels": torch.tensor([1])} for _ in range(3)]
+        fast_images, fast_targets = fixed_size_transform(model.transform, images, targets)
+        ref_images, ref_targets = model.transform(images, [dict(t) for t in targets])
+        assert torch.equal(fast_images.tensors, ref_images.tensors)
+        assert fast_images.image_sizes == ref_images.image_sizes
+        for a, b in zip(fast_targets, ref_targets):
+            assert torch.equal(a["boxes"], b["boxes"]) and torch.equal(a["labels"], b["labels"])
+        # another size: torchvision's transform does the resizing
+        other = [torch.rand(3, size + 8, size, generator=gen)]
+        assert fixed_size_transform(model.transform, other, targets[:1]) is None
