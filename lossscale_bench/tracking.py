@@ -159,8 +159,11 @@ class Tracker:
         c = self.study_counts(parent_run_id, trial_ids)
         _retry(self.client.log_batch, parent_run_id,
                metrics=[self._metric(f"trials_{k}", v, 0) for k, v in c.items()])
+        # lsbench.status too: an earlier SIGTERM left "interrupted" on the parent, which the runs
+        # table would keep showing beside a FINISHED run once a re-run completed the study
         self.set_tags(parent_run_id, {"lsbench.trials": f"{c['finished']} finished, {c['diverged']} diverged, "
-                                                        f"{c['failed']} failed, {c['pending']} pending"})
+                                                        f"{c['failed']} failed, {c['pending']} pending",
+                                      "lsbench.status": "failed" if c["failed"] else "finished"})
         _retry(self.client.set_terminated, parent_run_id, status="FAILED" if c["failed"] else "FINISHED")
         return c
 

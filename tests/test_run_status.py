@@ -237,3 +237,19 @@ def test_the_ui_runs_table_shows_status_and_columns(store, tmp_path):
     for text in ("Group: finished", "Group: diverged", "final_map", "skipped_steps", "lsbench.status",
                  "lsbench.label"):
         assert text in dom, text
+
+
+def test_a_resumed_parent_run_loses_its_interrupted_tag(tmp_path):
+    """SIGTERM tags the parent ``lsbench.status=interrupted``; the re-run that completes the study ends
+    it FINISHED, and the tag (a runs-table column) must say so too, not ``interrupted`` for ever."""
+    from lossscale_bench.tracking import Tracker
+
+    tracker = Tracker(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    _, parent = tracker.study_run("interrupted_parent")
+    tracker.end_interrupted(parent)
+    assert tracker.client.get_run(parent).data.tags["lsbench.status"] == "interrupted"
+    _, again = tracker.study_run("interrupted_parent")  # the re-run reopens the same parent
+    assert again == parent
+    tracker.end_study(parent, [])
+    run = tracker.client.get_run(parent)
+    assert (run.info.status, run.data.tags["lsbench.status"]) == ("FINISHED", "finished")
