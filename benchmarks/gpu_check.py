@@ -111,7 +111,8 @@ def base_model(model_name: str, device: str, seed: int = 0):
     torch.manual_seed(seed)
     backend = get_backend(device)
     return backend, backend.prepare_model(build_model(model_name, num_classes=NUM_CLASSES,
-                                                      image_size=IMAGE_SIZE[model_name]))
+                                                      image_size=IMAGE_SIZE[model_name],
+                                                      batched_loss=True))
 
 
 def make_trainer(model, backend, method: dict, precision_name: str, sched: dict | None = None,

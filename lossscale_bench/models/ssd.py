@@ -367,15 +367,16 @@ assert tuple(BUILDERS) == MODEL_NAMES
 def build_model(name: str, num_classes: int, batched_loss: bool | None = None, **options) -> SSD:
     """Build a detector by registry name; ``options`` are the study's ``model_options``.
 
-    ``batched_loss`` (default true): match anchors and compute the multibox loss over the whole
-    batch (:class:`.multibox_loss.BatchedLossSSD`), equal to torchvision's per-image loop within
-    float tolerance, not bitwise; ``false`` keeps torchvision's ``SSD.forward``. The subclass holds
+    ``batched_loss``: true matches anchors and computes the multibox loss over the whole batch
+    (:class:`.multibox_loss.BatchedLossSSD`), equal to torchvision's per-image loop within float
+    tolerance, not bitwise; false or None (not given: what a trial config without the key means,
+    see ``study.grid.default_batched_loss``) keeps torchvision's ``SSD.forward``. The subclass holds
     no state, so it is applied by class assignment after any builder: state dicts are unchanged.
     """
     if name not in BUILDERS:
         raise ValueError(f"unknown model {name!r}; allowed: {', '.join(MODEL_NAMES)}")
     model = BUILDERS[name](num_classes, **options)
-    if batched_loss is None or batched_loss:
+    if batched_loss:
         from .multibox_loss import BatchedLossSSD
 
         model.__class__ = BatchedLossSSD

@@ -152,6 +152,31 @@ def default_loader(backend: str | None, dataset: dict) -> str:
     return "dali" if found else "torch"
 
 
+def default_batched_loss(backend: str | None) -> bool:
+    """The multibox loss of a study that does not choose: batched on accelerators, torchvision's
+    per-image loop on the CPU backend.
+
+    Why not batched everywhere: the two agree within float tolerance, not bit for bit, and a few
+    hundred steps of training amplify last-bit differences to the size of seed noise (docs/toy_model.md),
+    so the loss implementation is part of a trial's identity. Keeping torchvision's loss on the CPU,
+    where it costs at most ~10 % of an ssd_tiny step (docs/benchmarks.md "Batched loss"), keeps
+    every CPU result measured before the batched loss existed (the README's demo table, the
+    methods_fp8 study) valid under its old trial id. On a GPU, where the per-image loop's host
+    syncs cost most, no such results exist yet, so the faster loss is the default there.
+    """
+    return backend not in (None, "cpu")
+
+
+def _resolved_model_options(model_options: dict, backend: str | None) -> dict:
+    """``model_options`` with ``batched_loss`` resolved: ``True`` is written (it enters the id),
+    torchvision's loss is the absence of the key, so CPU trials keep the ids they always had."""
+    mo = dict(model_options)
+    batched = mo.pop("batched_loss", None)
+    if batched if batched is not None else default_batched_loss(backend):
+        mo["batched_loss"] = True
+    return mo
+
+
 def expand(study) -> list[dict[str, Any]]:
     """A validated study's grid as :class:`~.trial_config.TrialConfig` keyword arguments, in order.
 
@@ -182,9 +207,10 @@ def expand(study) -> list[dict[str, Any]]:
                 res = {**resources, **(entry.resources.given() if entry.resources is not None else {})}
                 loader = (study.loader if "loader" in study.model_fields_set
                           else default_loader(res.get("backend"), dataset))
+                mo = _resolved_model_options(model_options, res.get("backend"))
                 for seed in study.seeds:
                     ident = _identity(m, b, p, scaling, seed, dataset, schedule, eval_, res,
-                                      model_options, divergence, loader, fingerprint,
+                                      mo, divergence, loader, fingerprint,
                                       study.on_divergence)
                     tid = _make_trial_id(ident)
                     if tid in seen:
@@ -196,7 +222,7 @@ def expand(study) -> list[dict[str, Any]]:
                         study=study.name, trial_id=tid, model=m, batch_size=b, precision=p,
                         scaling=dict(scaling), label=label, row=row, seed=seed, baseline=entry.baseline,
                         dataset=dict(dataset), schedule=dict(schedule), eval=dict(eval_),
-                        resources=dict(res), model_options=dict(model_options),
+                        resources=dict(res), model_options=mo,
                         divergence=dict(divergence), on_divergence=study.on_divergence,
                         max_failures=study.max_failures, log_every=study.log_every, loader=loader,
                         fingerprint=dict(fingerprint),

@@ -355,20 +355,15 @@ class ModelOptions(BaseModel):
     #: ssd_tiny only: BatchNorm after each backbone conv (the model's default: true)
     batch_norm: Optional[Bool] = None
     backbone_weights: OptStr = None
-    #: false: torchvision's per-image SSD loss instead of the batched one (models/multibox_loss.py,
-    #: equal within float tolerance). ``true`` is the default and becomes None, so writing it keeps
-    #: the trial id of a study that does not (only a non-default option enters the id).
+    #: true: the batched multibox loss (models/multibox_loss.py), false: torchvision's per-image loop.
+    #: Equal within float tolerance, not bitwise, so which one ran is in the trial id. Not given: the
+    #: batched loss on accelerators, torchvision's on the CPU backend (grid.default_batched_loss).
     batched_loss: Optional[Bool] = None
 
     @field_validator("backbone_weights", mode="after")
     @classmethod
     def _weights_abs(cls, v, info: ValidationInfo):
         return None if v is None else _resolve_path(v, _ctx_base_dir(info))
-
-    @field_validator("batched_loss", mode="after")
-    @classmethod
-    def _default_is_none(cls, v):
-        return None if v else v
 
 
 class DivergenceSpec(BaseModel):

@@ -137,7 +137,7 @@ def test_model_forward_same_loss_and_gradients():
     """The whole training forward (transform, backbone, head, anchors) of ssd_tiny, both ways."""
     torch.manual_seed(0)
     ref = build_model("ssd_tiny", num_classes=4, image_size=64, width=4, batched_loss=False)
-    new = build_model("ssd_tiny", num_classes=4, image_size=64, width=4)
+    new = build_model("ssd_tiny", num_classes=4, image_size=64, width=4, batched_loss=True)
     assert type(new) is BatchedLossSSD and type(ref) is SSD
     new.load_state_dict(ref.state_dict())
     gen = torch.Generator().manual_seed(1)
@@ -161,7 +161,7 @@ def test_model_forward_same_loss_and_gradients():
 
 
 def test_degenerate_box_refused_as_torchvision():
-    model = build_model("ssd_tiny", num_classes=3, image_size=64, width=4)
+    model = build_model("ssd_tiny", num_classes=3, image_size=64, width=4, batched_loss=True)
     model.train()
     bad = [{"boxes": torch.tensor([[10.0, 10.0, 10.0, 20.0]]), "labels": torch.tensor([1])}]
     with pytest.raises(AssertionError, match="positive height and width"):
@@ -169,8 +169,9 @@ def test_degenerate_box_refused_as_torchvision():
 
 
 def test_batched_loss_option_trial_ids():
-    """Only ``batched_loss: false`` enters the trial id: studies that do not write it (or write the
-    default) keep their ids, and their finished results stay reusable."""
+    """Which loss ran is in the trial id (the two agree within float tolerance, not bitwise). Not
+    given: torchvision's on the CPU backend, so CPU studies keep the ids, and the results, they had
+    before the batched loss existed; the batched one on accelerators."""
     from lossscale_bench.study import load_study_text
 
     text = """
@@ -182,13 +183,22 @@ batch_size: [2]
 precision: fp32
 scaling: [{method: none}]
 schedule: {iterations: 3, lr: 0.01}
+resources: {backend: BACKEND}
 """
-    (plain,), (true,), (false,) = (load_study_text(text.replace("EXTRA", e)).trials()
-                                   for e in ("", ", batched_loss: true", ", batched_loss: false"))
-    assert plain.trial_id == true.trial_id != false.trial_id
-    assert false.model_options == {"width": 8, "image_size": 64, "batched_loss": False}
-    model = build_model("ssd_tiny", num_classes=3, **false.model_options)
-    assert type(model) is SSD
+
+    def trial(extra, backend="cpu"):
+        (t,) = load_study_text(text.replace("EXTRA", extra).replace("BACKEND", backend)).trials()
+        return t
+
+    plain, true, false = trial(""), trial(", batched_loss: true"), trial(", batched_loss: false")
+    assert plain.trial_id == false.trial_id != true.trial_id
+    assert plain.model_options == false.model_options == {"width": 8, "image_size": 64}
+    assert true.model_options == {"width": 8, "image_size": 64, "batched_loss": True}
+    assert type(build_model("ssd_tiny", num_classes=3, **plain.model_options)) is SSD
+    assert type(build_model("ssd_tiny", num_classes=3, **true.model_options)) is BatchedLossSSD
+    gpu, gpu_false = trial("", "cuda"), trial(", batched_loss: false", "cuda")
+    assert gpu.model_options["batched_loss"] is True and "batched_loss" not in gpu_false.model_options
+    assert gpu.trial_id != gpu_false.trial_id
 
 
 def test_dense_path_has_no_data_dependent_shape():
@@ -216,7 +226,7 @@ def test_fixed_size_transform_is_torchvisions_bit_for_bit():
     from lossscale_bench.models.multibox_loss import fixed_size_transform
 
     for name, size in (("ssd_tiny", 64), ("ssd300_vgg16", 300)):
-        model = build_model(name, num_classes=3, image_size=size)
+        model = build_model(name, num_classes=3, image_size=size, batched_loss=True)
         model.train()
         gen = torch.Generator().manual_seed(4)
         images = [torch.rand(3, size, size, generator=gen) for _ in range(3)]
