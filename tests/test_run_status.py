@@ -253,3 +253,68 @@ def test_a_resumed_parent_run_loses_its_interrupted_tag(tmp_path):
     tracker.end_study(parent, [])
     run = tracker.client.get_run(parent)
     assert (run.info.status, run.data.tags["lsbench.status"]) == ("FINISHED", "finished")
+
+
+TAIL_NAN = """\
+name: tail_nan
+dataset: {name: synthetic, train_images: 8, val_images: 4, image_size: 64, seed: 0}
+model: ssd_tiny
+model_options: {width: 8, image_size: 64}
+batch_size: 2
+precision: fp16-emulated
+scaling:
+  - {method: fixed, scale: 1.0e+30, skip_nonfinite: false, label: tail-nan}
+seeds: [0]
+schedule: {iterations: 3, lr: 0.01, warmup_iterations: 0}
+eval: {every: null, metric: coco}
+log_every: 2
+"""
+
+
+def test_a_loss_gone_non_finite_within_patience_of_the_end_is_diverged_not_a_zero_map(tmp_path):
+    """Issue 11 ("divergence is data, never a wrong number"): 3 iterations, default patience 10.
+    Step 1 applies a non-finite gradient, steps 2-3 lose to NaN: fewer than ``patience`` bad
+    steps, but training ended on them. The trial used to end ``finished`` with mAP 0.00 (a number
+    that was averaged with other seeds); it must end ``diverged``, with no final mAP, naming the
+    step that broke training. Windows of ``log_every`` 2 leave step 3 alone in a partial window."""
+    study = load_study_text(TAIL_NAN)
+    result = run_study(study, runs_dir=tmp_path / "runs", executor="local", quiet=True)
+    (out,) = result.outcomes.values()
+    assert out["status"] == "diverged" and out["final_map"] is None
+    client = _client(result.tracking_uri)
+    trials, _ = _runs(client, client.get_experiment_by_name(study.name).experiment_id)
+    run = trials["tail-nan"]
+    assert run.info.status == "FAILED" and run.data.tags["lsbench.status"] == "diverged"
+    assert "final_map" not in run.data.metrics and "map" not in run.data.metrics
+    loss = {m.step: m.value for m in client.get_metric_history(run.info.run_id, "loss")}
+    overflow = {m.step: m.value for m in client.get_metric_history(run.info.run_id, "overflow")}
+    skipped = {m.step: m.value for m in client.get_metric_history(run.info.run_id, "skipped")}
+    assert sorted(loss) == [1, 2, 3]
+    step = int(run.data.tags["lsbench.diverged_step"])
+    assert step == out["diverged_step"]
+    # the step that applied the non-finite update: its loss is the last finite one, every later one NaN
+    assert overflow[step] == 1.0 and skipped[step] == 0.0 and math.isfinite(loss[step])
+    assert loss[step] == pytest.approx(float(run.data.tags["lsbench.last_finite_loss"]), rel=1e-5)
+    assert [s for s, v in loss.items() if not math.isfinite(v)] == [s for s in loss if s > step] != []
+
+
+@pytest.mark.parametrize("iterations,policy", [(1, "stop"), (3, "continue")])
+def test_non_finite_weights_at_the_end_or_policy_continue(tmp_path, iterations, policy):
+    """One iteration: the only loss is finite, but its update was non-finite, so the weights
+    are: diverged at step 1, no mAP. ``on_divergence: continue`` keeps its meaning: the trial
+    is ``diverged`` and still evaluated to a final mAP."""
+    from lossscale_bench.sink import MemorySink
+    from lossscale_bench.trial import run_trial
+
+    text = TAIL_NAN.replace("iterations: 3", f"iterations: {iterations}") + f"on_divergence: {policy}\n"
+    (cfg,) = load_study_text(text).trials()
+    sink = MemorySink()
+    out = run_trial(cfg, sink=sink, trial_dir=tmp_path)
+    assert out.status == "diverged" == sink.tag_values["lsbench.status"]
+    assert out.diverged_step == sink.tag_values["lsbench.diverged_step"] == 1
+    if policy == "stop":
+        assert out.final_map is None and not sink.history("final_map")
+        assert "weights" in out.diverged_reason
+    else:
+        assert out.final_map is not None and sink.history("final_map")
+        assert "ended" in out.diverged_reason

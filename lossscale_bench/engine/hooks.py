@@ -115,6 +115,13 @@ class DivergenceHook(Hook):
     step is the one that destroyed the weights and is the one named; otherwise
     it is the first step of the failing streak (first non-finite loss, or first
     skipped step). The reason says both steps when they differ.
+
+    The end of training is judged too (:meth:`_judge_end`, after the last step's
+    window): a loss still non-finite there, however short the streak, or weights
+    that are non-finite (the last update applied a non-finite gradient while its
+    own loss was finite) mean the model left training broken. Patience exists to
+    let a streak recover; at the end nothing is left to recover in, and evaluating
+    such weights gives mAP 0.00, a wrong number averaged with the other seeds.
     """
 
     def __init__(self, sink: Sink, patience: int = 10, max_consecutive_skips: int = 200, policy: str = "stop",
@@ -133,14 +140,18 @@ class DivergenceHook(Hook):
         self.bad_since: int | None = None     # first non-finite loss of the current streak
         self.cause_step: int | None = None    # the applied non-finite update just before it
         self._applied_nonfinite: int | None = None  # last step whose non-finite gradient was applied
+        self._last_applied_nonfinite: int | None = None  # the latest such step of the whole run
         self.last_finite_loss: float | None = None
         self.last_scale: float = float("nan")
         self.diverged: TrialDiverged | None = None
 
     def after_step(self, trainer, record: StepRecord) -> None:
         self._pending.append(record)
-        if record.step % self.check_every == 0 or record.step >= trainer.iterations:
+        last = record.step >= trainer.iterations
+        if record.step % self.check_every == 0 or last:
             self._judge_pending(raise_stop=True)
+        if last:  # the final (possibly partial) window is judged above; now the end itself
+            self._judge_end(trainer, record.step)
 
     def after_train(self, trainer) -> None:
         # steps left when another hook stopped training mid-window: recorded, nothing raised
@@ -166,6 +177,8 @@ class DivergenceHook(Hook):
             self.bad += 1
         applied = bool(record.result.overflow) and not bool(record.result.skipped)
         self._applied_nonfinite = step if applied else None
+        if applied:
+            self._last_applied_nonfinite = step
         self.skips = self.skips + 1 if record.result.skipped else 0
         reason = None
         first_bad = step
@@ -178,13 +191,48 @@ class DivergenceHook(Hook):
         elif self.skips >= self.max_skips:
             first_bad = step - self.skips + 1
             reason = f"{self.skips} consecutive steps skipped on overflow from step {first_bad}"
-        if reason and self.diverged is None:
-            self.diverged = TrialDiverged(first_bad, self.last_finite_loss, self.last_scale, reason)
-            self.sink.tags({"lsbench.diverged_step": first_bad, "lsbench.diverged_reason": reason,
-                            "lsbench.last_finite_loss": self.last_finite_loss,
-                            "lsbench.diverged_scale": self.last_scale})
-            if self.policy == "stop" and raise_stop:
-                raise self.diverged
+        if reason:
+            self._declare(first_bad, reason, raise_stop)
+
+    def _declare(self, step: int, reason: str, raise_stop: bool) -> None:
+        """Record the first divergence (tags) and, for policy ``stop``, end the loop."""
+        if self.diverged is not None:
+            return
+        self.diverged = TrialDiverged(step, self.last_finite_loss, self.last_scale, reason)
+        self.sink.tags({"lsbench.diverged_step": step, "lsbench.diverged_reason": reason,
+                        "lsbench.last_finite_loss": self.last_finite_loss,
+                        "lsbench.diverged_scale": self.last_scale})
+        if self.policy == "stop" and raise_stop:
+            raise self.diverged
+
+    def _judge_end(self, trainer, step: int) -> None:
+        """Training reached its last step: a trailing non-finite loss (any streak length) or
+        non-finite weights are a divergence (class doc). ``diverged_step`` keeps the meaning of
+        the streak rule; for weights broken by the last update(s), the latest step that applied
+        a non-finite gradient (the final step if none was seen, e.g. a NaN from the optimizer)."""
+        if self.diverged is not None:
+            return
+        if self.bad > 0:
+            first_bad = self.cause_step or self.bad_since or step
+            reason = (f"training ended with the loss non-finite for its last {self.bad} steps from step "
+                      f"{self.bad_since} (fewer than patience {self.patience})")
+            if self.cause_step is not None:
+                reason = (f"non-finite gradient applied at step {self.cause_step} (overflow, not skipped); "
+                          + reason)
+            self._declare(first_bad, reason, raise_stop=True)
+        elif not _weights_finite(trainer.model):
+            cause = self._last_applied_nonfinite or step
+            reason = f"weights non-finite at the end of training (step {step})"
+            if self._last_applied_nonfinite is not None:
+                reason = (f"non-finite gradient applied at step {cause} (overflow, not skipped); " + reason)
+            self._declare(cause, reason, raise_stop=True)
+
+
+def _weights_finite(model: torch.nn.Module) -> bool:
+    """Every floating parameter and buffer (BatchNorm statistics too) finite; one host read."""
+    flags = [torch.isfinite(t).all() for t in (*model.parameters(), *model.buffers())
+             if t.is_floating_point() and t.numel()]
+    return bool(torch.stack(flags).all().item()) if flags else True
 
 
 class EvalHook(Hook):
