@@ -152,7 +152,7 @@ from .adaptive_layers import (_ATTACHED, _SCALING_NODE_TYPES, _is_ours, _Iterati
 from .adaptive_rule import (MIN_BRANCH_SCALE, U_MAX, U_MIN, approx_range_scale, approx_range_scale_tensor,
                             backward_fan_in, bound_scale_tensor, branch_target_scale, output_scale_tensor,
                             unbounded_scale_tensor, underflow_k)
-from .base import LossScaler, all_reduce_flag
+from .base import LossScaler, all_reduce_flag, unscale_group_
 
 __all__ = ["AdaptiveLossScaler", "approx_range_scale", "approx_range_scale_tensor", "unbounded_scale_tensor",
            "bound_scale_tensor", "branch_target_scale", "backward_fan_in", "output_scale_tensor",
@@ -342,12 +342,7 @@ class AdaptiveLossScaler(LossScaler):
         found_by_dev: dict[torch.device, torch.Tensor] = {}
         for (_, device, _), (val, grads) in groups.items():
             found = found_by_dev.setdefault(device, torch.zeros(1, dtype=_F32, device=device))
-            if val is None:
-                inv = torch.ones(1, dtype=_F32, device=device)
-            else:
-                inv = torch.reciprocal(val.to(device=device, dtype=_F32)).reshape(1)
-                found.add_((~torch.isfinite(inv)).to(_F32))
-            torch._amp_foreach_non_finite_check_and_unscale_(grads, found, inv)
+            unscale_group_(grads, val, found)
         if found_by_dev:
             flags = list(found_by_dev.values())
             dev = flags[0].device

@@ -33,6 +33,20 @@ def _grads(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
     return [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
 
 
+def unscale_group_(grads: list, scale, found: torch.Tensor) -> None:
+    """Divide ``grads`` (one device and dtype) by ``scale`` in place and add to ``found`` when any
+    is non-finite, with the fused kernel GradScaler uses; ``scale`` None means 1. A scale whose
+    reciprocal is not finite counts as an overflow too. Shared by the per-layer scalers, whose
+    gradients come in groups that carry one scale each."""
+    device = found.device
+    if scale is None:
+        inv = torch.ones(1, dtype=torch.float32, device=device)
+    else:
+        inv = torch.reciprocal(scale.to(device=device, dtype=torch.float32)).reshape(1)
+        found.add_((~torch.isfinite(inv)).to(torch.float32))
+    torch._amp_foreach_non_finite_check_and_unscale_(grads, found, inv)
+
+
 def all_reduce_flag(flag: torch.Tensor) -> torch.Tensor:
     """Agree on an overflow flag across data-parallel workers (max-reduce).
 

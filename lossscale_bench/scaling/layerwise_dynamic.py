@@ -42,7 +42,7 @@ from torch import nn
 from ..formats import FP16, FloatFormat
 from ._graph import ROOT_SCALE_ID
 from .adaptive import AdaptiveLossScaler
-from .base import all_reduce_flag
+from .base import all_reduce_flag, unscale_group_
 
 _F32 = torch.float32
 LOSS_POINT = "<loss>"
@@ -134,12 +134,7 @@ class LayerwiseDynamicLossScaler(AdaptiveLossScaler):
         used = [False] * n
         for (_, pts, device, _), (val, _, grads) in groups.items():
             found = torch.zeros(1, dtype=_F32, device=device)
-            if val is None:
-                inv = torch.ones(1, dtype=_F32, device=device)
-            else:
-                inv = torch.reciprocal(val.to(device=device, dtype=_F32)).reshape(1)
-                found.add_((~torch.isfinite(inv)).to(_F32))
-            torch._amp_foreach_non_finite_check_and_unscale_(grads, found, inv)
+            unscale_group_(grads, val, found)
             if flags is None:
                 flags = torch.zeros(n + 1, dtype=_F32, device=device)  # slot n: gradients of no point
             f = found.to(flags.device).reshape(())
