@@ -505,6 +505,16 @@ def probe_address(address: str, timeout: float = PROBE_TIMEOUT_S) -> None:
     raise ClusterUnavailable(f"cannot join the Ray cluster at {address}: {why}")
 
 
+def _first_words(text: str, cause: BaseException) -> str:
+    """The first line of Ray's error, cut before any traceback it quotes ("Last connection error:
+    Traceback (most recent call last): ..." from a GCS that never answered): one line, no traceback."""
+    first = text.strip().splitlines()[0] if text.strip() else type(cause).__name__
+    for marker in ("Last connection error", "Traceback"):
+        if marker in first:
+            first = first[:first.index(marker)]
+    return first.strip().rstrip(".:;, ")[:300] or type(cause).__name__
+
+
 def connect_ray(address: str | None, num_cpus: int | None, quiet: bool) -> bool:
     """Join ``address`` (else ``$RAY_ADDRESS``) or start a local Ray; True if this call started it.
 
@@ -535,16 +545,22 @@ def connect_ray(address: str | None, num_cpus: int | None, quiet: bool) -> bool:
                 cause = cause.__cause__
             text = str(cause)
             if "auth" in text.lower() and "token" in text.lower():
-                first = "the cluster's authentication token is missing or wrong"
-            else:
-                first = text.strip().splitlines()[0][:300] if text.strip() else type(cause).__name__
-            raise ClusterUnavailable(f"cannot join the Ray cluster at {address}: {first} "
-                                     "(a cluster started with token authentication, Ray's default, needs "
-                                     "RAY_AUTH_MODE=token and its token in ~/.ray/auth_token or RAY_AUTH_TOKEN "
-                                     "on this machine; see docs/cluster.md)") from None
+                raise ClusterUnavailable(
+                    f"cannot join the Ray cluster at {address}: the cluster's authentication token is missing "
+                    "or wrong (a cluster started with token authentication, Ray's default, needs "
+                    "RAY_AUTH_MODE=token and its token in ~/.ray/auth_token or RAY_AUTH_TOKEN on this "
+                    "machine; see docs/cluster.md)") from None
+            raise ClusterUnavailable(f"cannot join the Ray cluster at {address}: {_first_words(text, cause)} "
+                                     "(is a Ray head running there and reachable from here? "
+                                     "see docs/cluster.md)") from None
     else:
         # address="local": always a fresh instance of our own, never a cluster some other
-        # process left running on this machine (that is what --address is for).
+        # process left running on this machine (that is what --address is for). Ray 2.60 warns on
+        # every such start that token authentication is on; for an instance that lives only as long
+        # as this process, on this machine, that is noise between the user and a one-line error.
+        import logging
+
+        logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
         ray.init(address="local", num_cpus=num_cpus or os.cpu_count(), **kwargs)
     return True
 

@@ -120,6 +120,8 @@ def test_run_on_a_cluster_without_the_resources_ends_at_once(tmp_path):
     assert r.returncode == 2, (r.stdout[-2000:], r.stderr[-3000:])
     errs = [ln for ln in r.stderr.splitlines() if ln.startswith("lsbench: error:")]
     assert len(errs) == 1 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    # nothing else on stderr: Ray's per-start token-authentication warning is silenced for our own instance
+    assert [ln for ln in r.stderr.splitlines() if ln.strip()] == errs, r.stderr[-3000:]
     assert "resources.backend" in errs[0] and "the cluster has 1 CPU, no " in errs[0]
     assert "scaling[2].resources.cpus_per_trial" in errs[0]
     assert took < 60
@@ -160,3 +162,17 @@ def test_malformed_address_is_a_cluster_error_not_a_traceback(address, words):
 
     with pytest.raises(ClusterUnavailable, match=words.replace(".", r"\.")):
         connect_ray(address, 1, True)
+
+
+def test_a_ray_error_quoting_a_traceback_becomes_one_plain_line():
+    """A GCS that never answers: Ray's ConnectionError reads "Failed to connect to GCS at address
+    10.255.255.1:6379 within 5 seconds. Last connection error: Traceback (most recent call last): ..."
+    (seen for an unroutable address). The one-line error keeps the first sentence, not the traceback."""
+    from lossscale_bench.sweep import _first_words
+
+    text = ("Failed to connect to GCS at address 10.255.255.1:6379 within 5 seconds. Last connection error: "
+            "Traceback (most recent call last):\n  File \"x.py\", line 1, in <module>\nRpcError: deadline")
+    got = _first_words(text, ConnectionError(text))
+    assert got == "Failed to connect to GCS at address 10.255.255.1:6379 within 5 seconds"
+    assert "Traceback" not in _first_words("Traceback (most recent call last):", ConnectionError())
+    assert _first_words("", RuntimeError()) == "RuntimeError"
