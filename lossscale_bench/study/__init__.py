@@ -19,7 +19,8 @@ and ``lsbench run --dry-run`` use it and must be instant.
 
 Modules: ``errors`` (:class:`StudyError`, value wording), ``fields`` (the
 constrained field types), ``schema`` (the pydantic models), ``trial_config``
-(:class:`TrialConfig`), ``grid`` (expansion, trial ids, labels, the dry-run
+(:class:`TrialConfig`), ``methods`` (one entry per scaling method: options,
+defaults, id tag, label, scaler), ``grid`` (expansion, trial ids, the dry-run
 table), ``load`` (YAML, pydantic errors -> :class:`StudyError`).
 """
 
@@ -31,11 +32,11 @@ from __future__ import annotations
 from ..registry import (BACKEND_NAMES, DATASET_NAMES, DYNAMIC_STYLES, EVAL_METRICS, MODEL_NAMES, MODEL_VERSIONS,
                         PRECISIONS, SCALING_METHODS, VOC_CLASSES)  # noqa: F401
 from .errors import StudyError
-from .grid import TRIAL_ID_VERSION, _identity, _make_trial_id, _scaling_tag, default_label, trial_table  # noqa: F401
+from .grid import TRIAL_ID_VERSION, _identity, _make_trial_id, trial_table  # noqa: F401
 from .load import load_study, load_study_text
-from .schema import (DATASET_MODELS, SCALING_MODELS, AdaptiveScaling, COCODataset, DatasetSpec, DivergenceSpec,
-                     DynamicScaling, EvalSpec, FixedScaling, ModelOptions, NoneScaling, Resources, ResourcesOverride,
-                     ScalingEntry, Schedule, Study, SyntheticDataset, VOC0712Dataset, VOCDataset)  # noqa: F401
+from .methods import ResourcesOverride, ScalingEntry, default_label  # noqa: F401
+from .schema import (DATASET_MODELS, COCODataset, DatasetSpec, DivergenceSpec, EvalSpec, ModelOptions,  # noqa: F401
+                     Resources, Schedule, Study, SyntheticDataset, VOC0712Dataset, VOCDataset)
 from .trial_config import TrialConfig
 
 __all__ = [

@@ -1,7 +1,9 @@
-"""The grid: expansion into trials, trial ids, default labels and the dry-run table.
+"""The grid: expansion into trials, trial ids and the dry-run table.
 
 Everything here works on plain dicts and on the study's attributes; it
-imports no model of :mod:`.schema` (which calls :func:`expand`).
+imports no model of :mod:`.schema` (which calls :func:`expand`). What a
+scaling method contributes (its id tag, its default label) comes from its
+entry in :mod:`.methods`.
 """
 
 from __future__ import annotations
@@ -11,24 +13,13 @@ import re
 from typing import Any, Callable, Iterable, Optional
 
 from .. import registry
-from .errors import _fmt_num
 from .fingerprint import canonical_json, trial_fingerprint
+from .methods import default_label, scaling_tag
 
 #: bump when the trial_id recipe changes on purpose (it is part of the hash). Still 1 after the
 #: fingerprints came in (see :func:`_identity`): a trial that reads no file has the identity it had,
 #: and one that does reads a new key (``fingerprint``), so its id changed without a bump.
 TRIAL_ID_VERSION = 1
-
-#: a dynamic scaler's options per style, where the entry leaves them out
-DYNAMIC_DEFAULTS = {"chainer": {"interval": 10, "init_scale": 1.0},
-                    "torch": {"interval": 2000, "init_scale": 65536.0},
-                    # DeepSpeed's engine defaults (initial_scale_power 16, loss_scale_window 1000, ...)
-                    "deepspeed": {"interval": 1000, "init_scale": 65536.0, "hysteresis": 2, "min_scale": 1.0,
-                                  "consecutive_hysteresis": False}}
-#: the amax method's defaults where the entry leaves them out (Transformer Engine's DelayedScaling)
-AMAX_DEFAULTS = {"recipe": "delayed", "history": 1024, "margin": 0, "power_of_two": True, "init_scale": 1.0}
-#: layerwise_dynamic's defaults (fairscale's growth_interval; GradScaler's start)
-LAYERWISE_DEFAULTS = {"init_scale": 65536.0, "interval": 10000}
 
 _SAFE_ID_RE = re.compile(r"[^A-Za-z0-9_.-]+")
 
@@ -99,30 +90,11 @@ def config_id(identity: dict) -> str:
     return hashlib.sha256(canonical_json(rest).encode()).hexdigest()[:12]
 
 
-def _scaling_tag(s: dict) -> str:
-    m = s.get("method")
-    if m == "fixed":
-        return f"fixed{_fmt_num(s.get('scale', 1.0))}"
-    if m == "dynamic":
-        prefix = {"torch": "dyntorch", "deepspeed": "dynds"}.get(s.get("style"), "dyn")
-        return prefix + _fmt_num(s.get("interval", 0))
-    if m == "adaptive":
-        n = s.get("update_every", 1)
-        return "adaptive" if n == 1 else f"adaptive-f{n}"
-    if m == "layerwise_dynamic":
-        return "lwdyn" + _fmt_num(s.get("interval", LAYERWISE_DEFAULTS["interval"]))
-    if m == "amax":
-        if s.get("recipe", AMAX_DEFAULTS["recipe"]) == "current":
-            return f"amaxcur-m{_fmt_num(s.get('margin', 0))}"
-        return f"amaxdel{_fmt_num(s.get('history', AMAX_DEFAULTS['history']))}-m{_fmt_num(s.get('margin', 0))}"
-    return str(m)
-
-
 def _make_trial_id(identity: dict) -> str:
     digest = hashlib.sha256(canonical_json(identity).encode()).hexdigest()[:8]
     readable = "-".join([
         identity["model"], f"bs{identity['batch_size']}", identity["precision"],
-        _scaling_tag(identity["scaling"]), f"s{identity['seed']}",
+        scaling_tag(identity["scaling"]), f"s{identity['seed']}",
     ])
     readable = _SAFE_ID_RE.sub("_", readable)
     return f"{readable}-{digest}"
@@ -231,80 +203,6 @@ def expand(study) -> list[dict[str, Any]]:
 
 
 # --------------------------------------------------------------------------- labels and tables
-
-
-def default_label(scaling: dict, precision: str) -> str:
-    """The seed table's wording for a scaling entry (options missing from ``scaling`` take defaults)."""
-    if scaling.get("grad_rounding") == "after_unscale":  # Chainer's order (precision.py): its own row
-        rest = {k: v for k, v in scaling.items() if k != "grad_rounding"}
-        return f"{default_label(rest, precision)} (grads rounded after unscale)"
-    method = scaling.get("method")
-    if method == "none":
-        return "FP32 baseline" if precision == "fp32" else "no loss scale"
-    if method == "fixed":
-        scale = float(scaling.get("scale", 1.0))
-        extra = "" if scaling.get("skip_nonfinite", True) else "no skip"
-        if scale == 1.0:
-            return "no loss scale" + (f" ({extra})" if extra else "")
-        return f"loss scale ({_fmt_num(scale)}{', ' + extra if extra else ''})"
-    if method == "dynamic":
-        style = scaling.get("style", "chainer")
-        d = DYNAMIC_DEFAULTS.get(style, DYNAMIC_DEFAULTS["chainer"])
-        interval = scaling.get("interval")
-        interval = d["interval"] if interval is None else interval
-        parts = ["dynamic"] + ([style] if style in ("torch", "deepspeed") else []) + [f"interval={_fmt_num(interval)}"]
-        init = scaling.get("init_scale")
-        if init is not None and float(init) != d["init_scale"]:
-            parts.append(f"init={_fmt_num(float(init))}")
-        if style == "deepspeed":
-            for key, short in (("hysteresis", "hysteresis"), ("min_scale", "min")):
-                v = scaling.get(key)
-                if v is not None and float(v) != d[key]:
-                    parts.append(f"{short}={_fmt_num(float(v))}")
-            if scaling.get("consecutive_hysteresis"):
-                parts.append("consecutive hysteresis")
-        return f"loss scale ({', '.join(parts)})"
-    if method == "layerwise_dynamic":
-        parts = [f"interval={_fmt_num(scaling.get('interval', LAYERWISE_DEFAULTS['interval']))}"]
-        init = scaling.get("init_scale")
-        if init is not None and float(init) != LAYERWISE_DEFAULTS["init_scale"]:
-            parts.append(f"init={_fmt_num(float(init))}")
-        for key, short in (("min_scale", "min"), ("max_scale", "max")):
-            if scaling.get(key) is not None:
-                parts.append(f"{short}={_fmt_num(float(scaling[key]))}")
-        return f"layer-wise dynamic ({', '.join(parts)})"
-    if method == "amax":
-        recipe = scaling.get("recipe", AMAX_DEFAULTS["recipe"])
-        parts = [recipe]
-        if recipe == "delayed":
-            parts.append(f"history={_fmt_num(scaling.get('history', AMAX_DEFAULTS['history']))}")
-        margin = scaling.get("margin", 0)
-        if margin:
-            parts.append(f"margin={_fmt_num(margin)}")
-        init = scaling.get("init_scale")
-        if init is not None and float(init) != AMAX_DEFAULTS["init_scale"]:
-            parts.append(f"init={_fmt_num(float(init))}")
-        if scaling.get("power_of_two", True) is False:
-            parts.append("no pow2")
-        return f"amax ({', '.join(parts)})"
-    if method == "adaptive":
-        parts = []
-        n = scaling.get("update_every", 1)
-        if n != 1:
-            parts.append(f"freq={n}")
-        for key, short, default in (("n_uf_threshold", "n_uf", 1e-3), ("scale_upper_bound", "scale_ub", 16.0),
-                                    ("accum_upper_bound", "accum_ub", 1024.0), ("init_scale", "init", 1.0)):
-            v = scaling.get(key)
-            if v is not None and float(v) != default:
-                parts.append(f"{short}={_fmt_num(float(v))}")
-        if scaling.get("power_of_two", True) is False:
-            parts.append("no pow2")
-        if scaling.get("output_scaling"):
-            parts.append("output scaling")
-        if scaling.get("update_count", "steps") == "calls" and n != 1:
-            parts.append("per-call count")
-        return "adaptive" + (f" ({', '.join(parts)})" if parts else "")
-    return str(method)
 
 
 def trial_table(trials: Iterable, placement: Callable[[dict], str]) -> list[dict]:

@@ -40,7 +40,8 @@ from pydantic import ValidationError
 from ..registry import DATASET_NAMES, SCALING_METHODS
 from .errors import ERROR_TYPE, StudyError, _show, _suggest
 from .fields import _DEFAULT_SOURCE, NOT_BLANK
-from .schema import _SECTION_MODELS, DATASET_MODELS, Study, _scaling_keys
+from .methods import scaling_keys
+from .schema import _SECTION_MODELS, DATASET_MODELS, Study
 
 
 # --------------------------------------------------------------------------- YAML
@@ -212,7 +213,7 @@ def _allowed_keys(parent: list, tag) -> list[str]:
     if not parent:
         return [k for k in Study.model_fields if k != "source"]
     if tag and tag[0] == "scaling":
-        return _scaling_keys(tag[1])
+        return scaling_keys(tag[1])
     if tag and tag[0] == "dataset":
         return list(DATASET_MODELS[tag[1]].model_fields)
     model = _SECTION_MODELS.get(parent[0])

@@ -13,191 +13,15 @@ from typing import Annotated, Any, Literal, Optional, Union
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, ValidationInfo, field_validator, \
     model_serializer, model_validator
 
-from ..registry import (AMAX_RECIPES, BACKEND_NAMES, DATASET_NAMES, DYNAMIC_STYLES, EVAL_METRICS, MODEL_NAMES,
-                        PRECISIONS, SCALING_METHODS, VOC_CLASSES)
+from ..registry import BACKEND_NAMES, DATASET_NAMES, EVAL_METRICS, MODEL_NAMES, PRECISIONS, VOC_CLASSES
 from .errors import StudyError, _err, _fmt_num, _show
 from .fields import (_DEFAULT_SOURCE, _STRICT, Bool, Label, ListOf, NonNegInt, OptStr, PosFloat, PosInt, Str,
                      _as_list, _choice, _ctx_base_dir, _ctx_source, _mapping_or_empty, _number, _resolve_path)
-from .grid import AMAX_DEFAULTS, DYNAMIC_DEFAULTS, default_label, expand
+from .grid import expand
+from .methods import ScalingEntry, default_label
 from .trial_config import TrialConfig
 
 _NAME_RE = re.compile(r"[A-Za-z0-9_.-]+")
-
-
-# --------------------------------------------------------------------------- scaling entries
-
-
-class ResourcesOverride(BaseModel):
-    """A scaling entry's own resources (a study may mix backends: GPU rows next to Gaudi rows)."""
-
-    model_config = _STRICT
-
-    backend: Optional[_choice("backend", BACKEND_NAMES)] = None  # type: ignore[valid-type]
-    devices_per_trial: Optional[PosInt] = None  # type: ignore[valid-type]
-    cpus_per_trial: Optional[PosFloat] = None  # type: ignore[valid-type]
-
-    def given(self) -> dict:
-        return {k: v for k, v in self.model_dump(mode="json").items() if v is not None}
-
-
-class _ScalingBase(BaseModel):
-    model_config = _STRICT
-
-    label: Label = None
-    precision: Optional[_choice("precision", PRECISIONS)] = None  # type: ignore[valid-type]
-    model: Optional[_choice("model", MODEL_NAMES)] = None  # type: ignore[valid-type]
-    batch_size: Optional[PosInt] = None  # type: ignore[valid-type]
-    resources: Optional[ResourcesOverride] = None
-    #: the report's reference row (Welch's t-test of every other row against it); not in the trial id
-    baseline: Bool = False
-
-    #: emulated precisions: parameter gradients rounded before (default, PyTorch AMP) or after
-    #: unscaling (Chainer's order); precision.py's module doc. A trial option, so it lives here.
-    grad_rounding: Optional[_choice("grad_rounding", ("before_unscale", "after_unscale"))] = None  # type: ignore
-
-    def normalized(self) -> dict:
-        """``{"method": ..., every option with defaults filled}``; no label, no overrides."""
-        out = {"method": self.method}  # type: ignore[attr-defined]
-        for k in type(self).model_fields:
-            if k not in _COMMON_KEYS:
-                out[k] = getattr(self, k)
-        return {**out, **self._common_options()}
-
-    def _common_options(self) -> dict:
-        """Options every method takes that change the trial, only when not at their default
-        (``before_unscale`` is the default: such an entry is the same trial as one without)."""
-        return {"grad_rounding": self.grad_rounding} if self.grad_rounding == "after_unscale" else {}
-
-    @classmethod
-    def __pydantic_init_subclass__(cls, **kwargs):
-        """Every method's ``normalized()`` (its own, if it overrides the base's) carries
-        :meth:`_common_options`, so a new scaling model cannot forget them."""
-        super().__pydantic_init_subclass__(**kwargs)
-        own = cls.__dict__.get("normalized")
-        if own is None or getattr(own, "_with_common", False):
-            return
-
-        def normalized(self) -> dict:
-            return {**own(self), **self._common_options()}
-
-        normalized._with_common = True  # type: ignore[attr-defined]
-        normalized.__doc__ = own.__doc__
-        cls.normalized = normalized  # type: ignore[method-assign]
-
-    def overrides(self) -> dict:
-        return {k: getattr(self, k) for k in ("precision", "model", "batch_size") if getattr(self, k) is not None}
-
-
-class NoneScaling(_ScalingBase):
-    method: Literal["none"]
-
-
-class FixedScaling(_ScalingBase):
-    method: Literal["fixed"]
-    scale: PosFloat = 1.0  # type: ignore[valid-type]
-    skip_nonfinite: Bool = True
-
-
-class DynamicScaling(_ScalingBase):
-    method: Literal["dynamic"]
-    style: _choice("dynamic style", DYNAMIC_STYLES) = "chainer"  # type: ignore[valid-type]
-    interval: Optional[PosInt] = None  # type: ignore[valid-type]
-    init_scale: Optional[PosFloat] = None  # type: ignore[valid-type]
-    #: style deepspeed only (DeepSpeed's hysteresis, min_loss_scale, consecutive_hysteresis)
-    hysteresis: Optional[PosInt] = None  # type: ignore[valid-type]
-    min_scale: Optional[PosFloat] = None  # type: ignore[valid-type]
-    consecutive_hysteresis: Optional[Bool] = None
-
-    def normalized(self) -> dict:
-        d = DYNAMIC_DEFAULTS[self.style]
-        out = {
-            "method": "dynamic",
-            "style": self.style,
-            "interval": self.interval if self.interval is not None else d["interval"],
-            "init_scale": self.init_scale if self.init_scale is not None else d["init_scale"],
-        }
-        # only deepspeed entries carry its options, so chainer/torch trial ids stay as they were
-        for k, style in DYNAMIC_STYLE_ONLY.items():
-            if style == self.style:
-                v = getattr(self, k)
-                out[k] = v if v is not None else d[k]
-        return out
-
-
-#: dynamic options only one style reads; given with another style they are an error
-DYNAMIC_STYLE_ONLY = {"hysteresis": "deepspeed", "min_scale": "deepspeed", "consecutive_hysteresis": "deepspeed"}
-
-
-class AdaptiveScaling(_ScalingBase):
-    method: Literal["adaptive"]
-    update_every: PosInt = 1  # type: ignore[valid-type]
-    n_uf_threshold: _number("float", gt=0, lt=1) = 1e-3  # type: ignore[valid-type]
-    scale_upper_bound: PosFloat = 16.0  # type: ignore[valid-type]
-    accum_upper_bound: PosFloat = 1024.0  # type: ignore[valid-type]
-    power_of_two: Bool = True
-    init_scale: PosFloat = 1.0  # type: ignore[valid-type]
-    #: the authors' later head-output and L2Norm-input scaling points (scaling/adaptive.py); the
-    #: published table predates them, so off by default
-    output_scaling: Bool = False
-    #: what update_every counts: optimizer steps, or each layer's backward calls (the reference)
-    update_count: _choice("update_count", ("steps", "calls")) = "steps"  # type: ignore[valid-type]
-
-    def normalized(self) -> dict:
-        """Options added after studies ran are left out at their defaults: trial ids unchanged."""
-        out = super().normalized()
-        for key, default in (("output_scaling", False), ("update_count", "steps")):
-            if out.get(key) == default:
-                del out[key]
-        if out.get("update_every") == 1:  # every backward recomputes: both counts train the same
-            out.pop("update_count", None)
-        return out
-
-
-class LayerwiseDynamicScaling(_ScalingBase):
-    """fairscale's LayerwiseGradientScaler rule per scaling point (scaling/layerwise_dynamic.py)."""
-
-    method: Literal["layerwise_dynamic"]
-    init_scale: PosFloat = 65536.0  # type: ignore[valid-type]
-    interval: PosInt = 10000  # type: ignore[valid-type]
-    min_scale: Optional[PosFloat] = None  # type: ignore[valid-type]
-    max_scale: Optional[PosFloat] = None  # type: ignore[valid-type]
-
-
-class AmaxScaling(_ScalingBase):
-    """Transformer Engine's amax scaling per scaling point (scaling/amax.py)."""
-
-    method: Literal["amax"]
-    recipe: _choice("amax recipe", AMAX_RECIPES) = "delayed"  # type: ignore[valid-type]
-    #: recipe delayed only: steps of amax history (TE's amax_history_len)
-    history: Optional[PosInt] = None  # type: ignore[valid-type]
-    margin: NonNegInt = 0  # type: ignore[valid-type]
-    power_of_two: Bool = True
-    init_scale: PosFloat = 1.0  # type: ignore[valid-type]
-
-    def normalized(self) -> dict:
-        out = {"method": "amax", "recipe": self.recipe, "margin": self.margin, "power_of_two": self.power_of_two,
-               "init_scale": self.init_scale}
-        if self.recipe == "delayed":
-            out["history"] = self.history if self.history is not None else AMAX_DEFAULTS["history"]
-        return out
-
-
-_COMMON_KEYS = ("method", "label", "precision", "model", "batch_size", "resources", "baseline", "grad_rounding")
-SCALING_MODELS: dict[str, type[_ScalingBase]] = {
-    "none": NoneScaling, "fixed": FixedScaling, "dynamic": DynamicScaling, "adaptive": AdaptiveScaling,
-    "layerwise_dynamic": LayerwiseDynamicScaling, "amax": AmaxScaling,
-}
-assert tuple(SCALING_MODELS) == tuple(SCALING_METHODS)
-
-ScalingEntry = Annotated[
-    Union[NoneScaling, FixedScaling, DynamicScaling, AdaptiveScaling, LayerwiseDynamicScaling, AmaxScaling],
-    Discriminator("method"),
-]
-
-
-def _scaling_keys(method: str) -> list[str]:
-    fields = list(SCALING_MODELS[method].model_fields)
-    return list(_COMMON_KEYS) + [k for k in fields if k not in _COMMON_KEYS]
 
 
 # --------------------------------------------------------------------------- dataset
@@ -442,14 +266,9 @@ def _unique_labels(study: "Study", fail) -> None:
 
 
 def _check_method_options(study: "Study", fail) -> None:
-    """Options that only one dynamic style or one amax recipe reads are an error elsewhere, not ignored."""
+    """Each method refuses the option combinations that cannot mean what they say (its entry's ``check``)."""
     for k, e in enumerate(study.scaling):
-        if isinstance(e, DynamicScaling):
-            for opt, style in DYNAMIC_STYLE_ONLY.items():
-                if getattr(e, opt) is not None and e.style != style:
-                    fail(f"scaling[{k}].{opt}", f"only meaningful with style: {style} (this entry has style: {e.style})")
-        if isinstance(e, AmaxScaling) and e.history is not None and e.recipe != "delayed":
-            fail(f"scaling[{k}].history", f"only meaningful with recipe: delayed (this entry has recipe: {e.recipe})")
+        e.check(lambda suffix, problem, allowed=None, k=k: fail(f"scaling[{k}]{suffix}", problem, allowed))
 
 
 def _check_grad_rounding(study: "Study", fail) -> None:

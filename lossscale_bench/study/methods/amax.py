@@ -1,0 +1,60 @@
+"""Transformer Engine's amax scaling per scaling point (scaling/amax.py): the scale that puts each
+layer's largest gradient at the format's maximum, from this step (current) or a history (delayed)."""
+
+from __future__ import annotations
+
+from typing import Literal, Optional
+
+from ...registry import AMAX_RECIPES
+from ..fields import Bool, NonNegInt, PosFloat, PosInt, _choice
+from .base import Fail, MethodEntry, differs, num
+
+#: Transformer Engine's DelayedScaling defaults
+DEFAULTS = {"recipe": "delayed", "history": 1024, "margin": 0, "power_of_two": True, "init_scale": 1.0}
+
+
+class AmaxScaling(MethodEntry):
+    method: Literal["amax"]
+    recipe: _choice("amax recipe", AMAX_RECIPES) = DEFAULTS["recipe"]  # type: ignore[valid-type]
+    #: recipe delayed only: steps of amax history (TE's amax_history_len)
+    history: Optional[PosInt] = None  # type: ignore[valid-type]
+    margin: NonNegInt = DEFAULTS["margin"]  # type: ignore[valid-type]
+    power_of_two: Bool = DEFAULTS["power_of_two"]
+    init_scale: PosFloat = DEFAULTS["init_scale"]  # type: ignore[valid-type]
+    scaler = "lossscale_bench.scaling.amax:AmaxLossScaler"
+    per_layer = True
+
+    def options(self) -> dict:
+        out = {"method": "amax", "recipe": self.recipe, "margin": self.margin, "power_of_two": self.power_of_two,
+               "init_scale": self.init_scale}
+        if self.recipe == "delayed":
+            out["history"] = self.history if self.history is not None else DEFAULTS["history"]
+        return out
+
+    def check(self, fail: Fail) -> None:
+        if self.history is not None and self.recipe != "delayed":
+            fail(".history", f"only meaningful with recipe: delayed (this entry has recipe: {self.recipe})")
+
+    @classmethod
+    def id_tag(cls, scaling: dict) -> str:
+        margin = num(scaling.get("margin", 0))
+        if scaling.get("recipe", DEFAULTS["recipe"]) == "current":
+            return f"amaxcur-m{margin}"
+        return f"amaxdel{num(scaling.get('history', DEFAULTS['history']))}-m{margin}"
+
+    @classmethod
+    def row_label(cls, scaling: dict, precision: str) -> str:
+        recipe = scaling.get("recipe", DEFAULTS["recipe"])
+        parts = [recipe]
+        if recipe == "delayed":
+            parts.append(f"history={num(scaling.get('history', DEFAULTS['history']))}")
+        if scaling.get("margin", 0):
+            parts.append(f"margin={num(scaling['margin'])}")
+        if differs(scaling, "init_scale", DEFAULTS["init_scale"]):
+            parts.append(f"init={num(scaling['init_scale'])}")
+        if scaling.get("power_of_two", True) is False:
+            parts.append("no pow2")
+        return f"amax ({', '.join(parts)})"
+
+
+ENTRY = AmaxScaling

@@ -1,0 +1,124 @@
+"""What every scaling entry of a study file has, and what each method must say about itself.
+
+A method describes itself once, in its own module of this package: its study-file
+options with their defaults (the pydantic fields), what of them enters the trial id
+(:meth:`MethodEntry.normalized`), its short id tag and its report label (computed from
+the normalized dict, so the report can label stored runs the same way), the scaler class
+that implements it and the keyword arguments that class takes, and the option
+combinations it refuses. The grid, the schema, ``build_scaler`` and the report all ask
+the entry; none of them spells a method out.
+
+Torch-free (the study layer): the scaler is named by its import path, imported only by
+``lossscale_bench.scaling.build_scaler``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, ClassVar, Optional
+
+from pydantic import BaseModel
+
+from ...registry import BACKEND_NAMES, MODEL_NAMES, PRECISIONS
+from ..errors import _fmt_num
+from ..fields import _STRICT, Bool, Label, PosFloat, PosInt, _choice
+
+#: ``fail(path_suffix, problem, allowed=None)``: raise the study error for ``scaling[k]<path_suffix>``
+Fail = Callable[..., None]
+
+#: keys every entry has that are not options of the method (grid axes, report settings)
+COMMON_KEYS = ("method", "label", "precision", "model", "batch_size", "resources", "baseline", "grad_rounding")
+
+
+class ResourcesOverride(BaseModel):
+    """A scaling entry's own resources (a study may mix backends: GPU rows next to Gaudi rows)."""
+
+    model_config = _STRICT
+
+    backend: Optional[_choice("backend", BACKEND_NAMES)] = None  # type: ignore[valid-type]
+    devices_per_trial: Optional[PosInt] = None  # type: ignore[valid-type]
+    cpus_per_trial: Optional[PosFloat] = None  # type: ignore[valid-type]
+
+    def given(self) -> dict:
+        return {k: v for k, v in self.model_dump(mode="json").items() if v is not None}
+
+
+def num(x: Any) -> str:
+    """A number as a label or id shows it (``128``, ``0.5``)."""
+    return _fmt_num(float(x)) if isinstance(x, (int, float)) and not isinstance(x, bool) else str(x)
+
+
+def differs(scaling: dict, key: str, default: Any) -> bool:
+    """Whether ``scaling`` gives ``key`` a value other than ``default`` (numbers compared as floats)."""
+    v = scaling.get(key)
+    if v is None:
+        return False
+    if isinstance(default, (int, float)) and not isinstance(default, bool) and not isinstance(v, bool):
+        return float(v) != float(default)
+    return v != default
+
+
+class MethodEntry(BaseModel):
+    """One ``scaling:`` entry. A subclass per method sets ``method: Literal[...]`` and the class
+    attributes below, and overrides :meth:`id_tag`, :meth:`row_label` (and, where needed,
+    :meth:`normalized`, :meth:`scaler_kwargs`, :meth:`check`)."""
+
+    model_config = _STRICT
+
+    #: ``module:Class`` of the scaler, imported only when a trial builds it
+    scaler: ClassVar[str] = ""
+    #: per-layer scalers take the model (positional) and the precision's gradient format
+    per_layer: ClassVar[bool] = False
+
+    label: Label = None
+    precision: Optional[_choice("precision", PRECISIONS)] = None  # type: ignore[valid-type]
+    model: Optional[_choice("model", MODEL_NAMES)] = None  # type: ignore[valid-type]
+    batch_size: Optional[PosInt] = None  # type: ignore[valid-type]
+    resources: Optional[ResourcesOverride] = None
+    #: the report's reference row (its test of every other row); not in the trial id
+    baseline: Bool = False
+    #: emulated precisions: parameter gradients rounded before (default, PyTorch AMP) or after
+    #: unscaling (Chainer's order); precision.py's module doc. A trial option, so it lives here.
+    grad_rounding: Optional[_choice("grad_rounding", ("before_unscale", "after_unscale"))] = None  # type: ignore
+
+    # -- identity --------------------------------------------------------------------------
+    @classmethod
+    def option_names(cls) -> list[str]:
+        """The method's own options, in declaration order."""
+        return [k for k in cls.model_fields if k not in COMMON_KEYS]
+
+    def options(self) -> dict:
+        """``{"method": ..., every option with defaults filled}``."""
+        return {"method": self.method, **{k: getattr(self, k) for k in self.option_names()}}  # type: ignore
+
+    def normalized(self) -> dict:
+        """What enters the trial id: :meth:`options` (a method may leave out late options at
+        their default so existing ids stay) and the common options when not at their default."""
+        return {**self.options(), **self.common_options()}
+
+    def common_options(self) -> dict:
+        """``before_unscale`` is the default: such an entry is the same trial as one without."""
+        return {"grad_rounding": self.grad_rounding} if self.grad_rounding == "after_unscale" else {}
+
+    def overrides(self) -> dict:
+        return {k: getattr(self, k) for k in ("precision", "model", "batch_size") if getattr(self, k) is not None}
+
+    # -- described from a normalized dict (also a stored run's params) ----------------------
+    @classmethod
+    def id_tag(cls, scaling: dict) -> str:
+        """The readable part of a trial id (``fixed128``, ``dyn10``)."""
+        return str(scaling.get("method"))
+
+    @classmethod
+    def row_label(cls, scaling: dict, precision: str) -> str:
+        """The published tables' wording for the row (options missing from ``scaling`` take defaults)."""
+        return str(scaling.get("method"))
+
+    @classmethod
+    def scaler_kwargs(cls, scaling: dict) -> dict:
+        """Keyword arguments of the scaler's constructor: the given options, ``None`` left out
+        (the constructor's own default then applies; ``test_methods`` checks they agree)."""
+        return {k: scaling[k] for k in cls.option_names() if scaling.get(k) is not None}
+
+    # -- validation ----------------------------------------------------------------------
+    def check(self, fail: Fail) -> None:
+        """Refuse option combinations that cannot mean what they say (``fail(".opt", problem)``)."""

@@ -1,0 +1,48 @@
+"""fairscale's LayerwiseGradientScaler rule per scaling point (scaling/layerwise_dynamic.py):
+a dynamic scale per layer, backed off where that layer's gradients overflow."""
+
+from __future__ import annotations
+
+from typing import Literal, Optional
+
+from ..fields import PosFloat, PosInt
+from .base import Fail, MethodEntry, differs, num
+
+#: fairscale's growth_interval; GradScaler's start
+DEFAULTS = {"init_scale": 65536.0, "interval": 10000}
+
+
+class LayerwiseDynamicScaling(MethodEntry):
+    method: Literal["layerwise_dynamic"]
+    init_scale: PosFloat = DEFAULTS["init_scale"]  # type: ignore[valid-type]
+    interval: PosInt = DEFAULTS["interval"]  # type: ignore[valid-type]
+    min_scale: Optional[PosFloat] = None  # type: ignore[valid-type]
+    max_scale: Optional[PosFloat] = None  # type: ignore[valid-type]
+    scaler = "lossscale_bench.scaling.layerwise_dynamic:LayerwiseDynamicLossScaler"
+    per_layer = True
+
+    def check(self, fail: Fail) -> None:
+        lo, hi, init = self.min_scale, self.max_scale, self.init_scale
+        if lo is not None and hi is not None and lo > hi:
+            fail(".min_scale", f"{num(lo)} is above max_scale ({num(hi)})", f"numbers <= {num(hi)}")
+        if lo is not None and init < lo:
+            fail(".init_scale", f"{num(init)} is below min_scale ({num(lo)})", f"numbers >= {num(lo)}")
+        if hi is not None and init > hi:
+            fail(".init_scale", f"{num(init)} is above max_scale ({num(hi)})", f"numbers <= {num(hi)}")
+
+    @classmethod
+    def id_tag(cls, scaling: dict) -> str:
+        return "lwdyn" + num(scaling.get("interval", DEFAULTS["interval"]))
+
+    @classmethod
+    def row_label(cls, scaling: dict, precision: str) -> str:
+        parts = [f"interval={num(scaling.get('interval', DEFAULTS['interval']))}"]
+        if differs(scaling, "init_scale", DEFAULTS["init_scale"]):
+            parts.append(f"init={num(scaling['init_scale'])}")
+        for key, short in (("min_scale", "min"), ("max_scale", "max")):
+            if scaling.get(key) is not None:
+                parts.append(f"{short}={num(scaling[key])}")
+        return f"layer-wise dynamic ({', '.join(parts)})"
+
+
+ENTRY = LayerwiseDynamicScaling
