@@ -42,13 +42,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from functools import partial
-from typing import Callable
 
 import torch
 from torch import nn
 
-from .formats import BF16, E4M3, E5M2, FP16, FloatFormat
+from .formats import FORMATS, FP16, FloatFormat
 from .registry import PRECISIONS
+from .study.precisions import PRECISION_SPECS
 
 #: layer types whose outputs (and the gradients arriving at them) are rounded
 EMULATED_LAYERS = (nn.Conv2d, nn.Linear, nn.ConvTranspose2d)
@@ -184,22 +184,19 @@ class Precision:
         return self.grad_format or FP16
 
 
-_PRECISIONS: dict[str, Callable[[], Precision]] = {
-    "fp32": lambda: Precision("fp32", None, needs_scaler=False),
-    "mixed16": lambda: Precision("mixed16", torch.float16, needs_scaler=True, forward_format=FP16, grad_format=FP16),
-    "bf16": lambda: Precision("bf16", torch.bfloat16, needs_scaler=False, forward_format=BF16, grad_format=BF16),
-    "fp16-emulated": lambda: Precision("fp16-emulated", None, needs_scaler=True, emulated=True,
-                                       forward_format=FP16, grad_format=FP16),
-    "fp8-emulated": lambda: Precision("fp8-emulated", None, needs_scaler=True, emulated=True,
-                                      forward_format=E4M3, grad_format=E5M2),
-}
-assert tuple(_PRECISIONS) == PRECISIONS
+def _build(name: str) -> Precision:
+    """The runtime precision of a table entry (:mod:`lossscale_bench.study.precisions`)."""
+    spec = PRECISION_SPECS[name]
+    return Precision(spec.name, getattr(torch, spec.autocast) if spec.autocast else None,
+                     needs_scaler=spec.needs_scaler, emulated=spec.emulated,
+                     forward_format=FORMATS[spec.forward_format] if spec.forward_format else None,
+                     grad_format=FORMATS[spec.grad_format] if spec.grad_format else None)
 
 
 def get_precision(name: str, grad_rounding: str | None = None) -> Precision:
     """The precision ``name``; ``grad_rounding`` (emulated precisions only) as in the module doc."""
     try:
-        prec = _PRECISIONS[name]()
+        prec = _build(name)
     except KeyError:
         raise ValueError(f"unknown precision {name!r}; allowed: {', '.join(PRECISIONS)}") from None
     if grad_rounding is None or grad_rounding == prec.grad_rounding:

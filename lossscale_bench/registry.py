@@ -14,10 +14,6 @@ DATASET_NAMES = ("synthetic", "voc", "voc0712", "coco2017")
 BACKEND_NAMES = ("cpu", "cuda", "xla", "hpu", "auto")
 EVAL_METRICS = ("coco", "voc07", "voc")
 
-# Precisions whose gradients live in a narrow-range format (fp16, or E5M2 in
-# fp8-emulated): only these underflow, so only these make a loss scale meaningful.
-SCALED_PRECISIONS = ("mixed16", "fp16-emulated", "fp8-emulated")
-
 # Bumped when a model's architecture or initialisation changes what it trains to, so that
 # trial ids (and with them resume and the report) never mix results of the old and new model.
 # ssd_tiny 2: BatchNorm after every backbone conv (docs/toy_model.md).

@@ -16,7 +16,7 @@ remain per step, all in the scalers, because their decisions are made on the
 host: the overflow verdict (``LossScaler.step`` reads the fused non-finite
 flag: skip or step, and the next scale, for every method; for ``none`` it only
 feeds the ``overflow`` metric and could be deferred too), ``amax``'s new loss
-scale (a float for the next ``scale()``), and ``layerwise_dynamic``'s per-point
+scale (a float for the next ``scale()``), and the layer-wise dynamic scaler's per-point
 flags. The SSD loss itself reads nothing on an accelerator
 (``models/multibox_loss.py``); torchvision's reads four times per image (the
 degenerate-box check, two boolean-mask writes in ``SSDMatcher``, ``torch.where``)

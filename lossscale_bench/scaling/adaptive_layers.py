@@ -327,7 +327,7 @@ class _Iteration:
         """
         self.handles.append(root.register_prehook(self.on_backward_start))
         #: (layer info, id of the scale arriving, id of the scale it sends upstream): per-layer scalers
-        #: built on this machinery (layerwise_dynamic) read which parameters carry which layer's scale
+        #: built on this machinery (the layer-wise dynamic one) read which parameters carry which layer's scale
         self.layer_ids = [(getattr(node, "info", None), in_id, out_id) for node, in_id, out_id in plan.layers]
         for node, in_id, out_id in plan.layers:
             node._ada = (self, in_id, out_id)

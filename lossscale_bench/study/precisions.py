@@ -1,0 +1,59 @@
+"""The precisions a study may name, each described once (torch-free).
+
+An entry says what a trial in that precision does with numbers: the autocast dtype (by
+name), the formats (:mod:`lossscale_bench.formats`, by name) its forward values and its
+gradients are rounded to, whether it is a CPU emulation, whether a loss scale has anything
+to rescue, Transformer Engine's name for the recipe where there is one, and the report's
+note under a table of its rows. ``lossscale_bench.precision`` builds the runtime object
+from it, the schema reads which precisions are emulated, and the report its note; a new
+precision is one entry here and its name in ``registry.PRECISIONS``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..registry import PRECISIONS
+
+
+@dataclass(frozen=True)
+class PrecisionSpec:
+    name: str
+    #: torch dtype name of the autocast region (None: no autocast)
+    autocast: str | None = None
+    #: format of conv/linear outputs (None: fp32)
+    forward_format: str | None = None
+    #: format of activation and parameter gradients (None: fp32)
+    grad_format: str | None = None
+    #: computed in fp32 with rounding hooks (a CPU emulation, marked as such in reports)
+    emulated: bool = False
+    #: whether gradients live in a narrow-range format, so a loss scale is meaningful
+    needs_scaler: bool = False
+    #: Transformer Engine's ``recipe.Format`` of the same formats (HYBRID, E4M3)
+    te_format: str | None = None
+    #: the report's footnote for rows in this precision (emulations must say so)
+    note: str | None = None
+
+
+_SPECS = (
+    PrecisionSpec("fp32"),
+    PrecisionSpec("mixed16", autocast="float16", forward_format="fp16", grad_format="fp16", needs_scaler=True),
+    PrecisionSpec("bf16", autocast="bfloat16", forward_format="bf16", grad_format="bf16"),
+    PrecisionSpec("fp16-emulated", forward_format="fp16", grad_format="fp16", emulated=True, needs_scaler=True,
+                  note="these numbers come from the CPU fp16 emulation (compute in fp32, fp16 rounding of layer "
+                       "outputs and gradients), not real fp16."),
+    PrecisionSpec("fp8-emulated", forward_format="e4m3", grad_format="e5m2", emulated=True, needs_scaler=True,
+                  te_format="HYBRID",
+                  note="these numbers come from the CPU fp8 emulation (compute in fp32, conv/linear outputs "
+                       "rounded to float8 E4M3, gradients to E5M2: Transformer Engine's Format.HYBRID), "
+                       "not real fp8."),
+)
+
+#: name -> spec, in the registry's order
+PRECISION_SPECS: dict[str, PrecisionSpec] = {s.name: s for s in _SPECS}
+assert tuple(PRECISION_SPECS) == tuple(PRECISIONS), "registry.PRECISIONS and the precision table disagree"
+
+#: the emulated precisions (the options about emulated rounding apply to these only)
+EMULATED_PRECISIONS = tuple(n for n, s in PRECISION_SPECS.items() if s.emulated)
+#: precisions whose gradients underflow, so a loss scale is meaningful
+SCALED_PRECISIONS = tuple(n for n, s in PRECISION_SPECS.items() if s.needs_scaler)
