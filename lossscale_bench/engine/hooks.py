@@ -33,6 +33,13 @@ class Hook:
     def after_train(self, trainer) -> None:
         pass
 
+    def state_dict(self) -> dict[str, Any]:
+        """What the hook must carry across a resume (detectron2's hooks have the same pair)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
 
 class TrialDiverged(StopTraining):
     def __init__(self, step: int, last_finite_loss: float | None, scale: float, reason: str):
@@ -259,6 +266,12 @@ class EvalHook(Hook):
     def after_step(self, trainer, record: StepRecord) -> None:
         if self.every and record.step % self.every == 0 and record.step < trainer.iterations:
             self.run_eval(trainer)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"best_map": self.best_map}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.best_map = state.get("best_map", float("-inf"))
 
 
 def atomic_torch_save(obj: Any, path: Path) -> None:

@@ -124,7 +124,7 @@ class StopTraining(Exception):
 
 class Trainer:
     def __init__(self, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler, scaler: LossScaler,
-                 backend: Backend, precision: Precision, batches: Iterable, iterations: int, hooks=(),
+                 backend: Backend, precision: Precision, iterations: int, batches: Iterable = (), hooks=(),
                  grad_clip: float | None = None, bias_grad_factor: float = 1.0, state: TrainState | None = None,
                  grad_sync=None, sync_every: int = 1):
         self.model = model
@@ -209,6 +209,25 @@ class Trainer:
         return record
 
     # -- the loop ---------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Everything a resume needs of the loop: weights, optimizer, lr schedule, scaler (per-layer
+        state too), the counters, and each hook's own state (by hook class name)."""
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict(), "scaler": self.scaler.state_dict(),
+                "step": self.state.step, "skipped_steps": self.state.skipped_steps,
+                "overflow_steps": self.state.overflow_steps, "images_seen": self.state.images_seen,
+                "hooks": {type(h).__name__: st for h in self.hooks if (st := h.state_dict())}}
+
+    def load_state_dict(self, ck: dict[str, Any]) -> None:
+        self.model.load_state_dict(ck["model"])
+        self.optimizer.load_state_dict(ck["optimizer"])
+        self.scheduler.load_state_dict(ck["scheduler"])
+        self.scaler.load_state_dict(ck["scaler"])
+        self.state.step, self.state.skipped_steps, self.state.overflow_steps, self.state.images_seen = (
+            ck["step"], ck["skipped_steps"], ck["overflow_steps"], ck["images_seen"])
+        for h in self.hooks:
+            h.load_state_dict(ck.get("hooks", {}).get(type(h).__name__, {}))
+
     def run(self) -> TrainState:
         for h in self.hooks:
             h.before_train(self)

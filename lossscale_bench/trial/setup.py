@@ -1,0 +1,91 @@
+"""Build what a trial trains with, from its ``TrialConfig``: backend, data, model, precision,
+scaler, telemetry, optimizer and schedule, and the evaluator. Nothing here trains; the runner
+(:mod:`.runner`) puts these parts into a ``Trainer`` with its hooks.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from ..sink import Sink
+from .records import data_report
+
+
+@dataclass
+class TrialParts:
+    backend: Any
+    model: Any
+    precision: Any
+    scaler: Any
+    probe: Any
+    history: Any
+    optimizer: Any
+    scheduler: Any
+    train_ds: Any
+    val_ds: Any
+    evaluate: Callable[[], dict]
+
+
+def make_evaluator(metric: str, model, val_ds, backend, precision, max_images=None):
+    """Return a zero-argument function computing ``{"map", "map_50"}`` on the validation set."""
+    autocast = (lambda: backend.autocast(precision.autocast_dtype))
+    if metric == "coco":
+        from ..evaluation.coco import evaluate_coco
+
+        return lambda: evaluate_coco(model, val_ds, device=backend.device, max_images=max_images, autocast=autocast)
+    if metric in ("voc07", "voc"):
+        from ..evaluation.voc import evaluate_voc
+
+        return lambda: evaluate_voc(model, val_ds, device=backend.device, max_images=max_images, autocast=autocast,
+                                    use_07_metric=(metric == "voc07"))
+    raise ValueError(f"unknown eval metric {metric!r}")
+
+
+def seeded_backend(cfg, threads):
+    """The trial's backend, with every RNG (torch, Python, numpy) seeded from the trial's seed."""
+    from ..backends import get_backend
+
+    backend = get_backend(cfg.resources.get("backend", "cpu"), threads=threads,
+                          **({"compile": True} if cfg.resources.get("compile") else {}))  # cuda only (schema)
+    backend.seed(cfg.seed)
+    random.seed(cfg.seed)
+    np.random.seed(cfg.seed % 2**32)
+    return backend
+
+
+def build_parts(cfg, sink: Sink, trial_dir: Path, threads, rank: int = 0) -> TrialParts:
+    """Every part of the trial, in the order their RNG use and hooks require."""
+    from ..data import build_datasets
+    from ..engine.schedule import build_optimizer, build_scheduler
+    from ..models import build_model
+    from ..precision import get_precision
+    from ..scaling import build_scaler
+    from ..telemetry import LayerHistory, UnderflowProbe
+
+    backend = seeded_backend(cfg, threads)
+    opts = dict(cfg.model_options)
+    if "image_size" not in opts and cfg.dataset.get("name") == "synthetic" and cfg.model == "ssd_tiny":
+        opts["image_size"] = int(cfg.dataset.get("image_size", 128))
+    train_ds, val_ds, classes = build_datasets(cfg.dataset, image_size=opts.get("image_size"),
+                                               max_val_images=cfg.eval.get("max_images"))
+    sink.tags(data_report(train_ds, val_ds))
+    model = backend.prepare_model(build_model(cfg.model, num_classes=len(classes) + 1, **opts))
+    precision = get_precision(cfg.precision, cfg.scaling.get("grad_rounding"))  # an entry option (schema)
+    precision.prepare(model)
+    scaler = build_scaler(cfg.scaling, model, grad_format=precision.grad_format)
+    # after the emulation hooks: it sees gradients before they are rounded
+    probe = UnderflowProbe(model, fmt=precision.telemetry_format)
+    optimizer = build_optimizer(model, cfg.schedule, backend.optimizer_options())
+    evaluate = make_evaluator(cfg.eval.get("metric", "coco"), model, val_ds, backend, precision,
+                              cfg.eval.get("max_images"))
+    if rank != 0:  # replicas hold identical weights: rank 0's evaluation is the trial's
+        evaluate = lambda: {"map": float("nan"), "map_50": float("nan")}  # noqa: E731
+    return TrialParts(backend=backend, model=model, precision=precision, scaler=scaler, probe=probe,
+                      history=LayerHistory(trial_dir / "layers_history.csv"), optimizer=optimizer,
+                      scheduler=build_scheduler(optimizer, cfg.schedule), train_ds=train_ds, val_ds=val_ds,
+                      evaluate=evaluate)
