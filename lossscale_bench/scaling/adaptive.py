@@ -1,7 +1,11 @@
 """Adaptive layer-wise loss scaling (Zhao et al. 2019), for unmodified PyTorch models.
 
-The algorithm is the one in ``/work/shared/ADAPTIVE.md`` (method
-``approx_range``, the authors' default). Usage is GradScaler's::
+The algorithm is ``docs/adaptive_algorithm.md`` (method ``approx_range``, the authors'
+default); why it is built the way it is (a per-instance ``forward`` patch with a custom
+autograd Function rather than backward hooks, a walk of the loss's graph to know which
+scale each gradient carries, merges at branch points, unscaling per scale group), its
+deviations from the Chainer reference and its limits are in ``docs/adaptive_design.md``.
+Usage is GradScaler's::
 
     scaler = AdaptiveLossScaler(model)            # after precision.prepare(model)
     scaler.scale(loss).backward()
@@ -10,128 +14,9 @@ The algorithm is the one in ``/work/shared/ADAPTIVE.md`` (method
     ...
     scaler.remove()                               # model restored exactly
 
-Design
-------
-*Per-layer scaling.* Every ``nn.Conv2d`` and ``nn.Linear`` whose class uses
-the stock ``forward`` gets an instance ``forward`` (a bound method; removed by
-``remove()``) that runs a custom ``autograd.Function``. Its backward receives
-the gradient ``g`` arriving at the layer output (carrying the accumulated
-scale ``P``), computes the layer scale ``s`` on the device (steps 1-9 of
-ADAPTIVE.md, :func:`approx_range_scale_tensor`), and computes the input
-gradient scaled by ``s`` and the weight/bias gradients from ``g`` (scale
-``P``). ``s`` is folded into the weight operand: ``conv_T(g, s*W)`` equals
-``conv_T(s*g, W)`` (bit for bit with power-of-two scales, unless ``s*W``
-over/underflows, which weights times ``s <= 16`` do not; with ``s < 1`` it
-loses less than scaling tiny gradients down would). That spares a pass over
-the large gradient tensor and lets one ``aten.convolution_backward`` call
-(input, weight and bias masks) do what plain autograd does; Linear uses
-matmuls. Forward hooks of other code (``install_fp16_emulation``) still wrap
-the patched ``forward``, so the order in which emulation and scaler are
-installed does not matter: the gradient reaching the Function is already
-rounded to fp16, as a real fp16 gradient would be, and the weight gradient
-leaves it still carrying ``P``, so that the emulation's post-accumulate hook
-(or, under autocast, the fp16 computation itself) rounds the *scaled* value,
-as in real mixed precision.
-A module instance patch, rather than a module transform, is what lets the
-method apply to torchvision's SSDs and ResNets unchanged; a custom Function
-rather than ``register_full_backward_hook`` because the latter breaks with
-the in-place ReLUs those models use (FIELD-NOTES "Hooks").
-
-*Where the scales go.* A scale travels with a gradient, but autograd does not
-carry metadata with gradients. So ``scale(loss)`` walks the loss's graph once
-(``_graph.analyse``: a Python walk over next_functions, a few hundred nodes for
-an SSD300 and well under a millisecond to a few ms) and assigns every node the
-symbolic *scale source* of the gradient it will receive: the loss
-(``init_scale``), the input gradient of a scaling layer (``P*s``), or a merge.
-A node whose consumer edges carry different sources (a VGG feature map read by
-the next block and by two multibox heads; a residual input read by the block
-and the shortcut; anything) is a merge point: a post-hook on each consumer
-stashes that branch's gradient and returns ``None`` for the edge, and the
-last branch to arrive returns ``sum_i g_i * (t / scale_i)`` with the common
-target ``t`` of ADAPTIVE.md "Branches" (computed on the device). Passing
-nodes (BN, ReLU, pooling, concat, reshape, the SSD loss) need nothing; every
-parameter leaf (``AccumulateGrad``) learns the scale its gradient carries, so
-BN's gamma/beta or the VGG L2Norm ``scale_weight`` are unscaled like conv
-weights. Scale values are 0-d fp32 device tensors filled in during backward,
-in topological order, so no host synchronisation happens per layer: the only
-sync of a step is the overflow flag read in ``step()``.
-
-*Unscaling.* Parameter gradients stay scaled (by their own ``P``) in ``.grad``
-until ``unscale_``, which multiplies each group of gradients sharing a scale
-by ``1/P`` with the fused non-finite check GradScaler uses (one flag, one host
-read). Data parallelism as this project's loop does it (each replica unscales
-its own gradients, then they are averaged) needs nothing more: replicas may
-use different layer scales. A model wrapped in ``DistributedDataParallel``
-(or ``unscale_in_backward=True``) is different: DDP averages ``.grad`` during
-backward, while replicas' ``P`` may differ, so there the gradients are divided
-by ``P`` before they are accumulated (that gradient rounding then happens on
-unscaled values under fp16 emulation). With ``update_every > 1`` each layer's
-last *unbounded* scale is reused (bounds and the power-of-two step still
-applied, with the current ``P``); when ``torch.distributed`` is initialised,
-the stacked unbounded scales are all-reduced with MIN after each recompute
-step (:meth:`AdaptiveLossScaler.agree_scales`: one tiny collective, skipped
-with ``update_every == 1`` and a no-op when not distributed), so replicas use
-the same layer scales until the next recompute.
-
-Deviations from the Chainer reference (all documented in ADAPTIVE.md's terms)
-------------------------------------------------------------------------------
-* The rule itself deviates in four places (mean of squares, ``frexp``, non-finite
-  statistics, a branch merge where no scale fits): see :mod:`.adaptive_rule`. The merge's
-  ``m`` divides each branch's maximum by its scale, as the reference does.
-* Accumulated scales ``P`` are kept in fp32 (the reference multiplies them in
-  fp16); the layer scales themselves are stored as fp16 values (step 9).
-* Layers whose input needs no gradient (the first conv) compute no statistics:
-  their scale would multiply nothing. ``layer_table`` marks them
-  ``applied: False``.
-* ``update_every``: by default (``update_count="steps"``) it counts optimizer
-  steps (``update()`` calls): every layer recomputes in the same backward passes.
-  The reference counts *calls per layer*: each layer's ``AdaLoss`` object has its
-  own ``cur_iter``, advanced by every ``get_unbound_loss_scale`` call
-  (``ada_loss/core.py``: ``is_updating``), i.e. once per backward pass through that
-  layer. ``update_count="calls"`` does exactly that (a per-layer counter in
-  ``_LayerInfo.calls``, checkpointed). The two agree when each layer runs once per
-  forward and there is one backward per step; they differ under gradient
-  accumulation (k backward passes per step: the reference recomputes every N
-  passes, i.e. every N/k steps), for a module called several times per forward
-  (weight sharing: its counter advances per call), and for a layer a backward
-  does not reach (its counter stands still). Skipped (overflow) steps count in
-  both. Several backward passes in one step are supported: later passes convert
-  their parameter gradients to the scale the first pass left.
-* Output scaling points (``output_scaling=True``, default off). The seed's
-  published table comes from the repository's first commit, where the multibox
-  heads end in a plain cast; a later commit ("Support ada-loss in SSD type
-  casts", ``models/ssd/multibox.py`` and ``models/ssd/ssd.py``) puts an
-  ``ada_loss_cast`` on each head output (lognormal statistics for the class
-  scores) and on the L2Norm input. With the option, :func:`find_output_points`
-  finds the same places in a torchvision SSD (each head conv's output; the
-  module ``models/ssd.py`` marks before L2Norm) and a forward hook puts an
-  ``_AdaCast`` there: an identity (fp32 under autocast, as the reference's cast
-  to float32) whose backward multiplies the arriving gradient by a scale from
-  its own statistics (:func:`.adaptive_rule.output_scale_tensor`; bounded by
-  ``scale_upper_bound`` and ``accum_upper_bound / P``, power of two) before it is
-  rounded to the low-precision format. Install the scaler after
-  ``precision.prepare(model)`` (trial.py does) so that under emulation the
-  rounding hook runs inside the scaling point. Under emulation the L2Norm
-  branch's scaled gradient is rounded after the branch merge at conv4_3's
-  output, where the reference rounds it at the cast (before the merge).
-
-Limits
-------
-Double backward (``create_graph=True``), reentrant activation checkpointing
-and ``torch.compile``/TorchScript of the patched modules are not supported.
-One ``scale()`` per backward: scaling two losses separately and
-back-propagating their sum is not supported (both graphs share the
-parameters' gradient accumulators, where autograd would add gradients of
-different scales before any hook sees them); scale the summed loss instead.
-Use ``.backward()``, not ``torch.autograd.grad`` with ``inputs`` (pruned
-branches would never arrive at a merge). Leaf tensors outside the optimizer
-that require grad keep scaled gradients. A merge holds its branches'
-gradients until the last arrives (autograd would have summed them at once):
-a little more peak memory at merge points. Modules
-other than stock Conv2d/Linear (ConvTranspose2d, subclasses with their own
-forward) pass the scale through unchanged: correct, just not rescaled.
-Deep-copying or pickling a model while attached yields a copy that runs
-unpatched (a new scaler can attach to it).
+Not supported (docs/adaptive_design.md "Limits"): double backward, reentrant checkpointing,
+``torch.compile`` of the patched modules, two separately scaled losses in one backward,
+``torch.autograd.grad`` with ``inputs``.
 """
 
 from __future__ import annotations
@@ -203,7 +88,7 @@ def _world_size() -> int:
 class AdaptiveLossScaler(LossScaler):
     """Adaptive layer-wise loss scaling on an unmodified model (see module doc).
 
-    Options as in ADAPTIVE.md. Keyword-only extras: ``sync_scales`` (all-reduce MIN
+    Options as in docs/adaptive_algorithm.md. Keyword-only extras: ``sync_scales`` (all-reduce MIN
     of recomputed unbounded scales when distributed and ``update_every > 1``),
     ``unscale_in_backward`` (None: only for a model wrapped in DDP), ``scale_fn``
     (test hook: ``fn(layer_name, grad, weight, prev_scale) -> scale`` replaces
@@ -258,6 +143,30 @@ class AdaptiveLossScaler(LossScaler):
         self._by_name: dict[str, _LayerInfo] = {}
         #: (name, reason) of matching modules left unwrapped (they pass the scale through)
         self.skipped_layers: list[tuple[str, str]] = []
+        #: output scaling points (``output_scaling``), each with its forward hook
+        self._points: list[_PointInfo] = []
+        self._point_handles: list[Any] = []
+        self._device = next((p.device for p in model.parameters()), torch.device("cpu"))
+        self._attach_layers(model, layer_types)
+        if self.output_scaling:
+            self._attach_output_points(model)
+        if self.skipped_layers:
+            warnings.warn(f"adaptive loss scaling leaves {len(self.skipped_layers)} layer(s) unscaled: "
+                          f"{self.skipped_layers[:3]}", stacklevel=2)
+
+        self._iter = 0
+        #: iterations whose hooks may still be registered (normally only the current one)
+        self._pending: list[_Iteration] = []
+        self._recomputed = False
+        #: id(param) -> (iteration, scale id) whose value the param's .grad carries, or _UNSCALED (None; adaptive_layers)
+        self._carried: dict[int, tuple[_Iteration, int] | None] = {}
+        #: number of statistics computations (steps 1-6) since construction
+        self.stat_computations = 0
+        self._last_plan = {"nodes": 0, "merge_points": 0, "layers": 0}
+
+    def _attach_layers(self, model: nn.Module, layer_types) -> None:
+        """Patch each stock Conv2d/Linear's instance ``forward`` (docs/adaptive_design.md: why a
+        patch and not a hook); a module already attached to another scaler is refused."""
         stock = {nn.Conv2d: nn.Conv2d.forward, nn.Linear: nn.Linear.forward}
         for name, mod in model.named_modules():
             if not isinstance(mod, layer_types) or not isinstance(mod, (nn.Conv2d, nn.Linear)):
@@ -278,32 +187,17 @@ class AdaptiveLossScaler(LossScaler):
             self._layers.append(info)
             self._modules.append(mod)
             self._by_name[info.name] = info
-        #: output scaling points (``output_scaling``), each with its forward hook
-        self._points: list[_PointInfo] = []
-        self._point_handles: list[Any] = []
-        self._device = next((p.device for p in model.parameters()), torch.device("cpu"))
-        if self.output_scaling:
-            for name, mod, kind, lognormal in find_output_points(model):
-                info = _PointInfo(name, kind, lognormal)
-                self._points.append(info)
-                self._by_name[info.name] = info
-                self._point_handles.append(mod.register_forward_hook(_point_hook(info)))
-            if not self._points:
-                warnings.warn("output_scaling: the model has no SSD head or marked module; nothing added",
-                              stacklevel=2)
-        if self.skipped_layers:
-            warnings.warn(f"adaptive loss scaling leaves {len(self.skipped_layers)} layer(s) unscaled: "
-                          f"{self.skipped_layers[:3]}", stacklevel=2)
 
-        self._iter = 0
-        #: iterations whose hooks may still be registered (normally only the current one)
-        self._pending: list[_Iteration] = []
-        self._recomputed = False
-        #: id(param) -> (iteration, scale id) whose value the param's .grad carries, or _UNSCALED (None; adaptive_layers)
-        self._carried: dict[int, tuple[_Iteration, int] | None] = {}
-        #: number of statistics computations (steps 1-6) since construction
-        self.stat_computations = 0
-        self._last_plan = {"nodes": 0, "merge_points": 0, "layers": 0}
+    def _attach_output_points(self, model: nn.Module) -> None:
+        """The reference's later scaling points (head outputs, L2Norm input), as forward hooks."""
+        for name, mod, kind, lognormal in find_output_points(model):
+            info = _PointInfo(name, kind, lognormal)
+            self._points.append(info)
+            self._by_name[info.name] = info
+            self._point_handles.append(mod.register_forward_hook(_point_hook(info)))
+        if not self._points:
+            warnings.warn("output_scaling: the model has no SSD head or marked module; nothing added",
+                          stacklevel=3)
 
     # -- the loop's interface ------------------------------------------------
     def scale(self, loss: torch.Tensor) -> torch.Tensor:
