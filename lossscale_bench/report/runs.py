@@ -21,7 +21,7 @@ The report reads the MLflow store, never training logs.  The store contract
 Only :func:`load_runs` touches MLflow, and it imports it lazily so that the
 rest of the package (and ``lsbench --help``) does not pay for the import.
 
-Part of the summary layer (with :mod:`lossscale_bench.report_summary`, which
+Part of the summary layer (with :mod:`lossscale_bench.report.summary`, which
 re-exports everything public here): no rendering, no plots.
 """
 
@@ -32,7 +32,7 @@ from collections.abc import Mapping
 
 import pandas as pd
 
-from .study.configs import config_params, run_config_id, setting_id
+from ..study.configs import config_params, run_config_id, setting_id
 
 __all__ = [
     "ReportError",

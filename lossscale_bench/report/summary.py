@@ -1,11 +1,11 @@
 """Runs -> summary: one row per table cell, with seed statistics and verdicts.
 
 The summary layer of the report: :func:`load_runs` (MLflow -> runs, from
-:mod:`lossscale_bench.report_runs`, re-exported here) and :func:`summarize`
+:mod:`lossscale_bench.report.runs`, re-exported here) and :func:`summarize`
 (runs -> one row per (study, model, batch, row)).  No rendering and no plots
-here: the table renderers (``report_markdown``, ``report_csv``,
-``report_html``, ``report_latex``) and :mod:`lossscale_bench.plots` build on
-this module, and :mod:`lossscale_bench.report` sits above them all.
+here: the table renderers (:mod:`lossscale_bench.report.renderers`) and
+:mod:`lossscale_bench.report.plots` build on this module, and
+:mod:`lossscale_bench.report.write` sits above them all.
 
 Seeds and statistics.  A cell with several seeds shows ``mean ± sample std
 (n=k)``, k the number of seeds that finished with a value.  Each table
@@ -16,7 +16,7 @@ it, alpha 0.05: by a paired t-test of the per-seed differences when both rows
 finished the same seeds (a seed fixes initial weights and batches, so the
 pairs differ only by the method), else by Welch's t-test on the seed values;
 with the difference of means and its 95% confidence interval
-(:mod:`lossscale_bench.report_stats`):
+(:mod:`lossscale_bench.report.stats`):
 ``worse than baseline (p=0.003)``, ``better than baseline (p=0.01)``,
 ``within seed noise (p=0.42)``, or ``too few seeds`` when either side has
 fewer than two values.  Diverged, failed and running seeds are left out of
@@ -42,7 +42,8 @@ import math
 
 import pandas as pd
 
-from .report_runs import (
+from ..study.configs import describe, differing_fields, study_setting
+from .runs import (
     EMULATED_SUFFIX,
     MODEL_NAMES,
     RUN_COLUMNS,
@@ -57,8 +58,7 @@ from .report_runs import (
     load_runs,
     model_name,
 )
-from .report_stats import ALPHA, noise_verdict, paired_verdict
-from .study.configs import describe, differing_fields, study_setting
+from .stats import ALPHA, noise_verdict, paired_verdict
 
 __all__ = [
     "ReportError",
@@ -193,7 +193,7 @@ def summarize(df: pd.DataFrame, metric: str = "final_map") -> pd.DataFrame:
     ``verdict`` is ``baseline`` there and the noise verdict on the other rows
     (empty in tables without a baseline), with ``p_value``, ``diff`` (row
     mean − baseline mean, the metric's unit) and ``diff_ci_low``/``_high``
-    (95% CI) from :func:`lossscale_bench.report_stats.noise_verdict`.
+    (95% CI) from :func:`lossscale_bench.report.stats.noise_verdict`.
 
     ``setting`` names the table's study setting when the study has several
     (``configuration 2 of 2 (earlier): schedule.lr = 0.01``), else is empty;

@@ -1,27 +1,11 @@
-"""Study reports: MLflow runs → pandas → tables (markdown, csv, html, latex) + plots.
+"""``write_report``: load a study's runs, render one format, draw its plots, write the files.
 
-Pipeline::
-
-    load_runs(uri, study)  -> one row per trial (latest run per trial_id)
-    summarize(runs)        -> one row per table cell (study, model, batch, row)
-    render(runs, fmt)      -> markdown | csv | html | latex text
-    write_report(uri, ...) -> (text, path)   (+ plots: see lossscale_bench.plots)
-
-This module is the orchestration on top; the work is done below it, and
-imports only ever point down::
-
-    report                                   render(), write_report(): tables + plots
-      ├─ report_markdown, report_csv,         one renderer per format
-      │  report_html, report_latex
-      │    └─ report_tables                   rows and footnotes shared by the renderers
-      ├─ plots (→ plots_draw)                 study and trial plots (imported when drawn)
-      └─ report_summary                       summarize(), verdicts; re-exports report_runs
-           ├─ report_runs                     load_runs(): the MLflow store contract
-           └─ report_stats                    t-tests (scipy)
-
-The store contract is described in :mod:`lossscale_bench.report_runs`, the
-seed statistics and verdicts in :mod:`lossscale_bench.report_summary`.  Every
-name those modules had here before the split is still importable from here.
+The one place a report touches the file system.  What it puts together comes
+from below: :func:`~lossscale_bench.report.runs.load_runs` (the store),
+:func:`~lossscale_bench.report.renderers.render` (the tables, one renderer
+per format) and :func:`~lossscale_bench.report.plots.study_plots` (imported
+only when plots are drawn, so a tables-only report never loads matplotlib).
+html embeds the plots in the page; markdown links PNG files written beside it.
 """
 
 from __future__ import annotations
@@ -29,80 +13,16 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import pandas as pd
+from .metric_names import check_metric
+from .renderers import FORMATS, render
+from .runs import ReportError, load_runs
 
-from .report_csv import from_csv, render_csv
-from .report_metrics import REPORT_METRICS, check_metric
-from .report_html import render_html
-from .report_latex import render_latex
-from .report_markdown import render_markdown
-from .report_summary import ReportError, load_runs, noise_verdict, summarize
+if TYPE_CHECKING:
+    import pandas as pd
 
-# lived here before the split; still importable from here
-from .report_latex import latex_escape  # noqa: F401
-from .report_summary import (  # noqa: F401
-    ALPHA,
-    EMULATED_SUFFIX,
-    MODEL_NAMES,
-    RUN_COLUMNS,
-    RUNNING_TEXT,
-    STATUSES,
-    SUMMARY_COLUMNS,
-    TAG,
-    derive_label,
-    is_emulated,
-    model_name,
-    paired_verdict,
-)
-from .report_tables import EMULATED_MARK, EMULATION_NOTES, HEADERS, SEEDS_NOTE, VS_HEADER, _verdict_note  # noqa: F401
-
-__all__ = [
-    "ReportError",
-    "load_runs",
-    "summarize",
-    "render",
-    "write_report",
-    "noise_verdict",
-    "MODEL_NAMES",
-    "FORMATS",
-    "REPORT_METRICS",
-]
-
-#: format name -> file extension
-FORMATS: dict[str, str] = {"markdown": "md", "csv": "csv", "html": "html", "latex": "tex"}
-
-
-def render(
-    df: pd.DataFrame,
-    fmt: str = "markdown",
-    metric: str = "final_map",
-    *,
-    images: Mapping[str, bytes] | None = None,
-    title: str | None = None,
-) -> str:
-    """Render the runs (from :func:`load_runs`) or a summary (from :func:`summarize`).
-
-    ``fmt``: markdown | csv | html | latex.  ``images`` (html only): plot name
-    -> PNG bytes, embedded as base64 in the page's ``#plots`` section.
-    """
-    if fmt not in FORMATS:
-        raise ReportError(f"unknown report format {fmt!r}; choose one of: {', '.join(FORMATS)}")
-    check_metric(metric)
-    if "cell" in df.columns and "n_runs" in df.columns:
-        summary, runs = from_csv(df), None  # a summary, perhaps read back from a report's csv
-    else:
-        summary, runs = summarize(df, metric), df
-    if fmt == "csv":
-        return render_csv(summary)
-    if len(summary) == 0:
-        raise ReportError("no trial runs to report")
-    if fmt == "markdown":
-        return render_markdown(summary, runs, metric)
-    if fmt == "latex":
-        return render_latex(summary, runs, metric)
-    studies = [str(s) for s in pd.unique(summary["study"])]
-    return render_html(summary, runs, metric, images, title or f"Loss-scaling report: {', '.join(studies)}")
+__all__ = ["write_report"]
 
 
 def _plot_list(tracking_uri: str, study: str | None, runs: pd.DataFrame, metric: str) -> list:
@@ -153,7 +73,7 @@ def write_report(
 
     The file is ``out`` when given, else ``<reports_dir>/<study or 'all'>.<ext>``.
     ``plots`` (html and markdown only): draw the study plots
-    (:func:`lossscale_bench.plots.study_plots`); html embeds them (with
+    (:func:`lossscale_bench.report.plots.study_plots`); html embeds them (with
     ``images``) as base64 in one self-contained page, markdown writes them as
     ``<stem>_<plot>.png`` beside the report and links them in a ``Plots``
     section.  csv and latex never have plots.
@@ -161,7 +81,7 @@ def write_report(
     if fmt not in FORMATS:
         raise ReportError(f"unknown report format {fmt!r}; choose one of: {', '.join(FORMATS)}")
     check_metric(metric)
-    from .store import ensure_artifact_scheme
+    from ..store import ensure_artifact_scheme
 
     ensure_artifact_scheme()  # plots read store-relative artifacts even where the entry point is not installed
     runs = load_runs(tracking_uri, study)
