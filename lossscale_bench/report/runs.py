@@ -118,7 +118,14 @@ def _to_int(value) -> int | None:
 
 
 def _fmt_number(value: str | None) -> str:
-    """'128.0' -> '128', '0.5' -> '0.5', None -> '?'."""
+    """'128.0' -> '128', '0.5' -> '0.5', None -> '?'.
+
+    Not :func:`lossscale_bench.study.errors._fmt_num`, which formats Python
+    numbers: this one gets MLflow param strings (or None for a missing one)
+    and keeps a non-integer string as written ('0.50' stays '0.50', '1e20' is
+    '100000000000000000000' here, '1e+20' there).  Its one caller is
+    :func:`derive_label`; when that uses the study's label code, this goes.
+    """
     if value is None:
         return "?"
     i = _to_int(value)

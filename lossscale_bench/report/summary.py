@@ -202,6 +202,22 @@ def summarize(df: pd.DataFrame, metric: str = "final_map") -> pd.DataFrame:
     """
     if df is None or len(df) == 0:
         return pd.DataFrame({c: [] for c in SUMMARY_COLUMNS})
+    df, status = _classify_runs(df, metric)
+    out = _order_cells(df, _cell_rows(df, status, metric))
+    higher = _higher_is_better(metric)
+    out = _add_cells_and_best(out, metric, higher)
+    out = _add_verdicts(out, higher)
+    return out[SUMMARY_COLUMNS].reset_index(drop=True)
+
+
+def _classify_runs(df: pd.DataFrame, metric: str) -> tuple[pd.DataFrame, pd.Series]:
+    """A copy of the runs with every column :func:`summarize` reads, ``_value`` and ``_kind``; and the status.
+
+    Hand-made frames (tests, a csv read back) may lack columns the store always
+    has; they read as unknown (None) rather than failing.  ``_kind`` is what a
+    run adds to its cell: a value (finished with a finite metric) or one of the
+    counts (``_NOT_VALUE``); a finished run without the metric counts as running.
+    """
     df = df.copy()
     for c in ("study", "model", "batch_size", "row", "label", "precision", "eval_metric", "seed", "status",
               "baseline", "config_id", "setting_id", "config_params", "start_time"):
@@ -222,7 +238,18 @@ def summarize(df: pd.DataFrame, metric: str = "final_map") -> pd.DataFrame:
     df.loc[status == "diverged", "_kind"] = "diverged"
     df.loc[status == "failed", "_kind"] = "failed"
     df.loc[(status == "finished") & has_value, "_kind"] = "value"
+    return df, status
 
+
+def _cell_rows(df: pd.DataFrame, status: pd.Series, metric: str) -> pd.DataFrame:
+    """One row per cell (study, setting, model, batch, row, label, precision, configuration): counts and statistics.
+
+    The ``_``-prefixed columns carry what later steps need and the summary does
+    not show: the values (``_vals``, and ``_by_seed`` for pairing seeds), the
+    counts for the cell text, whether the study marked the row as baseline,
+    the configuration's params (to name variants) and its newest start (to
+    order configurations of one row newest first).
+    """
     keys = ["study", "setting_id", "model", "batch_size", "row", "label", "precision", "config_id"]
     rows = []
     for key, g in df.groupby(keys, dropna=False, sort=False):
@@ -257,17 +284,33 @@ def summarize(df: pd.DataFrame, metric: str = "final_map") -> pd.DataFrame:
                 "_newest": -(latest if not _isna(latest) else 0.0),
             }
         )
-    out = pd.DataFrame(rows)
+    return pd.DataFrame(rows)
+
+
+def _order_cells(runs: pd.DataFrame, out: pd.DataFrame) -> pd.DataFrame:
+    """Whole-number batch and row, each cell's setting and variant, and the table order.
+
+    Tables come by study, its latest setting first, then model and batch; rows
+    in the study file's order.  The order decides which row is "first" for the
+    baseline rule and the row order every renderer prints.
+    """
     for c in ("batch_size", "row"):
         out[c] = pd.array([_to_int(v) if not _isna(v) else None for v in out[c]], dtype="Int64")
-    out["setting"], out["_setting_rank"] = _settings(df, out)
+    out["setting"], out["_setting_rank"] = _settings(runs, out)
     out["variant"] = _variants(out)
-    out = out.sort_values(
+    return out.sort_values(
         ["study", "_setting_rank", "model", "batch_size", "row", "label", "precision", "_newest"],
         kind="stable", na_position="last"
     ).reset_index(drop=True)
 
-    higher = _higher_is_better(metric)
+
+def _add_cells_and_best(out: pd.DataFrame, metric: str, higher: bool) -> pd.DataFrame:
+    """``cell`` (the display text) and ``best`` per row, table by table.
+
+    Best is judged on the numbers as shown (rounded to two decimals), so two
+    rows that print the same are both bold; a table with fewer than two values
+    has nothing to compare and no best.
+    """
     cells, best = [], []
     for _, g in out.groupby(TABLE_KEYS, dropna=False, sort=False):
         usual_runs = int(g["n_runs"].mode().max())  # most common; ties -> the larger
@@ -279,8 +322,7 @@ def summarize(df: pd.DataFrame, metric: str = "final_map") -> pd.DataFrame:
             best.append((i, bool(n_with >= 2 and not math.isnan(shown[i]) and shown[i] == target)))
     out["cell"] = pd.Series(dict(cells))
     out["best"] = pd.Series(dict(best)).astype(bool)
-    out = _add_verdicts(out, higher)
-    return out[SUMMARY_COLUMNS].reset_index(drop=True)
+    return out
 
 
 def latest_setting(runs: pd.DataFrame) -> pd.DataFrame:
