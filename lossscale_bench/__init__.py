@@ -23,8 +23,8 @@ there is no circle). Where new code goes:
    ``sweep`` (Ray Tune), ``distributed`` (Ray Train multi-device trials),
    ``tracking`` (the only MLflow writer), ``store`` (opening a store, its faults,
    store-relative artifacts), ``run_status`` (how a trial's end shows in the MLflow UI).
-5. ``reporting``: ``report*`` (runs -> summary -> one renderer per format;
-   a new report format goes here), ``plots*``.
+5. ``reporting``: the ``report`` package (runs -> summary -> one renderer per
+   format, plots; a new report format goes in ``report/renderers``).
 6. ``cli``: ``lsbench`` commands.
 """
 
@@ -38,6 +38,6 @@ LAYERS = (
     ("trial", ("trial",)),
     ("orchestration", ("placement", "tune_sink", "replica_sync", "sweep", "distributed", "tracking",
                        "store", "run_status")),
-    ("reporting", ("report*", "plots*")),
+    ("reporting", ("report",)),
     ("cli", ("cli", "__main__")),
 )

@@ -41,7 +41,7 @@ def embedded_study() -> Path:
 USER_ERRORS = (("lossscale_bench.study", "StudyError"), ("lossscale_bench.data.coco", "DataNotFound"),
                ("lossscale_bench.backends.base", "BackendUnavailable"), ("lossscale_bench.models.ssd", "WeightsError"),
                ("lossscale_bench.data.download", "DownloadError"), ("lossscale_bench.trial", "CheckpointError"),
-               ("lossscale_bench.report", "ReportError"), ("lossscale_bench.sweep", "ClusterUnavailable"),
+               ("lossscale_bench.report.runs", "ReportError"), ("lossscale_bench.sweep", "ClusterUnavailable"),
                ("lossscale_bench.store", "StoreMissing"))
 
 
@@ -110,7 +110,7 @@ def cmd_run(args) -> int:
     check_paths(study)  # missing data or weights: one line now, not a failed trial each after Ray started
     import signal
 
-    from .plots import run_plots
+    from .report.plots import run_plots
     from .sweep import Interrupted, run_study
 
     try:
@@ -342,7 +342,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--study", default=None)
     sp.add_argument("--format", choices=("markdown", "csv", "html", "latex"), default="markdown")
     sp.add_argument("--out", default=None, help="file to write (default: reports/<study>.<ext>)")
-    from .report_metrics import REPORT_METRICS  # names only: no pandas, --help stays instant
+    from .report.metric_names import REPORT_METRICS  # names only: no pandas, --help stays instant
 
     sp.add_argument("--metric", default="final_map", choices=tuple(REPORT_METRICS),
                     help="final_map (default: mAP at the last evaluation), final_map_50 (mAP@0.5) "

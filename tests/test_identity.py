@@ -224,7 +224,7 @@ def _log(tracker, exp_id, parent, cfg, status, final_map=None, start=None):
 def test_report_never_pools_two_lr_values_as_seeds(tmp_path):
     """lr 0.01 (one seed failed) then lr 0.02 (one seed pending) under one study name: apart everywhere."""
     from lossscale_bench.report import load_runs, render, summarize
-    from lossscale_bench.report_summary import latest_setting
+    from lossscale_bench.report.summary import latest_setting
     from lossscale_bench.tracking import Tracker
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"

@@ -56,7 +56,7 @@ def _lsbench(*args, cwd):
 def test_progress_line_table_and_mlflow_agree(studied, tmp_path):
     """Before: progress 'mAP 0.0005', table '0.05', MLflow 0.0005: three numbers for one value."""
     from lossscale_bench.report import render
-    from lossscale_bench.report_runs import load_runs
+    from lossscale_bench.report.runs import load_runs
 
     runs, uri, progress, metrics = studied
     frac, frac50 = metrics["final_map"], metrics["final_map_50"]
@@ -73,7 +73,7 @@ def test_progress_line_table_and_mlflow_agree(studied, tmp_path):
 def test_csv_numbers_are_percent_and_say_so(studied):
     """Before: csv `mean` 0.0005 beside `cell` '0.05'."""
     from lossscale_bench.report import render
-    from lossscale_bench.report_runs import load_runs
+    from lossscale_bench.report.runs import load_runs
 
     runs, uri, _, metrics = studied
     df = load_runs(uri, "units")
@@ -118,7 +118,7 @@ def test_unknown_metric_is_one_line_listing_the_choices(studied, tmp_path, metri
 
 def test_render_refuses_an_unknown_metric(studied):
     from lossscale_bench.report import ReportError, render
-    from lossscale_bench.report_runs import load_runs
+    from lossscale_bench.report.runs import load_runs
 
     with pytest.raises(ReportError, match="final_map, final_map_50, best_map"):
         render(load_runs(studied[1], "units"), "markdown", metric="loss")

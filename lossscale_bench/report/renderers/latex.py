@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import re
 
-from .report_summary import model_name
-from .report_tables import EMULATED_MARK, HEADERS, VS_HEADER, _bold_split, _heading, _study_notes, _tables, _value_header
+from ..summary import model_name
+from ..tables import EMULATED_MARK, HEADERS, VS_HEADER, _bold_split, _heading, _study_notes, _tables, _value_header
 
 __all__ = ["render_latex", "latex_escape"]
 

@@ -267,7 +267,7 @@ def test_csv_parse_back(runs):
     text = render(runs, "csv")
     back = pd.read_csv(io.StringIO(text))
     # mAP numbers in percent, like the cell text, and the header says so (issue 11.6)
-    from lossscale_bench.report_csv import PERCENT_COLUMNS
+    from lossscale_bench.report.renderers.csv import PERCENT_COLUMNS
 
     assert list(back.columns) == [f"{c}_pct" if c in PERCENT_COLUMNS else c for c in report.SUMMARY_COLUMNS]
     assert len(back) == 10  # 7 rows at batch 8, 3 at batch 32
@@ -569,7 +569,7 @@ def test_noise_verdict_matches_scipy():
 def test_paired_verdict_matches_scipy():
     from scipy import stats
 
-    from lossscale_bench.report_stats import paired_verdict
+    from lossscale_bench.report.stats import paired_verdict
 
     base = {0: 0.50, 1: 0.52, 2: 0.48}
     row = {0: 0.489, 1: 0.511, 2: 0.470}  # each seed 0.9-1.1 points under its baseline seed; seeds spread 2 points
@@ -622,7 +622,7 @@ def test_paired_verdict_matches_scipy():
 
 
 def test_p_value_text_never_contradicts_the_verdict():
-    from lossscale_bench.report_stats import format_p
+    from lossscale_bench.report.stats import format_p
 
     assert format_p(0.003) == "p=0.003" and format_p(0.42) == "p=0.42" and format_p(0.01) == "p=0.01"
     assert format_p(0.0496) == "p=0.0496"  # two digits would print 0.05 next to "worse"

@@ -1,6 +1,6 @@
 """What every table format shows, before any markup: headings, rows, footnotes.
 
-:func:`_tables` turns a summary (:func:`lossscale_bench.report_summary.summarize`)
+:func:`_tables` turns a summary (:func:`lossscale_bench.report.summary.summarize`)
 into (study, model, batch, rows, has_baseline) tuples and
 :func:`_study_notes` gives the footnotes under a study's tables; the
 markdown, html and latex renderers only add their own markup around them.
@@ -13,8 +13,8 @@ from collections.abc import Iterable
 
 import pandas as pd
 
-from .report_metrics import value_header
-from .report_summary import ALPHA, EMULATED_SUFFIX, STATUSES, _is_map_metric, _isna, _scale, is_emulated, model_name
+from .metric_names import value_header
+from .summary import ALPHA, EMULATED_SUFFIX, STATUSES, _is_map_metric, _isna, _scale, is_emulated, model_name
 
 __all__ = ["HEADERS", "VS_HEADER", "SEEDS_NOTE", "EMULATED_MARK", "EMULATION_NOTES", "TableStudy"]
 

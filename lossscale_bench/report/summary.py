@@ -1,11 +1,11 @@
 """Runs -> summary: one row per table cell, with seed statistics and verdicts.
 
 The summary layer of the report: :func:`load_runs` (MLflow -> runs, from
-:mod:`lossscale_bench.report_runs`, re-exported here) and :func:`summarize`
+:mod:`lossscale_bench.report.runs`, re-exported here) and :func:`summarize`
 (runs -> one row per (study, model, batch, row)).  No rendering and no plots
-here: the table renderers (``report_markdown``, ``report_csv``,
-``report_html``, ``report_latex``) and :mod:`lossscale_bench.plots` build on
-this module, and :mod:`lossscale_bench.report` sits above them all.
+here: the table renderers (:mod:`lossscale_bench.report.renderers`) and
+:mod:`lossscale_bench.report.plots` build on this module, and
+:mod:`lossscale_bench.report.write` sits above them all.
 
 Seeds and statistics.  A cell with several seeds shows ``mean ± sample std
 (n=k)``, k the number of seeds that finished with a value.  Each table
@@ -16,7 +16,7 @@ it, alpha 0.05: by a paired t-test of the per-seed differences when both rows
 finished the same seeds (a seed fixes initial weights and batches, so the
 pairs differ only by the method), else by Welch's t-test on the seed values;
 with the difference of means and its 95% confidence interval
-(:mod:`lossscale_bench.report_stats`):
+(:mod:`lossscale_bench.report.stats`):
 ``worse than baseline (p=0.003)``, ``better than baseline (p=0.01)``,
 ``within seed noise (p=0.42)``, or ``too few seeds`` when either side has
 fewer than two values.  Diverged, failed and running seeds are left out of
@@ -42,7 +42,8 @@ import math
 
 import pandas as pd
 
-from .report_runs import (
+from ..study.configs import describe, differing_fields, study_setting
+from .runs import (
     EMULATED_SUFFIX,
     MODEL_NAMES,
     RUN_COLUMNS,
@@ -57,8 +58,7 @@ from .report_runs import (
     load_runs,
     model_name,
 )
-from .report_stats import ALPHA, noise_verdict, paired_verdict
-from .study.configs import describe, differing_fields, study_setting
+from .stats import ALPHA, noise_verdict, paired_verdict
 
 __all__ = [
     "ReportError",
@@ -193,7 +193,7 @@ def summarize(df: pd.DataFrame, metric: str = "final_map") -> pd.DataFrame:
     ``verdict`` is ``baseline`` there and the noise verdict on the other rows
     (empty in tables without a baseline), with ``p_value``, ``diff`` (row
     mean − baseline mean, the metric's unit) and ``diff_ci_low``/``_high``
-    (95% CI) from :func:`lossscale_bench.report_stats.noise_verdict`.
+    (95% CI) from :func:`lossscale_bench.report.stats.noise_verdict`.
 
     ``setting`` names the table's study setting when the study has several
     (``configuration 2 of 2 (earlier): schedule.lr = 0.01``), else is empty;
@@ -202,6 +202,22 @@ def summarize(df: pd.DataFrame, metric: str = "final_map") -> pd.DataFrame:
     """
     if df is None or len(df) == 0:
         return pd.DataFrame({c: [] for c in SUMMARY_COLUMNS})
+    df, status = _classify_runs(df, metric)
+    out = _order_cells(df, _cell_rows(df, status, metric))
+    higher = _higher_is_better(metric)
+    out = _add_cells_and_best(out, metric, higher)
+    out = _add_verdicts(out, higher)
+    return out[SUMMARY_COLUMNS].reset_index(drop=True)
+
+
+def _classify_runs(df: pd.DataFrame, metric: str) -> tuple[pd.DataFrame, pd.Series]:
+    """A copy of the runs with every column :func:`summarize` reads, ``_value`` and ``_kind``; and the status.
+
+    Hand-made frames (tests, a csv read back) may lack columns the store always
+    has; they read as unknown (None) rather than failing.  ``_kind`` is what a
+    run adds to its cell: a value (finished with a finite metric) or one of the
+    counts (``_NOT_VALUE``); a finished run without the metric counts as running.
+    """
     df = df.copy()
     for c in ("study", "model", "batch_size", "row", "label", "precision", "eval_metric", "seed", "status",
               "baseline", "config_id", "setting_id", "config_params", "start_time"):
@@ -222,7 +238,18 @@ def summarize(df: pd.DataFrame, metric: str = "final_map") -> pd.DataFrame:
     df.loc[status == "diverged", "_kind"] = "diverged"
     df.loc[status == "failed", "_kind"] = "failed"
     df.loc[(status == "finished") & has_value, "_kind"] = "value"
+    return df, status
 
+
+def _cell_rows(df: pd.DataFrame, status: pd.Series, metric: str) -> pd.DataFrame:
+    """One row per cell (study, setting, model, batch, row, label, precision, configuration): counts and statistics.
+
+    The ``_``-prefixed columns carry what later steps need and the summary does
+    not show: the values (``_vals``, and ``_by_seed`` for pairing seeds), the
+    counts for the cell text, whether the study marked the row as baseline,
+    the configuration's params (to name variants) and its newest start (to
+    order configurations of one row newest first).
+    """
     keys = ["study", "setting_id", "model", "batch_size", "row", "label", "precision", "config_id"]
     rows = []
     for key, g in df.groupby(keys, dropna=False, sort=False):
@@ -257,17 +284,33 @@ def summarize(df: pd.DataFrame, metric: str = "final_map") -> pd.DataFrame:
                 "_newest": -(latest if not _isna(latest) else 0.0),
             }
         )
-    out = pd.DataFrame(rows)
+    return pd.DataFrame(rows)
+
+
+def _order_cells(runs: pd.DataFrame, out: pd.DataFrame) -> pd.DataFrame:
+    """Whole-number batch and row, each cell's setting and variant, and the table order.
+
+    Tables come by study, its latest setting first, then model and batch; rows
+    in the study file's order.  The order decides which row is "first" for the
+    baseline rule and the row order every renderer prints.
+    """
     for c in ("batch_size", "row"):
         out[c] = pd.array([_to_int(v) if not _isna(v) else None for v in out[c]], dtype="Int64")
-    out["setting"], out["_setting_rank"] = _settings(df, out)
+    out["setting"], out["_setting_rank"] = _settings(runs, out)
     out["variant"] = _variants(out)
-    out = out.sort_values(
+    return out.sort_values(
         ["study", "_setting_rank", "model", "batch_size", "row", "label", "precision", "_newest"],
         kind="stable", na_position="last"
     ).reset_index(drop=True)
 
-    higher = _higher_is_better(metric)
+
+def _add_cells_and_best(out: pd.DataFrame, metric: str, higher: bool) -> pd.DataFrame:
+    """``cell`` (the display text) and ``best`` per row, table by table.
+
+    Best is judged on the numbers as shown (rounded to two decimals), so two
+    rows that print the same are both bold; a table with fewer than two values
+    has nothing to compare and no best.
+    """
     cells, best = [], []
     for _, g in out.groupby(TABLE_KEYS, dropna=False, sort=False):
         usual_runs = int(g["n_runs"].mode().max())  # most common; ties -> the larger
@@ -279,8 +322,7 @@ def summarize(df: pd.DataFrame, metric: str = "final_map") -> pd.DataFrame:
             best.append((i, bool(n_with >= 2 and not math.isnan(shown[i]) and shown[i] == target)))
     out["cell"] = pd.Series(dict(cells))
     out["best"] = pd.Series(dict(best)).astype(bool)
-    out = _add_verdicts(out, higher)
-    return out[SUMMARY_COLUMNS].reset_index(drop=True)
+    return out
 
 
 def latest_setting(runs: pd.DataFrame) -> pd.DataFrame:

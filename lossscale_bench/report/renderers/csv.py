@@ -13,7 +13,7 @@ import csv
 
 import pandas as pd
 
-from .report_metrics import PERCENT, is_percent
+from ..metric_names import PERCENT, is_percent
 
 __all__ = ["render_csv", "from_csv", "PERCENT_COLUMNS"]
 

@@ -21,7 +21,7 @@ The report reads the MLflow store, never training logs.  The store contract
 Only :func:`load_runs` touches MLflow, and it imports it lazily so that the
 rest of the package (and ``lsbench --help``) does not pay for the import.
 
-Part of the summary layer (with :mod:`lossscale_bench.report_summary`, which
+Part of the summary layer (with :mod:`lossscale_bench.report.summary`, which
 re-exports everything public here): no rendering, no plots.
 """
 
@@ -32,7 +32,7 @@ from collections.abc import Mapping
 
 import pandas as pd
 
-from .study.configs import config_params, run_config_id, setting_id
+from ..study.configs import config_params, run_config_id, setting_id
 
 __all__ = [
     "ReportError",
@@ -118,7 +118,14 @@ def _to_int(value) -> int | None:
 
 
 def _fmt_number(value: str | None) -> str:
-    """'128.0' -> '128', '0.5' -> '0.5', None -> '?'."""
+    """'128.0' -> '128', '0.5' -> '0.5', None -> '?'.
+
+    Not :func:`lossscale_bench.study.errors._fmt_num`, which formats Python
+    numbers: this one gets MLflow param strings (or None for a missing one)
+    and keeps a non-integer string as written ('0.50' stays '0.50', '1e20' is
+    '100000000000000000000' here, '1e+20' there).  Its one caller is
+    :func:`derive_label`; when that uses the study's label code, this goes.
+    """
     if value is None:
         return "?"
     i = _to_int(value)

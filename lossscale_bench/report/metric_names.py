@@ -26,7 +26,7 @@ PERCENT = 100.0
 def check_metric(metric: str) -> str:
     """``metric`` if the report knows it, else a one-line :class:`ReportError` listing the allowed ones."""
     if metric not in REPORT_METRICS:
-        from .report_runs import ReportError
+        from .runs import ReportError
 
         raise ReportError(f"unknown report metric {metric!r}; choose one of: {', '.join(REPORT_METRICS)} "
                           "(mAP of the trials' last evaluation, its IoU 0.5 variant, the best evaluation's)")

@@ -8,13 +8,13 @@ global pyplot state, backend switch or open-figure list is touched.
 * :func:`curves_png`: line plots (loss, loss scale), thin line per seed,
   bold mean;
 * :func:`map_bars_png`: mean metric per method with seed error bars, from
-  :func:`lossscale_bench.report_summary.summarize` rows;
+  :func:`lossscale_bench.report.summary.summarize` rows;
 * :func:`layer_heatmap_png`: layer x step heatmaps from a
   ``layers_history.csv`` (:func:`read_layers_csv`).
 
-:mod:`lossscale_bench.plots` builds the trial and study plots from these
+:mod:`lossscale_bench.report.plots` builds the trial and study plots from these
 (and re-exports them).  The only report module used here is the summary
-layer (:mod:`lossscale_bench.report_summary`, for model names).
+layer (:mod:`lossscale_bench.report.summary`, for model names).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .report_summary import model_name
+from .summary import model_name
 
 __all__ = [
     "PlotError",
@@ -232,7 +232,7 @@ def map_bars_png(
 ) -> bytes | None:
     """Bar chart of the mean metric per method, error bars = sample std over seeds.
 
-    ``summary``: :func:`lossscale_bench.report_summary.summarize` rows (one study or
+    ``summary``: :func:`lossscale_bench.report.summary.summarize` rows (one study or
     several); one panel per (model, batch size); mAP metrics in percent.
     Rows without a value are marked on the axis: ``diverged`` (red x),
     ``failed``, ``running``; rows where some seeds diverged say ``k/n div.``

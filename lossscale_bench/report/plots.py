@@ -1,13 +1,13 @@
 """Plots for study reports and for single trials: matplotlib -> PNG.
 
 Every function returns PNG bytes or writes PNG files.  The drawing itself
-(matplotlib, lazily imported, no pyplot) is in :mod:`lossscale_bench.plots_draw`,
+(matplotlib, lazily imported, no pyplot) is in :mod:`lossscale_bench.report.draw`,
 whose functions are re-exported here; this module picks the data: from a
 trial's own histories, or from the MLflow store.  Of the report it uses only
-the summary layer (:mod:`lossscale_bench.report_summary`), never the table
-renderers or :mod:`lossscale_bench.report` itself, which calls in here.
+the summary layer (:mod:`lossscale_bench.report.summary`), never the table
+renderers or :mod:`lossscale_bench.report.write`, which calls in here.
 
-Study level (from the MLflow store, for :mod:`lossscale_bench.report`)::
+Study level (from the MLflow store, for :mod:`lossscale_bench.report.write`)::
 
     study_plots(uri, study, runs=...) -> [Plot(name, title, png), ...]
 
@@ -41,7 +41,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from .plots_draw import (  # noqa: F401 - DPI, MAX_POINTS, MAX_STEPS, SMOOTH_MIN: re-exported
+from .draw import (  # noqa: F401 - DPI, MAX_POINTS, MAX_STEPS, SMOOTH_MIN: re-exported
     DPI,
     MAX_POINTS,
     MAX_STEPS,
@@ -56,9 +56,9 @@ from .plots_draw import (  # noqa: F401 - DPI, MAX_POINTS, MAX_STEPS, SMOOTH_MIN
     read_layers_csv,
     slug,
 )
-from .report_summary import latest_setting, load_runs, model_name, summarize
+from .summary import latest_setting, load_runs, model_name, summarize
 
-from .plots_draw import __all__ as _DRAW_ALL  # noqa: E402
+from .draw import __all__ as _DRAW_ALL  # noqa: E402
 
 # this module's own names, plus the drawing functions it re-exports
 __all__ = ["Plot", "metric_histories", "study_plots", "trial_plots", "run_plots", *_DRAW_ALL]
@@ -290,7 +290,7 @@ def study_plots(
 ) -> list[Plot]:
     """The study-level plots of ``study`` (every study in ``runs`` when None).
 
-    ``runs``: :func:`lossscale_bench.report_summary.load_runs` output (loaded when
+    ``runs``: :func:`lossscale_bench.report.summary.load_runs` output (loaded when
     None).  With ``study=None`` plot names are prefixed by the study's slug.
     """
     from mlflow import MlflowClient

@@ -1,0 +1,78 @@
+"""Study reports: MLflow runs → pandas → tables (markdown, csv, html, latex) + plots.
+
+Pipeline::
+
+    load_runs(uri, study)  -> one row per trial (latest run per trial_id)
+    summarize(runs)        -> one row per table cell (study, model, batch, row)
+    render(runs, fmt)      -> markdown | csv | html | latex text
+    write_report(uri, ...) -> (text, path)   (+ plots: see lossscale_bench.report.plots)
+
+The modules, imports only ever pointing down::
+
+    write             write_report(): tables + plots to files
+      ├─ renderers/   render(); one module per format: markdown, csv, html, latex
+      │    └─ tables  rows and footnotes shared by the renderers
+      ├─ plots        study and trial plots (imported when drawn)
+      │    └─ draw    matplotlib: data in, PNG out
+      └─ summary      summarize(), verdicts; re-exports runs
+           ├─ runs    load_runs(): the MLflow store contract
+           └─ stats   t-tests (scipy)
+    metric_names      the metrics a report can show, their headers and unit (no pandas)
+
+The store contract is described in :mod:`lossscale_bench.report.runs`, the
+seed statistics and verdicts in :mod:`lossscale_bench.report.summary`.
+
+Why this file imports nothing up front: ``lsbench --help`` reads the metric
+names from :mod:`~lossscale_bench.report.metric_names`, and importing any
+submodule runs this file first; pandas here would cost ``--help`` most of a
+second.  Every name the flat ``report`` module offered is still importable
+from here (``from lossscale_bench.report import render``): the first use
+imports the modules that define them (:pep:`562` module ``__getattr__``).
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ReportError",
+    "load_runs",
+    "summarize",
+    "render",
+    "write_report",
+    "noise_verdict",
+    "MODEL_NAMES",
+    "FORMATS",
+    "REPORT_METRICS",
+]
+
+#: submodule -> the names this package offers from it
+_EXPORTS: dict[str, tuple[str, ...]] = {
+    "runs": ("ReportError", "load_runs", "derive_label", "model_name", "is_emulated", "MODEL_NAMES",
+             "RUN_COLUMNS", "STATUSES", "TAG", "EMULATED_SUFFIX"),
+    "stats": ("ALPHA", "noise_verdict", "paired_verdict"),
+    "summary": ("summarize", "SUMMARY_COLUMNS", "RUNNING_TEXT"),
+    "tables": ("EMULATED_MARK", "EMULATION_NOTES", "HEADERS", "SEEDS_NOTE", "VS_HEADER", "_verdict_note"),
+    "metric_names": ("REPORT_METRICS", "check_metric"),
+    "renderers": ("FORMATS", "render", "render_markdown", "render_csv", "render_html", "render_latex",
+                  "from_csv", "latex_escape"),
+    "write": ("write_report",),
+}
+_HOME = {name: module for module, names in _EXPORTS.items() for name in names}
+
+
+def __getattr__(name: str):
+    """``report.<name>`` on first use: import the modules that define the public names, then look it up."""
+    module = _HOME.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import sys
+
+    # all at once, and spelled out, so tests/test_layers.py sees these edges (and any circle through them)
+    from . import metric_names, renderers, runs, stats, summary, tables, write  # noqa: F401
+
+    value = getattr(sys.modules[f"{__name__}.{module}"], name)
+    globals()[name] = value  # later uses skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_HOME))
