@@ -246,7 +246,7 @@ def _study_plot_list(client, study: str, runs: pd.DataFrame, metric: str, prefix
                 if png:
                     plots.append(Plot(f"{prefix}underflow_{tag}",
                                       f"{study}: per-layer underflow-rate heatmap, {label} ({where})", png))
-                if str(r.get("method") or "").lower() == "adaptive" or _has_values(table, "scale"):
+                if _has_values(table, "scale"):  # the per-layer methods log a scale per layer
                     png = layer_heatmap_png(table, ("scale", "accum_scale"), log2=True,
                                             title=f"{study}: per-layer loss scale, {label} ({where})")
                     if png:

@@ -117,51 +117,31 @@ def _to_int(value) -> int | None:
     return int(f)
 
 
-def _fmt_number(value: str | None) -> str:
-    """'128.0' -> '128', '0.5' -> '0.5', None -> '?'.
-
-    Not :func:`lossscale_bench.study.errors._fmt_num`, which formats Python
-    numbers: this one gets MLflow param strings (or None for a missing one)
-    and keeps a non-integer string as written ('0.50' stays '0.50', '1e20' is
-    '100000000000000000000' here, '1e+20' there).  Its one caller is
-    :func:`derive_label`; when that uses the study's label code, this goes.
-    """
-    if value is None:
-        return "?"
-    i = _to_int(value)
-    return str(i) if i is not None else str(value)
+def _param_value(text: str):
+    """An MLflow param string back as the value it was logged from (``'128.0'`` -> 128.0,
+    ``'True'``/``'true'`` -> True, ``'None'`` -> None); anything else stays a string."""
+    low = text.strip().lower()
+    if low in ("true", "false"):
+        return low == "true"
+    if low in ("none", "null", ""):
+        return None
+    try:
+        f = float(text)
+    except ValueError:
+        return text
+    return int(f) if f.is_integer() and "." not in text and "e" not in low else f
 
 
 def derive_label(params: Mapping[str, str], precision: str | None = None) -> str:
-    """A row label from the scaling params, for runs without ``lsbench.label``.
+    """A row label from the scaling params, for runs without ``lsbench.label``: the study's own
+    default label (:func:`lossscale_bench.study.methods.default_label`) of the scaling the run
+    logged, so a stored run and a new one of the same entry read alike."""
+    from ..study.methods import default_label
 
-    Mirrors the published wording: ``FP32 baseline``, ``adaptive``,
-    ``no loss scale``, ``loss scale (128)``, ``loss scale (dynamic, interval=10)``.
-    """
-    method = (params.get("scaling.method") or "").lower()
-    precision = (precision or params.get("precision") or "").lower()
-    if method in ("", "none"):
-        if precision == "fp32":
-            return "FP32 baseline"
-        if precision:
-            return f"{precision}, no loss scale"
-        return "no loss scale"
-    if method == "fixed":
-        scale = params.get("scaling.scale", params.get("scaling.init_scale"))
-        if _to_int(scale) == 1:
-            return "no loss scale"
-        return f"loss scale ({_fmt_number(scale)})"
-    if method == "dynamic":
-        interval = params.get("scaling.interval")
-        if interval is None:
-            return "loss scale (dynamic)"
-        return f"loss scale (dynamic, interval={_fmt_number(interval)})"
-    if method == "adaptive":
-        every = params.get("scaling.update_every")
-        if every is None or _to_int(every) == 1:
-            return "adaptive"
-        return f"adaptive (freq={_fmt_number(every)})"
-    return method
+    scaling = {k[len("scaling."):]: _param_value(str(v)) for k, v in params.items()
+               if k.startswith("scaling.") and v is not None}
+    scaling["method"] = str(scaling.get("method") or "none").lower()
+    return default_label(scaling, (precision or params.get("precision") or "").lower())
 
 
 def _is_true(value) -> bool:

@@ -681,3 +681,26 @@ def test_tracker_writes_baseline_and_emulated_tags(tmp_path):
     assert tracker.sync_baseline_tags(_tagged("adaptive"), tracker.trial_runs(exp)) == 2
     assert tracker.sync_baseline_tags(_tagged("adaptive"), tracker.trial_runs(exp)) == 0
     assert _marked(uri) == ["adaptive"]
+
+
+@pytest.mark.parametrize("params,precision,label", [
+    ({"scaling.method": "none"}, "fp32", "FP32 baseline"),
+    ({"scaling.method": "fixed", "scaling.scale": "128.0", "scaling.skip_nonfinite": "True"}, "fp16-emulated",
+     "loss scale (128)"),
+    ({"scaling.method": "dynamic", "scaling.style": "torch", "scaling.interval": "2000",
+      "scaling.init_scale": "65536.0"}, "mixed16", "loss scale (dynamic, torch, interval=2000)"),
+    ({"scaling.method": "adaptive", "scaling.update_every": "10"}, "mixed16", "adaptive (freq=10)"),
+    ({"scaling.method": "layerwise_dynamic", "scaling.interval": "100", "scaling.init_scale": "1024.0"},
+     "fp8-emulated", "layer-wise dynamic (interval=100, init=1024)"),
+])
+def test_stored_runs_are_labelled_by_the_study_label_code(params, precision, label):
+    """A run without an ``lsbench.label`` tag gets the label a study entry of the same scaling gets."""
+    from lossscale_bench.report.runs import derive_label
+    from lossscale_bench.study import default_label, load_study_text
+
+    assert derive_label(params, precision) == label
+    entry = {k.split(".", 1)[1]: v for k, v in params.items()}
+    yaml_entry = "{" + ", ".join(f"{k}: {v}" for k, v in entry.items()) + "}"
+    study = load_study_text(f"name: t\ndataset: synthetic\nmodel: ssd_tiny\nbatch_size: 8\nprecision: {precision}\n"
+                            f"scaling: [{yaml_entry}]\nschedule: {{iterations: 10, lr: 0.001}}\n")
+    assert study.trials()[0].label == label == default_label(study.trials()[0].scaling, precision)
