@@ -110,6 +110,10 @@ class MetricsHook(Hook):
         self.flush(trainer)
 
 
+#: below this a loss scale has collapsed (the smallest normal fp32; DivergenceHook._check_scale)
+SCALE_FLOOR = float(torch.finfo(torch.float32).tiny)
+
+
 class DivergenceHook(Hook):
     """Declares divergence after ``patience`` consecutive non-finite losses or
     ``max_consecutive_skips`` consecutive skipped steps (a scale that can never recover).
@@ -154,11 +158,24 @@ class DivergenceHook(Hook):
 
     def after_step(self, trainer, record: StepRecord) -> None:
         self._pending.append(record)
+        self._check_scale(trainer, record.step)
         last = record.step >= trainer.iterations
         if record.step % self.check_every == 0 or last:
             self._judge_pending(raise_stop=True)
         if last:  # the final (possibly partial) window is judged above; now the end itself
             self._judge_end(trainer, record.step)
+
+    def _check_scale(self, trainer, step: int) -> None:
+        """A loss scale that fell below the smallest normal fp32 (halved step after step on
+        non-finite gradients) can never recover and would divide by zero when unscaling: the
+        trial diverged, whatever the policy (there is nothing left to train on), with the reason."""
+        scale = trainer.scaler.current_scale()
+        if scale >= SCALE_FLOOR:
+            return
+        self._judge_pending(raise_stop=True)  # an earlier streak, if any, is the first cause
+        self._declare(step, f"loss scale collapsed to {scale:g} after step {step} (below {SCALE_FLOOR:g}, the "
+                            "smallest normal fp32): gradients were non-finite at every scale tried", raise_stop=True)
+        raise self.diverged
 
     def after_train(self, trainer) -> None:
         # steps left when another hook stopped training mid-window: recorded, nothing raised
