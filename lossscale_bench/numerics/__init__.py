@@ -1,0 +1,10 @@
+"""Numerics the FP8/MX emulation needs: exact fp8 round trips and block-scaled gradient formats.
+
+* :mod:`.fp8`: E4M3/E5M2 round trips bit-identical to torch's cast, fast on CPU.
+* :mod:`.block_scaling`: per-tensor, 1x128-tile and MX-32 block-scaled round trips, and the
+  flush/saturation counts the telemetry needs.
+"""
+
+from .fp8 import E4M3, E5M2, Fp8Spec, round_e4m3, round_e5m2, round_fp8
+
+__all__ = ["E4M3", "E5M2", "Fp8Spec", "round_e4m3", "round_e5m2", "round_fp8"]

@@ -1,0 +1,121 @@
+"""Lazy ``torch.compile`` with an eager fallback, for the rounding kernels of this package.
+
+Why compile at all: on CPU, torch's eager cast to ``float8_e4m3fn`` costs ~10 ms per 2 M
+elements, an eager bit-level rewrite ~3 ms, and the same rewrite fused by Inductor's C++ code
+generation ~0.5 ms (docs/numerics_benchmarks.md). The emulation rounds every activation and
+parameter gradient, so that difference is most of an emulated step's overhead.
+
+Why lazily and with a fallback: compiling needs a C++ compiler and takes seconds on first use
+(once per process; Inductor's on-disk cache makes later processes faster). A machine without a
+compiler, a torch whose Inductor cannot lower one of the ops, or ``LSBENCH_NO_COMPILE=1``
+(debugging, or timing the eager path) must still get bit-identical results, only slower. The
+compiled and eager functions are the same Python function, so they compute the same thing; the
+tests check it bit for bit.
+
+Why each kernel gets its own code object (:func:`_distinct`): Dynamo keeps its compiled
+graphs on the function's *code object* and stops compiling after a small number of entries
+per code object (``torch._dynamo.config.recompile_limit``, 8), silently running eager from
+then on. Kernels built by one factory for several formats and modes share a code object, so a
+study using many variants would quietly lose the compiled path; a renamed copy of the code
+object gives each variant its own cache. We do not raise the global limit: other code in the
+process owns that setting.
+
+Why ``dynamic=True``: gradients of many shapes go through the same kernel; kernels here take
+flattened or ``[n_blocks, block]`` tensors so one graph with a symbolic length serves them all.
+Dynamo specialises sizes 0 and 1, so callers route tensors with fewer than 2 elements (or
+blocks) to the eager function instead of paying a second compilation for them.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import types
+import warnings
+from typing import Callable
+
+import torch
+
+#: set to 1 to skip ``torch.compile`` everywhere in this package (eager kernels, same results)
+NO_COMPILE_ENV = "LSBENCH_NO_COMPILE"
+
+
+def compile_disabled() -> bool:
+    """Whether ``LSBENCH_NO_COMPILE`` asks for eager kernels (read on every call, so tests and
+    benchmarks can switch it without reloading modules)."""
+    return os.environ.get(NO_COMPILE_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _distinct(fn: Callable, tag: str) -> Callable:
+    """A copy of ``fn`` with its own code object (module doc: Dynamo's per-code-object cache)."""
+    name = f"{fn.__name__}__{tag}".replace("-", "_").replace(".", "_")
+    code = fn.__code__.replace(co_name=name)
+    copy = types.FunctionType(code, fn.__globals__, name, fn.__defaults__, fn.__closure__)
+    copy.__doc__ = fn.__doc__
+    return copy
+
+
+class LazyCompiled:
+    """``fn`` compiled by Inductor on first call (``dynamic=True``), else ``fn`` itself.
+
+    Calls are autograd-free: the kernels here round values inside hooks and custom autograd
+    functions, where no graph is recorded, and compiling an inference-only graph avoids
+    AOTAutograd tracing a backward nobody needs. Inputs are detached by the callers.
+
+    The first compiled call runs under a lock so two threads (autograd's worker and the main
+    thread, or two hooks) do not compile the same kernel twice. If compiling or running the
+    compiled kernel raises while the eager function succeeds on the same input, the kernel is
+    marked broken, a warning is issued once, and every later call runs eager.
+
+    ``eager`` may be a different function than ``fn`` when the fastest eager code is not the
+    best code to fuse (the fp8 kernels); it must compute the same values, which the tests check.
+    """
+
+    def __init__(self, fn: Callable, tag: str, eager: Callable | None = None) -> None:
+        #: what runs when compiling is off or failed (``fn`` unless a faster eager version is given)
+        self.eager = fn if eager is None else eager
+        self.tag = tag
+        self._fn = _distinct(fn, tag)
+        self._compiled: Callable | None = None
+        self._warm = False
+        self._broken: str | None = None
+        self._lock = threading.Lock()
+        #: graphs Inductor compiled for this kernel (recompilations show up here)
+        self.graphs = 0
+
+    def _backend(self, gm, example_inputs):
+        from torch._inductor.compile_fx import compile_fx
+
+        self.graphs += 1
+        return compile_fx(gm, example_inputs)
+
+    @property
+    def broken(self) -> str | None:
+        """Why the compiled path was abandoned (None while it works or was never tried)."""
+        return self._broken
+
+    def uses_compiled(self) -> bool:
+        """Whether the next call will try the compiled kernel."""
+        return self._broken is None and not compile_disabled()
+
+    def __call__(self, *args):
+        if not self.uses_compiled():
+            return self.eager(*args)
+        if self._compiled is None:
+            with self._lock:
+                if self._compiled is None:
+                    self._compiled = torch.compile(self._fn, backend=self._backend, dynamic=True)
+        try:
+            if self._warm:
+                return self._compiled(*args)
+            with self._lock:
+                out = self._compiled(*args)
+                self._warm = True
+                return out
+        except Exception as exc:  # noqa: BLE001 - any compiler failure means: run eager
+            out = self.eager(*args)  # a genuine error in the inputs raises here, uncaught
+            self._broken = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            warnings.warn(f"lossscale_bench.numerics: torch.compile failed for {self.tag} "
+                          f"({self._broken}); using the eager kernel (same results, slower)",
+                          RuntimeWarning, stacklevel=2)
+            return out
