@@ -32,8 +32,9 @@ __version__ = "0.1.0"
 
 #: (layer name, top-level modules/packages in it); ``name*`` matches a prefix
 LAYERS = (
-    ("schema", ("registry", "formats", "sink", "study")),
-    ("components", ("data", "models", "precision", "scaling", "backends", "telemetry", "evaluation")),
+    ("schema", ("registry", "sink", "study")),
+    ("components", ("formats", "numerics", "data", "models", "precision", "scaling", "backends", "telemetry",
+                    "evaluation")),
     ("engine", ("engine",)),
     ("trial", ("trial",)),
     ("orchestration", ("placement", "tune_sink", "replica_sync", "sweep", "distributed", "tracking",

@@ -14,7 +14,8 @@ flush to zero (round to nearest even).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
+from typing import Callable
 
 import torch
 
@@ -36,6 +37,11 @@ class FloatFormat:
     #: the adaptive rule's ``u_min``; the reference (``AdaLoss.get_u_min``) uses 6.0e-8 for fp16,
     #: a rounded 2**-24; None means the smallest subnormal
     reference_u_min: float | None = None
+    #: a faster (or non-saturating) rounding than torch's eager cast, bit-identical where they
+    #: overlap (:mod:`lossscale_bench.numerics.fp8`); None: the cast through ``dtype``
+    rounder: Callable[[torch.Tensor], torch.Tensor] | None = field(default=None, compare=False, repr=False)
+    #: how values past ``max`` end: "saturate" (+-max), "inf" (fp16, E5M2) or "nan" (non-saturating E4M3)
+    overflow: str = "inf"
 
     @property
     def u_min(self) -> float:
@@ -56,14 +62,46 @@ class FloatFormat:
         """Round ``t`` to this format and back to ``t``'s dtype (a no-op if ``t`` already is it)."""
         if t.dtype == self.dtype:
             return t
+        if self.rounder is not None:
+            return self.rounder(t)
         return t.to(self.dtype).to(t.dtype)
+
+    def census(self, g: torch.Tensor) -> torch.Tensor:
+        """``[non-zero, subnormal, flushed, saturated]`` element counts of ``g`` in this format, on
+        the device: flushed = non-zero that round to 0, saturated = past ``max`` (clipped to it,
+        or inf/NaN: an overflow), counted among the non-zero. Thresholds, not a round trip: cheap."""
+        a = g.detach().abs()
+        nz = a != 0
+        return torch.stack([nz.sum(), (nz & (a < self.min_normal)).sum(), (nz & (a <= self.flush_threshold)).sum(),
+                            (nz & ~(a <= self.max)).sum()])
+
+    @property
+    def thresholds(self) -> dict[str, float]:
+        """What the telemetry's rates count against, for labels and the layer history."""
+        return {"subnormal_below": self.min_normal, "flush_at_or_below": self.flush_threshold,
+                "saturate_above": self.max}
 
 
 FP16 = FloatFormat("fp16", torch.float16, max=65504.0, min_normal=2.0 ** -14, min_subnormal=2.0 ** -24,
                    reference_u_min=6.0e-8)
-#: forward activations of FP8 recipes: 4 exponent bits, 3 mantissa bits, no inf
+def _round_e4m3(t: torch.Tensor) -> torch.Tensor:
+    from .numerics.fp8 import round_e4m3
+
+    return round_e4m3(t, saturate=True)
+
+
+def _round_e4m3_nan(t: torch.Tensor) -> torch.Tensor:
+    from .numerics.fp8 import round_e4m3
+
+    return round_e4m3(t, saturate=False)
+
+
+#: FP8 recipes' forward format (and every tensor's in TE's Format.E4M3): 4 exponent bits, 3 mantissa
+#: bits, no inf. torch's cast saturates (+-448, even for inf): an overflow leaves no trace
 E4M3 = FloatFormat("e4m3", torch.float8_e4m3fn, max=448.0, min_normal=2.0 ** -6, min_subnormal=2.0 ** -9,
-                   saturates=True)
+                   saturates=True, rounder=_round_e4m3, overflow="saturate")
+#: E4M3 whose overflow is NaN (OCP's non-saturating conversion): what an overflow-driven scaler needs to see
+E4M3_NAN = replace(E4M3, name="e4m3-nan", saturates=False, rounder=_round_e4m3_nan, overflow="nan")
 #: gradients of FP8 recipes: 5 exponent bits (fp16's range), 2 mantissa bits
 E5M2 = FloatFormat("e5m2", torch.float8_e5m2, max=57344.0, min_normal=2.0 ** -14, min_subnormal=2.0 ** -16)
 
@@ -71,4 +109,45 @@ E5M2 = FloatFormat("e5m2", torch.float8_e5m2, max=57344.0, min_normal=2.0 ** -14
 BF16 = FloatFormat("bf16", torch.bfloat16, max=float(torch.finfo(torch.bfloat16).max),
                    min_normal=float(torch.finfo(torch.bfloat16).tiny), min_subnormal=2.0 ** -133)
 
-FORMATS: dict[str, FloatFormat] = {f.name: f for f in (FP16, BF16, E4M3, E5M2)}
+FORMATS: dict[str, FloatFormat] = {f.name: f for f in (FP16, BF16, E4M3, E4M3_NAN, E5M2)}
+
+
+@dataclass(frozen=True)
+class BlockScaledFormat(FloatFormat):
+    """Gradients in ``element`` format, each block scaled before the cast and unscaled right after
+    (:func:`lossscale_bench.numerics.block_scaling.block_round`): per tensor (``tensor``), 1x128
+    tiles (``tile128``, DeepSeek-V3) or 32-element blocks with a power-of-two E8M0 scale (``mx32``,
+    OCP Microscaling). How FP8/MX training since 2024 avoids a loss scale. The thresholds of the
+    element format hold per block, not on the unscaled values: :meth:`census` counts flushed and
+    saturated elements from the round trip itself, and has no subnormal count (-1)."""
+
+    element: str = "e4m3"
+    granularity: str = "mx32"
+    #: mx32's shared-exponent rounding: floor (the spec), ceil (TE's MXFP8: never saturates), even, rceil
+    mode: str = "ceil"
+
+    def round(self, t: torch.Tensor) -> torch.Tensor:
+        from .numerics.block_scaling import block_round
+
+        return block_round(t, self.element, self.granularity, **self._mode_kw())
+
+    def census(self, g: torch.Tensor) -> torch.Tensor:
+        from .numerics.block_scaling import block_round
+
+        _, c = block_round(g.detach(), self.element, self.granularity, counts=True, **self._mode_kw())
+        return torch.stack([c.nonzero, torch.full_like(c.nonzero, -1), c.flushed, c.saturated])
+
+    def _mode_kw(self) -> dict:
+        return {"mode": self.mode} if self.granularity == "mx32" else {}
+
+    @property
+    def thresholds(self) -> dict[str, float]:
+        return {}
+
+
+def block_scaled(element: FloatFormat, granularity: str, mode: str = "ceil") -> BlockScaledFormat:
+    """``element`` (E4M3, E5M2, fp16) with block scaling of the given granularity."""
+    name = f"{element.name}-{granularity}" + (f"-{mode}" if granularity == "mx32" else "")
+    base = {k: getattr(element, k) for k in ("dtype", "max", "min_normal", "min_subnormal", "reference_u_min")}
+    return BlockScaledFormat(name, **base, saturates=True, overflow="saturate", element=element.name.split("-")[0],
+                             granularity=granularity, mode=mode)

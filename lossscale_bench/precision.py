@@ -46,7 +46,7 @@ from functools import partial
 import torch
 from torch import nn
 
-from .formats import FORMATS, FP16, FloatFormat
+from .formats import E4M3_NAN, FORMATS, FP16, FloatFormat, block_scaled
 from .registry import PRECISIONS
 from .study.precisions import PRECISION_SPECS
 
@@ -193,12 +193,13 @@ def _build(name: str) -> Precision:
                      grad_format=FORMATS[spec.grad_format] if spec.grad_format else None)
 
 
-def get_precision(name: str, grad_rounding: str | None = None) -> Precision:
-    """The precision ``name``; ``grad_rounding`` (emulated precisions only) as in the module doc."""
-    try:
-        prec = _build(name)
-    except KeyError:
-        raise ValueError(f"unknown precision {name!r}; allowed: {', '.join(PRECISIONS)}") from None
+def get_precision(name: str, grad_rounding: str | None = None, grad_overflow: str | None = None,
+                  grad_blocks: str | None = None, block_rounding: str | None = None) -> Precision:
+    """The precision ``name``; ``grad_rounding`` (emulated precisions only) as in the module doc;
+    ``grad_overflow`` ``nan`` (E4M3 gradients overflow to NaN instead of saturating) and
+    ``grad_blocks`` (block-scaled fp8 gradients, :class:`~.formats.BlockScaledFormat`) change the
+    gradient format (the schema allows them only where they mean something)."""
+    prec = _with_grad_format(name, grad_overflow, grad_blocks, block_rounding)
     if grad_rounding is None or grad_rounding == prec.grad_rounding:
         return prec
     if grad_rounding not in GRAD_ROUNDINGS:
@@ -206,3 +207,20 @@ def get_precision(name: str, grad_rounding: str | None = None) -> Precision:
     if not prec.emulated:
         raise ValueError(f"grad_rounding applies to the emulated precisions only, not {name!r}")
     return replace(prec, grad_rounding=grad_rounding)
+
+
+def _with_grad_format(name: str, grad_overflow, grad_blocks, block_rounding) -> Precision:
+    try:
+        prec = _build(name)
+    except KeyError:
+        raise ValueError(f"unknown precision {name!r}; allowed: {', '.join(PRECISIONS)}") from None
+    fmt = prec.grad_format
+    if grad_overflow == "nan":
+        if fmt is None or fmt.name != "e4m3":
+            raise ValueError(f"grad_overflow applies to E4M3 gradients only, not {name!r}")
+        fmt = E4M3_NAN
+    if grad_blocks not in (None, "none"):
+        if not prec.emulated or fmt is None:
+            raise ValueError(f"grad_blocks applies to the emulated fp8 precisions only, not {name!r}")
+        fmt = block_scaled(fmt, grad_blocks, block_rounding or "ceil")
+    return prec if fmt is prec.grad_format else replace(prec, grad_format=fmt)

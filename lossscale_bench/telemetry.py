@@ -3,9 +3,11 @@
 At every Conv2d/Linear output we look at the activation gradient arriving
 there (with whatever scale it carries) and count, among its elements that are
 non-zero in fp32, those that would be subnormal in the precision's gradient
-format (fp16: |g| < 2**-14, losing precision; E5M2 the same) and those that
-would flush to zero (fp16: |g| <= 2**-25; E5M2: |g| <= 2**-17), the thresholds
-read from the format (:mod:`lossscale_bench.formats`). Exact zeros are
+format (fp16: |g| < 2**-14, losing precision; E5M2 the same; E4M3 2**-6), those that
+would flush to zero (fp16: |g| <= 2**-25; E5M2: |g| <= 2**-17; E4M3 2**-10) and
+those past the format's maximum (saturated to it, or overflowed to inf/NaN), the
+thresholds read from the format (:mod:`lossscale_bench.formats`; a block-scaled
+format counts from its own round trip, per block). Exact zeros are
 not counted: SSD heads' gradients are mostly exact zeros from hard-negative
 mining (FIELD-NOTES). The gradient is seen before fp16-emulated rounding (the
 probe's hook sits on the tensor the emulation returns), so flushed elements
@@ -35,8 +37,6 @@ class UnderflowProbe:
     def __init__(self, model: nn.Module, layer_types=EMULATED_LAYERS, fmt: FloatFormat = FP16) -> None:
         #: the format whose thresholds are counted against (the precision's gradient format)
         self.format = fmt
-        self._min_normal = float(fmt.min_normal)
-        self._flush = float(fmt.flush_threshold)
         self.names: list[str] = []
         self._handles = []
         self._armed = False
@@ -56,9 +56,7 @@ class UnderflowProbe:
 
     @torch.no_grad()
     def _record(self, name: str, g: torch.Tensor) -> None:
-        a = g.detach().abs()
-        nz = a != 0
-        counts = torch.stack([nz.sum(), (nz & (a < self._min_normal)).sum(), (nz & (a <= self._flush)).sum()])
+        counts = self.format.census(g)  # [non-zero, subnormal, flushed, saturated], thresholds of the format
         prev = self._counts.get(name)
         self._counts[name] = counts if prev is None else prev + counts
         return None
@@ -75,14 +73,17 @@ class UnderflowProbe:
         return self._armed
 
     def read(self) -> dict[str, dict[str, float]]:
-        """``layer -> {"nonzero", "underflow_rate", "flush_rate"}`` for the last armed step."""
+        """``layer -> {"nonzero", "underflow_rate", "flush_rate", "saturate_rate"}`` for the last
+        armed step (``underflow_rate`` NaN where the format has no per-element subnormal threshold:
+        block-scaled gradients)."""
         if not self._counts:
             return {}
         names = list(self._counts)
         allc = torch.stack([self._counts[n] for n in names]).double().cpu()
         out = {}
-        for n, (nz, sub, flush) in zip(names, allc.tolist()):
-            out[n] = {"nonzero": nz, "underflow_rate": sub / nz if nz else 0.0, "flush_rate": flush / nz if nz else 0.0}
+        for n, (nz, sub, flush, sat) in zip(names, allc.tolist()):
+            out[n] = {"nonzero": nz, "underflow_rate": (sub / nz if nz else 0.0) if sub >= 0 else float("nan"),
+                      "flush_rate": flush / nz if nz else 0.0, "saturate_rate": sat / nz if nz else 0.0}
         return out
 
     def remove(self) -> None:
@@ -96,20 +97,26 @@ def summarize(rates: dict[str, dict[str, float]]) -> dict[str, float]:
     vals = [r for r in rates.values() if r["nonzero"] > 0]
     if not vals:
         return {}
-    u = [r["underflow_rate"] for r in vals]
-    f = [r["flush_rate"] for r in vals]
-    return {"underflow_rate_mean": sum(u) / len(u), "underflow_rate_max": max(u),
-            "flush_rate_mean": sum(f) / len(f), "flush_rate_max": max(f),
-            "layers_mostly_flushed": float(sum(x > 0.5 for x in f))}
+    out = {}
+    for key in ("underflow_rate", "flush_rate", "saturate_rate"):
+        v = [r[key] for r in vals if key in r and r[key] == r[key]]  # NaN: not measured for this format
+        if v:
+            out[f"{key}_mean"], out[f"{key}_max"] = sum(v) / len(v), max(v)
+    out["layers_mostly_flushed"] = float(sum(r["flush_rate"] > 0.5 for r in vals))
+    return out
 
 
 class LayerHistory:
     """Appends one row per layer per logged step to a CSV in the trial directory (for heatmaps)."""
 
-    FIELDS = ["step", "layer", "underflow_rate", "flush_rate", "nonzero", "scale", "accum_scale"]
+    FIELDS = ["step", "layer", "underflow_rate", "flush_rate", "saturate_rate", "nonzero", "scale", "accum_scale",
+              "grad_format", "subnormal_below", "flush_at_or_below", "saturate_above"]
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, fmt: FloatFormat | None = None) -> None:
         self.path = Path(path)
+        #: the gradient format the rates were counted in: its name and thresholds go in every row, so
+        #: the heatmaps label what was counted (E4M3's 2^-6, not fp16's 2^-14)
+        self.format_columns = ({"grad_format": fmt.name, **fmt.thresholds} if fmt is not None else {})
 
     def append(self, step: int, rates: dict[str, dict[str, float]], scaler_rows: list[dict[str, Any]]) -> None:
         scales = {r.get("layer"): r for r in scaler_rows}
@@ -123,8 +130,9 @@ class LayerHistory:
                 r = rates.get(layer, {})
                 s = scales.get(layer, {})
                 w.writerow({"step": step, "layer": layer, "underflow_rate": r.get("underflow_rate", ""),
-                            "flush_rate": r.get("flush_rate", ""), "nonzero": r.get("nonzero", ""),
-                            "scale": s.get("scale", ""), "accum_scale": s.get("accum_scale", "")})
+                            "flush_rate": r.get("flush_rate", ""), "saturate_rate": r.get("saturate_rate", ""),
+                            "nonzero": r.get("nonzero", ""), "scale": s.get("scale", ""),
+                            "accum_scale": s.get("accum_scale", ""), **self.format_columns})
 
     def truncate_after(self, step: int) -> None:
         """On resume, drop rows newer than the checkpoint so the history has no duplicates."""
@@ -133,6 +141,6 @@ class LayerHistory:
         with self.path.open() as f:
             rows = [r for r in csv.DictReader(f) if int(r["step"]) <= step]
         with self.path.open("w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=self.FIELDS)
+            w = csv.DictWriter(f, fieldnames=self.FIELDS, extrasaction="ignore")
             w.writeheader()
             w.writerows(rows)

@@ -300,6 +300,13 @@ def read_layers_csv(path: str | Path) -> pd.DataFrame:
     return df
 
 
+def rate_columns(table) -> tuple[str, ...]:
+    """The rate panels a layer history can fill: underflow (where the format has a subnormal
+    threshold), flush, and saturation (histories written since it was counted)."""
+    cols = tuple(c for c in ("underflow_rate", "flush_rate", "saturate_rate") if _has_values(table, c))
+    return cols or ("underflow_rate",)
+
+
 def _has_values(df: pd.DataFrame | None, column: str) -> bool:
     return df is not None and column in df.columns and bool(df[column].notna().any())
 
@@ -313,11 +320,34 @@ def _edges(centers: np.ndarray) -> np.ndarray:
 
 
 _HEATMAP_LABELS = {
-    "underflow_rate": "underflow rate (|g| < 2^-14)",
-    "flush_rate": "flush rate (|g| < 2^-25)",
+    "underflow_rate": "underflow rate (subnormal)",
+    "flush_rate": "flush rate (to zero)",
+    "saturate_rate": "saturation rate (past the max)",
     "scale": "log2 layer scale",
     "accum_scale": "log2 accumulated scale",
 }
+#: the layer history's threshold column behind each rate (telemetry.LayerHistory)
+_THRESHOLD_OF = {"underflow_rate": ("subnormal_below", "|g| < "), "flush_rate": ("flush_at_or_below", "|g| <= "),
+                 "saturate_rate": ("saturate_above", "|g| > ")}
+
+
+def _pow2(x: float) -> str:
+    e = math.log2(x)
+    return f"2^{int(e)}" if e == int(e) else f"{x:.3g}"
+
+
+def heatmap_label(table: pd.DataFrame, col: str) -> str:
+    """A rate's panel title with the threshold it was counted against, read from the gradient
+    format the trial logged (older histories without it: no threshold, rather than fp16's)."""
+    base = _HEATMAP_LABELS.get(col, col)
+    key, words = _THRESHOLD_OF.get(col, (None, ""))
+    if key is None or key not in table.columns or "grad_format" not in table.columns:
+        return base
+    vals = pd.to_numeric(table[key], errors="coerce").dropna().unique()
+    fmt = table["grad_format"].dropna().astype(str).unique()
+    if len(vals) != 1 or len(fmt) != 1:
+        return f"{base}, {fmt[0]}" if len(fmt) == 1 else base
+    return f"{base} ({words}{_pow2(float(vals[0]))}, {fmt[0]})"
 
 
 def layer_heatmap_png(
@@ -371,7 +401,7 @@ def layer_heatmap_png(
                              cmap=cmap, norm=norm, shading="flat")
         ax.set_ylim(n_layers - 0.5, -0.5)
         ax.set_xlabel("step")
-        ax.set_title(_HEATMAP_LABELS.get(col, col), fontsize=9)
+        ax.set_title(heatmap_label(table, col), fontsize=9)
         fig.colorbar(mesh, ax=ax, label=("log2 " + col) if log2 else col, shrink=0.9)
     axes[0].set_yticks(np.arange(n_layers))
     axes[0].set_yticklabels(layers, fontsize=max(4, min(8, int(200 / max(n_layers, 1)))))

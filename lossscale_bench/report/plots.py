@@ -45,6 +45,7 @@ from .draw import (  # noqa: F401 - DPI, MAX_POINTS, MAX_STEPS, SMOOTH_MIN: re-e
     DPI,
     MAX_POINTS,
     MAX_STEPS,
+    rate_columns,
     SMOOTH_MIN,
     PlotError,
     Series,
@@ -108,8 +109,8 @@ def trial_plots(
                                      ylabel="loss scale", title="Loss scale", log2=True))
     if layers_csv is not None and Path(layers_csv).is_file() and Path(layers_csv).stat().st_size > 0:
         table = read_layers_csv(layers_csv)
-        put("underflow_heatmap.png", layer_heatmap_png(table, ("underflow_rate",),
-                                                       title="Per-layer gradient underflow rate"))
+        put("underflow_heatmap.png", layer_heatmap_png(table, rate_columns(table),
+                                                       title="Per-layer gradient underflow, flush and saturation"))
         put("scale_heatmap.png", layer_heatmap_png(table, ("scale", "accum_scale"), log2=True,
                                                    title="Per-layer loss scale (adaptive)"))
     return written
@@ -241,8 +242,8 @@ def _study_plot_list(client, study: str, runs: pd.DataFrame, metric: str, prefix
                 seed = "?" if pd.isna(r.get("seed")) else r["seed"]
                 where = f"{_group_title(r['model'], r['batch_size'])}, seed {seed}"
                 tag = slug(label) + (f"_{slug(r['model'])}_b{r['batch_size']}" if several_groups else "")
-                png = layer_heatmap_png(table, ("underflow_rate",),
-                                        title=f"{study}: per-layer underflow rate, {label} ({where})")
+                png = layer_heatmap_png(table, rate_columns(table),
+                                        title=f"{study}: per-layer underflow, flush and saturation, {label} ({where})")
                 if png:
                     plots.append(Plot(f"{prefix}underflow_{tag}",
                                       f"{study}: per-layer underflow-rate heatmap, {label} ({where})", png))

@@ -47,6 +47,11 @@ _SPECS = (
                   note="these numbers come from the CPU fp8 emulation (compute in fp32, conv/linear outputs "
                        "rounded to float8 E4M3, gradients to E5M2: Transformer Engine's Format.HYBRID), "
                        "not real fp8."),
+    PrecisionSpec("fp8-e4m3-emulated", forward_format="e4m3", grad_format="e4m3", emulated=True, needs_scaler=True,
+                  te_format="E4M3",
+                  note="these numbers come from the CPU fp8 emulation with E4M3 everywhere (compute in fp32, "
+                       "conv/linear outputs and every gradient rounded to float8 E4M3, saturating at +-448 unless "
+                       "a row says otherwise: Transformer Engine's Format.E4M3), not real fp8."),
 )
 
 #: name -> spec, in the registry's order
@@ -55,5 +60,7 @@ assert tuple(PRECISION_SPECS) == tuple(PRECISIONS), "registry.PRECISIONS and the
 
 #: the emulated precisions (the options about emulated rounding apply to these only)
 EMULATED_PRECISIONS = tuple(n for n, s in PRECISION_SPECS.items() if s.emulated)
+#: emulated precisions whose gradients are fp8 (block scaling and E4M3 overflow options apply)
+FP8_GRAD_PRECISIONS = tuple(n for n, s in PRECISION_SPECS.items() if s.emulated and s.grad_format in ("e4m3", "e5m2"))
 #: precisions whose gradients underflow, so a loss scale is meaningful
 SCALED_PRECISIONS = tuple(n for n, s in PRECISION_SPECS.items() if s.needs_scaler)

@@ -19,7 +19,7 @@ from .fields import (_DEFAULT_SOURCE, _STRICT, Bool, Label, ListOf, NonNegInt, O
                      _as_list, _choice, _ctx_base_dir, _ctx_source, _mapping_or_empty, _number, _resolve_path)
 from .grid import expand
 from .methods import ScalingEntry, default_label
-from .precisions import EMULATED_PRECISIONS
+from .precisions import EMULATED_PRECISIONS, FP8_GRAD_PRECISIONS, PRECISION_SPECS
 from .trial_config import TrialConfig
 
 _NAME_RE = re.compile(r"[A-Za-z0-9_.-]+")
@@ -280,6 +280,15 @@ def _check_grad_rounding(study: "Study", fail) -> None:
         if e.grad_rounding is not None and prec not in EMULATED_PRECISIONS:
             fail(f"scaling[{k}].grad_rounding", f"only for the emulated precisions, but this entry trains in {prec}",
                  ", ".join(EMULATED_PRECISIONS))
+        for opt in ("grad_blocks", "block_rounding"):
+            if getattr(e, opt) is not None and prec not in FP8_GRAD_PRECISIONS:
+                fail(f"scaling[{k}].{opt}", f"only for the emulated fp8 precisions, but this entry trains in {prec}",
+                     ", ".join(FP8_GRAD_PRECISIONS))
+        if e.block_rounding is not None and e.grad_blocks != "mx32":
+            fail(f"scaling[{k}].block_rounding", "only meaningful with grad_blocks: mx32")
+        if e.grad_overflow is not None and PRECISION_SPECS[prec].grad_format != "e4m3":
+            fail(f"scaling[{k}].grad_overflow", f"only for E4M3 gradients, but this entry trains in {prec}",
+                 ", ".join(n for n, p in PRECISION_SPECS.items() if p.emulated and p.grad_format == "e4m3"))
 
 
 def _dataset_shorthand(v: Any):

@@ -75,7 +75,8 @@ def build_parts(cfg, sink: Sink, trial_dir: Path, threads, rank: int = 0) -> Tri
                                                max_val_images=cfg.eval.get("max_images"))
     sink.tags(data_report(train_ds, val_ds))
     model = backend.prepare_model(build_model(cfg.model, num_classes=len(classes) + 1, **opts))
-    precision = get_precision(cfg.precision, cfg.scaling.get("grad_rounding"))  # an entry option (schema)
+    precision = get_precision(cfg.precision, **{k: cfg.scaling.get(k) for k in  # entry options (schema)
+                                                ("grad_rounding", "grad_overflow", "grad_blocks", "block_rounding")})
     precision.prepare(model)
     scaler = build_scaler(cfg.scaling, model, grad_format=precision.grad_format)
     # after the emulation hooks: it sees gradients before they are rounded
@@ -86,6 +87,6 @@ def build_parts(cfg, sink: Sink, trial_dir: Path, threads, rank: int = 0) -> Tri
     if rank != 0:  # replicas hold identical weights: rank 0's evaluation is the trial's
         evaluate = lambda: {"map": float("nan"), "map_50": float("nan")}  # noqa: E731
     return TrialParts(backend=backend, model=model, precision=precision, scaler=scaler, probe=probe,
-                      history=LayerHistory(trial_dir / "layers_history.csv"), optimizer=optimizer,
+                      history=LayerHistory(trial_dir / "layers_history.csv", precision.telemetry_format), optimizer=optimizer,
                       scheduler=build_scheduler(optimizer, cfg.schedule), train_ds=train_ds, val_ds=val_ds,
                       evaluate=evaluate)

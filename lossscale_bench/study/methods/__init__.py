@@ -42,6 +42,15 @@ def default_label(scaling: dict, precision: str) -> str:
     if scaling.get("grad_rounding") == "after_unscale":  # Chainer's order (precision.py): its own row
         rest = {k: v for k, v in scaling.items() if k != "grad_rounding"}
         return f"{default_label(rest, precision)} (grads rounded after unscale)"
+    blocks = scaling.get("grad_blocks")
+    if blocks not in (None, "none"):
+        rest = {k: v for k, v in scaling.items() if k not in ("grad_blocks", "block_rounding")}
+        how = {"tensor": "per-tensor scaled", "tile128": "1x128-tile scaled",
+               "mx32": f"MX32 block scaled, {scaling.get('block_rounding', 'ceil')}"}[blocks]
+        return f"{default_label(rest, precision)} ({how} grads)"
+    if scaling.get("grad_overflow") == "nan":
+        rest = {k: v for k, v in scaling.items() if k != "grad_overflow"}
+        return f"{default_label(rest, precision)} (grad overflow -> NaN)"
     method = scaling.get("method")
     return ENTRIES[method].row_label(scaling, precision) if method in ENTRIES else str(method)
 

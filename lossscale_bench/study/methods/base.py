@@ -26,7 +26,11 @@ from ..fields import _STRICT, Bool, Label, PosFloat, PosInt, _choice
 Fail = Callable[..., None]
 
 #: keys every entry has that are not options of the method (grid axes, report settings)
-COMMON_KEYS = ("method", "label", "precision", "model", "batch_size", "resources", "baseline", "grad_rounding")
+COMMON_KEYS = ("method", "label", "precision", "model", "batch_size", "resources", "baseline", "grad_rounding",
+               "grad_overflow", "grad_blocks", "block_rounding")
+#: the gradient-format options of the emulated FP8 precisions, with their defaults (the trial id
+#: carries one only when it is not at its default, so earlier trials keep their ids)
+GRAD_FORMAT_DEFAULTS = {"grad_overflow": "saturate", "grad_blocks": "none", "block_rounding": "ceil"}
 
 
 class ResourcesOverride(BaseModel):
@@ -79,6 +83,13 @@ class MethodEntry(BaseModel):
     #: emulated precisions: parameter gradients rounded before (default, PyTorch AMP) or after
     #: unscaling (Chainer's order); precision.py's module doc. A trial option, so it lives here.
     grad_rounding: Optional[_choice("grad_rounding", ("before_unscale", "after_unscale"))] = None  # type: ignore
+    #: E4M3 gradients only: an overflow saturates to +-448 (torch's cast, TE) or becomes NaN (OCP's
+    #: non-saturating conversion), which overflow-driven scalers can see
+    grad_overflow: Optional[_choice("grad_overflow", ("saturate", "nan"))] = None  # type: ignore
+    #: emulated FP8 gradients scaled per block before the cast (formats.BlockScaledFormat)
+    grad_blocks: Optional[_choice("grad_blocks", ("none", "tensor", "tile128", "mx32"))] = None  # type: ignore
+    #: grad_blocks mx32 only: rounding of the shared power-of-two exponent
+    block_rounding: Optional[_choice("block_rounding", ("floor", "ceil", "even", "rceil"))] = None  # type: ignore
 
     # -- identity --------------------------------------------------------------------------
     @classmethod
@@ -96,8 +107,14 @@ class MethodEntry(BaseModel):
         return {**self.options(), **self.common_options()}
 
     def common_options(self) -> dict:
-        """``before_unscale`` is the default: such an entry is the same trial as one without."""
-        return {"grad_rounding": self.grad_rounding} if self.grad_rounding == "after_unscale" else {}
+        """``before_unscale`` is the default: such an entry is the same trial as one without; the
+        same for the gradient-format options at their defaults (block_rounding only with mx32)."""
+        out = {"grad_rounding": self.grad_rounding} if self.grad_rounding == "after_unscale" else {}
+        for key, default in GRAD_FORMAT_DEFAULTS.items():
+            v = getattr(self, key)
+            if v is not None and v != default and (key != "block_rounding" or self.grad_blocks == "mx32"):
+                out[key] = v
+        return out
 
     def overrides(self) -> dict:
         return {k: getattr(self, k) for k in ("precision", "model", "batch_size") if getattr(self, k) is not None}
