@@ -1,0 +1,322 @@
+"""Block-scaled round trips of a gradient: scale each block, cast it, unscale right after.
+
+This is what a block-scaled FP8 gradient dequantises to. Recipes that scale gradients this way
+(Transformer Engine's current and block scaling, DeepSeek-V3, OCP Microscaling) need no loss
+scale: every block's largest element is moved next to the element format's maximum before the
+cast, so underflow only hits elements far below their block's maximum. The emulation applies
+:func:`block_round` where it would otherwise apply a plain cast, and the study asks whether a
+loss scale still helps on top.
+
+Granularities
+-------------
+* ``"tensor"``: one scale for the whole tensor, ``s = fmt_max / amax`` (Transformer Engine's
+  ``Float8CurrentScaling``); the cast sees ``x * s`` and the result is multiplied by ``1 / s``
+  (TE's ``scale_inv``). ``pow2=True`` rounds ``s`` *down* to a power of two, as TE's
+  ``Float8BlockScaling`` does (``scale_bits & 0xFF800000``), which makes the round trip exact
+  up to the element cast.
+* ``"tile128"``: the same rule per 1x128 tile along the last dimension of the tensor viewed as
+  ``[rows, cols]`` (all leading dimensions flattened; DeepSeek-V3's activation/gradient tiles,
+  TE's ``Float8BlockScaling`` 1D blocks). A ragged last tile is padded with zeros, which cannot
+  change its amax, and the padding is dropped afterwards. For an NCHW convolution gradient the
+  last dimension is W, so a tile is (part of) one image row. ``pow2`` defaults to True here (TE's
+  block-scaling default) and to False for ``"tensor"``.
+  As in TE's ``compute_scale_from_amax``: an all-zero group gets ``s = 1``, and an amax so small
+  that ``fmt_max / amax`` overflows fp32 gets ``s = FLT_MAX`` (then ``2^127`` with ``pow2``). An
+  optional ``amax_floor`` (TE's epsilon, DeepGEMM's ``amax.clamp(1e-4)``) caps ``s``.
+* ``"mx32"``: 32 consecutive elements of the flattened tensor share an E8M0 power-of-two scale
+  ``X = 2^e`` (OCP Microscaling v1.0, section 6.3). The spec's shared exponent is
+  ``e = floor(log2(amax)) - emax_elem`` (``emax_elem`` = 8 for E4M3, 15 for E5M2 and fp16: the
+  exponent of the element format's largest binade), clamped to E8M0's range [-127, 127]; the
+  elements are ``x / X`` cast with saturation to the element format (the spec clamps normals
+  to the element maximum). A ragged last block is zero-padded like a tile. ``mode`` picks how
+  ``e`` is rounded, as torchao's ``ScaleCalculationMode`` defines it:
+
+  - ``"floor"``: the spec's rule. **Warning** (FIELD-NOTES, torchao's docs): with a block max
+    ``amax = m * 2^k``, ``m`` in [1, 2), the scaled max is ``m * 2^emax_elem``, which exceeds the
+    element max (1.75 * 2^8 = 448 for E4M3) whenever ``m > 1.75``, so the block's largest
+    gradient elements *saturate*. The spec's rule is not the one to lead with for gradients.
+  - ``"ceil"``: ``e = ceil(log2(amax)) - emax_elem``: never saturates, costs one bit of
+    resolution at the bottom of blocks whose max is not a power of two.
+  - ``"even"``: ``amax`` is first rounded to the element format's precision (round half up on
+    its fp32 bits, as torchao does), then the floor rule applies: a block saturates only by what
+    rounding would have lost anyway.
+  - ``"rceil"``: cuBLAS / TE MXFP8: ``e = ceil(log2(amax / fmt_max))``, the division rounded in
+    fp32 (torchao 0.18 divides; TE and later torchao multiply by a rounded reciprocal, which can
+    differ by one ulp right at powers of two).
+
+  For every mode, ``e = -127`` uses the scale ``2^-127`` exactly (an fp32 subnormal, exact both
+  ways), so blocks of fp32-subnormal or tiny gradients keep what E4M3 can represent. torchao
+  0.18 differs there: it quantises such blocks with ``2^-126`` (floor/ceil/even) or ``1``
+  (rceil) and dequantises with ``2^-127``, so its outputs for blocks with amax below about
+  ``2^-118`` are half or zero; the comparison test skips those blocks and says so.
+
+Zeros, NaN and inf
+------------------
+Zero blocks stay zero (no 0/0): ``s = 1`` or ``e = -127``. A block (tile, tensor) whose amax is
+NaN or inf dequantises to **all NaN**: a non-finite gradient must stay visible to the dynamic
+loss scalers, which skip the step and back off on it (the OCP spec likewise gives such a block
+the E8M0 NaN scale). TE instead uses ``s = 1`` there, and torchao 0.18's floor mode gives an inf
+block a finite scale and saturates the inf away; both would hide an overflow from the scalers.
+
+Cost: vectorised ops on a ``[n_blocks, block]`` view, compiled lazily by Inductor like the fp8
+kernels (``LSBENCH_NO_COMPILE=1`` or a compiler failure falls back to the same code in eager).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+
+from ._compile import LazyCompiled
+from .fp8 import E4M3, E5M2, _bits_fused, _fastest_eager
+
+GRANULARITIES = ("tensor", "tile128", "mx32")
+MX_MODES = ("floor", "ceil", "even", "rceil")
+_BLOCK = {"tile128": 128, "mx32": 32}
+_F32_MAX = float(torch.finfo(torch.float32).max)
+
+
+@dataclass(frozen=True)
+class ElementFormat:
+    """An element format a block-scaled tensor can be cast to."""
+
+    name: str
+    #: largest finite value
+    max: float
+    #: exponent of the largest binade (OCP MX's ``emax_elem``)
+    emax: int
+    #: significand bits after the leading one (the ``even`` mode rounds amax to them)
+    mbits: int
+
+
+ELEMENTS: dict[str, ElementFormat] = {
+    "e4m3": ElementFormat("e4m3", E4M3.max, E4M3.emax, E4M3.mbits),
+    "e5m2": ElementFormat("e5m2", E5M2.max, E5M2.emax, E5M2.mbits),
+    "fp16": ElementFormat("fp16", 65504.0, 15, 10),
+}
+
+
+class FlushSaturate(NamedTuple):
+    """Element counts for the telemetry, as 0-d int64 tensors (no host synchronisation).
+
+    ``nonzero``: finite non-zero elements before rounding (the denominator of a flush share:
+    exact zeros, common in SSD heads' gradients, cannot underflow). ``flushed``: of those, the
+    ones that came out zero. ``saturated``: elements whose magnitude, in the domain the cast
+    saw, exceeded the format's max: clipped to +-max, or overflowed to inf/NaN by a
+    non-saturating cast. Elements just above max that round to it count too.
+    """
+
+    nonzero: torch.Tensor
+    flushed: torch.Tensor
+    saturated: torch.Tensor
+
+
+def _round_elem(v: torch.Tensor, elem: ElementFormat, eager: bool) -> torch.Tensor:
+    """Saturating cast of scaled values to the element format and back to fp32."""
+    if elem.name == "fp16":
+        return v.clamp(-elem.max, elem.max).half().float()
+    spec = E4M3 if elem.name == "e4m3" else E5M2
+    if eager:
+        return _fastest_eager(spec)(v, spec, True)
+    return _bits_fused(v, spec, True)
+
+
+def _exp2i(e: torch.Tensor) -> torch.Tensor:
+    """``2^e`` as fp32, exactly, for int32 ``e`` in [-127, 127] (``2^-127`` is subnormal)."""
+    normal = ((e.clamp(min=-126) + 127) << 23).view(torch.float32)
+    return torch.where(e == -127, 2.0 ** -127, normal)
+
+
+def mx_exponent(amax: torch.Tensor, elem: ElementFormat | str, mode: str = "floor") -> torch.Tensor:
+    """The shared exponent ``e`` (int32, in [-127, 127]) of blocks with max magnitude ``amax``.
+
+    Read from the fp32 bits, so it is exact where ``log2`` would round. For a zero or
+    fp32-subnormal amax the biased exponent field is 0, i.e. ``floor(log2)`` is taken as -127,
+    as torchao does; the clamp makes that immaterial. Meaningless (but finite) for NaN/inf amax:
+    :func:`block_round` turns those blocks into NaN.
+    """
+    elem = ELEMENTS[elem] if isinstance(elem, str) else elem
+    bits = amax.float().view(torch.int32)
+    if mode == "rceil":
+        d = (amax.float() / elem.max).view(torch.int32)
+        field, mant = (d >> 23) & 0xFF, d & 0x7FFFFF
+        # a normal d rounds up when any mantissa bit is set; an fp32-subnormal d (< 2^-126)
+        # needs 2^-126 only when it is above 2^-127
+        up = torch.where(field == 0, mant > 0x400000, mant != 0)
+        e = field - 127 + up.int()
+    elif mode in ("floor", "ceil", "even"):
+        if mode == "even":  # clamp first: a NaN's bits plus the rounding bias would wrap
+            bits = bits.clamp(max=0x7F800000) + (1 << (22 - elem.mbits))
+        e = ((bits >> 23) & 0xFF) - 127 - elem.emax
+        if mode == "ceil":
+            e = e + ((bits & 0x7FFFFF) != 0).int()
+    else:
+        raise ValueError(f"unknown MX scale mode {mode!r}; allowed: {', '.join(MX_MODES)}")
+    return e.clamp(-127, 127)
+
+
+def _counts(x2, out2, scaled, finite, elem) -> FlushSaturate:
+    nonzero = (x2 != 0) & (x2.abs() <= _F32_MAX)
+    return FlushSaturate(nonzero.sum(), (nonzero & (out2 == 0)).sum(),
+                         ((scaled.abs() > elem.max) & finite).sum())
+
+
+def _mx_core(x1, elem: ElementFormat, mode: str, with_counts: bool, eager: bool):
+    """MX round trip of a flat fp32 tensor whose length is a multiple of 32."""
+    x2 = x1.view(-1, 32)
+    amax = x2.abs().amax(dim=1, keepdim=True)
+    e = mx_exponent(amax, elem, mode)
+    scaled = x2 * _exp2i(-e)
+    out2 = _round_elem(scaled, elem, eager) * _exp2i(e)
+    out2 = out2 * ((amax - amax) + 1.0)  # 1 for a finite block, NaN for a NaN/inf block
+    if not with_counts:
+        return out2.view(-1)
+    return out2.view(-1), *_counts(x2, out2, scaled, amax <= _F32_MAX, elem)
+
+
+def amax_scale(amax: torch.Tensor, elem: ElementFormat | str, pow2: bool,
+               amax_floor: float = 0.0) -> torch.Tensor:
+    """TE's ``compute_scale_from_amax``: ``s = fmt_max / max(amax, amax_floor)``; 1 for a zero
+    amax, ``FLT_MAX`` where that overflows; rounded down to a power of two if ``pow2``."""
+    elem = ELEMENTS[elem] if isinstance(elem, str) else elem
+    a = amax.clamp(min=amax_floor) if amax_floor > 0 else amax
+    s = torch.where(a == 0, 1.0, (elem.max / a).clamp(max=_F32_MAX))
+    if pow2:
+        s = (s.view(torch.int32) & 0x7F800000).view(torch.float32)
+    return s
+
+
+def _amax_core(x1, block: int, elem: ElementFormat, pow2: bool, amax_floor: float,
+               with_counts: bool, eager: bool):
+    """Per-tensor (``block`` 0) or per-tile scaling of a flat fp32 tensor."""
+    x2 = x1.view(1, -1) if block == 0 else x1.view(-1, block)
+    amax = x2.abs().amax(dim=1, keepdim=True)
+    s = amax_scale(amax, elem, pow2, amax_floor)
+    scaled = x2 * s
+    out2 = _round_elem(scaled, elem, eager) * (1.0 / s)
+    out2 = out2 * ((amax - amax) + 1.0)  # 1 for a finite group, NaN for a NaN/inf one
+    if not with_counts:
+        return out2.view(-1)
+    return out2.view(-1), *_counts(x2, out2, scaled, amax <= _F32_MAX, elem)
+
+
+_KERNELS: dict[tuple, LazyCompiled] = {}
+
+
+def _kernel(granularity: str, elem: ElementFormat, mode: str, pow2: bool, amax_floor: float,
+            with_counts: bool) -> LazyCompiled:
+    """The compiled kernel for one configuration (its own code object: see ``_compile``)."""
+    key = (granularity, elem.name, mode, pow2, amax_floor, with_counts)
+    k = _KERNELS.get(key)
+    if k is not None:
+        return k
+    if granularity == "mx32":
+        def fused(x1):
+            return _mx_core(x1, elem, mode, with_counts, False)
+
+        def eager(x1):
+            return _mx_core(x1, elem, mode, with_counts, True)
+        tag = f"mx32_{elem.name}_{mode}"
+    else:
+        block = _BLOCK.get(granularity, 0)
+
+        def fused(x1):
+            return _amax_core(x1, block, elem, pow2, amax_floor, with_counts, False)
+
+        def eager(x1):
+            return _amax_core(x1, block, elem, pow2, amax_floor, with_counts, True)
+        tag = f"{granularity}_{elem.name}_{'pow2' if pow2 else 'exact'}_{amax_floor:g}"
+    tag += "_counts" if with_counts else ""
+    return _KERNELS.setdefault(key, LazyCompiled(fused, tag, eager=eager))
+
+
+def _flatten(x: torch.Tensor, granularity: str) -> tuple[torch.Tensor, tuple[int, int, int]]:
+    """fp32, flat, zero-padded to whole blocks; returns the layout needed to undo it."""
+    xf = x.detach().to(torch.float32)
+    if granularity == "tensor":
+        return xf.reshape(-1), (0, 0, 0)
+    block = _BLOCK[granularity]
+    if granularity == "mx32":
+        rows, cols = 1, xf.numel()
+    else:
+        cols = xf.shape[-1] if xf.dim() else 1
+        rows = xf.numel() // max(cols, 1)
+    x2 = xf.reshape(rows, cols)
+    pad = -cols % block
+    if pad:
+        x2 = F.pad(x2, (0, pad))
+    return x2.reshape(-1), (rows, cols, pad)
+
+
+def block_round(x: torch.Tensor, fmt: str = "e4m3", granularity: str = "mx32", *,
+                mode: str = "floor", pow2: bool | None = None, amax_floor: float = 0.0,
+                counts: bool = False, compiled: bool | None = None):
+    """Block-scaled round trip of ``x`` (module doc): what the block-scaled ``fmt`` gradient
+    dequantises to, in ``x``'s shape and dtype, with no autograd history.
+
+    ``fmt``: element format, ``"e4m3"``, ``"e5m2"`` or ``"fp16"``; element casts saturate.
+    ``granularity``: ``"tensor"``, ``"tile128"`` or ``"mx32"``. ``mode`` (mx32 only): ``"floor"``
+    (the spec; saturates block maxima above 1.75 * 2^emax_elem), ``"ceil"``, ``"even"``,
+    ``"rceil"``. ``pow2`` and ``amax_floor``: tensor and tile128 only (None: True for tile128,
+    False for tensor). ``counts``: also return :class:`FlushSaturate` counts (flush and
+    saturation judged in the scaled domain the cast saw). ``compiled``: force the compiled
+    (True) or eager (False) kernel; None uses the compiled one unless ``LSBENCH_NO_COMPILE=1``.
+    fp16/bf16 inputs are computed in fp32 and rounded back to their dtype.
+    """
+    if granularity not in GRANULARITIES:
+        raise ValueError(f"unknown granularity {granularity!r}; allowed: {', '.join(GRANULARITIES)}")
+    if fmt not in ELEMENTS:
+        raise ValueError(f"unknown element format {fmt!r}; allowed: {', '.join(ELEMENTS)}")
+    if granularity == "mx32":
+        if mode not in MX_MODES:
+            raise ValueError(f"unknown MX scale mode {mode!r}; allowed: {', '.join(MX_MODES)}")
+        if pow2 is not None or amax_floor:
+            raise ValueError("pow2 and amax_floor apply to the tensor and tile128 granularities")
+        pow2 = True
+    elif pow2 is None:
+        pow2 = granularity == "tile128"
+    elem = ELEMENTS[fmt]
+    if x.numel() == 0:
+        out = x.detach().clone()
+        return (out, FlushSaturate(*(torch.zeros((), dtype=torch.int64) for _ in range(3)))) if counts else out
+    x1, (rows, cols, pad) = _flatten(x, granularity)
+    k = _kernel(granularity, elem, mode if granularity == "mx32" else "", pow2, float(amax_floor), counts)
+    # Dynamo specialises sizes 0 and 1: a single block (or a 1-element tensor) runs eager
+    # rather than costing a second compiled graph
+    small = x1.numel() < 2 if granularity == "tensor" else x1.numel() < 2 * _BLOCK[granularity]
+    use_compiled = (k.uses_compiled() if compiled is None else compiled) and not small
+    res = k(x1) if use_compiled else k.eager(x1)
+    out1, extra = (res[0], FlushSaturate(*res[1:])) if counts else (res, None)
+    if pad:
+        out1 = out1.view(rows, cols + pad)[:, :cols]
+    out = out1.reshape(x.shape).to(x.dtype)
+    return (out, extra) if counts else out
+
+
+def _count_core(before: torch.Tensor, after: torch.Tensor, fmt_max: float) -> tuple:
+    nonzero = (before != 0) & (before.abs() <= _F32_MAX)
+    return nonzero.sum(), (nonzero & (after == 0)).sum(), (before.abs() > fmt_max).sum()
+
+
+_COUNTS = LazyCompiled(_count_core, "count_flush_saturate")
+
+
+def count_flush_saturate(x_before: torch.Tensor, x_after: torch.Tensor, fmt_max: float) -> FlushSaturate:
+    """Flush and saturation counts of a plain (unscaled) cast ``x_after = round(x_before)``.
+
+    ``nonzero``: finite non-zero elements of ``x_before``; ``flushed``: those that are zero in
+    ``x_after``; ``saturated``: elements with ``|x_before| > fmt_max`` (clipped by a saturating
+    cast, inf/NaN after a non-saturating one; inf inputs included, NaN not). For block-scaled
+    rounding use ``block_round(..., counts=True)``: there the threshold is per block.
+    Both tensors must have the same shape; counts are 0-d int64 tensors (no host sync).
+    """
+    before = x_before.detach().reshape(-1).float()
+    after = x_after.detach().reshape(-1).float()
+    if before.shape != after.shape:
+        raise ValueError(f"shapes differ: {tuple(x_before.shape)} vs {tuple(x_after.shape)}")
+    if before.numel() < 2:
+        return FlushSaturate(*_count_core(before, after, float(fmt_max)))
+    return FlushSaturate(*_COUNTS(before, after, float(fmt_max)))
