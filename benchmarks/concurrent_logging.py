@@ -7,7 +7,7 @@ logged must be in the store, and no "database is locked" may have failed a write
 
     .venv/bin/python benchmarks/concurrent_logging.py --trials 8 --seconds 300
 
-The CI test (tests/test_concurrency.py) runs the same code for a shorter time.
+The CI test (tests/orchestration/test_concurrency.py) runs the same code for a shorter time.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ KEYS = ("loss", "loss_scale", "lr")
 
 
 def _logging_trial(config):
-    from lossscale_bench.sweep import TuneSink
+    from lossscale_bench.orchestration.tune_sink import TuneSink
 
     spec = config["trial"]
     sink = TuneSink()
@@ -44,7 +44,9 @@ def run(trials: int = 8, seconds: float = 20.0, workdir: str | None = None) -> d
     import ray
     from ray import tune
 
-    from lossscale_bench.sweep import Progress, StudyResult, _make_funnel
+    from lossscale_bench.orchestration.funnel import MlflowFunnel
+    from lossscale_bench.orchestration.outcomes import StudyResult
+    from lossscale_bench.orchestration.progress import Progress
     from lossscale_bench.tracking import Tracker, default_tracking_uri
 
     work = Path(workdir or tempfile.mkdtemp(prefix="lsbench-conc-"))
@@ -59,7 +61,7 @@ def run(trials: int = 8, seconds: float = 20.0, workdir: str | None = None) -> d
         run_ids[tid], labels[tid], iters[tid] = run.info.run_id, tid, 10**9
     result = StudyResult(study="concurrency", tracking_uri=uri)
     progress = Progress(trials, 0, trials, quiet=True)
-    funnel = _make_funnel(tracker, run_ids, labels, result, progress, iters)
+    funnel = MlflowFunnel(tracker, run_ids, labels, result, progress, iters)
     ray.init(num_cpus=trials, include_dashboard=False, log_to_driver=False, logging_level="WARNING")
     t0 = time.time()
     try:

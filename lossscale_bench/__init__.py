@@ -8,8 +8,11 @@ Layers. Each module imports only from its own layer or the layers below it
 there is no circle). Where new code goes:
 
 0. ``schema``: ``registry`` (allowed names), ``formats`` (number formats),
-   ``sink`` (the interface a trial reports through), ``study`` (the study-file
-   schema, loading, grid and trial ids; no torch).
+   ``sink`` (the interface a trial reports through, and ``MemorySink``; here
+   because ``trial`` and ``engine`` report through it; the sinks that write
+   somewhere live with what they write to: ``tracking.mlflow_sink``,
+   ``orchestration.tune_sink``), ``study`` (the study-file schema, loading,
+   grid and trial ids; no torch).
 1. ``components``: ``data``, ``models``, ``precision`` (a new precision),
    ``scaling`` (a new loss scaler), ``backends`` (a new device),
    ``telemetry``, ``evaluation``. They know the schema's names, not each other's
@@ -18,11 +21,15 @@ there is no circle). Where new code goes:
    ``LossScaler``, ``Backend``, ``Precision``, and the replica-sync object the
    launcher hands it (``grad_sync(params)``, ``grad_sync.mean(t)``).
 3. ``trial``: one trial, built from its ``TrialConfig``; no Ray, no MLflow.
-4. ``orchestration``: ``placement`` (resource arithmetic), ``tune_sink`` (the sink
-   both Ray paths use), ``replica_sync`` (what the loop's ``grad_sync`` is),
-   ``sweep`` (Ray Tune), ``distributed`` (Ray Train multi-device trials),
-   ``tracking`` (the only MLflow writer), ``store`` (opening a store, its faults,
-   store-relative artifacts), ``run_status`` (how a trial's end shows in the MLflow UI).
+4. ``orchestration``: two packages. ``orchestration/`` runs a study:
+   ``study_runner`` (``run_study``, in-process executor), ``tune_runner`` (Ray Tune),
+   ``funnel`` (the driver's MLflow callback), ``outcomes``, ``progress``,
+   ``signals``, ``cluster`` (joining and checking a Ray cluster), ``placement``
+   (resource arithmetic), ``tune_sink``, ``distributed`` (Ray Train
+   multi-device trials), ``replica_sync`` (what the loop's ``grad_sync`` is).
+   ``tracking/`` is the MLflow store: ``tracker`` (the only MLflow writer),
+   ``store`` (opening a store, its faults, store-relative artifacts),
+   ``run_status`` (how a trial's end shows in the MLflow UI), ``mlflow_sink``.
 5. ``reporting``: the ``report`` package (runs -> summary -> one renderer per
    format, plots; a new report format goes in ``report/renderers``).
 6. ``cli``: ``lsbench`` commands.
@@ -37,8 +44,7 @@ LAYERS = (
                     "evaluation")),
     ("engine", ("engine",)),
     ("trial", ("trial",)),
-    ("orchestration", ("placement", "tune_sink", "replica_sync", "sweep", "distributed", "tracking",
-                       "store", "run_status")),
+    ("orchestration", ("orchestration", "tracking")),
     ("reporting", ("report",)),
     ("cli", ("cli", "__main__")),
 )

@@ -41,8 +41,9 @@ def embedded_study() -> Path:
 USER_ERRORS = (("lossscale_bench.study", "StudyError"), ("lossscale_bench.data.coco", "DataNotFound"),
                ("lossscale_bench.backends.base", "BackendUnavailable"), ("lossscale_bench.models.ssd", "WeightsError"),
                ("lossscale_bench.data.download", "DownloadError"), ("lossscale_bench.trial", "CheckpointError"),
-               ("lossscale_bench.report.runs", "ReportError"), ("lossscale_bench.sweep", "ClusterUnavailable"),
-               ("lossscale_bench.store", "StoreMissing"))
+               ("lossscale_bench.report.runs", "ReportError"),
+               ("lossscale_bench.orchestration.cluster", "ClusterUnavailable"),
+               ("lossscale_bench.tracking.store", "StoreMissing"))
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
@@ -57,7 +58,7 @@ def _user_errors() -> tuple[type[BaseException], ...]:
 def _print_table(trials) -> None:
     from tabulate import tabulate
 
-    from .placement import placement_text
+    from .orchestration.placement import placement_text
     from .study import trial_table
 
     rows = trial_table(trials, placement=placement_text)
@@ -110,8 +111,8 @@ def cmd_run(args) -> int:
     check_paths(study)  # missing data or weights: one line now, not a failed trial each after Ray started
     import signal
 
+    from .orchestration import Interrupted, run_study
     from .report.plots import run_plots
-    from .sweep import Interrupted, run_study
 
     try:
         result = run_study(study, runs_dir=args.runs_dir, tracking_uri=args.tracking_uri,
@@ -139,7 +140,7 @@ def cmd_run(args) -> int:
 def cmd_report(args) -> int:
     """Reads the store, never creates one: a missing store is one line, exit 2 (a wrong path)."""
     from .report import write_report
-    from .store import open_store, resolve_tracking_uri
+    from .tracking.store import open_store, resolve_tracking_uri
 
     uri = open_store(resolve_tracking_uri(args.tracking_uri, args.runs_dir), create=False)
     text, out = write_report(uri, study=args.study, fmt=args.format, out=args.out, metric=args.metric,
@@ -396,7 +397,7 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(exc, _user_errors()):  # first: a missing store (StoreMissing) is a wrong path, exit 2
             print(f"lsbench: error: {exc}", file=sys.stderr)
             return EXIT_USAGE
-        store_error = getattr(sys.modules.get("lossscale_bench.store"), "StoreError", None)
+        store_error = getattr(sys.modules.get("lossscale_bench.tracking.store"), "StoreError", None)
         # a store fault inside a Ray callback reaches here wrapped: look down the cause chain
         cause, seen = exc, set()
         while store_error is not None and cause is not None and id(cause) not in seen:

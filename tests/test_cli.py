@@ -62,7 +62,7 @@ def test_missing_data_fails_before_any_trial(tmp_path):
 
 
 def test_report_without_a_store(tmp_path):
-    """No store there: one line, exit 2, and nothing created (tests/test_store_faults.py has the rest)."""
+    """No store there: one line, exit 2, and nothing created (tests/tracking/test_store_faults.py has the rest)."""
     r = _run("report", "--runs-dir", str(tmp_path / "runs"), "--study", "ghost", cwd=tmp_path)
     assert r.returncode == 2
     assert "no MLflow store at" in r.stderr and "Traceback" not in r.stderr

@@ -3,7 +3,7 @@ printed; 0 when every trial finished or diverged (divergence is a result). Issue
 every trial failed (corrupt JPEG, bad annotation XML) used to exit 0.
 
 ``--executor local`` keeps these fast: the code is decided from the outcomes, whichever executor
-produced them (tests/test_signals.py runs the Ray path).
+produced them (tests/orchestration/test_signals.py runs the Ray path).
 """
 
 from __future__ import annotations

@@ -121,8 +121,8 @@ def test_the_checker_sees_a_bad_import(tmp_path):
     deps = _imports(f)
     assert "lossscale_bench.scaling.base" in deps and "lossscale_bench.precision" in deps
     src = tmp_path / "x.py"
-    src.write_text("def f():\n    from ..sweep import run_study\n")
+    src.write_text("def f():\n    from ..orchestration.study_runner import run_study\n")
     tree = ast.parse(src.read_text())
     node = next(n for n in ast.walk(tree) if isinstance(n, ast.ImportFrom))
-    assert node.level == 2 and node.module == "sweep"  # what _imports resolves against the module's package
-    assert _layer("lossscale_bench.sweep") > _layer("lossscale_bench.engine.loop")
+    assert node.level == 2 and node.module == "orchestration.study_runner"  # what _imports resolves against the module's package
+    assert _layer("lossscale_bench.orchestration.study_runner") > _layer("lossscale_bench.engine.loop")

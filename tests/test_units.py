@@ -36,7 +36,7 @@ def studied(tmp_path_factory):
     from mlflow import MlflowClient
 
     from lossscale_bench.study import load_study_text
-    from lossscale_bench.sweep import run_study
+    from lossscale_bench.orchestration.study_runner import run_study
 
     root = tmp_path_factory.mktemp("units")
     out = io.StringIO()

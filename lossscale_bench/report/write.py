@@ -81,7 +81,7 @@ def write_report(
     if fmt not in FORMATS:
         raise ReportError(f"unknown report format {fmt!r}; choose one of: {', '.join(FORMATS)}")
     check_metric(metric)
-    from ..store import ensure_artifact_scheme
+    from ..tracking.store import ensure_artifact_scheme
 
     ensure_artifact_scheme()  # plots read store-relative artifacts even where the entry point is not installed
     runs = load_runs(tracking_uri, study)

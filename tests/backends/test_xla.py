@@ -108,7 +108,7 @@ def test_multi_device_launcher_path_on_one_cpu_device(tmp_path):
     outcome come back through the multiprocessing queue. Real multi-chip runs need a TPU host."""
     import json
 
-    from lossscale_bench import distributed
+    from lossscale_bench.orchestration import distributed
     from lossscale_bench.study import load_study_text
 
     (cfg,) = load_study_text(textwrap.dedent("""\

@@ -146,7 +146,7 @@ def test_damaged_store_is_one_line_and_left_as_it_is(study_store, tmp_path, dama
 
 def test_large_store_skips_the_full_check_and_still_names_damage(study_store, tmp_path, monkeypatch):
     """Over QUICK_CHECK_MAX_BYTES the page-by-page check is skipped; MLflow's own error is then named."""
-    from lossscale_bench import store
+    from lossscale_bench.tracking import store
     from lossscale_bench.tracking import StoreError, Tracker
 
     runs = _copy(study_store, tmp_path / "runs")

@@ -1,8 +1,8 @@
 """The sink of a trial running inside Ray Tune: one module that both Ray paths import.
 
-A single-device Tune trial (``sweep``) and rank 0 of a multi-device trial
+A single-device Tune trial (``tune_runner``) and rank 0 of a multi-device trial
 (``distributed``) hand their metrics, tags and artifacts to the driver the
-same way, through ``tune.report``; the driver's MLflow funnel is the only
+same way, through ``tune.report``; the driver's MLflow funnel (``funnel``) is the only
 MLflow writer (SQLite takes one writer at a time).
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 
-from .sink import Sink
+from ..sink import Sink
 
 
 class TuneSink(Sink):

@@ -57,7 +57,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from .sink import Sink
+from ..sink import Sink
 
 #: torch.distributed backend per lossscale_bench backend
 PROCESS_GROUP = {"cpu": "gloo", "cuda": "nccl", "hpu": "hccl", "xla": "xla"}
@@ -68,8 +68,8 @@ COLLECTIVE_TIMEOUT_S = int(os.environ.get("LSBENCH_DIST_TIMEOUT_S", "1800"))
 
 
 from .placement import (  # noqa: E402,F401 - re-exported: the launcher and its tests use them from here
-    DEVICE_RESOURCE, DRIVER_CPUS, _backend, _single_bundle, devices_of, driver_bundle, infeasible,
-    is_distributed, placement_text, tune_concurrency, worker_bundles)
+    DEVICE_RESOURCE, DRIVER_CPUS, backend_of, devices_of, driver_bundle, infeasible, is_distributed,
+    placement_text, single_bundle, tune_concurrency, worker_bundles)
 
 
 # --------------------------------------------------------------------------- worker side
@@ -143,7 +143,7 @@ def _train_worker(config: dict) -> None:
 
 def _replica(spec: dict, rank: int, world: int, channel, grad_sync) -> None:
     """Run one replica; rank 0 streams its payloads and, at the end, the replicas' agreement."""
-    from .trial import run_trial
+    from ..trial import run_trial
 
     sink = QueueSink(channel.put) if rank == 0 else Sink()
     outcome = run_trial(spec["cfg"], sink=sink, trial_dir=spec["trial_dir"], threads=spec["threads"],
@@ -179,8 +179,14 @@ def _replica(spec: dict, rank: int, world: int, channel, grad_sync) -> None:
                            "stopping the worker group")
 
 
-class _Channel:
-    """What a replica sends: reports (rank 0) go to the report queue, end records (ranks > 0) to the end queue."""
+class Channel:
+    """What a replica sends: reports (rank 0) go to the report queue, end records (ranks > 0) to the end queue.
+
+    One class for both kinds of queue: Ray's (``ray.util.queue.Queue``, Train
+    workers) and multiprocessing's (replicas under ``torch_xla.launch``, which
+    are not Ray workers). Both ``get(timeout=...)`` and raise ``queue.Empty``
+    when nothing came (Ray's ``Empty`` subclasses it).
+    """
 
     def __init__(self, reports, ends) -> None:
         self.reports, self.ends = reports, ends
@@ -189,14 +195,15 @@ class _Channel:
         (self.ends if item.get("kind") == "end" else self.reports).put(item)
 
     def collect_ends(self, n: int, wait_s: float) -> list[dict]:
-        from ray.util.queue import Empty
+        """Rank 0: the end records of ``n`` other replicas, or as many as arrive within ``wait_s``."""
+        import queue
 
         ends: list[dict] = []
         deadline = time.time() + wait_s
         while len(ends) < n and time.time() < deadline:
             try:
                 ends.append(self.ends.get(timeout=max(0.1, min(deadline - time.time(), 5.0))))
-            except Empty:
+            except queue.Empty:
                 continue
         return ends
 
@@ -238,29 +245,6 @@ def _xla_launch(spec: dict, channel) -> None:
         t.join(timeout=30)
 
 
-class _MpChannel:
-    """A replica's channel under torch_xla.launch: everything goes through one multiprocessing queue;
-    end records of ranks > 0 are read back by rank 0 from a second one."""
-
-    def __init__(self, mq, ends) -> None:
-        self.mq, self.ends = mq, ends
-
-    def put(self, item: dict) -> None:
-        (self.ends if item.get("kind") == "end" else self.mq).put(item)
-
-    def collect_ends(self, n: int, wait_s: float) -> list[dict]:
-        import queue as _q
-
-        out: list[dict] = []
-        deadline = time.time() + wait_s
-        while len(out) < n and time.time() < deadline:
-            try:
-                out.append(self.ends.get(timeout=max(0.1, min(deadline - time.time(), 5.0))))
-            except _q.Empty:
-                continue
-        return out
-
-
 def _xla_replica(index: int, spec: dict, mq, ends) -> None:
     import torch.distributed as dist
     import torch_xla.distributed.xla_backend  # noqa: F401 - registers the "xla" process group
@@ -269,7 +253,7 @@ def _xla_replica(index: int, spec: dict, mq, ends) -> None:
     if not dist.is_initialized():
         dist.init_process_group("xla", init_method="xla://")
     # xm.optimizer_step averages the (already unscaled) gradients across replicas.
-    _replica(spec, xr.global_ordinal(), xr.world_size(), _MpChannel(mq, ends), RecordOnlySync())
+    _replica(spec, xr.global_ordinal(), xr.world_size(), Channel(mq, ends), RecordOnlySync())
 
 
 # --------------------------------------------------------------------------- Tune side
@@ -322,11 +306,11 @@ def fit_streaming(spec: dict, on_item: Callable[[dict], None], *, worker_fn: Cal
     from ray.util.queue import Empty, Queue
 
     res = spec["cfg"]["resources"]
-    backend = _backend(res)
+    backend = backend_of(res)
     bundles = worker_bundles(res)
     reports = Queue(actor_options={"num_cpus": 0})
     ends = Queue(actor_options={"num_cpus": 0})
-    channel = _Channel(reports, ends)
+    channel = Channel(reports, ends)
     scaling = ScalingConfig(num_workers=len(bundles), use_gpu=backend == "cuda", use_tpu=backend == "xla",
                             resources_per_worker=dict(bundles[0]))
     storage = os.path.join(os.path.abspath(spec["trial_dir"]), "ray_train")
@@ -371,7 +355,7 @@ def fit_streaming(spec: dict, on_item: Callable[[dict], None], *, worker_fn: Cal
 
 
 def run_distributed_trial(spec: dict) -> None:
-    """The Tune function body for a multi-device trial (called by ``sweep._tune_trainable``)."""
+    """The Tune function body for a multi-device trial (called by ``tune_runner._tune_trainable``)."""
     import ray
     from ray import tune
 

@@ -1,8 +1,8 @@
 """Where a trial goes: the Ray resources of a trial, its placement text, what the cluster can hold.
 
-Pure resource arithmetic, no Ray import: the sweep uses it to schedule and to
-print ``--dry-run`` tables, the multi-device launcher (``distributed``) to
-build its worker group. It sits with the sweep, above ``trial``.
+Pure resource arithmetic, no Ray import: the study runner uses it to schedule and
+the CLI to print ``--dry-run`` tables, the multi-device launcher (``distributed``)
+to build its worker group. It sits with them in ``orchestration``, above ``trial``.
 """
 
 from __future__ import annotations
@@ -22,7 +22,13 @@ def is_distributed(resources: dict) -> bool:
     return devices_of(resources) > 1
 
 
-def _backend(resources: dict) -> str:
+def threads_of(resources: dict) -> int:
+    """Intra-op threads of a trial's process: its whole CPUs (``cpus_per_trial``), at least one."""
+    return max(1, int(float(resources.get("cpus_per_trial", 1))))
+
+
+def backend_of(resources: dict) -> str:
+    """The trial's backend; ``auto`` is refused for several devices (Ray reserves devices by name)."""
     backend = resources.get("backend", "cpu")
     if backend == "auto" and is_distributed(resources):
         raise ValueError("resources.backend auto cannot be used with devices_per_trial > 1: "
@@ -37,7 +43,7 @@ def driver_bundle(resources: dict) -> dict[str, float]:
 
 def worker_bundles(resources: dict) -> list[dict[str, float]]:
     """The Train worker group's placement group: one bundle per worker."""
-    backend = _backend(resources)
+    backend = backend_of(resources)
     n = devices_of(resources)
     cpus = float(resources.get("cpus_per_trial", 1))
     dev = DEVICE_RESOURCE.get(backend)
@@ -105,7 +111,7 @@ def tune_concurrency(trial_resources: list[dict], cluster: dict[str, float]) -> 
     for rs in kinds.values():
         r = rs[0]
         need: dict[str, float] = {}
-        for b in (worker_bundles(r) if is_distributed(r) else [_single_bundle(r)]):
+        for b in (worker_bundles(r) if is_distributed(r) else [single_bundle(r)]):
             for k, v in b.items():
                 need[k] = need.get(k, 0.0) + v
         fit = min((int(float(cluster.get(k, 0.0)) // v) for k, v in need.items() if v > 0), default=len(rs))
@@ -113,8 +119,9 @@ def tune_concurrency(trial_resources: list[dict], cluster: dict[str, float]) -> 
     return total
 
 
-def _single_bundle(resources: dict) -> dict[str, float]:
-    from .backends import ray_resources
+def single_bundle(resources: dict) -> dict[str, float]:
+    """The one Tune bundle of a single-device trial (``CPU`` plus its device)."""
+    from ..backends import ray_resources
 
     return ray_resources(resources.get("backend", "cpu"), devices_of(resources),
                          float(resources.get("cpus_per_trial", 1)))
@@ -123,7 +130,7 @@ def _single_bundle(resources: dict) -> dict[str, float]:
 # --------------------------------------------------------------------------- can the cluster ever hold it?
 # Ray never refuses a request no node can meet: it logs "infeasible" and waits for a node that may
 # never come (an autoscaler could add one), so a study asking for a GPU on a CPU cluster hangs in
-# silence. The sweep asks these functions first, on the nodes' totals, and stops with one line.
+# silence. The study runner asks these functions first, on the nodes' totals, and stops with one line.
 
 #: a device resource's plain name for messages
 _DEVICE_WORDS = {"GPU": "GPU", "HPU": "HPU (Gaudi)", "TPU": "TPU chip"}
@@ -138,7 +145,7 @@ def trial_bundles(resources: dict) -> list[dict[str, float]]:
     """
     if is_distributed(resources):
         return [driver_bundle(resources)] + worker_bundles(resources)
-    return [_single_bundle(resources)]
+    return [single_bundle(resources)]
 
 
 def _plural(n: float, word: str) -> str:

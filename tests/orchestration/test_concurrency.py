@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "concurrent_logging.py"
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "concurrent_logging.py"
 
 
 @pytest.mark.slow

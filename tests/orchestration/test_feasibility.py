@@ -16,9 +16,9 @@ import time
 
 import pytest
 
-from lossscale_bench.placement import cluster_text, unplaceable
+from lossscale_bench.orchestration.placement import cluster_text, unplaceable
 from lossscale_bench.study import load_study_text
-from lossscale_bench.sweep import ClusterUnavailable, Infeasible, check_feasible, probe_address
+from lossscale_bench.orchestration.cluster import ClusterUnavailable, Infeasible, check_feasible, probe_address
 
 CLI = [sys.executable, "-m", "lossscale_bench.cli"]
 LAPTOP = [{"CPU": 2.0, "memory": 8e9}]
@@ -158,7 +158,7 @@ def test_probe_tells_apart_names_that_do_not_resolve_and_ports_that_are_not_ray(
     ("127.0.0.1:99999", "port 99999 is not a TCP port"),  # was "nothing listens on port 99999"
 ])
 def test_malformed_address_is_a_cluster_error_not_a_traceback(address, words):
-    from lossscale_bench.sweep import connect_ray
+    from lossscale_bench.orchestration.cluster import connect_ray
 
     with pytest.raises(ClusterUnavailable, match=words.replace(".", r"\.")):
         connect_ray(address, 1, True)
@@ -168,7 +168,7 @@ def test_a_ray_error_quoting_a_traceback_becomes_one_plain_line():
     """A GCS that never answers: Ray's ConnectionError reads "Failed to connect to GCS at address
     10.255.255.1:6379 within 5 seconds. Last connection error: Traceback (most recent call last): ..."
     (seen for an unroutable address). The one-line error keeps the first sentence, not the traceback."""
-    from lossscale_bench.sweep import _first_words
+    from lossscale_bench.orchestration.cluster import _first_words
 
     text = ("Failed to connect to GCS at address 10.255.255.1:6379 within 5 seconds. Last connection error: "
             "Traceback (most recent call last):\n  File \"x.py\", line 1, in <module>\nRpcError: deadline")

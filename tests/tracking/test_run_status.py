@@ -23,9 +23,9 @@ import time
 
 import pytest
 
-from lossscale_bench.run_status import VIEW_COLUMNS, VIEW_TAG, view_url
+from lossscale_bench.tracking.run_status import VIEW_COLUMNS, VIEW_TAG, view_url
 from lossscale_bench.study import load_study_text
-from lossscale_bench.sweep import run_study, study_dir
+from lossscale_bench.orchestration.study_runner import run_study, study_dir
 
 STUDY = """\
 name: status

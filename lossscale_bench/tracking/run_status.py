@@ -20,7 +20,7 @@ is not KILLED, and KILLED means "stopped from outside, will resume"); the run
 name's prefix (first, so a narrow name column still shows it) and
 ``lsbench.status`` tell them apart. The run description
 (``mlflow.note.content``, the run page's first box) says why it ended and at
-which metric step. No mlflow import here: pure text, used by ``tracking``.
+which metric step. No mlflow import here: pure text, used by ``tracker``.
 """
 
 from __future__ import annotations

@@ -5,11 +5,11 @@ head node that is also the "TPU node" (``resources={"TPU": 4}``), a "GPU node"
 (``num_gpus=2``) and a "Gaudi node" (``resources={"HPU": 2}``). The
 trials are real ``TrialConfig``s of a cpu, a cuda, an hpu and an xla study plus
 two multi-device (2 × GPU, 2 × HPU) ones, scheduled by Ray Tune with the
-sweep's own ``_resources_of``; the trainable is a probe that records where it
+tune runner's own ``_resources_of``; the trainable is a probe that records where it
 ran (node, assigned resources, ``CUDA_VISIBLE_DEVICES`` /
 ``HABANA_VISIBLE_MODULES`` / ``TPU_VISIBLE_CHIPS``) instead of training. For the
 multi-device trials the probe starts the real Ray Train worker group of
-``lossscale_bench.distributed`` (gloo process group, since nothing here has a
+``lossscale_bench.orchestration.distributed`` (gloo process group, since nothing here has a
 GPU or Gaudi) with a probe worker function.
 """
 
@@ -24,7 +24,7 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from lossscale_bench import distributed  # noqa: E402
+from lossscale_bench.orchestration import distributed  # noqa: E402
 from lossscale_bench.study import load_study_text  # noqa: E402
 
 STUDY = textwrap.dedent("""\
@@ -118,7 +118,7 @@ def cluster():
 def test_mixed_study_trials_land_only_where_their_resource_exists(cluster, tmp_path):
     from ray import cloudpickle, tune
 
-    from lossscale_bench.sweep import _resources_of
+    from lossscale_bench.orchestration.tune_runner import _resources_of
 
     cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the probe runs in Ray workers
     specs = []
@@ -126,7 +126,7 @@ def test_mixed_study_trials_land_only_where_their_resource_exists(cluster, tmp_p
         (cfg,) = load_study_text(STUDY.format(tag=tag, backend=backend, devices=devices,
                                               precision=precision)).trials()
         specs.append({"cfg": cfg.to_dict(), "trial_dir": str(tmp_path / tag), "threads": 1,
-                      "resources": distributed._single_bundle(cfg.resources)})
+                      "resources": distributed.single_bundle(cfg.resources)})
     limit = distributed.tune_concurrency([s["cfg"]["resources"] for s in specs], ray.cluster_resources())
     tuner = tune.Tuner(tune.with_resources(_probe_trainable, _resources_of),
                        param_space={"trial": tune.grid_search(specs)},
@@ -186,7 +186,7 @@ def test_placement_shapes_and_feasibility():
 
 def test_feasibility_check_on_the_real_cluster(cluster):
     """``check_feasible`` on the live ``ray.nodes()`` of the three-node cluster above (issue 11)."""
-    from lossscale_bench.sweep import Infeasible, check_feasible, cluster_nodes, probe_address
+    from lossscale_bench.orchestration.cluster import Infeasible, check_feasible, cluster_nodes, probe_address
 
     nodes = cluster_nodes()
     assert len(nodes) == 3 and sum(n.get("GPU", 0) for n in nodes) == 2

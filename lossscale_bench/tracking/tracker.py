@@ -1,4 +1,4 @@
-"""MLflow conventions of DESIGN.md; the only module that imports mlflow.
+"""MLflow conventions of DESIGN.md: the one writer of a study's runs (``Tracker``).
 
 One experiment per study, one parent run per study (tag
 ``lsbench.role=study``), one child run per trial (``lsbench.role=trial``,
@@ -14,18 +14,8 @@ import time
 from pathlib import Path
 from typing import Any, Iterable
 
-# opening a store and naming its faults lives in .store; re-exported here, where callers look
-from .store import (  # noqa: F401
-    StoreError,
-    StoreMissing,
-    default_tracking_uri,
-    open_store,
-    relative_artifact_location,
-    resolve_tracking_uri,
-    sqlite_path,
-    store_error,
-)
 from .run_status import base_run_name
+from .store import open_store, relative_artifact_location, sqlite_path, store_error
 
 TERMINAL = ("finished", "diverged")
 
@@ -290,7 +280,6 @@ class Tracker:
         _retry(self.client.set_terminated, run_id, status="KILLED")
 
 
-
 def study_view_urls(uri: str, base_url: str) -> list[tuple[str, str]]:
     """``(study, url)`` for every study in the store: its runs table in the model-training view
     with lsbench's saved view (``run_status.view_url``). Never creates a store: a SQLite file
@@ -311,24 +300,3 @@ def study_view_urls(uri: str, base_url: str) -> list[tuple[str, str]]:
                 pass
             out.append((name, view_url(base_url, exp.experiment_id)))
     return out
-
-
-class MlflowSink:
-    """A ``Sink`` writing straight to one child run (in-process runs; the sweep funnels instead)."""
-
-    def __init__(self, tracker: Tracker, run_id: str) -> None:
-        self.tracker = tracker
-        self.run_id = run_id
-        self.count = 0
-
-    def metrics(self, items):
-        self.count += self.tracker.log_metrics(self.run_id, items)
-
-    def tags(self, tags):
-        self.tracker.set_tags(self.run_id, tags)
-
-    def artifact(self, path, artifact_path=None):
-        self.tracker.log_artifact(self.run_id, path, artifact_path)
-
-    def flush(self):
-        pass

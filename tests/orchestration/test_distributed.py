@@ -38,7 +38,7 @@ def _gloo_rank(rank: int, port: int, out_dir: str) -> None:
     import torch.distributed as dist
     from torch import nn
 
-    from lossscale_bench.distributed import GradSync
+    from lossscale_bench.orchestration.distributed import GradSync
     from lossscale_bench.scaling import build_scaler
 
     torch.set_num_threads(1)
@@ -99,7 +99,7 @@ def _gloo_rank(rank: int, port: int, out_dir: str) -> None:
         res[f"ada{every}"] = {k: v["unbounded"] for k, v in ada.state_dict()["layers"].items()}
         ada.remove()
     # 5. the loop's loss agreement helper: the replicas' mean on every replica
-    from lossscale_bench.distributed import mean_across_replicas
+    from lossscale_bench.orchestration.distributed import mean_across_replicas
 
     res["mean"] = mean_across_replicas(torch.tensor([rank + 1.0, 10.0 * (rank + 1)])).tolist()
     dist.destroy_process_group()
@@ -153,7 +153,7 @@ def test_two_worker_trial_matches_one_worker_and_logs_one_run(tmp_path):
     from mlflow.tracking import MlflowClient
 
     from lossscale_bench.study import load_study_text
-    from lossscale_bench.sweep import run_study
+    from lossscale_bench.orchestration.study_runner import run_study
 
     runs = tmp_path / "runs"
     ray.init(num_cpus=3, include_dashboard=False, log_to_driver=False, configure_logging=True,

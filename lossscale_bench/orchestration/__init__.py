@@ -1,0 +1,31 @@
+"""Orchestration: running a study's trials, here or on a Ray cluster, and recording how each ended.
+
+Why these modules, each with one job (layer 4 of ``lossscale_bench.LAYERS``,
+above ``trial``, beside ``tracking``):
+
+- ``study_runner``: :func:`run_study`, a row of named steps (data, store,
+  cluster, runs, trials), and the in-process executor.
+- ``tune_runner``: the Ray executor, the study's trials as one Tune run.
+- ``funnel``: the driver's Tune callback, the only MLflow writer for Ray trials.
+- ``outcomes``: :class:`StudyResult` and how a trial's end is recorded (both executors).
+- ``progress``: the console lines. ``signals``: SIGINT/SIGTERM as :class:`Interrupted`.
+- ``cluster``: joining ``--address`` and refusing a cluster that can never run the study.
+- ``placement``: resource arithmetic (no Ray). ``tune_sink``: the sink of a trial inside Tune.
+- ``distributed``: multi-device trials (Ray Train); ``replica_sync``: its ``grad_sync``.
+
+Ray and MLflow are imported inside functions (``funnel`` only ever lazily, by
+``tune_runner``), so importing this package costs nothing heavy: the CLI's dry
+run uses ``placement``. The names below are what ``cli``, tests and benchmarks use.
+"""
+
+from .cluster import ClusterUnavailable, Infeasible, check_feasible, cluster_nodes, connect_ray, probe_address
+from .outcomes import StudyResult
+from .placement import placement_text
+from .progress import Progress
+from .signals import Interrupted
+from .study_runner import run_study, study_dir
+from .tune_sink import TuneSink
+
+__all__ = ["ClusterUnavailable", "Infeasible", "Interrupted", "Progress", "StudyResult", "TuneSink",
+           "check_feasible", "cluster_nodes", "connect_ray", "placement_text", "probe_address", "run_study",
+           "study_dir"]

@@ -1,0 +1,224 @@
+"""Run a study's trials: in this process or through Ray Tune, the driver the only MLflow writer.
+
+Resume is keyed by ``trial_id``, not by Ray's experiment state: finished and
+diverged trials (by their MLflow status tag) are not scheduled again, and an
+interrupted trial continues from its own checkpoint in its trial directory.
+
+Why :func:`run_study` is a row of named steps on one :class:`_StudyRun`: the
+order is the contract (a bad store, missing data or an unusable cluster fail
+before any MLflow run is opened; the runs are opened before any trial starts),
+and a signal may arrive during any step, so what an interruption must close
+(the tracker, the parent run, this invocation's trials) lives on one object.
+Tune itself is in ``tune_runner``, the MLflow funnel in ``funnel``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..tracking.mlflow_sink import MlflowSink
+from ..tracking.tracker import TERMINAL, Tracker
+from .cluster import check_feasible, cluster_nodes, connect_ray, resource_check_skipped
+from .outcomes import StudyResult, record_end
+from .placement import threads_of
+from .progress import Progress
+from .signals import SignalsRaise
+
+
+def study_dir(runs_dir: str | Path, study_name: str) -> Path:
+    return Path(runs_dir).expanduser().resolve() / study_name
+
+
+@dataclass
+class _Options:
+    """How :func:`run_study` was asked to run (its keyword arguments, less the store's)."""
+
+    max_concurrent: int | None
+    address: str | None
+    num_cpus: int | None
+    executor: str
+    quiet: bool
+    stream: Any
+    trial_plots: Any
+    check_resources: bool
+
+
+def run_study(study, *, runs_dir: str | Path = "runs", tracking_uri: str | None = None,
+              max_concurrent: int | None = None, address: str | None = None, num_cpus: int | None = None,
+              executor: str = "ray", quiet: bool = False, stream=None, trial_plots=None,
+              check_resources: bool = True) -> StudyResult:
+    """Run every trial of ``study`` that has not finished or diverged yet.
+
+    ``trial_plots(client, run_id, out_dir)``, if given, draws each finished trial's plots from
+    the store and is logged as the run's artifacts (the CLI passes ``plots.run_plots``).
+
+    With the Ray executor the cluster is joined, and every trial checked to fit
+    some node (:func:`.cluster.check_feasible`; ``check_resources=False`` or
+    ``LSBENCH_SKIP_RESOURCE_CHECK=1`` skips it), before any MLflow run is opened.
+    SIGINT/SIGTERM (main thread only) end the open runs as KILLED and raise
+    :class:`.signals.Interrupted`; the same call again resumes.
+    """
+    if executor not in ("ray", "local"):
+        raise ValueError(f"unknown executor {executor!r}; allowed: ray, local")
+    from ..tracking.store import open_store, resolve_tracking_uri
+
+    runs_dir = Path(runs_dir).expanduser().resolve()
+    uri = resolve_tracking_uri(tracking_uri, runs_dir)
+    open_store(uri, create=True)  # a bad store (corrupt, read-only, foo://) fails now, before data or Ray
+    run = _StudyRun(study, runs_dir, uri, _Options(max_concurrent, address, num_cpus, executor, quiet, stream,
+                                                   trial_plots, check_resources))
+    guard = SignalsRaise()
+    guard.install()
+    try:
+        return run.execute(guard)
+    except BaseException as exc:
+        stop = guard.interruption(exc)
+        if stop is None:
+            raise
+        guard.hold()
+        stop.killed = run.end_interrupted()
+        guard.install()  # a second signal may cut the Ray shutdown short
+        if stop is exc:
+            raise
+        raise stop from None
+    finally:
+        try:
+            if run.ray_started:
+                import ray
+
+                ray.shutdown()
+        finally:
+            guard.restore()
+
+
+class _StudyRun:
+    """One invocation of a study: the steps of :func:`run_study`, and the state they hand on."""
+
+    def __init__(self, study, runs_dir: Path, uri: str, opts: _Options) -> None:
+        self.study, self.uri, self.opts = study, uri, opts
+        self.artifact_root = runs_dir / "artifacts"
+        self.sdir = study_dir(runs_dir, study.name)
+        self.trials = study.trials()
+        self.result = StudyResult(study=study.name, tracking_uri=uri)
+        self.tracker: Tracker | None = None
+        self.parent: str | None = None
+        self.run_ids: dict[str, str] = {}
+        self.todo: list = []
+        self.ray_started = False
+
+    def execute(self, guard: SignalsRaise) -> StudyResult:
+        """Data, store, cluster, runs, trials, in that order: each may stop the study before the next."""
+        from ..data.prepare import prepare_dataset
+
+        # Data first: a study whose data is missing fails before any trial starts.
+        prepare_dataset(self.trials[0].dataset)
+        self.tracker = Tracker(self.uri, artifact_root=self.artifact_root)
+        existing = self.tracker.trial_runs(self.tracker.experiment_id(self.study.name))
+        self.todo = self._pending(existing)
+        if self.todo and self.opts.executor == "ray":
+            self._join_cluster(guard)
+        self._open_runs(existing)
+        progress = self._progress(existing)
+        if self.todo:
+            self._run_trials(progress)
+        # counted from the store: trials finished by earlier invocations count too
+        self.tracker.end_study(self.parent, [cfg.trial_id for cfg in self.trials])
+        return self.result
+
+    def _pending(self, existing: dict[str, Any]) -> list:
+        """The trials to run; finished and diverged ones (by their run's status tag) are only counted."""
+        todo = []
+        for cfg in self.trials:
+            run = existing.get(cfg.trial_id)
+            if run is not None and run.data.tags.get("lsbench.status") in TERMINAL:
+                self.result.skipped.append(cfg.trial_id)
+            else:
+                todo.append(cfg)
+        return todo
+
+    def _join_cluster(self, guard: SignalsRaise) -> None:
+        """The cluster before any run is opened: one that cannot run the study leaves no RUNNING run."""
+        self.ray_started = connect_ray(self.opts.address, self.opts.num_cpus, self.opts.quiet)
+        guard.install()  # ray.init put its own SIGTERM handler (sys.exit) in place
+        if self.opts.check_resources and not resource_check_skipped():
+            check_feasible(self.study, self.todo, cluster_nodes())
+
+    def _open_runs(self, existing: dict[str, Any]) -> None:
+        """The study's parent run and a child run per pending trial (existing ones are continued)."""
+        study = self.study
+        exp_id, self.parent = self.tracker.study_run(study.name, study.description, getattr(study, "source", None))
+        # finished trials are not run again, so a baseline moved in the study file is re-tagged here
+        self.tracker.sync_baseline_tags(self.trials, existing)
+        for cfg in self.todo:
+            self.run_ids[cfg.trial_id] = self.tracker.ensure_trial_run(exp_id, self.parent, cfg,
+                                                                       existing.get(cfg.trial_id))
+
+    def _progress(self, existing: dict[str, Any]) -> Progress:
+        """The console's progress, after saying what is not run again and whether the study file changed."""
+        from ..study.configs import change_note
+
+        trials, skipped, opts = self.trials, self.result.skipped, self.opts
+        concurrency = opts.max_concurrent or max(1, int((opts.num_cpus or os.cpu_count() or 1)
+                                                        // max(1.0, float(trials[0].resources.get("cpus_per_trial", 1)))))
+        progress = Progress(len(trials), len(skipped), concurrency, opts.quiet, opts.stream)
+        if skipped:
+            progress.line(f"{len(skipped)} of {len(trials)} trials already finished or diverged: not run again")
+        changed = change_note(self.study.name, trials, {t: (r.data.tags, r.data.params) for t, r in existing.items()})
+        if changed:  # the study file changed under the same name: its old trials stay apart (the report too)
+            progress.line(changed)
+        return progress
+
+    def _run_trials(self, progress: Progress) -> None:
+        if self.opts.executor == "local":
+            _run_local(self.todo, self.tracker, self.run_ids, self.sdir, self.result, progress, self.opts.trial_plots)
+            return
+        from .tune_runner import run_tune
+
+        labels = {cfg.trial_id: cfg.label for cfg in self.trials}
+        run_tune(self.study, self.todo, self.tracker, self.run_ids, labels, self.sdir, self.result, progress,
+                 self.opts.max_concurrent, self.opts.trial_plots)
+
+    def end_interrupted(self) -> int:
+        """After a signal: close this invocation's open runs (if any were opened); how many were KILLED."""
+        if self.tracker is None or self.parent is None:
+            return 0
+        return _end_interrupted(self.tracker, self.parent, {cfg.trial_id for cfg in self.todo})
+
+
+def _end_interrupted(tracker: Tracker, parent: str, trial_ids: set[str]) -> int:
+    """End this invocation's still-RUNNING trial runs, and the parent, as KILLED; return how many trials.
+
+    Tagged ``lsbench.status=interrupted`` (not TERMINAL), so the next run of the
+    study re-runs them from their checkpoints. A run whose outcome already arrived
+    (status tag finished/diverged) but was not closed yet is closed as that outcome.
+    """
+    killed = 0
+    for tid, run in tracker.trial_runs(tracker.client.get_run(parent).info.experiment_id).items():
+        rid = run.info.run_id
+        if tid not in trial_ids or run.info.status != "RUNNING":
+            continue
+        status = run.data.tags.get("lsbench.status")
+        if status in TERMINAL:
+            tracker.end_trial(rid, status)
+        else:
+            tracker.end_interrupted(rid)
+            killed += 1
+    tracker.end_interrupted(parent)
+    return killed
+
+
+def _run_local(todo, tracker: Tracker, run_ids: dict[str, str], sdir: Path, result: StudyResult, progress: Progress,
+               trial_plots=None) -> None:
+    """Trials one after another in this process (debugging; no Ray)."""
+    from ..trial import run_trial
+
+    for cfg in todo:
+        progress.start(cfg.trial_id, cfg.label)
+        sink = MlflowSink(tracker, run_ids[cfg.trial_id])
+        tdir = sdir / "trials" / cfg.trial_id
+        outcome = run_trial(cfg, sink=sink, trial_dir=tdir, threads=threads_of(cfg.resources)).to_dict()
+        record_end(tracker, result, progress, cfg.trial_id, cfg.label, run_ids[cfg.trial_id], outcome,
+                   tdir / "plots", trial_plots)

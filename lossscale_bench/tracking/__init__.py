@@ -1,0 +1,33 @@
+"""Tracking: everything lsbench writes to, or reads the health of, an MLflow store.
+
+Why a package of its own: the store is the study's record, and the code that
+touches it has four separate jobs, one module each. ``store`` opens a store
+and names its faults (no MLflow writes; the ``lsbench-store:`` artifact
+resolver that pyproject.toml's entry point names). ``tracker`` is the one
+writer of runs (``Tracker``: experiments, parent and trial runs, batched and
+retried writes). ``run_status`` is pure text: how a trial's end shows in the
+MLflow UI. ``mlflow_sink`` is the sink of an in-process trial.
+
+It sits in the orchestration layer (``lossscale_bench.LAYERS``): the study
+runner and the CLI use it; the trial and the engine never do (they report
+through ``lossscale_bench.sink``). MLflow is imported inside functions only,
+so importing this package stays instant. The names below are what callers
+(cli, tests, benchmarks) use; code inside the package imports the modules.
+"""
+
+from .mlflow_sink import MlflowSink
+from .store import (
+    StoreError,
+    StoreMissing,
+    default_tracking_uri,
+    open_store,
+    relative_artifact_location,
+    resolve_tracking_uri,
+    sqlite_path,
+    store_error,
+)
+from .tracker import TERMINAL, Tracker, study_view_urls
+
+__all__ = ["MlflowSink", "StoreError", "StoreMissing", "TERMINAL", "Tracker", "default_tracking_uri",
+           "open_store", "relative_artifact_location", "resolve_tracking_uri", "sqlite_path", "store_error",
+           "study_view_urls"]
