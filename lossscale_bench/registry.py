@@ -6,7 +6,7 @@ themselves against them in the tests.
 """
 
 MODEL_NAMES = ("ssd_tiny", "ssd300_vgg16", "ssd512_vgg16", "ssd300_resnet34", "ssd300_resnet50")
-SCALING_METHODS = ("none", "fixed", "dynamic", "adaptive", "layerwise_dynamic", "amax")
+SCALING_METHODS = ("none", "fixed", "dynamic", "adaptive", "layerwise_dynamic", "amax", "saturation")
 DYNAMIC_STYLES = ("chainer", "torch", "deepspeed")
 AMAX_RECIPES = ("current", "delayed")
 PRECISIONS = ("fp32", "mixed16", "bf16", "fp16-emulated", "fp8-emulated", "fp8-e4m3-emulated")

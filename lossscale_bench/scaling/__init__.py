@@ -40,10 +40,8 @@ def build_scaler(entry: dict[str, Any], model=None, grad_format=None) -> LossSca
     """
     if entry.get("method") not in ENTRIES:
         raise ValueError(f"unknown scaling method {entry.get('method')!r}")
-    path, kwargs, per_layer = scaler_recipe(entry)
+    path, kwargs, per_layer, takes_format = scaler_recipe(entry)
     cls = scaler_class(path)
-    if not per_layer:
-        return cls(**kwargs)
-    if grad_format is not None:
+    if takes_format and grad_format is not None:
         kwargs["grad_format"] = grad_format
-    return cls(model, **kwargs)
+    return cls(model, **kwargs) if per_layer else cls(**kwargs)

@@ -60,10 +60,11 @@ def scaling_keys(method: str) -> list[str]:
     return list(COMMON_KEYS) + ENTRIES[method].option_names()
 
 
-def scaler_recipe(scaling: dict) -> tuple[str, dict, bool]:
-    """``(module:Class, constructor keyword arguments, per_layer)`` for a normalized scaling dict."""
+def scaler_recipe(scaling: dict) -> tuple[str, dict, bool, bool]:
+    """``(module:Class, constructor keyword arguments, per_layer, takes_grad_format)`` for a
+    normalized scaling dict."""
     entry = entry_of(scaling)
-    return entry.scaler, entry.scaler_kwargs(scaling), entry.per_layer
+    return entry.scaler, entry.scaler_kwargs(scaling), entry.per_layer, entry.per_layer or entry.takes_grad_format
 
 
 __all__ = ["ENTRIES", "ScalingEntry", "MethodEntry", "ResourcesOverride", "Fail", "entry_of", "scaling_tag",

@@ -72,6 +72,8 @@ class MethodEntry(BaseModel):
     scaler: ClassVar[str] = ""
     #: per-layer scalers take the model (positional) and the precision's gradient format
     per_layer: ClassVar[bool] = False
+    #: a global scaler that still needs the gradient format (its maximum, its range)
+    takes_grad_format: ClassVar[bool] = False
 
     label: Label = None
     precision: Optional[_choice("precision", PRECISIONS)] = None  # type: ignore[valid-type]

@@ -1,0 +1,38 @@
+"""Saturation-aware dynamic loss scaling (scaling/saturation.py): FP8-LM's automatic scaling,
+for gradient formats that saturate instead of overflowing (E4M3)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from ..fields import PosFloat, PosInt, _number
+from .base import MethodEntry, differs, num
+
+#: FP8-LM's rule: back off past 0.001 % saturated elements, grow x2 after 1000 clean steps
+DEFAULTS = {"init_scale": 1.0, "interval": 1000, "threshold": 1e-5}
+
+
+class SaturationScaling(MethodEntry):
+    method: Literal["saturation"]
+    init_scale: PosFloat = DEFAULTS["init_scale"]  # type: ignore[valid-type]
+    interval: PosInt = DEFAULTS["interval"]  # type: ignore[valid-type]
+    #: share of parameter-gradient elements at or past the format's max that triggers a back-off
+    threshold: _number("float", ge=0, lt=1) = DEFAULTS["threshold"]  # type: ignore[valid-type]
+    scaler = "lossscale_bench.scaling.saturation:SaturationLossScaler"
+    takes_grad_format = True
+
+    @classmethod
+    def id_tag(cls, scaling: dict) -> str:
+        return "satdyn" + num(scaling.get("interval", DEFAULTS["interval"]))
+
+    @classmethod
+    def row_label(cls, scaling: dict, precision: str) -> str:
+        parts = [f"interval={num(scaling.get('interval', DEFAULTS['interval']))}"]
+        if differs(scaling, "init_scale", DEFAULTS["init_scale"]):
+            parts.append(f"init={num(scaling['init_scale'])}")
+        if differs(scaling, "threshold", DEFAULTS["threshold"]):
+            parts.append(f"threshold={num(scaling['threshold'])}")
+        return f"saturation-aware dynamic ({', '.join(parts)})"
+
+
+ENTRY = SaturationScaling
