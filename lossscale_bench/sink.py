@@ -1,9 +1,14 @@
 """Where a trial sends what it measures, without knowing MLflow or Ray.
 
-In a sweep the sink forwards batches to the driver through ``tune.report``
+In a Ray study the sink forwards batches to the driver through ``tune.report``
 and the driver is the single MLflow writer (SQLite allows one writer at a
 time). Run in-process, the sink writes to MLflow directly. Tests use
 ``MemorySink``.
+
+Why only the interface (and ``MemorySink``) is here, in the schema layer: the
+trial and the engine report through it and may import nothing above them. The
+sinks that write somewhere live with what they write to, a layer up:
+``orchestration.tune_sink.TuneSink`` (Ray) and ``tracking.mlflow_sink.MlflowSink``.
 """
 
 from __future__ import annotations

@@ -29,6 +29,7 @@ from .signals import SignalsRaise
 
 
 def study_dir(runs_dir: str | Path, study_name: str) -> Path:
+    """``<runs_dir>/<study>``, absolute: Ray trials run in their own working directories."""
     return Path(runs_dir).expanduser().resolve() / study_name
 
 
@@ -161,8 +162,8 @@ class _StudyRun:
         from ..study.configs import change_note
 
         trials, skipped, opts = self.trials, self.result.skipped, self.opts
-        concurrency = opts.max_concurrent or max(1, int((opts.num_cpus or os.cpu_count() or 1)
-                                                        // max(1.0, float(trials[0].resources.get("cpus_per_trial", 1)))))
+        cpus_per_trial = max(1.0, float(trials[0].resources.get("cpus_per_trial", 1)))
+        concurrency = opts.max_concurrent or max(1, int((opts.num_cpus or os.cpu_count() or 1) // cpus_per_trial))
         progress = Progress(len(trials), len(skipped), concurrency, opts.quiet, opts.stream)
         if skipped:
             progress.line(f"{len(skipped)} of {len(trials)} trials already finished or diverged: not run again")
@@ -172,6 +173,7 @@ class _StudyRun:
         return progress
 
     def _run_trials(self, progress: Progress) -> None:
+        """The pending trials on the chosen executor; Tune (and so Ray) is imported only for ``ray``."""
         if self.opts.executor == "local":
             _run_local(self.todo, self.tracker, self.run_ids, self.sdir, self.result, progress, self.opts.trial_plots)
             return
