@@ -1,0 +1,59 @@
+"""The saturation-aware dynamic scaler's rule, step by step (FP8-LM's automatic scaling)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from lossscale_bench.formats import E4M3
+from lossscale_bench.scaling import build_scaler
+from lossscale_bench.scaling.saturation import SaturationLossScaler
+
+
+def _step(scaler, grads):
+    """One optimizer step whose parameter gradients (at the scaler's scale) are ``grads``."""
+    p = nn.Parameter(torch.zeros(len(grads)))
+    opt = torch.optim.SGD([p], lr=0.0)
+    p.grad = torch.tensor(grads, dtype=torch.float32)
+    res = scaler.step(opt)
+    scaler.update()
+    return res
+
+
+def test_backs_off_when_saturated_share_passes_the_threshold():
+    s = SaturationLossScaler(init_scale=1024.0, interval=3, threshold=0.1, grad_format=E4M3)
+    # 1 of 4 elements at E4M3's max: share 0.25 > 0.1 -> halve, step not skipped (values are finite)
+    res = _step(s, [448.0, 1.0, -2.0, 0.5])
+    assert not res.skipped and not res.overflow and s.current_scale() == 512.0 and s.last_share == 0.25
+    # below the threshold: count clean steps, grow x2 after 3
+    for expected in (512.0, 512.0, 1024.0):
+        _step(s, [1.0, 2.0, 3.0, 447.0])
+        assert s.current_scale() == expected
+    # a saturated step resets the growth count
+    _step(s, [-448.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0])
+    assert s.current_scale() == 1024.0  # share 0.1 is not past 0.1: no back-off
+    _step(s, [-448.0, 448.0, 1.0, 1.0])
+    assert s.current_scale() == 512.0
+
+
+def test_non_finite_gradient_skips_and_backs_off():
+    s = SaturationLossScaler(init_scale=64.0, interval=100, threshold=0.5, grad_format=E4M3)
+    res = _step(s, [float("nan"), 1.0, 1.0, 1.0])
+    assert res.skipped and res.overflow and s.current_scale() == 32.0
+
+
+def test_state_round_trip_and_entry_builds_it_with_the_precision_format():
+    s = build_scaler({"method": "saturation", "init_scale": 8.0, "interval": 2, "threshold": 0.0}, grad_format=E4M3)
+    assert isinstance(s, SaturationLossScaler) and s.grad_format is E4M3
+    _step(s, [1.0, 1.0])
+    t = SaturationLossScaler()
+    t.load_state_dict(s.state_dict())
+    assert (t.current_scale(), t._growth_tracker) == (8.0, 1)
+    assert "saturated_share" in s.metrics()
+
+
+@pytest.mark.parametrize("bad", [{"init_scale": 0.0}, {"interval": 0}, {"threshold": 1.0}, {"backoff_factor": 1.0}])
+def test_bad_options_are_refused(bad):
+    with pytest.raises(ValueError):
+        SaturationLossScaler(**bad)
