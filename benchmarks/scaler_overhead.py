@@ -52,7 +52,8 @@ def build(model_name: str, method: dict, precision_name: str, device: str):
     size, _ = SIZES[model_name]
     backend = get_backend(device)
     model = backend.prepare_model(build_model(model_name, num_classes=4, image_size=size))
-    precision = get_precision(precision_name)
+    name, _, blocks = precision_name.partition("+")  # "fp8-e4m3-emulated+mx32": block-scaled gradients
+    precision = get_precision(name, grad_blocks=blocks or None)
     precision.prepare(model)
     scaler = build_scaler(method, model)
     sched = {"lr": 1e-4, "momentum": 0.9, "weight_decay": 5e-4}
