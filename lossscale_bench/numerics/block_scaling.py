@@ -236,8 +236,9 @@ def _kernel(granularity: str, elem: ElementFormat, mode: str, pow2: bool, amax_f
 def _flatten(x: torch.Tensor, granularity: str) -> tuple[torch.Tensor, tuple[int, int, int]]:
     """fp32, flat, zero-padded to whole blocks; returns the layout needed to undo it."""
     xf = x.detach().to(torch.float32)
+    # flat tensors are detached last: a view's ``_base`` makes Dynamo guard on the base's shape
     if granularity == "tensor":
-        return xf.reshape(-1), (0, 0, 0)
+        return xf.reshape(-1).detach(), (0, 0, 0)
     block = _BLOCK[granularity]
     if granularity == "mx32":
         rows, cols = 1, xf.numel()
@@ -248,7 +249,7 @@ def _flatten(x: torch.Tensor, granularity: str) -> tuple[torch.Tensor, tuple[int
     pad = -cols % block
     if pad:
         x2 = F.pad(x2, (0, pad))
-    return x2.reshape(-1), (rows, cols, pad)
+    return x2.reshape(-1).detach(), (rows, cols, pad)
 
 
 def block_round(x: torch.Tensor, fmt: str = "e4m3", granularity: str = "mx32", *,
@@ -313,8 +314,8 @@ def count_flush_saturate(x_before: torch.Tensor, x_after: torch.Tensor, fmt_max:
     rounding use ``block_round(..., counts=True)``: there the threshold is per block.
     Both tensors must have the same shape; counts are 0-d int64 tensors (no host sync).
     """
-    before = x_before.detach().reshape(-1).float()
-    after = x_after.detach().reshape(-1).float()
+    before = x_before.reshape(-1).float().detach()
+    after = x_after.reshape(-1).float().detach()
     if before.shape != after.shape:
         raise ValueError(f"shapes differ: {tuple(x_before.shape)} vs {tuple(x_after.shape)}")
     if before.numel() < 2:
