@@ -267,3 +267,35 @@ def test_format_facts():
         round_fp8(torch.ones(2), "e4m3", impl="fast")
     with pytest.raises(TypeError):
         round_fp8(torch.ones(2, dtype=torch.int32), "e4m3")
+
+
+class _RoundThrough(torch.autograd.Function):
+    """How the emulation uses the kernels: forward values and incoming gradients rounded."""
+
+    @staticmethod
+    def forward(ctx, x, fn):
+        ctx.fn = fn
+        return fn(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        return ctx.fn(g), None
+
+
+def test_usable_inside_autograd_functions_and_hooks():
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(3, 4, 3)
+    x = torch.randn(2, 3, 9, 9)
+
+    def run(fn):
+        conv.zero_grad()
+        out = _RoundThrough.apply(conv(x), fn)
+        hook = conv.weight.register_hook(fn)
+        (out * 1000).square().sum().backward()
+        hook.remove()
+        return out.detach(), conv.weight.grad.clone()
+
+    ours = run(round_e4m3)
+    ref = run(lambda t: t.to(torch.float8_e4m3fn).to(t.dtype))
+    for a, b in zip(ours, ref):
+        assert torch.equal(bits(a), bits(b))
