@@ -20,10 +20,13 @@ study using many variants would quietly lose the compiled path; a renamed copy o
 object gives each variant its own cache. We do not raise the global limit: other code in the
 process owns that setting.
 
-Why ``dynamic=True``: gradients of many shapes go through the same kernel; kernels here take
-flattened or ``[n_blocks, block]`` tensors so one graph with a symbolic length serves them all.
-Dynamo specialises sizes 0 and 1, so callers route tensors with fewer than 2 elements (or
-blocks) to the eager function instead of paying a second compilation for them.
+Why ``maybe_mark_dynamic`` on dimension 0 and not ``dynamic=True``: gradients of many shapes
+go through the same kernel; kernels here take flat 1-D tensors, so one graph with a symbolic
+length serves them all (measured: one graph for 20 shapes). ``dynamic=True`` would also turn
+every int and float the kernel reads from its closure (a format's max, its exponent range)
+into a graph input, i.e. runtime values instead of constants folded into the C++ code, and it
+compiled a second graph for the same kernel here. Dynamo specialises sizes 0 and 1, so callers
+route tensors with fewer than 2 elements (or blocks) to the eager function.
 """
 
 from __future__ import annotations
@@ -56,7 +59,7 @@ def _distinct(fn: Callable, tag: str) -> Callable:
 
 
 class LazyCompiled:
-    """``fn`` compiled by Inductor on first call (``dynamic=True``), else ``fn`` itself.
+    """``fn`` compiled by Inductor on first call (dimension 0 of its inputs symbolic), else ``fn``.
 
     Calls are autograd-free: the kernels here round values inside hooks and custom autograd
     functions, where no graph is recorded, and compiling an inference-only graph avoids
@@ -104,7 +107,10 @@ class LazyCompiled:
         if self._compiled is None:
             with self._lock:
                 if self._compiled is None:
-                    self._compiled = torch.compile(self._fn, backend=self._backend, dynamic=True)
+                    self._compiled = torch.compile(self._fn, backend=self._backend)
+        for a in args:
+            if isinstance(a, torch.Tensor) and a.dim():
+                torch._dynamo.maybe_mark_dynamic(a, 0)
         try:
             if self._warm:
                 return self._compiled(*args)

@@ -58,6 +58,11 @@ loss scalers, which skip the step and back off on it (the OCP spec likewise give
 the E8M0 NaN scale). TE instead uses ``s = 1`` there, and torchao 0.18's floor mode gives an inf
 block a finite scale and saturates the inf away; both would hide an overflow from the scalers.
 
+One more edge: with ``ceil``, ``even``, ``rceil`` and the amax scalings, an element can round
+*up* past its block's amax (255.99 -> 256 in E4M3); in a block whose max is within an element ulp
+of fp32's largest value that product is 2^128, which is inf in fp32. Dequantised values are
+therefore clamped to +-FLT_MAX, so a finite block never produces inf: only NaN/inf inputs do.
+
 Cost: vectorised ops on a ``[n_blocks, block]`` view, compiled lazily by Inductor like the fp8
 kernels (``LSBENCH_NO_COMPILE=1`` or a compiler failure falls back to the same code in eager).
 """
@@ -71,7 +76,7 @@ import torch
 import torch.nn.functional as F
 
 from ._compile import LazyCompiled
-from .fp8 import E4M3, E5M2, _bits_fused, _fastest_eager
+from .fp8 import E4M3, E5M2, Fp8Spec, _bits_fused, _fastest_eager
 
 GRANULARITIES = ("tensor", "tile128", "mx32")
 MX_MODES = ("floor", "ceil", "even", "rceil")
@@ -79,24 +84,38 @@ _BLOCK = {"tile128": 128, "mx32": 32}
 _F32_MAX = float(torch.finfo(torch.float32).max)
 
 
+#: fp16 described like the fp8 formats, so the compiled kernels round it with the bit-level
+#: code: Inductor drops an fp32 -> fp16 -> fp32 round trip inside a fused kernel (its
+#: ``emulate_precision_casts`` is off by default), so ``.half().float()`` compiles to nothing
+FP16 = Fp8Spec("fp16", torch.float16, mbits=10, emin=-14, emax=15, max=65504.0, has_inf=True,
+               nan_bits=0x7FFFFFFF)
+
+
 @dataclass(frozen=True)
 class ElementFormat:
     """An element format a block-scaled tensor can be cast to."""
 
     name: str
-    #: largest finite value
-    max: float
-    #: exponent of the largest binade (OCP MX's ``emax_elem``)
-    emax: int
-    #: significand bits after the leading one (the ``even`` mode rounds amax to them)
-    mbits: int
+    spec: Fp8Spec
+
+    @property
+    def max(self) -> float:
+        """Largest finite value."""
+        return self.spec.max
+
+    @property
+    def emax(self) -> int:
+        """Exponent of the largest binade (OCP MX's ``emax_elem``)."""
+        return self.spec.emax
+
+    @property
+    def mbits(self) -> int:
+        """Significand bits after the leading one (the ``even`` mode rounds amax to them)."""
+        return self.spec.mbits
 
 
-ELEMENTS: dict[str, ElementFormat] = {
-    "e4m3": ElementFormat("e4m3", E4M3.max, E4M3.emax, E4M3.mbits),
-    "e5m2": ElementFormat("e5m2", E5M2.max, E5M2.emax, E5M2.mbits),
-    "fp16": ElementFormat("fp16", 65504.0, 15, 10),
-}
+ELEMENTS: dict[str, ElementFormat] = {"e4m3": ElementFormat("e4m3", E4M3), "e5m2": ElementFormat("e5m2", E5M2),
+                                      "fp16": ElementFormat("fp16", FP16)}
 
 
 class FlushSaturate(NamedTuple):
@@ -115,13 +134,13 @@ class FlushSaturate(NamedTuple):
 
 
 def _round_elem(v: torch.Tensor, elem: ElementFormat, eager: bool) -> torch.Tensor:
-    """Saturating cast of scaled values to the element format and back to fp32."""
+    """Saturating cast of scaled values to the element format and back to fp32: the bit-level
+    rounding when compiled; eager, the fastest exact eager code (see ``fp8``)."""
+    if not eager:
+        return _bits_fused(v, elem.spec, True)
     if elem.name == "fp16":
         return v.clamp(-elem.max, elem.max).half().float()
-    spec = E4M3 if elem.name == "e4m3" else E5M2
-    if eager:
-        return _fastest_eager(spec)(v, spec, True)
-    return _bits_fused(v, spec, True)
+    return _fastest_eager(elem.spec)(v, elem.spec, True)
 
 
 def _exp2i(e: torch.Tensor) -> torch.Tensor:
@@ -170,7 +189,7 @@ def _mx_core(x1, elem: ElementFormat, mode: str, with_counts: bool, eager: bool)
     amax = x2.abs().amax(dim=1, keepdim=True)
     e = mx_exponent(amax, elem, mode)
     scaled = x2 * _exp2i(-e)
-    out2 = _round_elem(scaled, elem, eager) * _exp2i(e)
+    out2 = (_round_elem(scaled, elem, eager) * _exp2i(e)).clamp(-_F32_MAX, _F32_MAX)
     out2 = out2 * ((amax - amax) + 1.0)  # 1 for a finite block, NaN for a NaN/inf block
     if not with_counts:
         return out2.view(-1)
@@ -183,7 +202,9 @@ def amax_scale(amax: torch.Tensor, elem: ElementFormat | str, pow2: bool,
     amax, ``FLT_MAX`` where that overflows; rounded down to a power of two if ``pow2``."""
     elem = ELEMENTS[elem] if isinstance(elem, str) else elem
     a = amax.clamp(min=amax_floor) if amax_floor > 0 else amax
-    s = torch.where(a == 0, 1.0, (elem.max / a).clamp(max=_F32_MAX))
+    # full_like(max) / a, not max / a: torch evaluates ``scalar / tensor`` as
+    # ``tensor.reciprocal() * scalar``, which rounds twice and is not TE's correctly rounded ratio
+    s = torch.where(a == 0, 1.0, (torch.full_like(a, elem.max) / a).clamp(max=_F32_MAX))
     if pow2:
         s = (s.view(torch.int32) & 0x7F800000).view(torch.float32)
     return s
@@ -196,7 +217,7 @@ def _amax_core(x1, block: int, elem: ElementFormat, pow2: bool, amax_floor: floa
     amax = x2.abs().amax(dim=1, keepdim=True)
     s = amax_scale(amax, elem, pow2, amax_floor)
     scaled = x2 * s
-    out2 = _round_elem(scaled, elem, eager) * (1.0 / s)
+    out2 = (_round_elem(scaled, elem, eager) * torch.reciprocal(s)).clamp(-_F32_MAX, _F32_MAX)
     out2 = out2 * ((amax - amax) + 1.0)  # 1 for a finite group, NaN for a NaN/inf one
     if not with_counts:
         return out2.view(-1)
@@ -236,8 +257,9 @@ def _kernel(granularity: str, elem: ElementFormat, mode: str, pow2: bool, amax_f
 def _flatten(x: torch.Tensor, granularity: str) -> tuple[torch.Tensor, tuple[int, int, int]]:
     """fp32, flat, zero-padded to whole blocks; returns the layout needed to undo it."""
     xf = x.detach().to(torch.float32)
+    # flat tensors are detached last: a view's ``_base`` makes Dynamo guard on the base's shape
     if granularity == "tensor":
-        return xf.reshape(-1), (0, 0, 0)
+        return xf.reshape(-1).detach(), (0, 0, 0)
     block = _BLOCK[granularity]
     if granularity == "mx32":
         rows, cols = 1, xf.numel()
@@ -248,7 +270,7 @@ def _flatten(x: torch.Tensor, granularity: str) -> tuple[torch.Tensor, tuple[int
     pad = -cols % block
     if pad:
         x2 = F.pad(x2, (0, pad))
-    return x2.reshape(-1), (rows, cols, pad)
+    return x2.reshape(-1).detach(), (rows, cols, pad)
 
 
 def block_round(x: torch.Tensor, fmt: str = "e4m3", granularity: str = "mx32", *,
@@ -313,8 +335,8 @@ def count_flush_saturate(x_before: torch.Tensor, x_after: torch.Tensor, fmt_max:
     rounding use ``block_round(..., counts=True)``: there the threshold is per block.
     Both tensors must have the same shape; counts are 0-d int64 tensors (no host sync).
     """
-    before = x_before.detach().reshape(-1).float()
-    after = x_after.detach().reshape(-1).float()
+    before = x_before.reshape(-1).float().detach()
+    after = x_after.reshape(-1).float().detach()
     if before.shape != after.shape:
         raise ValueError(f"shapes differ: {tuple(x_before.shape)} vs {tuple(x_after.shape)}")
     if before.numel() < 2:

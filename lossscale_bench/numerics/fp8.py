@@ -269,7 +269,9 @@ def round_fp8(x: torch.Tensor, fmt: str | Fp8Spec, saturate: bool | None = None,
         return _cast_eager(x, spec, saturate)
     if x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
         raise TypeError(f"round_fp8 takes floating-point tensors, not {x.dtype}")
-    flat = x.reshape(-1).to(torch.float32)
+    # detach *after* reshaping: a view's ``_base`` would make Dynamo guard on the base's shape
+    # and recompile for every new base shape
+    flat = x.reshape(-1).to(torch.float32).detach()
     out = _round_f32(flat, spec, saturate, impl)
     return out.reshape(x.shape).to(x.dtype)
 
