@@ -50,8 +50,11 @@ def _fetch_hint(ds) -> str:
 
 
 def path_problems(study) -> list[StudyError]:
-    """One :class:`StudyError` per path of ``study`` that is missing here, or for data that is there
-    but unusable (:func:`.data_check.data_problems`); empty: the study can run here."""
+    """One :class:`StudyError` per path of ``study`` that is missing here (empty: every path is there).
+
+    When the data's paths are all there and what they hold is unusable
+    (:func:`.data_check.data_problems`), that :class:`StudyError` is raised.
+    """
     src = study.source
     out: list[StudyError] = []
     ds = study.dataset
@@ -70,7 +73,10 @@ def path_problems(study) -> list[StudyError]:
                                           f"{'folder' if kind == 'dir' else 'file'} not found: {path}"
                                           f"{_fetch_hint(ds)}"))
         if not out:  # every path is there: is what they hold usable (not empty, no bad annotation)?
-            out += data_problems(study)
+            # raised, not listed: the data is here, so `validate`'s "a study meant for another
+            # machine? try --schema-only" advice after path problems does not apply
+            for problem in data_problems(study):
+                raise problem
     weights = study.model_options.backbone_weights
     if weights is not None and not os.path.isfile(weights):
         what = "not a file" if os.path.exists(weights) else "file not found"
