@@ -103,6 +103,44 @@ def test_voc_fingerprint_follows_the_split_lists_and_annotations(voc_folders, tm
     assert data_fingerprint({**cfg, "val_split": "val"}) != third
 
 
+def test_an_annotation_edit_of_the_same_byte_length_is_another_trial(voc_folders, tmp_path):
+    """Issue 19.3: the XMLs are hashed, not sized; a fix of the same length (difficult 0 -> 1, a box
+    37 -> 73) kept the id and the old result was reused as "already finished"."""
+    a, _, _ = voc_folders
+    d = tmp_path / "v"
+    shutil.copytree(a, d)
+    (before,) = _voc_study(d).trials()
+    xml = sorted((d / "Annotations").glob("*.xml"))[0]
+    st = xml.stat()
+    text = xml.read_text()
+    assert "<difficult>0</difficult>" in text
+    xml.write_text(text.replace("<difficult>0</difficult>", "<difficult>1</difficult>", 1))
+    os.utime(xml, ns=(st.st_atime_ns, st.st_mtime_ns))  # same size, same mtime: only the content differs
+    assert xml.stat().st_size == st.st_size and xml.stat().st_mtime_ns == st.st_mtime_ns
+    (after,) = _voc_study(d).trials()
+    assert after.fingerprint["data"].startswith("voc:") and after.fingerprint != before.fingerprint
+    assert after.trial_id != before.trial_id
+
+
+def test_the_bad_annotations_policy_is_not_part_of_the_id(voc_folders):
+    """error and drop train the same on clean data, and error gives no result on bad data: one id."""
+    a, _, _ = voc_folders
+    (plain,) = _voc_study(a).trials()
+    drop = load_study_text(f"""
+name: tinyvoc
+dataset: {{name: voc, root: {a}, classes: [square, disc], bad_annotations: drop}}
+model: [ssd_tiny]
+model_options: {{width: 8, image_size: 64}}
+batch_size: [2]
+precision: fp32
+scaling: [{{method: none}}]
+schedule: {{iterations: 2, lr: 1.0e-3}}
+eval: {{metric: voc07}}
+""").trials()[0]
+    assert drop.dataset["bad_annotations"] == "drop" and plain.dataset["bad_annotations"] == "error"
+    assert drop.trial_id == plain.trial_id
+
+
 def test_missing_data_and_weights_give_markers_that_no_real_fingerprint_has(tmp_path, voc_folders):
     a, _, _ = voc_folders
     assert data_fingerprint({"name": "voc", "root": str(tmp_path / "none"), "classes": ["x"]}) == MISSING
@@ -173,17 +211,20 @@ def test_voc_fingerprint_of_many_images_is_cheap(tmp_path):
 
 
 def test_fingerprint_reads_the_sources_the_loader_reads(voc_folders, tmp_path):
-    """study/fingerprint.py repeats data/voc.py's source rules (that module imports torch): they must agree."""
+    """One definition of the VOC layout (study/voc_layout.py), used by the loader and the fingerprint
+    (issue 17: they were two copies that had to be kept in step)."""
     from lossscale_bench.data import voc as data_voc
-    from lossscale_bench.study import fingerprint
+    from lossscale_bench.study import fingerprint, paths, voc_layout
 
+    assert fingerprint.voc_sources is data_voc.voc_sources is voc_layout.voc_sources
+    assert data_voc.resolve_devkit is voc_layout.resolve_devkit and paths.required_paths is voc_layout.required_paths
     a, _, _ = voc_folders
     devkit = tmp_path / "VOCdevkit"
     for year in ("VOC2007", "VOC2012"):
         shutil.copytree(a, devkit / year)
-    for cfg in ({"name": "voc", "root": str(a), "train_split": "train+val", "val_split": "test"},
-                {"name": "voc0712", "root": str(tmp_path)}, {"name": "voc0712", "root": str(devkit)}):
-        assert fingerprint.voc_sources(cfg) == data_voc.voc_sources(cfg)
+    train, val = voc_layout.voc_sources({"name": "voc0712", "root": str(tmp_path)})
+    assert train == [(devkit / "VOC2007", "trainval"), (devkit / "VOC2012", "trainval")]
+    assert val == [(devkit / "VOC2007", "test")]
 
 
 def test_every_option_that_changes_a_result_changes_the_id():

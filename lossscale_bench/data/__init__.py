@@ -18,7 +18,7 @@ from typing import Iterator
 import torch
 from torch.utils.data import DataLoader, Sampler
 
-from .coco import CocoDetection, DataNotFound, FakeCocoDetection, fake_coco
+from .coco import CocoDetection, DataNotFound, FakeCocoDetection, fake_coco, require_ground_truth
 from .synthetic import CLASSES as SYNTHETIC_CLASSES
 from .synthetic import ensure_synthetic
 
@@ -144,7 +144,10 @@ def build_datasets(dataset_cfg, *, image_size: int | None = None, max_val_images
     ``fake_data: True`` needs no files (``fake_train_images`` 64, ``fake_val_images`` 16,
     ``num_classes`` 80, images of the config's ``image_size``, else the argument, else 300 px).
     Optional for both: ``hflip`` (True), ``max_train_images``, ``max_val_images``
-    (the argument wins over the config).
+    (the argument wins over the config). coco2017, voc, voc0712: ``bad_annotations``
+    (``error``, the default, or ``drop``: :mod:`lossscale_bench.study.annotations`).
+    An evaluation set without images or objects to score raises ``AnnotationError``
+    (a trial would otherwise finish with mAP 0.00).
     """
     cfg = _as_dict(dataset_cfg)
     name = cfg.get("name", "synthetic")
@@ -160,6 +163,7 @@ def build_datasets(dataset_cfg, *, image_size: int | None = None, max_val_images
         train = CocoDetection(paths["train_images"], paths["train_ann"], train=True, hflip=hflip,
                               max_images=max_train)
         val = CocoDetection(paths["val_images"], paths["val_ann"], train=False, max_images=max_val)
+        require_ground_truth(val, paths["val_ann"])
         return train, val, list(train.class_names)
 
     if name == "coco2017":
@@ -184,14 +188,17 @@ def build_datasets(dataset_cfg, *, image_size: int | None = None, max_val_images
         for key in ("train_ann", "val_ann"):
             if not paths[key].is_file():
                 raise DataNotFound(f"coco2017: annotation file not found: {paths[key]}")
+        policy = cfg.get("bad_annotations", "error")
         train = CocoDetection(paths["train_images"], paths["train_ann"], train=True, hflip=hflip,
-                              max_images=max_train)
+                              max_images=max_train, bad_annotations=policy)
         if cfg.get("augment", True):
             # the seeds' SSD recipe: photometric, zoom-out, IoU crop, flip (as for VOC)
             from .augment import AugmentedDataset, SSDAugment
 
             train = AugmentedDataset(train, SSDAugment(flip=hflip, out_size=image_size))
-        val = CocoDetection(paths["val_images"], paths["val_ann"], train=False, max_images=max_val)
+        val = CocoDetection(paths["val_images"], paths["val_ann"], train=False, max_images=max_val,
+                            bad_annotations=policy)
+        require_ground_truth(val, paths["val_ann"])
         return train, val, list(train.class_names)
 
     if name in ("voc", "voc0712"):

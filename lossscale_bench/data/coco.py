@@ -16,17 +16,32 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
 from pathlib import Path
 
 import torch
 from torch.utils.data import Dataset
 
+from ..study.annotations import AnnotationError, Drops
+from ..study.coco_annotations import index_coco, load_coco_json
 from .transforms import clip_boxes, flip_decision, hflip, read_image, valid_box_mask, xywh_to_xyxy
 
 
 class DataNotFound(FileNotFoundError):
     """A data set folder or annotation file is missing; the message names the path looked at."""
+
+
+def require_ground_truth(val, source) -> None:
+    """Refuse an evaluation set that cannot give a real mAP (no image, or no object a metric counts).
+
+    Such a set used to give a *finished* trial with mAP 0.00; ``lsbench validate`` catches the
+    usual cases before training, this catches the rest (``eval.max_images`` images without
+    objects, data changed since): the trial fails with this line, naming ``source``.
+    """
+    if len(val) == 0:
+        raise AnnotationError(source, "", "the evaluation split has no images: nothing to score", droppable=False)
+    if getattr(val, "objects_scored", 1) == 0:
+        raise AnnotationError(source, "", f"no objects to score (none, or only difficult/crowd ones) in the {len(val)} "
+                              "evaluated images: mAP would be 0", droppable=False)
 
 
 def silent_coco(dataset: dict):
@@ -68,12 +83,21 @@ class CocoDetection(_SeededFlip, Dataset):
     (p=0.5) when ``hflip``. ``train=False`` keeps every image (in id order)
     and never flips. ``max_images`` keeps the first images by id.
     ``skipped_boxes`` counts non-crowd boxes dropped as degenerate (width or
-    height <= 1 px after clipping to the image).
+    height <= 1 px after clipping to the image), plus the bad ones dropped.
+
+    A file that is not a COCO file, or a bad annotation record (an unknown
+    category or image, a bbox that is not four finite numbers, negative or
+    wholly outside the image: :mod:`lossscale_bench.study.coco_annotations`),
+    raises an ``AnnotationError`` naming the file and the record; with
+    ``bad_annotations="drop"`` bad records are dropped and counted instead
+    (``dropped_annotations`` by reason, ``unknown_objects`` by category id),
+    also from what pycocotools scores.
     """
 
     supports_aug_seed = True
 
-    def __init__(self, image_dir, ann_file, *, train: bool, hflip: bool = True, max_images=None) -> None:
+    def __init__(self, image_dir, ann_file, *, train: bool, hflip: bool = True, max_images=None,
+                 bad_annotations: str = "error") -> None:
         self.image_dir = Path(image_dir).expanduser()
         self.ann_file = Path(ann_file).expanduser()
         if not self.image_dir.is_dir():
@@ -82,56 +106,67 @@ class CocoDetection(_SeededFlip, Dataset):
             raise DataNotFound(f"annotation file not found: {self.ann_file}")
         self.train = bool(train)
         self.hflip = bool(hflip) and self.train
-        with open(self.ann_file) as f:
-            self._data = json.load(f)
+        self._drops = Drops(bad_annotations)
+        data = load_coco_json(self.ann_file)
+        index = index_coco(data, self.ann_file, self._drops, evaluation=not self.train)
+        self._gt = {**data, "annotations": index.kept}  # what pycocotools scores: the records kept
         self._coco = None
-
-        cats = sorted(self._data.get("categories", []), key=lambda c: c["id"])
-        self.label_to_cat: dict[int, int] = {i: int(c["id"]) for i, c in enumerate(cats, start=1)}
+        self.label_to_cat: dict[int, int] = {i: c for i, (c, _) in enumerate(index.categories, start=1)}
         self.cat_to_label: dict[int, int] = {c: l for l, c in self.label_to_cat.items()}
-        self.class_names: list[str] = [str(c["name"]) for c in cats]
-
-        images = {int(im["id"]): im for im in self._data.get("images", [])}
-        per_image: dict[int, list] = {i: [] for i in images}
-        for ann in self._data.get("annotations", []):
-            if int(ann["image_id"]) in per_image:
-                per_image[int(ann["image_id"])].append(ann)
-
-        self.skipped_boxes = 0
+        self.class_names: list[str] = [n for _, n in index.categories]
+        self.skipped_boxes = self._drops.total
         self.crowd_boxes = 0
         self._records = []
-        for img_id in sorted(images):
-            im = images[img_id]
-            boxes, labels = [], []
-            for ann in per_image[img_id]:
-                if ann.get("iscrowd", 0):
-                    self.crowd_boxes += 1
-                    continue
-                if int(ann["category_id"]) not in self.cat_to_label:
-                    self.skipped_boxes += 1
-                    continue
-                boxes.append(ann["bbox"])
-                labels.append(self.cat_to_label[int(ann["category_id"])])
-            w, h = int(im["width"]), int(im["height"])
-            b = xywh_to_xyxy(torch.tensor(boxes, dtype=torch.float32).reshape(-1, 4))
-            b = clip_boxes(b, w, h)
-            keep = valid_box_mask(b, 1.0)
-            self.skipped_boxes += int((~keep).sum())
-            rec = {"id": img_id, "file_name": im["file_name"], "width": w, "height": h,
-                   "boxes": b[keep], "labels": torch.tensor(labels, dtype=torch.int64)[keep]}
+        for img_id in sorted(index.images):
+            rec = self._record(index.images[img_id], index.per_image[img_id])
             if self.train and len(rec["labels"]) == 0:
                 continue
             self._records.append(rec)
             if max_images is not None and len(self._records) >= int(max_images):
                 break
+        if self.train and index.images and not self._records:
+            raise AnnotationError(self.ann_file, "", "no image has an annotation (other than crowd) of its "
+                                  "categories: nothing to train on", droppable=False)
         self.image_ids: list[int] = [r["id"] for r in self._records]
+
+    def _record(self, im: dict, anns: list) -> dict:
+        """One image's targets: crowd boxes counted and left out, boxes clipped, degenerate ones skipped."""
+        boxes, labels = [], []
+        for ann in anns:
+            if ann.get("iscrowd", 0):
+                self.crowd_boxes += 1
+                continue
+            boxes.append(ann["bbox"])
+            labels.append(self.cat_to_label[int(ann["category_id"])])
+        w, h = int(im["width"]), int(im["height"])
+        b = xywh_to_xyxy(torch.tensor(boxes, dtype=torch.float32).reshape(-1, 4))
+        b = clip_boxes(b, w, h)
+        keep = valid_box_mask(b, 1.0)
+        self.skipped_boxes += int((~keep).sum())
+        return {"id": int(im["id"]), "file_name": im["file_name"], "width": w, "height": h,
+                "boxes": b[keep], "labels": torch.tensor(labels, dtype=torch.int64)[keep], "objects_scored": len(labels)}
+
+    @property
+    def dropped_annotations(self) -> dict[str, int]:
+        """Bad annotation records dropped (``bad_annotations="drop"``), by reason."""
+        return self._drops.as_dict()
+
+    @property
+    def unknown_objects(self):
+        """Records dropped for a category outside the file's categories, by category id."""
+        return self._drops.unknown_names
+
+    @property
+    def objects_scored(self) -> int:
+        """Annotations pycocotools scores (not crowd) on the images kept."""
+        return sum(r["objects_scored"] for r in self._records)
 
     # ------------------------------------------------------------------
     @property
     def coco(self):
         """pycocotools ``COCO`` of the whole annotation file (built on first use, silently)."""
         if self._coco is None:
-            self._coco = silent_coco(self._data)
+            self._coco = silent_coco(self._gt)
         return self._coco
 
     @property

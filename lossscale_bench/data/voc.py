@@ -36,71 +36,22 @@ from PIL import Image
 from torch.utils.data import Dataset
 
 from ..registry import VOC_CLASSES
-from .coco import DataNotFound
+from ..study.annotations import Drops
+from ..study.voc_annotations import parse_voc
+from ..study.voc_layout import (annotation_file, image_candidates, read_split_ids, required_paths, resolve_devkit,
+                                split_list, split_names, voc_sources)
+from .coco import DataNotFound, require_ground_truth
 from .transforms import flip_decision, hflip, read_image
 
 __all__ = ["VOCDetection", "VOC_CLASSES", "resolve_devkit", "voc_sources", "voc_required_paths",
            "build_voc_datasets", "make_tiny_voc", "FETCH_VOC"]
 
-_IMAGE_EXTS = (".jpg", ".jpeg", ".png", ".JPG", ".JPEG", ".PNG", ".bmp")
 FETCH_VOC = "lsbench data voc --root {root}"
-
-
-def _split_names(split: str) -> list[str]:
-    names = [s.strip() for s in str(split).split("+") if s.strip()]
-    if not names:
-        raise ValueError(f"empty split name {split!r}")
-    return names
-
-
-def resolve_devkit(root) -> Path:
-    """The folder holding ``VOC2007``/``VOC2012``: ``root`` itself or ``root/VOCdevkit``."""
-    root = Path(root).expanduser()
-    for cand in (root, root / "VOCdevkit"):
-        if (cand / "VOC2007").is_dir() or (cand / "VOC2012").is_dir():
-            return cand
-    return root / "VOCdevkit" if (root / "VOCdevkit").is_dir() else root
-
-
-def _voc0712_sources(cfg: dict) -> tuple[list[tuple[Path, str]], list[tuple[Path, str]]]:
-    devkit = resolve_devkit(cfg["root"])
-    train_split = cfg.get("train_split", "trainval")
-    val_split = cfg.get("val_split", "test")
-    train = [(devkit / "VOC2007", train_split), (devkit / "VOC2012", train_split)]
-    val = [(devkit / "VOC2007", val_split)]
-    return train, val
-
-
-def _voc_sources(cfg: dict) -> tuple[list[tuple[Path, str]], list[tuple[Path, str]]]:
-    root = Path(cfg["root"]).expanduser()
-    return [(root, cfg.get("train_split", "trainval"))], [(root, cfg.get("val_split", "test"))]
-
-
-def voc_sources(cfg: dict):
-    """``(train_sources, val_sources)``: lists of ``(year dir, split)`` for a ``voc``/``voc0712`` config."""
-    return _voc0712_sources(cfg) if cfg.get("name") == "voc0712" else _voc_sources(cfg)
 
 
 def voc_required_paths(cfg: dict) -> list[Path]:
     """Every folder and split list a ``voc``/``voc0712`` study needs, in the order worth reporting."""
-    train, val = voc_sources(cfg)
-    out: list[Path] = []
-    for year_dir, split in train + val:
-        for p in (year_dir / "Annotations", year_dir / "JPEGImages"):
-            if p not in out:
-                out.append(p)
-        for name in _split_names(split):
-            p = year_dir / "ImageSets" / "Main" / f"{name}.txt"
-            if p not in out:
-                out.append(p)
-    return out
-
-
-def _text(node, tag: str, default=None):
-    child = node.find(tag)
-    if child is None or child.text is None:
-        return default
-    return child.text.strip()
+    return [p for p, _ in required_paths(cfg)]
 
 
 class VOCDetection(Dataset):
@@ -111,15 +62,21 @@ class VOCDetection(Dataset):
     (image, target)``, e.g. :class:`~.augment.SSDAugment`) is applied, or
     else a horizontal flip with p 0.5 when ``hflip``. ``train=False`` keeps
     everything, flags difficult objects and never transforms. ``max_images``
-    keeps the first images. Objects of other classes are skipped and counted
-    in ``unknown_objects`` (a ``Counter`` by name).
+    keeps the first images.
+
+    Bad annotations (a class outside ``classes``, an impossible, non-finite or
+    wholly-outside box: :mod:`lossscale_bench.study.annotations`) raise an
+    ``AnnotationError`` naming file, object and value, or with
+    ``bad_annotations="drop"`` are dropped and counted: ``dropped_annotations``
+    by reason, ``unknown_objects`` by class name, ``skipped_boxes`` (the boxes
+    dropped), the attributes the trial's run tags report.
     """
 
     supports_aug_seed = True
 
     def __init__(self, sources: Sequence[tuple], classes: Sequence[str], *, train: bool,
                  use_difficult: bool | None = None, augment: Callable | None = None, hflip: bool = True,
-                 max_images=None) -> None:
+                 max_images=None, bad_annotations: str = "error") -> None:
         self.class_names = [str(c) for c in classes]
         if not self.class_names:
             raise ValueError("VOCDetection: the class list is empty")
@@ -129,28 +86,48 @@ class VOCDetection(Dataset):
         self.augment = augment if self.train else None
         self.hflip = bool(hflip) and self.train and self.augment is None
         self.sources = [(Path(d).expanduser(), str(s)) for d, s in sources]
-        self.unknown_objects: Counter = Counter()
-        self.skipped_boxes = 0
+        self._drops = Drops(bad_annotations)
         self.dropped_difficult = 0
         self._records: list[dict] = []
         for year_dir, split in self.sources:
-            for name in _split_names(split):
+            names = split_names(split)
+            if not names:
+                raise ValueError(f"empty split name {split!r}")
+            for name in names:
                 self._read_split(year_dir, name, max_images)
                 if max_images is not None and len(self._records) >= int(max_images):
                     break
         self.image_ids = list(range(len(self._records)))
 
+    @property
+    def dropped_annotations(self) -> dict[str, int]:
+        """Bad annotations dropped (``bad_annotations="drop"``), by reason."""
+        return self._drops.as_dict()
+
+    @property
+    def unknown_objects(self) -> Counter:
+        """Objects dropped for a class outside the class list, by name."""
+        return self._drops.unknown_names
+
+    @property
+    def objects_scored(self) -> int:
+        """Objects a VOC metric counts (not difficult), over the images kept."""
+        return sum(int((~r["difficult"]).sum()) for r in self._records)
+
+    @property
+    def skipped_boxes(self) -> int:
+        """Objects dropped for their box (impossible, non-finite, outside the image, missing)."""
+        return self._drops.total - sum(self._drops.unknown_names.values())
+
     # ------------------------------------------------------------------
     def _read_split(self, year_dir: Path, split: str, max_images) -> None:
-        list_file = year_dir / "ImageSets" / "Main" / f"{split}.txt"
+        list_file = split_list(year_dir, split)
         if not list_file.is_file():
             raise DataNotFound(f"VOC split list not found: {list_file}")
-        ann_dir = year_dir / "Annotations"
-        ids = [line.split()[0] for line in list_file.read_text().splitlines() if line.strip()]
-        for img_id in ids:
+        for img_id in read_split_ids(list_file):
             if max_images is not None and len(self._records) >= int(max_images):
                 return
-            rec = self._parse(year_dir, ann_dir / f"{img_id}.xml", img_id)
+            rec = self._parse(year_dir, annotation_file(year_dir, img_id), img_id)
             if self.train and len(rec["labels"]) == 0:
                 continue
             self._records.append(rec)
@@ -158,53 +135,19 @@ class VOCDetection(Dataset):
     def _parse(self, year_dir: Path, xml_path: Path, img_id: str) -> dict:
         if not xml_path.is_file():
             raise DataNotFound(f"VOC annotation not found: {xml_path}")
-        try:
-            tree = ET.parse(xml_path).getroot()
-        except ET.ParseError as exc:
-            raise ValueError(f"VOC annotation {xml_path} is not valid XML: {exc}") from None
-        size = tree.find("size")
-        width = int(float(_text(size, "width", 0) or 0)) if size is not None else 0
-        height = int(float(_text(size, "height", 0) or 0)) if size is not None else 0
-        boxes, labels, difficult = [], [], []
-        for obj in tree.iter("object"):
-            name = _text(obj, "name", "")
-            if name not in self._label:
-                self.unknown_objects[name] += 1
-                continue
-            diff = bool(int(float(_text(obj, "difficult", "0") or 0)))
-            if diff and not self.use_difficult:
-                self.dropped_difficult += 1
-                continue
-            bb = obj.find("bndbox")
-            if bb is None:
-                self.skipped_boxes += 1
-                continue
-            try:
-                xmin, ymin, xmax, ymax = (float(_text(bb, t)) for t in ("xmin", "ymin", "xmax", "ymax"))
-            except (TypeError, ValueError):
-                self.skipped_boxes += 1
-                continue
-            box = [xmin - 1.0, ymin - 1.0, xmax, ymax]
-            if width > 0 and height > 0:
-                box = [min(max(box[0], 0.0), width), min(max(box[1], 0.0), height),
-                       min(max(box[2], 0.0), width), min(max(box[3], 0.0), height)]
-            if box[2] - box[0] <= 0 or box[3] - box[1] <= 0:
-                self.skipped_boxes += 1
-                continue
-            boxes.append(box)
-            labels.append(self._label[name])
-            difficult.append(diff)
-        return {"dir": year_dir, "id": img_id, "file_name": _text(tree, "filename"), "width": width,
-                "height": height, "boxes": torch.tensor(boxes, dtype=torch.float32).reshape(-1, 4),
-                "labels": torch.tensor(labels, dtype=torch.int64),
-                "difficult": torch.tensor(difficult, dtype=torch.bool)}
+        ann = parse_voc(xml_path, self._label, self._drops)
+        objects = ann["objects"]
+        if not self.use_difficult:
+            self.dropped_difficult += sum(1 for *_, diff in objects if diff)
+            objects = [o for o in objects if not o[2]]
+        return {"dir": year_dir, "id": img_id, "file_name": ann["file_name"], "width": ann["width"],
+                "height": ann["height"],
+                "boxes": torch.tensor([o[1] for o in objects], dtype=torch.float32).reshape(-1, 4),
+                "labels": torch.tensor([o[0] for o in objects], dtype=torch.int64),
+                "difficult": torch.tensor([o[2] for o in objects], dtype=torch.bool)}
 
     def _image_path(self, rec: dict) -> Path:
-        img_dir = rec["dir"] / "JPEGImages"
-        cands = [img_dir / f"{rec['id']}.jpg"]
-        if rec.get("file_name"):
-            cands.append(img_dir / rec["file_name"])
-        cands += [img_dir / f"{rec['id']}{ext}" for ext in _IMAGE_EXTS[1:]]
+        cands = image_candidates(rec["dir"], rec["id"], rec.get("file_name"))
         for p in cands:
             if p.is_file():
                 return p
@@ -279,14 +222,16 @@ def build_voc_datasets(cfg: dict, *, image_size: int | None = None, max_val_imag
     hflip_on = bool(cfg.get("hflip", True))
     augment = SSDAugment(flip=hflip_on, out_size=image_size) if cfg.get("augment", True) else None
     max_val = max_val_images if max_val_images is not None else cfg.get("max_val_images")
+    policy = cfg.get("bad_annotations", "error")
     train = VOCDetection(train_src, classes, train=True, augment=augment, hflip=hflip_on,
-                         max_images=cfg.get("max_train_images"))
+                         max_images=cfg.get("max_train_images"), bad_annotations=policy)
     if len(train) == 0:
         seen = ", ".join(f"{k!r}" for k, _ in train.unknown_objects.most_common(5))
         raise DataNotFound(f"dataset {name}: no objects of the classes {classes[:5]}{'...' if len(classes) > 5 else ''} "
                            f"in {', '.join(f'{d}/{s}' for d, s in train_src)}"
                            + (f"; names found: {seen}" if seen else ""))
-    val = VOCDetection(val_src, classes, train=False, max_images=max_val)
+    val = VOCDetection(val_src, classes, train=False, max_images=max_val, bad_annotations=policy)
+    require_ground_truth(val, " + ".join(str(split_list(d, n)) for d, s in val_src for n in split_names(s)))
     return train, val, list(classes)
 
 

@@ -11,15 +11,22 @@ the same data sits under other paths on other machines. So the trial id
 fingerprints of what is under them.
 
 What is fingerprinted is exactly what the loaders read (``data/voc.py``,
-``data/__init__.py``), cheaply:
+``data/__init__.py``; VOC's file rules are :mod:`.voc_layout`, shared with the
+loader), cheaply:
 
 * ``voc`` / ``voc0712``: for every (year folder, split) of the training and
   the evaluation side, the split list's sha256, and for each image id in it
-  the size of ``Annotations/<id>.xml`` and of the image file. Sizes, not
-  contents, of the 2 x ~20k small files: an edit that keeps every file's size
-  goes unnoticed, the price of a check that costs 0.2 s for VOC07+12's 16k
-  listed images (two ``stat`` calls each; measured on 2 busy cores) instead of
-  reading every file (``tests/test_identity.py`` keeps an eye on it).
+  the sha256 of ``Annotations/<id>.xml`` (its *content*: a box edited from
+  ``37`` to ``73`` keeps the file's size, and used to keep the trial id, so the
+  old result was reused for other data) and the size of the image file.
+  Images by size (and name), not content: VOC07+12's 16.5k JPEGs are 0.9 GB,
+  seconds to hash at best and a minute from a cold disk, on every ``validate``
+  and ``run``; a JPEG edited without changing its size is a far rarer event
+  than an annotation fix. The XMLs cost 0.3 s for VOC07+12's 21.5k listed
+  files with a warm page cache and about 1 s cold (2 busy cores;
+  ``benchmarks/fingerprint_speed.py``, ``docs/benchmarks.md``), which needs no
+  cache: a cache keyed by (path, size, mtime) would still ``stat`` every file
+  and save only the reads.
 * ``coco2017``: the sha256 of both annotation JSONs (what every box comes
   from) and the names and sizes in ``train2017/`` and ``val2017/``.
 * ``synthetic`` and ``coco2017`` with ``fake_data``: nothing; the data is
@@ -48,12 +55,13 @@ import stat
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
+from .voc_layout import annotation_file, image_candidates, read_split_ids, split_list, split_names, voc_sources
+
 __all__ = ["MISSING", "data_fingerprint", "weights_fingerprint", "file_sha256", "voc_sources", "trial_fingerprint"]
 
 #: the marker of a root or file that is not there; no real fingerprint has this form
 MISSING = "missing"
 _INCOMPLETE = "incomplete:"
-_IMAGE_EXTS = (".jpg", ".jpeg", ".png", ".JPG", ".JPEG", ".PNG", ".bmp")
 _DIGEST_LEN = 16  # hex characters kept: 64 bits, plenty to tell data sets apart
 
 # (realpath, size, mtime_ns) -> sha256 hex
@@ -104,32 +112,22 @@ def _digest(lines: Iterable[str]) -> str:
 # --------------------------------------------------------------------------- VOC
 
 
-def _split_names(split: str) -> list[str]:
-    return [s.strip() for s in str(split).split("+") if s.strip()]
+def _content_digest(path: str) -> Optional[str]:
+    """sha256 (first 16 hex) of a small file's bytes, None when it is not a readable regular file.
+
+    Not :func:`file_sha256`: its realpath and cache bookkeeping cost more than reading a 1 kB XML.
+    """
+    try:
+        with open(path, "rb") as f:
+            return hashlib.sha256(f.read()).hexdigest()[:_DIGEST_LEN]
+    except (OSError, ValueError):
+        return None
 
 
-def _resolve_devkit(root: Path) -> Path:
-    # the same rule as data.voc.resolve_devkit (tests check the two agree): that module imports torch
-    for cand in (root, root / "VOCdevkit"):
-        if (cand / "VOC2007").is_dir() or (cand / "VOC2012").is_dir():
-            return cand
-    return root / "VOCdevkit" if (root / "VOCdevkit").is_dir() else root
-
-
-def voc_sources(cfg: dict) -> tuple[list[tuple[Path, str]], list[tuple[Path, str]]]:
-    """``(train, val)`` lists of (year folder, split) of a voc/voc0712 section, as ``data.voc.voc_sources``."""
-    root = Path(str(cfg["root"])).expanduser()
-    train_split, val_split = cfg.get("train_split", "trainval"), cfg.get("val_split", "test")
-    if cfg.get("name") == "voc0712":
-        devkit = _resolve_devkit(root)
-        return ([(devkit / "VOC2007", train_split), (devkit / "VOC2012", train_split)],
-                [(devkit / "VOC2007", val_split)])
-    return [(root, train_split)], [(root, val_split)]
-
-
-def _image_size(img_dir: str, img_id: str) -> int:
-    for ext in _IMAGE_EXTS:
-        n = _size(f"{img_dir}/{img_id}{ext}")
+def _image_size(year_dir: Path, img_id: str) -> int:
+    """The size of the first image candidate there (as the loader looks, but the XML's <filename>)."""
+    for p in image_candidates(year_dir, img_id):
+        n = _size(str(p))
         if n >= 0:
             return n
     return -1
@@ -146,23 +144,18 @@ def _voc(cfg: dict) -> str:
         for year_dir, split in sources:
             # the year folder by its name (VOC2007), never by its path
             where = year_dir.name if cfg.get("name") == "voc0712" else "."
-            for name in _split_names(split):
-                list_file = year_dir / "ImageSets" / "Main" / f"{name}.txt"
+            for name in split_names(split):
+                list_file = split_list(year_dir, name)
                 digest = file_sha256(list_file)
                 lines.append(f"{side} {where} {name} {digest or MISSING}")
                 if digest is None:
                     complete = False
                     continue
-                text = list_file.read_text(errors="replace")
-                ann_dir, img_dir = str(year_dir / "Annotations"), str(year_dir / "JPEGImages")
-                for line in text.splitlines():
-                    if not line.strip():
-                        continue
-                    img_id = line.split()[0]
-                    ann = _size(f"{ann_dir}/{img_id}.xml")
-                    img = _image_size(img_dir, img_id)
-                    complete = complete and ann >= 0 and img >= 0
-                    lines.append(f"{img_id} {ann} {img}")
+                for img_id in read_split_ids(list_file):
+                    ann = _content_digest(str(annotation_file(year_dir, img_id)))
+                    img = _image_size(year_dir, img_id)
+                    complete = complete and ann is not None and img >= 0
+                    lines.append(f"{img_id} {ann or MISSING} {img}")
     digest = _digest(lines)
     return f"voc:{digest}" if complete else f"{_INCOMPLETE}{digest}"
 

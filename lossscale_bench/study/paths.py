@@ -7,12 +7,15 @@ path-like field of the schema (``dataset.root``, ``model_options.backbone_weight
 with ``os.path`` alone (this package stays free of torch), and returns one
 :class:`StudyError` per missing path, naming the file, the field and the path.
 
-What a dataset root must hold mirrors the data loaders (``lossscale_bench.data``:
-``prepare_dataset``, ``voc_required_paths``, ``_coco2017_paths``), which this
-layer may not import; ``tests/study/test_hostile_input.py`` checks that the two
-agree on a real VOC folder. Paths that need not exist: a synthetic root (the
-set is generated there on first use) and a ``coco2017`` root with
-``fake_data: true`` (never read). No dataset of the schema downloads itself:
+What a dataset root must hold: VOC's folders and split lists are defined once in
+:mod:`.voc_layout` (the VOC loader reads them from there); COCO's mirror
+``data._coco2017_paths``, which this layer may not import
+(``tests/study/test_hostile_input.py`` checks that they agree). When every path
+is there, :func:`.data_check.data_problems` looks inside: an empty or
+object-less evaluation split, or a bad annotation, is one line too.
+
+Paths that need not exist: a synthetic root (the set is generated there on
+first use) and a ``coco2017`` root with ``fake_data: true`` (never read). No dataset of the schema downloads itself:
 missing data is fetched with ``lsbench data``, which the message names.
 """
 
@@ -20,7 +23,10 @@ from __future__ import annotations
 
 import os
 
+from .data_check import data_problems
 from .errors import StudyError
+from .voc_layout import exists as _exists
+from .voc_layout import required_paths
 
 __all__ = ["path_problems", "check_paths"]
 
@@ -28,37 +34,9 @@ _COCO_NEEDS = (("annotations/instances_train2017.json", "file"), ("annotations/i
                ("train2017", "dir"), ("val2017", "dir"))
 
 
-def _exists(path: str, kind: str) -> bool:
-    return os.path.isdir(path) if kind == "dir" else os.path.isfile(path)
-
-
-def _splits(split: str) -> list[str]:
-    return [s.strip() for s in str(split).split("+") if s.strip()]
-
-
-def _devkit(root: str) -> str:
-    """As ``data.voc.resolve_devkit``: the folder holding VOC2007/VOC2012 is ``root`` or ``root/VOCdevkit``."""
-    for cand in (root, os.path.join(root, "VOCdevkit")):
-        if os.path.isdir(os.path.join(cand, "VOC2007")) or os.path.isdir(os.path.join(cand, "VOC2012")):
-            return cand
-    sub = os.path.join(root, "VOCdevkit")
-    return sub if os.path.isdir(sub) else root
-
-
 def _voc_needs(ds) -> list[tuple[str, str]]:
-    """(path, kind) a ``voc``/``voc0712`` dataset reads, in the order worth reporting (as ``voc_required_paths``)."""
-    if ds.name == "voc0712":
-        devkit = _devkit(ds.root)
-        sources = [(os.path.join(devkit, "VOC2007"), ds.train_split), (os.path.join(devkit, "VOC2012"), ds.train_split),
-                   (os.path.join(devkit, "VOC2007"), ds.val_split)]
-    else:
-        sources = [(ds.root, ds.train_split), (ds.root, ds.val_split)]
-    out: list[tuple[str, str]] = []
-    for year_dir, split in sources:
-        needs = [(os.path.join(year_dir, "Annotations"), "dir"), (os.path.join(year_dir, "JPEGImages"), "dir")]
-        needs += [(os.path.join(year_dir, "ImageSets", "Main", f"{s}.txt"), "file") for s in _splits(split)]
-        out += [n for n in needs if n not in out]
-    return out
+    """(path, kind) a ``voc``/``voc0712`` dataset reads, in the order worth reporting (:mod:`.voc_layout`)."""
+    return [(str(p), kind) for p, kind in required_paths(ds.model_dump())]
 
 
 def _fetch_hint(ds) -> str:
@@ -72,7 +50,11 @@ def _fetch_hint(ds) -> str:
 
 
 def path_problems(study) -> list[StudyError]:
-    """One :class:`StudyError` per path of ``study`` that is missing here (empty: every path is there)."""
+    """One :class:`StudyError` per path of ``study`` that is missing here (empty: every path is there).
+
+    When the data's paths are all there and what they hold is unusable
+    (:func:`.data_check.data_problems`), that :class:`StudyError` is raised.
+    """
     src = study.source
     out: list[StudyError] = []
     ds = study.dataset
@@ -90,6 +72,11 @@ def path_problems(study) -> list[StudyError]:
                     out.append(StudyError(src, "dataset.root", f"{ds.root} does not look like a {ds.name} dataset: "
                                           f"{'folder' if kind == 'dir' else 'file'} not found: {path}"
                                           f"{_fetch_hint(ds)}"))
+        if not out:  # every path is there: is what they hold usable (not empty, no bad annotation)?
+            # raised, not listed: the data is here, so `validate`'s "a study meant for another
+            # machine? try --schema-only" advice after path problems does not apply
+            for problem in data_problems(study):
+                raise problem
     weights = study.model_options.backbone_weights
     if weights is not None and not os.path.isfile(weights):
         what = "not a file" if os.path.exists(weights) else "file not found"

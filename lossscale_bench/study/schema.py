@@ -14,6 +14,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Fiel
     model_serializer, model_validator
 
 from ..registry import BACKEND_NAMES, DATASET_NAMES, EVAL_METRICS, MODEL_NAMES, PRECISIONS, VOC_CLASSES
+from .annotations import BAD_ANNOTATIONS
 from .errors import StudyError, _err, _fmt_num, _show
 from .fields import (_DEFAULT_SOURCE, _STRICT, Bool, Label, ListOf, NonNegInt, OptStr, PosFloat, PosInt, Str,
                      _as_list, _choice, _ctx_base_dir, _ctx_source, _mapping_or_empty, _number, _resolve_path)
@@ -47,6 +48,12 @@ class _DatasetBase(BaseModel):
         return self
 
 
+#: ``dataset.bad_annotations`` (voc, voc0712, coco2017): a bad annotation (a class outside the
+#: class list; an impossible, non-finite or wholly-outside box) is an error naming file, record and
+#: value, or is dropped and counted in the run's tags (:mod:`.annotations`)
+BadAnnotations = _choice("dataset.bad_annotations policy", BAD_ANNOTATIONS)
+
+
 class SyntheticDataset(_DatasetBase):
     name: Literal["synthetic"]
     root: OptStr = None
@@ -62,6 +69,7 @@ class VOCDataset(_DatasetBase):
     classes: ListOf(Str)  # type: ignore[valid-type]
     train_split: Str = "trainval"
     val_split: Str = "test"
+    bad_annotations: BadAnnotations = "error"  # type: ignore[valid-type]
 
 
 class VOC0712Dataset(_DatasetBase):
@@ -70,12 +78,14 @@ class VOC0712Dataset(_DatasetBase):
     classes: ListOf(Str) = Field(default_factory=lambda: list(VOC_CLASSES))  # type: ignore[valid-type]
     train_split: Str = "trainval"
     val_split: Str = "test"
+    bad_annotations: BadAnnotations = "error"  # type: ignore[valid-type]
 
 
 class COCODataset(_DatasetBase):
     name: Literal["coco2017"]
     root: OptStr = None
     fake_data: Bool = False
+    bad_annotations: BadAnnotations = "error"  # type: ignore[valid-type]
 
     @model_validator(mode="after")
     def _root_needed(self, info: ValidationInfo):

@@ -9,6 +9,7 @@ import torch
 from lossscale_bench.data.coco import DataNotFound
 from lossscale_bench.data.prepare import prepare_dataset
 from lossscale_bench.data.voc import VOCDetection, build_voc_datasets, make_tiny_voc, resolve_devkit
+from lossscale_bench.study.annotations import AnnotationError
 
 XML = """<annotation><filename>{id}.jpg</filename><size><width>40</width><height>30</height><depth>3</depth></size>
 <object><name>cat</name><difficult>0</difficult><bndbox><xmin>1</xmin><ymin>1</ymin><xmax>10</xmax><ymax>20</ymax></bndbox></object>
@@ -39,7 +40,10 @@ def _hand_written(tmp_path):
 
 def test_parsing_coordinates_and_difficult(tmp_path):
     d = _hand_written(tmp_path)
-    val = VOCDetection([(d, "test")], ["cat", "dog"], train=False)
+    # a zebra in a cat/dog data set is an error by default (issue 19), dropped and counted on request
+    with pytest.raises(AnnotationError, match=r"a2\.xml: object 3: class 'zebra' is not in dataset.classes"):
+        VOCDetection([(d, "test")], ["cat", "dog"], train=False)
+    val = VOCDetection([(d, "test")], ["cat", "dog"], train=False, bad_annotations="drop")
     assert len(val) == 2 and val.ids == ["a2", "a3"] and val.num_classes == 2
     img, t = val.load(0)
     assert img.shape == (3, 30, 40) and img.dtype == torch.float32
@@ -47,11 +51,11 @@ def test_parsing_coordinates_and_difficult(tmp_path):
     assert t["boxes"].tolist() == [[0.0, 0.0, 10.0, 20.0], [4.0, 5.0, 40.0, 30.0], [2.5, 3.0, 8.0, 9.0]]
     assert t["labels"].tolist() == [1, 2, 2] and t["difficult"].tolist() == [False, True, False]
     assert t["image_id"] == 0 and t["boxes"].dtype == torch.float32 and t["labels"].dtype == torch.int64
-    assert val.unknown_objects["zebra"] == 1
+    assert val.unknown_objects["zebra"] == 1 and val.dropped_annotations == {"unknown_class": 1}
     img3, t3 = val[1]  # png, only a difficult object: kept for evaluation
     assert img3.shape == (3, 30, 40) and t3["difficult"].tolist() == [True]
 
-    train = VOCDetection([(d, "train")], ["cat", "dog"], train=True, hflip=False)
+    train = VOCDetection([(d, "train")], ["cat", "dog"], train=True, hflip=False, bad_annotations="drop")
     # difficult objects are dropped for training, then a3 has none left and is dropped too
     assert len(train) == 1 and train.dropped_difficult == 2
     _, t = train[0]
@@ -144,8 +148,11 @@ def test_missing_data_names_the_path_and_the_fetch_command(tmp_path):
 def test_wrong_class_list_is_a_clear_error(tmp_path):
     d = tmp_path / "VOC2007"
     make_tiny_voc(d, {"trainval": 3, "test": 1}, classes=("square", "disc"))
-    with pytest.raises(DataNotFound, match="names found: 'square'|names found: 'disc'"):
+    with pytest.raises(AnnotationError, match=r"0000000\.xml: object 1: class '(square|disc)' is not in "
+                                              r"dataset\.classes \['cat', 'dog'\]"):
         build_voc_datasets({"name": "voc", "root": str(d), "classes": ["cat", "dog"]})
+    with pytest.raises(DataNotFound, match="names found: 'square'|names found: 'disc'"):
+        build_voc_datasets({"name": "voc", "root": str(d), "classes": ["cat", "dog"], "bad_annotations": "drop"})
 
 
 def test_numpy_free_targets_collate_with_the_loader(tmp_path):

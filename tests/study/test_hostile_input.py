@@ -239,8 +239,10 @@ def test_validate_names_missing_weights_and_data(tmp_path):
     (tmp_path / "weights" / "vgg16.pth").write_bytes(b"x")
     for rel in ("train2017", "val2017", "annotations"):
         (tmp_path / "coco" / rel).mkdir(parents=True)
-    for split in ("train", "val"):
-        (tmp_path / "coco" / "annotations" / f"instances_{split}2017.json").write_text("{}")
+    (tmp_path / "coco" / "annotations" / "instances_train2017.json").write_text("{}")  # read by the trial
+    (tmp_path / "coco" / "annotations" / "instances_val2017.json").write_text(  # read here: must hold objects
+        '{"images": [{"id": 1, "file_name": "1.jpg", "width": 9, "height": 9}], "categories": [{"id": 1, '
+        '"name": "a"}], "annotations": [{"id": 1, "image_id": 1, "category_id": 1, "bbox": [1, 1, 5, 5], "area": 25}]}')
     r = _cli("validate", f, cwd=tmp_path)
     assert r.returncode == 0 and f"{f}: ok, study" in r.stdout, r.stderr
 
@@ -265,11 +267,11 @@ def test_voc_paths_agree_with_the_voc_loader(tmp_path):
     from lossscale_bench.data.voc import make_tiny_voc, voc_required_paths
 
     devkit = tmp_path / "VOCdevkit"
-    make_tiny_voc(devkit / "VOC2007", {"trainval": 2, "test": 1})
-    make_tiny_voc(devkit / "VOC2012", {"trainval": 2})
+    make_tiny_voc(devkit / "VOC2007", {"trainval": 2, "test": 1}, classes=("cat", "dog"))  # VOC's own classes
+    make_tiny_voc(devkit / "VOC2012", {"trainval": 2}, classes=("cat", "dog"))
     voc0712 = load_study_text(BASE.replace("{name: synthetic}", f"{{name: voc0712, root: {devkit}}}"))
     voc = load_study_text(BASE.replace("{name: synthetic}", f"{{name: voc, root: {devkit / 'VOC2012'}, "
-                                       "classes: [square], train_split: trainval+train, val_split: val}"))
+                                       "classes: [cat, dog], train_split: trainval+train, val_split: val}"))
     assert path_problems(voc0712) == [] and path_problems(voc) == []
     for study, victim in ((voc0712, devkit / "VOC2012" / "JPEGImages"),
                           (voc0712, devkit / "VOC2007" / "ImageSets" / "Main" / "test.txt"),

@@ -1,0 +1,107 @@
+"""Is the study's data usable? Checked by ``lsbench validate`` and ``run`` before any trial starts.
+
+Why before: an empty evaluation split, or one without objects, trained for hours and then
+*finished* with mAP 0.00 (exit 0, no warning in the report); a class name in other case
+(``Square``) silently removed ground truth. Both are visible in the files, so they are one line
+and exit 2 now, not a result. The rules are the loaders' own (:mod:`.voc_annotations`,
+:mod:`.coco_annotations`), so what passes here loads in the trial.
+
+What is read: every annotation XML of a VOC study's training and evaluation splits (VOC07+12:
+21.5k small files, under a second, ``docs/benchmarks.md``), and a COCO study's evaluation JSON
+(``instances_val2017.json``: 25 MB). Not the COCO training JSON (0.45 GB, half a minute to
+parse): the loader applies the same rules to it and a trial fails with the line naming the
+record. Synthetic and ``fake_data`` sets are generated, never bad.
+
+"No objects" means nothing a metric could count: for VOC no object that is not ``difficult``, for
+COCO no annotation that is not crowd, among the images evaluated (the first ``eval.max_images``).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from .annotations import DROP_HINT, AnnotationError, Drops
+from .coco_annotations import index_coco, load_coco_json
+from .errors import StudyError
+from .voc_annotations import parse_voc
+from .voc_layout import annotation_file, read_split_ids, split_list, split_names, voc_sources
+
+__all__ = ["data_problems"]
+
+
+def data_problems(study) -> list[StudyError]:
+    """At most one :class:`StudyError` saying why the study's data cannot give a real result; empty when
+    it can (or when the data is generated). Assumes :func:`.paths.path_problems` found every path."""
+    ds = study.dataset
+    cfg = ds.model_dump()
+    try:
+        if ds.name in ("voc", "voc0712"):
+            _check_voc(cfg, study.eval.max_images, study.source)
+        elif ds.name == "coco2017" and not ds.fake_data:
+            _check_coco(cfg, study.eval.max_images, study.source)
+    except StudyError as exc:
+        return [exc]
+    except AnnotationError as exc:  # a file no option can drop anything from
+        return [StudyError(study.source, "dataset", str(exc))]
+    return []
+
+
+def _bad_annotations(drops: Drops, policy: str, src: str) -> None:
+    """The first bad annotation, and how many more, when the study does not drop them."""
+    if policy == "drop" or drops.first is None:
+        return
+    more = drops.total - 1
+    raise StudyError(src, "dataset", drops.first.bare + (f" (and {more} more bad annotation{'s' if more > 1 else ''})"
+                                                         if more else "")
+                     + f"; fix the file, or {DROP_HINT}")
+
+
+def _voc_side(sources, labels: dict, drops: Drops, max_images, src: str, field: str) -> tuple[int, int, str]:
+    """``(images, objects that are not difficult among the first max_images, lists read)`` of one side."""
+    images = objects = 0
+    lists = []
+    for year_dir, split in sources:
+        for name in split_names(split):
+            list_file = split_list(year_dir, name)
+            lists.append(str(list_file))
+            for img_id in read_split_ids(list_file):
+                xml = annotation_file(year_dir, img_id)
+                if not os.path.isfile(xml):
+                    raise StudyError(src, field, f"{list_file} lists {img_id!r}, but {xml} is not there")
+                rec = parse_voc(xml, labels, drops)
+                images += 1
+                if max_images is None or images <= max_images:
+                    objects += sum(1 for _, _, difficult in rec["objects"] if not difficult)
+    return images, objects, " + ".join(lists)
+
+
+def _check_voc(cfg: dict, max_images, src: str) -> None:
+    labels = {str(c): i for i, c in enumerate(cfg.get("classes") or (), start=1)}
+    train, val = voc_sources(cfg)
+    drops = Drops("drop")  # collect: the first problem and the count make the message
+    for side, sources, field, limit in (("training", train, "dataset.train_split", None),
+                                        ("evaluation", val, "dataset.val_split", max_images)):
+        images, objects, lists = _voc_side(sources, labels, drops, limit, src, field)
+        if images == 0:
+            raise StudyError(src, field, f"{lists} lists no images: nothing to "
+                             f"{'train' if side == 'training' else 'score (the trial would finish with mAP 0)'}")
+        if objects == 0:
+            _bad_annotations(drops, cfg.get("bad_annotations", "error"), src)
+            where = f"the first {limit} images" if limit is not None and limit < images else f"the {images} images"
+            raise StudyError(src, field, f"no objects of dataset.classes that are not difficult in {where} of "
+                             f"{lists}: nothing to {'train on' if side == 'training' else 'score (mAP would be 0)'}")
+    _bad_annotations(drops, cfg.get("bad_annotations", "error"), src)
+
+
+def _check_coco(cfg: dict, max_images, src: str) -> None:
+    ann_file = Path(str(cfg["root"])).expanduser() / "annotations" / "instances_val2017.json"
+    drops = Drops("drop")
+    index = index_coco(load_coco_json(ann_file), ann_file, drops, evaluation=True)
+    _bad_annotations(drops, cfg.get("bad_annotations", "error"), src)
+    ids = sorted(index.images)[:max_images] if max_images is not None else sorted(index.images)
+    objects = sum(1 for i in ids for a in index.per_image[i] if not a.get("iscrowd", 0))
+    if objects == 0:
+        where = f"the first {len(ids)} images" if len(ids) < len(index.images) else f"its {len(ids)} images"
+        raise StudyError(src, "dataset", f"{ann_file}: no annotations (other than crowd) of its categories on "
+                         f"{where}: nothing to score (mAP would be 0)")
