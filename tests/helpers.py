@@ -87,12 +87,14 @@ def lsbench(*args, cwd=None, timeout=300, env=None, prefix=()) -> subprocess.Com
 
 
 # --------------------------------------------------------------------------- crash and resume one trial
-def crash_and_resume(cfg, tmp_path: Path, monkeypatch, *, crash_at_step: int = 5, checkpoint_every: int = 4):
+def crash_and_resume(cfg, tmp_path: Path, monkeypatch, *, crash_at_step: int = 5, checkpoint_every: int = 4,
+                     after_crash=None):
     """Run ``cfg`` straight through in ``tmp_path/a``; then in ``tmp_path/b`` run it until step
     ``crash_at_step`` raises (a simulated crash after the last checkpoint) and run it again, resuming.
 
     Returns ``(straight, first, second)``: each a ``(TrialOutcome, MemorySink)`` pair for the straight run,
-    the crashed run and the resumed run. Torch's thread count is restored afterwards."""
+    the crashed run and the resumed run. ``after_crash(outcome)``, if given, runs between the crash and the
+    resume (to check what the crash left). Torch's thread count is restored afterwards."""
     import torch
 
     from lossscale_bench.engine import loop
@@ -116,6 +118,8 @@ def crash_and_resume(cfg, tmp_path: Path, monkeypatch, *, crash_at_step: int = 5
 
         monkeypatch.setattr(loop.Trainer, "train_step", crash)
         first = run("b")
+        if after_crash is not None:
+            after_crash(first[0])
         monkeypatch.setattr(loop.Trainer, "train_step", real_step)
         second = run("b")
     finally:
