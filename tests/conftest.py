@@ -3,11 +3,24 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+
+# tests/helpers.py is importable as ``helpers`` from every test file, in any pytest import mode
+if str(Path(__file__).parent) not in sys.path:
+    sys.path.insert(0, str(Path(__file__).parent))
+
+from helpers import BASE_STUDY, study_yaml, write_study  # noqa: E402,F401  (the study builder)
+
+
+@pytest.fixture
+def study_file(tmp_path):
+    """``study_file(**overrides)``: ``write_study(tmp_path, **overrides)``, the study's path."""
+    return lambda name="s.yaml", **overrides: write_study(tmp_path, name, **overrides)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
+
+from helpers import lsbench
 
 
 def _run(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "lossscale_bench.cli", *args], capture_output=True, text=True,
-                          cwd=cwd, timeout=120)
+    return lsbench(*args, cwd=cwd, timeout=120)
 
 
 @pytest.mark.parametrize("body, field", [

@@ -7,27 +7,14 @@ from __future__ import annotations
 
 import io
 import re
-import subprocess
-import sys
-import textwrap
 
 import pandas as pd
 import pytest
 
-STUDY = textwrap.dedent("""\
-    name: units
-    dataset: {name: synthetic, train_images: 16, val_images: 8, image_size: 64, seed: 0}
-    model: ssd_tiny
-    model_options: {width: 8}
-    batch_size: 4
-    precision: fp32
-    scaling:
-      - {method: none}
-    seeds: [0]
-    schedule: {iterations: 6, lr: 0.01, warmup_iterations: 2}
-    eval: {every: null, metric: coco}
-    log_every: 2
-    """)
+from helpers import lsbench, study_yaml
+
+STUDY = study_yaml(name="units", dataset={"name": "synthetic", "train_images": 16, "val_images": 8,
+                                         "image_size": 64, "seed": 0})
 
 
 @pytest.fixture(scope="module")
@@ -49,8 +36,7 @@ def studied(tmp_path_factory):
 
 
 def _lsbench(*args, cwd):
-    return subprocess.run([sys.executable, "-m", "lossscale_bench.cli", *map(str, args)], capture_output=True,
-                          text=True, cwd=cwd, timeout=300)
+    return lsbench(*args, cwd=cwd)
 
 
 def test_progress_line_table_and_mlflow_agree(studied, tmp_path):

@@ -11,11 +11,11 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
-import textwrap
 import time
 
 import pytest
 
+from helpers import study_yaml
 from lossscale_bench.orchestration.placement import cluster_text, unplaceable
 from lossscale_bench.study import load_study_text
 from lossscale_bench.orchestration.cluster import ClusterUnavailable, Infeasible, check_feasible, probe_address
@@ -63,25 +63,19 @@ def test_cluster_text():
     assert cluster_text([{"CPU": 1.0, "GPU": 1.0}]) == "the cluster has 1 CPU, 1 GPU"
 
 
-STUDY = textwrap.dedent("""\
-    name: feasible
-    dataset: {name: synthetic, train_images: 8, val_images: 4, image_size: 64, seed: 0}
-    model: ssd_tiny
-    model_options: {width: 8}
-    batch_size: 4
-    precision: fp32
-    resources: {backend: %s}
-    scaling:
-      - {method: none}
-      - {method: fixed, scale: 128}
-      - {method: fixed, scale: 256, resources: {backend: cpu, cpus_per_trial: 1000}}
-    schedule: {iterations: 4, lr: 0.01, warmup_iterations: 1}
-    eval: {every: 4, metric: coco, max_images: 4}
-    """)
+def _study(backend: str) -> str:
+    """Three rows on ``backend``; the third asks for 1000 CPUs."""
+    return study_yaml(
+        name="feasible", dataset={"name": "synthetic", "train_images": 8, "val_images": 4, "image_size": 64, "seed": 0},
+        resources={"backend": backend}, seeds=None, log_every=None,
+        scaling=["{method: none}", "{method: fixed, scale: 128}",
+                 "{method: fixed, scale: 256, resources: {backend: cpu, cpus_per_trial: 1000}}"],
+        schedule={"iterations": 4, "lr": 0.01, "warmup_iterations": 1},
+        eval={"every": 4, "metric": "coco", "max_images": 4})
 
 
 def test_check_feasible_names_each_field_where_the_file_sets_it():
-    study = load_study_text(STUDY % "cuda", "studies/mine.yaml")
+    study = load_study_text(_study("cuda"), "studies/mine.yaml")
     with pytest.raises(Infeasible) as e:
         check_feasible(study, study.trials(), LAPTOP)
     msg = str(e.value)
@@ -89,7 +83,7 @@ def test_check_feasible_names_each_field_where_the_file_sets_it():
     assert "; scaling[2].resources.cpus_per_trial: a trial needs CPU:1000" in msg
     assert msg.count("resources.backend") == 1  # two cuda rows, one problem
     assert "\n" not in msg and "LSBENCH_SKIP_RESOURCE_CHECK=1" in msg
-    study = load_study_text(STUDY % "cpu", "mine.yaml")
+    study = load_study_text(_study("cpu"), "mine.yaml")
     check_feasible(study, study.trials()[:2], LAPTOP)  # the rows that fit pass
 
 
@@ -115,7 +109,7 @@ def test_run_on_a_cluster_without_the_resources_ends_at_once(tmp_path):
     import torch
 
     backend = "hpu" if torch.cuda.is_available() else "cuda"  # a device this machine does not have
-    (tmp_path / "s.yaml").write_text(STUDY % backend)
+    (tmp_path / "s.yaml").write_text(_study(backend))
     r, took = _run(tmp_path, "--num-cpus", "1")
     assert r.returncode == 2, (r.stdout[-2000:], r.stderr[-3000:])
     errs = [ln for ln in r.stderr.splitlines() if ln.startswith("lsbench: error:")]
@@ -129,7 +123,7 @@ def test_run_on_a_cluster_without_the_resources_ends_at_once(tmp_path):
 
 
 def test_unreachable_address_is_one_line_exit_2(tmp_path):
-    (tmp_path / "s.yaml").write_text(STUDY % "cpu")
+    (tmp_path / "s.yaml").write_text(_study("cpu"))
     r, took = _run(tmp_path, "--address", "127.0.0.1:1")
     assert r.returncode == 2, (r.stdout[-2000:], r.stderr[-3000:])
     assert r.stderr.strip().splitlines() == [r.stderr.strip()], r.stderr

@@ -16,6 +16,7 @@ import pytest
 import torch
 from torch import nn
 
+from helpers import random_detection_batch
 from lossscale_bench.models import build_model
 from lossscale_bench.precision import install_fp16_emulation, round_fp16
 from lossscale_bench.scaling import adaptive as adaptive_mod
@@ -146,16 +147,7 @@ def test_branch_target_scale():
 
 # ---------------------------------------------------------------------------
 # helpers for models
-def _batch(n: int, size: int, seed: int = 1):
-    g = torch.Generator().manual_seed(seed)
-    images = [torch.rand(3, size, size, generator=g) for _ in range(n)]
-    targets = []
-    for _ in range(n):
-        xy = torch.rand(2, 2, generator=g) * (size * 0.6)
-        wh = size / 8 + torch.rand(2, 2, generator=g) * (size * 0.4)
-        targets.append({"boxes": torch.cat([xy, (xy + wh).clamp(max=size)], 1),
-                        "labels": torch.randint(1, 4, (2,), generator=g)})
-    return images, targets
+_batch = random_detection_batch  # n random images with two boxes each: (images, targets)
 
 
 def _grads(model) -> dict[str, torch.Tensor]:

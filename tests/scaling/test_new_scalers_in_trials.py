@@ -11,29 +11,17 @@ of the layer history come from the same runs.
 from __future__ import annotations
 
 import csv
-import textwrap
 
 import pytest
-import torch
 
-from lossscale_bench.sink import MemorySink
+from helpers import crash_and_resume, study_yaml
 from lossscale_bench.study import load_study_text
-from lossscale_bench.trial import run_trial
 
-STUDY = textwrap.dedent("""\
-    name: t
-    dataset: {name: synthetic, train_images: 16, val_images: 4, image_size: 64, seed: 0}
-    model: ssd_tiny
-    model_options: {width: 8}
-    batch_size: 4
-    precision: fp8-emulated
-    scaling:
-      - %s
-    seeds: [0]
-    schedule: {iterations: 8, lr: 0.01, warmup_iterations: 2}
-    eval: {every: null, metric: coco}
-    log_every: 2
-    """)
+
+def _study(entry: str) -> str:
+    """The base study in fp8-emulated, 8 iterations, one scaling row."""
+    return study_yaml(precision="fp8-emulated", scaling=[entry],
+                      schedule={"iterations": 8, "lr": 0.01, "warmup_iterations": 2})
 
 
 @pytest.mark.parametrize("entry", [
@@ -42,29 +30,12 @@ STUDY = textwrap.dedent("""\
     "{method: amax, recipe: delayed, history: 3, margin: 8}",
 ])
 def test_resumed_trial_continues_identically(tmp_path, monkeypatch, entry):
-    from lossscale_bench.engine import loop
+    cfg = load_study_text(_study(entry)).trials()[0]
 
-    cfg = load_study_text(STUDY % entry).trials()[0]
-    before = torch.get_num_threads()
-    try:
-        straight = MemorySink()
-        a = run_trial(cfg, sink=straight, trial_dir=tmp_path / "a", threads=1, checkpoint_every=4)
-        real_step = loop.Trainer.train_step
+    def crashed(out):
+        assert out.status == "failed"
 
-        def stop_after_4(self, images, targets):
-            if self.state.step == 5:
-                raise RuntimeError("simulated crash")
-            return real_step(self, images, targets)
-
-        monkeypatch.setattr(loop.Trainer, "train_step", stop_after_4)
-        first = MemorySink()
-        crashed = run_trial(cfg, sink=first, trial_dir=tmp_path / "b", threads=1, checkpoint_every=4)
-        assert crashed.status == "failed"
-        monkeypatch.setattr(loop.Trainer, "train_step", real_step)
-        second = MemorySink()
-        b = run_trial(cfg, sink=second, trial_dir=tmp_path / "b", threads=1, checkpoint_every=4)
-    finally:
-        torch.set_num_threads(before)
+    (a, straight), (_, first), (b, second) = crash_and_resume(cfg, tmp_path, monkeypatch, after_crash=crashed)
     assert a.status == b.status == "finished"
     assert second.tag_values["lsbench.resumed_from_step"] == 4
     for key in ("loss", "loss_scale", "overflow", "skipped"):

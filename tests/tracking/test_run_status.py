@@ -23,27 +23,16 @@ import time
 
 import pytest
 
+from helpers import study_yaml
 from lossscale_bench.tracking.run_status import VIEW_COLUMNS, VIEW_TAG, view_url
 from lossscale_bench.study import load_study_text
 from lossscale_bench.orchestration.study_runner import run_study, study_dir
 
-STUDY = """\
-name: status
-dataset: {name: synthetic, train_images: 16, val_images: 4, image_size: 64, seed: 0}
-model: ssd_tiny
-model_options: {width: 8}
-batch_size: 4
-precision: fp16-emulated
-scaling:
-  - {method: fixed, scale: 128}
-  - {method: fixed, scale: 1.0e+30, skip_nonfinite: false, label: blow-up}
-  - {method: dynamic, label: broken}
-seeds: [0]
-schedule: {iterations: 6, lr: 0.01, warmup_iterations: 2}
-eval: {every: null, metric: coco}
-divergence: {patience: 3}
-log_every: 2
-"""
+STUDY = study_yaml(name="status", precision="fp16-emulated", scaling=[
+    "{method: fixed, scale: 128}",
+    "{method: fixed, scale: 1.0e+30, skip_nonfinite: false, label: blow-up}",
+    "{method: dynamic, label: broken}",
+], divergence={"patience": 3})
 
 
 def _client(uri):
@@ -255,20 +244,11 @@ def test_a_resumed_parent_run_loses_its_interrupted_tag(tmp_path):
     assert (run.info.status, run.data.tags["lsbench.status"]) == ("FINISHED", "finished")
 
 
-TAIL_NAN = """\
-name: tail_nan
-dataset: {name: synthetic, train_images: 8, val_images: 4, image_size: 64, seed: 0}
-model: ssd_tiny
-model_options: {width: 8, image_size: 64}
-batch_size: 2
-precision: fp16-emulated
-scaling:
-  - {method: fixed, scale: 1.0e+30, skip_nonfinite: false, label: tail-nan}
-seeds: [0]
-schedule: {iterations: 3, lr: 0.01, warmup_iterations: 0}
-eval: {every: null, metric: coco}
-log_every: 2
-"""
+TAIL_NAN = study_yaml(
+    name="tail_nan", dataset={"name": "synthetic", "train_images": 8, "val_images": 4, "image_size": 64, "seed": 0},
+    model_options={"width": 8, "image_size": 64}, batch_size=2, precision="fp16-emulated",
+    scaling=["{method: fixed, scale: 1.0e+30, skip_nonfinite: false, label: tail-nan}"],
+    schedule={"iterations": 3, "lr": 0.01, "warmup_iterations": 0})
 
 
 def test_a_loss_gone_non_finite_within_patience_of_the_end_is_diverged_not_a_zero_map(tmp_path):

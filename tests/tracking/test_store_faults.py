@@ -20,20 +20,10 @@ from pathlib import Path
 
 import pytest
 
-STUDY = textwrap.dedent("""\
-    name: %s
-    dataset: {name: synthetic, train_images: 16, val_images: 4, image_size: 64, seed: 0}
-    model: ssd_tiny
-    model_options: {width: 8}
-    batch_size: 4
-    precision: fp32
-    scaling:
-      - {method: none}
-    seeds: [0]
-    schedule: {iterations: 4, lr: 0.01, warmup_iterations: 2}
-    eval: {every: null, metric: coco}
-    log_every: 2
-    """)
+from helpers import lsbench, study_yaml
+
+def _study(name: str) -> str:
+    return study_yaml(name=name, schedule={"iterations": 4, "lr": 0.01, "warmup_iterations": 2})
 
 # Root ignores file modes; without CAP_DAC_OVERRIDE it obeys them, as any user does.
 AS_USER = (["setpriv", "--bounding-set=-dac_override,-dac_read_search"]
@@ -41,9 +31,7 @@ AS_USER = (["setpriv", "--bounding-set=-dac_override,-dac_read_search"]
 
 
 def _lsbench(*args, cwd, as_user=False, timeout=300, env=None):
-    cmd = (AS_USER if as_user else []) + [sys.executable, "-m", "lossscale_bench.cli", *map(str, args)]
-    return subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, timeout=timeout,
-                          env={**os.environ, **(env or {})})
+    return lsbench(*args, cwd=cwd, timeout=timeout, env=env, prefix=AS_USER if as_user else ())
 
 
 def _one_line(r, *needles):
@@ -65,7 +53,7 @@ def study_store(tmp_path_factory):
     """A runs folder with one real finished trial (local executor: no Ray), plots and telemetry artifacts."""
     root = tmp_path_factory.mktemp("store")
     f = root / "tiny.yaml"
-    f.write_text(STUDY % "tiny")
+    f.write_text(_study("tiny"))
     r = _lsbench("run", f, "--runs-dir", root / "runs", "--executor", "local", "--no-report", cwd=root)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     return root / "runs"
@@ -79,7 +67,7 @@ def _copy(runs: Path, dst: Path) -> Path:
 # -- bad URIs and missing stores -------------------------------------------------------------
 def test_unknown_scheme_is_one_line_for_report_and_run(tmp_path):
     f = tmp_path / "s.yaml"
-    f.write_text(STUDY % "s")
+    f.write_text(_study("s"))
     for cmd in (["report"], ["run", f]):
         r = _lsbench(*cmd, "--tracking-uri", "foo://bar", cwd=tmp_path, timeout=120)
         assert r.returncode == 4, (cmd, r.stderr[-2000:])
@@ -132,7 +120,7 @@ def test_damaged_store_is_one_line_and_left_as_it_is(study_store, tmp_path, dama
     damage(db)
     before = _sha(db)
     f = tmp_path / "tiny.yaml"
-    f.write_text(STUDY % "tiny")
+    f.write_text(_study("tiny"))
     cmds = [["report", "--runs-dir", runs]]
     if damage is _truncate:  # run and ui open the store the same way (store.open_store); once is enough
         cmds += [["run", f, "--runs-dir", runs, "--executor", "local"], ["ui", "--runs-dir", runs, "--port", "1"]]
@@ -181,7 +169,7 @@ def test_read_only_store_refuses_a_run_and_still_reports(study_store, tmp_path):
     db = runs / "mlflow.db"
     before = _sha(db)
     f = tmp_path / "tiny2.yaml"
-    f.write_text(STUDY % "tiny2")
+    f.write_text(_study("tiny2"))
     for p in [runs, *runs.rglob("*")]:
         p.chmod(p.stat().st_mode & ~0o222)
     try:
@@ -224,7 +212,7 @@ def test_full_store_disk_says_disk_full_and_keeps_what_was_logged(study_store, t
     uri = f"sqlite:///{db}"
     old = MlflowClient(uri).search_runs([e.experiment_id for e in MlflowClient(uri).search_experiments()])
     f = tmp_path / "tiny2.yaml"
-    f.write_text(STUDY % "tiny2")
+    f.write_text(_study("tiny2"))
     r = subprocess.run([sys.executable, "-c", FULL, str(db), "run", str(f), "--runs-dir", str(runs),
                         "--executor", "local", "--no-report", "--quiet"],
                        capture_output=True, text=True, cwd=tmp_path, timeout=300)
@@ -251,7 +239,7 @@ def test_trial_on_a_full_disk_says_disk_full(tmp_path):
             fh.write("x")
     assert failure_text(info.value).startswith("disk full: OSError: [Errno 28]")
 
-    cfg = load_study_text(STUDY % "full").trials()[0]
+    cfg = load_study_text(_study("full")).trials()[0]
     (tmp_path / "layers").mkdir()
     for step in range(0, 5):
         (tmp_path / "layers" / f"layers_step{step:07d}.csv").symlink_to("/dev/full")

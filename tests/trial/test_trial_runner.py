@@ -9,32 +9,24 @@ import textwrap
 
 import pytest
 
+from helpers import crash_and_resume, study_yaml
 from lossscale_bench.sink import MemorySink
 from lossscale_bench.study import load_study_text
 from lossscale_bench.trial import run_trial
 
-BASE = textwrap.dedent("""\
-    name: t
-    dataset: {name: synthetic, train_images: 16, val_images: 4, image_size: 64, seed: 0}
-    model: ssd_tiny
-    model_options: {width: 8}
-    batch_size: 4
-    precision: fp16-emulated
-    scaling:
-      - %s
-    seeds: [0]
-    schedule: {iterations: %d, lr: 0.01, warmup_iterations: 2}
-    eval: {every: %s, metric: coco}
-    divergence: {patience: 3}
-    on_divergence: %s
-    log_every: 2
-    """)
-
 BLOWUP = "{method: fixed, scale: 1.0e+30, skip_nonfinite: false}"
 
 
-def _cfg(scaling="{method: fixed, scale: 128}", iterations=6, every="null", policy="stop"):
-    return load_study_text(BASE % (scaling, iterations, every, policy)).trials()[0]
+def _study(scaling="{method: fixed, scale: 128}", iterations=6, every="null", policy="stop",
+           precision="fp16-emulated"):
+    """The base study in fp16-emulated with one scaling row, divergence after 3 bad steps."""
+    return study_yaml(precision=precision, scaling=[scaling],
+                      schedule={"iterations": iterations, "lr": 0.01, "warmup_iterations": 2},
+                      eval={"every": every, "metric": "coco"}, divergence={"patience": 3}, on_divergence=policy)
+
+
+def _cfg(scaling="{method: fixed, scale: 128}", iterations=6, every="null", policy="stop", precision="fp16-emulated"):
+    return load_study_text(_study(scaling, iterations, every, policy, precision)).trials()[0]
 
 
 def test_divergence_stop_is_a_status_with_step_loss_and_scale(tmp_path):
@@ -116,7 +108,7 @@ def test_full_disk_while_checkpointing_fails_the_trial_with_the_os_error(tmp_pat
         from lossscale_bench.trial import run_trial
         from lossscale_bench.data.synthetic import ensure_synthetic
         ensure_synthetic(train_images=16, val_images=4, image_size=64, seed=0)   # data first, then the limit
-        cfg = load_study_text({(BASE % ("{method: fixed, scale: 128}", 4, 2, "stop"))!r}).trials()[0]
+        cfg = load_study_text({_study(iterations=4, every=2)!r}).trials()[0]
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (20000, 20000))
         out = run_trial(cfg, sink=MemorySink(), trial_dir={str(tmp_path / 'trial')!r})
@@ -146,8 +138,7 @@ def test_same_trial_twice_gives_bit_identical_losses_and_map(tmp_path, precision
 
     before = torch.get_num_threads()
     try:
-        cfg = load_study_text((BASE % ("{method: fixed, scale: 128}", 8, "null", "stop")).replace(
-            "precision: fp16-emulated", f"precision: {precision}")).trials()[0]
+        cfg = _cfg(iterations=8, precision=precision)
         a = _losses_and_map(cfg, tmp_path / "a", threads=1)
         b = _losses_and_map(cfg, tmp_path / "b", threads=1)
     finally:
@@ -159,33 +150,12 @@ def test_same_trial_twice_gives_bit_identical_losses_and_map(tmp_path, precision
 def test_resumed_trial_ends_bit_identical_to_an_uninterrupted_one(tmp_path, monkeypatch):
     """Determinism across a resume (issue 9): a trial stopped after its step-4 checkpoint and run
     again from it logs the same losses and the same final mAP as one that never stopped."""
-    import torch
+    cfg = _cfg("{method: dynamic, interval: 2}", iterations=8, precision="fp8-emulated")
 
-    from lossscale_bench.engine import loop
+    def crashed(out):
+        assert out.status == "failed" and (tmp_path / "b" / "checkpoint.pt").exists()
 
-    before = torch.get_num_threads()
-    cfg = load_study_text((BASE % ("{method: dynamic, interval: 2}", 8, "null", "stop")).replace(
-        "precision: fp16-emulated", "precision: fp8-emulated")).trials()[0]
-    try:
-        straight = MemorySink()
-        a = run_trial(cfg, sink=straight, trial_dir=tmp_path / "a", threads=1, checkpoint_every=4)
-
-        real_step = loop.Trainer.train_step
-
-        def stop_after_4(self, images, targets):
-            if self.state.step == 5:
-                raise RuntimeError("simulated crash")
-            return real_step(self, images, targets)
-
-        monkeypatch.setattr(loop.Trainer, "train_step", stop_after_4)
-        first = MemorySink()
-        crashed = run_trial(cfg, sink=first, trial_dir=tmp_path / "b", threads=1, checkpoint_every=4)
-        assert crashed.status == "failed" and (tmp_path / "b" / "checkpoint.pt").exists()
-        monkeypatch.setattr(loop.Trainer, "train_step", real_step)
-        second = MemorySink()
-        b = run_trial(cfg, sink=second, trial_dir=tmp_path / "b", threads=1, checkpoint_every=4)
-    finally:
-        torch.set_num_threads(before)
+    (a, straight), (_, first), (b, second) = crash_and_resume(cfg, tmp_path, monkeypatch, after_crash=crashed)
     assert a.status == b.status == "finished"
     assert second.tag_values["lsbench.resumed_from_step"] == 4
     resumed = dict(first.history("loss")[:4] + second.history("loss"))

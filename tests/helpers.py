@@ -1,0 +1,144 @@
+"""Helpers shared by test files (import as ``from helpers import ...``; tests/conftest.py puts tests/ on
+sys.path). The small study every test starts from lives here too, and is re-exported by conftest.py.
+
+``study_yaml(**overrides)`` writes the study most tests need: one tiny synthetic SSD trial in fp32 with
+no loss scaling. A test names only what it is about::
+
+    study_yaml(name="resume", precision="fp16-emulated",
+               scaling=[{"method": "fixed", "scale": 128}, "{method: dynamic, interval: 10}"],
+               schedule={"iterations": 400, "lr": 0.01, "warmup_iterations": 4})
+
+A value replaces the whole top-level key; ``None`` removes the key; a key not in the base is appended.
+Values are written as YAML flow text: a ``str`` goes in verbatim (so ``"{every: 4, metric: coco}"`` or
+``"1.0e+30"`` mean what they mean in a study file), dicts and lists become ``{...}`` and ``[...]``.
+``scaling`` is a list of entries (dicts or flow strings), written one per line as in the studies.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+#: the base study, key by key, in the order study files use
+BASE_STUDY: dict[str, object] = {
+    "name": "t",
+    "dataset": {"name": "synthetic", "train_images": 16, "val_images": 4, "image_size": 64, "seed": 0},
+    "model": "ssd_tiny",
+    "model_options": {"width": 8},
+    "batch_size": 4,
+    "precision": "fp32",
+    "scaling": [{"method": "none"}],
+    "seeds": [0],
+    "schedule": {"iterations": 6, "lr": 0.01, "warmup_iterations": 2},
+    "eval": {"every": None, "metric": "coco"},
+    "log_every": 2,
+}
+
+
+def flow(value) -> str:
+    """``value`` as YAML flow text; strings are taken as YAML already."""
+    if value is None:
+        return "null"
+    if value is True or value is False:
+        return "true" if value else "false"
+    if isinstance(value, float):
+        import yaml  # 1e30 -> 1.0e+30: PyYAML reads a bare "1e+30" as a string
+
+        return yaml.safe_dump(value).splitlines()[0]
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}: {flow(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(flow(v) for v in value) + "]"
+    return str(value)
+
+
+def study_yaml(**overrides) -> str:
+    """The base study's YAML text with ``overrides`` applied (see the module docstring)."""
+    study = {**BASE_STUDY, **overrides}
+    lines = []
+    for key, value in study.items():
+        if value is None:
+            continue
+        if key == "scaling" and isinstance(value, (list, tuple)):
+            lines.append("scaling:")
+            lines += [f"  - {flow(entry)}" for entry in value]
+        else:
+            lines.append(f"{key}: {flow(value)}")
+    return "\n".join(lines) + "\n"
+
+
+def write_study(tmp_path: Path, name: str = "s.yaml", **overrides) -> Path:
+    """``study_yaml(**overrides)`` written to ``tmp_path / name``; the file's path."""
+    path = Path(tmp_path) / name
+    path.write_text(study_yaml(**overrides))
+    return path
+
+
+# --------------------------------------------------------------------------- the CLI in a fresh interpreter
+def lsbench(*args, cwd=None, timeout=300, env=None, prefix=()) -> subprocess.CompletedProcess:
+    """``lsbench ARGS`` (``python -m lossscale_bench.cli``) in a fresh interpreter, output captured as text.
+    ``env`` adds to the environment; ``prefix`` goes before the interpreter (e.g. ``setpriv ...``)."""
+    import os
+
+    cmd = [*prefix, sys.executable, "-m", "lossscale_bench.cli", *map(str, args)]
+    return subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, timeout=timeout,
+                          env=None if env is None else {**os.environ, **env})
+
+
+# --------------------------------------------------------------------------- crash and resume one trial
+def crash_and_resume(cfg, tmp_path: Path, monkeypatch, *, crash_at_step: int = 5, checkpoint_every: int = 4,
+                     after_crash=None):
+    """Run ``cfg`` straight through in ``tmp_path/a``; then in ``tmp_path/b`` run it until step
+    ``crash_at_step`` raises (a simulated crash after the last checkpoint) and run it again, resuming.
+
+    Returns ``(straight, first, second)``: each a ``(TrialOutcome, MemorySink)`` pair for the straight run,
+    the crashed run and the resumed run. ``after_crash(outcome)``, if given, runs between the crash and the
+    resume (to check what the crash left). Torch's thread count is restored afterwards."""
+    import torch
+
+    from lossscale_bench.engine import loop
+    from lossscale_bench.sink import MemorySink
+    from lossscale_bench.trial import run_trial
+
+    def run(where):
+        sink = MemorySink()
+        return run_trial(cfg, sink=sink, trial_dir=tmp_path / where, threads=1,
+                         checkpoint_every=checkpoint_every), sink
+
+    before = torch.get_num_threads()
+    real_step = loop.Trainer.train_step
+    try:
+        straight = run("a")
+
+        def crash(self, images, targets):
+            if self.state.step == crash_at_step:
+                raise RuntimeError("simulated crash")
+            return real_step(self, images, targets)
+
+        monkeypatch.setattr(loop.Trainer, "train_step", crash)
+        first = run("b")
+        if after_crash is not None:
+            after_crash(first[0])
+        monkeypatch.setattr(loop.Trainer, "train_step", real_step)
+        second = run("b")
+    finally:
+        monkeypatch.setattr(loop.Trainer, "train_step", real_step)
+        torch.set_num_threads(before)
+    return straight, first, second
+
+
+# --------------------------------------------------------------------------- detection batches
+def random_detection_batch(n: int, size: int, seed: int = 1):
+    """``n`` random ``size``x``size`` images with two random boxes each (labels 1..3): (images, targets)."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    images = [torch.rand(3, size, size, generator=g) for _ in range(n)]
+    targets = []
+    for _ in range(n):
+        xy = torch.rand(2, 2, generator=g) * (size * 0.6)
+        wh = size / 8 + torch.rand(2, 2, generator=g) * (size * 0.4)
+        targets.append({"boxes": torch.cat([xy, (xy + wh).clamp(max=size)], 1),
+                        "labels": torch.randint(1, 4, (2,), generator=g)})
+    return images, targets
