@@ -167,6 +167,24 @@ def _say(quiet: bool, msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
 
 
+def _resume_mode(resp, url: str, part: Path, have: int, length: int | None, quiet: bool):
+    """``(bytes kept, file mode, total size)`` from the server's answer to a (resumed) request:
+    206 with a Content-Range starting at ``have`` appends; 200/203 start over; anything else is
+    an error (a resume that lands elsewhere would corrupt the file)."""
+    status = resp.status
+    if have and status == 206:
+        m = re.match(r"bytes (\d+)-(\d+)/(\d+|\*)", resp.headers.get("Content-Range", ""))
+        if not m or int(m.group(1)) != have:
+            raise DownloadError(f"{url}: server answered a resume from byte {have} with "
+                                f"Content-Range {resp.headers.get('Content-Range')!r}")
+        return have, "ab", (int(m.group(3)) if m.group(3) != "*" else None)
+    if status in (200, 203):
+        if have:
+            _say(quiet, f"  {part.name}: server ignored the resume request; starting over")
+        return 0, "wb", length
+    raise DownloadError(f"{url}: unexpected HTTP status {status}")
+
+
 def download_file(url: str, part: Path, *, retries: int = 5, timeout: float = 60.0, backoff: float = 1.0,
                   quiet: bool = False, on_attempt: Callable[[int, int], None] | None = None) -> Path:
     """Download ``url`` into ``part``, resuming from its current size; return ``part``.
@@ -191,23 +209,9 @@ def download_file(url: str, part: Path, *, retries: int = 5, timeout: float = 60
         error: BaseException | None = None
         try:
             with urllib.request.urlopen(req, timeout=timeout) as resp:
-                status = resp.status
                 length = resp.headers.get("Content-Length")
                 length = int(length) if length is not None and length.isdigit() else None
-                if have and status == 206:
-                    m = re.match(r"bytes (\d+)-(\d+)/(\d+|\*)", resp.headers.get("Content-Range", ""))
-                    if not m or int(m.group(1)) != have:
-                        raise DownloadError(f"{url}: server answered a resume from byte {have} with "
-                                            f"Content-Range {resp.headers.get('Content-Range')!r}")
-                    total = int(m.group(3)) if m.group(3) != "*" else None
-                    mode = "ab"
-                elif status in (200, 203):
-                    if have:
-                        _say(quiet, f"  {part.name}: server ignored the resume request; starting over")
-                    have, mode = 0, "wb"
-                    total = length
-                else:
-                    raise DownloadError(f"{url}: unexpected HTTP status {status}")
+                have, mode, total = _resume_mode(resp, url, part, have, length, quiet)
                 received = 0
                 with open(part, mode) as f:
                     while True:

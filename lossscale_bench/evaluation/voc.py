@@ -61,6 +61,58 @@ def _np(x, dtype=None, shape=None) -> np.ndarray:
     return arr
 
 
+def _match_image(pb, pl, ps, gb, gl, gd, iou_thresh, n_pos, score, match) -> None:
+    """One image's detections matched to its ground truth, per class, greedily by score (chainercv's
+    rule): 1 a true positive, 0 a false positive (a second hit or no hit), -1 a difficult match
+    (ignored). Adds to ``n_pos`` (non-difficult ground truth), ``score`` and ``match``."""
+    for lab in np.unique(np.concatenate([pl, gl])):
+        lab = int(lab)
+        pm = pl == lab
+        pb_l, ps_l = pb[pm], ps[pm]
+        order = ps_l.argsort(kind="stable")[::-1]
+        pb_l, ps_l = pb_l[order], ps_l[order]
+        gm = gl == lab
+        gb_l, gd_l = gb[gm], gd[gm]
+        n_pos[lab] += int(np.logical_not(gd_l).sum())
+        score[lab].extend(ps_l.tolist())
+        if len(pb_l) == 0:
+            continue
+        if len(gb_l) == 0:
+            match[lab].extend([0] * len(pb_l))
+            continue
+        iou = bbox_iou(pb_l, gb_l)
+        gt_index = iou.argmax(axis=1)
+        gt_index[iou.max(axis=1) < iou_thresh] = -1
+        taken = np.zeros(len(gb_l), dtype=bool)
+        for g in gt_index:
+            if g >= 0:
+                match[lab].append(-1 if gd_l[g] else (0 if taken[g] else 1))
+                taken[g] = True
+            else:
+                match[lab].append(0)
+
+
+def _curves(n_pos, score, match):
+    """Per-class precision and recall over all images' matches, sorted by score."""
+    if not n_pos:
+        return [], []
+    n_fg_class = max(n_pos) + 1
+    prec: list = [None] * n_fg_class
+    rec: list = [None] * n_fg_class
+    for lab in n_pos:
+        score_l = np.asarray(score[lab], dtype=np.float64)
+        match_l = np.asarray(match[lab], dtype=np.int8)
+        order = score_l.argsort(kind="stable")[::-1]
+        match_l = match_l[order]
+        tp = np.cumsum(match_l == 1)
+        fp = np.cumsum(match_l == 0)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            prec[lab] = tp / (fp + tp)  # NaN where only ignored (difficult) matches so far
+        if n_pos[lab] > 0:
+            rec[lab] = tp / n_pos[lab]
+    return prec, rec
+
+
 def calc_detection_voc_prec_rec(pred_bboxes: Iterable, pred_labels: Iterable, pred_scores: Iterable,
                                 gt_bboxes: Iterable, gt_labels: Iterable, gt_difficults: Iterable | None = None,
                                 iou_thresh: float = 0.5):
@@ -92,57 +144,9 @@ def calc_detection_voc_prec_rec(pred_bboxes: Iterable, pred_labels: Iterable, pr
         if not (len(pb) == len(pl) == len(ps)) or not (len(gb) == len(gl) == len(gd)):
             raise ValueError("eval_detection_voc: boxes, labels, scores (and difficults) of an image differ in length")
 
-        for lab in np.unique(np.concatenate([pl, gl])):
-            lab = int(lab)
-            pm = pl == lab
-            pb_l, ps_l = pb[pm], ps[pm]
-            order = ps_l.argsort(kind="stable")[::-1]
-            pb_l, ps_l = pb_l[order], ps_l[order]
+        _match_image(pb, pl, ps, gb, gl, gd, iou_thresh, n_pos, score, match)
 
-            gm = gl == lab
-            gb_l, gd_l = gb[gm], gd[gm]
-
-            n_pos[lab] += int(np.logical_not(gd_l).sum())
-            score[lab].extend(ps_l.tolist())
-
-            if len(pb_l) == 0:
-                continue
-            if len(gb_l) == 0:
-                match[lab].extend([0] * len(pb_l))
-                continue
-
-            iou = bbox_iou(pb_l, gb_l)
-            gt_index = iou.argmax(axis=1)
-            gt_index[iou.max(axis=1) < iou_thresh] = -1
-
-            taken = np.zeros(len(gb_l), dtype=bool)
-            for g in gt_index:
-                if g >= 0:
-                    if gd_l[g]:
-                        match[lab].append(-1)
-                    else:
-                        match[lab].append(0 if taken[g] else 1)
-                    taken[g] = True
-                else:
-                    match[lab].append(0)
-
-    if not n_pos:
-        return [], []
-    n_fg_class = max(n_pos) + 1
-    prec: list = [None] * n_fg_class
-    rec: list = [None] * n_fg_class
-    for lab in n_pos:
-        score_l = np.asarray(score[lab], dtype=np.float64)
-        match_l = np.asarray(match[lab], dtype=np.int8)
-        order = score_l.argsort(kind="stable")[::-1]
-        match_l = match_l[order]
-        tp = np.cumsum(match_l == 1)
-        fp = np.cumsum(match_l == 0)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            prec[lab] = tp / (fp + tp)  # NaN where only ignored (difficult) matches so far
-        if n_pos[lab] > 0:
-            rec[lab] = tp / n_pos[lab]
-    return prec, rec
+    return _curves(n_pos, score, match)
 
 
 def calc_detection_voc_ap(prec: list, rec: list, use_07_metric: bool = False) -> np.ndarray:
