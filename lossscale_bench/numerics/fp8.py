@@ -3,8 +3,8 @@
 Why not just ``t.to(torch.float8_e4m3fn).float()``: on CPU that eager cast costs ~10 ms per
 2 M elements (E5M2 ~1.8 ms, fp16 ~0.4 ms), and the emulation rounds every activation gradient
 and parameter gradient, so an E4M3-gradient step pays it many times over. The same rounding
-written with fp32 arithmetic on the bits and fused by ``torch.compile`` costs ~0.5 ms, and
-~3 ms eager (docs/numerics_benchmarks.md). Every implementation here is bit-identical to torch's
+written with fp32 arithmetic on the bits and fused by ``torch.compile`` costs ~0.5-1 ms, and
+~3-5 ms eager (docs/numerics_benchmarks.md). Every implementation here is bit-identical to torch's
 cast, NaN bit patterns included; the tests check it on ties, subnormals, the overflow edge and
 1e6 random values.
 
@@ -33,8 +33,8 @@ format into NaN. Where is that edge? 448 = 1.75 * 2^8 is the code ``S.1111.110``
 bits 110); the next code up, ``S.1111.111`` = 1.875 * 2^8 = 480, is NaN in ``e4m3fn``. The
 midpoint 464 is a tie between significand 110 (even) and 111 (odd), so round-half-to-even sends
 464 *down* to 448; anything above 464 rounds to the 480 code, i.e. NaN. Hence: non-saturating
-E4M3 gives NaN for ``|x| > 464`` and for +-inf, and 464 itself is 448. (A brief that says "464
-goes to the 480 code" has the parity backwards; the tests pin 464 -> 448 and the next fp32 above
+E4M3 gives NaN for ``|x| > 464`` and for +-inf, and 464 itself is 448. (It is easy to get the
+parity backwards and send 464 to the 480 code; the tests pin 464 -> 448 and the next fp32 above
 464 -> NaN.)
 
 E5M2 has inf and torch's cast does not saturate it (57344 = 1.75 * 2^15; the tie at 61440 goes to

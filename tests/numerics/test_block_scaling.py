@@ -303,6 +303,8 @@ def test_bad_arguments_are_refused():
         block_round(x, "e4m3", "mx32", mode="nearest")
     with pytest.raises(ValueError, match="pow2"):
         block_round(x, "e4m3", "mx32", pow2=True)
+    with pytest.raises(ValueError, match="mode"):
+        block_round(x, "e4m3", "tile128", mode="ceil")
     assert block_round(torch.empty(0, 4), "e4m3", "tile128").shape == (0, 4)
 
 
