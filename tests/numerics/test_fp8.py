@@ -218,6 +218,7 @@ def test_a_failing_compiler_falls_back_to_eager_once(monkeypatch):
             raise RuntimeError("no C++ compiler\nsecond line")
         return run
 
+    monkeypatch.delenv("LSBENCH_NO_COMPILE", raising=False)
     monkeypatch.setattr(torch, "compile", broken_compile)
     k = LazyCompiled(lambda x: x * 2 + 1, "test_fallback")
     with pytest.warns(RuntimeWarning, match="no C\\+\\+ compiler"):
