@@ -224,6 +224,22 @@ def _amax_core(x1, block: int, elem: ElementFormat, pow2: bool, amax_floor: floa
     return out2.view(-1), *_counts(x2, out2, scaled, amax <= _F32_MAX, elem)
 
 
+def _probe_blocks() -> torch.Tensor:
+    """256 finite values (8 MX blocks, 2 tiles) the compiled kernels must reproduce exactly
+    before use: a zero block, an fp32-subnormal block, blocks whose max saturates under floor,
+    a block at fp32's max, and ordinary and fp8 edge values."""
+    def block(head: list[float]) -> list[float]:
+        return head + [0.0] * (32 - len(head))
+
+    blocks = [block([-0.0]), block([2.0 ** -130, -3 * 2.0 ** -135, 2.0 ** -140, 2.0 ** -149]),
+              block([1.9, -0.5, 1e-6, 0.01] + [0.25] * 28), block([1.95, -0.5, 1e-6, 0.01] + [0.25] * 28),
+              block([_F32_MAX, -_F32_MAX, 1.0, -1e30]),
+              (torch.linspace(-3.0, 3.0, 32) * 2.0 ** -20).tolist(), (torch.linspace(-1.0, 1.0, 32) * 1e5).tolist(),
+              block([448.0, -448.0, 464.0, 17.0, 19.0, 0.3, 2.0 ** -9, 1.5 * 2.0 ** -9, 65504.0, 57344.0])]
+    return torch.tensor(sum(blocks, []), dtype=torch.float32)
+
+
+PROBE = _probe_blocks()
 _KERNELS: dict[tuple, LazyCompiled] = {}
 
 
@@ -251,7 +267,7 @@ def _kernel(granularity: str, elem: ElementFormat, mode: str, pow2: bool, amax_f
             return _amax_core(x1, block, elem, pow2, amax_floor, with_counts, True)
         tag = f"{granularity}_{elem.name}_{'pow2' if pow2 else 'exact'}_{amax_floor:g}"
     tag += "_counts" if with_counts else ""
-    return _KERNELS.setdefault(key, LazyCompiled(fused, tag, eager=eager))
+    return _KERNELS.setdefault(key, LazyCompiled(fused, tag, eager=eager, probe=(PROBE,)))
 
 
 def _flatten(x: torch.Tensor, granularity: str) -> tuple[torch.Tensor, tuple[int, int, int]]:
