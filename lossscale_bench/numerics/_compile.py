@@ -109,7 +109,8 @@ class LazyCompiled:
         self.probe = probe
         self._fn = _distinct(fn, tag)
         self._compiled: Callable | None = None
-        self._warm = False
+        #: devices (``cpu``, ``cuda``) on which the compiled kernel has passed the probe
+        self._ready: set[str] = set()
         self._broken: str | None = None
         self._lock = threading.Lock()
         #: graphs Inductor compiled for this kernel (recompilations show up here)
@@ -130,26 +131,29 @@ class LazyCompiled:
         """Whether the next call will try the compiled kernel."""
         return self._broken is None and not compile_disabled()
 
-    def _first_call(self, args: tuple):
-        """Compile, check the probe and run ``args``, all under the lock (a thread arriving
-        while another compiles waits, then runs the compiled kernel). Raises if unusable."""
+    def _first_call(self, args: tuple, device: str):
+        """Compile, check the probe on ``device`` and run ``args``, all under the lock (a thread
+        arriving while another compiles waits, then runs the compiled kernel). The probe runs
+        once per device type: Inductor generates different code for CPU and CUDA."""
         with self._lock:
             if self._compiled is None:
                 self._compiled = torch.compile(self._fn, backend=self._backend)
-            if not self._warm and self.probe is not None:
-                got = self._compiled(*_mark_dynamic(tuple(p.clone() for p in self.probe)))
-                if not same_values(got, self.eager(*self.probe)):
+            if device not in self._ready and self.probe is not None:
+                probe = tuple(p.to(device) for p in self.probe)
+                got = self._compiled(*_mark_dynamic(tuple(p.clone() for p in probe)))
+                if not same_values(got, self.eager(*probe)):
                     raise ArithmeticError("compiled kernel differs from the eager kernel on the probe values")
             out = self._compiled(*_mark_dynamic(args))
-            self._warm = True
+            self._ready.add(device)
             return out
 
     def __call__(self, *args):
         if not self.uses_compiled():
             return self.eager(*args)
+        device = args[0].device.type if isinstance(args[0], torch.Tensor) else "cpu"
         try:
-            if not self._warm:
-                return self._first_call(args)
+            if device not in self._ready:
+                return self._first_call(args, device)
             return self._compiled(*_mark_dynamic(args))
         except Exception as exc:  # noqa: BLE001 - any compiler failure means: run eager
             out = self.eager(*args)  # a genuine error in the inputs raises here, uncaught
