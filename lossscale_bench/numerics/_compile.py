@@ -1,8 +1,8 @@
 """Lazy ``torch.compile`` with an eager fallback, for the rounding kernels of this package.
 
 Why compile at all: on CPU, torch's eager cast to ``float8_e4m3fn`` costs ~10 ms per 2 M
-elements, an eager bit-level rewrite ~3 ms, and the same rewrite fused by Inductor's C++ code
-generation ~0.5 ms (docs/numerics_benchmarks.md). The emulation rounds every activation and
+elements, an eager bit-level rewrite ~3-5 ms, and the same rewrite fused by Inductor's C++ code
+generation ~0.5-1 ms (docs/numerics_benchmarks.md). The emulation rounds every activation and
 parameter gradient, so that difference is most of an emulated step's overhead.
 
 Why lazily and with a fallback: compiling needs a C++ compiler and takes seconds on first use
@@ -58,6 +58,26 @@ def _distinct(fn: Callable, tag: str) -> Callable:
     return copy
 
 
+def same_values(a, b) -> bool:
+    """Bit for bit equal (so -0.0 differs from 0.0), NaNs at the same places whatever their
+    payload; tuples element by element."""
+    if isinstance(a, (tuple, list)):
+        return isinstance(b, (tuple, list)) and len(a) == len(b) and all(map(same_values, a, b))
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if a.dtype != torch.float32:
+        return torch.equal(a, b)
+    na, nb = torch.isnan(a), torch.isnan(b)
+    return torch.equal(na, nb) and torch.equal(a[~na].view(torch.int32), b[~nb].view(torch.int32))
+
+
+def _mark_dynamic(args: tuple) -> tuple:
+    for a in args:
+        if isinstance(a, torch.Tensor) and a.dim():
+            torch._dynamo.maybe_mark_dynamic(a, 0)
+    return args
+
+
 class LazyCompiled:
     """``fn`` compiled by Inductor on first call (dimension 0 of its inputs symbolic), else ``fn``.
 
@@ -70,17 +90,27 @@ class LazyCompiled:
     compiled kernel raises while the eager function succeeds on the same input, the kernel is
     marked broken, a warning is issued once, and every later call runs eager.
 
+    ``probe``: inputs on which the compiled kernel must give the eager kernel's values bit for
+    bit before it is used. Why: generated code can round differently from eager torch without
+    any error (Inductor drops fp32 -> fp16 -> fp32 casts; a build with unsafe math flags could
+    fold ``(a + m) - m`` to ``a``); a kernel that fails the probe is marked broken like one that
+    failed to compile.
+
     ``eager`` may be a different function than ``fn`` when the fastest eager code is not the
-    best code to fuse (the fp8 kernels); it must compute the same values, which the tests check.
+    best code to fuse (the fp8 kernels); it must compute the same values, which the probe and
+    the tests check.
     """
 
-    def __init__(self, fn: Callable, tag: str, eager: Callable | None = None) -> None:
+    def __init__(self, fn: Callable, tag: str, eager: Callable | None = None,
+                 probe: tuple | None = None) -> None:
         #: what runs when compiling is off or failed (``fn`` unless a faster eager version is given)
         self.eager = fn if eager is None else eager
         self.tag = tag
+        self.probe = probe
         self._fn = _distinct(fn, tag)
         self._compiled: Callable | None = None
-        self._warm = False
+        #: devices (``cpu``, ``cuda``) on which the compiled kernel has passed the probe
+        self._ready: set[str] = set()
         self._broken: str | None = None
         self._lock = threading.Lock()
         #: graphs Inductor compiled for this kernel (recompilations show up here)
@@ -101,23 +131,30 @@ class LazyCompiled:
         """Whether the next call will try the compiled kernel."""
         return self._broken is None and not compile_disabled()
 
+    def _first_call(self, args: tuple, device: str):
+        """Compile, check the probe on ``device`` and run ``args``, all under the lock (a thread
+        arriving while another compiles waits, then runs the compiled kernel). The probe runs
+        once per device type: Inductor generates different code for CPU and CUDA."""
+        with self._lock:
+            if self._compiled is None:
+                self._compiled = torch.compile(self._fn, backend=self._backend)
+            if device not in self._ready and self.probe is not None:
+                probe = tuple(p.to(device) for p in self.probe)
+                got = self._compiled(*_mark_dynamic(tuple(p.clone() for p in probe)))
+                if not same_values(got, self.eager(*probe)):
+                    raise ArithmeticError("compiled kernel differs from the eager kernel on the probe values")
+            out = self._compiled(*_mark_dynamic(args))
+            self._ready.add(device)
+            return out
+
     def __call__(self, *args):
         if not self.uses_compiled():
             return self.eager(*args)
-        if self._compiled is None:
-            with self._lock:
-                if self._compiled is None:
-                    self._compiled = torch.compile(self._fn, backend=self._backend)
-        for a in args:
-            if isinstance(a, torch.Tensor) and a.dim():
-                torch._dynamo.maybe_mark_dynamic(a, 0)
+        device = args[0].device.type if isinstance(args[0], torch.Tensor) else "cpu"
         try:
-            if self._warm:
-                return self._compiled(*args)
-            with self._lock:
-                out = self._compiled(*args)
-                self._warm = True
-                return out
+            if device not in self._ready:
+                return self._first_call(args, device)
+            return self._compiled(*_mark_dynamic(args))
         except Exception as exc:  # noqa: BLE001 - any compiler failure means: run eager
             out = self.eager(*args)  # a genuine error in the inputs raises here, uncaught
             self._broken = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"

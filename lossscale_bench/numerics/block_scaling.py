@@ -224,6 +224,22 @@ def _amax_core(x1, block: int, elem: ElementFormat, pow2: bool, amax_floor: floa
     return out2.view(-1), *_counts(x2, out2, scaled, amax <= _F32_MAX, elem)
 
 
+def _probe_blocks() -> torch.Tensor:
+    """256 finite values (8 MX blocks, 2 tiles) the compiled kernels must reproduce exactly
+    before use: a zero block, an fp32-subnormal block, blocks whose max saturates under floor,
+    a block at fp32's max, and ordinary and fp8 edge values."""
+    def block(head: list[float]) -> list[float]:
+        return head + [0.0] * (32 - len(head))
+
+    blocks = [block([-0.0]), block([2.0 ** -130, -3 * 2.0 ** -135, 2.0 ** -140, 2.0 ** -149]),
+              block([1.9, -0.5, 1e-6, 0.01] + [0.25] * 28), block([1.95, -0.5, 1e-6, 0.01] + [0.25] * 28),
+              block([_F32_MAX, -_F32_MAX, 1.0, -1e30]),
+              (torch.linspace(-3.0, 3.0, 32) * 2.0 ** -20).tolist(), (torch.linspace(-1.0, 1.0, 32) * 1e5).tolist(),
+              block([448.0, -448.0, 464.0, 17.0, 19.0, 0.3, 2.0 ** -9, 1.5 * 2.0 ** -9, 65504.0, 57344.0])]
+    return torch.tensor(sum(blocks, []), dtype=torch.float32)
+
+
+PROBE = _probe_blocks()
 _KERNELS: dict[tuple, LazyCompiled] = {}
 
 
@@ -251,7 +267,7 @@ def _kernel(granularity: str, elem: ElementFormat, mode: str, pow2: bool, amax_f
             return _amax_core(x1, block, elem, pow2, amax_floor, with_counts, True)
         tag = f"{granularity}_{elem.name}_{'pow2' if pow2 else 'exact'}_{amax_floor:g}"
     tag += "_counts" if with_counts else ""
-    return _KERNELS.setdefault(key, LazyCompiled(fused, tag, eager=eager))
+    return _KERNELS.setdefault(key, LazyCompiled(fused, tag, eager=eager, probe=(PROBE,)))
 
 
 def _flatten(x: torch.Tensor, granularity: str) -> tuple[torch.Tensor, tuple[int, int, int]]:
@@ -274,30 +290,35 @@ def _flatten(x: torch.Tensor, granularity: str) -> tuple[torch.Tensor, tuple[int
 
 
 def block_round(x: torch.Tensor, fmt: str = "e4m3", granularity: str = "mx32", *,
-                mode: str = "floor", pow2: bool | None = None, amax_floor: float = 0.0,
+                mode: str | None = None, pow2: bool | None = None, amax_floor: float = 0.0,
                 counts: bool = False, compiled: bool | None = None):
     """Block-scaled round trip of ``x`` (module doc): what the block-scaled ``fmt`` gradient
     dequantises to, in ``x``'s shape and dtype, with no autograd history.
 
     ``fmt``: element format, ``"e4m3"``, ``"e5m2"`` or ``"fp16"``; element casts saturate.
-    ``granularity``: ``"tensor"``, ``"tile128"`` or ``"mx32"``. ``mode`` (mx32 only): ``"floor"``
-    (the spec; saturates block maxima above 1.75 * 2^emax_elem), ``"ceil"``, ``"even"``,
-    ``"rceil"``. ``pow2`` and ``amax_floor``: tensor and tile128 only (None: True for tile128,
-    False for tensor). ``counts``: also return :class:`FlushSaturate` counts (flush and
-    saturation judged in the scaled domain the cast saw). ``compiled``: force the compiled
-    (True) or eager (False) kernel; None uses the compiled one unless ``LSBENCH_NO_COMPILE=1``.
-    fp16/bf16 inputs are computed in fp32 and rounded back to their dtype.
+    ``granularity``: ``"tensor"``, ``"tile128"`` or ``"mx32"``. ``mode`` (mx32 only; None is
+    ``"floor"``, the spec's rule, which saturates block maxima above 1.75 * 2^emax_elem):
+    ``"floor"``, ``"ceil"``, ``"even"``, ``"rceil"``. ``pow2`` and ``amax_floor``: tensor and
+    tile128 only (``pow2`` None: True for tile128, False for tensor). ``counts``: also return
+    :class:`FlushSaturate` counts (flush and saturation judged in the scaled domain the cast
+    saw). ``compiled``: False runs the eager kernel; True the compiled one (unless
+    ``LSBENCH_NO_COMPILE=1`` or compiling failed, then eager); None: compiled where possible.
+    Blocks of fewer than 2 (tensors of fewer than 2 elements) always run eager. fp16/bf16
+    inputs are computed in fp32 and rounded back to their dtype.
     """
     if granularity not in GRANULARITIES:
         raise ValueError(f"unknown granularity {granularity!r}; allowed: {', '.join(GRANULARITIES)}")
     if fmt not in ELEMENTS:
         raise ValueError(f"unknown element format {fmt!r}; allowed: {', '.join(ELEMENTS)}")
     if granularity == "mx32":
+        mode = "floor" if mode is None else mode
         if mode not in MX_MODES:
             raise ValueError(f"unknown MX scale mode {mode!r}; allowed: {', '.join(MX_MODES)}")
         if pow2 is not None or amax_floor:
             raise ValueError("pow2 and amax_floor apply to the tensor and tile128 granularities")
         pow2 = True
+    elif mode is not None:
+        raise ValueError("mode applies to the mx32 granularity only")
     elif pow2 is None:
         pow2 = granularity == "tile128"
     elem = ELEMENTS[fmt]
@@ -305,7 +326,7 @@ def block_round(x: torch.Tensor, fmt: str = "e4m3", granularity: str = "mx32", *
         out = x.detach().clone()
         return (out, FlushSaturate(*(torch.zeros((), dtype=torch.int64) for _ in range(3)))) if counts else out
     x1, (rows, cols, pad) = _flatten(x, granularity)
-    k = _kernel(granularity, elem, mode if granularity == "mx32" else "", pow2, float(amax_floor), counts)
+    k = _kernel(granularity, elem, mode or "", pow2, float(amax_floor), counts)
     # Dynamo specialises sizes 0 and 1: a single block (or a 1-element tensor) runs eager
     # rather than costing a second compiled graph
     small = x1.numel() < 2 if granularity == "tensor" else x1.numel() < 2 * _BLOCK[granularity]

@@ -3,8 +3,8 @@
 Why not just ``t.to(torch.float8_e4m3fn).float()``: on CPU that eager cast costs ~10 ms per
 2 M elements (E5M2 ~1.8 ms, fp16 ~0.4 ms), and the emulation rounds every activation gradient
 and parameter gradient, so an E4M3-gradient step pays it many times over. The same rounding
-written with fp32 arithmetic on the bits and fused by ``torch.compile`` costs ~0.5 ms, and
-~3 ms eager (docs/numerics_benchmarks.md). Every implementation here is bit-identical to torch's
+written with fp32 arithmetic on the bits and fused by ``torch.compile`` costs ~0.5-1 ms, and
+~3-5 ms eager (docs/numerics_benchmarks.md). Every implementation here is bit-identical to torch's
 cast, NaN bit patterns included; the tests check it on ties, subnormals, the overflow edge and
 1e6 random values.
 
@@ -33,8 +33,8 @@ format into NaN. Where is that edge? 448 = 1.75 * 2^8 is the code ``S.1111.110``
 bits 110); the next code up, ``S.1111.111`` = 1.875 * 2^8 = 480, is NaN in ``e4m3fn``. The
 midpoint 464 is a tie between significand 110 (even) and 111 (odd), so round-half-to-even sends
 464 *down* to 448; anything above 464 rounds to the 480 code, i.e. NaN. Hence: non-saturating
-E4M3 gives NaN for ``|x| > 464`` and for +-inf, and 464 itself is 448. (A brief that says "464
-goes to the 480 code" has the parity backwards; the tests pin 464 -> 448 and the next fp32 above
+E4M3 gives NaN for ``|x| > 464`` and for +-inf, and 464 itself is 448. (It is easy to get the
+parity backwards and send 464 to the 480 code; the tests pin 464 -> 448 and the next fp32 above
 464 -> NaN.)
 
 E5M2 has inf and torch's cast does not saturate it (57344 = 1.75 * 2^15; the tie at 61440 goes to
@@ -208,6 +208,21 @@ def _cast_fused(x: torch.Tensor, spec: Fp8Spec, saturate: bool) -> torch.Tensor:
     return (b | (x.view(torch.int32) & _SIGN)).view(torch.float32)
 
 
+def _probe_values() -> torch.Tensor:
+    """Values a compiled kernel must round exactly like the eager one before it is used
+    (``LazyCompiled``'s probe): zeros, fp32 subnormals, both formats' subnormal ties, ties in the
+    normal range, the overflow edges of E4M3, E5M2 and fp16, huge values, inf and NaN."""
+    v = [0.0, 1e-45, 3 * 2.0 ** -149, 2.0 ** -127, 2.0 ** -126, 2.0 ** -20, 2.0 ** -17, 3 * 2.0 ** -17,
+         2.0 ** -16, 2.0 ** -10, 1.5 * 2.0 ** -9, 2.5 * 2.0 ** -9, 2.0 ** -6 - 2.0 ** -20, 0.3, 1.0, 1.0625,
+         17.0, 19.0, 240.0, 448.0, 463.99997, 464.0, 464.00003, 480.0, 500.0, 57344.0, 61439.996, 61440.0,
+         65504.0, 65520.0, 1e6, 1e38, 3.4028234663852886e38, float("inf"), float("nan")]
+    t = torch.tensor(v, dtype=torch.float32)
+    return torch.cat([t, -t])
+
+
+PROBE = _probe_values()
+
+
 def _fastest_eager(spec: Fp8Spec) -> Callable:
     """The eager fallback of the compiled kernels: the bit-level rounding for E4M3 (~3 ms per
     2 M elements against ~10 ms for torch's cast), torch's cast for E5M2 (vectorised, ~1.8 ms)."""
@@ -234,7 +249,7 @@ def compiled_kernel(kind: str, spec: Fp8Spec, saturate: bool) -> LazyCompiled:
         eager = _fastest_eager(spec) if kind == "bits" else _cast_eager
         tag = f"{kind}_{spec.name}_{'sat' if saturate else 'nosat'}"
         k = _COMPILED.setdefault(key, LazyCompiled(_kernel(fused, spec, saturate), tag,
-                                                   eager=_kernel(eager, spec, saturate)))
+                                                   eager=_kernel(eager, spec, saturate), probe=(PROBE,)))
     return k
 
 

@@ -218,6 +218,7 @@ def test_a_failing_compiler_falls_back_to_eager_once(monkeypatch):
             raise RuntimeError("no C++ compiler\nsecond line")
         return run
 
+    monkeypatch.delenv("LSBENCH_NO_COMPILE", raising=False)
     monkeypatch.setattr(torch, "compile", broken_compile)
     k = LazyCompiled(lambda x: x * 2 + 1, "test_fallback")
     with pytest.warns(RuntimeWarning, match="no C\\+\\+ compiler"):
@@ -299,3 +300,16 @@ def test_usable_inside_autograd_functions_and_hooks():
     ref = run(lambda t: t.to(torch.float8_e4m3fn).to(t.dtype))
     for a, b in zip(ours, ref):
         assert torch.equal(bits(a), bits(b))
+
+
+def test_a_compiled_kernel_that_rounds_differently_is_not_used(monkeypatch):
+    """The probe: generated code that silently differs from eager (here: a 'compiler' that
+    drops the rounding, as Inductor does with fp32 -> fp16 -> fp32) is caught before use."""
+    monkeypatch.delenv("LSBENCH_NO_COMPILE", raising=False)
+    monkeypatch.setattr(torch, "compile", lambda f, **kw: (lambda x: x.clone()))
+    probe = torch.tensor([1.0, 0.3, 500.0])
+    k = LazyCompiled(lambda x: x.half().float(), "test_probe", probe=(probe,))
+    with pytest.warns(RuntimeWarning, match="differs from the eager kernel"):
+        out = k(torch.tensor([0.1, 0.2]))
+    assert torch.equal(out, torch.tensor([0.1, 0.2]).half().float())
+    assert not k.uses_compiled()
