@@ -1,10 +1,16 @@
 """Numerics the FP8/MX emulation needs: exact fp8 round trips and block-scaled gradient formats.
 
-* :mod:`.fp8`: E4M3/E5M2 round trips bit-identical to torch's cast, fast on CPU.
+* :mod:`.fp8`: E4M3/E5M2 round trips bit-identical to torch's cast, fast on CPU (compiled by
+  Inductor on first use, eager fallback; ``LSBENCH_NO_COMPILE=1`` forces eager).
 * :mod:`.block_scaling`: per-tensor, 1x128-tile and MX-32 block-scaled round trips, and the
   flush/saturation counts the telemetry needs.
+
+torchao is not needed; the tests compare against it when it is installed.
 """
 
+from .block_scaling import (GRANULARITIES, MX_MODES, FlushSaturate, amax_scale, block_round,
+                            count_flush_saturate, mx_exponent)
 from .fp8 import E4M3, E5M2, Fp8Spec, round_e4m3, round_e5m2, round_fp8
 
-__all__ = ["E4M3", "E5M2", "Fp8Spec", "round_e4m3", "round_e5m2", "round_fp8"]
+__all__ = ["E4M3", "E5M2", "GRANULARITIES", "MX_MODES", "FlushSaturate", "Fp8Spec", "amax_scale",
+           "block_round", "count_flush_saturate", "mx_exponent", "round_e4m3", "round_e5m2", "round_fp8"]

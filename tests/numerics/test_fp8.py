@@ -41,7 +41,9 @@ def edge_values(dtype: torch.dtype) -> torch.Tensor:
     fmax = torch.finfo(dtype).max
     top = [fmax, fmax * 1.03125, fmax * 1.0625, fmax * 1.07, fmax * 1.1, fmax * 1.125, fmax * 1.2, 1e6, 1e38,
            3.4028234663852886e38]
-    top += [nextafter(v, d) for v in top[:3] for d in (math.inf, -math.inf)]
+    mid = fmax + 2.0 ** (math.floor(math.log2(fmax)) - (3 if dtype == torch.float8_e4m3fn else 2) - 1)
+    top += [mid, 2 * mid - fmax]          # the overflow tie (464, 61440) and the first code past max
+    top += [nextafter(v, d) for v in top[:3] + [mid] for d in (math.inf, -math.inf)]
     sub = [2.0 ** -149, 3 * 2.0 ** -149, 2.0 ** -140, 2.0 ** -127, 2.0 ** -126 - 2.0 ** -149, 2.0 ** -126]
     pos = torch.cat([codes, mids, near, torch.tensor(top + sub)])
     special = torch.cat([torch.tensor([0.0, -0.0, math.inf, -math.inf, math.nan]),
