@@ -16,6 +16,8 @@ import pandas as pd
 from .metric_names import value_header
 from .summary import ALPHA, EMULATED_SUFFIX, STATUSES, _is_map_metric, _isna, _scale, is_emulated, model_name
 
+from ..study.precisions import PRECISION_SPECS
+
 __all__ = ["HEADERS", "VS_HEADER", "SEEDS_NOTE", "EMULATED_MARK", "EMULATION_NOTES", "TableStudy"]
 
 _EVAL_METRIC_NAMES = {
@@ -31,12 +33,7 @@ _EVAL_METRIC_NAMES_50 = {
 
 EMULATED_MARK = "†"
 #: what each emulation rounds; an emulation not listed here gets a generic note
-EMULATION_NOTES: dict[str, str] = {
-    "fp16-emulated": "these numbers come from the CPU fp16 emulation "
-    "(compute in fp32, fp16 rounding of layer outputs and gradients), not real fp16.",
-    "fp8-emulated": "these numbers come from the CPU fp8 emulation "
-    "(compute in fp32, conv/linear outputs rounded to float8 E4M3, gradients to E5M2), not real fp8.",
-}
+EMULATION_NOTES: dict[str, str] = {n: p.note for n, p in PRECISION_SPECS.items() if p.emulated and p.note}
 
 HEADERS = ("Model", "Loss scale", "Batch size")
 VS_HEADER = "vs baseline"
