@@ -61,73 +61,58 @@ def _np(x, dtype=None, shape=None) -> np.ndarray:
     return arr
 
 
-def calc_detection_voc_prec_rec(pred_bboxes: Iterable, pred_labels: Iterable, pred_scores: Iterable,
-                                gt_bboxes: Iterable, gt_labels: Iterable, gt_difficults: Iterable | None = None,
-                                iou_thresh: float = 0.5):
-    """Per-class precision and recall arrays (``None`` for a class absent from the inputs or,
-    for recall, without non-difficult ground truth). Inputs are iterables over images."""
+def _per_image_inputs(pred_bboxes, pred_labels, pred_scores, gt_bboxes, gt_labels, gt_difficults) -> list:
+    """The inputs as lists of one entry per image (``None`` difficults: nothing is difficult)."""
     pred_bboxes, pred_labels, pred_scores = list(pred_bboxes), list(pred_labels), list(pred_scores)
     gt_bboxes, gt_labels = list(gt_bboxes), list(gt_labels)
     n = len(gt_bboxes)
-    if gt_difficults is None:
-        gt_difficults = [None] * n
-    else:
-        gt_difficults = list(gt_difficults)
+    gt_difficults = [None] * n if gt_difficults is None else list(gt_difficults)
     lengths = {len(pred_bboxes), len(pred_labels), len(pred_scores), n, len(gt_labels), len(gt_difficults)}
     if len(lengths) != 1:
         raise ValueError("eval_detection_voc: all inputs must have one entry per image "
                          f"(got lengths {sorted(lengths)})")
+    return [pred_bboxes, pred_labels, pred_scores, gt_bboxes, gt_labels, gt_difficults]
 
-    n_pos: dict[int, int] = defaultdict(int)
-    score: dict[int, list] = defaultdict(list)
-    match: dict[int, list] = defaultdict(list)
 
-    for pb, pl, ps, gb, gl, gd in zip(pred_bboxes, pred_labels, pred_scores, gt_bboxes, gt_labels, gt_difficults):
-        pb = _np(pb, np.float64, (-1, 4))
-        pl = _np(pl, np.int64, (-1,))
-        ps = _np(ps, np.float64, (-1,))
-        gb = _np(gb, np.float64, (-1, 4))
-        gl = _np(gl, np.int64, (-1,))
-        gd = np.zeros(len(gb), dtype=bool) if gd is None else _np(gd, bool, (-1,))
-        if not (len(pb) == len(pl) == len(ps)) or not (len(gb) == len(gl) == len(gd)):
-            raise ValueError("eval_detection_voc: boxes, labels, scores (and difficults) of an image differ in length")
+def _match_image(pb, pl, ps, gb, gl, gd, iou_thresh: float, n_pos: dict, score: dict, match: dict) -> None:
+    """Add one image's detections to ``score``/``match`` and its positives to ``n_pos``, per class.
 
-        for lab in np.unique(np.concatenate([pl, gl])):
-            lab = int(lab)
-            pm = pl == lab
-            pb_l, ps_l = pb[pm], ps[pm]
-            order = ps_l.argsort(kind="stable")[::-1]
-            pb_l, ps_l = pb_l[order], ps_l[order]
+    ``match`` entries: 1 true positive, 0 false positive, -1 matched a difficult box (ignored).
+    """
+    pb, pl, ps = _np(pb, np.float64, (-1, 4)), _np(pl, np.int64, (-1,)), _np(ps, np.float64, (-1,))
+    gb, gl = _np(gb, np.float64, (-1, 4)), _np(gl, np.int64, (-1,))
+    gd = np.zeros(len(gb), dtype=bool) if gd is None else _np(gd, bool, (-1,))
+    if not (len(pb) == len(pl) == len(ps)) or not (len(gb) == len(gl) == len(gd)):
+        raise ValueError("eval_detection_voc: boxes, labels, scores (and difficults) of an image differ in length")
+    for lab in np.unique(np.concatenate([pl, gl])):
+        lab = int(lab)
+        pm = pl == lab
+        pb_l, ps_l = pb[pm], ps[pm]
+        order = ps_l.argsort(kind="stable")[::-1]
+        pb_l, ps_l = pb_l[order], ps_l[order]
+        gm = gl == lab
+        gb_l, gd_l = gb[gm], gd[gm]
+        n_pos[lab] += int(np.logical_not(gd_l).sum())
+        score[lab].extend(ps_l.tolist())
+        if len(pb_l) == 0:
+            continue
+        if len(gb_l) == 0:
+            match[lab].extend([0] * len(pb_l))
+            continue
+        iou = bbox_iou(pb_l, gb_l)
+        gt_index = iou.argmax(axis=1)
+        gt_index[iou.max(axis=1) < iou_thresh] = -1
+        taken = np.zeros(len(gb_l), dtype=bool)
+        for g in gt_index:
+            if g >= 0:
+                match[lab].append(-1 if gd_l[g] else (0 if taken[g] else 1))
+                taken[g] = True
+            else:
+                match[lab].append(0)
 
-            gm = gl == lab
-            gb_l, gd_l = gb[gm], gd[gm]
 
-            n_pos[lab] += int(np.logical_not(gd_l).sum())
-            score[lab].extend(ps_l.tolist())
-
-            if len(pb_l) == 0:
-                continue
-            if len(gb_l) == 0:
-                match[lab].extend([0] * len(pb_l))
-                continue
-
-            iou = bbox_iou(pb_l, gb_l)
-            gt_index = iou.argmax(axis=1)
-            gt_index[iou.max(axis=1) < iou_thresh] = -1
-
-            taken = np.zeros(len(gb_l), dtype=bool)
-            for g in gt_index:
-                if g >= 0:
-                    if gd_l[g]:
-                        match[lab].append(-1)
-                    else:
-                        match[lab].append(0 if taken[g] else 1)
-                    taken[g] = True
-                else:
-                    match[lab].append(0)
-
-    if not n_pos:
-        return [], []
+def _prec_rec(n_pos: dict, score: dict, match: dict) -> tuple[list, list]:
+    """Precision and recall per class from the pooled matches, in descending score order."""
     n_fg_class = max(n_pos) + 1
     prec: list = [None] * n_fg_class
     rec: list = [None] * n_fg_class
@@ -143,6 +128,22 @@ def calc_detection_voc_prec_rec(pred_bboxes: Iterable, pred_labels: Iterable, pr
         if n_pos[lab] > 0:
             rec[lab] = tp / n_pos[lab]
     return prec, rec
+
+
+def calc_detection_voc_prec_rec(pred_bboxes: Iterable, pred_labels: Iterable, pred_scores: Iterable,
+                                gt_bboxes: Iterable, gt_labels: Iterable, gt_difficults: Iterable | None = None,
+                                iou_thresh: float = 0.5):
+    """Per-class precision and recall arrays (``None`` for a class absent from the inputs or,
+    for recall, without non-difficult ground truth). Inputs are iterables over images."""
+    per_image = _per_image_inputs(pred_bboxes, pred_labels, pred_scores, gt_bboxes, gt_labels, gt_difficults)
+    n_pos: dict[int, int] = defaultdict(int)
+    score: dict[int, list] = defaultdict(list)
+    match: dict[int, list] = defaultdict(list)
+    for pb, pl, ps, gb, gl, gd in zip(*per_image):
+        _match_image(pb, pl, ps, gb, gl, gd, iou_thresh, n_pos, score, match)
+    if not n_pos:
+        return [], []
+    return _prec_rec(n_pos, score, match)
 
 
 def calc_detection_voc_ap(prec: list, rec: list, use_07_metric: bool = False) -> np.ndarray:
