@@ -26,6 +26,7 @@ left without objects) and evaluation splits keep them, flagged.
 
 from __future__ import annotations
 
+import os
 import xml.etree.ElementTree as ET
 from collections import Counter
 from pathlib import Path
@@ -127,7 +128,7 @@ class VOCDetection(Dataset):
         for img_id in read_split_ids(list_file):
             if max_images is not None and len(self._records) >= int(max_images):
                 return
-            rec = self._parse(year_dir, annotation_file(year_dir, img_id), img_id)
+            rec = self._parse(year_dir, Path(annotation_file(year_dir, img_id)), img_id)
             if self.train and len(rec["labels"]) == 0:
                 continue
             self._records.append(rec)
@@ -147,10 +148,10 @@ class VOCDetection(Dataset):
                 "difficult": torch.tensor([o[2] for o in objects], dtype=torch.bool)}
 
     def _image_path(self, rec: dict) -> Path:
-        cands = image_candidates(rec["dir"], rec["id"], rec.get("file_name"))
+        cands = list(image_candidates(rec["dir"], rec["id"], rec.get("file_name")))
         for p in cands:
-            if p.is_file():
-                return p
+            if os.path.isfile(p):
+                return Path(p)
         raise DataNotFound(f"VOC image not found: {cands[0]}")
 
     # ------------------------------------------------------------------

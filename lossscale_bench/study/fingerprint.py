@@ -124,10 +124,10 @@ def _content_digest(path: str) -> Optional[str]:
         return None
 
 
-def _image_size(year_dir: Path, img_id: str) -> int:
+def _image_size(year_dir: str, img_id: str) -> int:
     """The size of the first image candidate there (as the loader looks, but the XML's <filename>)."""
     for p in image_candidates(year_dir, img_id):
-        n = _size(str(p))
+        n = _size(p)
         if n >= 0:
             return n
     return -1
@@ -151,9 +151,10 @@ def _voc(cfg: dict) -> str:
                 if digest is None:
                     complete = False
                     continue
+                year = str(year_dir)
                 for img_id in read_split_ids(list_file):
-                    ann = _content_digest(str(annotation_file(year_dir, img_id)))
-                    img = _image_size(year_dir, img_id)
+                    ann = _content_digest(annotation_file(year, img_id))
+                    img = _image_size(year, img_id)
                     complete = complete and ann is not None and img >= 0
                     lines.append(f"{img_id} {ann or MISSING} {img}")
     digest = _digest(lines)
