@@ -2,10 +2,11 @@
 scores on, and what ``lsbench validate`` checks in the evaluation file before a trial starts.
 
 The file must be a JSON object with a non-empty ``categories`` list, an ``images`` list
-(non-empty in the evaluation file) and an ``annotations`` list; an image record needs an integer ``id`` (unique), a ``file_name`` and a
-positive ``width`` and ``height``; a category an integer ``id`` (unique) and a ``name``. Anything
-else about the file is an error no option drops (it names the file and the record:
-``images[3]: no 'file_name'``), because a reader that guesses gives "0 samples" or a traceback.
+(non-empty in the evaluation file) and an ``annotations`` list; an image record needs an
+integer ``id`` (unique), a ``file_name`` and a positive ``width`` and ``height``; a category an
+integer ``id`` (unique) and a ``name``. Anything else about the file is an error no option
+drops (it names the file and the record: ``images[3]: no 'file_name'``), because a reader that
+guesses gives "0 samples" or a traceback (``KeyError: 'bbox'``, as it did).
 
 An annotation record (``annotations[i] (id N)``) is bad, and goes to :class:`~.annotations.Drops`,
 when its ``image_id`` is not an image of the file, its ``category_id`` not a category, its

@@ -250,8 +250,8 @@ COCO_CASES = {  # edit of the evaluation json -> what the line must show after "
                                                                                  "annotation record"),
     "nan bbox": (lambda d: d["annotations"][0].update(bbox=[1, float("nan"), 5, 5]), "annotations[0] (id 1): bbox "
                                                                                       "[1, NaN, 5, 5] has a non"),
-    "unknown category": (lambda d: d["annotations"][0].update(category_id=99), "annotations[0] (id 1): category_id "
-                                                                                "99 is not in categories (ids 1, 2, 3)"),
+    "unknown category": (lambda d: d["annotations"][0].update(category_id=99),
+                         "annotations[0] (id 1): category_id 99 is not in categories (ids 1, 2, 3)"),
     "image without file_name": (lambda d: d["images"][2].pop("file_name"), "images[2] (id 3): no 'file_name'"),
     "category without id": (lambda d: d["categories"][0].pop("id"), "categories[0]: {\"name\": \"rectangle\", "
                                                                     "\"supercategory\": \"shape\"} is not a category "
