@@ -1,6 +1,8 @@
 """Pascal VOC (and any data set in its format) for the detectors.
 
-Layout (the VOCdevkit tarballs, or any folder in the same format)::
+Layout (the VOCdevkit tarballs, or any folder in the same format; defined once, for this
+loader, ``lsbench validate`` and the trial-id fingerprint, in
+:mod:`lossscale_bench.study.voc_layout`)::
 
     <year dir>/Annotations/<id>.xml          objects: name, difficult, bndbox
     <year dir>/ImageSets/Main/<split>.txt    one image id per line
@@ -21,7 +23,10 @@ bool ``[N]`` and ``image_id`` (the sample's index). The devkit's boxes are
 convention ``evaluation.voc`` scores without any ``+1``.
 
 As in chainercv, training splits drop *difficult* objects (and then images
-left without objects) and evaluation splits keep them, flagged.
+left without objects) and evaluation splits keep them, flagged. Each XML is
+read by :func:`lossscale_bench.study.voc_annotations.parse_voc`, whose rules
+(an unknown class or an impossible box is an error, or dropped and counted)
+``lsbench validate`` applies before any trial.
 """
 
 from __future__ import annotations
