@@ -45,7 +45,23 @@ def _break(kind: str, root: Path) -> None:
             f.write_text("<annotation><object><name>square</name><bndbox><xmin>1</xmin>")  # cut off
 
 
-@pytest.mark.parametrize("kind", ["jpeg", "xml"])
+def test_a_broken_annotation_is_a_user_error_before_any_trial(tmp_path):
+    """Issue 19: `run` reads the annotations before training (was: every trial failed, exit 3)."""
+    from lossscale_bench.data.voc import make_tiny_voc
+
+    root = tmp_path / "voc"
+    make_tiny_voc(root, {"trainval": 4, "test": 2}, seed=1)
+    _break("xml", root)
+    study = tmp_path / "s.yaml"
+    study.write_text(VOC_STUDY.format(kind="xml", root=root))
+    r = _run(tmp_path, study)
+    assert r.returncode == 2 and r.stdout == "", (r.returncode, r.stdout[-2000:], r.stderr[-3000:])
+    line, = r.stderr.strip().splitlines()
+    assert line.startswith(f"lsbench: error: {study}: dataset: {root / 'Annotations'}/") and "not valid XML" in line
+    assert not (tmp_path / "runs" / "mlflow.db").exists()
+
+
+@pytest.mark.parametrize("kind", ["jpeg"])
 def test_every_trial_failed_exits_3_with_the_report(tmp_path, kind):
     from lossscale_bench.data.voc import make_tiny_voc
 

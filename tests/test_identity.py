@@ -193,7 +193,8 @@ def test_file_digest_is_cached_by_path_size_and_mtime(tmp_path):
 
 
 def test_voc_fingerprint_of_many_images_is_cheap(tmp_path):
-    """VOC07+12 lists ~16k images (0.2 s measured on 2 busy cores, docs in study/fingerprint.py); 8k here."""
+    """VOC07+12 lists 21.5k images, whose XMLs are hashed (0.4 s of CPU: benchmarks/fingerprint_speed.py,
+    docs/benchmarks.md); 8k here."""
     d = tmp_path / "big"
     for sub in ("Annotations", "JPEGImages", "ImageSets/Main"):
         (d / sub).mkdir(parents=True)

@@ -144,7 +144,8 @@ class CocoDetection(_SeededFlip, Dataset):
         keep = valid_box_mask(b, 1.0)
         self.skipped_boxes += int((~keep).sum())
         return {"id": int(im["id"]), "file_name": im["file_name"], "width": w, "height": h,
-                "boxes": b[keep], "labels": torch.tensor(labels, dtype=torch.int64)[keep], "objects_scored": len(labels)}
+                "boxes": b[keep], "labels": torch.tensor(labels, dtype=torch.int64)[keep],
+                "objects_scored": len(labels)}  # pycocotools scores the tiny boxes too
 
     @property
     def dropped_annotations(self) -> dict[str, int]:

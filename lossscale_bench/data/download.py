@@ -167,22 +167,73 @@ def _say(quiet: bool, msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
 
 
-def _resume_mode(resp, url: str, part: Path, have: int, length: int | None, quiet: bool):
-    """``(bytes kept, file mode, total size)`` from the server's answer to a (resumed) request:
-    206 with a Content-Range starting at ``have`` appends; 200/203 start over; anything else is
-    an error (a resume that lands elsewhere would corrupt the file)."""
+def _resume_mode(resp, url: str, have: int, part: Path, quiet: bool) -> tuple[int, str, int | None]:
+    """``(bytes kept, file mode, total size or None)`` from the server's answer to a (resumed) request."""
     status = resp.status
+    length = resp.headers.get("Content-Length")
+    length = int(length) if length is not None and length.isdigit() else None
     if have and status == 206:
         m = re.match(r"bytes (\d+)-(\d+)/(\d+|\*)", resp.headers.get("Content-Range", ""))
         if not m or int(m.group(1)) != have:
             raise DownloadError(f"{url}: server answered a resume from byte {have} with "
                                 f"Content-Range {resp.headers.get('Content-Range')!r}")
-        return have, "ab", (int(m.group(3)) if m.group(3) != "*" else None)
+        return have, "ab", int(m.group(3)) if m.group(3) != "*" else None
     if status in (200, 203):
         if have:
             _say(quiet, f"  {part.name}: server ignored the resume request; starting over")
         return 0, "wb", length
     raise DownloadError(f"{url}: unexpected HTTP status {status}")
+
+
+class _Progress:
+    """Bytes received in the current attempt (kept when it fails midway), and a line every 10 s."""
+
+    def __init__(self, part: Path, quiet: bool) -> None:
+        self.part, self.quiet, self.last_report, self.received = part, quiet, 0.0, 0
+
+    def copy(self, resp, mode: str, have: int, total: int | None) -> None:
+        """Append (``ab``) or write (``wb``) the body to the part file."""
+        with open(self.part, mode) as f:
+            while True:
+                block = resp.read(CHUNK)
+                if not block:
+                    break
+                f.write(block)
+                self.received += len(block)
+                now = time.monotonic()
+                if not self.quiet and now - self.last_report > 10:
+                    self.last_report = now
+                    done = have + self.received
+                    pct = f" ({100 * done / total:.0f}%)" if total else ""
+                    _say(self.quiet, f"  {self.part.name}: {done / 2**20:.0f} MiB{pct}")
+
+
+def _attempt(url: str, part: Path, have: int, timeout: float, progress: _Progress) -> None:
+    """One request from byte ``have``; returns when the body is complete, raises what went wrong."""
+    headers = {"User-Agent": "lossscale_bench-downloader/1", "Accept-Encoding": "identity"}
+    if have:
+        headers["Range"] = f"bytes={have}-"
+    req = urllib.request.Request(url, headers=headers)
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        length = resp.headers.get("Content-Length")
+        length = int(length) if length is not None and length.isdigit() else None
+        start, mode, total = _resume_mode(resp, url, have, part, progress.quiet)
+        progress.copy(resp, mode, start, total)
+        if length is not None and progress.received < length:
+            raise ConnectionError(f"connection closed after {progress.received} of {length} bytes")
+
+
+def _triage(exc: BaseException, url: str, have: int, part: Path) -> bool:
+    """True: ``exc`` is the HTTP 416 of a resume, so the file is complete; False: a retry may help;
+    raises :class:`DownloadError` for what no retry fixes (a client error, a full disk)."""
+    if isinstance(exc, urllib.error.HTTPError):
+        if exc.code == 416 and have:
+            return True
+        if exc.code < 500 and exc.code not in (408, 429):
+            raise DownloadError(f"{url}: HTTP {exc.code} {exc.reason}") from None
+    elif isinstance(exc, OSError) and getattr(exc, "errno", None) == errno.ENOSPC:
+        raise DownloadError(f"no space left on the device while writing {part}") from None
+    return False
 
 
 def download_file(url: str, part: Path, *, retries: int = 5, timeout: float = 60.0, backoff: float = 1.0,
@@ -196,55 +247,22 @@ def download_file(url: str, part: Path, *, retries: int = 5, timeout: float = 60
     """
     part.parent.mkdir(parents=True, exist_ok=True)
     failures = 0
-    last_report = 0.0
+    progress = _Progress(part, quiet)
     while True:
         have = part.stat().st_size if part.exists() else 0
         if on_attempt:
             on_attempt(failures, have)
-        headers = {"User-Agent": "lossscale_bench-downloader/1", "Accept-Encoding": "identity"}
-        if have:
-            headers["Range"] = f"bytes={have}-"
-        req = urllib.request.Request(url, headers=headers)
-        progressed = False
-        error: BaseException | None = None
+        progress.received = 0
         try:
-            with urllib.request.urlopen(req, timeout=timeout) as resp:
-                length = resp.headers.get("Content-Length")
-                length = int(length) if length is not None and length.isdigit() else None
-                have, mode, total = _resume_mode(resp, url, part, have, length, quiet)
-                received = 0
-                with open(part, mode) as f:
-                    while True:
-                        block = resp.read(CHUNK)
-                        if not block:
-                            break
-                        f.write(block)
-                        received += len(block)
-                        progressed = True
-                        now = time.monotonic()
-                        if not quiet and now - last_report > 10:
-                            last_report = now
-                            done = have + received
-                            pct = f" ({100 * done / total:.0f}%)" if total else ""
-                            _say(quiet, f"  {part.name}: {done / 2**20:.0f} MiB{pct}")
-                if length is not None and received < length:
-                    raise ConnectionError(f"connection closed after {received} of {length} bytes")
-                return part
-        except urllib.error.HTTPError as exc:
-            if exc.code == 416 and have:
-                return part
-            if exc.code < 500 and exc.code not in (408, 429):
-                raise DownloadError(f"{url}: HTTP {exc.code} {exc.reason}") from None
-            error = exc
+            _attempt(url, part, have, timeout, progress)
+            return part
         except DownloadError:
             raise
-        except OSError as exc:
-            if getattr(exc, "errno", None) == errno.ENOSPC:
-                raise DownloadError(f"no space left on the device while writing {part}") from None
-            error = exc
-        except (http.client.HTTPException, ConnectionError, TimeoutError) as exc:
-            error = exc
-        failures = 0 if progressed else failures + 1
+        except (OSError, http.client.HTTPException, ConnectionError, TimeoutError) as exc:
+            if _triage(exc, url, have, part):
+                return part
+            error: BaseException = exc
+        failures = 0 if progress.received else failures + 1
         if failures > retries:
             have = part.stat().st_size if part.exists() else 0
             raise DownloadError(f"download of {url} failed {failures} times in a row ({type(error).__name__}: "

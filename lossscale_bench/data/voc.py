@@ -1,6 +1,8 @@
 """Pascal VOC (and any data set in its format) for the detectors.
 
-Layout (the VOCdevkit tarballs, or any folder in the same format)::
+Layout (the VOCdevkit tarballs, or any folder in the same format; defined once, for this
+loader, ``lsbench validate`` and the trial-id fingerprint, in
+:mod:`lossscale_bench.study.voc_layout`)::
 
     <year dir>/Annotations/<id>.xml          objects: name, difficult, bndbox
     <year dir>/ImageSets/Main/<split>.txt    one image id per line
@@ -21,11 +23,15 @@ bool ``[N]`` and ``image_id`` (the sample's index). The devkit's boxes are
 convention ``evaluation.voc`` scores without any ``+1``.
 
 As in chainercv, training splits drop *difficult* objects (and then images
-left without objects) and evaluation splits keep them, flagged.
+left without objects) and evaluation splits keep them, flagged. Each XML is
+read by :func:`lossscale_bench.study.voc_annotations.parse_voc`, whose rules
+(an unknown class or an impossible box is an error, or dropped and counted)
+``lsbench validate`` applies before any trial.
 """
 
 from __future__ import annotations
 
+import os
 import xml.etree.ElementTree as ET
 from collections import Counter
 from pathlib import Path
@@ -127,7 +133,7 @@ class VOCDetection(Dataset):
         for img_id in read_split_ids(list_file):
             if max_images is not None and len(self._records) >= int(max_images):
                 return
-            rec = self._parse(year_dir, annotation_file(year_dir, img_id), img_id)
+            rec = self._parse(year_dir, Path(annotation_file(year_dir, img_id)), img_id)
             if self.train and len(rec["labels"]) == 0:
                 continue
             self._records.append(rec)
@@ -147,10 +153,10 @@ class VOCDetection(Dataset):
                 "difficult": torch.tensor([o[2] for o in objects], dtype=torch.bool)}
 
     def _image_path(self, rec: dict) -> Path:
-        cands = image_candidates(rec["dir"], rec["id"], rec.get("file_name"))
+        cands = list(image_candidates(rec["dir"], rec["id"], rec.get("file_name")))
         for p in cands:
-            if p.is_file():
-                return p
+            if os.path.isfile(p):
+                return Path(p)
         raise DataNotFound(f"VOC image not found: {cands[0]}")
 
     # ------------------------------------------------------------------

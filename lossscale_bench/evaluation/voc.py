@@ -61,10 +61,29 @@ def _np(x, dtype=None, shape=None) -> np.ndarray:
     return arr
 
 
-def _match_image(pb, pl, ps, gb, gl, gd, iou_thresh, n_pos, score, match) -> None:
-    """One image's detections matched to its ground truth, per class, greedily by score (chainercv's
-    rule): 1 a true positive, 0 a false positive (a second hit or no hit), -1 a difficult match
-    (ignored). Adds to ``n_pos`` (non-difficult ground truth), ``score`` and ``match``."""
+def _per_image_inputs(pred_bboxes, pred_labels, pred_scores, gt_bboxes, gt_labels, gt_difficults) -> list:
+    """The inputs as lists of one entry per image (``None`` difficults: nothing is difficult)."""
+    pred_bboxes, pred_labels, pred_scores = list(pred_bboxes), list(pred_labels), list(pred_scores)
+    gt_bboxes, gt_labels = list(gt_bboxes), list(gt_labels)
+    n = len(gt_bboxes)
+    gt_difficults = [None] * n if gt_difficults is None else list(gt_difficults)
+    lengths = {len(pred_bboxes), len(pred_labels), len(pred_scores), n, len(gt_labels), len(gt_difficults)}
+    if len(lengths) != 1:
+        raise ValueError("eval_detection_voc: all inputs must have one entry per image "
+                         f"(got lengths {sorted(lengths)})")
+    return [pred_bboxes, pred_labels, pred_scores, gt_bboxes, gt_labels, gt_difficults]
+
+
+def _match_image(pb, pl, ps, gb, gl, gd, iou_thresh: float, n_pos: dict, score: dict, match: dict) -> None:
+    """Add one image's detections to ``score``/``match`` and its positives to ``n_pos``, per class.
+
+    ``match`` entries: 1 true positive, 0 false positive, -1 matched a difficult box (ignored).
+    """
+    pb, pl, ps = _np(pb, np.float64, (-1, 4)), _np(pl, np.int64, (-1,)), _np(ps, np.float64, (-1,))
+    gb, gl = _np(gb, np.float64, (-1, 4)), _np(gl, np.int64, (-1,))
+    gd = np.zeros(len(gb), dtype=bool) if gd is None else _np(gd, bool, (-1,))
+    if not (len(pb) == len(pl) == len(ps)) or not (len(gb) == len(gl) == len(gd)):
+        raise ValueError("eval_detection_voc: boxes, labels, scores (and difficults) of an image differ in length")
     for lab in np.unique(np.concatenate([pl, gl])):
         lab = int(lab)
         pm = pl == lab
@@ -92,10 +111,8 @@ def _match_image(pb, pl, ps, gb, gl, gd, iou_thresh, n_pos, score, match) -> Non
                 match[lab].append(0)
 
 
-def _curves(n_pos, score, match):
-    """Per-class precision and recall over all images' matches, sorted by score."""
-    if not n_pos:
-        return [], []
+def _prec_rec(n_pos: dict, score: dict, match: dict) -> tuple[list, list]:
+    """Precision and recall per class from the pooled matches, in descending score order."""
     n_fg_class = max(n_pos) + 1
     prec: list = [None] * n_fg_class
     rec: list = [None] * n_fg_class
@@ -118,35 +135,15 @@ def calc_detection_voc_prec_rec(pred_bboxes: Iterable, pred_labels: Iterable, pr
                                 iou_thresh: float = 0.5):
     """Per-class precision and recall arrays (``None`` for a class absent from the inputs or,
     for recall, without non-difficult ground truth). Inputs are iterables over images."""
-    pred_bboxes, pred_labels, pred_scores = list(pred_bboxes), list(pred_labels), list(pred_scores)
-    gt_bboxes, gt_labels = list(gt_bboxes), list(gt_labels)
-    n = len(gt_bboxes)
-    if gt_difficults is None:
-        gt_difficults = [None] * n
-    else:
-        gt_difficults = list(gt_difficults)
-    lengths = {len(pred_bboxes), len(pred_labels), len(pred_scores), n, len(gt_labels), len(gt_difficults)}
-    if len(lengths) != 1:
-        raise ValueError("eval_detection_voc: all inputs must have one entry per image "
-                         f"(got lengths {sorted(lengths)})")
-
+    per_image = _per_image_inputs(pred_bboxes, pred_labels, pred_scores, gt_bboxes, gt_labels, gt_difficults)
     n_pos: dict[int, int] = defaultdict(int)
     score: dict[int, list] = defaultdict(list)
     match: dict[int, list] = defaultdict(list)
-
-    for pb, pl, ps, gb, gl, gd in zip(pred_bboxes, pred_labels, pred_scores, gt_bboxes, gt_labels, gt_difficults):
-        pb = _np(pb, np.float64, (-1, 4))
-        pl = _np(pl, np.int64, (-1,))
-        ps = _np(ps, np.float64, (-1,))
-        gb = _np(gb, np.float64, (-1, 4))
-        gl = _np(gl, np.int64, (-1,))
-        gd = np.zeros(len(gb), dtype=bool) if gd is None else _np(gd, bool, (-1,))
-        if not (len(pb) == len(pl) == len(ps)) or not (len(gb) == len(gl) == len(gd)):
-            raise ValueError("eval_detection_voc: boxes, labels, scores (and difficults) of an image differ in length")
-
+    for pb, pl, ps, gb, gl, gd in zip(*per_image):
         _match_image(pb, pl, ps, gb, gl, gd, iou_thresh, n_pos, score, match)
-
-    return _curves(n_pos, score, match)
+    if not n_pos:
+        return [], []
+    return _prec_rec(n_pos, score, match)
 
 
 def calc_detection_voc_ap(prec: list, rec: list, use_07_metric: bool = False) -> np.ndarray:

@@ -88,6 +88,7 @@ def _read_chainercv(path: Path) -> tuple[dict, int]:
             if len(keys) > 1:
                 _fail(path, f"{name}/{part} is ambiguous: {keys[:3]}")
             found.setdefault(name, {})[part] = arrays[keys[0]]
+            found[name][f"{part}_key"] = keys[0]
             used.add(keys[0])
     return found, len(arrays) - len(used)
 
@@ -112,25 +113,36 @@ def _read_pytorch(path: Path) -> tuple[dict, int]:
             if not isinstance(v, torch.Tensor):
                 _fail(path, f"{key} is not a tensor")
             found.setdefault(name, {})[part] = v.detach().cpu().numpy()
+            found[name][f"{part}_key"] = key
             used.add(key)
     # Caffe's VGG16 reads BGR images: conv1_1's input channels to RGB, as chainercv's caffe2npz does
     found["conv1_1"]["W"] = found["conv1_1"]["W"][:, ::-1]
     return found, len(state) - len(used)
 
 
-def convert(src: str | Path, dst: str | Path, fmt: str = "auto") -> dict:
-    """Write the backbone file ``dst`` from ``src``; return a summary (format, tensors, ignored keys)."""
-    src, dst = Path(src).expanduser(), Path(dst).expanduser()
-    if fmt not in FORMATS:
-        raise WeightsError(f"weights convert: unknown format {fmt!r}; allowed: {', '.join(FORMATS)}")
-    if not src.is_file():
-        _fail(src, "not a file")
+def _check_output(src: Path, dst: Path) -> None:
+    """Refuse an output path that cannot be written, before any work (a 0.5 GB read and convert)."""
+    if dst.is_dir():
+        _fail(dst, "is a directory; give the file to write, e.g. "
+                   f"{dst / 'vgg16_reducedfc_backbone.pth'}")
     if not dst.parent.is_dir():
         _fail(dst, "its directory does not exist")
     if dst.exists() and dst.resolve() == src.resolve():
         _fail(dst, "is the input file; choose another output path")
-    kind = _detect(src) if fmt == "auto" else fmt
-    found, ignored = (_read_chainercv if kind == "chainercv" else _read_pytorch)(src)
+
+
+def _open_temp(dst: Path):
+    """The temporary file the output is written to (renamed over ``dst`` when complete), opened now:
+    a read-only or full location is one line before the input is read."""
+    tmp = dst.with_name(dst.name + ".tmp")  # opened as a plain file: the umask's permissions, as dst's
+    try:
+        return open(tmp, "wb"), tmp
+    except OSError as exc:
+        _fail(dst, f"cannot write in {dst.parent} ({exc.strerror or type(exc).__name__})")
+
+
+def _tensors(src: Path, found: dict) -> dict[str, torch.Tensor]:
+    """The output state dict; wrong shapes, dtypes and non-finite values are refused naming the tensor."""
     out: dict[str, torch.Tensor] = {}
     for name, (wshape, bshape) in expected_shapes().items():
         w, b = np.asarray(found[name]["W"]), np.asarray(found[name]["b"])
@@ -138,14 +150,45 @@ def convert(src: str | Path, dst: str | Path, fmt: str = "auto") -> dict:
             _fail(src, f"{name} has shapes {tuple(w.shape)}/{tuple(b.shape)}, the fc-reduced VGG16's are {wshape}/{bshape}")
         if not (np.issubdtype(w.dtype, np.floating) and np.issubdtype(b.dtype, np.floating)):
             _fail(src, f"{name} is not floating point ({w.dtype})")
+        for part, arr in (("W", w), ("b", b)):
+            bad = int(arr.size - np.isfinite(arr).sum())
+            if bad:
+                _fail(src, f"tensor {found[name][f'{part}_key']!r} ({name} {'weight' if part == 'W' else 'bias'}) "
+                           f"holds {bad} non-finite value{'s' if bad > 1 else ''} (NaN or inf): a damaged file")
         prefix = f"features.{VGG_INDEX[VGG_CONVS.index(name)]}" if name in VGG_CONVS else name
         out[f"{prefix}.weight"] = torch.from_numpy(np.ascontiguousarray(w, dtype=np.float32))
         out[f"{prefix}.bias"] = torch.from_numpy(np.ascontiguousarray(b, dtype=np.float32))
     assert all(k in out for k in FC_REDUCED_KEYS)
-    tmp = dst.with_name(dst.name + ".tmp")
-    torch.save(out, tmp)
-    os.replace(tmp, dst)
-    return {"format": kind, "tensors": len(out), "ignored_keys": ignored, "out": str(dst)}
+    return out
+
+
+def convert(src: str | Path, dst: str | Path, fmt: str = "auto") -> dict:
+    """Write the backbone file ``dst`` from ``src``; return a summary (format, tensors, ignored keys).
+
+    ``dst`` appears complete or not at all: the tensors go to a temporary file beside it, renamed
+    over it at the end and removed on any failure.
+    """
+    src, dst = Path(src).expanduser(), Path(dst).expanduser()
+    if fmt not in FORMATS:
+        raise WeightsError(f"weights convert: unknown format {fmt!r}; allowed: {', '.join(FORMATS)}")
+    if not src.is_file():
+        _fail(src, "not a file")
+    _check_output(src, dst)
+    f, tmp = _open_temp(dst)
+    try:
+        with f:
+            kind = _detect(src) if fmt == "auto" else fmt
+            found, ignored = (_read_chainercv if kind == "chainercv" else _read_pytorch)(src)
+            tensors = _tensors(src, found)
+            try:
+                torch.save(tensors, f)
+            except (OSError, RuntimeError) as exc:  # a full disk: torch says RuntimeError
+                _fail(dst, f"cannot write ({str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__})")
+        os.replace(tmp, dst)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return {"format": kind, "tensors": len(tensors), "ignored_keys": ignored, "out": str(dst)}
 
 
 def main(args) -> int:

@@ -90,11 +90,9 @@ def number(value) -> float | None:
     """``value`` as a float (a numeric string too: XML holds text), or None when it is none."""
     if isinstance(value, bool) or value is None:
         return None
-    if isinstance(value, (int, float)):
-        return float(value)
     try:
-        return float(str(value).strip())
-    except ValueError:
+        return float(value)  # a string's surrounding blanks are allowed, as the XML may have them
+    except (TypeError, ValueError):
         return None
 
 
@@ -105,7 +103,8 @@ def unknown_class_problem(name, classes) -> str:
 
 
 def finite(values) -> bool:
-    return all(math.isfinite(v) for v in values)
+    isfinite = math.isfinite
+    return all([isfinite(v) for v in values])
 
 
 def outside(x1: float, y1: float, x2: float, y2: float, width: float, height: float) -> bool:

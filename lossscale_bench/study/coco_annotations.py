@@ -2,12 +2,13 @@
 scores on, and what ``lsbench validate`` checks in the evaluation file before a trial starts.
 
 The file must be a JSON object with a non-empty ``categories`` list, an ``images`` list
-(non-empty in the evaluation file) and an ``annotations`` list; an image record needs an integer ``id`` (unique), a ``file_name`` and a
-positive ``width`` and ``height``; a category an integer ``id`` (unique) and a ``name``. Anything
-else about the file is an error no option drops (it names the file and the record:
-``images[3]: no 'file_name'``), because a reader that guesses gives "0 samples" or a traceback.
+(non-empty in the evaluation file) and an ``annotations`` list; an image record needs an
+integer ``id`` (unique), a ``file_name`` and a positive ``width`` and ``height``; a category an
+integer ``id`` (unique) and a ``name``. Anything else about the file is an error no option
+drops (it names the file and the record: ``images[3]: no 'file_name'``), because a reader that
+guesses gives "0 samples" or a traceback (``KeyError: 'bbox'``, as it did).
 
-An annotation record (``annotations[i] (id N)``) is bad, and goes to :class:`~.annotations.Drops`,
+An annotation record (``annotations[i] (id N, image M)``) is bad, and goes to :class:`~.annotations.Drops`,
 when its ``image_id`` is not an image of the file, its ``category_id`` not a category, its
 ``bbox`` not four finite numbers ``[x, y, w, h]`` with ``w, h >= 0``, its box (of positive size)
 wholly outside its image, or, in the evaluation file (which pycocotools scores), its ``id`` is
@@ -163,6 +164,14 @@ def _annotation_problem(ann, images: dict, cats: dict, ids: dict, i: int, evalua
     return None
 
 
+def _record_ids(ann) -> str:
+    """`` (id 17, image 42)``: the record's own id and its image's, where it has them."""
+    if not isinstance(ann, dict):
+        return ""
+    ids = [f"{k} {_short(ann[key])}" for k, key in (("id", "id"), ("image", "image_id")) if key in ann]
+    return f" ({', '.join(ids)})" if ids else ""
+
+
 def _as_scored(ann: dict) -> dict:
     """The record as pycocotools should read it: the loader's defaults where keys are absent."""
     if "iscrowd" in ann and "area" in ann:
@@ -184,8 +193,7 @@ def index_coco(data: dict, file, drops: Drops, *, evaluation: bool) -> CocoIndex
     for i, ann in enumerate(_list(data, "annotations", file, empty_ok=True)):
         bad = _annotation_problem(ann, index.images, cats, ids, i, evaluation)
         if bad is not None:
-            record = f"annotations[{i}]" + (f" (id {_short(ann['id'])})" if isinstance(ann, dict) and "id" in ann
-                                            else "")
+            record = f"annotations[{i}]" + _record_ids(ann)
             drops.bad(AnnotationError(file, record, bad[1], reason=bad[0]),
                       unknown_name=str(ann.get("category_id")) if bad[0] == "unknown_class" else None)
             continue

@@ -22,11 +22,11 @@ loader), cheaply:
   Images by size (and name), not content: VOC07+12's 16.5k JPEGs are 0.9 GB,
   seconds to hash at best and a minute from a cold disk, on every ``validate``
   and ``run``; a JPEG edited without changing its size is a far rarer event
-  than an annotation fix. The XMLs cost 0.3 s for VOC07+12's 21.5k listed
-  files with a warm page cache and about 1 s cold (2 busy cores;
+  than an annotation fix. The XMLs cost 0.4 s for VOC07+12's 21.5k listed
+  files with a warm page cache, as the sizes did, and 2.8 s cold (2 busy cores;
   ``benchmarks/fingerprint_speed.py``, ``docs/benchmarks.md``), which needs no
-  cache: a cache keyed by (path, size, mtime) would still ``stat`` every file
-  and save only the reads.
+  cache: a cache keyed by (path, size, mtime) would still ``stat`` every file,
+  save only the reads, and trust mtimes that ``cp -p`` and ``tar`` restore.
 * ``coco2017``: the sha256 of both annotation JSONs (what every box comes
   from) and the names and sizes in ``train2017/`` and ``val2017/``.
 * ``synthetic`` and ``coco2017`` with ``fake_data``: nothing; the data is
@@ -124,10 +124,10 @@ def _content_digest(path: str) -> Optional[str]:
         return None
 
 
-def _image_size(year_dir: Path, img_id: str) -> int:
+def _image_size(year_dir: str, img_id: str) -> int:
     """The size of the first image candidate there (as the loader looks, but the XML's <filename>)."""
     for p in image_candidates(year_dir, img_id):
-        n = _size(str(p))
+        n = _size(p)
         if n >= 0:
             return n
     return -1
@@ -151,9 +151,10 @@ def _voc(cfg: dict) -> str:
                 if digest is None:
                     complete = False
                     continue
+                year = str(year_dir)
                 for img_id in read_split_ids(list_file):
-                    ann = _content_digest(str(annotation_file(year_dir, img_id)))
-                    img = _image_size(year_dir, img_id)
+                    ann = _content_digest(annotation_file(year, img_id))
+                    img = _image_size(year, img_id)
                     complete = complete and ann is not None and img >= 0
                     lines.append(f"{img_id} {ann or MISSING} {img}")
     digest = _digest(lines)

@@ -15,8 +15,9 @@ is there, :func:`.data_check.data_problems` looks inside: an empty or
 object-less evaluation split, or a bad annotation, is one line too.
 
 Paths that need not exist: a synthetic root (the set is generated there on
-first use) and a ``coco2017`` root with ``fake_data: true`` (never read). No dataset of the schema downloads itself:
-missing data is fetched with ``lsbench data``, which the message names.
+first use) and a ``coco2017`` root with ``fake_data: true`` (never read). No
+dataset of the schema downloads itself: missing data is fetched with
+``lsbench data``, which the message names.
 """
 
 from __future__ import annotations

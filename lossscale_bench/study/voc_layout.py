@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Iterator
 
 __all__ = ["IMAGE_EXTS", "split_names", "resolve_devkit", "voc_sources", "split_list", "annotation_file",
            "image_candidates", "read_split_ids", "required_paths"]
@@ -61,17 +62,21 @@ def split_list(year_dir, name: str) -> Path:
     return Path(year_dir) / "ImageSets" / "Main" / f"{name}.txt"
 
 
-def annotation_file(year_dir, img_id: str) -> Path:
-    return Path(year_dir) / "Annotations" / f"{img_id}.xml"
+def annotation_file(year_dir, img_id: str) -> str:
+    """``<year dir>/Annotations/<id>.xml`` (a string: the fingerprint builds 21.5k of these, and
+    ``os.path`` is ten times quicker at it than ``pathlib``)."""
+    return os.path.join(year_dir, "Annotations", f"{img_id}.xml")
 
 
-def image_candidates(year_dir, img_id: str, file_name: str | None = None) -> list[Path]:
-    """Where the image of ``img_id`` may be, in the order the loader tries them."""
-    img_dir = Path(year_dir) / "JPEGImages"
-    cands = [img_dir / f"{img_id}.jpg"]
+def image_candidates(year_dir, img_id: str, file_name: str | None = None) -> Iterator[str]:
+    """Where the image of ``img_id`` may be, in the order the loader tries them (lazily: the first
+    one usually exists)."""
+    img_dir = os.path.join(year_dir, "JPEGImages")
+    yield os.path.join(img_dir, f"{img_id}.jpg")
     if file_name:
-        cands.append(img_dir / file_name)
-    return cands + [img_dir / f"{img_id}{ext}" for ext in IMAGE_EXTS[1:]]
+        yield os.path.join(img_dir, file_name)
+    for ext in IMAGE_EXTS[1:]:
+        yield os.path.join(img_dir, f"{img_id}{ext}")
 
 
 def read_split_ids(list_file) -> list[str]:

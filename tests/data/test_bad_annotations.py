@@ -245,13 +245,13 @@ COCO_CASES = {  # edit of the evaluation json -> what the line must show after "
     "no categories": (lambda d: d.pop("categories"), "no 'categories' list"),
     "annotations empty": (lambda d: d.update(annotations=[]), "no annotations (other than crowd) of its categories "
                                                               "on its 3 images"),
-    "no bbox": (lambda d: d["annotations"][1].pop("bbox"), "annotations[1] (id 2): no 'bbox'"),
+    "no bbox": (lambda d: d["annotations"][1].pop("bbox"), "annotations[1] (id 2, image 2): no 'bbox'"),
     "record not an object": (lambda d: d["annotations"].__setitem__(0, [1, 2]), "annotations[0]: [1, 2] is not an "
                                                                                  "annotation record"),
-    "nan bbox": (lambda d: d["annotations"][0].update(bbox=[1, float("nan"), 5, 5]), "annotations[0] (id 1): bbox "
-                                                                                      "[1, NaN, 5, 5] has a non"),
-    "unknown category": (lambda d: d["annotations"][0].update(category_id=99), "annotations[0] (id 1): category_id "
-                                                                                "99 is not in categories (ids 1, 2, 3)"),
+    "nan bbox": (lambda d: d["annotations"][0].update(bbox=[1, float("nan"), 5, 5]),
+                 "annotations[0] (id 1, image 1): bbox [1, NaN, 5, 5] has a non-finite number"),
+    "unknown category": (lambda d: d["annotations"][0].update(category_id=99),
+                         "annotations[0] (id 1, image 1): category_id 99 is not in categories (ids 1, 2, 3)"),
     "image without file_name": (lambda d: d["images"][2].pop("file_name"), "images[2] (id 3): no 'file_name'"),
     "category without id": (lambda d: d["categories"][0].pop("id"), "categories[0]: {\"name\": \"rectangle\", "
                                                                     "\"supercategory\": \"shape\"} is not a category "
@@ -286,7 +286,9 @@ def test_the_training_file_is_checked_by_the_loader_naming_file_and_record(coco,
     _rewrite(ann, edit)
     with pytest.raises(AnnotationError) as e:
         build_datasets({"name": "coco2017", "root": str(coco)}, image_size=64)
-    assert str(e.value).startswith(f"{ann}: {shown}") and "\n" not in str(e.value)
+    image = json.loads(ann.read_text())["annotations"][1].get("image_id") if case == "no bbox" else None
+    assert str(e.value).startswith(f"{ann}: {shown.replace('image 2', f'image {image}')}"), str(e.value)
+    assert "\n" not in str(e.value)
 
 
 def test_coco_drop_keeps_dropped_records_out_of_what_pycocotools_scores(coco):

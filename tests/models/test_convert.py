@@ -3,6 +3,8 @@ that ssd300_vgg16/ssd512_vgg16 load, conv6/conv7 included."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -138,3 +140,78 @@ def test_bad_input_is_one_line_exit_2(tmp_path, capsys, case):
     err = capsys.readouterr().err.strip()
     assert err.startswith("lsbench: error: weights convert:") and "\n" not in err, err
     assert not out.exists()
+
+
+# --------------------------------------------------------------------------- issue 19.8: outputs, temp files, NaN
+
+
+def _convert_cli(capsys, src, out) -> str:
+    """``lsbench weights convert`` through the real CLI: exit 2 and one ``weights convert:`` line."""
+    assert cli_main(["weights", "convert", str(src), str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("lsbench: error: weights convert:") and "\n" not in err and "Traceback" not in err, err
+    return err
+
+
+def _garbage(tmp_path):
+    """An input that fails as soon as it is read: an output error naming the output proves the output
+    was checked before any work."""
+    src = tmp_path / "garbage.pth"
+    src.write_bytes(b"not weights at all")
+    return src
+
+
+def test_an_existing_directory_as_output_is_refused_before_work(tmp_path, capsys):
+    out = tmp_path / "weights"
+    out.mkdir()
+    err = _convert_cli(capsys, _garbage(tmp_path), out)
+    assert f"{out}: is a directory; give the file to write, e.g. {out / 'vgg16_reducedfc_backbone.pth'}" in err
+    assert list(out.iterdir()) == [] and not list(tmp_path.glob("*.tmp"))  # was an 80 MB .tmp left behind
+
+
+def _read_only_dir(tmp_path):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o555)
+    try:
+        (ro / "probe").touch()
+    except PermissionError:
+        return ro
+    (ro / "probe").unlink()  # root ignores the mode bits; /sys refuses even root
+    try:
+        (Path("/sys") / "lsbench_probe").touch()
+    except OSError:
+        return Path("/sys")
+    pytest.skip("no read-only location for this user")
+
+
+def test_a_read_only_output_location_is_one_line_before_work(tmp_path, capsys):
+    ro = _read_only_dir(tmp_path)
+    err = _convert_cli(capsys, _garbage(tmp_path), ro / "backbone.pth")
+    assert f"{ro / 'backbone.pth'}: cannot write in {ro} (" in err  # was a torch traceback
+
+
+@pytest.mark.parametrize("fmt, bad, key", [("npz", np.nan, "extractor/conv6/W"), ("pth", np.inf, "31.weight"),
+                                           ("pth", -np.inf, "0.bias")])
+def test_non_finite_weights_are_refused_naming_the_tensor_and_leave_no_temp_file(tmp_path, capsys, fmt, bad, key):
+    layers = _random_layers(5)
+    name, part = {"extractor/conv6/W": ("conv6", 0), "31.weight": ("conv6", 0), "0.bias": ("conv1_1", 1)}[key]
+    layers[name][part].flat[7] = bad
+    src = (_chainercv_npz(tmp_path / "in.npz", layers) if fmt == "npz"
+           else _reducedfc_pth(tmp_path / "in.pth", layers))
+    out = tmp_path / "out" / "b.pth"
+    out.parent.mkdir()
+    err = _convert_cli(capsys, src, out)
+    assert f"tensor {key!r}" in err and "1 non-finite value (NaN or inf)" in err, err
+    assert list(out.parent.iterdir()) == []  # the temp file the work started is gone
+
+
+def test_a_failed_conversion_keeps_the_previous_output(tmp_path, capsys):
+    layers = _random_layers(6)
+    out = tmp_path / "b.pth"
+    convert(_reducedfc_pth(tmp_path / "good.pth", layers), out)
+    before = out.read_bytes()
+    layers["conv7"][1][0] = np.nan
+    _convert_cli(capsys, _reducedfc_pth(tmp_path / "bad.pth", layers), out)
+    assert out.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["b.pth", "bad.pth",
+                                                                                          "good.pth"]
