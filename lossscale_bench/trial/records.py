@@ -11,8 +11,9 @@ from ..sink import Sink
 
 
 def data_report(train_ds, val_ds) -> dict[str, Any]:
-    """What the loaders skipped, as run tags: boxes outside their image or with x2 < x1 (dropped),
-    crowd boxes, objects of classes outside the class list (by name), difficult objects dropped.
+    """What the loaders skipped, as run tags: crowd boxes, COCO boxes of 1 px or less, difficult
+    objects dropped, and (only with ``dataset.bad_annotations: drop``; the default is an error)
+    impossible boxes and objects of classes outside the class list, with their reasons.
     Skips are counted and logged, never silent."""
     tags: dict[str, Any] = {}
     for split, ds in (("train", train_ds), ("val", val_ds)):
@@ -21,9 +22,10 @@ def data_report(train_ds, val_ds) -> dict[str, Any]:
             v = getattr(ds, attr, None)
             if v:
                 tags[f"lsbench.data.{split}.{attr}"] = int(v)
-        unknown = getattr(ds, "unknown_objects", None)
-        if unknown:
-            tags[f"lsbench.data.{split}.unknown_objects"] = json.dumps(dict(unknown), sort_keys=True)
+        for attr in ("unknown_objects", "dropped_annotations"):
+            counts = getattr(ds, attr, None)
+            if counts:
+                tags[f"lsbench.data.{split}.{attr}"] = json.dumps(dict(counts), sort_keys=True)
     return tags
 
 
