@@ -9,10 +9,10 @@ there; nothing in this file names a method.
 
 from __future__ import annotations
 
+import inspect
 from importlib import import_module
 from typing import Any
 
-from ..study.methods import ENTRIES, scaler_recipe
 from .base import LossScaler, StepResult
 
 __all__ = ["LossScaler", "StepResult", "build_scaler", "scaler_class"]
@@ -26,10 +26,25 @@ def scaler_class(path: str) -> type[LossScaler]:
 
 def __getattr__(name: str):
     """``from lossscale_bench.scaling import AdaptiveLossScaler``: any scaler an entry names."""
+    from ..study.methods import ENTRIES
+
     for entry in ENTRIES.values():
         if entry.scaler.endswith(":" + name):
             return scaler_class(entry.scaler)
     raise AttributeError(name)
+
+
+def _recipe_without_pydantic(entry: dict[str, Any]) -> tuple[str, dict, bool, bool]:
+    """The recipe where the study layer cannot load (no pydantic: the bare GPU machine that runs
+    ``benchmarks/gpu_check.py``): the scaler is the class whose ``method`` is the entry's, in the
+    module named after it (``none`` lives with ``fixed``); every option given is passed on."""
+    method = entry["method"]
+    module = import_module(f"{__name__}.{'fixed' if method == 'none' else method}")
+    cls = next(c for c in vars(module).values()
+               if isinstance(c, type) and issubclass(c, LossScaler) and c.__dict__.get("method") == method)
+    params = inspect.signature(cls.__init__).parameters
+    kwargs = {k: v for k, v in entry.items() if k in params and k not in ("self", "model") and v is not None}
+    return f"{module.__name__}:{cls.__name__}", kwargs, "model" in params, "grad_format" in params
 
 
 def build_scaler(entry: dict[str, Any], model=None, grad_format=None) -> LossScaler:
@@ -38,9 +53,14 @@ def build_scaler(entry: dict[str, Any], model=None, grad_format=None) -> LossSca
     ``grad_format`` is the precision's gradient format (:mod:`lossscale_bench.formats`); the
     per-layer rules keep gradients inside its range (None: fp16, the methods' own format).
     """
-    if entry.get("method") not in ENTRIES:
-        raise ValueError(f"unknown scaling method {entry.get('method')!r}")
-    path, kwargs, per_layer, takes_format = scaler_recipe(entry)
+    try:
+        from ..study.methods import ENTRIES, scaler_recipe
+    except ImportError:  # pydantic missing: see _recipe_without_pydantic
+        path, kwargs, per_layer, takes_format = _recipe_without_pydantic(entry)
+    else:
+        if entry.get("method") not in ENTRIES:
+            raise ValueError(f"unknown scaling method {entry.get('method')!r}")
+        path, kwargs, per_layer, takes_format = scaler_recipe(entry)
     cls = scaler_class(path)
     if takes_format and grad_format is not None:
         kwargs["grad_format"] = grad_format

@@ -31,13 +31,19 @@ from __future__ import annotations
 # and the trial-id helpers
 from ..registry import (BACKEND_NAMES, DATASET_NAMES, DYNAMIC_STYLES, EVAL_METRICS, MODEL_NAMES, MODEL_VERSIONS,
                         PRECISIONS, SCALING_METHODS, VOC_CLASSES)  # noqa: F401
-from .errors import StudyError
-from .grid import TRIAL_ID_VERSION, _identity, _make_trial_id, trial_table  # noqa: F401
-from .load import load_study, load_study_text
-from .methods import ResourcesOverride, ScalingEntry, default_label  # noqa: F401
-from .schema import (DATASET_MODELS, COCODataset, DatasetSpec, DivergenceSpec, EvalSpec, ModelOptions,  # noqa: F401
-                     Resources, Schedule, Study, SyntheticDataset, VOC0712Dataset, VOCDataset)
-from .trial_config import TrialConfig
+try:
+    from .errors import StudyError
+    from .grid import TRIAL_ID_VERSION, _identity, _make_trial_id, trial_table  # noqa: F401
+    from .load import load_study, load_study_text
+    from .methods import ResourcesOverride, ScalingEntry, default_label  # noqa: F401
+    from .schema import (DATASET_MODELS, COCODataset, DatasetSpec, DivergenceSpec, EvalSpec,  # noqa: F401
+                         ModelOptions, Resources, Schedule, Study, SyntheticDataset, VOC0712Dataset, VOCDataset)
+    from .trial_config import TrialConfig
+except ImportError as _exc:
+    # The schema needs pydantic; the plain tables (``precisions``) do not. The bare GPU machine that
+    # runs benchmarks/gpu_check.py has no pydantic, and precision.py reads the precision table.
+    if _exc.name != "pydantic" and "pydantic" not in str(_exc):
+        raise
 
 __all__ = [
     "StudyError",
