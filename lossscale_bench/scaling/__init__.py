@@ -25,12 +25,17 @@ def scaler_class(path: str) -> type[LossScaler]:
 
 
 def __getattr__(name: str):
-    """``from lossscale_bench.scaling import AdaptiveLossScaler``: any scaler an entry names."""
-    from ..study.methods import ENTRIES
+    """``from lossscale_bench.scaling import AdaptiveLossScaler``: any scaler class of this package,
+    found in its modules (no list of methods here, and no pydantic needed: the GPU check's machine
+    has none)."""
+    import pkgutil
 
-    for entry in ENTRIES.values():
-        if entry.scaler.endswith(":" + name):
-            return scaler_class(entry.scaler)
+    for info in pkgutil.iter_modules(__path__):
+        if info.name.startswith("_") or info.name == "base":
+            continue
+        cls = getattr(import_module(f"{__name__}.{info.name}"), name, None)
+        if isinstance(cls, type) and issubclass(cls, LossScaler):
+            return cls
     raise AttributeError(name)
 
 
