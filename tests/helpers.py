@@ -142,3 +142,10 @@ def random_detection_batch(n: int, size: int, seed: int = 1):
         targets.append({"boxes": torch.cat([xy, (xy + wh).clamp(max=size)], 1),
                         "labels": torch.randint(1, 4, (2,), generator=g)})
     return images, targets
+
+
+def one_entry_study(entry: str, precision: str = "fp16-emulated") -> str:
+    """A study whose only interesting part is one scaling entry (YAML flow text) in ``precision``:
+    for validation and trial-id tests of a single entry."""
+    return (f"name: t\ndataset: synthetic\nmodel: ssd_tiny\nbatch_size: 8\nprecision: {precision}\n"
+            f"schedule: {{iterations: 10, lr: 1e-3}}\nscaling:\n  - {entry}\n")

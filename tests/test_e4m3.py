@@ -12,6 +12,7 @@ from torch import nn
 from lossscale_bench.formats import E4M3, E4M3_NAN, BlockScaledFormat
 from lossscale_bench.precision import get_precision
 from lossscale_bench.scaling import build_scaler
+from helpers import one_entry_study
 from lossscale_bench.study import StudyError, load_study_text
 from lossscale_bench.telemetry import UnderflowProbe
 
@@ -83,18 +84,6 @@ def test_block_scaled_gradient_precision():
     assert (nonzero, flushed, saturated) == (64, 0, 0)
 
 
-BASE = """\
-name: t
-dataset: synthetic
-model: ssd_tiny
-batch_size: 8
-precision: {precision}
-schedule: {{iterations: 10, lr: 1e-3}}
-scaling:
-  - {entry}
-"""
-
-
 @pytest.mark.parametrize("precision,entry,path", [
     ("fp16-emulated", "{method: none, grad_blocks: mx32}", "scaling[0].grad_blocks"),
     ("fp8-e4m3-emulated", "{method: none, block_rounding: floor}", "scaling[0].block_rounding"),
@@ -104,13 +93,13 @@ scaling:
 ])
 def test_gradient_format_options_only_where_they_mean_something(precision, entry, path):
     with pytest.raises(StudyError) as err:
-        load_study_text(BASE.format(precision=precision, entry=entry), source="x.yaml")
+        load_study_text(one_entry_study(entry, precision), source="x.yaml")
     assert str(err.value).startswith(f"x.yaml: {path}: ")
 
 
 def test_gradient_format_options_enter_the_trial_id_only_when_set():
     def trial(entry):
-        return load_study_text(BASE.format(precision="fp8-e4m3-emulated", entry=entry)).trials()[0]
+        return load_study_text(one_entry_study(entry, "fp8-e4m3-emulated")).trials()[0]
 
     plain, sat = trial("{method: none}"), trial("{method: none, grad_overflow: saturate}")
     assert plain.trial_id == sat.trial_id  # the default is the same trial

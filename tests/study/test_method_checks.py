@@ -4,18 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from helpers import one_entry_study
 from lossscale_bench.study import StudyError, load_study_text
-
-BASE = """\
-name: tiny
-dataset: synthetic
-model: ssd_tiny
-batch_size: 8
-precision: fp16-emulated
-schedule: {{iterations: 10, lr: 1e-3}}
-scaling:
-  - {entry}
-"""
 
 
 @pytest.mark.parametrize("entry,path,words", [
@@ -31,7 +21,7 @@ scaling:
 ])
 def test_contradictory_options_are_refused(entry, path, words):
     with pytest.raises(StudyError) as err:
-        load_study_text(BASE.format(entry=entry), source="x.yaml")
+        load_study_text(one_entry_study(entry), source="x.yaml")
     text = str(err.value)
     assert text.startswith(f"x.yaml: {path}: ") and words in text and "\n" not in text
 
@@ -42,4 +32,4 @@ def test_contradictory_options_are_refused(entry, path, words):
     "{method: adaptive, init_scale: 1024, accum_upper_bound: 1024}",
 ])
 def test_consistent_bounds_pass(entry):
-    load_study_text(BASE.format(entry=entry), source="x.yaml")
+    load_study_text(one_entry_study(entry), source="x.yaml")

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Literal
 
 from ..fields import Bool, PosFloat, PosInt, _choice, _number
-from .base import Fail, MethodEntry, differs, num
+from .base import Fail, MethodEntry, num, option_parts
 
 #: the authors' defaults (ADAPTIVE.md); options added after studies ran are left out of the trial
 #: id while at their default (``LATE``), so existing ids stay
@@ -60,7 +60,7 @@ class AdaptiveScaling(MethodEntry):
     def row_label(cls, scaling: dict, precision: str) -> str:
         n = scaling.get("update_every", 1)
         parts = [f"freq={n}"] if n != 1 else []
-        parts += [f"{short}={num(scaling[key])}" for key, short in _LABEL_PARTS if differs(scaling, key, DEFAULTS[key])]
+        parts += option_parts(scaling, DEFAULTS, _LABEL_PARTS)
         if scaling.get("power_of_two", True) is False:
             parts.append("no pow2")
         if scaling.get("output_scaling"):

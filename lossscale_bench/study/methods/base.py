@@ -61,6 +61,12 @@ def differs(scaling: dict, key: str, default: Any) -> bool:
     return v != default
 
 
+def option_parts(scaling: dict, defaults: dict, shorts) -> list[str]:
+    """``short=value`` for each ``(key, short)`` whose value differs from ``defaults`` (a default
+    missing or None: given at all): the label words every method shares."""
+    return [f"{short}={num(scaling[key])}" for key, short in shorts if differs(scaling, key, defaults.get(key))]
+
+
 class MethodEntry(BaseModel):
     """One ``scaling:`` entry. A subclass per method sets ``method: Literal[...]`` and the class
     attributes below, and overrides :meth:`id_tag`, :meth:`row_label` (and, where needed,

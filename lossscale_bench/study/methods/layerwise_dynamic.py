@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Literal, Optional
 
 from ..fields import PosFloat, PosInt
-from .base import Fail, MethodEntry, differs, num
+from .base import Fail, MethodEntry, num, option_parts
 
 #: fairscale's growth_interval; GradScaler's start
 DEFAULTS = {"init_scale": 65536.0, "interval": 10000}
@@ -37,11 +37,7 @@ class LayerwiseDynamicScaling(MethodEntry):
     @classmethod
     def row_label(cls, scaling: dict, precision: str) -> str:
         parts = [f"interval={num(scaling.get('interval', DEFAULTS['interval']))}"]
-        if differs(scaling, "init_scale", DEFAULTS["init_scale"]):
-            parts.append(f"init={num(scaling['init_scale'])}")
-        for key, short in (("min_scale", "min"), ("max_scale", "max")):
-            if scaling.get(key) is not None:
-                parts.append(f"{short}={num(scaling[key])}")
+        parts += option_parts(scaling, DEFAULTS, (("init_scale", "init"), ("min_scale", "min"), ("max_scale", "max")))
         return f"layer-wise dynamic ({', '.join(parts)})"
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Literal
 
 from ..fields import PosFloat, PosInt, _number
-from .base import MethodEntry, differs, num
+from .base import MethodEntry, num, option_parts
 
 #: FP8-LM's rule: back off past 0.001 % saturated elements, grow x2 after 1000 clean steps
 DEFAULTS = {"init_scale": 1.0, "interval": 1000, "threshold": 1e-5}
@@ -28,10 +28,7 @@ class SaturationScaling(MethodEntry):
     @classmethod
     def row_label(cls, scaling: dict, precision: str) -> str:
         parts = [f"interval={num(scaling.get('interval', DEFAULTS['interval']))}"]
-        if differs(scaling, "init_scale", DEFAULTS["init_scale"]):
-            parts.append(f"init={num(scaling['init_scale'])}")
-        if differs(scaling, "threshold", DEFAULTS["threshold"]):
-            parts.append(f"threshold={num(scaling['threshold'])}")
+        parts += option_parts(scaling, DEFAULTS, (("init_scale", "init"), ("threshold", "threshold")))
         return f"saturation-aware dynamic ({', '.join(parts)})"
 
 
