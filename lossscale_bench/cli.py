@@ -43,6 +43,7 @@ USER_ERRORS = (("lossscale_bench.study", "StudyError"), ("lossscale_bench.data.c
                ("lossscale_bench.data.download", "DownloadError"), ("lossscale_bench.trial", "CheckpointError"),
                ("lossscale_bench.report.runs", "ReportError"),
                ("lossscale_bench.orchestration.cluster", "ClusterUnavailable"),
+               ("lossscale_bench.orchestration.runs_lock", "RunsFolderBusy"),
                ("lossscale_bench.tracking.store", "StoreMissing"))
 
 
@@ -118,7 +119,7 @@ def cmd_run(args) -> int:
         result = run_study(study, runs_dir=args.runs_dir, tracking_uri=args.tracking_uri,
                            max_concurrent=args.max_concurrent, address=args.address, num_cpus=args.num_cpus,
                            executor=args.executor, quiet=args.quiet, trial_plots=run_plots,
-                           check_resources=not args.no_resource_check)
+                           check_resources=not args.no_resource_check, wait=args.wait)
     except Interrupted as exc:
         print(f"lsbench: interrupted by {exc}: {exc.killed} unfinished trial run(s) marked KILLED; "
               f"the same command resumes them", file=sys.stderr)
@@ -327,6 +328,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "also LSBENCH_SKIP_RESOURCE_CHECK=1")
     sp.add_argument("--executor", choices=("ray", "local"), default="ray",
                     help="'local' runs trials one by one in this process, without Ray (debugging)")
+    sp.add_argument("--wait", action="store_true",
+                    help="if another lsbench run uses the same runs folder or store, wait for it to end "
+                         "(default: exit 2 naming it)")
     sp.add_argument("--quiet", action="store_true", help="no per-trial progress lines")
     sp.add_argument("--no-report", action="store_true", help="do not print the report at the end")
     sp.add_argument("--reports-dir", default="reports")

@@ -11,6 +11,7 @@ above ``trial``, beside ``tracking``):
 - ``progress``: the console lines. ``signals``: SIGINT/SIGTERM as :class:`Interrupted`.
 - ``cluster``: joining ``--address`` and refusing a cluster that can never run the study.
 - ``placement``: resource arithmetic (no Ray). ``tune_sink``: the sink of a trial inside Tune.
+- ``runs_lock``: one runner per runs folder and SQLite store (an OS file lock).
 - ``distributed``: multi-device trials (Ray Train); ``replica_sync``: its ``grad_sync``.
 
 Ray and MLflow are imported inside functions (``funnel`` only ever lazily, by
@@ -22,10 +23,11 @@ from .cluster import ClusterUnavailable, Infeasible, check_feasible, cluster_nod
 from .outcomes import StudyResult
 from .placement import placement_text
 from .progress import Progress
+from .runs_lock import RunsFolderBusy
 from .signals import Interrupted
 from .study_runner import run_study, study_dir
 from .tune_sink import TuneSink
 
-__all__ = ["ClusterUnavailable", "Infeasible", "Interrupted", "Progress", "StudyResult", "TuneSink",
+__all__ = ["ClusterUnavailable", "Infeasible", "Interrupted", "Progress", "RunsFolderBusy", "StudyResult", "TuneSink",
            "check_feasible", "cluster_nodes", "connect_ray", "placement_text", "probe_address", "run_study",
            "study_dir"]

@@ -50,7 +50,7 @@ class _Options:
 def run_study(study, *, runs_dir: str | Path = "runs", tracking_uri: str | None = None,
               max_concurrent: int | None = None, address: str | None = None, num_cpus: int | None = None,
               executor: str = "ray", quiet: bool = False, stream=None, trial_plots=None,
-              check_resources: bool = True) -> StudyResult:
+              check_resources: bool = True, wait: bool = False) -> StudyResult:
     """Run every trial of ``study`` that has not finished or diverged yet.
 
     ``trial_plots(client, run_id, out_dir)``, if given, draws each finished trial's plots from
@@ -61,16 +61,29 @@ def run_study(study, *, runs_dir: str | Path = "runs", tracking_uri: str | None 
     ``LSBENCH_SKIP_RESOURCE_CHECK=1`` skips it), before any MLflow run is opened.
     SIGINT/SIGTERM (main thread only) end the open runs as KILLED and raise
     :class:`.signals.Interrupted`; the same call again resumes.
+
+    The whole call holds the runs folder's lock (:mod:`.runs_lock`): a second runner on the
+    same folder or SQLite store raises :class:`.runs_lock.RunsFolderBusy`, or with ``wait=True``
+    waits for the first to end. The store is created and migrated under the lock.
     """
     if executor not in ("ray", "local"):
         raise ValueError(f"unknown executor {executor!r}; allowed: ray, local")
-    from ..tracking.store import open_store, resolve_tracking_uri
+    from ..tracking.store import resolve_tracking_uri, sqlite_path
+    from .runs_lock import runs_lock
 
     runs_dir = Path(runs_dir).expanduser().resolve()
     uri = resolve_tracking_uri(tracking_uri, runs_dir)
+    opts = _Options(max_concurrent, address, num_cpus, executor, quiet, stream, trial_plots, check_resources)
+    with runs_lock(runs_dir, sqlite_path(uri), study.name, wait=wait, stream=stream):
+        return _run_locked(study, runs_dir, uri, opts)
+
+
+def _run_locked(study, runs_dir: Path, uri: str, opts: _Options) -> StudyResult:
+    """:func:`run_study` once its lock is held: the store checked, the steps run, signals handled."""
+    from ..tracking.store import open_store
+
     open_store(uri, create=True)  # a bad store (corrupt, read-only, foo://) fails now, before data or Ray
-    run = _StudyRun(study, runs_dir, uri, _Options(max_concurrent, address, num_cpus, executor, quiet, stream,
-                                                   trial_plots, check_resources))
+    run = _StudyRun(study, runs_dir, uri, opts)
     guard = SignalsRaise()
     guard.install()
     try:

@@ -238,11 +238,28 @@ def _check_integrity(db: Path, create: bool, head: bytes = b"") -> None:
         found = " ".join("; ".join(problems).replace("*** in database main ***", "").split())
         raise StoreError(f"MLflow store {db} is corrupt or truncated (integrity check: {found[:200]}); "
                          "it was left as it is")
+    half = sorted(t for t in tables if t.startswith("_alembic_tmp_"))
+    if half:
+        raise StoreError(half_migrated(db, half))
     if tables and "experiments" not in tables:
         raise StoreError(f"{db} is a SQLite database but not an MLflow store (tables: "
                          f"{', '.join(sorted(tables)[:5])}); pass another --tracking-uri or --runs-dir")
     if not tables and not create:
         raise StoreMissing(f"no MLflow store at {db} (an empty SQLite file; run a study first)")
+
+
+def half_migrated(db: Path, leftovers: list[str]) -> str:
+    """What to say of a store an interrupted MLflow schema migration left behind (two runs racing, kill -9).
+
+    Measured: with the leftover ``_alembic_tmp_*`` tables dropped, ``mlflow db upgrade``
+    completes the migration; with them, it fails. Whether dropping them is safe depends on
+    whether each original table is still there, so the message says how to check, and
+    lsbench repairs nothing itself.
+    """
+    return (f"MLflow store {db} was left half-migrated by an interrupted schema upgrade (leftover tables: "
+            f"{', '.join(leftovers)}); it was left as it is. To repair: back it up; if each table without the "
+            f"_alembic_tmp_ prefix exists too, drop the leftovers and run `mlflow db upgrade sqlite:///{db}`; "
+            "a store with no results worth keeping can simply be deleted")
 
 
 def _os_cause(e: OSError) -> str:
@@ -344,6 +361,9 @@ def store_error(exc: BaseException, uri: str) -> StoreError | None:
         if "malformed" in text or "file is not a database" in text:
             return StoreError(f"MLflow store {where} is corrupt ({detail}); "
                               "it was left as it is")
+        if "out-of-date database schema" in text:
+            return StoreError(f"MLflow store {where} was written by an older MLflow ({detail}); back it up, then "
+                              f"run `mlflow db upgrade {redact(uri)}`")
         if "disk i/o error" in text:
             return StoreError(f"MLflow store {where}: disk I/O error (a full disk, a file-size limit "
                               "or a failing device)")
