@@ -121,6 +121,7 @@ class _StudyRun:
         self.parent: str | None = None
         self.run_ids: dict[str, str] = {}
         self.todo: list = []
+        self.relabelled: list[tuple[str, str]] = []
         self.ray_started = False
 
     def execute(self, guard: SignalsRaise) -> StudyResult:
@@ -166,6 +167,7 @@ class _StudyRun:
         exp_id, self.parent = self.tracker.study_run(study.name, study.description, getattr(study, "source", None))
         # finished trials are not run again, so a baseline moved in the study file is re-tagged here
         self.tracker.sync_baseline_tags(self.trials, existing)
+        self.relabelled = self.tracker.sync_labels(self.trials, existing)
         for cfg in self.todo:
             self.run_ids[cfg.trial_id] = self.tracker.ensure_trial_run(exp_id, self.parent, cfg,
                                                                        existing.get(cfg.trial_id))
@@ -183,6 +185,9 @@ class _StudyRun:
         changed = change_note(self.study.name, trials, {t: (r.data.tags, r.data.params) for t, r in existing.items()})
         if changed:  # the study file changed under the same name: its old trials stay apart (the report too)
             progress.line(changed)
+        if self.relabelled:  # a label is not part of the trial id: the results stay, the rows are renamed
+            pairs = ", ".join(f"{old!r} -> {new!r}" for old, new in self.relabelled)
+            progress.line(f"label(s) changed in the study file, stored runs renamed: {pairs}")
         return progress
 
     def _run_trials(self, progress: Progress) -> None:

@@ -15,8 +15,9 @@ from __future__ import annotations
 import os
 from typing import Annotated, Any, Literal, Optional
 
-from pydantic import BeforeValidator, ConfigDict, Field, StrictBool, ValidationError, ValidationInfo, WrapValidator
+from pydantic import AfterValidator, BeforeValidator, ConfigDict, Field, StrictBool, ValidationError, ValidationInfo, WrapValidator
 
+from .as_written import AsWritten
 from .errors import _err, _fmt_num, _show, _suggest
 
 _DEFAULT_SOURCE = "<string>"
@@ -120,10 +121,22 @@ def _choice(kind: str, names):
 
 
 def _numbers_as_text(v: Any):
-    """A label may be a number (``label: 128``); it reads as written."""
+    """A label may be a number (``label: 128``); it reads as written (``1.10`` stays ``1.10``)."""
+    if isinstance(v, AsWritten):
+        return str(v)
     if isinstance(v, (int, float)) and not isinstance(v, bool):
         return _fmt_num(v)
     return v
+
+
+def _one_spaced(v: Any):
+    """A label as every report shows it: runs of white space (line breaks too) as one space, none at the ends.
+
+    The markdown table turns a line break into a space, so ``"a\\nb"`` and ``"a b"``, or
+    ``"x"`` and ``"x "``, printed alike with different numbers: normalised here, before the
+    study's duplicate-label check compares them, they are one label (and refused as such).
+    """
+    return " ".join(v.split()) if isinstance(v, str) else v
 
 
 def _as_list(v: Any):
@@ -147,7 +160,7 @@ Bool = StrictBool
 #: a string with something in it (kept as written, not stripped)
 Str = Annotated[str, Field(strict=True, pattern=NOT_BLANK)]
 OptStr = Optional[Str]
-Label = Annotated[Optional[Str], BeforeValidator(_numbers_as_text)]
+Label = Annotated[Optional[Str], AfterValidator(_one_spaced), BeforeValidator(_numbers_as_text)]
 PosInt = _number("int", ge=1)
 NonNegInt = _number("int", ge=0)
 PosFloat = _number("float", gt=0)

@@ -38,6 +38,7 @@ import yaml
 from pydantic import ValidationError
 
 from ..registry import DATASET_NAMES, SCALING_METHODS
+from .as_written import TEXT_KEYS, AsWritten
 from .errors import ERROR_TYPE, StudyError, _show, _suggest
 from .fields import _DEFAULT_SOURCE, NOT_BLANK
 from .methods import scaling_keys
@@ -66,7 +67,16 @@ def _construct_mapping(loader, node, deep=False):
             raise yaml.constructor.ConstructorError(
                 None, None, f"duplicate key {key!r} (first at line {seen[key] + 1})", key_node.start_mark)
         seen[key] = key_node.start_mark.line
-    return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
+    mapping = yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
+    for key_node, value_node in node.value:  # text fields as written (as_written.py says why)
+        if isinstance(key_node, yaml.ScalarNode) and key_node.value in TEXT_KEYS \
+                and isinstance(value_node, yaml.ScalarNode) \
+                and value_node.tag not in (_STR_TAG, _NULL_TAG) and not value_node.style:
+            mapping[key_node.value] = AsWritten(value_node.value, mapping.get(key_node.value))
+    return mapping
+
+
+_STR_TAG, _NULL_TAG = "tag:yaml.org,2002:str", "tag:yaml.org,2002:null"
 
 
 _UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)

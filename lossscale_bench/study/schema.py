@@ -15,6 +15,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Fiel
 
 from ..registry import BACKEND_NAMES, DATASET_NAMES, EVAL_METRICS, MODEL_NAMES, PRECISIONS, VOC_CLASSES
 from .annotations import BAD_ANNOTATIONS
+from .as_written import AsWritten
 from .errors import StudyError, _err, _fmt_num, _show
 from .fields import (_DEFAULT_SOURCE, _STRICT, Bool, Label, ListOf, NonNegInt, OptStr, PosFloat, PosInt, Str,
                      _as_list, _choice, _ctx_base_dir, _ctx_source, _mapping_or_empty, _number, _resolve_path)
@@ -225,19 +226,30 @@ def _scaling_axis(v: Any):
     return v
 
 
+#: longest study name: it names an MLflow experiment, a folder and a report file (file systems stop at 255)
+MAX_NAME_CHARS = 100
+
+
 def _check_name(v: Any):
-    if isinstance(v, (int, float)) and not isinstance(v, bool):
-        v = _fmt_num(v)
+    """A study name is an identity (experiment, folder, report file): text as written, file-name safe."""
+    if isinstance(v, AsWritten):
+        raise _err(f"YAML reads name: {v} as the {type(v.parsed).__name__} {_show(v.parsed)}, not as the text "
+                   f"{str(v)!r}; write it in quotes (name: \"{v}\")")
     if not isinstance(v, str):
         raise _err(f"expected a string, got {_show(v)}")
     if not _NAME_RE.fullmatch(v) or set(v) == {"."}:
         raise _err(f"{_show(v)} is not safe for file names", "letters, digits, '_', '.', '-'")
+    if len(v) > MAX_NAME_CHARS:
+        raise _err(f"{len(v)} characters is too long for a study name (it names folders and files)",
+                   f"at most {MAX_NAME_CHARS} characters")
     return v
 
 
 def _check_description(v: Any):
     if v is None:
         return ""
+    if isinstance(v, AsWritten):
+        return str(v)
     if isinstance(v, (int, float)) and not isinstance(v, bool):
         return _fmt_num(v)
     if not isinstance(v, str):

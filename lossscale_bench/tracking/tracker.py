@@ -194,6 +194,28 @@ class Tracker:
                 self.set_tags(run.info.run_id, {"lsbench.config_id": cfg.config_id()})
         return changed
 
+    def sync_labels(self, trials, existing: dict[str, Any]) -> list[tuple[str, str]]:
+        """Give stored runs the study's current labels; return the ``(old, new)`` pairs that changed.
+
+        A label is not part of the trial id (it names a row, not a computation), so editing
+        one in the study file keeps the results; without this, ``run`` skipped the finished
+        trials and ``report`` went on printing the old label with no word. The run names
+        follow (``[diverged] label | id``).
+        """
+        from .run_status import run_name
+
+        changed: dict[tuple[str, str], None] = {}
+        for cfg in trials:
+            run = existing.get(cfg.trial_id)
+            old = run.data.tags.get("lsbench.label") if run is not None else None
+            if run is None or old is None or old == cfg.label:
+                continue
+            self.set_tags(run.info.run_id, {"lsbench.label": cfg.label})
+            _retry(self.client.update_run, run.info.run_id,
+                   name=run_name(cfg.label, cfg.trial_id, run.data.tags.get("lsbench.status", "")))
+            changed[(old, cfg.label)] = None
+        return list(changed)
+
     def ensure_trial_run(self, exp_id: str, parent_run_id: str, cfg, existing=None) -> str:
         """The trial's child run: the existing one (continued, not duplicated) or a new one.
 
