@@ -146,7 +146,9 @@ def cmd_report(args) -> int:
     uri = open_store(resolve_tracking_uri(args.tracking_uri, args.runs_dir), create=False)
     text, out = write_report(uri, study=args.study, fmt=args.format, out=args.out, metric=args.metric,
                              reports_dir=args.reports_dir, plots=not args.no_plots)
-    if args.format == "html" or args.out:
+    if out is None:  # --out -: the report itself is the output
+        sys.stdout.write(text if text.endswith("\n") else text + "\n")
+    elif args.format == "html" or args.out:
         print(out)  # a self-contained page with base64 images: the path, not the page
     else:
         print(text)
@@ -163,6 +165,9 @@ def cmd_weights(args) -> int:
 def cmd_ui(args) -> int:
     from .tracking import open_store, resolve_tracking_uri
 
+    if not 1 <= args.port <= 65535:  # else the server dies with uvicorn tracebacks after a minute, exit 0
+        print(f"lsbench: error: --port {args.port}: a TCP port is 1 to 65535", file=sys.stderr)
+        return EXIT_USAGE
     # a damaged store is one line here, not a server that dies with a traceback in its log
     uri = open_store(resolve_tracking_uri(args.tracking_uri, args.runs_dir), create=False, missing_ok=True)
     busy = _port_problem(args.host, args.port)
@@ -346,7 +351,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("report", help="mAP tables from the MLflow store")
     sp.add_argument("--study", default=None)
     sp.add_argument("--format", choices=("markdown", "csv", "html", "latex"), default="markdown")
-    sp.add_argument("--out", default=None, help="file to write (default: reports/<study>.<ext>)")
+    sp.add_argument("--out", default=None,
+                    help="file to write, or a folder to write it in, or - for standard output "
+                         "(default: reports/<study>.<ext>)")
     from .report.metric_names import REPORT_METRICS  # names only: no pandas, --help stays instant
 
     sp.add_argument("--metric", default="final_map", choices=tuple(REPORT_METRICS),

@@ -55,8 +55,15 @@ def test_missing_data_fails_before_any_trial(tmp_path):
     r = _run("run", str(f), "--runs-dir", str(tmp_path / "runs"), cwd=tmp_path)
     assert r.returncode == 2, r.stderr
     assert "nowhere" in r.stderr and "lsbench data coco" in r.stderr
-    assert not (tmp_path / "runs" / "mlflow.db").exists() or True  # nothing was trained either way
+    assert not (tmp_path / "runs" / "mlflow.db").exists()  # refused before the store was touched
     assert not (tmp_path / "runs" / "c" / "trials").exists()
+
+
+@pytest.mark.parametrize("port", ["70000", "-1", "0"])
+def test_ui_refuses_a_port_outside_1_to_65535_at_once(tmp_path, port):
+    r = _run("ui", "--runs-dir", str(tmp_path / "runs"), f"--port={port}", cwd=tmp_path)
+    assert r.returncode == 2 and r.stderr.strip() == f"lsbench: error: --port {port}: a TCP port is 1 to 65535"
+    assert r.stdout == ""
 
 
 def test_report_without_a_store(tmp_path):

@@ -58,6 +58,15 @@ def _markdown_plots(path: Path, pictures: list[tuple[str, str, bytes]]) -> tuple
     return "\n".join(lines).rstrip("\n") + "\n", files
 
 
+def _report_path(out: str | Path | None, reports_dir: str | Path, name: str) -> Path:
+    """Where the report goes: ``out``, or ``name`` inside it when it is a folder, else in ``reports_dir``."""
+    if out is None or str(out) == "-":
+        return Path(reports_dir) / name
+    if Path(out).is_dir() or str(out).endswith(("/", "\\")):
+        return Path(out) / name
+    return Path(out)
+
+
 def write_report(
     tracking_uri: str,
     *,
@@ -68,10 +77,13 @@ def write_report(
     reports_dir: str | Path = "reports",
     images: Mapping[str, bytes] | None = None,
     plots: bool = True,
-) -> tuple[str, Path]:
+) -> tuple[str, Path | None]:
     """Load, render and write a report; returns (text, path).
 
-    The file is ``out`` when given, else ``<reports_dir>/<study or 'all'>.<ext>``.
+    The file is ``out`` when given, else ``<reports_dir>/<study or 'all'>.<ext>``; an ``out``
+    that is a folder (or ends with ``/``) gets that file name inside it. ``out="-"`` writes
+    nothing (the caller prints the text; path None): markdown then has no plots, since its
+    plots are files beside the report.
     ``plots`` (html and markdown only): draw the study plots
     (:func:`lossscale_bench.report.plots.study_plots`); html embeds them (with
     ``images``) as base64 in one self-contained page, markdown writes them as
@@ -88,9 +100,10 @@ def write_report(
     if len(runs) == 0:
         where = f"study {study!r}" if study else "any study"
         raise ReportError(f"no trial runs for {where} in {tracking_uri}")
-    path = Path(out) if out is not None else Path(reports_dir) / f"{study or 'all'}.{FORMATS[fmt]}"
+    to_stdout = str(out) == "-"
+    path = _report_path(out, reports_dir, f"{study or 'all'}.{FORMATS[fmt]}")
     pictures: list[tuple[str, str, bytes]] = []  # (name, title, png)
-    if plots and fmt in ("html", "markdown"):
+    if plots and (fmt == "html" or (fmt == "markdown" and not to_stdout)):
         pictures = [(p.name, p.title, p.png) for p in _plot_list(tracking_uri, study, runs, metric)]
     pictures += [(name, name, png) for name, png in (images or {}).items()]
     files: list[tuple[Path, bytes]] = []
@@ -101,6 +114,8 @@ def write_report(
         if fmt == "markdown" and pictures:
             section, files = _markdown_plots(path, pictures)
             text += section
+    if to_stdout:
+        return text, None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         for fpath, png in files:  # pictures first: the report never links a missing file

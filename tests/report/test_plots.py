@@ -169,6 +169,23 @@ def test_markdown_report_links_pngs_beside_it(store, reuse_plots, tmp_path):
     assert "## Plots" not in text and list(bare.iterdir()) == [path]
 
 
+def test_out_folder_writes_inside_it_and_out_dash_writes_nothing(store, reuse_plots, tmp_path, monkeypatch):
+    """``--out DIR`` used to write ``DIR_*.png`` into the working directory; ``--out -`` a file named '-'."""
+    monkeypatch.chdir(tmp_path)
+    folder = tmp_path / "out"
+    folder.mkdir()
+    text, path = write_report(store, study=STUDY, out=folder)
+    assert path == folder / f"{STUDY}.md" and path.read_text() == text
+    assert len(list(folder.glob("*.png"))) == 6 and not list(tmp_path.glob("*.png"))
+    text, path = write_report(store, study=STUDY, out="new/")  # a trailing slash names a folder to make
+    assert path.resolve() == tmp_path / "new" / f"{STUDY}.md" and path.exists()
+    for fmt in ("markdown", "html"):
+        text, path = write_report(store, study=STUDY, out="-", fmt=fmt)
+        assert path is None and not (tmp_path / "-").exists()
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["new", "out"]
+    assert "## Plots" not in write_report(store, study=STUDY, out="-")[0]  # its plots would be files
+
+
 def test_html_report_embeds_plots_csv_latex_unchanged(store, reuse_plots, study_plots, tmp_path):
     text, path = write_report(store, study=STUDY, fmt="html", reports_dir=tmp_path)
     assert path.suffix == ".html" and list(tmp_path.iterdir()) == [path]  # one self-contained file
