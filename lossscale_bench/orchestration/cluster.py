@@ -11,6 +11,7 @@ say why a cluster cannot be joined (:class:`ClusterUnavailable`),
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 from typing import Any
@@ -173,21 +174,31 @@ def _resource_field(study, row: int, key: str) -> str:
     return f"scaling[{row}].resources.{key}" if key in own else f"resources.{key}"
 
 
-def check_feasible(study, trials, nodes: list[dict[str, float]]) -> None:
+def check_feasible(study, trials, nodes: list[dict[str, float]], *, local: bool = False) -> None:
     """Raise :class:`Infeasible` if some trial's resources fit no node of ``nodes`` (or no node has
-    its backend's device); every distinct field at fault is named, in one line."""
-    from .placement import unplaceable
+    its backend's device); every distinct field at fault is named, in one line.
+
+    ``local``: the cluster is the Ray instance ``lsbench run`` started here, whose CPUs are
+    logical: too few of them is fixed by ``--num-cpus`` (trials then share the cores), which
+    the message says first, before the autoscaler's way out.
+    """
+    from .placement import trial_bundles, unplaceable
 
     problems: dict[str, str] = {}
+    cpus_short = 0.0
     for cfg in trials:
         found = unplaceable(cfg.resources, nodes)
         if found:
             key, why = found
             problems.setdefault(_resource_field(study, cfg.row, key), why)
+            if key != "backend":
+                cpus_short = max(cpus_short, sum(b.get("CPU", 0.0) for b in trial_bundles(cfg.resources)))
     if problems:
         src = getattr(study, "source", "") or "study"
+        advice = (f"--num-cpus {int(math.ceil(cpus_short))} gives this machine's Ray that many logical CPUs "
+                  "(trials then share its cores); " if local and cpus_short else "")
         raise Infeasible(f"{src}: " + "; ".join(f"{f}: {why}" for f, why in problems.items())
-                         + " (if an autoscaler adds such nodes on demand: --no-resource-check or "
+                         + f" ({advice}if an autoscaler adds such nodes on demand: --no-resource-check or "
                            "LSBENCH_SKIP_RESOURCE_CHECK=1)")
 
 

@@ -159,7 +159,8 @@ class _StudyRun:
         self.ray_started = connect_ray(self.opts.address, self.opts.num_cpus, self.opts.quiet)
         guard.install()  # ray.init put its own SIGTERM handler (sys.exit) in place
         if self.opts.check_resources and not resource_check_skipped():
-            check_feasible(self.study, self.todo, cluster_nodes())
+            local = not (self.opts.address or os.environ.get("RAY_ADDRESS"))  # a Ray of our own: --num-cpus helps
+            check_feasible(self.study, self.todo, cluster_nodes(), local=local)
 
     def _open_runs(self, existing: dict[str, Any]) -> None:
         """The study's parent run and a child run per pending trial (existing ones are continued)."""

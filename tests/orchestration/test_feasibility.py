@@ -8,6 +8,7 @@ of a multi-node cluster in tests/test_placement.py.
 
 from __future__ import annotations
 
+import math
 import socket
 import subprocess
 import sys
@@ -16,7 +17,7 @@ import time
 import pytest
 
 from helpers import study_yaml
-from lossscale_bench.orchestration.placement import cluster_text, unplaceable
+from lossscale_bench.orchestration.placement import cluster_text, trial_bundles, unplaceable
 from lossscale_bench.study import load_study_text
 from lossscale_bench.orchestration.cluster import ClusterUnavailable, Infeasible, check_feasible, probe_address
 
@@ -83,8 +84,22 @@ def test_check_feasible_names_each_field_where_the_file_sets_it():
     assert "; scaling[2].resources.cpus_per_trial: a trial needs CPU:1000" in msg
     assert msg.count("resources.backend") == 1  # two cuda rows, one problem
     assert "\n" not in msg and "LSBENCH_SKIP_RESOURCE_CHECK=1" in msg
+    assert "--num-cpus" not in msg  # a GPU is not made by logical CPUs, and this is not our own Ray
     study = load_study_text(_study("cpu"), "mine.yaml")
     check_feasible(study, study.trials()[:2], LAPTOP)  # the rows that fit pass
+
+
+def test_a_local_ray_short_of_cpus_is_told_the_num_cpus_that_fits():
+    """A 2-device CPU trial (2 workers and a driver) on a 2-core machine: --num-cpus is the simple fix."""
+    study = load_study_text(study_yaml(resources={"backend": "cpu", "devices_per_trial": 2}), "d.yaml")
+    with pytest.raises(Infeasible) as e:
+        check_feasible(study, study.trials(), LAPTOP, local=True)
+    need = sum(b.get("CPU", 0) for b in trial_bundles(study.trials()[0].resources))
+    assert need > 2 and f"--num-cpus {math.ceil(need)} gives this machine's Ray" in str(e.value)
+    with pytest.raises(Infeasible) as e:  # joined cluster: its CPUs are real, no such advice
+        check_feasible(study, study.trials(), LAPTOP, local=False)
+    assert "--num-cpus" not in str(e.value)
+    check_feasible(study, study.trials(), [{"CPU": float(need)}], local=True)  # and that many do fit
 
 
 def _run(tmp_path, *extra, timeout=60):
