@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator
 
@@ -36,6 +37,9 @@ import torch
 from ..backends.base import Backend
 from ..precision import Precision
 from ..scaling.base import LossScaler, StepResult
+
+#: torch's warning when the first optimizer step was skipped by the loss scaler (see Trainer.train_step)
+_SKIPPED_FIRST_STEP = r"Detected call of `lr_scheduler\.step\(\)` before `optimizer\.step\(\)`"
 
 
 class _Window:
@@ -182,7 +186,11 @@ class Trainer:
         lr = self.optimizer.param_groups[0]["lr"]
         result = self.scaler.step(self.optimizer, step_fn=self.backend.optimizer_step)
         self.scaler.update()
-        self.scheduler.step()
+        with warnings.catch_warnings():
+            # the schedule counts iterations, skipped steps included (as with torch's GradScaler), so
+            # a skipped first step makes torch warn of a scheduler stepped before the optimizer: not a bug
+            warnings.filterwarnings("ignore", message=_SKIPPED_FIRST_STEP, category=UserWarning)
+            self.scheduler.step()
         self.backend.after_step()
         vals = torch.stack([loss.detach().float()] + [v.detach().float() for v in parts.values()])
         if self.grad_sync is not None and hasattr(self.grad_sync, "mean"):

@@ -124,6 +124,9 @@ def connect_ray(address: str | None, num_cpus: int | None, quiet: bool) -> bool:
     """
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
+    # our funnel writes each result to MLflow inside Tune's result processing, which Tune times
+    # and calls "a performance bottleneck" past 0.5 s; read by ray.tune at import, so set it first
+    os.environ.setdefault("TUNE_WARN_THRESHOLD_S", "30")
     import ray
 
     if ray.is_initialized():
