@@ -67,6 +67,14 @@ def _print_table(trials) -> None:
     print(f"{len(rows)} trials")
 
 
+def _print_notices(study) -> None:
+    """What a valid study may not mean (a loss scale where there is nothing to rescue): stderr, not an error."""
+    from .study.notices import study_notices
+
+    for line in study_notices(study):
+        print(f"lsbench: note: {line}", file=sys.stderr)
+
+
 def cmd_validate(args) -> int:
     """Check every file given (a bad one does not hide the next) and every path each study names.
 
@@ -91,6 +99,7 @@ def cmd_validate(args) -> int:
                 print(f"lsbench: error: {exc}", file=sys.stderr)
             continue
         print(f"{f}: ok{' (schema only: paths not checked)' if args.schema_only else ''}, study {study.name!r}")
+        _print_notices(study)
         _print_table(study.trials())
     if paths_missing:
         print("lsbench: (a study meant for another machine: lsbench validate --schema-only checks it without "
@@ -103,6 +112,7 @@ def cmd_run(args) -> int:
 
     path = args.file or str(embedded_study())
     study = load_study(path, allow_large_grid=args.allow_large_grid)
+    _print_notices(study)
     if args.dry_run:
         print(f"study {study.name!r} from {path}")
         _print_table(study.trials())

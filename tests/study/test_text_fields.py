@@ -50,3 +50,4 @@ def test_labels_that_print_alike_are_one_label_and_refused_as_duplicates(a, b):
 def test_a_label_is_stored_as_the_report_prints_it():
     s = _load(precision="fp16-emulated", scaling=['{method: fixed, scale: 8, label: "  two\\nlines  "}'])
     assert s.trials()[0].label == "two lines"
+

@@ -1,0 +1,23 @@
+"""Valid studies that may not mean what they say get a note (stderr), not an error."""
+
+from __future__ import annotations
+
+from helpers import study_yaml
+
+from lossscale_bench.study import load_study_text
+
+
+def _load(**overrides):
+    return load_study_text(study_yaml(**overrides), "s.yaml")
+
+
+def test_a_loss_scale_where_gradients_have_fp32_range_is_accepted_with_a_note():
+    from lossscale_bench.study.notices import study_notices
+
+    s = _load(precision="bf16", scaling=["none", "{method: fixed, scale: 128}", "{method: adaptive, precision: fp32}",
+                                         "{method: dynamic, precision: fp16-emulated}"])
+    notes = study_notices(s)
+    assert len(notes) == 2
+    assert notes[0].startswith("s.yaml: scaling[1] (fixed) in bf16: bf16 gradients")
+    assert notes[1].startswith("s.yaml: scaling[2] (adaptive) in fp32: fp32 gradients")
+    assert study_notices(_load(precision="fp16-emulated", scaling=["{method: fixed, scale: 8}"])) == []
