@@ -92,6 +92,7 @@ RUN_COLUMNS = [
     "config_id",  # the configuration (identity without the seed): seeds pool only within one
     "setting_id",  # the study-level part of it (one version of the study file), no paths
     "config_params",  # dict: the params that make the configuration (to say how two differ)
+    "data_dropped",  # dict split -> {reason or 'unknown class NAME': count}: what bad_annotations: drop dropped
 ]
 _INT_COLUMNS = ("row", "batch_size", "seed", "diverged_step")
 _FLOAT_COLUMNS = ("final_map", "final_map_50", "best_map", "map", "map_50")
@@ -201,11 +202,35 @@ def _run_record(run) -> dict:
         "config_id": run_config_id(tags, params),
         "setting_id": setting_id(params),
         "config_params": config_params(params),
+        "data_dropped": _data_dropped(tags),
     }
     # every metric's latest value under its own name (final_map, loss_scale, ...)
     for key, value in metrics.items():
         rec[key if key not in rec else f"metric.{key}"] = value
     return rec
+
+
+def _data_dropped(tags: Mapping[str, str]) -> dict[str, dict[str, int]]:
+    """What the trial's loaders dropped (``dataset.bad_annotations: drop``), by split, from its data tags."""
+    import json
+
+    out: dict[str, dict[str, int]] = {}
+    for split in ("train", "val"):
+        counts: dict[str, int] = {}
+        for attr, prefix in (("dropped_annotations", ""), ("unknown_objects", "unknown class ")):
+            try:
+                found = json.loads(tags.get(f"{TAG}data.{split}.{attr}") or "{}")
+            except ValueError:
+                continue
+            for k, v in found.items():
+                if attr == "dropped_annotations" and k == "unknown_class" and tags.get(
+                        f"{TAG}data.{split}.unknown_objects"):
+                    continue  # counted by name instead
+                name = f"{prefix}{k!s}" if prefix else str(k).replace("_", " ")
+                counts[name] = counts.get(name, 0) + int(v)
+        if counts:
+            out[split] = counts
+    return out
 
 
 def _empty_runs() -> pd.DataFrame:

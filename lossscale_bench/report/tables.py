@@ -172,6 +172,30 @@ def _study_notes(summary: pd.DataFrame, runs_of_study: pd.DataFrame | None, metr
     if n is not None and len(n):
         lines += _trial_counts(summary, n)
     lines += _emulation_notes(summary["precision"].dropna())
+    if n is not None and "data_dropped" in n.columns:
+        lines += _data_notes(n["data_dropped"])
+    return lines
+
+
+def _data_notes(dropped: pd.Series) -> list[str]:
+    """One line per distinct record of dropped annotations (``dataset.bad_annotations: drop``).
+
+    Every trial of a study reads the same data, so the usual case is one line; trials of an
+    earlier data set (a changed tree has new trial ids) add their own. The numbers in the
+    tables were computed without these objects, and a reader must see that under them.
+    """
+    seen: list[dict] = []
+    for d in dropped:
+        if isinstance(d, dict) and d and d not in seen:
+            seen.append(d)
+    lines = []
+    for d in seen:
+        parts = []
+        for split in ("train", "val"):
+            if split in d:
+                what = ", ".join(f"{k} {v}" for k, v in sorted(d[split].items()))
+                parts.append(f"{split} {sum(d[split].values())} ({what})")
+        lines.append("Data: annotations dropped under dataset.bad_annotations: drop: " + "; ".join(parts) + ".")
     return lines
 
 

@@ -183,6 +183,10 @@ def test_drop_runs_and_records_the_counts_on_the_trial_run(voc, tmp_path, capsys
     assert run.info.status == "FINISHED"
     assert json.loads(run.data.tags["lsbench.data.val.unknown_objects"]) == {"Square": 1}
     assert run.data.params["dataset.bad_annotations"] == "drop"
+    # and the report says so under its table (the numbers were computed without that object)
+    code, out, err = _lsbench(capsys, "report", "--runs-dir", tmp_path / "runs", "--out", "-", "--no-plots")
+    assert code == 0, err
+    assert "Data: annotations dropped under dataset.bad_annotations: drop: val 1 (unknown class Square 1)." in out
 
 
 def test_a_validated_study_whose_data_changed_fails_its_trial_not_finishes_at_zero(voc, tmp_path):
