@@ -638,3 +638,17 @@ def test_entry_resources_are_validated(tmp_path):
     bad = BASE.replace("scaling:", "scaling:\n  - {method: none, resources: {backend: gpu}}", 1)
     with pytest.raises(StudyError, match=r"scaling\[0\]\.resources\.backend"):
         load_study_text(bad)
+
+
+def test_methods_e4m3_is_the_e4m3_block_of_methods_fp8():
+    """docs/methods_e4m3.md was run from studies/methods_e4m3.yaml: its trials (ids and labels) must be
+    exactly the FP32 baseline and the E4M3 rows of methods_fp8.yaml, so either file reproduces it."""
+    from pathlib import Path
+
+    from lossscale_bench.study import load_study
+
+    studies = Path(__file__).resolve().parents[1] / "studies"
+    full = {t.trial_id: t.label for t in load_study(studies / "methods_fp8.yaml").trials()}
+    block = {t.trial_id: t.label for t in load_study(studies / "methods_e4m3.yaml").trials()}
+    wanted = {k: v for k, v in full.items() if "E4M3" in v or v == "FP32 baseline"}
+    assert block == wanted and len(block) == 51
