@@ -81,10 +81,22 @@ def fp16_round_through(x: torch.Tensor) -> torch.Tensor:
 
 
 class EmulationHandle:
-    """The hooks an emulated precision installed; ``remove()`` restores the model."""
+    """The hooks an emulated precision installed; ``remove()`` restores the model.
 
-    def __init__(self, handles: list) -> None:
+    ``observe_param_grads(fn)``: ``fn(param, grad)`` is called with each accumulated parameter
+    gradient just *before* the emulation rounds it (the telemetry counts what the rounding will
+    flush or saturate; a hook of its own would run after the rounding, whose results it cannot
+    tell from true zeros and true maxima).
+    """
+
+    def __init__(self, handles: list, param_observers: list | None = None) -> None:
         self._handles = handles
+        self._param_observers = param_observers if param_observers is not None else []
+        #: whether parameter gradients are rounded by these hooks (not with ``after_unscale``)
+        self.rounds_param_grads = param_observers is not None
+
+    def observe_param_grads(self, fn) -> None:
+        self._param_observers.append(fn)
 
     def remove(self) -> None:
         for h in self._handles:
@@ -115,15 +127,19 @@ def install_emulation(model: nn.Module, forward_format: FloatFormat, grad_format
         if isinstance(m, EMULATED_LAYERS):
             handles.append(m.register_forward_hook(out_hook))
 
+    observers: list = []
+
     def grad_hook(p: torch.Tensor) -> None:
         if p.grad is not None:
+            for observe in observers:
+                observe(p, p.grad)
             p.grad.copy_(grad_format.round(p.grad))
 
     if round_param_grads:
         for p in model.parameters():
             if p.requires_grad:
                 handles.append(p.register_post_accumulate_grad_hook(grad_hook))
-    return EmulationHandle(handles)
+    return EmulationHandle(handles, observers if round_param_grads else None)
 
 
 install_fp16_emulation = partial(install_emulation, forward_format=FP16, grad_format=FP16)

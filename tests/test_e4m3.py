@@ -74,6 +74,48 @@ def test_probe_reports_saturate_rate_per_layer():
     assert rates["saturate_rate"] == 1.0 and rates["flush_rate"] == 0.0
 
 
+def test_probe_counts_parameter_gradients_before_the_emulation_rounds_them():
+    """A weight gradient is a sum over the batch: it saturates where no activation gradient does.
+
+    Linear(4, 1) on 64 rows of ones with output gradient 10 (below 448): the bias and weight
+    gradients are 64 * 10 = 640 > 448. The emulation then clips them to 448, so a probe looking
+    after the rounding could not tell; it is handed them before."""
+    model = nn.Sequential(nn.Linear(4, 1))
+    prec = get_precision("fp8-e4m3-emulated")
+    emulation = prec.prepare(model)
+    probe = UnderflowProbe(model, fmt=E4M3, emulation=emulation)
+    probe.arm()
+    (model(torch.ones(64, 4)) * 10.0).sum().backward()
+    rates = probe.read()["0"]
+    assert rates["saturate_rate"] == 0.0 and rates["param_saturate_rate"] == 1.0
+    assert model[0].weight.grad.abs().max().item() == 448.0  # rounded (saturated) after the count
+    probe.disarm()
+    for p in model.parameters():
+        p.grad = None
+    probe.arm()
+    (model(torch.ones(64, 4)) * 1e-3).sum().backward()  # 64e-3 per weight: neither flushed nor saturated
+    rates = probe.read()["0"]
+    assert rates["param_saturate_rate"] == 0.0 and rates["param_flush_rate"] == 0.0
+    from lossscale_bench.telemetry import summarize
+
+    assert summarize({"0": rates})["param_saturate_rate_max"] == 0.0
+
+
+def test_probe_without_an_emulation_hooks_parameter_gradients_itself():
+    model = nn.Sequential(nn.Linear(4, 1))
+    probe = UnderflowProbe(model, fmt=E4M3)  # fp32 training counted against E4M3
+    probe.arm()
+    (model(torch.ones(64, 4)) * 10.0).sum().backward()
+    assert probe.read()["0"]["param_saturate_rate"] == 1.0
+    assert model[0].weight.grad.abs().max().item() == 640.0  # nothing rounded
+    other = nn.Sequential(nn.Linear(4, 1))
+    off = UnderflowProbe(other, fmt=E4M3, param_grads=False)
+    off.arm()
+    (other(torch.ones(64, 4)) * 10.0).sum().backward()
+    rates = off.read()["0"]
+    assert rates["saturate_rate"] == 0.0 and "param_saturate_rate" not in rates
+
+
 def test_block_scaled_gradient_precision():
     p = get_precision("fp8-e4m3-emulated", grad_blocks="mx32", block_rounding="floor")
     assert isinstance(p.grad_format, BlockScaledFormat) and p.grad_format.mode == "floor"

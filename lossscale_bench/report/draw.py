@@ -302,8 +302,10 @@ def read_layers_csv(path: str | Path) -> pd.DataFrame:
 
 def rate_columns(table) -> tuple[str, ...]:
     """The rate panels a layer history can fill: underflow (where the format has a subnormal
-    threshold), flush, and saturation (histories written since it was counted)."""
-    cols = tuple(c for c in ("underflow_rate", "flush_rate", "saturate_rate") if _has_values(table, c))
+    threshold), flush, and saturation of activation gradients, and saturation of parameter
+    gradients (histories written since each was counted)."""
+    cols = tuple(c for c in ("underflow_rate", "flush_rate", "saturate_rate", "param_saturate_rate")
+                 if _has_values(table, c))
     return cols or ("underflow_rate",)
 
 
@@ -323,12 +325,13 @@ _HEATMAP_LABELS = {
     "underflow_rate": "underflow rate (subnormal)",
     "flush_rate": "flush rate (to zero)",
     "saturate_rate": "saturation rate (past the max)",
+    "param_saturate_rate": "parameter-gradient saturation rate",
     "scale": "log2 layer scale",
     "accum_scale": "log2 accumulated scale",
 }
 #: the layer history's threshold column behind each rate (telemetry.LayerHistory)
 _THRESHOLD_OF = {"underflow_rate": ("subnormal_below", "|g| < "), "flush_rate": ("flush_at_or_below", "|g| <= "),
-                 "saturate_rate": ("saturate_above", "|g| > ")}
+                 "saturate_rate": ("saturate_above", "|g| > "), "param_saturate_rate": ("saturate_above", "|g| > ")}
 
 
 def _pow2(x: float) -> str:

@@ -77,10 +77,12 @@ def build_parts(cfg, sink: Sink, trial_dir: Path, threads, rank: int = 0) -> Tri
     model = backend.prepare_model(build_model(cfg.model, num_classes=len(classes) + 1, **opts))
     precision = get_precision(cfg.precision, **{k: cfg.scaling.get(k) for k in  # entry options (schema)
                                                 ("grad_rounding", "grad_overflow", "grad_blocks", "block_rounding")})
-    precision.prepare(model)
+    emulation = precision.prepare(model)
     scaler = build_scaler(cfg.scaling, model, grad_format=precision.grad_format)
-    # after the emulation hooks: it sees gradients before they are rounded
-    probe = UnderflowProbe(model, fmt=precision.telemetry_format)
+    # after the emulation hooks: it sees activation gradients before they are rounded, and the
+    # emulation hands it the parameter gradients before it rounds those
+    probe = UnderflowProbe(model, fmt=precision.telemetry_format, emulation=emulation,
+                           param_grads=not precision.rounds_after_unscale)
     optimizer = build_optimizer(model, cfg.schedule, backend.optimizer_options())
     evaluate = make_evaluator(cfg.eval.get("metric", "coco"), model, val_ds, backend, precision,
                               cfg.eval.get("max_images"))

@@ -12,7 +12,8 @@ STUDY = "plotty"
 OTHER = "plotty_b"
 LAYERS = ["backbone.0", "backbone.1", "backbone.2", "backbone.10", "head.loc.0", "head.conf.0"]
 # telemetry.LayerHistory.FIELDS (telemetry imports torch; test_layers_csv_matches_telemetry checks it)
-FIELDS = ["step", "layer", "underflow_rate", "flush_rate", "saturate_rate", "nonzero", "scale", "accum_scale",
+FIELDS = ["step", "layer", "underflow_rate", "flush_rate", "saturate_rate", "param_flush_rate", "param_saturate_rate",
+          "nonzero", "scale", "accum_scale",
           "grad_format", "subnormal_below", "flush_at_or_below", "saturate_above"]
 STEPS = 40
 LOG_EVERY = 5
