@@ -68,6 +68,13 @@ def study_yaml(**overrides) -> str:
     return "\n".join(lines) + "\n"
 
 
+def tiny_data_study(dataset: str, *, name: str = "t", eval: str = "{metric: voc07}") -> str:
+    """The smallest study on real-layout data (``dataset``: its YAML flow text), 2 iterations of
+    batch 2 at 64 px: for tests of what the data checks and the trial make of a data folder."""
+    return study_yaml(name=name, dataset=dataset, model_options={"width": 8, "image_size": 64}, batch_size=2,
+                      seeds=None, log_every=None, schedule={"iterations": 2, "lr": "1.0e-3"}, eval=eval)
+
+
 def write_study(tmp_path: Path, name: str = "s.yaml", **overrides) -> Path:
     """``study_yaml(**overrides)`` written to ``tmp_path / name``; the file's path."""
     path = Path(tmp_path) / name
@@ -126,6 +133,26 @@ def crash_and_resume(cfg, tmp_path: Path, monkeypatch, *, crash_at_step: int = 5
         monkeypatch.setattr(loop.Trainer, "train_step", real_step)
         torch.set_num_threads(before)
     return straight, first, second
+
+
+# --------------------------------------------------------------------------- data folders
+def coco_from_synthetic(tmp_path: Path, *, train_images: int, val_images: int, seed: int,
+                        image_size: int = 64) -> tuple[Path, dict]:
+    """A COCO-2017-layout folder (``tmp_path/coco``) made from the synthetic set; returns the root and
+    the synthetic set's paths (``ensure_synthetic``'s dict: its annotation JSONs, to edit copies of)."""
+    import shutil
+
+    from lossscale_bench.data.synthetic import ensure_synthetic
+
+    p = ensure_synthetic(Path(tmp_path) / "syn", train_images=train_images, val_images=val_images,
+                         image_size=image_size, seed=seed)
+    root = Path(tmp_path) / "coco"
+    (root / "annotations").mkdir(parents=True)
+    shutil.copytree(p["train_images"], root / "train2017")
+    shutil.copytree(p["val_images"], root / "val2017")
+    shutil.copy(p["train_ann"], root / "annotations" / "instances_train2017.json")
+    shutil.copy(p["val_ann"], root / "annotations" / "instances_val2017.json")
+    return root, p
 
 
 # --------------------------------------------------------------------------- detection batches

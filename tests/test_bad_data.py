@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import json
-import shutil
 
 import pytest
+from helpers import coco_from_synthetic
 
 from lossscale_bench.data.coco import CocoDetection
-from lossscale_bench.data.synthetic import ensure_synthetic
 from lossscale_bench.data.transforms import CorruptImage
 from lossscale_bench.sink import MemorySink
 from lossscale_bench.study.annotations import AnnotationError
@@ -19,11 +18,7 @@ from lossscale_bench.trial import data_report, run_trial
 @pytest.fixture()
 def coco_root(tmp_path):
     """A COCO-2017-layout folder made from the synthetic set, with bad annotations added."""
-    p = ensure_synthetic(tmp_path / "syn", train_images=8, val_images=4, image_size=64, seed=5)
-    root = tmp_path / "coco"
-    (root / "annotations").mkdir(parents=True)
-    shutil.copytree(p["train_images"], root / "train2017")
-    shutil.copytree(p["val_images"], root / "val2017")
+    root, p = coco_from_synthetic(tmp_path, train_images=8, val_images=4, seed=5)
     ann = json.loads(p["train_ann"].read_text())
     img = ann["images"][0]
     nid = max(a["id"] for a in ann["annotations"]) + 1
@@ -33,7 +28,6 @@ def coco_root(tmp_path):
         {"id": nid + 2, "image_id": img["id"], "category_id": 999, "bbox": [5, 5, 10, 10], "area": 100, "iscrowd": 0},
     ]
     (root / "annotations" / "instances_train2017.json").write_text(json.dumps(ann))
-    shutil.copy(p["val_ann"], root / "annotations" / "instances_val2017.json")
     return root
 
 

@@ -9,28 +9,18 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
+from helpers import study_yaml
 
-MICRO = textwrap.dedent("""\
-    name: micro
-    dataset: {name: synthetic, train_images: 16, val_images: 8, image_size: 64, seed: 0}
-    model: ssd_tiny
-    model_options: {width: 8}
-    batch_size: 4
-    precision: fp16-emulated
-    scaling:
-      - {method: fixed, scale: 128}
-      - {method: fixed, scale: 1.0e+30, skip_nonfinite: false, label: blow-up}
-      - {method: adaptive, update_every: 2, init_scale: 16}
-    seeds: [0]
-    schedule: {iterations: 12, lr: 0.01, warmup_iterations: 4}
-    eval: {every: 6, metric: coco}
-    divergence: {patience: 3}
-    log_every: 4
-    """)
+MICRO = study_yaml(
+    name="micro", dataset={"name": "synthetic", "train_images": 16, "val_images": 8, "image_size": 64, "seed": 0},
+    precision="fp16-emulated",
+    scaling=["{method: fixed, scale: 128}", "{method: fixed, scale: 1.0e+30, skip_nonfinite: false, label: blow-up}",
+             "{method: adaptive, update_every: 2, init_scale: 16}"],
+    schedule={"iterations": 12, "lr": 0.01, "warmup_iterations": 4}, eval={"every": 6, "metric": "coco"},
+    divergence={"patience": 3}, log_every=4)
 
 
 def _lsbench(*args, cwd):

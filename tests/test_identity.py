@@ -15,6 +15,7 @@ import time
 
 import pandas as pd
 import pytest
+from helpers import tiny_data_study
 
 from lossscale_bench.study import load_study_text
 from lossscale_bench.study.configs import change_note
@@ -404,16 +405,8 @@ def _lsbench(capsys, *args) -> tuple[int, str]:
 
 def test_run_on_another_voc_folder_trains_again_and_says_the_study_changed(voc_folders, tmp_path, capsys):
     a, b, _ = voc_folders
-    text = """name: tinyvoc
-dataset: {name: voc, root: ROOT, classes: [square, disc]}
-model: [ssd_tiny]
-model_options: {width: 8, image_size: 64}
-batch_size: [2]
-precision: fp32
-scaling: [{method: none}]
-schedule: {iterations: 2, lr: 1.0e-3}
-eval: {metric: voc07, max_images: 2}
-"""
+    text = tiny_data_study("{name: voc, root: ROOT, classes: [square, disc]}", name="tinyvoc",
+                           eval="{metric: voc07, max_images: 2}")
     f = tmp_path / "s.yaml"
     runs = ["--runs-dir", str(tmp_path / "runs"), "--executor", "local", "--no-report"]
     f.write_text(text.replace("ROOT", str(a)))

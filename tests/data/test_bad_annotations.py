@@ -7,37 +7,26 @@ from __future__ import annotations
 import json
 import math
 import re
-import shutil
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
 
 import pytest
+from helpers import coco_from_synthetic, tiny_data_study
 
 from lossscale_bench.cli import main
 from lossscale_bench.data import build_datasets
-from lossscale_bench.data.synthetic import ensure_synthetic
 from lossscale_bench.data.voc import VOCDetection, make_tiny_voc
 from lossscale_bench.sink import MemorySink
 from lossscale_bench.study import load_study_text
 from lossscale_bench.study.annotations import AnnotationError
 from lossscale_bench.trial import run_trial
 
-STUDY = """name: bad
-dataset: DATASET
-model: [ssd_tiny]
-model_options: {width: 8, image_size: 64}
-batch_size: [2]
-precision: fp32
-scaling: [{method: none}]
-schedule: {iterations: 2, lr: 1.0e-3}
-eval: EVAL
-"""
 
 
 def _study_file(tmp_path, dataset: str, eval_: str = "{metric: voc07}") -> str:
     f = tmp_path / "study.yaml"
-    f.write_text(STUDY.replace("DATASET", dataset).replace("EVAL", eval_))
+    f.write_text(tiny_data_study(dataset, name="bad", eval=eval_))
     return str(f)
 
 
@@ -192,7 +181,7 @@ def test_drop_runs_and_records_the_counts_on_the_trial_run(voc, tmp_path, capsys
 def test_a_validated_study_whose_data_changed_fails_its_trial_not_finishes_at_zero(voc, tmp_path):
     """The loader's own guard: no objects among the evaluated images -> a failed trial with the reason."""
     root, ids = voc
-    study = load_study_text(STUDY.replace("DATASET", _voc_dataset(root)).replace("EVAL", "{metric: voc07}"))
+    study = load_study_text(tiny_data_study(_voc_dataset(root), name="bad"))
     (root / "ImageSets" / "Main" / "test.txt").write_text(ids[0] + "\n")  # after validation
     path, tree = _val_xml(root, ids)
     for obj in list(tree.getroot().iter("object")):
@@ -227,14 +216,7 @@ def test_an_unknown_policy_is_refused_with_the_allowed_ones(voc, tmp_path, capsy
 @pytest.fixture()
 def coco(tmp_path):
     """A COCO-2017-layout folder made from the synthetic set."""
-    p = ensure_synthetic(tmp_path / "syn", train_images=6, val_images=3, image_size=64, seed=7)
-    root = tmp_path / "coco"
-    (root / "annotations").mkdir(parents=True)
-    shutil.copytree(p["train_images"], root / "train2017")
-    shutil.copytree(p["val_images"], root / "val2017")
-    shutil.copy(p["train_ann"], root / "annotations" / "instances_train2017.json")
-    shutil.copy(p["val_ann"], root / "annotations" / "instances_val2017.json")
-    return root
+    return coco_from_synthetic(tmp_path, train_images=6, val_images=3, seed=7)[0]
 
 
 def _rewrite(path, edit):

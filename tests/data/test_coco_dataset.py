@@ -239,19 +239,13 @@ def test_collate():
 def test_coco2017_training_split_is_augmented(tmp_path):
     """coco2017 trains with the SSD augmentation (as VOC does); evaluation data stays plain."""
     import json
-    import shutil
+
+    from helpers import coco_from_synthetic
 
     from lossscale_bench.data import build_datasets, infinite_batches
     from lossscale_bench.data.augment import AugmentedDataset
-    from lossscale_bench.data.synthetic import ensure_synthetic
 
-    p = ensure_synthetic(tmp_path / "syn", train_images=8, val_images=4, image_size=64, seed=3)
-    root = tmp_path / "coco"
-    (root / "annotations").mkdir(parents=True)
-    shutil.copytree(p["train_images"], root / "train2017")
-    shutil.copytree(p["val_images"], root / "val2017")
-    shutil.copy(p["train_ann"], root / "annotations" / "instances_train2017.json")
-    shutil.copy(p["val_ann"], root / "annotations" / "instances_val2017.json")
+    root, _ = coco_from_synthetic(tmp_path, train_images=8, val_images=4, seed=3)
     assert json.loads((root / "annotations" / "instances_val2017.json").read_text())["images"]
     train, val, classes = build_datasets({"name": "coco2017", "root": str(root)}, image_size=64)
     assert isinstance(train, AugmentedDataset) and not isinstance(val, AugmentedDataset)

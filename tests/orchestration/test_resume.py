@@ -10,27 +10,19 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 
 import pytest
+from helpers import study_yaml
 
-STUDY = textwrap.dedent("""\
-    name: resume
-    dataset: {name: synthetic, train_images: 16, val_images: 8, image_size: 64, seed: 0}
-    model: ssd_tiny
-    model_options: {width: 8}
-    batch_size: 4
-    precision: fp16-emulated
-    scaling:
-      - {method: fixed, scale: 128}
-      - {method: dynamic, interval: 10}
-    seeds: [0]
-    schedule: {iterations: 400, lr: 0.01, warmup_iterations: 4}
-    eval: {every: 20, metric: coco, max_images: 4}
-    log_every: 10
-    """)
+#: two trials long enough to be interrupted mid-run (the base study of tests/helpers.py otherwise)
+RESUME = dict(name="resume", dataset={"name": "synthetic", "train_images": 16, "val_images": 8, "image_size": 64,
+                                      "seed": 0},
+              precision="fp16-emulated", scaling=["{method: fixed, scale: 128}", "{method: dynamic, interval: 10}"],
+              schedule={"iterations": 400, "lr": 0.01, "warmup_iterations": 4},
+              eval={"every": 20, "metric": "coco", "max_images": 4}, log_every=10)
+STUDY = study_yaml(**RESUME)
 
 
 def _cmd(study, runs):
@@ -90,8 +82,8 @@ def test_killed_worker_is_retried_from_its_checkpoint(tmp_path):
     from mlflow.tracking import MlflowClient
 
     study = tmp_path / "resume.yaml"
-    study.write_text(STUDY.replace("  - {method: dynamic, interval: 10}\n", "").replace("iterations: 400",
-                                                                                       "iterations: 200"))
+    study.write_text(study_yaml(**{**RESUME, "scaling": ["{method: fixed, scale: 128}"],
+                                   "schedule": {"iterations": 200, "lr": 0.01, "warmup_iterations": 4}}))
     runs = tmp_path / "runs"
     proc = subprocess.Popen(_cmd(study, runs), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             start_new_session=True, text=True)
