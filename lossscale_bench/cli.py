@@ -154,6 +154,8 @@ def cmd_report(args) -> int:
     from .tracking.store import open_store, resolve_tracking_uri
 
     uri = open_store(resolve_tracking_uri(args.tracking_uri, args.runs_dir), create=False)
+    if args.telemetry:
+        return _telemetry_report(uri, args)
     text, out = write_report(uri, study=args.study, fmt=args.format, out=args.out, metric=args.metric,
                              reports_dir=args.reports_dir, plots=not args.no_plots)
     if out is None:  # --out -: the report itself is the output
@@ -164,6 +166,26 @@ def cmd_report(args) -> int:
         print(text)
         print(f"(written to {out})", file=sys.stderr)
     return 0
+
+
+def _telemetry_report(uri: str, args) -> int:
+    """``report --telemetry``: per-row flush, saturation, scales and skipped steps (markdown only)."""
+    from .report.telemetry_summary import render_telemetry_markdown, telemetry_rows
+
+    if args.format != "markdown":
+        print("lsbench: error: --telemetry: the telemetry table is markdown only (drop --format)", file=sys.stderr)
+        return EXIT_USAGE
+    text = render_telemetry_markdown(telemetry_rows(uri, args.study))
+    if args.out and args.out != "-":
+        out = Path(args.out)
+        if out.is_dir() or args.out.endswith("/"):
+            out = out / f"{args.study or 'all'}_telemetry.md"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text, encoding="utf-8")
+        print(out)
+    else:
+        sys.stdout.write(text)
+    return EXIT_OK
 
 
 def cmd_weights(args) -> int:
@@ -371,6 +393,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "or best_map (the best evaluation's); shown in percent")
     sp.add_argument("--reports-dir", default="reports")
     sp.add_argument("--no-plots", action="store_true", help="tables only, no plots")
+    sp.add_argument("--telemetry", action="store_true",
+                    help="instead of mAP: per row, the share of gradient elements flushed and saturated "
+                         "(activation and parameter gradients), loss scales and skipped steps, over seeds")
     store_args(sp)
     sp.set_defaults(func=cmd_report)
 

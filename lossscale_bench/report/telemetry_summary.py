@@ -1,0 +1,119 @@
+"""Per-row telemetry of a study: what the gradients went through, beside the mAP table.
+
+Why: a row's mAP says *that* a method helped or hurt; its telemetry says *why*:
+the share of gradient elements the format flushed or saturated (activation
+gradients at each conv/linear output, and those layers' parameter gradients),
+the loss scale it ran at, and how many steps it skipped. ``lsbench report
+--telemetry`` prints one line per table row, the means over the run's logged
+steps, then over seeds (min–max across seeds where they differ by much), read
+from the metric histories in the store (one call per metric and run).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+from .runs import ReportError, load_runs
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+__all__ = ["TELEMETRY_COLUMNS", "telemetry_rows", "render_telemetry_markdown"]
+
+#: column -> (metric, how a run's history becomes one number)
+TELEMETRY_COLUMNS: dict[str, tuple[str, str]] = {
+    "flushed (act. grads)": ("flush_rate_mean", "mean"),
+    "saturated (act. grads)": ("saturate_rate_mean", "mean"),
+    "saturated, worst layer": ("saturate_rate_max", "mean"),
+    "flushed (param. grads)": ("param_flush_rate_mean", "mean"),
+    "saturated (param. grads)": ("param_saturate_rate_mean", "mean"),
+    "saturated (param.), worst layer": ("param_saturate_rate_max", "mean"),
+    "loss scale, first": ("loss_scale", "first"),
+    "loss scale, last": ("loss_scale", "last"),
+    "layer scale log2, median (last)": ("", "layer_scale"),
+    "skipped steps": ("skipped_steps_total", "last"),
+}
+#: the per-layer scalers' median log2 scale, whichever the run logged
+_LAYER_SCALE = ("ada_scale_log2_median", "amax_point_scale_log2_median", "lw_point_scale_log2_median")
+_RATES = {c for c, (m, _) in TELEMETRY_COLUMNS.items() if m.endswith(("_mean", "_max")) and "rate" in m}
+
+
+def _reduce(history: list, how: str) -> float:
+    vals = [m.value for m in sorted(history, key=lambda m: m.step) if m.value == m.value]
+    if not vals:
+        return math.nan
+    if how == "first":
+        return vals[0]
+    if how == "last":
+        return vals[-1]
+    return sum(vals) / len(vals)
+
+
+def _run_values(client, run_id: str) -> dict[str, float]:
+    out = {}
+    for col, (metric, how) in TELEMETRY_COLUMNS.items():
+        if how == "layer_scale":
+            out[col] = next((v for v in (_reduce(client.get_metric_history(run_id, m), "last") for m in _LAYER_SCALE)
+                             if v == v), math.nan)
+        else:
+            out[col] = _reduce(client.get_metric_history(run_id, metric), how)
+    return out
+
+
+def telemetry_rows(tracking_uri: str, study: str | None = None) -> pd.DataFrame:
+    """One row per (model, batch size, label, precision) with the telemetry means over its seeds.
+
+    Columns: ``label``, ``precision``, ``n`` (seeds), then :data:`TELEMETRY_COLUMNS`, each
+    a mean over seeds, with ``<column> min`` and ``<column> max`` across seeds beside it.
+    """
+    import pandas as pd
+    from mlflow import MlflowClient
+
+    runs = load_runs(tracking_uri, study)
+    runs = runs[runs["status"].isin(["finished", "diverged"])]
+    if not len(runs):
+        raise ReportError(f"no finished or diverged trial runs for {study or 'any study'} in {tracking_uri}")
+    client = MlflowClient(tracking_uri=tracking_uri)
+    records = [{"model": r.model, "batch_size": r.batch_size, "row": r.row, "label": r.label,
+                "precision": r.precision, **_run_values(client, r.run_id)} for r in runs.itertuples()]
+    df = pd.DataFrame(records)
+    keys = ["model", "batch_size", "row", "label", "precision"]
+    cols = list(TELEMETRY_COLUMNS)
+    grouped = df.groupby(keys, dropna=False, sort=True)
+    out = grouped[cols].mean()
+    lo, hi = grouped[cols].min(), grouped[cols].max()
+    for c in cols:
+        out[f"{c} min"], out[f"{c} max"] = lo[c], hi[c]
+    out["n"] = grouped.size()
+    return out.reset_index()
+
+
+def _cell(col: str, mean: float, lo: float, hi: float) -> str:
+    if mean != mean:
+        return "–"
+    if col in _RATES:
+        text = f"{100 * mean:.3g} %"
+        return text + (f" ({100 * lo:.3g}–{100 * hi:.3g})" if hi - lo > max(0.02, 0.5 * abs(mean)) else "")
+    if col.startswith("loss scale"):
+        return f"{mean:g}" if lo == hi else f"{mean:g} ({lo:g}–{hi:g})"
+    return f"{mean:.3g}" if lo == hi else f"{mean:.3g} ({lo:.3g}–{hi:.3g})"
+
+
+def render_telemetry_markdown(df: pd.DataFrame) -> str:
+    """The rows as one markdown table (rates in % of non-zero elements; seeds' range in brackets)."""
+    from .renderers.markdown import md_cell
+
+    cols = list(TELEMETRY_COLUMNS)
+    head = ["row", "precision", "n", *cols]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in df.to_dict("records"):
+        cells = [md_cell(r["label"]), str(r["precision"]), str(r["n"])]
+        cells += [_cell(c, r[c], r[f"{c} min"], r[f"{c} max"]) for c in cols]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", "Rates: share of the non-zero gradient elements the row's gradient format flushes to zero or "
+              "saturates (past its maximum), per logged step, averaged over layers, steps and seeds (range over "
+              "seeds in brackets where it is wide); rows without an emulated format are counted against fp16's "
+              "thresholds (what fp16 would lose). Activation gradients are seen arriving at each conv/linear "
+              "output, parameter gradients before they are rounded, both carrying the loss scale."]
+    return "\n".join(lines) + "\n"

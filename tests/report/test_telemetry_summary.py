@@ -1,0 +1,51 @@
+"""``lsbench report --telemetry``: per-row flush/saturation/scale means read back from a real store."""
+
+from __future__ import annotations
+
+import pytest
+from helpers import lsbench, study_yaml
+
+from lossscale_bench.orchestration import run_study
+from lossscale_bench.report.telemetry_summary import TELEMETRY_COLUMNS, render_telemetry_markdown, telemetry_rows
+from lossscale_bench.study import load_study_text
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    runs = tmp_path_factory.mktemp("tele") / "runs"
+    study = load_study_text(study_yaml(name="tele", precision="fp8-e4m3-emulated", seeds=[0, 1], log_every=2,
+                                       scaling=["{method: none, label: unscaled}",
+                                                "{method: fixed, scale: 128, label: x128}"]), "tele.yaml")
+    run_study(study, runs_dir=runs, executor="local", quiet=True)
+    return runs, f"sqlite:///{runs / 'mlflow.db'}"
+
+
+def test_rows_are_the_means_of_the_logged_histories(store):
+    from mlflow import MlflowClient
+
+    from lossscale_bench.report import load_runs
+
+    _, uri = store
+    df = telemetry_rows(uri, "tele").set_index("label")
+    assert sorted(df.index) == ["unscaled", "x128"] and list(df["n"]) == [2, 2]
+    assert df.loc["x128", "loss scale, first"] == 128 and df.loc["unscaled", "loss scale, last"] == 1
+    assert df.loc["unscaled", "skipped steps"] == 0
+    client = MlflowClient(tracking_uri=uri)
+    runs = load_runs(uri, "tele")
+    for label in ("unscaled", "x128"):  # the same number computed here, from the raw histories
+        per_run = []
+        for rid in runs[runs["label"] == label]["run_id"]:
+            hist = [m.value for m in client.get_metric_history(rid, "param_saturate_rate_mean")]
+            assert hist, "the trial logged parameter-gradient saturation"
+            per_run.append(sum(hist) / len(hist))
+        assert df.loc[label, "saturated (param. grads)"] == pytest.approx(sum(per_run) / len(per_run))
+    text = render_telemetry_markdown(telemetry_rows(uri, "tele"))
+    assert text.splitlines()[0].count("|") == len(TELEMETRY_COLUMNS) + 4 and "| x128 |" in text
+
+
+def test_cli_prints_it_and_refuses_other_formats(store):
+    runs, _ = store
+    r = lsbench("report", "--runs-dir", runs, "--study", "tele", "--telemetry")
+    assert r.returncode == 0 and "| unscaled | fp8-e4m3-emulated | 2 |" in r.stdout, r.stderr[-2000:]
+    r = lsbench("report", "--runs-dir", runs, "--study", "tele", "--telemetry", "--format", "csv")
+    assert r.returncode == 2 and "markdown only" in r.stderr
