@@ -336,6 +336,11 @@ def block_round(x: torch.Tensor, fmt: str = "e4m3", granularity: str = "mx32", *
     if pad:
         out1 = out1.view(rows, cols + pad)[:, :cols]
     out = out1.reshape(x.shape).to(x.dtype)
+    if x.dim() == 4 and not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last):
+        # blocks follow the logical (NCHW) order, so the data went through a copy; handing a
+        # channels_last model its layout back costs one copy here instead of conversions in
+        # every op after (numerics.fp8.memory_order_flat has the measurement)
+        out = out.contiguous(memory_format=torch.channels_last)
     return (out, extra) if counts else out
 
 
