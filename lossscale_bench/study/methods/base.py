@@ -67,6 +67,13 @@ def option_parts(scaling: dict, defaults: dict, shorts) -> list[str]:
     return [f"{short}={num(scaling[key])}" for key, short in shorts if differs(scaling, key, defaults.get(key))]
 
 
+def interval_label(title: str, scaling: dict, defaults: dict, shorts) -> str:
+    """``title (interval=N, short=value, ...)``: the label of a method that grows its scale every
+    ``interval`` clean steps (always shown), with the options that differ from ``defaults``."""
+    parts = [f"interval={num(scaling.get('interval', defaults['interval']))}", *option_parts(scaling, defaults, shorts)]
+    return f"{title} ({', '.join(parts)})"
+
+
 class MethodEntry(BaseModel):
     """One ``scaling:`` entry. A subclass per method sets ``method: Literal[...]`` and the class
     attributes below, and overrides :meth:`id_tag`, :meth:`row_label` (and, where needed,

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Literal, Optional
 
 from ..fields import PosFloat, PosInt
-from .base import Fail, MethodEntry, num, option_parts
+from .base import Fail, MethodEntry, interval_label, num
 
 #: fairscale's growth_interval; GradScaler's start
 DEFAULTS = {"init_scale": 65536.0, "interval": 10000}
@@ -36,9 +36,8 @@ class LayerwiseDynamicScaling(MethodEntry):
 
     @classmethod
     def row_label(cls, scaling: dict, precision: str) -> str:
-        parts = [f"interval={num(scaling.get('interval', DEFAULTS['interval']))}"]
-        parts += option_parts(scaling, DEFAULTS, (("init_scale", "init"), ("min_scale", "min"), ("max_scale", "max")))
-        return f"layer-wise dynamic ({', '.join(parts)})"
+        return interval_label("layer-wise dynamic", scaling, DEFAULTS,
+                              (("init_scale", "init"), ("min_scale", "min"), ("max_scale", "max")))
 
 
 ENTRY = LayerwiseDynamicScaling

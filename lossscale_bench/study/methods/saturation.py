@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Literal
 
 from ..fields import PosFloat, PosInt, _number
-from .base import MethodEntry, num, option_parts
+from .base import MethodEntry, interval_label, num
 
 #: FP8-LM's rule: back off past 0.001 % saturated elements, grow x2 after 1000 clean steps
 DEFAULTS = {"init_scale": 1.0, "interval": 1000, "threshold": 1e-5}
@@ -27,9 +27,7 @@ class SaturationScaling(MethodEntry):
 
     @classmethod
     def row_label(cls, scaling: dict, precision: str) -> str:
-        parts = [f"interval={num(scaling.get('interval', DEFAULTS['interval']))}"]
-        parts += option_parts(scaling, DEFAULTS, (("init_scale", "init"), ("threshold", "threshold")))
-        return f"saturation-aware dynamic ({', '.join(parts)})"
+        return interval_label("saturation-aware dynamic", scaling, DEFAULTS, (("init_scale", "init"), ("threshold", "threshold")))
 
 
 ENTRY = SaturationScaling
