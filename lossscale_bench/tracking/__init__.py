@@ -6,7 +6,8 @@ and names its faults (no MLflow writes; the ``lsbench-store:`` artifact
 resolver that pyproject.toml's entry point names). ``tracker`` is the one
 writer of runs (``Tracker``: experiments, parent and trial runs, batched and
 retried writes). ``run_status`` is pure text: how a trial's end shows in the
-MLflow UI. ``mlflow_sink`` is the sink of an in-process trial.
+MLflow UI. ``mlflow_sink`` is the sink of an in-process trial. ``ui_server`` starts
+and stops ``mlflow server`` for ``lsbench ui``.
 
 It sits in the orchestration layer (``lossscale_bench.LAYERS``): the study
 runner and the CLI use it; the trial and the engine never do (they report

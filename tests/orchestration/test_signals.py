@@ -176,9 +176,9 @@ def test_sigterm_to_ui_stops_the_whole_server(tmp_path):
 
 def test_a_server_that_dies_early_is_one_line_and_leaves_no_workers(capsys):
     """``mlflow server`` losing the port race (bound between the check and its start) exits 1 with
-    uvicorn's traceback while its job-runner workers live on; ``_serve`` names the cause and
+    uvicorn's traceback while its job-runner workers live on; ``serve`` names the cause and
     stops the whole group. A stand-in server: one lingering worker, the bind error, exit 1."""
-    from lossscale_bench.cli import _serve
+    from lossscale_bench.tracking.ui_server import serve as _serve
 
     fake = ("import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
             "print('worker', flush=True); time.sleep(0.5); "
