@@ -67,12 +67,14 @@ def _print_table(trials) -> None:
     print(f"{len(rows)} trials")
 
 
-def _print_notices(study) -> None:
-    """What a valid study may not mean (a loss scale where there is nothing to rescue): stderr, not an error."""
+def _print_notices(study, stream=None) -> None:
+    """What a valid study may not mean (a loss scale where there is nothing to rescue): a note, not an
+    error. ``validate`` writes it to stderr beside its errors; ``run`` to stdout with the results, so a
+    failing run's stderr stays the one error line."""
     from .study.notices import study_notices
 
     for line in study_notices(study):
-        print(f"lsbench: note: {line}", file=sys.stderr)
+        print(f"lsbench: note: {line}", file=stream or sys.stderr)
 
 
 def cmd_validate(args) -> int:
@@ -112,10 +114,10 @@ def cmd_run(args) -> int:
 
     path = args.file or str(embedded_study())
     study = load_study(path, allow_large_grid=args.allow_large_grid)
-    _print_notices(study)
     if args.dry_run:
         print(f"study {study.name!r} from {path}")
         _print_table(study.trials())
+        _print_notices(study, sys.stdout)
         return 0
     from .study.paths import check_paths
 
@@ -136,6 +138,7 @@ def cmd_run(args) -> int:
         return EXIT_SIGINT if exc.signum == signal.SIGINT else EXIT_SIGTERM
     counts = result.counts()
     print(f"study {study.name}: " + ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in counts.items()))
+    _print_notices(study, sys.stdout)  # with the results they qualify; stderr stays for errors
     if not args.no_report:
         from .report import write_report
 

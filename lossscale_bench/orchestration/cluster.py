@@ -198,8 +198,11 @@ def check_feasible(study, trials, nodes: list[dict[str, float]], *, local: bool 
                 cpus_short = max(cpus_short, sum(b.get("CPU", 0.0) for b in trial_bundles(cfg.resources)))
     if problems:
         src = getattr(study, "source", "") or "study"
+        most = max((float(n.get("CPU", 0.0)) for n in nodes), default=0.0)
+        # logical CPUs share the real ones: worth saying for a few more, not for a typo's thousand
+        sensible = local and cpus_short and cpus_short <= max(4 * most, 4)
         advice = (f"--num-cpus {int(math.ceil(cpus_short))} gives this machine's Ray that many logical CPUs "
-                  "(trials then share its cores); " if local and cpus_short else "")
+                  "(trials then share its cores); " if sensible else "")
         raise Infeasible(f"{src}: " + "; ".join(f"{f}: {why}" for f, why in problems.items())
                          + f" ({advice}if an autoscaler adds such nodes on demand: --no-resource-check or "
                            "LSBENCH_SKIP_RESOURCE_CHECK=1)")

@@ -68,11 +68,12 @@ def run_study(study, *, runs_dir: str | Path = "runs", tracking_uri: str | None 
     """
     if executor not in ("ray", "local"):
         raise ValueError(f"unknown executor {executor!r}; allowed: ray, local")
-    from ..tracking.store import resolve_tracking_uri, sqlite_path
+    from ..tracking.store import check_scheme, resolve_tracking_uri, sqlite_path
     from .runs_lock import runs_lock
 
     runs_dir = Path(runs_dir).expanduser().resolve()
     uri = resolve_tracking_uri(tracking_uri, runs_dir)
+    check_scheme(uri)  # foo:// is refused before the runs folder (and its lock file) is created
     opts = _Options(max_concurrent, address, num_cpus, executor, quiet, stream, trial_plots, check_resources)
     with runs_lock(runs_dir, sqlite_path(uri), study.name, wait=wait, stream=stream):
         return _run_locked(study, runs_dir, uri, opts)

@@ -28,7 +28,7 @@ from pathlib import Path
 from urllib.parse import quote, unquote, urlparse
 
 __all__ = ["StoreError", "StoreMissing", "ALLOWED_SCHEMES", "ARTIFACT_SCHEME", "open_store", "store_error",
-           "sqlite_path", "resolve_tracking_uri", "default_tracking_uri", "relative_artifact_location",
+           "sqlite_path", "resolve_tracking_uri", "check_scheme", "default_tracking_uri", "relative_artifact_location",
            "store_relative_repository", "ensure_artifact_scheme"]
 
 #: tracking-URI schemes MLflow 3 has a store for ('' is a local folder: MLflow's file store);
@@ -137,12 +137,19 @@ def open_store(uri: str, *, create: bool, missing_ok: bool = False) -> str:
         raise
 
 
-def _open_store(uri: str, create: bool) -> str:
+def check_scheme(uri: str) -> str:
+    """Raise :class:`StoreError` for a tracking URI no MLflow store has; return its scheme. Touches nothing
+    (``lsbench run`` calls it before it creates the runs folder and its lock)."""
     scheme = _scheme(uri)
     if scheme not in ALLOWED_SCHEMES and scheme != "":
         raise StoreError(f"tracking URI {redact(uri)!r}: unknown scheme {scheme!r}; MLflow stores are "
                          f"{', '.join(s + ':' for s in ALLOWED_SCHEMES)} or a local folder "
                          "(e.g. sqlite:///runs/mlflow.db, http://127.0.0.1:5000)")
+    return scheme
+
+
+def _open_store(uri: str, create: bool) -> str:
+    scheme = check_scheme(uri)
     db = sqlite_path(uri)
     if db is not None:
         _check_sqlite(db, create)

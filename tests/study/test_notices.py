@@ -21,3 +21,14 @@ def test_a_loss_scale_where_gradients_have_fp32_range_is_accepted_with_a_note():
     assert notes[0].startswith("s.yaml: scaling[1] (fixed) in bf16: bf16 gradients")
     assert notes[1].startswith("s.yaml: scaling[2] (adaptive) in fp32: fp32 gradients")
     assert study_notices(_load(precision="fp16-emulated", scaling=["{method: fixed, scale: 8}"])) == []
+
+
+def test_validate_says_it_on_stderr_and_a_dry_run_on_stdout(tmp_path):
+    from helpers import lsbench
+
+    f = tmp_path / "s.yaml"
+    f.write_text(study_yaml(precision="bf16", scaling=["{method: fixed, scale: 128}"]))
+    r = lsbench("validate", f)
+    assert r.returncode == 0 and "lsbench: note: " in r.stderr and "scaling[0] (fixed) in bf16" in r.stderr
+    r = lsbench("run", f, "--dry-run")
+    assert r.returncode == 0 and "scaling[0] (fixed) in bf16" in r.stdout and r.stderr.strip() == ""
