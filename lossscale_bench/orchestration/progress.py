@@ -32,6 +32,11 @@ class Progress:
         if not self.quiet:
             print(msg, file=self._stream or sys.stdout, flush=True)
 
+    def notice(self, msg: str) -> None:
+        """A line printed even with ``quiet``: what changed in the stored results (a label renamed, the
+        study file edited under the same name) is not progress, and a quiet run must not hide it."""
+        print(msg, file=self._stream or sys.stdout, flush=True)
+
     def _summary(self) -> str:
         vals = list(self.status.values())
         done = self.already + sum(v in ("finished", "diverged", "failed") for v in vals)

@@ -186,10 +186,10 @@ class _StudyRun:
             progress.line(f"{len(skipped)} of {len(trials)} trials already finished or diverged: not run again")
         changed = change_note(self.study.name, trials, {t: (r.data.tags, r.data.params) for t, r in existing.items()})
         if changed:  # the study file changed under the same name: its old trials stay apart (the report too)
-            progress.line(changed)
+            progress.notice(changed)
         if self.relabelled:  # a label is not part of the trial id: the results stay, the rows are renamed
             pairs = ", ".join(f"{old!r} -> {new!r}" for old, new in self.relabelled)
-            progress.line(f"label(s) changed in the study file, stored runs renamed: {pairs}")
+            progress.notice(f"label(s) changed in the study file, stored runs renamed: {pairs}")
         return progress
 
     def _run_trials(self, progress: Progress) -> None:

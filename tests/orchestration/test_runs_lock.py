@@ -23,7 +23,7 @@ HOLD = textwrap.dedent("""\
     import sys, time
     from pathlib import Path
     from lossscale_bench.orchestration.runs_lock import runs_lock
-    db = Path(sys.argv[2]) if len(sys.argv) > 2 else None
+    db = Path(sys.argv[2]) if len(sys.argv) > 2 and sys.argv[2] else None  # "" is no store, not Path(".")
     with runs_lock(Path(sys.argv[1]), db, "holder-study"):
         print("held", flush=True)
         time.sleep(float(sys.argv[3]) if len(sys.argv) > 3 else 60)
