@@ -174,7 +174,7 @@ def _trajectory(style, lrs, grad=1.0, p0=1.0, momentum=0.9, wd=0.0):
             g["lr"] = lr
         p.grad = torch.tensor([grad], dtype=torch.float64)
         opt.step()
-        out.append(float(p))
+        out.append(float(p.detach()))
     return out
 
 
