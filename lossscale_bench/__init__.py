@@ -7,7 +7,7 @@ Layers. Each module imports only from its own layer or the layers below it
 (``tests/test_layers.py`` reads the import graph and checks this, and that
 there is no circle). Where new code goes:
 
-0. ``schema``: ``registry`` (allowed names), ``formats`` (number formats),
+0. ``schema``: ``registry`` (allowed names), ``exit_codes`` (the CLI's exit codes), ``formats`` (number formats),
    ``sink`` (the interface a trial reports through, and ``MemorySink``; here
    because ``trial`` and ``engine`` report through it; the sinks that write
    somewhere live with what they write to: ``tracking.mlflow_sink``,
@@ -39,7 +39,7 @@ __version__ = "0.1.0"
 
 #: (layer name, top-level modules/packages in it); ``name*`` matches a prefix
 LAYERS = (
-    ("schema", ("registry", "sink", "study")),
+    ("schema", ("exit_codes", "registry", "sink", "study")),
     ("components", ("formats", "numerics", "data", "models", "precision", "scaling", "backends", "telemetry",
                     "evaluation")),
     ("engine", ("engine",)),

@@ -4,7 +4,7 @@ User errors (a bad study file, missing data, an absent backend, an unknown
 study in the report) print one line naming the file/field/path and exit
 with code 2; anything else is a bug and keeps its traceback.
 
-Exit codes (README "Exit codes"; scripts and schedulers branch on them):
+Exit codes (README "Exit codes"; ``exit_codes.py`` holds the numbers):
 
 - 0: every trial finished or diverged (divergence is a result, not a failure)
 - 1: an internal error (a bug: the traceback is printed)
@@ -22,13 +22,7 @@ import os
 import sys
 from pathlib import Path
 
-EXIT_OK = 0
-EXIT_USAGE = 2
-EXIT_TRIALS_FAILED = 3
-EXIT_STORE = 4
-EXIT_SIGINT = 130
-EXIT_SIGTERM = 143
-EXIT_SIGPIPE = 141
+from .exit_codes import EXIT_OK, EXIT_SIGINT, EXIT_SIGPIPE, EXIT_SIGTERM, EXIT_STORE, EXIT_TRIALS_FAILED, EXIT_USAGE
 
 
 def embedded_study() -> Path:

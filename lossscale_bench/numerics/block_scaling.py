@@ -76,7 +76,7 @@ import torch
 import torch.nn.functional as F
 
 from ._compile import LazyCompiled
-from .fp8 import E4M3, E5M2, Fp8Spec, _bits_fused, _fastest_eager
+from .fp8 import E4M3, E5M2, Fp8Spec, _bits_fused, _fastest_eager, is_channels_last
 
 GRANULARITIES = ("tensor", "tile128", "mx32")
 MX_MODES = ("floor", "ceil", "even", "rceil")
@@ -336,7 +336,7 @@ def block_round(x: torch.Tensor, fmt: str = "e4m3", granularity: str = "mx32", *
     if pad:
         out1 = out1.view(rows, cols + pad)[:, :cols]
     out = out1.reshape(x.shape).to(x.dtype)
-    if x.dim() == 4 and not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last):
+    if is_channels_last(x):
         # blocks follow the logical (NCHW) order, so the data went through a copy; handing a
         # channels_last model its layout back costs one copy here instead of conversions in
         # every op after (numerics.fp8.memory_order_flat has the measurement)

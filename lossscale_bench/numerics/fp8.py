@@ -291,6 +291,11 @@ def round_fp8(x: torch.Tensor, fmt: str | Fp8Spec, saturate: bool | None = None,
     return unflatten(out).to(x.dtype)
 
 
+def is_channels_last(x: torch.Tensor) -> bool:
+    """A 4-D tensor laid out channels_last (and not also contiguous, as a 1x1 or single-channel one is)."""
+    return x.dim() == 4 and not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last)
+
+
 def memory_order_flat(x: torch.Tensor):
     """``(flat, unflatten)``: ``x``'s elements as a 1-D tensor in memory order, and the inverse.
 
@@ -302,7 +307,7 @@ def memory_order_flat(x: torch.Tensor):
     ``unflatten`` gives the result channels_last strides again; anything else is flattened as
     before (``reshape``, a view when ``x`` is contiguous).
     """
-    if x.dim() == 4 and not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last):
+    if is_channels_last(x):
         n, c, h, w = x.shape
         return x.permute(0, 2, 3, 1).reshape(-1), lambda out: out.view(n, h, w, c).permute(0, 3, 1, 2)
     return x.reshape(-1), lambda out: out.reshape(x.shape)

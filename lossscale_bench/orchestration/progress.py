@@ -30,7 +30,7 @@ class Progress:
 
     def line(self, msg: str) -> None:
         if not self.quiet:
-            print(msg, file=self._stream or sys.stdout, flush=True)
+            self.notice(msg)
 
     def notice(self, msg: str) -> None:
         """A line printed even with ``quiet``: what changed in the stored results (a label renamed, the

@@ -12,8 +12,7 @@ import os
 import sys
 from pathlib import Path
 
-#: exit codes as ``lsbench`` documents them (cli.py): a usage error, SIGINT, SIGTERM
-EXIT_USAGE, EXIT_SIGINT, EXIT_SIGTERM = 2, 130, 143
+from ..exit_codes import EXIT_SIGINT, EXIT_SIGTERM, EXIT_USAGE
 
 
 def port_problem(host: str, port: int) -> str | None:
