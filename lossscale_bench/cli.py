@@ -4,15 +4,7 @@ User errors (a bad study file, missing data, an absent backend, an unknown
 study in the report) print one line naming the file/field/path and exit
 with code 2; anything else is a bug and keeps its traceback.
 
-Exit codes (README "Exit codes"; ``exit_codes.py`` holds the numbers):
-
-- 0: every trial finished or diverged (divergence is a result, not a failure)
-- 1: an internal error (a bug: the traceback is printed)
-- 2: a user error: bad study file or option, missing path, a cluster that cannot run the study
-- 3: the study ran but one or more trials failed (the others' results are kept and reported)
-- 4: the tracking store cannot be used (corrupt, read-only, full, unreachable, bad URI)
-- 130 / 143: interrupted by SIGINT / SIGTERM (trial runs are marked KILLED; a re-run resumes)
-- 141: the reader of standard output went away (`lsbench validate ... | head`)
+Exit codes: ``exit_codes.py`` (what each means, beside its number) and README "Exit codes".
 """
 
 from __future__ import annotations

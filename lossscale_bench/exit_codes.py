@@ -1,14 +1,22 @@
-"""``lsbench``'s exit codes, in one place (README "Exit codes"; scripts and schedulers branch on them).
+"""``lsbench``'s exit codes, in one place (README "Exit codes" explains each for users; scripts and
+schedulers branch on them).
 
 Why a module of its own at the bottom layer: the CLI returns them, and so does code below it that
 ends a command itself (``tracking.ui_server`` stopping ``mlflow server`` on a signal); a second copy
-of the numbers there could drift from the documented ones.
+of the numbers there could drift from the documented ones. (1, an internal error, is Python's own
+exit status for an uncaught exception: the traceback is printed, nobody returns it by name.)
 """
 
+#: every trial finished or diverged (divergence is a result, not a failure)
 EXIT_OK = 0
+#: a user error, one line: bad study file or option, missing path, a cluster that cannot run the study
 EXIT_USAGE = 2
+#: the study ran but one or more trials failed (the others' results are kept and reported)
 EXIT_TRIALS_FAILED = 3
+#: the tracking store cannot be used (corrupt, read-only, full, unreachable, bad URI)
 EXIT_STORE = 4
+#: interrupted by SIGINT / SIGTERM (trial runs are marked KILLED; a re-run resumes)
 EXIT_SIGINT = 130
 EXIT_SIGTERM = 143
+#: the reader of standard output went away (``lsbench validate ... | head``)
 EXIT_SIGPIPE = 141
