@@ -5,18 +5,21 @@ Pipeline::
     load_runs(uri, study)  -> one row per trial (latest run per trial_id)
     summarize(runs)        -> one row per table cell (study, model, batch, row)
     render(runs, fmt)      -> markdown | csv | html | latex text
+    compare_rows(summary)  -> every pair of rows per table, and the ranking (report --compare)
     write_report(uri, ...) -> (text, path)   (+ plots: see lossscale_bench.report.plots)
 
 The modules, imports only ever pointing down::
 
     write             write_report(): tables + plots to files
-      ├─ renderers/   render(); one module per format: markdown, csv, html, latex
+      ├─ renderers/   render(); one module per format: markdown, csv, html, latex;
+      │    │          render_compare() (compare.py): --compare in every format
       │    └─ tables  rows and footnotes shared by the renderers
       ├─ plots        study and trial plots (imported when drawn)
       │    └─ draw    matplotlib: data in, PNG out
+      ├─ compare      compare_rows(): pairs of rows, Holm, ranking with letter groups
       └─ summary      summarize(), verdicts; re-exports runs
            ├─ runs    load_runs(): the MLflow store contract
-           └─ stats   t-tests (scipy)
+           └─ stats   t-tests, TOST, P(>), Holm (scipy, statsmodels)
     metric_names      the metrics a report can show, their headers and unit (no pandas)
 
 The store contract is described in :mod:`lossscale_bench.report.runs`, the
@@ -38,6 +41,7 @@ __all__ = [
     "summarize",
     "render",
     "write_report",
+    "compare_rows",
     "noise_verdict",
     "MODEL_NAMES",
     "FORMATS",
@@ -48,13 +52,14 @@ __all__ = [
 _EXPORTS: dict[str, tuple[str, ...]] = {
     "runs": ("ReportError", "load_runs", "derive_label", "model_name", "is_emulated", "MODEL_NAMES",
              "RUN_COLUMNS", "STATUSES", "TAG", "EMULATED_SUFFIX"),
-    "stats": ("ALPHA", "noise_verdict", "paired_verdict"),
+    "stats": ("ALPHA", "DEFAULT_MARGIN", "noise_verdict", "paired_verdict", "compare_cells"),
+    "compare": ("compare_rows", "letter_groups", "PAIR_COLUMNS", "RANK_COLUMNS"),
     "summary": ("summarize", "SUMMARY_COLUMNS", "RUNNING_TEXT"),
     "tables": ("EMULATED_MARK", "EMULATION_NOTES", "HEADERS", "SEEDS_NOTE", "VS_HEADER", "_verdict_note"),
     "metric_names": ("REPORT_METRICS", "check_metric"),
-    "renderers": ("FORMATS", "render", "render_markdown", "render_csv", "render_html", "render_latex",
+    "renderers": ("FORMATS", "render", "render_compare", "render_markdown", "render_csv", "render_html", "render_latex",
                   "from_csv", "latex_escape"),
-    "write": ("write_report",),
+    "write": ("write_report", "check_margin"),
 }
 _HOME = {name: module for module, names in _EXPORTS.items() for name in names}
 
@@ -67,7 +72,7 @@ def __getattr__(name: str):
     import sys
 
     # all at once, and spelled out, so tests/test_layers.py sees these edges (and any circle through them)
-    from . import metric_names, renderers, runs, stats, summary, tables, write  # noqa: F401
+    from . import compare, metric_names, renderers, runs, stats, summary, tables, write  # noqa: F401
 
     value = getattr(sys.modules[f"{__name__}.{module}"], name)
     globals()[name] = value  # later uses skip this function

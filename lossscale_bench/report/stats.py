@@ -1,43 +1,72 @@
-"""Is a row's difference from the baseline more than seed noise?  (No MLflow here.)
+"""What the seeds can say about a difference between two rows.  (No MLflow, no pandas here.)
 
-The report compares each row's seed values with the baseline row's by
-Welch's t-test (two-sided, unequal variances: a loss-scaling method may well
-change the spread between seeds, not only the mean) and gives the difference
-of means with a 95% confidence interval on the Welch–Satterthwaite degrees of
-freedom.  The distributions come from scipy; nothing is hand-written.
+A row is compared with another (the table's baseline, or every other row for
+``lsbench report --compare``) on the seeds that finished with a value:
 
-When both rows ran the same seeds, :func:`paired_verdict` is the sharper test
-and the report uses it: in lossscale_bench a seed fixes the initial weights
-and the order of the batches, so two rows with the same seed start from the
-same model and see the same data, and the per-seed difference removes the
-seed-to-seed spread that Welch's test has to carry (on the CPU toy that
-spread is ~1.5 mAP while same-seed fp16/fp32 differences are ~0.2).
-``scipy.stats.ttest_rel`` on the common seeds; the interval is the paired
-mean difference's, on n-1 degrees of freedom.
+* **a difference?** When both rows ran the same seeds, a paired t-test of the
+  per-seed differences (``scipy.stats.ttest_rel``): in lossscale_bench a seed
+  fixes the initial weights and the order of the batches, so two rows with the
+  same seed start from the same model and see the same data, and the per-seed
+  difference removes the seed-to-seed spread that an unpaired test has to carry
+  (on the CPU toy that spread is ~1.5 mAP while same-seed fp16/fp32 differences
+  are ~0.2).  Otherwise Welch's t-test (``ttest_ind(equal_var=False)``: a
+  loss-scaling method may change the spread between seeds, not only the mean).
+  The difference of means gets its 95% interval on the same degrees of freedom
+  (paired: n−1; Welch: Welch–Satterthwaite).
+* **or the same within a margin?** "No difference shown" is two answers that
+  matter apart: the rows are equivalent within a margin a reader cares about,
+  or there are too few seeds to say.  Two one-sided tests (TOST, statsmodels'
+  ``ttost_paired`` / ``ttost_ind(usevar='unequal')``) at margin m tell them
+  apart: ``equivalent (±m)`` when both reject (p < alpha, i.e. the 1 − 2·alpha
+  interval lies inside ±m), else ``inconclusive``.
+* **resolving power**: the half-width of the 95% interval at this n, and
+  roughly how many seeds would bring it to ±m if the spread stayed as observed
+  (:func:`seeds_needed`): what "inconclusive" would cost to resolve.
+* **how often does it win?** P(row > other): paired, the share of seeds on
+  which the row is ahead (ties count one half); unpaired, the Mann–Whitney
+  probability U/(n·m) over all pairs of values; with a 95% bootstrap interval
+  (``scipy.stats.bootstrap``, seeded: a report printed twice is the same).
+  It says what a t-test's mean hides: a row that wins on every seed by a little
+  and one that wins big on one seed and loses on two.
+* **many pairs at once**: Holm's correction (statsmodels ``multipletests``) over
+  the pairs of one table (:func:`holm`), used by :mod:`.compare`.
 
-Only values go in: the caller decides what a value is.  The report passes
-the seeds that finished with a value; diverged, failed and running seeds are
-left out of the test (their cells count them), so a verdict is about the
-seeds that trained, never a guessed number for the ones that did not.
+Only values go in: the caller decides what a value is.  The report passes the
+seeds that finished with a value; diverged, failed and running seeds are left
+out (their cells count them), so a verdict is about the seeds that trained,
+never a guessed number for the ones that did not.  Values and the margin are
+in one unit (the report's: fractions for mAP); ``shown_scale`` only words the
+margin as the tables show it (percent points).
 
-scipy is imported inside :func:`noise_verdict`, so importing this module
-(and the report, and ``lsbench --help``) stays cheap.
+scipy, numpy and statsmodels are imported inside the functions, so importing
+this module (and the report, and ``lsbench --help``) stays cheap.
 """
 
 from __future__ import annotations
 
+import inspect
 import math
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
-__all__ = ["ALPHA", "noise_verdict", "paired_verdict", "format_p"]
+__all__ = ["ALPHA", "DEFAULT_MARGIN", "noise_verdict", "paired_verdict", "compare_cells", "can_pair", "decide",
+           "holm", "seeds_needed", "prob_better", "tost_p", "format_p", "format_margin"]
 
 #: significance level of the verdicts
 ALPHA = 0.05
+#: equivalence margin in the unit the tables show (mAP points): the study file's
+#: ``report.equivalence_margin`` default (lossscale_bench.study.schema.ReportSpec)
+DEFAULT_MARGIN = 1.0
+#: bootstrap resamples and seed for the P(>) interval: seeded, so the report is reproducible
+BOOTSTRAP_RESAMPLES = 9999
+BOOTSTRAP_SEED = 0
+#: seeds_needed gives up (inf) beyond this many seeds
+MAX_SEEDS = 100_000
 
 WORSE = "worse than baseline"
 BETTER = "better than baseline"
-NOISE = "within seed noise"
+EQUIVALENT = "equivalent"
+INCONCLUSIVE = "inconclusive"
 TOO_FEW = "too few seeds"
 NO_VALUES = "no values"
 NO_VARIANCE = "no seed variance"
@@ -58,13 +87,9 @@ def format_p(p: float, alpha: float = ALPHA) -> str:
     return f"p={p!r}"
 
 
-def _decide(p: float, diff: float, alpha: float, higher_is_better: bool, prefix: str) -> dict:
-    """``outcome`` and ``verdict`` text from a two-sided p-value and the sign of the difference."""
-    if p < alpha:
-        outcome, text = ("better", BETTER) if (diff > 0) == higher_is_better else ("worse", WORSE)
-    else:
-        outcome, text = "noise", NOISE
-    return {"outcome": outcome, "verdict": f"{text} ({prefix}{format_p(p, alpha)})"}
+def format_margin(m: float) -> str:
+    """``1.0``, ``0.5``, ``0.25``: one decimal at least, as the study file would write it."""
+    return f"{m:.1f}" if round(m, 1) == m else f"{m:g}"
 
 
 def _mean_var(x: Sequence[float]) -> tuple[float, float]:
@@ -74,20 +99,200 @@ def _mean_var(x: Sequence[float]) -> tuple[float, float]:
     return mean, var
 
 
-def noise_verdict(a: Sequence[float], b: Sequence[float], alpha: float = ALPHA,
-                  higher_is_better: bool = True) -> dict:
-    """Compare sample ``a`` (a row's seed values) with ``b`` (the baseline's).
+# --------------------------------------------------------------------------- the pieces
+
+
+def tost_p(x: Sequence[float], y: Sequence[float], margin: float, paired: bool) -> float:
+    """p of the two one-sided tests that mean(x) − mean(y) lies inside (−margin, +margin).
+
+    statsmodels: ``ttost_paired`` on aligned seeds, else ``ttost_ind(usevar='unequal')``
+    (Welch's standard error and degrees of freedom, as the difference test).
+    """
+    import numpy as np
+    from statsmodels.stats.weightstats import ttost_ind, ttost_paired
+
+    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # one side constant: the test is still defined
+        if paired:
+            return float(ttost_paired(x, y, -margin, margin)[0])
+        return float(ttost_ind(x, y, -margin, margin, usevar="unequal")[0])
+
+
+def seeds_needed(margin: float, alpha: float = ALPHA, *, var_diff: float | None = None,
+                 var_a: float | None = None, var_b: float | None = None) -> float:
+    """Roughly how many seeds would bring the ``1 - alpha`` interval's half-width to ``margin``.
+
+    From the observed spread, as if it stayed the same: paired (``var_diff``, the
+    variance of the per-seed differences), half-width t(1−alpha/2, n−1)·sd/√n;
+    Welch (``var_a``, ``var_b``) with n seeds on each side, t on the
+    Welch–Satterthwaite df of equal n, (va+vb)²(n−1)/(va²+vb²), times √((va+vb)/n),
+    so at the observed n it gives the interval the report prints.  The smallest
+    n ≥ 2 that does it; ``inf`` beyond :data:`MAX_SEEDS`.  With 3 seeds the
+    spread itself is uncertain, so this is an order of magnitude, not a plan.
+    """
+    from scipy import stats
+
+    if var_diff is not None:
+        total = var_diff
+
+        def df(n: int) -> float:
+            return n - 1.0
+    else:
+        total = var_a + var_b
+
+        def df(n: int) -> float:
+            return total ** 2 * (n - 1) / (var_a ** 2 + var_b ** 2)
+    if total <= 0.0:
+        return 2.0
+    # t > z, so the normal approximation's n is a lower bound: start there and step up
+    z = float(stats.norm.ppf(1.0 - alpha / 2.0))
+    start = z * z * total / margin ** 2
+    if start > MAX_SEEDS:
+        return math.inf
+    n = max(2, math.ceil(start))
+    while n <= MAX_SEEDS:
+        if float(stats.t.ppf(1.0 - alpha / 2.0, df(n))) * math.sqrt(total / n) <= margin:
+            return float(n)
+        n += 1
+    return math.inf
+
+
+def _bootstrap_interval(data: tuple, statistic, confidence: float, seed: int, n_resamples: int) -> tuple[float, float]:
+    """``scipy.stats.bootstrap``: BCa, or the percentile interval where BCa is degenerate (NaN).
+
+    A statistic that takes a few values (P(>) on 3 seeds is 0, 1/3, 2/3 or 1)
+    often leaves BCa's bias correction undefined; the percentile interval is
+    then what the resamples say.  Each method starts from the same seeded
+    generator, so the interval is the same every time the report is printed.
+    """
+    import numpy as np
+    from scipy import stats
+
+    rng_arg = "rng" if "rng" in inspect.signature(stats.bootstrap).parameters else "random_state"
+    for method in ("BCa", "percentile"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # DegenerateDataWarning: handled by the fallback
+            res = stats.bootstrap(data, statistic, n_resamples=n_resamples, vectorized=True,
+                                  confidence_level=confidence, method=method,
+                                  **{rng_arg: np.random.default_rng(seed)})
+        lo, hi = float(res.confidence_interval.low), float(res.confidence_interval.high)
+        if math.isfinite(lo) and math.isfinite(hi):
+            return lo, hi
+    return math.nan, math.nan
+
+
+def prob_better(x: Sequence[float], y: Sequence[float], *, paired: bool, higher_is_better: bool = True,
+                confidence: float = 0.95, seed: int = BOOTSTRAP_SEED,
+                n_resamples: int = BOOTSTRAP_RESAMPLES) -> tuple[float, float, float]:
+    """(P(x better than y), interval low, high).
+
+    Paired (``x[i]``, ``y[i]`` the same seed): the share of seeds on which x is
+    ahead, ties one half; the interval resamples seeds.  Unpaired: the
+    Mann–Whitney probability U/(n·m) (``scipy.stats.mannwhitneyu``'s U of x:
+    pairs of values in which x is ahead, ties one half), resampling each side.
+    "Better" is higher unless ``higher_is_better`` is false.
+    """
+    import numpy as np
+    from scipy import stats
+
+    sign = 1.0 if higher_is_better else -1.0
+    x, y = sign * np.asarray(x, dtype=float), sign * np.asarray(y, dtype=float)
+    if paired:
+        d = x - y
+        wins = (d > 0).astype(float) + 0.5 * (d == 0)
+
+        def share(w, axis=-1):
+            return np.mean(w, axis=axis)
+
+        return (float(wins.mean()), *_bootstrap_interval((wins,), share, confidence, seed, n_resamples))
+
+    def u_share(a, b, axis=-1):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # all values tied: U is defined, its p is not
+            u = stats.mannwhitneyu(a, b, axis=axis, method="asymptotic").statistic
+        return u / (a.shape[axis] * b.shape[axis])
+
+    return (float(u_share(x, y)), *_bootstrap_interval((x, y), u_share, confidence, seed, n_resamples))
+
+
+def holm(pvalues: Sequence[float], alpha: float = ALPHA) -> list[float]:
+    """Holm-corrected p-values (statsmodels ``multipletests(method='holm')``); NaN stays NaN, out of the family."""
+    keep = [i for i, p in enumerate(pvalues) if not math.isnan(p)]
+    out = [math.nan] * len(pvalues)
+    if not keep:
+        return out
+    from statsmodels.stats.multitest import multipletests
+
+    corrected = multipletests([pvalues[i] for i in keep], alpha=alpha, method="holm")[1]
+    for i, p in zip(keep, corrected):
+        out[i] = float(p)
+    return out
+
+
+def decide(p: float, tost: float, diff: float, alpha: float = ALPHA, higher_is_better: bool = True) -> str:
+    """``better`` | ``worse`` (p < alpha) | ``equivalent`` (else TOST p < alpha) | ``inconclusive``."""
+    if p < alpha:
+        return "better" if (diff > 0) == higher_is_better else "worse"
+    return "equivalent" if tost < alpha else "inconclusive"
+
+
+def _verdict_text(outcome: str, p: float, tost: float, paired: bool, shown_margin: float, alpha: float) -> str:
+    """The ``vs baseline`` verdict: ``worse than baseline (paired, p=0.003)``, ``equivalent (±1.0, paired
+    TOST p=0.01)``, ``inconclusive (paired, p=0.53)``."""
+    if outcome == "equivalent":
+        return f"{EQUIVALENT} (±{format_margin(shown_margin)}, {'paired ' if paired else ''}TOST {format_p(tost, alpha)})"
+    text = {"better": BETTER, "worse": WORSE}.get(outcome, INCONCLUSIVE)
+    return f"{text} ({'paired, ' if paired else ''}{format_p(p, alpha)})"
+
+
+# --------------------------------------------------------------------------- a row against another
+
+
+_NUMBERS = ("mean", "mean_baseline", "diff", "diff_ci_low", "diff_ci_high", "half_width", "df", "t", "p_value",
+            "tost_p", "seeds_needed", "p_better", "p_better_low", "p_better_high")
+
+
+def _result(x: Sequence[float], y: Sequence[float], *, paired: bool, alpha: float, higher_is_better: bool,
+            margin: float, shown_scale: float, t_result, df: float, se: float, var_kw: dict) -> dict:
+    """Every number and the verdict of one comparison whose t-test ran (``t_result`` from scipy)."""
+    from scipy import stats
+
+    diff = _mean_var(x)[0] - _mean_var(y)[0]
+    half = float(stats.t.ppf(1.0 - alpha / 2.0, df)) * se
+    p, tost = float(t_result.pvalue), tost_p(x, y, margin, paired)
+    pb, pb_lo, pb_hi = prob_better(x, y, paired=paired, higher_is_better=higher_is_better)
+    outcome = decide(p, tost, diff, alpha, higher_is_better)
+    return {"t": float(t_result.statistic), "p_value": p, "df": float(df), "diff": diff,
+            "diff_ci_low": diff - half, "diff_ci_high": diff + half, "half_width": half, "tost_p": tost,
+            "seeds_needed": seeds_needed(margin, alpha, **var_kw), "p_better": pb, "p_better_low": pb_lo,
+            "p_better_high": pb_hi, "outcome": outcome,
+            "verdict": _verdict_text(outcome, p, tost, paired, margin * shown_scale, alpha)}
+
+
+def _check_margin(margin: float) -> None:
+    if not (isinstance(margin, (int, float)) and math.isfinite(margin) and margin > 0):
+        raise ValueError(f"equivalence margin must be a finite number > 0, got {margin!r}")
+
+
+def noise_verdict(a: Sequence[float], b: Sequence[float], *, margin: float, alpha: float = ALPHA,
+                  higher_is_better: bool = True, shown_scale: float = 1.0) -> dict:
+    """Compare sample ``a`` (a row's seed values) with ``b`` (the baseline's), unpaired: Welch.
 
     Returns a dict:
 
-    * ``n``, ``n_baseline``, ``mean``, ``mean_baseline``;
+    * ``n``, ``n_baseline``, ``mean``, ``mean_baseline``, ``test`` (``welch``);
     * ``diff`` = mean(a) − mean(b), ``diff_ci_low``/``diff_ci_high``: its
-      ``1 - alpha`` confidence interval, ``t.ppf(1 - alpha/2, df)`` times the
-      Welch standard error; ``df``: Welch–Satterthwaite degrees of freedom;
+      ``1 - alpha`` confidence interval, ``half_width`` = ``t.ppf(1 - alpha/2, df)``
+      times the Welch standard error; ``df``: Welch–Satterthwaite degrees of freedom;
     * ``t``, ``p_value``: ``scipy.stats.ttest_ind(a, b, equal_var=False)``;
-    * ``outcome``: ``worse`` | ``better`` | ``noise`` | ``too few`` |
-      ``no values`` | ``no variance``; ``verdict``: the text the report shows,
-      e.g. ``worse than baseline (p=0.003)``.
+    * ``margin`` (the values' unit), ``tost_p``: :func:`tost_p`; ``seeds_needed``:
+      :func:`seeds_needed` (seeds per row);
+    * ``p_better``, ``p_better_low``, ``p_better_high``: :func:`prob_better`;
+    * ``outcome``: ``worse`` | ``better`` | ``equivalent`` | ``inconclusive`` |
+      ``too few`` | ``no values`` | ``no variance``; ``verdict``: the text the
+      report shows, e.g. ``worse than baseline (p=0.003)``, ``equivalent (±1.0,
+      TOST p=0.01)`` (the margin times ``shown_scale``), ``inconclusive (p=0.4)``.
 
     ``higher_is_better`` says which sign of ``diff`` is "better".  Fewer than
     two values on either side cannot estimate a spread: ``too few seeds`` (no
@@ -96,11 +301,10 @@ def noise_verdict(a: Sequence[float], b: Sequence[float], alpha: float = ALPHA,
     would compute from a division by zero.  Statistics that cannot be
     computed are NaN.
     """
+    _check_margin(margin)
     a = [float(v) for v in a]
     b = [float(v) for v in b]
-    nan = math.nan
-    out = {"n": len(a), "n_baseline": len(b), "mean": nan, "mean_baseline": nan, "diff": nan,
-           "diff_ci_low": nan, "diff_ci_high": nan, "df": nan, "t": nan, "p_value": nan, "test": "welch"}
+    out = {"n": len(a), "n_baseline": len(b), "test": "welch", "margin": margin, **dict.fromkeys(_NUMBERS, math.nan)}
     if a:
         out["mean"] = _mean_var(a)[0]
     if b:
@@ -125,27 +329,28 @@ def noise_verdict(a: Sequence[float], b: Sequence[float], alpha: float = ALPHA,
         warnings.simplefilter("ignore", RuntimeWarning)
         res = stats.ttest_ind(a, b, equal_var=False)
     df = se2 ** 2 / (sa ** 2 / (len(a) - 1) + sb ** 2 / (len(b) - 1))
-    half = float(stats.t.ppf(1.0 - alpha / 2.0, df)) * math.sqrt(se2)
-    p = float(res.pvalue)
-    out.update(t=float(res.statistic), p_value=p, df=df,
-               diff_ci_low=out["diff"] - half, diff_ci_high=out["diff"] + half)
-    return {**out, **_decide(p, out["diff"], alpha, higher_is_better, "")}
+    return {**out, **_result(a, b, paired=False, alpha=alpha, higher_is_better=higher_is_better, margin=margin,
+                             shown_scale=shown_scale, t_result=res, df=df, se=math.sqrt(se2),
+                             var_kw={"var_a": va, "var_b": vb})}
 
 
-def paired_verdict(a: dict, b: dict, alpha: float = ALPHA, higher_is_better: bool = True) -> dict:
+def paired_verdict(a: Mapping, b: Mapping, *, margin: float, alpha: float = ALPHA, higher_is_better: bool = True,
+                   shown_scale: float = 1.0) -> dict:
     """Compare a row with the baseline seed by seed: ``a``/``b`` map seed -> value.
 
     Uses the seeds both have (``n`` of them). Same keys and meaning as
-    :func:`noise_verdict`, plus ``test``: ``paired``. Fewer than two common seeds:
+    :func:`noise_verdict`, with ``test``: ``paired``, the t-test
+    ``scipy.stats.ttest_rel`` and its interval on n−1 degrees of freedom,
+    ``ttost_paired`` and P(>) over seeds. Fewer than two common seeds:
     ``too few seeds``; identical per-seed differences: ``no seed variance``.
     """
+    _check_margin(margin)
     common = sorted(set(a) & set(b))
     x = [float(a[k]) for k in common]
     y = [float(b[k]) for k in common]
-    nan = math.nan
     d = [u - v for u, v in zip(x, y)]
-    out = {"n": len(common), "n_baseline": len(common), "mean": nan, "mean_baseline": nan, "diff": nan,
-           "diff_ci_low": nan, "diff_ci_high": nan, "df": nan, "t": nan, "p_value": nan, "test": "paired"}
+    out = {"n": len(common), "n_baseline": len(common), "test": "paired", "margin": margin,
+           **dict.fromkeys(_NUMBERS, math.nan)}
     if common:
         out.update(mean=_mean_var(x)[0], mean_baseline=_mean_var(y)[0], diff=_mean_var(d)[0])
     if not x:
@@ -160,9 +365,24 @@ def paired_verdict(a: dict, b: dict, alpha: float = ALPHA, higher_is_better: boo
     from scipy import stats
 
     res = stats.ttest_rel(x, y)
-    df = len(d) - 1
-    half = float(stats.t.ppf(1.0 - alpha / 2.0, df)) * math.sqrt(vd / len(d))
-    p = float(res.pvalue)
-    out.update(t=float(res.statistic), p_value=p, df=float(df),
-               diff_ci_low=out["diff"] - half, diff_ci_high=out["diff"] + half)
-    return {**out, **_decide(p, out["diff"], alpha, higher_is_better, "paired, ")}
+    return {**out, **_result(x, y, paired=True, alpha=alpha, higher_is_better=higher_is_better, margin=margin,
+                             shown_scale=shown_scale, t_result=res, df=len(d) - 1.0, se=math.sqrt(vd / len(d)),
+                             var_kw={"var_diff": vd})}
+
+
+def can_pair(a_by_seed: Mapping, n_a: int, b_by_seed: Mapping, n_b: int) -> bool:
+    """Pair two rows seed by seed only when every value of both has its own seed (no seedless or
+    repeated seeds: ``len(by_seed) == n``) and both finished the same seeds, at least two."""
+    whole = len(a_by_seed) == n_a and len(b_by_seed) == n_b
+    return whole and len(set(a_by_seed) & set(b_by_seed)) >= 2 and set(a_by_seed) == set(b_by_seed)
+
+
+def compare_cells(a_vals: Sequence[float], a_by_seed: Mapping, b_vals: Sequence[float], b_by_seed: Mapping, *,
+                  margin: float, alpha: float = ALPHA, higher_is_better: bool = True,
+                  shown_scale: float = 1.0) -> dict:
+    """Row a against row b: :func:`paired_verdict` when :func:`can_pair`, else :func:`noise_verdict`."""
+    kw = {"margin": margin, "alpha": alpha, "higher_is_better": higher_is_better, "shown_scale": shown_scale}
+    if can_pair(a_by_seed, len(a_vals), b_by_seed, len(b_vals)):
+        # same seeds = same initial weights and batches: compare seed by seed
+        return paired_verdict(a_by_seed, b_by_seed, **kw)
+    return noise_verdict(a_vals, b_vals, **kw)

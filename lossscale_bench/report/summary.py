@@ -17,9 +17,13 @@ finished the same seeds (a seed fixes initial weights and batches, so the
 pairs differ only by the method), else by Welch's t-test on the seed values;
 with the difference of means and its 95% confidence interval
 (:mod:`lossscale_bench.report.stats`):
-``worse than baseline (p=0.003)``, ``better than baseline (p=0.01)``,
-``within seed noise (p=0.42)``, or ``too few seeds`` when either side has
-fewer than two values.  Diverged, failed and running seeds are left out of
+``worse than baseline (p=0.003)``, ``better than baseline (p=0.01)``; where no
+difference is shown, ``equivalent (±1.0, paired TOST p=0.02)`` when two
+one-sided tests put the difference inside the study's equivalence margin (mAP
+points, ``report.equivalence_margin``, default 1.0), else ``inconclusive
+(p=0.42)`` with the seeds it would take to resolve; or ``too few seeds`` when
+either side has fewer than two values.  Every tested row also gets P(row >
+baseline) with a bootstrap interval.  Diverged, failed and running seeds are left out of
 the test (the cell says ``k/n diverged``): a diverged seed has no mAP to
 compare, and inventing one (0, say) would turn "diverges sometimes" into a
 p-value about accuracy.  A row with no value at all says ``no values``.
@@ -58,7 +62,7 @@ from .runs import (
     load_runs,
     model_name,
 )
-from .stats import ALPHA, noise_verdict, paired_verdict
+from .stats import ALPHA, DEFAULT_MARGIN, compare_cells, noise_verdict, paired_verdict
 
 __all__ = [
     "ReportError",
@@ -70,6 +74,7 @@ __all__ = [
     "noise_verdict",
     "paired_verdict",
     "ALPHA",
+    "DEFAULT_MARGIN",
     "MODEL_NAMES",
     "RUN_COLUMNS",
     "SUMMARY_COLUMNS",
@@ -78,6 +83,9 @@ __all__ = [
     "EMULATED_SUFFIX",
     "RUNNING_TEXT",
     "latest_setting",
+    "table_labels",
+    "TABLE_KEYS",
+    "VALUE_COLUMNS",
 ]
 
 # summary columns, in this order (csv output)
@@ -110,6 +118,14 @@ SUMMARY_COLUMNS = [
     "diff",
     "diff_ci_low",
     "diff_ci_high",
+    "half_width",
+    "tost_p",
+    "margin",
+    "seeds_needed",
+    "p_better",
+    "p_better_low",
+    "p_better_high",
+    "outcome",
     "test",
     "verdict",
     "setting",
@@ -178,7 +194,8 @@ def _cell_text(values: list[float], counts: dict[str, int], n_runs: int, table_n
 TABLE_KEYS = ["study", "setting_id", "model", "batch_size"]
 
 
-def summarize(df: pd.DataFrame, metric: str = "final_map") -> pd.DataFrame:
+def summarize(df: pd.DataFrame, metric: str = "final_map", margin: float = DEFAULT_MARGIN, *,
+              values: bool = False) -> pd.DataFrame:
     """One row per table cell: (study, setting, model, batch_size, row, label, precision, configuration).
 
     Columns: see ``SUMMARY_COLUMNS``.  ``mean``/``std`` are in the metric's
@@ -190,24 +207,39 @@ def summarize(df: pd.DataFrame, metric: str = "final_map") -> pd.DataFrame:
     logged ``metric`` counts as running (``–``).
 
     ``baseline`` marks each table's baseline row (see the module docstring);
-    ``verdict`` is ``baseline`` there and the noise verdict on the other rows
-    (empty in tables without a baseline), with ``p_value``, ``diff`` (row
-    mean − baseline mean, the metric's unit) and ``diff_ci_low``/``_high``
-    (95% CI) from :func:`lossscale_bench.report.stats.noise_verdict`.
+    ``verdict`` is ``baseline`` there and the verdict on the other rows
+    (empty in tables without a baseline), with ``outcome`` (``worse``,
+    ``better``, ``equivalent``, ``inconclusive``, ``too few``, ...),
+    ``p_value``, ``diff`` (row mean − baseline mean, the metric's unit),
+    ``diff_ci_low``/``_high`` (95% CI) and its ``half_width``, ``tost_p`` at
+    ``margin`` (the metric's unit; the argument ``margin`` is in the unit the
+    tables show, mAP points), ``seeds_needed`` for a half-width of ``margin``
+    and ``p_better`` (P(row better than baseline)) with its interval, from
+    :func:`lossscale_bench.report.stats.compare_cells`.
 
     ``setting`` names the table's study setting when the study has several
     (``configuration 2 of 2 (earlier): schedule.lr = 0.01``), else is empty;
     ``variant`` tells apart two configurations of one row in one table;
     ``config_id`` is the cell's configuration (see the module docstring).
+
+    ``values=True`` adds ``values`` (the cell's finished values) and
+    ``values_by_seed`` (seed -> value): what :mod:`lossscale_bench.report.compare`
+    tests rows on.
     """
+    columns = SUMMARY_COLUMNS + (VALUE_COLUMNS if values else [])
     if df is None or len(df) == 0:
-        return pd.DataFrame({c: [] for c in SUMMARY_COLUMNS})
+        return pd.DataFrame({c: [] for c in columns})
     df, status = _classify_runs(df, metric)
     out = _order_cells(df, _cell_rows(df, status, metric))
     higher = _higher_is_better(metric)
     out = _add_cells_and_best(out, metric, higher)
-    out = _add_verdicts(out, higher)
-    return out[SUMMARY_COLUMNS].reset_index(drop=True)
+    out = _add_verdicts(out, higher, margin / _scale(metric), _scale(metric))
+    out["values"], out["values_by_seed"] = out["_vals"], out["_by_seed"]
+    return out[columns].reset_index(drop=True)
+
+
+#: what ``summarize(values=True)`` adds: the seed values each cell's statistics are over
+VALUE_COLUMNS = ["values", "values_by_seed"]
 
 
 def _classify_runs(df: pd.DataFrame, metric: str) -> tuple[pd.DataFrame, pd.Series]:
@@ -380,6 +412,18 @@ def _variants(cells: pd.DataFrame) -> list[str]:
     return out.tolist()
 
 
+def table_labels(table: pd.DataFrame) -> list[str]:
+    """The row names one table prints, in its order: the label, ``label [variant]`` for a row with two
+    configurations in the table, and ``[precision]`` after a name two rows would share."""
+    def text(v) -> str:
+        return "" if v is None or _isna(v) else str(v)
+
+    labels = [str(r["label"]) + (f" [{text(r.get('variant'))}]" if text(r.get("variant")) else "")
+              for _, r in table.iterrows()]
+    dup = {lab for lab in labels if labels.count(lab) > 1}
+    return [f"{lab} [{p}]" if lab in dup and not _isna(p) else lab for lab, p in zip(labels, table["precision"])]
+
+
 def _baseline_index(table: pd.DataFrame):
     """The index of a table's baseline row, or None.
 
@@ -394,27 +438,25 @@ def _baseline_index(table: pd.DataFrame):
     return fp32[0] if len(fp32) else None
 
 
-def _add_verdicts(out: pd.DataFrame, higher: bool) -> pd.DataFrame:
-    """``baseline``, ``baseline_label``, ``p_value``, ``diff``, CI and ``verdict`` per row.
+def _add_verdicts(out: pd.DataFrame, higher: bool, margin: float, shown_scale: float) -> pd.DataFrame:
+    """``baseline``, ``baseline_label`` and the comparison's numbers and ``verdict`` per row.
 
+    ``margin`` is in the metric's unit, ``shown_scale`` turns it into the tables' (percent).
     Tables without a baseline row get no verdicts (empty strings, NaN numbers):
     a comparison with an arbitrary row would look like a finding.
     """
     out = out.copy()
-    nan = math.nan
-    cols = {"baseline": False, "baseline_label": "", "p_value": nan, "diff": nan,
-            "diff_ci_low": nan, "diff_ci_high": nan, "test": "", "verdict": ""}
-    for c, v in cols.items():
-        out[c] = v
-    out["baseline"] = out["baseline"].astype(bool)
-    out["verdict"] = out["verdict"].astype(object)
-    out["baseline_label"] = out["baseline_label"].astype(object)
-    out["test"] = out["test"].astype(object)
+    numbers = ("p_value", "diff", "diff_ci_low", "diff_ci_high", "half_width", "tost_p", "margin", "seeds_needed",
+               "p_better", "p_better_low", "p_better_high")
+    for c in numbers:
+        out[c] = math.nan
+    for c in ("baseline_label", "outcome", "test", "verdict"):
+        out[c] = pd.Series("", index=out.index, dtype=object)
+    out["baseline"] = False
     for _, g in out.groupby(TABLE_KEYS, dropna=False, sort=False):
         b = _baseline_index(g)
         if b is None:
             continue
-        base_vals = out.at[b, "_vals"]
         base_label = str(out.at[b, "label"])
         for i in g.index:
             out.at[i, "baseline_label"] = base_label
@@ -422,15 +464,8 @@ def _add_verdicts(out: pd.DataFrame, higher: bool) -> pd.DataFrame:
                 out.at[i, "baseline"] = True
                 out.at[i, "verdict"] = "baseline"
                 continue
-            mine, base = out.at[i, "_by_seed"], out.at[b, "_by_seed"]
-            # pair only when every value of both rows has its own seed (no seedless or repeated seeds)
-            whole = len(mine) == len(out.at[i, "_vals"]) and len(base) == len(base_vals)
-            if whole and len(set(mine) & set(base)) >= 2 and set(mine) == set(base):
-                # same seeds = same initial weights and batches: compare seed by seed
-                v = paired_verdict(mine, base, ALPHA, higher_is_better=higher)
-            else:
-                v = noise_verdict(out.at[i, "_vals"], base_vals, ALPHA, higher_is_better=higher)
-            for c in ("p_value", "diff", "diff_ci_low", "diff_ci_high", "test"):
+            v = compare_cells(out.at[i, "_vals"], out.at[i, "_by_seed"], out.at[b, "_vals"], out.at[b, "_by_seed"],
+                              margin=margin, alpha=ALPHA, higher_is_better=higher, shown_scale=shown_scale)
+            for c in (*numbers, "outcome", "test", "verdict"):
                 out.at[i, c] = v[c]
-            out.at[i, "verdict"] = v["verdict"]
     return out

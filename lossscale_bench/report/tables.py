@@ -8,13 +8,16 @@ markdown, html and latex renderers only add their own markup around them.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable
 
 import pandas as pd
 
 from .metric_names import value_header
-from .summary import ALPHA, EMULATED_SUFFIX, STATUSES, _is_map_metric, _isna, _scale, is_emulated, model_name
+from .stats import MAX_SEEDS, format_margin
+from .summary import (ALPHA, DEFAULT_MARGIN, EMULATED_SUFFIX, STATUSES, _is_map_metric, _isna, _scale, is_emulated,
+                      model_name, table_labels)
 
 from ..study.precisions import PRECISION_SPECS
 
@@ -44,12 +47,12 @@ def _value_header(metric: str) -> str:
     return value_header(metric)
 
 
-def _metric_description(metric: str, eval_metrics: Iterable[str]) -> str:
+def _metric_description(metric: str, eval_metrics: Iterable[str], best: bool = True) -> str:
     names = _EVAL_METRIC_NAMES_50 if metric.endswith("_50") else _EVAL_METRIC_NAMES
     evals = sorted({e for em in eval_metrics if em for e in str(em).split(",")})
     what = " / ".join(names.get(e, e) for e in evals) or "unknown evaluation metric"
     unit = ", %" if _is_map_metric(metric) else ""
-    return f"Metric: {what} (`{metric}`{unit}). Best per table in bold."
+    return f"Metric: {what} (`{metric}`{unit})." + (" Best per table in bold." if best else "")
 
 
 SEEDS_NOTE = (
@@ -58,20 +61,38 @@ SEEDS_NOTE = (
 )
 
 
-def _verdict_note(metric: str) -> str:
-    """How to read the ``vs baseline`` column; printed under tables that have one."""
+def _margin_text(margin: float, metric: str) -> str:
+    """``±1.0 mAP``: the equivalence margin as the tables show it."""
+    return f"±{format_margin(margin)}" + (" mAP" if _is_map_metric(metric) else "")
+
+
+def _verdict_note(metric: str, margin: float = DEFAULT_MARGIN) -> str:
+    """How to read the ``vs baseline`` column; printed under tables that have one (``margin``: as shown)."""
     unit = "percentage points" if _is_map_metric(metric) else "the metric's unit"
+    m = _margin_text(margin, metric)
     return (
         f"{VS_HEADER}: the row's seed values against the baseline row's (the scaling entry marked "
         "`baseline: true` in the study, else the first fp32 row), two-sided, "
-        f"alpha {ALPHA:g}: p < {ALPHA:g} reads as worse/better than baseline, otherwise within seed noise. "
+        f"alpha {ALPHA:g}: p < {ALPHA:g} reads as worse/better than baseline. "
+        f"Otherwise, equivalent: the 95 % two one-sided tests (TOST) put the difference inside {m} "
+        f"(its 90 % interval lies inside {m}); inconclusive: neither a difference nor equivalence shown at "
+        f"this n, with roughly how many seeds would bring the 95 % interval to {m} if the spread stayed as "
+        "observed (paired: the sd of the per-seed differences; Welch: that many seeds in each row). "
+        f"The margin is the study's `report: {{equivalence_margin: {format_margin(margin)}}}` or "
+        "`lsbench report --margin`. "
         "When both rows finished the same seeds (a seed fixes the initial weights and the batches), a paired "
         "t-test of the per-seed differences (marked paired); otherwise Welch's t-test (unequal variances). "
         "n is the number of seeds that finished with a value; fewer than 2 on either side: too few seeds. "
         "Diverged, failed and running seeds are left out of the test (the cell counts them). "
         f"Δ: row mean − baseline mean ({unit}) with its 95% confidence interval "
-        "(paired: n−1 degrees of freedom; Welch: Welch–Satterthwaite)."
+        "(paired: n−1 degrees of freedom; Welch: Welch–Satterthwaite). "
+        f"{_P_SYMBOL}: the probability that the row beats the baseline, paired: the share of seeds on which it "
+        "does (ties count one half); Welch: the Mann–Whitney probability U/(n·m) over all pairs of values; "
+        "with a 95 % bootstrap interval (BCa, percentile where BCa is degenerate; seeded)."
     )
+
+
+_P_SYMBOL = "P(>)"
 
 
 def _text(value) -> str:
@@ -79,15 +100,55 @@ def _text(value) -> str:
     return "" if value is None or _isna(value) else str(value)
 
 
+def _number(r, key: str) -> float:
+    """A summary number column's value, NaN where it is missing (a csv from before the column existed)."""
+    v = r.get(key)
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def _seeds_text(needed: float, paired: bool) -> str:
+    if math.isinf(needed):
+        return f"more than {MAX_SEEDS} seeds"
+    return f"~{int(needed)} seeds" + ("" if paired else " per row")
+
+
+def _needs_text(r, margin_shown: float, n: float) -> str:
+    """``; ±1.0 needs ~12 seeds``: what an inconclusive row would take to resolve."""
+    needed = _number(r, "seeds_needed")
+    if math.isnan(needed):
+        return ""
+    m = f"±{format_margin(margin_shown)}"
+    if not math.isnan(n) and needed <= n:  # the interval is already that narrow: Δ sits too close to the margin
+        return f"; Δ too close to {m} to show equivalence"
+    return f"; {m} needs {_seeds_text(needed, _text(r.get('test')) == 'paired')}"
+
+
+def _p_better_text(p: float, lo: float, hi: float, symbol: str = _P_SYMBOL) -> str:
+    """``P(>)=0.67 [0.33, 1.00]`` (no ``symbol``: ``0.67 [0.33, 1.00]``); without an interval, the number alone."""
+    if math.isnan(p):
+        return ""
+    return (f"{symbol}=" if symbol else "") + f"{p:.2f}" + (
+        f" [{lo:.2f}, {hi:.2f}]" if not (math.isnan(lo) or math.isnan(hi)) else "")
+
+
 def _vs_text(r, metric: str) -> str:
-    """The ``vs baseline`` cell: the verdict, and Δ with its CI where a test was run."""
+    """The ``vs baseline`` cell: the verdict, Δ with its CI and P(>) where a test was run, and for
+    an inconclusive row the seeds it would take."""
     verdict = _text(r.get("verdict"))
-    p, diff = r.get("p_value"), r.get("diff")
-    lo, hi = r.get("diff_ci_low"), r.get("diff_ci_high")
-    if not verdict or any(v is None or _isna(v) for v in (p, diff, lo, hi)):
+    p, diff, lo, hi = (_number(r, c) for c in ("p_value", "diff", "diff_ci_low", "diff_ci_high"))
+    if not verdict or any(math.isnan(v) for v in (p, diff, lo, hi)):
         return verdict
     k = _scale(metric)
-    return f"{verdict}, Δ {diff * k:+.2f} [{lo * k:+.2f}, {hi * k:+.2f}]"
+    text = f"{verdict}, Δ {diff * k:+.2f} [{lo * k:+.2f}, {hi * k:+.2f}]"
+    pb = _p_better_text(*(_number(r, c) for c in ("p_better", "p_better_low", "p_better_high")))
+    text += f", {pb}" if pb else ""
+    margin = _number(r, "margin")
+    if _text(r.get("outcome")) == "inconclusive" and not math.isnan(margin):
+        text += _needs_text(r, margin * k, _number(r, "n"))
+    return text
 
 
 class TableStudy(str):
@@ -122,16 +183,8 @@ def _tables(summary: pd.DataFrame, metric: str = "final_map"):
         k = dict(zip(keys, key))
         study, model, bs = k["study"], k["model"], k["batch_size"]
         setting = _text(g["setting"].iloc[0]) if "setting" in g.columns else ""
-        labels = []
-        for _, r in g.iterrows():
-            variant = _text(r.get("variant"))
-            labels.append(str(r["label"]) + (f" [{variant}]" if variant else ""))
-        dup = {lab for lab in labels if labels.count(lab) > 1}
-        rows = []
-        for label, (_, r) in zip(labels, g.iterrows()):
-            if label in dup and not _isna(r["precision"]):
-                label = f"{label} [{r['precision']}]"
-            rows.append((label, str(r["cell"]), bool(r["best"]), is_emulated(r["precision"]), _vs_text(r, metric)))
+        rows = [(label, str(r["cell"]), bool(r["best"]), is_emulated(r["precision"]), _vs_text(r, metric))
+                for label, (_, r) in zip(table_labels(g), g.iterrows())]
         has_baseline = "verdict" in g.columns and g["verdict"].map(_text).eq("baseline").any()
         yield TableStudy(study, setting), model, bs, rows, bool(has_baseline)
 
@@ -167,7 +220,7 @@ def _study_notes(summary: pd.DataFrame, runs_of_study: pd.DataFrame | None, metr
     if (pd.to_numeric(summary["n_values"], errors="coerce") > 1).any():
         lines.append(SEEDS_NOTE)
     if any(has for *_, has in _tables(summary, metric)):
-        lines.append(_verdict_note(metric))
+        lines.append(_verdict_note(metric, table_margin(summary, metric)))
     n = runs_of_study
     if n is not None and len(n):
         lines += _trial_counts(summary, n)
@@ -175,6 +228,12 @@ def _study_notes(summary: pd.DataFrame, runs_of_study: pd.DataFrame | None, metr
     if n is not None and "data_dropped" in n.columns:
         lines += _data_notes(n["data_dropped"])
     return lines
+
+
+def table_margin(summary: pd.DataFrame, metric: str) -> float:
+    """The equivalence margin the summary was tested at, as the tables show it (default: none recorded)."""
+    margins = pd.to_numeric(summary.get("margin", pd.Series(dtype=float)), errors="coerce").dropna().unique()
+    return float(margins[0]) * _scale(metric) if len(margins) else DEFAULT_MARGIN
 
 
 def _data_notes(dropped: pd.Series) -> list[str]:

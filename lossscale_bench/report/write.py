@@ -6,23 +6,28 @@ from below: :func:`~lossscale_bench.report.runs.load_runs` (the store),
 per format) and :func:`~lossscale_bench.report.plots.study_plots` (imported
 only when plots are drawn, so a tables-only report never loads matplotlib).
 html embeds the plots in the page; markdown links PNG files written beside it.
+``compare=True`` writes ``lsbench report --compare``'s pairwise tables and ranking
+(:func:`~lossscale_bench.report.renderers.render_compare`) instead, without plots.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .metric_names import check_metric
-from .renderers import FORMATS, render
+from .renderers import FORMATS, render, render_compare
 from .runs import ReportError, load_runs
+from .stats import DEFAULT_MARGIN
+from .summary import summarize
 
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["write_report"]
+__all__ = ["write_report", "check_margin"]
 
 
 def _plot_list(tracking_uri: str, study: str | None, runs: pd.DataFrame, metric: str) -> list:
@@ -58,6 +63,13 @@ def _markdown_plots(path: Path, pictures: list[tuple[str, str, bytes]]) -> tuple
     return "\n".join(lines).rstrip("\n") + "\n", files
 
 
+def check_margin(margin) -> float:
+    """The equivalence margin (mAP points) if it is a finite number > 0, else a one-line :class:`ReportError`."""
+    if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not math.isfinite(margin) or margin <= 0:
+        raise ReportError(f"equivalence margin {margin!r}: a number of mAP points > 0 (e.g. {DEFAULT_MARGIN})")
+    return float(margin)
+
+
 def _report_path(out: str | Path | None, reports_dir: str | Path, name: str) -> Path:
     """Where the report goes: ``out``, or ``name`` inside it when it is a folder, else in ``reports_dir``."""
     if out is None or str(out) == "-":
@@ -77,6 +89,8 @@ def write_report(
     reports_dir: str | Path = "reports",
     images: Mapping[str, bytes] | None = None,
     plots: bool = True,
+    margin: float = DEFAULT_MARGIN,
+    compare: bool = False,
 ) -> tuple[str, Path | None]:
     """Load, render and write a report; returns (text, path).
 
@@ -89,10 +103,15 @@ def write_report(
     ``images``) as base64 in one self-contained page, markdown writes them as
     ``<stem>_<plot>.png`` beside the report and links them in a ``Plots``
     section.  csv and latex never have plots.
+    ``margin``: the equivalence margin of the verdicts, in mAP points (the study's
+    ``report.equivalence_margin``). ``compare``: every pair of rows of each table
+    and the ranking instead of the tables, in ``<study or 'all'>_compare.<ext>``
+    by default; no plots.
     """
     if fmt not in FORMATS:
         raise ReportError(f"unknown report format {fmt!r}; choose one of: {', '.join(FORMATS)}")
     check_metric(metric)
+    margin = check_margin(margin)
     from ..tracking.store import ensure_artifact_scheme
 
     ensure_artifact_scheme()  # plots read store-relative artifacts even where the entry point is not installed
@@ -101,26 +120,34 @@ def write_report(
         where = f"study {study!r}" if study else "any study"
         raise ReportError(f"no trial runs for {where} in {tracking_uri}")
     to_stdout = str(out) == "-"
-    path = _report_path(out, reports_dir, f"{study or 'all'}.{FORMATS[fmt]}")
+    path = _report_path(out, reports_dir, f"{study or 'all'}{'_compare' if compare else ''}.{FORMATS[fmt]}")
+    if compare:
+        text = render_compare(summarize(runs, metric, margin, values=True), fmt, metric, margin)
+        return (text, None) if to_stdout else (text, _write(path, text, []))
     pictures: list[tuple[str, str, bytes]] = []  # (name, title, png)
     if plots and (fmt == "html" or (fmt == "markdown" and not to_stdout)):
         pictures = [(p.name, p.title, p.png) for p in _plot_list(tracking_uri, study, runs, metric)]
     pictures += [(name, name, png) for name, png in (images or {}).items()]
     files: list[tuple[Path, bytes]] = []
     if fmt == "html":
-        text = render(runs, fmt, metric, images={title: png for _, title, png in pictures})
+        text = render(runs, fmt, metric, images={title: png for _, title, png in pictures}, margin=margin)
     else:
-        text = render(runs, fmt, metric)
+        text = render(runs, fmt, metric, margin=margin)
         if fmt == "markdown" and pictures:
             section, files = _markdown_plots(path, pictures)
             text += section
     if to_stdout:
         return text, None
+    return text, _write(path, text, files)
+
+
+def _write(path: Path, text: str, files: list[tuple[Path, bytes]]) -> Path:
+    """The report at ``path``, its pictures first (the report never links a missing file)."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        for fpath, png in files:  # pictures first: the report never links a missing file
+        for fpath, png in files:
             fpath.write_bytes(png)
         path.write_text(text, encoding="utf-8")
     except OSError as e:
         raise ReportError(f"cannot write report to {path}: {e.strerror or e}") from None
-    return text, path
+    return path

@@ -106,8 +106,14 @@ def store(tmp_path_factory):
 # batch 8 of ``store``: the FP32 baseline's and the dynamic row's values by seed (dynamic's seed 2 diverged)
 FP32_B8_VALS, DYN_VALS = {0: 0.7894, 1: 0.7900}, {0: 0.7800, 1: 0.7820}
 # scipy.stats.ttest_rel(DYN, FP32): p = 0.0511, mean difference -0.0087, 95% CI [-0.017594, +0.000194]
-# (Welch's test on the same values, what the report printed before pairing: p = 0.0543, [-1.80, +0.06])
-DYN_VS = "within seed noise (paired, p=0.051), Δ -0.87 [-1.76, +0.02]"
+# (Welch's test on the same values, what the report printed before pairing: p = 0.0543, [-1.80, +0.06]).
+# Not significant, and not equivalent at ±1.0 point: TOST needs the 90% interval, -0.87 ± 6.31 · 0.07 =
+# [-1.31, -0.43], inside ±1.0; it is not: inconclusive. dynamic is under FP32 on both seeds: P(>) = 0/2, and
+# every bootstrap resample of two losses is 0: [0.00, 0.00]. The per-seed differences -0.94, -0.80 points have
+# sd 0.099, so 2 seeds already give a 95% half-width of 12.71 · 0.099 / √2 = 0.89 < 1.0: the interval is
+# narrow enough, Δ sits too close to -1.0 for the tests to show equivalence.
+DYN_VS = ("inconclusive (paired, p=0.051), Δ -0.87 [-1.76, +0.02], P(>)=0.00 [0.00, 0.00]; "
+          "Δ too close to ±1.0 to show equivalence")
 
 
 def _scipy_test(a, b, paired: bool):
@@ -132,12 +138,14 @@ def _ptext(p: float) -> str:
     return "p<0.001" if p < 0.001 else f"p={p:.2g}"
 
 
-def _vs_cell(verdict: str, a, b, paired: bool) -> str:
+def _vs_cell(verdict: str, a, b, paired: bool, tail: str = "") -> str:
     """The ``vs baseline`` cell as the report words it, in mAP %, for a p whose two significant
-    digits stay on its side of 0.05 (format_p's own rule is tested on its own)."""
+    digits stay on its side of 0.05 (format_p's own rule is tested on its own); ``tail``: what follows
+    the interval (P(>) and, for an inconclusive row, the seeds it needs), worked out beside each use."""
     p, d, lo, hi = _scipy_test(a, b, paired)
-    assert (p < 0.05) == (verdict != "within seed noise")
-    return f"{verdict} ({'paired, ' if paired else ''}{_ptext(p)}), Δ {100 * d:+.2f} [{100 * lo:+.2f}, {100 * hi:+.2f}]"
+    assert (p < 0.05) == verdict.startswith(("worse", "better"))
+    return (f"{verdict} ({'paired, ' if paired else ''}{_ptext(p)}), Δ {100 * d:+.2f} [{100 * lo:+.2f}, {100 * hi:+.2f}]"
+            + tail)
 
 
 @pytest.fixture(scope="module")
@@ -200,7 +208,7 @@ def test_markdown_exact(runs):
     # batch 8 has an fp32 row: it is the baseline (no entry is marked), so the table has verdicts.
     # dynamic finished seeds 0 and 1, the baseline's seeds (its diverged seed 2 is left out): paired test.
     # The adaptive rows have seed 0 only: Welch's test, which needs two values a side: too few seeds.
-    assert DYN_VS == _vs_cell("within seed noise", DYN_VALS, FP32_B8_VALS, paired=True)
+    assert DYN_VS == _vs_cell("inconclusive", DYN_VALS, FP32_B8_VALS, paired=True, tail=DYN_VS[DYN_VS.index(", P"):])
     w = len(DYN_VS)
     assert lines[i + 1: i + 12] == [
         "",
@@ -242,7 +250,7 @@ def test_markdown_exact(runs):
         "",
         report.SEEDS_NOTE,
         "",
-        report._verdict_note("final_map"),
+        report._verdict_note("final_map", 1.0),
         "",
         "Trials: 13 (8 finished, 3 diverged, 1 failed, 1 running).",
         "",
@@ -277,7 +285,9 @@ def test_csv_parse_back(runs):
     assert row["baseline"] and row["verdict"] == "baseline" and row["baseline_label"] == "FP32 baseline"
     dyn = back[(back["batch_size"] == 8) & (back["row"] == 6)].iloc[0]
     p, d, lo, hi = _scipy_test(DYN_VALS, FP32_B8_VALS, paired=True)
-    assert dyn["test"] == "paired" and dyn["verdict"] == "within seed noise (paired, p=0.051)"
+    assert dyn["test"] == "paired" and dyn["verdict"] == "inconclusive (paired, p=0.051)"
+    assert dyn["outcome"] == "inconclusive" and dyn["margin_pct"] == pytest.approx(1.0)
+    assert (dyn["p_better"], dyn["p_better_low"], dyn["p_better_high"], dyn["seeds_needed"]) == (0, 0, 0, 2)
     assert dyn["p_value"] == pytest.approx(p, rel=1e-9) and dyn["diff_pct"] == pytest.approx(100 * d)
     assert (dyn["diff_ci_low_pct"], dyn["diff_ci_high_pct"]) == (pytest.approx(100 * lo), pytest.approx(100 * hi))
     # one seed: Welch's fallback (too few seeds); the baseline row and tables without one: no test
@@ -297,7 +307,8 @@ def test_latex_escaping(runs):
     assert r"SSD512 & FP32 baseline & 8 & 78.97 $\pm$ 0.04 (n=2) & baseline \\" in tex
     assert r"SSD512 & adaptive$^\dagger$ & 8 & \textbf{79.27} & too few seeds \\" in tex
     assert r"SSD512 & adaptive$^\dagger$ & 32 & \textbf{80.30} \\" in tex
-    assert r"within seed noise (paired, p=0.051), $\Delta$ -0.87 [-1.76, +0.02] \\" in tex
+    assert r"inconclusive (paired, p=0.051), $\Delta$ -0.87 [-1.76, +0.02], P(\textgreater{})=0.00 [0.00, 0.00]; " \
+           r"$\Delta$ too close to $\pm$1.0 to show equivalence \\" in tex
     assert r"\caption{ssd512\_emu: SSD512 batch 8}" in tex
     assert r"\texttt{final\_map}, \%" in tex
     assert "±" not in tex and "–" not in tex and "Δ" not in tex and "−" not in tex
@@ -443,7 +454,7 @@ def test_verdicts_against_the_fp32_row(stats_store):
     ref = stats.ttest_rel(OK_VALS, BASE_VALS)
     assert ok["test"] == "paired" and ok["n"] == 3 and ok["n_diverged"] == 1
     assert ok["p_value"] == pytest.approx(ref.pvalue, rel=1e-9)
-    assert ok["verdict"] == f"within seed noise (paired, {_ptext(ref.pvalue)})" == "within seed noise (paired, p=0.9)"
+    assert ok["verdict"] == f"inconclusive (paired, {_ptext(ref.pvalue)})" == "inconclusive (paired, p=0.9)"
     assert ok["diff_ci_low"] < 0 < ok["diff_ci_high"]
     assert ok["cell"] == "50.17 ± 1.04 (n=3, 1/4 diverged)"
 
@@ -470,7 +481,7 @@ def test_same_seeds_are_paired_other_seeds_fall_back_to_welch(stats_store):
     ref = stats.ttest_ind(list(PARTIAL_VALS.values()), BASE_VALS, equal_var=False)
     assert partial["test"] == "welch" and partial["n"] == 2
     assert partial["p_value"] == pytest.approx(ref.pvalue, rel=1e-9)
-    assert partial["verdict"] == f"within seed noise ({_ptext(ref.pvalue)})"
+    assert partial["verdict"] == f"inconclusive ({_ptext(ref.pvalue)})"
 
     md = render(load_runs(stats_store, NOISY), "markdown").splitlines()
 
@@ -478,9 +489,16 @@ def test_same_seeds_are_paired_other_seeds_fall_back_to_welch(stats_store):
         return next(x for x in md if f"| {label} †" in x).strip("|").split("|")[-1].strip()
 
     base = _by_seed(BASE_VALS)
-    assert vs_column("other seeds") == _vs_cell("worse than baseline", SHIFTED_VALS, base, paired=False)
-    assert vs_column("close") == _vs_cell("worse than baseline", _by_seed(CLOSE_VALS), base, paired=True)
-    assert vs_column("partial") == _vs_cell("within seed noise", PARTIAL_VALS, base, paired=False)
+    # every value of "other seeds" is under every baseline value: U = 0 of 3·3 pairs, in every resample too
+    assert vs_column("other seeds") == _vs_cell("worse than baseline", SHIFTED_VALS, base, paired=False,
+                                                tail=", P(>)=0.00 [0.00, 0.00]")
+    assert vs_column("close") == _vs_cell("worse than baseline", _by_seed(CLOSE_VALS), base, paired=True,
+                                          tail=", P(>)=0.00 [0.00, 0.00]")
+    # partial (47, 52) against (50, 51, 49): 52 beats all three, 47 none: U = 3 of 6, P = 0.50; Welch's
+    # half-width with equal n, sd 3.54 and 1.00 points: t(0.975, df(n))·√((12.5 + 1)/n) <= 1.0 first at
+    # n = 54, where df = 13.5²·53/(12.5² + 1²) = 61.4 and t = 1.9993: 1.9993·√(13.5/54) = 0.9997 (n = 53: 1.009)
+    assert vs_column("partial") == _vs_cell("inconclusive", PARTIAL_VALS, base, paired=False,
+                                            tail=", P(>)=0.50 [0.00, 1.00]; ±1.0 needs ~54 seeds per row")
 
 
 def test_baseline_true_picks_a_non_fp32_row(stats_store):
@@ -494,7 +512,7 @@ def test_baseline_true_picks_a_non_fp32_row(stats_store):
     assert fp32["baseline_label"] == "adaptive" and fp32["test"] == "paired"
     assert fp32["p_value"] == pytest.approx(ref.pvalue, rel=1e-9) and fp32["diff"] == pytest.approx(0.19)
     ref = stats.ttest_rel([0.41, 0.40, 0.415], MARKED_VALS)
-    assert dyn["verdict"] == f"within seed noise (paired, {_ptext(ref.pvalue)})" and dyn["test"] == "paired"
+    assert dyn["verdict"] == f"inconclusive (paired, {_ptext(ref.pvalue)})" and dyn["test"] == "paired"
     assert dyn["p_value"] == pytest.approx(ref.pvalue, rel=1e-9)
 
 
@@ -504,10 +522,12 @@ def test_verdict_column_and_notes_in_every_format(stats_store):
     assert md.count("| vs baseline") == 2
     bad_line = next(line for line in md.splitlines() if "| bad †" in line)
     # scipy.stats.ttest_rel on the same numbers: p = 0.00022, 95% CI of the difference [-0.4148, -0.3652]
-    bad_vs = _vs_cell("worse than baseline", _by_seed(BAD_VALS), _by_seed(BASE_VALS), paired=True)
-    assert bad_vs == "worse than baseline (paired, p<0.001), Δ -39.00 [-41.48, -36.52]"
-    assert bad_line.endswith(f"| {bad_vs} |")
-    assert report.SEEDS_NOTE in md and report._verdict_note("final_map") in md
+    # bad is under the baseline on every seed: P(>) = 0/3, and 0 in every bootstrap resample
+    bad_vs = _vs_cell("worse than baseline", _by_seed(BAD_VALS), _by_seed(BASE_VALS), paired=True,
+                      tail=", P(>)=0.00 [0.00, 0.00]")
+    assert bad_vs == "worse than baseline (paired, p<0.001), Δ -39.00 [-41.48, -36.52], P(>)=0.00 [0.00, 0.00]"
+    assert bad_line.split("|")[-2].strip() == bad_vs
+    assert report.SEEDS_NOTE in md and report._verdict_note("final_map", 1.0) in md
     assert "alpha 0.05" in md and "left out of the test" in md
     assert "paired t-test of the per-seed differences" in md and "Welch's t-test" in md
     # both emulations appear, each named with what it rounds
@@ -519,7 +539,8 @@ def test_verdict_column_and_notes_in_every_format(stats_store):
     assert tex.count(r"\begin{tabular}{llrll}") == 2 and r"bad$^\dagger$" in tex
     back = pd.read_csv(io.StringIO(render(runs, "csv")))
     for c in ("mean_pct", "std_pct", "n", "cell", "p_value", "diff_pct", "diff_ci_low_pct", "diff_ci_high_pct",
-              "test", "verdict", "baseline_label", "baseline"):  # mAP in percent, said by the header
+              "test", "verdict", "baseline_label", "baseline", "half_width_pct", "tost_p", "margin_pct",
+              "seeds_needed", "p_better", "p_better_low", "p_better_high", "outcome"):  # mAP in %, said by the header
         assert c in back.columns, c
     bad = back[(back["batch_size"] == 8) & (back["row"] == 1)].iloc[0]
     assert bad["n"] == 3 and bad["verdict"].startswith("worse than baseline (paired") and bad["test"] == "paired"
@@ -540,93 +561,7 @@ def test_one_seed_study_says_too_few_seeds_and_no_seeds_note(stats_store):
     assert s["test"].tolist() == ["", "welch"]
     # the column is there, so is its explanation
     assert "vs baseline: the row's seed values against the baseline row's" in md
-    assert report._verdict_note("final_map") in md
-
-
-def test_noise_verdict_matches_scipy():
-    from scipy import stats
-
-    v = report.noise_verdict(BAD_VALS, BASE_VALS)
-    ref = stats.ttest_ind(BAD_VALS, BASE_VALS, equal_var=False)
-    assert v["p_value"] == pytest.approx(ref.pvalue, rel=1e-12) and v["t"] == pytest.approx(ref.statistic)
-    assert v["outcome"] == "worse" and v["verdict"] == "worse than baseline (p<0.001)"
-    # CI: Welch–Satterthwaite df and t.ppf, the same interval scipy's own result gives
-    ci = ref.confidence_interval(0.95)
-    assert (v["diff_ci_low"], v["diff_ci_high"]) == (pytest.approx(ci.low), pytest.approx(ci.high))
-    assert v["df"] == pytest.approx(ref.df)
-    ok = report.noise_verdict(OK_VALS, BASE_VALS)
-    assert ok["outcome"] == "noise" and ok["verdict"].startswith("within seed noise (p=0.")
-    assert report.noise_verdict(BASE_VALS, BAD_VALS)["outcome"] == "better"
-    # lower is better (a loss): the same difference reads the other way
-    assert report.noise_verdict(BAD_VALS, BASE_VALS, higher_is_better=False)["outcome"] == "better"
-    assert report.noise_verdict([0.5], BASE_VALS)["verdict"] == "too few seeds"
-    assert report.noise_verdict(BASE_VALS, [0.5])["verdict"] == "too few seeds"
-    assert report.noise_verdict([], BASE_VALS)["verdict"] == "no values"
-    flat = report.noise_verdict([0.5, 0.5], [0.4, 0.4])  # scipy would divide by zero
-    assert flat["outcome"] == "no variance" and math.isnan(flat["p_value"]) and flat["diff"] == pytest.approx(0.1)
-
-
-def test_paired_verdict_matches_scipy():
-    from scipy import stats
-
-    from lossscale_bench.report.stats import paired_verdict
-
-    base = {0: 0.50, 1: 0.52, 2: 0.48}
-    row = {0: 0.489, 1: 0.511, 2: 0.470}  # each seed 0.9-1.1 points under its baseline seed; seeds spread 2 points
-    x, y = [row[k] for k in (0, 1, 2)], [base[k] for k in (0, 1, 2)]
-    ref = stats.ttest_rel(x, y)
-    v = paired_verdict(row, base)
-    assert v["test"] == "paired" and v["n"] == v["n_baseline"] == 3 and v["df"] == 2
-    assert v["p_value"] == pytest.approx(ref.pvalue, rel=1e-9) and v["t"] == pytest.approx(ref.statistic, rel=1e-9)
-    ci = ref.confidence_interval(0.95)
-    assert (v["diff_ci_low"], v["diff_ci_high"]) == (pytest.approx(ci.low, rel=1e-9), pytest.approx(ci.high, rel=1e-9))
-    assert v["diff"] == pytest.approx(statistics.mean(x) - statistics.mean(y))
-    assert v["mean"] == pytest.approx(statistics.mean(x)) and v["mean_baseline"] == pytest.approx(0.50)
-    # the same numbers unpaired: Welch sees seed noise, the pairs a consistent loss
-    welch = report.noise_verdict(x, y)
-    assert welch["outcome"] == "noise" and welch["p_value"] > 0.05 and "paired" not in welch["verdict"]
-    assert v["outcome"] == "worse" and ref.pvalue < 0.05
-    assert v["verdict"] == f"worse than baseline (paired, {_ptext(ref.pvalue)})"
-    # either dict order; a seed only one side has is left out; lower-is-better reads the sign the other way
-    assert paired_verdict(dict(reversed(row.items())), {**base, 7: 0.1})["p_value"] == pytest.approx(ref.pvalue)
-    assert paired_verdict(row, base, higher_is_better=False)["outcome"] == "better"
-    assert paired_verdict(base, row)["outcome"] == "better"
-    # alpha: the same p is noise at a stricter level
-    assert paired_verdict(row, base, alpha=ref.pvalue / 2)["outcome"] == "noise"
-
-    noisy = paired_verdict({0: 0.505, 1: 0.49, 2: 0.51}, {0: 0.50, 1: 0.51, 2: 0.49})
-    ref = stats.ttest_rel([0.505, 0.49, 0.51], [0.50, 0.51, 0.49])
-    assert noisy["outcome"] == "noise" and noisy["verdict"] == f"within seed noise (paired, {_ptext(ref.pvalue)})"
-    assert noisy["p_value"] == pytest.approx(ref.pvalue, rel=1e-9)
-
-    # one seed in common (0): nothing to estimate a spread from
-    few = paired_verdict({0: 0.45, 1: 0.46}, {0: 0.50, 2: 0.49})
-    assert few["verdict"] == "too few seeds" and few["outcome"] == "too few" and few["n"] == 1
-    assert math.isnan(few["p_value"]) and few["diff"] == pytest.approx(-0.05)
-
-    # identical differences: no spread to test against (scipy: t = inf, p = 0)
-    flat = paired_verdict({0: 0.33, 1: 0.34}, {0: 0.30, 1: 0.31})
-    assert flat["verdict"] == "no seed variance" and flat["outcome"] == "no variance"
-    assert math.isnan(flat["p_value"]) and math.isnan(flat["diff_ci_low"]) and flat["diff"] == pytest.approx(0.03)
-    # equal up to float rounding (0.33-0.30 != 0.42-0.39 in binary): scipy finds p ~ 6e-16 in the residue,
-    # which would read "better than baseline (p<0.001)"; the report says there is no spread
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # scipy: "catastrophic cancellation"
-        assert 0.33 - 0.30 != 0.42 - 0.39 and stats.ttest_rel([0.33, 0.42], [0.30, 0.39]).pvalue < 1e-12
-    residue = paired_verdict({0: 0.33, 1: 0.42}, {0: 0.30, 1: 0.39})
-    assert residue["verdict"] == "no seed variance" and math.isnan(residue["p_value"])
-    # but a real, tiny spread of the differences is tested
-    tiny = paired_verdict({0: 0.33, 1: 0.3401}, {0: 0.30, 1: 0.31})
-    assert tiny["outcome"] != "no variance"
-    assert tiny["p_value"] == pytest.approx(stats.ttest_rel([0.33, 0.3401], [0.30, 0.31]).pvalue, rel=1e-9)
-
-
-def test_p_value_text_never_contradicts_the_verdict():
-    from lossscale_bench.report.stats import format_p
-
-    assert format_p(0.003) == "p=0.003" and format_p(0.42) == "p=0.42" and format_p(0.01) == "p=0.01"
-    assert format_p(0.0496) == "p=0.0496"  # two digits would print 0.05 next to "worse"
-    assert format_p(0.0004) == "p<0.001" and format_p(1.0) == "p=1"
+    assert report._verdict_note("final_map", 1.0) in md
 
 
 def test_emulated_precisions_are_marked():

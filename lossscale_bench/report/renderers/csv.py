@@ -15,10 +15,10 @@ import pandas as pd
 
 from ..metric_names import PERCENT, is_percent
 
-__all__ = ["render_csv", "from_csv", "PERCENT_COLUMNS"]
+__all__ = ["render_csv", "from_csv", "to_csv", "PERCENT_COLUMNS"]
 
 #: summary columns in the metric's unit; percent (``_pct``) in the csv for mAP metrics
-PERCENT_COLUMNS = ("mean", "std", "diff", "diff_ci_low", "diff_ci_high")
+PERCENT_COLUMNS = ("mean", "std", "diff", "diff_ci_low", "diff_ci_high", "half_width", "margin")
 
 
 def _percent(summary: pd.DataFrame) -> bool:
@@ -26,19 +26,25 @@ def _percent(summary: pd.DataFrame) -> bool:
     return len(metrics) > 0 and all(is_percent(m) for m in metrics)
 
 
-def render_csv(summary: pd.DataFrame) -> str:
-    """Every summary column (statistics and verdicts included), no markup; an empty summary gives the header.
+def to_csv(frame: pd.DataFrame, percent_columns) -> str:
+    """``frame`` as csv text, ``percent_columns`` in percent as ``<name>_pct`` when its metric is mAP.
 
     pandas writes through the csv module: a field holding a comma, a quote or a
     line break (a label may hold any of them) is quoted and its quotes doubled,
     so ``csv.reader`` and spreadsheets read the label back as written.
     """
-    out = summary.copy()
+    out = frame.copy()
     if _percent(out):
-        for c in PERCENT_COLUMNS:
+        present = [c for c in percent_columns if c in out.columns]
+        for c in present:
             out[c] = pd.to_numeric(out[c], errors="coerce") * PERCENT
-        out = out.rename(columns={c: f"{c}_pct" for c in PERCENT_COLUMNS})
+        out = out.rename(columns={c: f"{c}_pct" for c in present})
     return out.to_csv(index=False, lineterminator="\n", quoting=csv.QUOTE_MINIMAL)
+
+
+def render_csv(summary: pd.DataFrame) -> str:
+    """Every summary column (statistics and verdicts included), no markup; an empty summary gives the header."""
+    return to_csv(summary, PERCENT_COLUMNS)
 
 
 def from_csv(df: pd.DataFrame) -> pd.DataFrame:
