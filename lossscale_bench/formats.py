@@ -42,6 +42,8 @@ class FloatFormat:
     rounder: Callable[[torch.Tensor], torch.Tensor] | None = field(default=None, compare=False, repr=False)
     #: how values past ``max`` end: "saturate" (+-max), "inf" (fp16, E5M2) or "nan" (non-saturating E4M3)
     overflow: str = "inf"
+    #: each element rounds on its own (no block or tensor scale): tensors may be rounded concatenated
+    elementwise: bool = True
 
     @property
     def u_min(self) -> float:
@@ -70,10 +72,9 @@ class FloatFormat:
         """``[non-zero, subnormal, flushed, saturated]`` element counts of ``g`` in this format, on
         the device: flushed = non-zero that round to 0, saturated = past ``max`` (clipped to it,
         or inf/NaN: an overflow), counted among the non-zero. Thresholds, not a round trip: cheap."""
-        a = g.detach().abs()
-        nz = a != 0
-        return torch.stack([nz.sum(), (nz & (a < self.min_normal)).sum(), (nz & (a <= self.flush_threshold)).sum(),
-                            (nz & ~(a <= self.max)).sum()])
+        from .numerics.census import census
+
+        return census(g, self.min_normal, self.flush_threshold, self.max)
 
     @property
     def thresholds(self) -> dict[str, float]:
@@ -123,6 +124,7 @@ class BlockScaledFormat(FloatFormat):
 
     element: str = "e4m3"
     granularity: str = "mx32"
+    elementwise: bool = False
     #: mx32's shared-exponent rounding: floor (the spec), ceil (TE's MXFP8: never saturates), even, rceil
     mode: str = "ceil"
 

@@ -47,6 +47,7 @@ import torch
 from torch import nn
 
 from .formats import E4M3_NAN, FORMATS, FP16, FloatFormat, block_scaled
+from .numerics.fp8 import is_channels_last
 from .registry import PRECISIONS
 from .study.precisions import PRECISION_SPECS
 
@@ -128,18 +129,59 @@ def install_emulation(model: nn.Module, forward_format: FloatFormat, grad_format
             handles.append(m.register_forward_hook(out_hook))
 
     observers: list = []
+    pending: list[torch.Tensor] = []
+
+    def round_pending() -> None:
+        params = [p for p in pending if p.grad is not None]
+        pending.clear()
+        for observe in observers:
+            for p in params:
+                observe(p, p.grad)
+        round_grads_(grad_format, [p.grad for p in params])
 
     def grad_hook(p: torch.Tensor) -> None:
-        if p.grad is not None:
+        if p.grad is None:
+            return
+        if not grad_format.elementwise:
             for observe in observers:
                 observe(p, p.grad)
             p.grad.copy_(grad_format.round(p.grad))
+            return
+        # element-wise formats: every parameter gradient of this backward in one rounding call at its
+        # end (round_grads_), instead of one compiled-kernel call (~0.2 ms of dispatch) per parameter
+        if not pending:
+            torch.autograd.Variable._execution_engine.queue_callback(round_pending)
+        pending.append(p)
 
     if round_param_grads:
         for p in model.parameters():
             if p.requires_grad:
                 handles.append(p.register_post_accumulate_grad_hook(grad_hook))
     return EmulationHandle(handles, observers if round_param_grads else None)
+
+
+def round_grads_(fmt: FloatFormat, grads: list[torch.Tensor]) -> None:
+    """Round ``grads`` to the element-wise format ``fmt`` in place, with one rounding call.
+
+    Why one call: a model has dozens of parameters, most of them small (biases, norms), and a
+    compiled rounding kernel costs ~0.2 ms of dispatch per call whatever the size: on ssd_tiny the
+    per-parameter calls were ~10 ms of a ~130 ms E4M3 step. Element-wise rounding does not care
+    which tensor an element belongs to, so the gradients are concatenated in memory order (a
+    channels_last weight gradient is read as NHWC, no layout copy), rounded once and copied back:
+    bit for bit the values a call per tensor gives (tested). Gradients of mixed dtypes are rounded
+    one dtype at a time.
+    """
+    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+    for g in grads:
+        by_dtype.setdefault(g.dtype, []).append(g)
+    for group in by_dtype.values():
+        views = [g.permute(0, 2, 3, 1) if is_channels_last(g) else g for g in group]
+        flat = torch.cat([v.reshape(-1) for v in views])
+        out = fmt.round(flat)
+        if out is flat:  # already in the format: nothing to write back
+            continue
+        for v, piece in zip(views, out.split([v.numel() for v in views])):
+            v.copy_(piece.view(v.shape))
 
 
 install_fp16_emulation = partial(install_emulation, forward_format=FP16, grad_format=FP16)

@@ -76,3 +76,60 @@ def test_precision_table():
     assert get_precision("fp32").autocast_dtype is None
     with pytest.raises(ValueError, match="allowed"):
         get_precision("fp8")
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """Bit patterns, so NaNs compare and -0.0 differs from 0.0."""
+    return t.contiguous().view({torch.float32: torch.int32, torch.float64: torch.int64}.get(t.dtype, t.dtype))
+
+
+@pytest.mark.parametrize("fmt_name", ["fp16", "e4m3", "e4m3-nan", "e5m2"])
+def test_round_grads_together_equals_one_call_per_tensor(fmt_name):
+    """round_grads_ rounds many gradients in one call; each must come out bit for bit as its own
+    ``fmt.round`` gives it, layout kept: channels_last, plain, a non-contiguous view, another dtype,
+    values that flush, saturate or overflow."""
+    from lossscale_bench.formats import FORMATS
+    from lossscale_bench.precision import round_grads_
+
+    fmt = FORMATS[fmt_name]
+    g = torch.Generator().manual_seed(3)
+    base = torch.randn(6, 4, 8, 3, 3, generator=g)
+    grads = [torch.randn(8, 16, 5, 5, generator=g).mul(300).to(memory_format=torch.channels_last),
+             torch.randn(16, generator=g).mul(1e-3), torch.randn(3, 7, generator=g).mul(1e-6),
+             base[:, :, 1],  # a non-contiguous view
+             torch.randn(5, generator=g).mul(7e4).double()]
+    want = [fmt.round(t) for t in grads]
+    round_grads_(fmt, grads)
+    for got, ref in zip(grads, want):
+        assert got.dtype == ref.dtype and torch.equal(_bits(got), _bits(ref))
+    assert grads[0].is_contiguous(memory_format=torch.channels_last)
+    assert torch.equal(_bits(base[:, :, 1]), _bits(want[3]))  # written through the view
+
+
+@pytest.mark.parametrize("precision", ["fp16-emulated", "fp8-e4m3-emulated"])
+def test_emulation_rounds_parameter_gradients_once_at_the_end_of_backward(precision):
+    """The emulation rounds all parameter gradients of a backward in one call at its end: the result
+    must be each accumulated gradient rounded on its own (as the per-parameter hook did), and the
+    telemetry's observer must see them unrounded."""
+    from lossscale_bench.precision import install_emulation
+
+    prec = get_precision(precision)
+
+    def run(round_params: bool):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Conv2d(8, 4, 3), nn.Flatten(), nn.Linear(4 * 4 * 4, 1))
+        model.to(memory_format=torch.channels_last)
+        handle = install_emulation(model, prec.forward_format, prec.grad_format, round_param_grads=round_params)
+        seen = {}
+        if round_params:
+            handle.observe_param_grads(lambda p, g: seen.__setitem__(id(p), g.clone()))
+        x = torch.randn(2, 3, 8, 8).to(memory_format=torch.channels_last)
+        (model(x).sum() * 1e-3).backward()
+        return [p.grad.clone() for p in model.parameters()], seen, list(model.parameters())
+
+    raw, _, _ = run(False)
+    rounded, seen, params = run(True)
+    assert any(not torch.equal(prec.grad_format.round(r), r) for r in raw)  # the rounding changes something
+    for r, got, p in zip(raw, rounded, params):
+        assert torch.equal(_bits(got), _bits(prec.grad_format.round(r)))
+        assert torch.equal(_bits(seen[id(p)]), _bits(r))

@@ -49,3 +49,25 @@ def test_history_truncates_on_resume(tmp_path):
     h.truncate_after(20)
     rows = (tmp_path / "h.csv").read_text().strip().splitlines()
     assert len(rows) == 3 and rows[-1].startswith("20,a,0.5")
+
+
+def test_compiled_census_counts_like_the_eager_expression():
+    """The fused census kernel (numerics.census) against the same counts written as eager ops, for
+    each gradient format's thresholds, on random tensors of several layouts and on the edge values
+    (the thresholds themselves, inf, NaN, -0.0)."""
+    from lossscale_bench.formats import FORMATS
+
+    g = torch.Generator().manual_seed(0)
+    edges = torch.tensor([0.0, -0.0, 2.0 ** -25, 2.0 ** -24, 2.0 ** -17, 2.0 ** -10, 2.0 ** -6, 2.0 ** -14,
+                          448.0, 448.0001, 57344.0, 65504.0, float("inf"), -float("inf"), float("nan")])
+    tensors = [edges, torch.randn(8, 16, 12, 12, generator=g).mul(1e-4).to(memory_format=torch.channels_last),
+               torch.randn(1000, generator=g).mul(500), torch.randn(37, 3, generator=g).mul(1e-7),
+               torch.tensor([3.0])]
+    for fmt in (FORMATS["fp16"], FORMATS["e4m3"], FORMATS["e5m2"]):
+        for t in tensors:
+            a = t.abs()
+            nz = a != 0
+            want = [int(nz.sum()), int((nz & (a < fmt.min_normal)).sum()), int((nz & (a <= fmt.flush_threshold)).sum()),
+                    int((nz & ~(a <= fmt.max)).sum())]
+            assert fmt.census(t).tolist() == want, (fmt.name, t.shape)
+    assert FORMATS["e4m3"].census(edges).tolist()[3] == 6  # 448.0001, 57344, 65504, +-inf, NaN

@@ -78,6 +78,19 @@ def _mark_dynamic(args: tuple) -> tuple:
     return args
 
 
+def _quiet_cpp_extension() -> None:
+    """Keep torch's ``No CUDA runtime is found, using CUDA_HOME=...`` off the terminal.
+
+    Inductor imports ``torch.utils.cpp_extension`` to find a C++ compiler, and that module logs
+    this warning on any machine with a CUDA build of torch and no GPU (the local wheel is one):
+    a line in every trial's output that says nothing about the run. Only that logger is raised
+    to ERROR; its errors still show.
+    """
+    import logging
+
+    logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
+
+
 class LazyCompiled:
     """``fn`` compiled by Inductor on first call (dimension 0 of its inputs symbolic), else ``fn``.
 
@@ -137,6 +150,7 @@ class LazyCompiled:
         once per device type: Inductor generates different code for CPU and CUDA."""
         with self._lock:
             if self._compiled is None:
+                _quiet_cpp_extension()
                 self._compiled = torch.compile(self._fn, backend=self._backend)
             if device not in self._ready and self.probe is not None:
                 probe = tuple(p.to(device) for p in self.probe)
@@ -152,9 +166,13 @@ class LazyCompiled:
             return self.eager(*args)
         device = args[0].device.type if isinstance(args[0], torch.Tensor) else "cpu"
         try:
-            if device not in self._ready:
-                return self._first_call(args, device)
-            return self._compiled(*_mark_dynamic(args))
+            # always without grad: Dynamo guards on the grad mode, and the kernels are called with it
+            # on (a direct call) and off (inside autograd Functions, hooks and the engine's end-of-backward
+            # callback); one mode means one graph per kernel instead of a recompilation per mode
+            with torch.no_grad():
+                if device not in self._ready:
+                    return self._first_call(args, device)
+                return self._compiled(*_mark_dynamic(args))
         except Exception as exc:  # noqa: BLE001 - any compiler failure means: run eager
             out = self.eager(*args)  # a genuine error in the inputs raises here, uncaught
             self._broken = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"

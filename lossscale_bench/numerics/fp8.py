@@ -287,7 +287,9 @@ def round_fp8(x: torch.Tensor, fmt: str | Fp8Spec, saturate: bool | None = None,
     # detach *after* reshaping: a view's ``_base`` would make Dynamo guard on the base's shape
     # and recompile for every new base shape
     flat, unflatten = memory_order_flat(x)
-    out = _round_f32(flat.to(torch.float32).detach(), spec, saturate, impl)
+    # contiguous: an expanded tensor (the gradient of a sum) flattens to stride 0, and a stride the
+    # compiled graph has not seen makes Dynamo compile a second one
+    out = _round_f32(flat.to(torch.float32).detach().contiguous(), spec, saturate, impl)
     return unflatten(out).to(x.dtype)
 
 
