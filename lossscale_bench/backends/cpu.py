@@ -47,4 +47,6 @@ class CPUBackend(Backend):
             return {}
 
     def describe(self) -> str:
-        return f"cpu ({torch.get_num_threads()} threads, {os.cpu_count()} cores)"
+        from ..portable import describe
+
+        return f"cpu ({torch.get_num_threads()} threads, {os.cpu_count()} cores, {describe()})"

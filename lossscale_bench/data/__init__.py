@@ -162,6 +162,11 @@ def build_datasets(dataset_cfg, *, image_size: int | None = None, max_val_images
                                  seed=int(cfg.get("seed", 0)))
         train = CocoDetection(paths["train_images"], paths["train_ann"], train=True, hflip=hflip,
                               max_images=max_train)
+        if cfg.get("val_seed") is not None:  # a trial's own validation set (study seed_streams.val): the
+            # one the dataset would have with that seed, generated (and cached) without its train split
+            paths = {**paths, **{k: v for k, v in ensure_synthetic(
+                cfg.get("root"), train_images=0, val_images=int(cfg.get("val_images", 128)), image_size=int(size),
+                seed=int(cfg["val_seed"])).items() if k.startswith("val")}}
         val = CocoDetection(paths["val_images"], paths["val_ann"], train=False, max_images=max_val)
         require_ground_truth(val, paths["val_ann"])
         return train, val, list(train.class_names)

@@ -228,7 +228,7 @@ def make_batches(cfg, train_ds, start_step: int = 0) -> Iterator[tuple[int, list
     if getattr(cfg, "loader", "torch") != "dali":
         from . import infinite_batches
 
-        return infinite_batches(train_ds, cfg.batch_size, seed=cfg.seed, start_step=start_step)
+        return infinite_batches(train_ds, cfg.batch_size, seed=cfg.stream_seed("data"), start_step=start_step)
     threads = max(1, int(float((cfg.resources or {}).get("cpus_per_trial", 1))))
-    return DaliBatches(train_ds, cfg.batch_size, seed=cfg.seed, start_step=start_step,
+    return DaliBatches(train_ds, cfg.batch_size, seed=cfg.stream_seed("data"), start_step=start_step,
                        device_id=dali_device_id(cfg), num_threads=int(os.environ.get("LSBENCH_DALI_THREADS", threads)))

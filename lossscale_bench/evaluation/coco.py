@@ -20,6 +20,33 @@ def _zero(num_images: int, num_detections: int = 0) -> dict:
     return {"map": 0.0, "map_50": 0.0, "map_75": 0.0, "num_images": num_images, "num_detections": num_detections}
 
 
+#: COCOeval's largest ``maxDets``: it scores at most this many detections per image and category
+MAX_DETS = 100
+
+
+def top_per_image_category(dets: list[dict], k: int = MAX_DETS) -> list[dict]:
+    """The detections COCOeval can score: the ``k`` highest per (image, category), in input order.
+
+    Why: ``COCOeval.evaluateImg`` (and ``computeIoU``) sort each image's detections of a category by
+    score, stably (``np.argsort(-score, kind="mergesort")``), and keep the first ``maxDets[-1]`` =
+    100; the rest only cost time (``loadRes`` builds a record for each, ``computeIoU`` is skipped
+    for them anyway). An untrained SSD gives 200 detections per image, many of one class. Keeping
+    the same ``k`` per group with the same stable order of ties, and the survivors in their input
+    order (``loadRes`` numbers them in that order), gives COCOeval exactly the detections it
+    scores: every AP it reports is unchanged (tested against the untruncated evaluation).
+    """
+    groups: dict[tuple[int, int], list[int]] = {}
+    for i, d in enumerate(dets):
+        groups.setdefault((d["image_id"], d["category_id"]), []).append(i)
+    if all(len(idx) <= k for idx in groups.values()):
+        return dets
+    keep: list[int] = []
+    for idx in groups.values():
+        keep.extend(sorted(idx, key=lambda i: -dets[i]["score"])[:k] if len(idx) > k else idx)
+    keep.sort()
+    return [dets[i] for i in keep]
+
+
 def evaluate_detections(coco_gt, detections: list[dict], img_ids=None) -> dict:
     """Box AP of ``detections`` (COCO result dicts: ``image_id``, ``category_id``,
     ``bbox`` [x, y, w, h], ``score``) against the pycocotools ``coco_gt``.
@@ -35,6 +62,7 @@ def evaluate_detections(coco_gt, detections: list[dict], img_ids=None) -> dict:
         return _zero(len(ids))
     dets = [{"image_id": int(d["image_id"]), "category_id": int(d["category_id"]),
              "bbox": [float(v) for v in d["bbox"]], "score": float(d["score"])} for d in detections]
+    dets = top_per_image_category(dets, MAX_DETS)
     with contextlib.redirect_stdout(io.StringIO()):
         coco_dt = coco_gt.loadRes(dets)
         ev = COCOeval(coco_gt, coco_dt, "bbox")

@@ -91,7 +91,11 @@ def run_tune(study, todo, tracker: Tracker, run_ids: dict[str, str], labels: dic
     tuner = tune.Tuner(
         tune.with_resources(_tune_trainable, _resources_of),
         param_space={"trial": tune.grid_search(_trial_specs(todo, sdir))},
-        tune_config=tune.TuneConfig(max_concurrent_trials=max_concurrent, reuse_actors=False,
+        # reuse_actors: a worker process runs trial after trial, so each trial no longer pays a process
+        # start, the imports of torch and the package, and the rounding kernels' compilation (~10 s a
+        # trial on 2 cores, benchmarks/trial_cost.py); run_trial seeds every RNG and sets its threads
+        # itself, so a trial in a reused worker trains bit for bit as in a fresh one (tested)
+        tune_config=tune.TuneConfig(max_concurrent_trials=max_concurrent, reuse_actors=True,
                                     trial_dirname_creator=lambda t: t.config["trial"]["cfg"]["trial_id"]),
         run_config=tune.RunConfig(name=f"{study.name}-{time.strftime('%Y%m%d-%H%M%S')}",
                                   storage_path=str(sdir / "ray"), callbacks=[funnel], verbose=0,

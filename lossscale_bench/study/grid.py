@@ -28,7 +28,8 @@ _SAFE_ID_RE = re.compile(r"[^A-Za-z0-9_.-]+")
 
 
 def _identity(model, batch_size, precision, scaling, seed, dataset, schedule, eval_, resources,
-              model_options, divergence, loader, fingerprint=None, on_divergence="stop") -> dict:
+              model_options, divergence, loader, fingerprint=None, on_divergence="stop",
+              seed_streams=None) -> dict:
     """Everything that changes a trial's result, and no machine-specific path.
 
     Content, not paths (:mod:`.fingerprint` says why): the dataset root and the
@@ -78,6 +79,8 @@ def _identity(model, batch_size, precision, scaling, seed, dataset, schedule, ev
         **({"method_version": method_versions[method]} if method in method_versions else {}),
         **({"fingerprint": dict(fingerprint)} if fingerprint else {}),
         **({"on_divergence": on_divergence} if on_divergence not in (None, "stop") else {}),
+        # streams that do not follow the seed as they always did (schema.SeedStreams); none by default
+        **({"seed_streams": dict(seed_streams)} if seed_streams else {}),
     }
 
 
@@ -183,9 +186,10 @@ def expand(study) -> list[dict[str, Any]]:
                           else default_loader(res.get("backend"), dataset))
                 mo = _resolved_model_options(model_options, res.get("backend"))
                 for seed in study.seeds:
+                    streams = study.seed_streams.given()
                     ident = _identity(m, b, p, scaling, seed, dataset, schedule, eval_, res,
                                       mo, divergence, loader, fingerprint,
-                                      study.on_divergence)
+                                      study.on_divergence, streams)
                     tid = _make_trial_id(ident)
                     if tid in seen:
                         if entry.baseline:
@@ -199,7 +203,7 @@ def expand(study) -> list[dict[str, Any]]:
                         resources=dict(res), model_options=mo,
                         divergence=dict(divergence), on_divergence=study.on_divergence,
                         max_failures=study.max_failures, log_every=study.log_every, loader=loader,
-                        fingerprint=dict(fingerprint),
+                        fingerprint=dict(fingerprint), seed_streams=streams,
                     ))
     return out
 

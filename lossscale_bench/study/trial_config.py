@@ -7,7 +7,7 @@ worker, so it holds plain dicts, not the study's section models.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Union
 
 from pydantic import BaseModel, ConfigDict
 
@@ -43,6 +43,9 @@ class TrialConfig(BaseModel):
     #: content fingerprints of the files the trial reads (:func:`.fingerprint.trial_fingerprint`);
     #: computed once per study at expansion, part of the id; empty when it reads none
     fingerprint: dict[str, str] = {}
+    #: random streams set otherwise than the default (``{"init": 0}``, ``{"val": "trial"}``:
+    #: schema.SeedStreams); empty by default, and then not in the id
+    seed_streams: dict[str, Union[int, str]] = {}
 
     def __hash__(self) -> int:  # dict fields are unhashable; the id identifies the trial
         return hash((self.study, self.trial_id))
@@ -58,7 +61,13 @@ class TrialConfig(BaseModel):
         """What the trial_id hashes (see :func:`.grid._identity`)."""
         return _identity(self.model, self.batch_size, self.precision, self.scaling, self.seed,
                          self.dataset, self.schedule, self.eval, self.resources, self.model_options,
-                         self.divergence, self.loader, self.fingerprint, self.on_divergence)
+                         self.divergence, self.loader, self.fingerprint, self.on_divergence, self.seed_streams)
+
+    def stream_seed(self, stream: str) -> int | None:
+        """The seed of a random stream (``init``, ``data``, ``val``) for this trial: the trial's seed,
+        a fixed one (schema.SeedStreams), or None for ``val`` when the dataset's own set is used."""
+        v = self.seed_streams.get(stream, None if stream == "val" else "trial")
+        return None if v is None else self.seed if v == "trial" else int(v)
 
     def config_id(self) -> str:
         """The configuration this trial is a seed of (tag ``lsbench.config_id``; :func:`.grid.config_id`)."""

@@ -47,14 +47,16 @@ def make_evaluator(metric: str, model, val_ds, backend, precision, max_images=No
 
 
 def seeded_backend(cfg, threads):
-    """The trial's backend, with every RNG (torch, Python, numpy) seeded from the trial's seed."""
+    """The trial's backend, with every RNG (torch, Python, numpy) seeded from the trial's seed (its
+    ``init`` stream: the initial weights are drawn from these right after)."""
     from ..backends import get_backend
 
     backend = get_backend(cfg.resources.get("backend", "cpu"), threads=threads,
                           **({"compile": True} if cfg.resources.get("compile") else {}))  # cuda only (schema)
-    backend.seed(cfg.seed)
-    random.seed(cfg.seed)
-    np.random.seed(cfg.seed % 2**32)
+    seed = cfg.stream_seed("init")
+    backend.seed(seed)
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
     return backend
 
 
@@ -71,7 +73,9 @@ def build_parts(cfg, sink: Sink, trial_dir: Path, threads, rank: int = 0) -> Tri
     opts = dict(cfg.model_options)
     if "image_size" not in opts and cfg.dataset.get("name") == "synthetic" and cfg.model == "ssd_tiny":
         opts["image_size"] = int(cfg.dataset.get("image_size", 128))
-    train_ds, val_ds, classes = build_datasets(cfg.dataset, image_size=opts.get("image_size"),
+    val_seed = cfg.stream_seed("val")  # seed_streams.val: a validation set of the trial's own
+    dataset = cfg.dataset if val_seed is None else {**cfg.dataset, "val_seed": val_seed}
+    train_ds, val_ds, classes = build_datasets(dataset, image_size=opts.get("image_size"),
                                                max_val_images=cfg.eval.get("max_images"))
     sink.tags(data_report(train_ds, val_ds))
     model = backend.prepare_model(build_model(cfg.model, num_classes=len(classes) + 1, **opts))

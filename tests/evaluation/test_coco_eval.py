@@ -138,3 +138,52 @@ def test_evaluate_coco_on_fake_data():
     ds = fake_coco(4, 32, 3, seed=0, train=False)
     r = evaluate_coco(_OracleModel(ds), ds)
     assert r["map"] == pytest.approx(1.0)
+
+
+def _pycocotools_stats(coco_gt, dets):
+    """COCOeval's stats on every detection, untruncated: the reference the fast path must match."""
+    import io
+
+    import numpy as np
+    from pycocotools.cocoeval import COCOeval
+
+    with contextlib.redirect_stdout(io.StringIO()):
+        ev = COCOeval(coco_gt, coco_gt.loadRes(dets), "bbox")
+        ev.params.imgIds = sorted(coco_gt.getImgIds())
+        ev.evaluate()
+        ev.accumulate()
+        ev.summarize()
+    return [float(s) if s >= 0 else 0.0 for s in np.asarray(ev.stats, dtype=float)]
+
+
+def test_keeping_the_top_100_per_image_and_category_changes_no_ap(val_ds):
+    """evaluate_detections hands COCOeval only the 100 best detections per (image, category), which is
+    all COCOeval scores: mAP, mAP@.5 and mAP@.75 must equal pycocotools' on the full list. The
+    detections: 260 per image over three categories (so groups pass 100), near-copies of the true
+    boxes and noise, scores with ties across the 100th place, in shuffled order."""
+    from lossscale_bench.evaluation.coco import top_per_image_category
+
+    coco = val_ds.coco
+    g = torch.Generator().manual_seed(7)
+    cats = sorted(coco.getCatIds())
+    dets = []
+    for img in coco.dataset["images"]:
+        gts = [a for a in coco.dataset["annotations"] if a["image_id"] == img["id"]]
+        for j in range(260):
+            if gts and j % 3 == 0:
+                a = gts[j % len(gts)]
+                box = [v + float(torch.randn(1, generator=g)) * 2 for v in a["bbox"]]
+                cat = a["category_id"] if j % 5 else cats[j % len(cats)]
+            else:
+                xy = torch.rand(2, generator=g) * 40
+                box = [float(xy[0]), float(xy[1]), 4 + float(torch.rand(1, generator=g)) * 20, 6.0]
+                cat = cats[0] if j % 2 else cats[j % len(cats)]
+            score = round(float(torch.rand(1, generator=g)), 2)  # two digits: many ties
+            dets.append({"image_id": img["id"], "category_id": cat, "bbox": box, "score": score})
+    order = torch.randperm(len(dets), generator=g).tolist()
+    dets = [dets[i] for i in order]
+    kept = top_per_image_category(dets)
+    assert len(kept) < len(dets)  # the test exercises the truncation
+    ref = _pycocotools_stats(coco, dets)
+    got = evaluate_detections(coco, dets)
+    assert ref[0] > 0 and (got["map"], got["map_50"], got["map_75"]) == (ref[0], ref[1], ref[2])

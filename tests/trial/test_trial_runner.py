@@ -161,3 +161,48 @@ def test_resumed_trial_ends_bit_identical_to_an_uninterrupted_one(tmp_path, monk
     resumed = dict(first.history("loss")[:4] + second.history("loss"))
     assert resumed == dict(straight.history("loss"))
     assert a.final_map == b.final_map
+
+
+_FRESH = textwrap.dedent("""
+    import json, sys
+    sys.path.insert(0, sys.argv[2])
+    from helpers import study_yaml
+    from lossscale_bench.sink import MemorySink
+    from lossscale_bench.study import load_study_text
+    from lossscale_bench.trial import run_trial
+    cfg = load_study_text(sys.argv[1]).trials()[0]
+    sink = MemorySink()
+    out = run_trial(cfg, sink=sink, trial_dir=sys.argv[3], threads=1)
+    print(json.dumps([[v for _, v in sink.history("loss")], out.final_map]))
+""")
+
+
+def test_trial_in_a_reused_worker_matches_a_fresh_process(tmp_path):
+    """Ray Tune reuses worker processes (``reuse_actors``): a trial that runs after another trial in
+    the same process must train exactly as it does alone in a fresh one (same losses, same mAP).
+    What could leak: RNG state, torch's thread count, the compiled rounding kernels and their
+    caches, the data set cache, hooks left on modules. E4M3 gradients, so the compiled kernels and
+    the batched parameter-gradient rounding are on the path; the first trial is adaptive on another
+    seed, so it leaves per-layer scaler state and a different RNG position behind."""
+    import json
+    from pathlib import Path
+
+    import torch
+
+    target = _study("{method: fixed, scale: 128}", iterations=8, precision="fp8-e4m3-emulated")
+    other = study_yaml(precision="fp8-e4m3-emulated", scaling=["{method: adaptive}"], seeds=[5],
+                       schedule={"iterations": 5, "lr": 0.01, "warmup_iterations": 2},
+                       eval={"every": "null", "metric": "coco"})
+    before = torch.get_num_threads()
+    try:
+        _losses_and_map(load_study_text(other).trials()[0], tmp_path / "other", threads=2)
+        reused = _losses_and_map(load_study_text(target).trials()[0], tmp_path / "reused", threads=1)
+    finally:
+        torch.set_num_threads(before)
+    tests_dir = str(Path(__file__).resolve().parent.parent)
+    out = subprocess.run([sys.executable, "-c", _FRESH, target, tests_dir, str(tmp_path / "fresh")],
+                         capture_output=True, text=True, timeout=600, check=True)
+    fresh = json.loads(out.stdout.strip().splitlines()[-1])
+    assert len(reused[0]) == 8
+    assert reused[0] == fresh[0]
+    assert reused[1] == fresh[1]
