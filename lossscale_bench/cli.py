@@ -129,7 +129,7 @@ def cmd_run(args) -> int:
         from .report import write_report
 
         text, out = write_report(result.tracking_uri, study=study.name, fmt="markdown",
-                                 reports_dir=args.reports_dir)
+                                 reports_dir=args.reports_dir, margin=study.report.equivalence_margin)
         print()
         print(text)
         print(f"(written to {out})")
@@ -137,16 +137,51 @@ def cmd_run(args) -> int:
     return EXIT_TRIALS_FAILED if counts.get("failed") else EXIT_OK
 
 
+def _margin_flag(text: str | None) -> float | None:
+    """``--margin``: a finite number of mAP points > 0, or None (not given); anything else is ValueError."""
+    if text is None:
+        return None
+    value = float(text)  # ValueError for 'abc'
+    if not 0 < value < float("inf"):  # also refuses nan
+        raise ValueError(text)
+    return value
+
+
 def cmd_report(args) -> int:
-    """Reads the store, never creates one: a missing store is one line, exit 2 (a wrong path)."""
+    """Reads the store, never creates one: a missing store is one line, exit 2 (a wrong path).
+
+    A study FILE names the study and gives its ``report.equivalence_margin`` (a bad file: one line,
+    exit 2, as everywhere); ``--margin`` overrides it."""
     from .report import write_report
     from .tracking.store import open_store, resolve_tracking_uri
 
+    if args.telemetry and args.compare:
+        print("lsbench: error: --telemetry and --compare are two different reports; give one", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        margin = _margin_flag(args.margin)
+    except ValueError:
+        print(f"lsbench: error: --margin {args.margin}: the equivalence margin is a number of mAP points > 0 "
+              "(e.g. 1.0)", file=sys.stderr)
+        return EXIT_USAGE
+    if args.file:
+        from .study import load_study
+
+        study = load_study(args.file, allow_large_grid=True)  # not run here: the grid's size does not matter
+        if args.study and args.study != study.name:
+            print(f"lsbench: error: --study {args.study}: {args.file} is study {study.name!r}; give one or the other",
+                  file=sys.stderr)
+            return EXIT_USAGE
+        args.study = study.name
+        margin = study.report.equivalence_margin if margin is None else margin
     uri = open_store(resolve_tracking_uri(args.tracking_uri, args.runs_dir), create=False)
     if args.telemetry:
         return _telemetry_report(uri, args)
+    from .report.stats import DEFAULT_MARGIN
+
     text, out = write_report(uri, study=args.study, fmt=args.format, out=args.out, metric=args.metric,
-                             reports_dir=args.reports_dir, plots=not args.no_plots)
+                             reports_dir=args.reports_dir, plots=not args.no_plots,
+                             margin=DEFAULT_MARGIN if margin is None else margin, compare=args.compare)
     if out is None:  # --out -: the report itself is the output
         sys.stdout.write(text if text.endswith("\n") else text + "\n")
     elif args.format == "html" or args.out:
@@ -254,7 +289,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.set_defaults(func=cmd_validate)
 
     sp = sub.add_parser("report", help="mAP tables from the MLflow store")
-    sp.add_argument("--study", default=None)
+    sp.add_argument("file", nargs="?", help="study YAML file: report that study, with its report settings "
+                                            "(the equivalence margin)")
+    sp.add_argument("--study", default=None, help="the study's name (default: every study in the store)")
     sp.add_argument("--format", choices=("markdown", "csv", "html", "latex"), default="markdown")
     sp.add_argument("--out", default=None,
                     help="file to write, or a folder to write it in, or - for standard output "
@@ -269,6 +306,12 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--telemetry", action="store_true",
                     help="instead of mAP: per row, the share of gradient elements flushed and saturated "
                          "(activation and parameter gradients), loss scales and skipped steps, over seeds")
+    sp.add_argument("--compare", action="store_true",
+                    help="instead of the tables: every pair of rows of each table (paired Δ, Holm-corrected "
+                         "verdicts, P(A > B)) and a ranking with the groups that cannot be told apart")
+    sp.add_argument("--margin", default=None, metavar="POINTS",
+                    help="equivalence margin in mAP points (default: the study file's report.equivalence_margin, "
+                         "else 1.0): a difference the two one-sided tests put inside ±POINTS is 'equivalent'")
     store_args(sp)
     sp.set_defaults(func=cmd_report)
 

@@ -209,9 +209,25 @@ class DivergenceSpec(BaseModel):
     max_consecutive_skips: PosInt = 200  # type: ignore[valid-type]
 
 
+class ReportSpec(BaseModel):
+    """How ``lsbench report`` reads the study's results.
+
+    Nothing here changes what a trial trains or how it is scored, so no field
+    enters a trial id, a configuration or a study setting: :func:`.grid.expand`
+    never reads this section (tests/study/test_report_settings.py holds every
+    shipped study's ids to that).
+    """
+
+    model_config = _STRICT
+
+    #: mAP points: a row whose two one-sided tests put its difference from another inside
+    #: ±equivalence_margin is "equivalent"; the report's default (report/stats.py DEFAULT_MARGIN)
+    equivalence_margin: PosFloat = 1.0  # type: ignore[valid-type]
+
+
 _SECTION_MODELS: dict[str, type[BaseModel]] = {
     "schedule": Schedule, "eval": EvalSpec, "resources": Resources,
-    "model_options": ModelOptions, "divergence": DivergenceSpec,
+    "model_options": ModelOptions, "divergence": DivergenceSpec, "report": ReportSpec,
 }
 
 
@@ -346,6 +362,8 @@ class Study(BaseModel):
     log_every: PosInt = 10  # type: ignore[valid-type]
     #: not given: DALI on CUDA where nvidia.dali is importable, else torch (grid.default_loader)
     loader: _choice("loader", ("torch", "dali")) = "torch"  # type: ignore[valid-type]
+    #: report settings (the equivalence margin); not part of any trial id
+    report: _section(ReportSpec) = Field(default_factory=ReportSpec)  # type: ignore[valid-type]
     #: the file it came from; set by the loader, not a key of the YAML schema
     source: str = _DEFAULT_SOURCE
 

@@ -114,7 +114,7 @@ def _by_study(summary: pd.DataFrame, pairs: pd.DataFrame, ranking: pd.DataFrame)
         yield study, sg, pairs[pairs["table"].isin(tables)], ranking[same]
 
 
-def _markdown(summary, pairs, ranking, metric, margin) -> str:
+def _as_markdown(summary, pairs, ranking, metric, margin) -> str:
     out: list[str] = []
     for study, sg, sp, sr in _by_study(summary, pairs, ranking):
         out += [f"## {study}: pairwise comparisons and ranking", ""]
@@ -136,7 +136,7 @@ def _html_table(headers: list[str], rows: list[list[str]], caption: str) -> list
             + ["</tbody>", "</table>"])
 
 
-def _html(summary, pairs, ranking, metric, margin) -> str:
+def _as_html(summary, pairs, ranking, metric, margin) -> str:
     e = _html.escape
     studies = ", ".join(str(s) for s in pd.unique(summary["study"]))
     title = f"Loss-scaling comparisons: {studies}"
@@ -163,7 +163,7 @@ def _latex_table(headers: list[str], rows: list[list[str]], caption: str, spec: 
             r"\bottomrule", r"\end{tabular}", r"\end{table}"]
 
 
-def _latex(summary, pairs, ranking, metric, margin) -> str:
+def _as_latex(summary, pairs, ranking, metric, margin) -> str:
     out = ["% lossscale_bench comparisons; needs \\usepackage{booktabs}"]
     for study, sg, sp, sr in _by_study(summary, pairs, ranking):
         out += ["", f"% study: {latex_escape(study)}"]
@@ -178,7 +178,7 @@ def _latex(summary, pairs, ranking, metric, margin) -> str:
     return "\n".join(out).rstrip("\n") + "\n"
 
 
-def _csv(pairs: pd.DataFrame, ranking: pd.DataFrame) -> str:
+def _as_csv(pairs: pd.DataFrame, ranking: pd.DataFrame) -> str:
     """One file: ``kind`` ``pair`` lines (:data:`PAIR_COLUMNS`), then ``rank`` lines (:data:`RANK_COLUMNS`)."""
     columns = ["kind"] + list(dict.fromkeys(PAIR_COLUMNS + RANK_COLUMNS))
     frames = [f.assign(kind=kind) for f, kind in ((pairs, "pair"), (ranking, "rank")) if len(f)]
@@ -190,5 +190,5 @@ def render_compare(summary: pd.DataFrame, fmt: str, metric: str, margin: float) 
     """``summary`` from ``summarize(runs, metric, margin, values=True)``; ``margin`` in the tables' unit."""
     pairs, ranking = compare_rows(summary, margin)
     if fmt == "csv":
-        return _csv(pairs, ranking)
-    return {"markdown": _markdown, "html": _html, "latex": _latex}[fmt](summary, pairs, ranking, metric, margin)
+        return _as_csv(pairs, ranking)
+    return {"markdown": _as_markdown, "html": _as_html, "latex": _as_latex}[fmt](summary, pairs, ranking, metric, margin)
