@@ -153,6 +153,8 @@ def compare_rows(summary: pd.DataFrame, margin: float = DEFAULT_MARGIN,
     first, ``group`` their letters (:func:`letter_groups`).  Rows with no value
     (diverged, failed, running) are in neither.
     """
+    if "values_by_seed" not in summary.columns:
+        raise ValueError("compare_rows needs the seed values: summarize(runs, metric, margin, values=True)")
     pairs: list[dict] = []
     ranking: list[dict] = []
     for table, (_, g) in enumerate(summary.groupby(TABLE_KEYS, dropna=False, sort=False)):

@@ -74,9 +74,9 @@ def _verdict_note(metric: str, margin: float = DEFAULT_MARGIN) -> str:
         f"{VS_HEADER}: the row's seed values against the baseline row's (the scaling entry marked "
         "`baseline: true` in the study, else the first fp32 row), two-sided, "
         f"alpha {ALPHA:g}: p < {ALPHA:g} reads as worse/better than baseline. "
-        f"Otherwise, equivalent: the 95 % two one-sided tests (TOST) put the difference inside {m} "
-        f"(its 90 % interval lies inside {m}); inconclusive: neither a difference nor equivalence shown at "
-        f"this n, with roughly how many seeds would bring the 95 % interval to {m} if the spread stayed as "
+        f"Otherwise, equivalent: the 95% two one-sided tests (TOST) put the difference inside {m} "
+        f"(its 90% interval lies inside {m}); inconclusive: neither a difference nor equivalence shown at "
+        f"this n, with roughly how many seeds would bring the 95% interval to {m} if the spread stayed as "
         "observed (paired: the sd of the per-seed differences; Welch: that many seeds in each row). "
         f"The margin is the study's `report: {{equivalence_margin: {format_margin(margin)}}}` or "
         "`lsbench report --margin`. "
@@ -88,7 +88,7 @@ def _verdict_note(metric: str, margin: float = DEFAULT_MARGIN) -> str:
         "(paired: n−1 degrees of freedom; Welch: Welch–Satterthwaite). "
         f"{_P_SYMBOL}: the probability that the row beats the baseline, paired: the share of seeds on which it "
         "does (ties count one half); Welch: the Mann–Whitney probability U/(n·m) over all pairs of values; "
-        "with a 95 % bootstrap interval (BCa, percentile where BCa is degenerate; seeded)."
+        "with a 95% bootstrap interval (BCa, percentile where BCa is degenerate; seeded)."
     )
 
 

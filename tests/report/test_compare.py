@@ -237,7 +237,7 @@ def test_cli_report_prints_the_new_verdicts(ranked_store, tmp_path):
     assert _cells(r.stdout, "SSD-tiny", "saturation-aware dynamic †")[-1].startswith(
         "worse than baseline (paired, p=0.031)")
     assert _cells(r.stdout, "SSD-tiny", "amax (margin=1) †")[-1] == "no values"
-    assert ("equivalent: the 95 % two one-sided tests (TOST) put the difference inside ±1.0 mAP" in r.stdout
+    assert ("equivalent: the 95% two one-sided tests (TOST) put the difference inside ±1.0 mAP" in r.stdout
             and "inconclusive: neither a difference nor equivalence shown at this n" in r.stdout)
 
 

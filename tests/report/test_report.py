@@ -5,7 +5,6 @@ from __future__ import annotations
 import io
 import math
 import statistics
-import warnings
 
 import pandas as pd
 import pytest
