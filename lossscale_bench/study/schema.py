@@ -225,9 +225,49 @@ class ReportSpec(BaseModel):
     equivalence_margin: PosFloat = 1.0  # type: ignore[valid-type]
 
 
+def _stream_seed(v: Any):
+    """``trial`` (the trial's own seed) or a fixed seed, an integer in [0, 2**32)."""
+    if v == "trial" or v is None:
+        return v
+    if isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2 ** 32:
+        return v
+    raise _err(f"{_show(v)} is not a seed", "'trial' (the trial's seed) or an integer 0 to 4294967295")
+
+
+StreamSeed = Annotated[Union[Literal["trial"], int, None], BeforeValidator(_stream_seed)]
+
+
+class SeedStreams(BaseModel):
+    """Which random streams follow the trial's seed, each on its own (issue 27: where seed noise
+    comes from). ``init``: the initial weights (torch, Python and numpy RNGs before the model is
+    built); ``data``: the order of the training batches and their flips; ``val``: the synthetic
+    validation set (generated from that seed, as the dataset's own ``seed`` generates it).
+
+    ``trial`` follows the trial's seed; an integer fixes the stream for every seed of the study,
+    so the seeds' spread is the other streams' alone. The defaults are what a seed always meant:
+    weights and data follow the seed, the validation set is the dataset's (``val`` not given), and
+    a study that leaves this section out keeps its trial ids.
+    """
+
+    model_config = _STRICT
+
+    init: StreamSeed = "trial"
+    data: StreamSeed = "trial"
+    #: not given: the dataset's own validation set (its ``seed``)
+    val: StreamSeed = None
+
+    def given(self) -> dict[str, int | str]:
+        """The streams set otherwise than the default, as written: ``{"init": 0}``, ``{"val": "trial"}``.
+        This, not the seeds it resolves to, enters the trial id: the seeds of one row then share a
+        configuration (``config_id`` leaves out only the seed) and pool in the report."""
+        defaults = {"init": "trial", "data": "trial", "val": None}
+        return {k: getattr(self, k) for k, d in defaults.items() if getattr(self, k) != d}
+
+
 _SECTION_MODELS: dict[str, type[BaseModel]] = {
     "schedule": Schedule, "eval": EvalSpec, "resources": Resources,
     "model_options": ModelOptions, "divergence": DivergenceSpec, "report": ReportSpec,
+    "seed_streams": SeedStreams,
 }
 
 
@@ -364,6 +404,8 @@ class Study(BaseModel):
     loader: _choice("loader", ("torch", "dali")) = "torch"  # type: ignore[valid-type]
     #: report settings (the equivalence margin); not part of any trial id
     report: _section(ReportSpec) = Field(default_factory=ReportSpec)  # type: ignore[valid-type]
+    #: which random streams follow the seed (SeedStreams); part of the id only where not the default
+    seed_streams: _section(SeedStreams) = Field(default_factory=SeedStreams)  # type: ignore[valid-type]
     #: the file it came from; set by the loader, not a key of the YAML schema
     source: str = _DEFAULT_SOURCE
 
@@ -376,6 +418,9 @@ class Study(BaseModel):
         def fail(path, problem, allowed=None):
             raise StudyError(src, path, problem, allowed)
 
+        if self.seed_streams.val is not None and self.dataset.name != "synthetic":
+            fail("seed_streams.val", f"a validation set from a seed needs the synthetic dataset, not "
+                 f"{self.dataset.name!r}", "seed_streams.val with dataset synthetic only")
         sch = self.schedule
         if sch.warmup_iterations >= sch.iterations:
             fail("schedule.warmup_iterations",
