@@ -166,7 +166,9 @@ def test_compare_in_every_format():
     assert any(x.startswith("Ranking: rows by mean") for x in md)
     assert "Metric: COCO mAP@[.5:.95] (`final_map`, %)." in md
 
-    back = pd.read_csv(io.StringIO(render_compare(summary, "csv", "final_map", 1.0)))
+    text = render_compare(summary, "csv", "final_map", 1.0)
+    assert ",x128,fp8-e4m3-emulated,paired,3,3," in text.splitlines()[1]  # counts as counts, not 3.0
+    back = pd.read_csv(io.StringIO(text))
     assert back["kind"].tolist() == ["pair"] * 3 + ["rank"] * 3
     for c in ("diff_pct", "diff_ci_low_pct", "half_width_pct", "p_value", "p_holm", "tost_p", "margin_pct",
               "seeds_needed", "p_better", "p_better_low", "p_better_high", "verdict", "group", "mean_pct"):

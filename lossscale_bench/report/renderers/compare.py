@@ -182,8 +182,10 @@ def _as_csv(pairs: pd.DataFrame, ranking: pd.DataFrame) -> str:
     """One file: ``kind`` ``pair`` lines (:data:`PAIR_COLUMNS`), then ``rank`` lines (:data:`RANK_COLUMNS`)."""
     columns = ["kind"] + list(dict.fromkeys(PAIR_COLUMNS + RANK_COLUMNS))
     frames = [f.assign(kind=kind) for f, kind in ((pairs, "pair"), (ranking, "rank")) if len(f)]
-    both = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=columns)
-    return to_csv(both.reindex(columns=columns), COMPARE_PERCENT_COLUMNS)
+    both = pd.concat(frames, ignore_index=True).reindex(columns=columns) if frames else pd.DataFrame(columns=columns)
+    for c in ("table", "batch_size", "row_a", "row_b", "n_a", "n_b", "rank", "row", "n"):  # counts, not 0.0
+        both[c] = pd.to_numeric(both[c], errors="coerce").astype("Int64")
+    return to_csv(both, COMPARE_PERCENT_COLUMNS)
 
 
 def render_compare(summary: pd.DataFrame, fmt: str, metric: str, margin: float) -> str:
