@@ -58,7 +58,7 @@ schedule: {iterations: 10, lr: 1e-3}
 """
 
 TOP_KEYS = ("name, description, dataset, model, batch_size, precision, scaling, seeds, schedule, eval, "
-            "resources, model_options, divergence, on_divergence, max_failures, log_every, loader, report")
+            "resources, model_options, divergence, on_divergence, max_failures, log_every, loader, report, seed_streams")
 
 
 def _write(tmp_path: Path, text: str, name: str = "study.yaml") -> Path:
