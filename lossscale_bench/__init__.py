@@ -39,7 +39,7 @@ __version__ = "0.1.0"
 
 #: (layer name, top-level modules/packages in it); ``name*`` matches a prefix
 LAYERS = (
-    ("schema", ("exit_codes", "registry", "sink", "study")),
+    ("schema", ("exit_codes", "portable", "registry", "sink", "study")),
     ("components", ("formats", "numerics", "data", "models", "precision", "scaling", "backends", "telemetry",
                     "evaluation")),
     ("engine", ("engine",)),
