@@ -62,7 +62,9 @@ def test_compiled_census_counts_like_the_eager_expression():
                           448.0, 448.0001, 57344.0, 65504.0, float("inf"), -float("inf"), float("nan")])
     tensors = [edges, torch.randn(8, 16, 12, 12, generator=g).mul(1e-4).to(memory_format=torch.channels_last),
                torch.randn(1000, generator=g).mul(500), torch.randn(37, 3, generator=g).mul(1e-7),
-               torch.tensor([3.0])]
+               torch.tensor([3.0]),
+               # past COMPILED_FROM, so the compiled kernel (not only the eager fallback) is checked
+               torch.cat([edges, torch.randn(2 ** 18, generator=g).mul(3e-4)]).view(-1, 1)]
     for fmt in (FORMATS["fp16"], FORMATS["e4m3"], FORMATS["e5m2"]):
         for t in tensors:
             a = t.abs()

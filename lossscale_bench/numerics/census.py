@@ -39,6 +39,11 @@ _PROBE = torch.tensor([0.0, -0.0, 1e-45, 2.0 ** -149, 2.0 ** -25, 2.0 ** -24, 2.
                        float("inf"), float("nan")])
 _KERNELS: dict[tuple[float, float, float], LazyCompiled] = {}
 
+#: tensors with fewer elements are counted by the eager expression: below ~2**18 elements its dozen
+#: op calls cost about what one compiled call's dispatch does, and a process that only ever sees small
+#: tensors (the test suite's tiny models) then never pays the compilation (seconds per process)
+COMPILED_FROM = 2 ** 18
+
 
 def census(x: torch.Tensor, min_normal: float, flush: float, max_: float) -> torch.Tensor:
     """Counts of ``x``'s elements (int64 tensor of 4, on ``x``'s device): non-zero; non-zero below
@@ -53,7 +58,7 @@ def census(x: torch.Tensor, min_normal: float, flush: float, max_: float) -> tor
     x = x.detach()
     # contiguous: a stride-0 (expanded) gradient would cost a second compiled graph (see fp8.round_fp8)
     flat = (x.permute(0, 2, 3, 1).reshape(-1) if is_channels_last(x) else x.reshape(-1)).contiguous()
-    if flat.numel() < 2:  # Dynamo specialises sizes 0 and 1 (see _compile)
+    if flat.numel() < COMPILED_FROM:
         return k.eager(flat)
     return k(flat)
 
