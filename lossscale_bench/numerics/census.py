@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from ._compile import LazyCompiled
-from .fp8 import is_channels_last
+from .fp8 import memory_order_flat
 
 
 def _census(x: torch.Tensor, min_normal: float, flush: float, max_: float) -> torch.Tensor:
@@ -55,10 +55,9 @@ def census(x: torch.Tensor, min_normal: float, flush: float, max_: float) -> tor
         fn = _kernel(*key)
         tag = "census_" + "_".join(f"{v:.3e}".replace("+", "p").replace("-", "m") for v in key)
         k = _KERNELS.setdefault(key, LazyCompiled(fn, tag, probe=(torch.cat([_PROBE, -_PROBE]),)))
-    x = x.detach()
-    # contiguous: a stride-0 (expanded) gradient would cost a second compiled graph (see fp8.round_fp8)
-    flat = (x.permute(0, 2, 3, 1).reshape(-1) if is_channels_last(x) else x.reshape(-1)).contiguous()
+    # memory order (no layout copy of a channels_last gradient); contiguous: a stride-0 (expanded)
+    # gradient would cost a second compiled graph (see fp8.round_fp8)
+    flat = memory_order_flat(x.detach())[0].contiguous()
     if flat.numel() < COMPILED_FROM:
         return k.eager(flat)
     return k(flat)
-
