@@ -15,6 +15,12 @@ d. emulation vs reality: per-layer subnormal and flush rates (``telemetry.Underf
    fp16-emulated against real fp16 autocast on the same weights and batches, fp8-emulated alongside.
 e. a short real-fp16 run of the seed-000 rows (+ fp32) on ssd_tiny with the synthetic data, several seeds.
 f. peak memory per method (``torch.cuda.max_memory_allocated``; ``ru_maxrss`` of a fresh process on CPU).
+g. section d for SSD512-VGG16 at batch 8 over 10 batches (on CUDA): where real fp16 flushes its gradients.
+h. section a with foreach SGD on both sides instead of the backend's fused SGD (is a difference GradScaler's
+   fused-optimizer path?).
+
+``--sections`` picks the sections and their order (``gdbcaef`` runs the cheapest answers first);
+``--budget`` caps the whole check in seconds (each section's own budget still holds).
 
 Trainers are built directly (models, precision, scaling, engine), not through ``study``/``TrialConfig``,
 so the check needs neither pydantic nor Ray nor MLflow; pycocotools is optional (mAP in e).
@@ -73,22 +79,33 @@ def make_config(smoke: bool) -> dict:
         return {
             "device": "cpu", "precision": "fp16-emulated", "smoke": True, "total_budget_s": 240,
             "a": {"model": "ssd_tiny", "batch": 2, "steps": 12, "growth_interval": 2, "budget_s": 40},
-            "b": {"model": "ssd_tiny", "batch": 4, "steps": 4, "warmup": 1, "block": 2, "budget_s": 30},
-            "c": {"models": {"ssd_tiny": 2}, "steps": 2, "warmup": 1, "budget_s": 30},
+            "b": {"model": "ssd_tiny", "batch": 4, "steps": 4, "warmup": 1, "block": 2, "budget_s": 30,
+                  "profile_steps": 2, "profile_budget_s": 30},
+            "c": {"models": {"ssd_tiny": 2}, "steps": 2, "warmup": 1, "budget_s": 30, "profile_steps": 2},
             "d": {"model": "ssd_tiny", "batch": 1, "batches": 1, "budget_s": 40},
             "e": {"seeds": [0, 1], "iterations": 3, "batch": 2, "train_images": 8, "val_images": 4,
                   "precision": "mixed16", "budget_s": 60},
             "f": {"model": "ssd_tiny", "batch": 2, "steps": 2, "budget_s": 60},
+            "g": {"model": "ssd_tiny", "batch": 1, "batches": 2, "budget_s": 30},
+            "h": {"model": "ssd_tiny", "batch": 2, "steps": 12, "growth_interval": 2, "budget_s": 40,
+                  "optimizer": "foreach"},
         }
     return {
         "device": "cuda", "precision": "mixed16", "smoke": False, "total_budget_s": 420,
-        "a": {"model": "ssd300_vgg16", "batch": 8, "steps": 40, "growth_interval": 10, "budget_s": 40},
-        "b": {"model": "ssd300_vgg16", "batch": 32, "steps": 40, "warmup": 1, "block": SYNC_EVERY, "budget_s": 60},
-        "c": {"models": {"ssd300_vgg16": 32, "ssd512_vgg16": 16}, "steps": 12, "warmup": 2, "budget_s": 110},
-        "d": {"model": "ssd300_vgg16", "batch": 8, "batches": 4, "budget_s": 40},
+        "a": {"model": "ssd300_vgg16", "batch": 8, "steps": 40, "growth_interval": 10, "budget_s": 30},
+        "b": {"model": "ssd300_vgg16", "batch": 32, "steps": 40, "warmup": 1, "block": SYNC_EVERY, "budget_s": 45,
+              "profile_steps": SYNC_EVERY, "profile_budget_s": 20},
+        "c": {"models": {"ssd300_vgg16": 32, "ssd512_vgg16": 16}, "steps": 12, "warmup": 2, "budget_s": 80,
+              "profile_steps": SYNC_EVERY},
+        "d": {"model": "ssd300_vgg16", "batch": 8, "batches": 4, "budget_s": 30},
         "e": {"seeds": [0, 1, 2], "iterations": 300, "batch": 8, "train_images": 512, "val_images": 64,
-              "precision": "mixed16", "budget_s": 100},
-        "f": {"model": "ssd300_vgg16", "batch": 32, "steps": 3, "budget_s": 45},
+              "precision": "mixed16", "budget_s": 60},
+        "f": {"model": "ssd300_vgg16", "batch": 32, "steps": 3, "budget_s": 30},
+        # SSD512 at the published batch: does real fp16 flush its gradients at loss scale 1 (the
+        # mechanism behind seed 000's "no loss scale: diverged")?
+        "g": {"model": "ssd512_vgg16", "batch": 8, "batches": 10, "budget_s": 75},
+        "h": {"model": "ssd300_vgg16", "batch": 8, "steps": 40, "growth_interval": 10, "budget_s": 30,
+              "optimizer": "foreach"},
     }
 
 
@@ -116,7 +133,7 @@ def base_model(model_name: str, device: str, seed: int = 0):
 
 
 def make_trainer(model, backend, method: dict, precision_name: str, sched: dict | None = None,
-                 sync_every: int = SYNC_EVERY):
+                 sync_every: int = SYNC_EVERY, optimizer_options: dict | None = None):
     """A Trainer as a trial builds it: the backend's optimizer kernels (fused SGD on CUDA, foreach on
     CPU), losses read every ``sync_every`` steps (the model's batched loss comes with the model)."""
     from lossscale_bench.engine.loop import Trainer
@@ -128,7 +145,8 @@ def make_trainer(model, backend, method: dict, precision_name: str, sched: dict 
     precision.prepare(model)
     scaler = build_scaler(method, model, grad_format=precision.grad_format)
     sched = sched or SCHED
-    opt = build_optimizer(model, sched, backend.optimizer_options())
+    opt = build_optimizer(model, sched, backend.optimizer_options() if optimizer_options is None
+                          else optimizer_options)
     # iterations: open-ended (steps are driven one by one), so only every sync_every-th step waits
     return Trainer(model=model, optimizer=opt, scheduler=build_scheduler(opt, sched), scaler=scaler,
                    backend=backend, precision=precision, batches=iter(()), iterations=10**9,
@@ -253,10 +271,14 @@ def _section_a(cfg, sc, backend, model, deadline) -> dict:
 
     # the same model class (loss) and optimizer kernels on both sides: this compares the scalers
     model_gs = copy.deepcopy(model)
-    ours = make_trainer(model, backend, {"method": "dynamic", "style": "torch"}, cfg["precision"])
+    # the same SGD kernels on both sides: the backend's (fused on CUDA), or foreach (section h: whether a
+    # difference comes from GradScaler's fused-optimizer path)
+    opt_options = {"foreach": True} if sc.get("optimizer") == "foreach" else backend.optimizer_options()
+    ours = make_trainer(model, backend, {"method": "dynamic", "style": "torch"}, cfg["precision"],
+                        optimizer_options=opt_options)
     ours.scaler = DynamicLossScaler(style="torch", interval=sc["growth_interval"])
     plain = PlainAMP(model_gs, backend, cfg["precision"], growth_interval=sc["growth_interval"],
-                     optimizer_options=backend.optimizer_options())
+                     optimizer_options=opt_options)
     rows = []
     for i in range(sc["steps"]):
         if time.monotonic() > deadline and rows:
@@ -267,6 +289,8 @@ def _section_a(cfg, sc, backend, model, deadline) -> dict:
         rows.append({"step": i + 1, "scale_lsbench": rec.result.scale, "scale_gradscaler": gs_scale,
                      "skipped_lsbench": rec.result.skipped, "skipped_gradscaler": gs_skipped})
     with torch.no_grad():
+        finite = {"lsbench": all(bool(torch.isfinite(q).all()) for q in model.parameters()),
+                  "gradscaler": all(bool(torch.isfinite(q).all()) for q in model_gs.parameters())}
         diffs = [(a.float() - b.float()).abs().max().item() for a, b in zip(model.parameters(), model_gs.parameters())]
         max_abs = max(diffs) if diffs else 0.0
         max_param = max(p.abs().max().item() for p in model.parameters())
@@ -276,6 +300,7 @@ def _section_a(cfg, sc, backend, model, deadline) -> dict:
     tol = 0.0 if cfg["device"] == "cpu" else 1e-3 * max(1.0, max_param)
     return {"model": sc["model"], "batch": sc["batch"], "precision": cfg["precision"],
             "growth_interval": sc["growth_interval"], "init_scale": 65536.0, "steps": len(rows),
+            "optimizer": opt_options, "params_finite": finite,
             "per_step": rows, "scales_equal": scales_equal, "skips_equal": skips_equal,
             "skipped_steps": sum(r["skipped_lsbench"] for r in rows),
             "max_abs_param_diff": max_abs, "tolerance": tol,
@@ -323,7 +348,41 @@ def section_b(cfg: dict, sc: dict) -> dict:
     by = {r["loop"]: r for r in out["rows"]}
     out["ratio_trainer_to_plain_images_per_s"] = by[B_TRAINER]["images_per_s"] / by[B_PLAIN]["images_per_s"]
     out["ratio_trainer_to_old_step_images_per_s"] = by[B_TRAINER]["images_per_s"] / by[B_OLD]["images_per_s"]
+    if sc.get("profile_steps") and time.monotonic() < deadline + sc.get("profile_budget_s", 0):
+        out["profiles"] = {name: profile_steps(steppers[name], batches, sc["profile_steps"], backend)
+                           for name in (B_TRAINER, B_PLAIN)}
     return out
+
+
+def profile_steps(stepper, batches: list, steps: int, backend, top: int = 12) -> dict:
+    """``torch.profiler`` over ``steps`` train steps of ``stepper``: the ops with the most self time on
+    the device, and the host syncs per step (the calls that make the CPU wait for the GPU). Why: a
+    missed throughput target is explained by where the time goes, not by a second timing."""
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    for images, targets in batches[:1]:  # warm the allocator and autotuner outside the trace
+        stepper.train_step(images, targets)
+    backend.synchronize()
+    with profile(activities=acts) as prof:
+        for i in range(steps):
+            images, targets = batches[i % len(batches)]
+            stepper.train_step(images, targets)
+        backend.synchronize()
+    events = prof.key_averages()
+
+    def dev_self(e):
+        return float(getattr(e, "self_device_time_total", 0.0) or getattr(e, "self_cuda_time_total", 0.0) or 0.0)
+
+    sync_names = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy ",
+                  "cudaMemcpyAsync")
+    syncs = {e.key: e.count / steps for e in events if e.key.startswith(sync_names)}
+    ranked = sorted(events, key=dev_self, reverse=True)[:top]
+    total = sum(dev_self(e) for e in events) or 1.0
+    return {"steps": steps, "device_self_ms_per_step": total / 1000.0 / steps,
+            "top_ops": [{"op": e.key[:80], "self_ms_per_step": dev_self(e) / 1000.0 / steps,
+                         "share": dev_self(e) / total, "calls_per_step": e.count / steps} for e in ranked],
+            "host_syncs_per_step": syncs}
 
 
 # ---------------------------------------------------------------------------
@@ -347,6 +406,9 @@ def section_c(cfg: dict, sc: dict) -> dict:
         batches = _batches(model_name, batch, 2)
         block = sc.get("block", 1)
         times = interleaved(steppers, batches, max(1, sc["steps"] // block), sc["warmup"], deadline, block=block)
+        if sc.get("profile_steps") and k == 0:  # where adaptive's extra time goes, on the first model
+            out["profiles"] = {name: profile_steps(steppers[name], batches, sc["profile_steps"], backend)
+                               for name in ("dynamic (interval 10)", "adaptive (update_every 10)")}
         base = statistics.median(times["dynamic (interval 10)"])
         for name, ts in times.items():
             med = statistics.median(ts)
@@ -359,7 +421,9 @@ def section_c(cfg: dict, sc: dict) -> dict:
 
 # ---------------------------------------------------------------------------
 # d. emulation vs reality (per-layer underflow telemetry)
-def _probe_rates(model, backend, precision_name: str, batches: list) -> dict:
+def _probe_rates(model, backend, precision_name: str, batches: list, deadline: float | None = None) -> dict:
+    """Per-layer rates over ``batches`` (stopping after the first batch past ``deadline``; the
+    caller compares runs over the same batches, so it passes each the count the first one did)."""
     from lossscale_bench.precision import get_precision
     from lossscale_bench.telemetry import UnderflowProbe
 
@@ -368,18 +432,23 @@ def _probe_rates(model, backend, precision_name: str, batches: list) -> dict:
     probe = UnderflowProbe(model, fmt=precision.telemetry_format)
     model.train()
     probe.arm()
+    done = 0
     for images, targets in batches:
+        if deadline is not None and done and time.monotonic() > deadline:
+            break
         images, targets = backend.to_device(images, targets)
         model.zero_grad(set_to_none=True)
         with backend.autocast(precision.autocast_dtype):
             parts = model(images, targets)
             loss = sum(parts.values())
         loss.float().backward()  # loss scale 1: the underflow a scaler would have to fix
+        done += 1
     backend.synchronize()
     rates = probe.read()
     probe.remove()
     if handle is not None:
         handle.remove()
+    _probe_rates.batches_done = done  # read by section_d right after the call
     return rates
 
 
@@ -388,11 +457,16 @@ def section_d(cfg: dict, sc: dict) -> dict:
     backend, model = base_model(sc["model"], cfg["device"])
     batches = _batches(sc["model"], sc["batch"], sc["batches"], seed0=500)
     results = {}
-    for name in ("mixed16", "fp16-emulated", "fp8-emulated"):
+    names = ("fp16-emulated", "mixed16", "fp8-emulated")
+    for k, name in enumerate(names):
         if time.monotonic() > deadline and results:
             results[name] = None
             continue
-        results[name] = _probe_rates(copy.deepcopy(model), backend, name, batches)
+        # the emulated fp16 run first, on a share of the budget; the others then see the same batches
+        share = time.monotonic() + (deadline - time.monotonic()) / (len(names) - k) if k == 0 else None
+        results[name] = _probe_rates(copy.deepcopy(model), backend, name, batches, share)
+        if k == 0:
+            batches = batches[:max(1, _probe_rates.batches_done)]
     real, emu, fp8 = results["mixed16"], results["fp16-emulated"], results["fp8-emulated"]
     layers = []
     for layer in emu:
@@ -413,7 +487,13 @@ def section_d(cfg: dict, sc: dict) -> dict:
             row.update({"underflow_fp8_emulated": f["underflow_rate"], "flush_fp8_emulated": f["flush_rate"]})
         layers.append(row)
     with_real = [r for r in layers if "abs_diff_flush" in r and r["nonzero_emulated"] > 0]
-    return {"model": sc["model"], "batch": sc["batch"], "batches": sc["batches"], "loss_scale": 1.0,
+    emu_nz = sum(r["nonzero_emulated"] for r in with_real)
+    # over the whole model: the share of gradient elements (non-zero before rounding) each run flushed
+    overall = {"flush_real_implied": (sum(max(0, r["nonzero_emulated"] - r["nonzero_real"]) for r in with_real)
+                                      / emu_nz) if emu_nz else None,
+               "flush_emulated": (sum(r["flush_emulated"] * r["nonzero_emulated"] for r in with_real)
+                                  / emu_nz) if emu_nz else None}
+    return {"overall": overall, "model": sc["model"], "batch": sc["batch"], "batches": len(batches), "loss_scale": 1.0,
             "real": "mixed16 (fp16 autocast on %s)" % cfg["device"],
             "skipped": [k for k, v in results.items() if v is None],
             "layers": layers,
@@ -606,18 +686,8 @@ def render_markdown(res: dict) -> str:
             return None
         return s[key]
 
-    a = head("a", "torch-style DynamicLossScaler vs torch.amp.GradScaler, step for step")
-    if a:
-        L.append(f"{a['model']} batch {a['batch']}, {a['precision']}, init scale 65536, growth interval "
-                 f"{a['growth_interval']}, {a['steps']} steps, {a['skipped_steps']} skipped.")
-        L.append("")
-        L += _table(["scales equal", "skips equal", "max abs param diff", "tolerance", "pass"],
-                    [[a["scales_equal"], a["skips_equal"], f"{a['max_abs_param_diff']:.3g}", f"{a['tolerance']:.3g}",
-                      "**PASS**" if a["pass"] else "**FAIL**"]])
-        L += ["", "scale per step (lsbench = GradScaler where equal): "
-              + ", ".join((f"{r['scale_lsbench']:g}" if r["scale_lsbench"] == r["scale_gradscaler"]
-                           else f"{r['scale_lsbench']:g}≠{r['scale_gradscaler']:g}") + ("*" if r["skipped_lsbench"] else "")
-                          for r in a["per_step"]) + " (* skipped)", ""]
+    for key in ("a", "h"):
+        _render_scaler_match(L, head(key, "torch-style DynamicLossScaler vs torch.amp.GradScaler, step for step"))
     b = head("b", "lsbench Trainer vs plain PyTorch AMP loop, images/s")
     if b:
         L += _table(["model", "loop", "timed steps", "median step (ms)", "images/s"],
@@ -629,29 +699,16 @@ def render_markdown(res: dict) -> str:
               f"each ending in a device sync; lsbench step: {m['lsbench_step']}. The plain loop is "
               "torchvision's references': torchvision's SSD loss, NCHW, torch's default SGD, a loss read "
               "per step.", ""]
+        _render_profiles(L, b.get("profiles"))
     c = head("c", "adaptive overhead vs dynamic")
     if c:
         L += _table(["model", "method", "timed steps", "median step (ms)", "ratio to dynamic"],
                     [[f"{r['model']} (batch {r['batch']}, {c['precision']})", r["method"], r["timed_steps"],
                       f"{r['median_step_ms']:.1f}", f"{r['ratio_to_dynamic']:.3f}"] for r in c["rows"]])
         L.append("")
-    d = head("d", "emulation vs reality: per-layer gradient underflow at loss scale 1")
-    if d:
-        L.append(f"{d['model']} batch {d['batch']} x {d['batches']} batch(es); rates among elements non-zero "
-                 "before rounding. Real fp16 gradients arrive already rounded, so flushed elements are zeros "
-                 "the probe cannot see: its flush column for real fp16 is the share of the emulation's non-zero "
-                 "elements that are zero in the real run (same weights, same batches).")
-        L.append("")
-        L += _table(["layer", "subnormal emu", "subnormal real", "flush emu", "flush real (implied)", "|Δ flush|",
-                     "subnormal fp8-emu", "flush fp8-emu"],
-                    [[r["layer"]] + [_f(r.get(k), "{:.4f}") for k in
-                                     ("underflow_emulated", "underflow_real", "flush_emulated", "flush_real_implied",
-                                      "abs_diff_flush", "underflow_fp8_emulated", "flush_fp8_emulated")]
-                     for r in d["layers"]])
-        L += ["", f"Agreement: max |Δ flush| {_f(d['max_abs_diff_flush'], '{:.4f}')}, "
-              f"mean {_f(d['mean_abs_diff_flush'], '{:.4f}')}; "
-              f"max |Δ subnormal| {_f(d['max_abs_diff_underflow'], '{:.4f}')}."
-              + (f" Not run (time budget): {', '.join(d['skipped'])}." if d["skipped"] else ""), ""]
+        _render_profiles(L, c.get("profiles"))
+    for key in ("d", "g"):
+        _render_probe(L, head(key, "emulation vs reality: per-layer gradient underflow at loss scale 1"))
     e = head("e", "short fp16 run of the seed-000 rows")
     if e:
         L.append(f"{e['model']}, {e['data']}, batch {e['batch']}, up to {e['iterations_target']} iterations, "
@@ -676,6 +733,60 @@ def render_markdown(res: dict) -> str:
     return "\n".join(L)
 
 
+def _render_scaler_match(L: list, a: dict | None) -> None:
+    """Sections a and h."""
+    if not a:
+        return
+
+    L.append(f"{a['model']} batch {a['batch']}, {a['precision']}, init scale 65536, growth interval "
+             f"{a['growth_interval']}, {a['steps']} steps, {a['skipped_steps']} skipped; SGD options "
+             f"{a.get('optimizer')}; parameters finite at the end: {a.get('params_finite')}.")
+    L.append("")
+    L += _table(["scales equal", "skips equal", "max abs param diff", "tolerance", "pass"],
+                [[a["scales_equal"], a["skips_equal"], f"{a['max_abs_param_diff']:.3g}", f"{a['tolerance']:.3g}",
+                  "**PASS**" if a["pass"] else "**FAIL**"]])
+    L += ["", "scale per step (lsbench = GradScaler where equal): "
+          + ", ".join((f"{r['scale_lsbench']:g}" if r["scale_lsbench"] == r["scale_gradscaler"]
+                       else f"{r['scale_lsbench']:g}≠{r['scale_gradscaler']:g}") + ("*" if r["skipped_lsbench"] else "")
+                      for r in a["per_step"]) + " (* skipped)", ""]
+
+
+def _render_profiles(L: list, profiles: dict | None) -> None:
+    """Per loop: device time per step, host syncs per step, and the top ops (torch.profiler)."""
+    for name, p in (profiles or {}).items():
+        syncs = ", ".join(f"{k} {v:.1f}" for k, v in p["host_syncs_per_step"].items()) or "none"
+        L.append(f"Profile of {name} ({p['steps']} steps): {p['device_self_ms_per_step']:.1f} ms of device "
+                 f"time per step; host syncs per step: {syncs}.")
+        L.append("")
+        L += _table(["op", "self ms/step", "share", "calls/step"],
+                    [[r["op"].replace("|", "/"), f"{r['self_ms_per_step']:.2f}", f"{r['share']:.1%}",
+                      f"{r['calls_per_step']:.1f}"] for r in p["top_ops"][:8]])
+        L.append("")
+
+
+def _render_probe(L: list, d: dict | None) -> None:
+    """Sections d and g: one model's per-layer rates, emulated vs real."""
+    if not d:
+        return
+    L.append(f"{d['model']} batch {d['batch']} x {d['batches']} batch(es); rates among elements non-zero "
+             "before rounding. Real fp16 gradients arrive already rounded, so flushed elements are zeros "
+             "the probe cannot see: its flush column for real fp16 is the share of the emulation's non-zero "
+             "elements that are zero in the real run (same weights, same batches).")
+    L.append("")
+    L += _table(["layer", "subnormal emu", "subnormal real", "flush emu", "flush real (implied)", "|Δ flush|",
+                 "subnormal fp8-emu", "flush fp8-emu"],
+                [[r["layer"]] + [_f(r.get(k), "{:.4f}") for k in
+                                 ("underflow_emulated", "underflow_real", "flush_emulated", "flush_real_implied",
+                                  "abs_diff_flush", "underflow_fp8_emulated", "flush_fp8_emulated")]
+                 for r in d["layers"]])
+    L += ["", f"Agreement: max |Δ flush| {_f(d['max_abs_diff_flush'], '{:.4f}')}, "
+          f"mean {_f(d['mean_abs_diff_flush'], '{:.4f}')}; "
+          f"max |Δ subnormal| {_f(d['max_abs_diff_underflow'], '{:.4f}')}. Whole model: real fp16 flushed "
+          f"{_f(d['overall']['flush_real_implied'], '{:.4f}')} of the non-zero gradient elements, the "
+          f"emulation {_f(d['overall']['flush_emulated'], '{:.4f}')}."
+          + (f" Not run (time budget): {', '.join(d['skipped'])}." if d["skipped"] else ""), ""]
+
+
 # ---------------------------------------------------------------------------
 def device_name(device: str) -> str:
     if device == "cuda":
@@ -688,7 +799,10 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="runs/gpu_check", help="output folder (default runs/gpu_check/)")
     ap.add_argument("--cpu-smoke", action="store_true", help="force the CPU and tiny sizes (tests the script)")
-    ap.add_argument("--sections", default="abcdef", help="subset of sections to run (default abcdef)")
+    ap.add_argument("--sections", default="abcdefgh",
+                    help="sections to run, in this order (default abcdefgh)")
+    ap.add_argument("--budget", type=float, default=None,
+                    help="the whole check's time budget in seconds (default: 420 on CUDA, 240 for the smoke)")
     ap.add_argument("--compile", action="store_true",
                     help="CUDA: also time the Trainer with torch.compile'd backbone and heads in section b")
     ap.add_argument("--_memory", help=argparse.SUPPRESS)
@@ -707,6 +821,13 @@ def main(argv=None) -> int:
 
     t_start = time.monotonic()
     cfg = make_config(args.cpu_smoke)
+    if args.budget is not None:
+        cfg["total_budget_s"] = args.budget
+    unknown = sorted(set(args.sections) - set("abcdefgh"))
+    if unknown:
+        print(f"gpu_check: --sections: unknown section(s) {', '.join(unknown)}; allowed: a b c d e f g h",
+              file=sys.stderr)
+        return 2
     cfg["compile"] = bool(args.compile) and cfg["device"] == "cuda"
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -732,12 +853,14 @@ def main(argv=None) -> int:
            "sections": {}}
     funcs = {"a": lambda: section_a(cfg, cfg["a"]), "b": lambda: section_b(cfg, cfg["b"]),
              "c": lambda: section_c(cfg, cfg["c"]), "d": lambda: section_d(cfg, cfg["d"]),
-             "e": lambda: section_e(cfg, cfg["e"], out_dir), "f": lambda: section_f(cfg, cfg["f"])}
+             "e": lambda: section_e(cfg, cfg["e"], out_dir), "f": lambda: section_f(cfg, cfg["f"]),
+             "g": lambda: section_d(cfg, cfg["g"]), "h": lambda: section_a(cfg, cfg["h"])}
     json_path = out_dir / "gpu_check.json"
-    for key, fn in funcs.items():
+    for key in funcs:
         if key not in args.sections:
             res["sections"][key] = {"skipped": "not selected (--sections)"}
-            continue
+    for key in dict.fromkeys(args.sections):  # the order asked for, each once
+        fn = funcs[key]
         t0 = time.monotonic()
         left = cfg["total_budget_s"] - (t0 - t_start)
         if left < 10:

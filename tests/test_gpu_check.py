@@ -56,7 +56,7 @@ def test_cpu_smoke_runs_every_section(tmp_path):
 def test_cpu_smoke_without_ray_mlflow_pydantic_pycocotools(tmp_path):
     """The GPU machine has none of these: the check must not need them (mAP is skipped, and says so)."""
     block = tmp_path / "block"
-    for name in ("ray", "mlflow", "pydantic", "pycocotools", "nvidia_dali"):
+    for name in ("ray", "mlflow", "pydantic", "pydantic_core", "pycocotools", "nvidia_dali"):
         (block / name).mkdir(parents=True)
         (block / name / "__init__.py").write_text(f"raise ImportError('{name} is blocked for this test')\n")
     out = tmp_path / "out"

@@ -27,7 +27,9 @@ inputs need no special case. What remains is the format's edges:
 
 Overflow of E4M3, saturating or not
 -----------------------------------
-torch's CPU cast saturates: ``|x| > 448`` (inf included) gives ``+-448``. The non-saturating
+Saturating E4M3 gives ``+-448`` for ``|x| > 448`` (inf included), as torch 2.14's CPU cast does; every
+path here clamps before casting, because torch's own cast is not the same across versions (torch
+2.11.0 gives NaN past 464 on the CPU and on CUDA: docs/benchmarks.md, "Rounding agreement"). The non-saturating
 variant (OCP FP8's non-saturating mode, ml_dtypes' cast) turns values whose rounding leaves the
 format into NaN. Where is that edge? 448 = 1.75 * 2^8 is the code ``S.1111.110`` (significand
 bits 110); the next code up, ``S.1111.111`` = 1.875 * 2^8 = 480, is NaN in ``e4m3fn``. The
@@ -187,11 +189,21 @@ def _bits_eager(x: torch.Tensor, spec: Fp8Spec, saturate: bool) -> torch.Tensor:
     return torch.copysign(r, x, out=r)
 
 
+def _torch_cast(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """torch's cast to ``dtype`` (one place, so a test can stand in another torch's behaviour)."""
+    return x.to(dtype)
+
+
 def _cast_eager(x: torch.Tensor, spec: Fp8Spec, saturate: bool) -> torch.Tensor:
-    """torch's own cast, with the overflow behaviour ``saturate`` asks for (module doc)."""
-    if spec.has_inf and saturate:
+    """torch's own cast, with the overflow behaviour ``saturate`` asks for (module doc).
+
+    Saturation is a clamp before the cast for E4M3 too: torch's ``float8_e4m3fn`` cast of values
+    past 464 is not the same across versions (measured: +-448 in torch 2.14.1 on the CPU, NaN in
+    torch 2.11.0 on both the CPU and an H200; docs/benchmarks.md, "Rounding agreement"), and the
+    emulation must not depend on it."""
+    if saturate:
         x = x.clamp(-spec.max, spec.max)
-    y = x.to(spec.dtype).to(x.dtype)
+    y = _torch_cast(x, spec.dtype).to(x.dtype)
     if not spec.has_inf and not saturate:
         nan = torch.full_like(y, _f64_nan_with_f32_payload(spec.nan_bits))
         y = torch.copysign(torch.where(x.abs() > spec.overflow_midpoint, nan, y), x)
@@ -201,7 +213,7 @@ def _cast_eager(x: torch.Tensor, spec: Fp8Spec, saturate: bool) -> torch.Tensor:
 def _cast_fused(x: torch.Tensor, spec: Fp8Spec, saturate: bool) -> torch.Tensor:
     """torch's cast for Inductor, NaNs rewritten to torch's eager bit pattern (the sign comes
     from the input: Inductor's clamp may return a NaN of either sign)."""
-    y = (x.clamp(-spec.max, spec.max) if spec.has_inf and saturate else x).to(spec.dtype).float()
+    y = _torch_cast(x.clamp(-spec.max, spec.max) if saturate else x, spec.dtype).float()
     if not spec.has_inf and not saturate:
         y = torch.where(x.abs() > spec.overflow_midpoint, float("nan"), y)
     b = torch.where(y != y, spec.nan_bits, y.view(torch.int32) & ~_SIGN)

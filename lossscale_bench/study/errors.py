@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import difflib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pydantic_core import PydanticCustomError
+if TYPE_CHECKING:  # imported where used: the data layer reads annotations through this module, and the
+    # GPU check (no pydantic there) builds datasets
+    from pydantic_core import PydanticCustomError
 
 #: the pydantic error type of a problem already worded for the user (see :func:`_err`)
 ERROR_TYPE = "lsbench"
@@ -68,9 +70,11 @@ def _suggest(word: Any, names) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
-def _err(problem: str, allowed: str | None = None) -> PydanticCustomError:
+def _err(problem: str, allowed: str | None = None) -> "PydanticCustomError":
     """A field problem worded for the user; :func:`~.load._convert` shows it as it is."""
     ctx = {"problem": problem}
     if allowed:
         ctx["allowed"] = allowed
+    from pydantic_core import PydanticCustomError
+
     return PydanticCustomError(ERROR_TYPE, "{problem}", ctx)

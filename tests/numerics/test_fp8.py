@@ -336,3 +336,23 @@ def test_channels_last_tensors_keep_their_layout_and_values():
     b = block_round(x, "e4m3", "mx32")
     assert b.is_contiguous(memory_format=torch.channels_last)
     assert torch.equal(b, block_round(x.contiguous(), "e4m3", "mx32"))  # blocks in logical order, as before
+
+
+def test_saturating_e4m3_does_not_depend_on_torchs_cast(monkeypatch):
+    """torch 2.11.0's float8_e4m3fn cast gives NaN past 464 (on the CPU and on CUDA; torch 2.14.1's
+    CPU cast saturates): with such a cast stood in, every implementation must still saturate."""
+    from lossscale_bench.numerics import fp8
+
+    def nonsaturating_cast(x, dtype):
+        y = x.to(dtype)
+        if dtype == torch.float8_e4m3fn:
+            nan = torch.full_like(x, math.nan).to(dtype)
+            y = torch.where((x.abs() > 464).to(torch.bool), nan, y)
+        return y
+
+    monkeypatch.setattr(fp8, "_torch_cast", nonsaturating_cast)
+    monkeypatch.setenv("LSBENCH_NO_COMPILE", "1")  # the eager cast, which reads the patched function
+    x = torch.tensor([448.0, 464.0, 464.00003, 500.0, 1e6, math.inf, -math.inf, -1e6, 1.0])
+    want = [448.0, 448.0, 448.0, 448.0, 448.0, 448.0, -448.0, -448.0, 1.0]
+    assert fp8._cast_eager(x, E4M3, True).tolist() == want
+    assert nonsaturating_cast(x, torch.float8_e4m3fn).float().isnan().any()  # the stand-in is what it claims

@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# Issue 20 in one device call: everything the GPU owes, bounded to fit about 9 minutes of one card.
+#
+#   make gpu-wheels                       # here: shared/wheels (travels with the working tree)
+#   OUT=/some/dir bash benchmarks/gpu_session.sh     # on the GPU machine (the device tool sets $OUT)
+#
+# In order, each step bounded by `timeout`, a failing step never stopping the next ones, every result
+# written under $OUT as soon as it exists:
+#   0. the device line (nvidia-smi, torch, CUDA, Python);
+#   1. in the background (CPU): a venv with the GPU machine's own packages plus shared/wheels, and
+#      lossscale_bench installed in it; and rounding_agreement.py (CPU vs CUDA bits of every format);
+#   2. gpu_check.py sections g (SSD512 batch 8 real-fp16 flush rates), d (SSD300), h (section a, foreach SGD);
+#   3. the real CLI on CUDA: `lsbench run studies/gpu_smoke.yaml --executor local`, then
+#      `lsbench report --format markdown`;
+#   4. gpu_check.py sections $SECTIONS2 (default bcaef: b throughput target, c adaptive target, a, e, f) with
+#      what time is left; then everything is packed into $OUT/results.tgz (the tool brings back few files).
+set -u
+: "${OUT:?set OUT to the folder for the results}"
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+cd "$ROOT"
+T0=$(date +%s)
+TOTAL=${GPU_SESSION_SECONDS:-560}
+left() { echo $(( TOTAL - ($(date +%s) - T0) - ${1:-0} )); }
+stamp() { echo "[gpu_session] +$(( $(date +%s) - T0 ))s $*" | tee -a "$OUT/session.log" >&2; }
+export PYTHONPATH="$ROOT"
+
+{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  python3 -c "import sys, torch; print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda)"
+  nproc; date -u; } > "$OUT/device.txt" 2>&1
+stamp "device: $(head -1 "$OUT/device.txt")"
+
+# 1. the packages the GPU machine lacks (CPU, in the background): shared/wheels, less every distribution
+# python3 already has among the compiled ones it shares with torch (numpy, pandas, ...), installed without dependency resolution into a folder on PYTHONPATH (measured: a
+# venv with --system-site-packages did not see the machine's numpy or pyyaml), then lossscale_bench itself
+# (its dist-info carries the MLflow artifact-repository entry point)
+DEPS=/tmp/lsdeps
+(
+  PIP="python3 -m pip"
+  $PIP --version || { python3 -m venv /tmp/lspip && PIP="/tmp/lspip/bin/python -m pip"; }
+  WHEELS=$(python3 - <<'PY'
+import importlib.metadata as m, pathlib, re
+KEEP = {"numpy", "scipy", "pandas", "pyyaml", "pillow", "matplotlib", "markupsafe", "jinja2", "sympy"}
+for w in sorted(pathlib.Path("shared/wheels").glob("*.whl")):
+    name = re.sub(r"[-_.]+", "-", w.name.split("-")[0]).lower()
+    if name in KEEP:
+        try:
+            m.version(name)        # the machine has it (compiled, shared with torch): keep its own
+            continue
+        except m.PackageNotFoundError:
+            pass
+    print(w)
+PY
+)
+  echo "installing: $WHEELS"
+  $PIP install -q --no-deps --no-index --target $DEPS $WHEELS && \
+    $PIP install -q --no-deps --no-index --find-links shared/wheels --target $DEPS . && echo "pip: ok"
+) > "$OUT/pip.log" 2>&1 &
+PIP_JOB=$!
+timeout 150 python3 benchmarks/rounding_agreement.py --out "$OUT/rounding" > "$OUT/rounding.log" 2>&1 &
+ROUND=$!
+
+# 2. flush rates (not timing-sensitive, so they may share the card with the rounding check)
+stamp "gpu_check g d h"
+timeout 150 python3 benchmarks/gpu_check.py --out "$OUT/check_gdh" --sections gdh --budget 135 > "$OUT/check_gdh.log" 2>&1
+stamp "gpu_check g d h: rc=$?"
+wait $PIP_JOB; stamp "packages: $(tail -1 "$OUT/pip.log")"
+wait $ROUND; stamp "rounding: rc=$?"
+
+# 3. the real CLI
+if grep -q "pip: ok" "$OUT/pip.log"; then
+  RUNS=/tmp/gpu_smoke_runs
+  stamp "lsbench run gpu_smoke"
+  ( cd /tmp && PYTHONPATH=$DEPS timeout ${SMOKE_SECONDS:-200} python3 -c 'import sys; from lossscale_bench.cli import main; sys.exit(main())' \
+      run "$ROOT/studies/gpu_smoke.yaml" --executor local --runs-dir "$RUNS" --reports-dir "$OUT/reports" --no-report ) \
+      > "$OUT/gpu_smoke_run.log" 2>&1
+  stamp "lsbench run: rc=$?"
+  ( cd /tmp && PYTHONPATH=$DEPS timeout 60 python3 -c 'import sys; from lossscale_bench.cli import main; sys.exit(main())' \
+      report "$ROOT/studies/gpu_smoke.yaml" --runs-dir "$RUNS" --format markdown ) \
+      > "$OUT/gpu_smoke_report.md" 2> "$OUT/gpu_smoke_report.err"
+  stamp "lsbench report: rc=$?"
+else
+  stamp "packages not installed: see pip.log"
+fi
+
+# 4. the timed sections with what is left
+B=$(left 15)
+if [ "$B" -gt 30 ]; then
+  stamp "gpu_check b c a e f (budget $B s)"
+  timeout $((B + 10)) python3 benchmarks/gpu_check.py --out "$OUT/check_${SECTIONS2:-bcaef}" --sections "${SECTIONS2:-bcaef}" \
+    --budget "$B" > "$OUT/check_${SECTIONS2:-bcaef}.log" 2>&1
+  stamp "gpu_check ${SECTIONS2:-bcaef}: rc=$?"
+fi
+stamp "done"
+# the device tool brings back a few files: everything in one archive, the session log beside it
+cd "$OUT" && tar czf results.tgz --exclude=results.tgz --exclude=session.log . && \
+  find . -mindepth 1 ! -name results.tgz ! -name session.log -delete
