@@ -60,13 +60,29 @@ def round_fp16(t: torch.Tensor) -> torch.Tensor:
     return FP16.round(t)
 
 
+def _not_a_view(out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """``out`` as a tensor that owns its place in autograd, without copying its data.
+
+    Why: the roundings return a view of their flat result (``reshape``/``permute`` back to the
+    input's shape and layout), and autograd forbids modifying a custom Function's view output in
+    place, which every in-place ReLU after a rounded conv does (SSD300/SSD512's VGG: "Output 0 of
+    _RoundThrough is a view and is being modified inplace", found on an H200 in issue 20 and
+    reproduced on the CPU). ``set_`` gives a fresh tensor over the same storage, shape and strides
+    that is not recorded as a view; an input returned as it is gets a copy (a no-op rounding)."""
+    if out is x:
+        return x.clone()
+    if out._base is None:
+        return out
+    return out.new_empty(0).set_(out.untyped_storage(), out.storage_offset(), out.size(), out.stride())
+
+
 class _RoundThrough(torch.autograd.Function):
     """Identity up to rounding: the value to ``fwd`` in forward, its gradient to ``bwd`` in backward."""
 
     @staticmethod
     def forward(ctx, x, fwd: FloatFormat, bwd: FloatFormat):  # type: ignore[override]
         ctx.bwd = bwd
-        return fwd.round(x)
+        return _not_a_view(fwd.round(x), x)
 
     @staticmethod
     def backward(ctx, g):  # type: ignore[override]

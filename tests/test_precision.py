@@ -133,3 +133,32 @@ def test_emulation_rounds_parameter_gradients_once_at_the_end_of_backward(precis
     for r, got, p in zip(raw, rounded, params):
         assert torch.equal(_bits(got), _bits(prec.grad_format.round(r)))
         assert torch.equal(_bits(seen[id(p)]), _bits(r))
+
+
+@pytest.mark.parametrize("layout", ["nchw", "channels_last"])
+def test_emulation_allows_in_place_ops_after_rounded_layers(layout):
+    """VGG's in-place ReLU after every rounded conv (SSD300/SSD512) used to fail: the rounding
+    returned a view, which autograd forbids modifying in place (found on an H200, issue 20). The
+    gradients must also be what the same model with out-of-place ReLUs gets."""
+    from lossscale_bench.precision import get_precision
+    from lossscale_bench.study.precisions import EMULATED_PRECISIONS
+
+    def net(inplace):
+        torch.manual_seed(0)
+        m = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(inplace=inplace),
+                                torch.nn.Conv2d(8, 4, 3, padding=1), torch.nn.ReLU(inplace=inplace))
+        return m.to(memory_format=torch.channels_last) if layout == "channels_last" else m
+
+    x = torch.randn(2, 3, 9, 9)
+    if layout == "channels_last":
+        x = x.to(memory_format=torch.channels_last)
+    for name in EMULATED_PRECISIONS:
+        grads = []
+        for inplace in (True, False):
+            m = net(inplace)
+            handle = get_precision(name).prepare(m)
+            m(x).square().sum().backward()
+            grads.append([q.grad.clone() for q in m.parameters()])
+            if handle is not None:
+                handle.remove()
+        assert all(torch.equal(a, b) for a, b in zip(*grads)), name
