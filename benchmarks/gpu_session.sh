@@ -91,6 +91,8 @@ if [ "$B" -gt 30 ]; then
   stamp "gpu_check ${SECTIONS2:-bcaef}: rc=$?"
 fi
 stamp "done"
-# the device tool brings back a few files: everything in one archive, the session log beside it
-cd "$OUT" && tar czf results.tgz --exclude=results.tgz --exclude=session.log . && \
-  find . -mindepth 1 ! -name results.tgz ! -name session.log -delete
+# the device tool brings back at most 8 files (measured): the text results in one archive beside the
+# session log; data caches and plots stay behind (an archive with section e's data cache was too big)
+cd "$OUT" && find . -type f \( -name '*.md' -o -name '*.json' -o -name '*.log' -o -name '*.txt' -o -name '*.err' \) \
+  ! -name session.log > /tmp/lsbench_results.list && tar czf /tmp/results.tgz -T /tmp/lsbench_results.list && \
+  find "$OUT" -mindepth 1 ! -name session.log -delete && cp /tmp/results.tgz "$OUT/results.tgz"
