@@ -159,8 +159,15 @@ def cmd_report(args) -> int:
     from .report import write_report
     from .tracking.store import open_store, resolve_tracking_uri
 
+    from .report.out_format import resolve_format
+
     if args.telemetry and args.compare:
         print("lsbench: error: --telemetry and --compare are two different reports; give one", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        args.format = resolve_format(args.format, args.out)
+    except ValueError as e:
+        print(f"lsbench: error: {e}", file=sys.stderr)
         return EXIT_USAGE
     try:
         margin = _margin_flag(args.margin)
@@ -299,7 +306,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("file", nargs="?", help="study YAML file: report that study, with its report settings "
                                             "(the equivalence margin)")
     sp.add_argument("--study", default=None, help="the study's name (default: every study in the store)")
-    sp.add_argument("--format", choices=("markdown", "csv", "html", "latex"), default="markdown")
+    sp.add_argument("--format", choices=("markdown", "csv", "html", "latex"), default=None,
+                    help="default: what --out's extension says (.md, .csv, .html, .tex), else markdown")
     sp.add_argument("--out", default=None,
                     help="file to write, or a folder to write it in, or - for standard output "
                          "(default: reports/<study>.<ext>)")
@@ -343,7 +351,15 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+#: library output the CLI turns off (a user's own setting wins): MLflow draws a "Downloading artifacts"
+#: progress bar for every artifact a report or a resumed trial reads, about two per trial (issue 29);
+#: lsbench prints its own progress. Set before MLflow is imported, and inherited by Ray's local workers.
+QUIET_ENV = {"MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false"}
+
+
 def main(argv: list[str] | None = None) -> int:
+    for key, value in QUIET_ENV.items():
+        os.environ.setdefault(key, value)
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["data"]:
         # `lsbench data ...` has its own parser (data/download.py), imported only when used.

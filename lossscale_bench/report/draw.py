@@ -55,6 +55,26 @@ class PlotError(Exception):
 # matplotlib plumbing (no pyplot)
 
 
+
+def _quiet_numerics(fn):
+    """Run a plotting function with numpy's and matplotlib's overflow warnings off.
+
+    Why: a diverged or refused run can log a scale near or past float range (1e300 seen in a store);
+    ``exp2`` of a mean log2 and matplotlib's autoscaling then overflow to inf, which only means the
+    line leaves the axes. The warnings were the only library lines left on the terminal after a run
+    (issue 29); the figure is the same with or without them."""
+    import functools
+    import warnings
+
+    @functools.wraps(fn)
+    def quiet(*args, **kwargs):
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            return fn(*args, **kwargs)
+
+    return quiet
+
+
 def _figure(width: float, height: float):
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -177,6 +197,7 @@ def _draw_curves(ax, curves: Mapping[str, Sequence[Series]], *, log2: bool, posi
     return drawn
 
 
+@_quiet_numerics
 def curves_png(
     panels: Mapping[str, Mapping[str, Sequence[Series]]],
     *,
@@ -223,6 +244,7 @@ def curves_png(
     return _png(fig)
 
 
+@_quiet_numerics
 def map_bars_png(
     summary: pd.DataFrame,
     *,
@@ -353,6 +375,7 @@ def heatmap_label(table: pd.DataFrame, col: str) -> str:
     return f"{base} ({words}{_pow2(float(vals[0]))}, {fmt[0]})"
 
 
+@_quiet_numerics
 def layer_heatmap_png(
     table: pd.DataFrame,
     values: Sequence[str] = ("underflow_rate",),

@@ -102,13 +102,13 @@ def _cell(col: str, mean: float, lo: float, hi: float) -> str:
 
 def render_telemetry_markdown(df: pd.DataFrame) -> str:
     """The rows as one markdown table (rates in % of non-zero elements; seeds' range in brackets)."""
-    from .renderers.markdown import md_cell
+    from .renderers.markdown import md_text
 
     cols = list(TELEMETRY_COLUMNS)
     head = ["row", "precision", "n", *cols]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in df.to_dict("records"):
-        cells = [md_cell(r["label"]), str(r["precision"]), str(r["n"])]
+        cells = [md_text(r["label"]), str(r["precision"]), str(r["n"])]
         cells += [_cell(c, r[c], r[f"{c} min"], r[f"{c} max"]) for c in cols]
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", "Rates: share of the non-zero gradient elements the row's gradient format flushes to zero or "

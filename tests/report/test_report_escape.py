@@ -22,7 +22,8 @@ from plot_store import _trial
 from lossscale_bench.report import write_report
 
 STUDY = "escapes"
-HOSTILE = 'a|b \\| c <script>alert("x")</script> 50% & $5_{x}^~#\n\nnew line\r\n, "quoted"'
+HOSTILE = ('a|b \\| c <script>alert("x")</script> 50% & $5_{x}^~#\n\nnew line\r\n, "quoted" '
+           "[x](javascript:alert(1)) ![i](i.png) *em* **b** `code` _u_ ~~del~~ &lt; &#42; fp8_e4m3")
 FLAT = re.sub(r"\s*[\r\n]+\s*", " ", HOSTILE)  # what a one-line table cell can show
 
 
@@ -56,18 +57,25 @@ class _Tables(HTMLParser):
         super().__init__(convert_charrefs=True)
         self.rows: list[list[str]] = []
         self.tags: list[str] = []
+        #: per row, per cell: the tags that opened inside the cell
+        self.cell_tags: list[list[list[str]]] = []
         self._cell: list[str] | None = None
+        self._tags: list[str] = []
 
     def handle_starttag(self, tag, attrs):
         self.tags.append(tag)
         if tag == "tr":
             self.rows.append([])
+            self.cell_tags.append([])
         elif tag in ("td", "th"):
-            self._cell = []
+            self._cell, self._tags = [], []
+        elif self._cell is not None:
+            self._tags.append(tag)
 
     def handle_endtag(self, tag):
         if tag in ("td", "th") and self._cell is not None:
             self.rows[-1].append("".join(self._cell).strip())
+            self.cell_tags[-1].append(self._tags)
             self._cell = None
 
     def handle_data(self, data):
@@ -93,6 +101,8 @@ def test_markdown_table_survives_a_hostile_label(uri, tmp_path):
     labels = [r[1] for r in rows]
     assert labels == ["FP32 baseline", FLAT], labels
     assert "script" not in tables.tags  # `<script>` is text, not raw HTML (which GitHub would drop)
+    # markdown in a label stays text: no link, image, emphasis, code span or strikethrough (issue 29)
+    assert tables.cell_tags[2][1] == [], tables.cell_tags[2][1]
     assert rows[1][3].startswith("34.00")  # the row's own numbers stayed in their column
 
 

@@ -28,8 +28,7 @@ __all__ = ["FORMATS", "render", "render_compare", "render_markdown", "render_csv
            "from_csv", "latex_escape"]
 
 
-#: format name -> file extension
-FORMATS: dict[str, str] = {"markdown": "md", "csv": "csv", "html": "html", "latex": "tex"}
+from ..out_format import FORMATS  # format name -> file extension
 
 
 def render(

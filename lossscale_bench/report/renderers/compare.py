@@ -23,7 +23,7 @@ from ..tables import (EMULATED_MARK, TableStudy, _emulation_notes, _heading, _ma
 from .csv import PERCENT_COLUMNS, to_csv
 from .html import _HTML_STYLE, _md_inline_to_html
 from .latex import _md_inline_to_latex, latex_escape
-from .markdown import _BREAKS, _md_table
+from .markdown import _md_table, md_text
 
 __all__ = ["render_compare"]
 
@@ -117,9 +117,12 @@ def _by_study(summary: pd.DataFrame, pairs: pd.DataFrame, ranking: pd.DataFrame)
 def _as_markdown(summary, pairs, ranking, metric, margin) -> str:
     out: list[str] = []
     for study, sg, sp, sr in _by_study(summary, pairs, ranking):
-        out += [f"## {study}: pairwise comparisons and ranking", ""]
+        out += [f"## {md_text(study)}: pairwise comparisons and ranking", ""]
         for tstudy, model, bs, pair_rows, rank_rows in _compare_tables(sp, sr):
-            out += [f"### {_BREAKS.sub(' ', _heading(tstudy, model, bs))}", ""]
+            out += [f"### {md_text(_heading(tstudy, model, bs))}", ""]
+            # labels (A, B; the ranked row's) are data: escaped as literal text
+            pair_rows = [[md_text(a), md_text(b), *rest] for a, b, *rest in pair_rows]
+            rank_rows = [[r[0], md_text(r[1]), *r[2:]] for r in rank_rows]
             if pair_rows:
                 out += _md_table(_pair_headers(metric), pair_rows) + [""]
             out += _md_table(_rank_headers(metric), rank_rows) + [""]

@@ -7,27 +7,46 @@ import re
 from ..summary import model_name
 from ..tables import EMULATED_MARK, HEADERS, VS_HEADER, _bold_split, _heading, _study_notes, _tables, _value_header
 
-__all__ = ["render_markdown", "md_cell"]
+__all__ = ["render_markdown", "md_cell", "md_text", "Markdown"]
 
 
 _BREAKS = re.compile(r"\s*[\r\n]+\s*")
-#: a backslash, a pipe, and a ``<`` that could open raw HTML or an autolink (``p<0.001`` cannot)
-_MD_SPECIAL = re.compile(r"([\\|]|<(?=[A-Za-z/!?]))")
+#: what would break a table cell: a backslash (it could escape the next character), a pipe, and a ``<``
+#: that could open raw HTML or an autolink (``p<0.001`` cannot)
+_MD_STRUCTURE = re.compile(r"([\\|]|<(?=[A-Za-z/!?]))")
+#: and what else can change what a label means in GitHub-flavoured markdown: code spans, emphasis,
+#: strikethrough, links and images (a ``]`` that a ``(`` or ``[`` follows: ``[a](b)``, ``[a][b]``; a lone
+#: ``[x]`` stays as written, as no reference definition can sit in a table), an ``_`` that could open
+#: or close emphasis (not one inside a word such as ``fp8_e4m3``, which GFM leaves alone) and an ``&``
+#: that starts an entity (``&lt;``)
+_MD_SPECIAL = re.compile(r"[\\|`*~]|\](?=[(\[])|<(?=[A-Za-z/!?])|(?<![A-Za-z0-9])_|_(?![A-Za-z0-9])|&(?=#?\w+;)")
+
+
+class Markdown(str):
+    """Text that is already markdown (a label escaped by :func:`md_text`, a bold value built here):
+    :func:`md_cell` leaves it as it is."""
+
+
+def md_text(text) -> Markdown:
+    """``text`` (a label, a study name: data from a study file or any run in a store) as literal text.
+
+    ``[x](javascript:...)`` would otherwise become a live link, ``*a*`` emphasis, a backtick a code
+    span. Line breaks become one space and every character of :data:`_MD_SPECIAL` gets a backslash
+    (CommonMark reads any backslash-escaped ASCII punctuation as the character itself), the
+    backslash first so an escape is never escaped away. (A bare ``http://`` address is still made a
+    link by GitHub's autolink extension; that link shows its own address, so it hides nothing.)
+    """
+    return Markdown(_MD_SPECIAL.sub(lambda m: "\\" + m.group(0), _BREAKS.sub(" ", str(text))))
 
 
 def md_cell(text) -> str:
-    """``text`` safe inside one GitHub-flavoured markdown table cell.
-
-    A line break ends the row and a ``|`` starts a new cell, so labels (the
-    study's, or any string in a store's tags) could shift or split the
-    table: line breaks become one space, ``|`` becomes ``\\|``. A backslash is
-    doubled first (else ``a\\|b`` would escape the escape and split the cell
-    after all), and a ``<`` that could start a tag is escaped so a label is
-    never read as raw HTML.
-    Other markdown (``*``, ``_``) can only restyle the text, so it is left
-    as written: the table stays readable in a terminal.
-    """
-    return _MD_SPECIAL.sub(lambda m: "\\" + m.group(0), _BREAKS.sub(" ", str(text)))
+    """``text`` safe inside one table cell: the package's own wording (verdicts, ``~17 seeds``,
+    ``[95% CI]``) keeps its markdown; only what would split the row or open HTML is escaped (a line
+    break becomes one space, ``|`` becomes ``\\|``, a backslash is doubled first). Labels go through
+    :func:`md_text` first (a :class:`Markdown` value passes through unchanged)."""
+    if isinstance(text, Markdown):
+        return text
+    return _MD_STRUCTURE.sub(lambda m: "\\" + m.group(0), _BREAKS.sub(" ", str(text)))
 
 
 def _md_table(header: list[str], body: list[list[str]]) -> list[str]:
@@ -44,16 +63,16 @@ def _md_table(header: list[str], body: list[list[str]]) -> list[str]:
 def render_markdown(summary, runs, metric) -> str:
     out: list[str] = []
     for study, sg in summary.groupby("study", dropna=False, sort=False):
-        out += [f"## {study}", ""]
+        out += [f"## {md_text(study)}", ""]
         for tstudy, model, bs, rows, has_vs in _tables(sg, metric):
             body = []
             for label, cell, best, emu, vs in rows:
                 if best:
                     v, rest = _bold_split(cell)
-                    cell = f"**{v}**{rest}"
-                body.append([model_name(model), label + (f" {EMULATED_MARK}" if emu else ""), str(bs), cell]
+                    cell = Markdown(f"**{md_cell(v)}**{md_cell(rest)}")  # the value: numbers, no label
+                body.append([model_name(model), md_text(label + (f" {EMULATED_MARK}" if emu else "")), str(bs), cell]
                             + ([vs] if has_vs else []))
-            out += [f"### {_BREAKS.sub(' ', _heading(tstudy, model, bs))}", ""]
+            out += [f"### {md_text(_heading(tstudy, model, bs))}", ""]
             out += _md_table([*HEADERS, _value_header(metric)] + ([VS_HEADER] if has_vs else []), body)
             out.append("")
         srun = runs[runs["study"] == study] if runs is not None else None
