@@ -96,6 +96,8 @@ def test_truncated_checkpoint_fails_clearly(tmp_path):
     out = run_trial(_cfg(), sink=MemorySink(), trial_dir=tmp_path)
     assert out.status == "failed"
     assert "checkpoint" in out.error and "cannot be read" in out.error and "delete it" in out.error
+    # the terminal's progress line shows the first 200 characters: the advice must be among them
+    assert "delete it" in out.error[:200] and str(tmp_path / "checkpoint.pt") in out.error
 
 
 def test_full_disk_while_checkpointing_fails_the_trial_with_the_os_error(tmp_path):
