@@ -7,13 +7,14 @@ Layers. Each module imports only from its own layer or the layers below it
 (``tests/test_layers.py`` reads the import graph and checks this, and that
 there is no circle). Where new code goes:
 
-0. ``schema``: ``registry`` (allowed names), ``exit_codes`` (the CLI's exit codes), ``formats`` (number formats),
+0. ``schema``: ``registry`` (allowed names), ``exit_codes`` (the CLI's exit codes), ``float_ranges`` (the
+   number formats' ranges, torch-free, so validation can bound scale options; ``formats`` builds on them),
    ``sink`` (the interface a trial reports through, and ``MemorySink``; here
    because ``trial`` and ``engine`` report through it; the sinks that write
    somewhere live with what they write to: ``tracking.mlflow_sink``,
    ``orchestration.tune_sink``), ``study`` (the study-file schema, loading,
    grid and trial ids; no torch).
-1. ``components``: ``data``, ``models``, ``precision`` (a new precision),
+1. ``components``: ``formats`` (number formats), ``data``, ``models``, ``precision`` (a new precision),
    ``scaling`` (a new loss scaler), ``backends`` (a new device),
    ``telemetry``, ``evaluation``. They know the schema's names, not each other's
    internals, and nothing about the loop.
@@ -39,7 +40,7 @@ __version__ = "0.1.0"
 
 #: (layer name, top-level modules/packages in it); ``name*`` matches a prefix
 LAYERS = (
-    ("schema", ("exit_codes", "portable", "registry", "sink", "study")),
+    ("schema", ("exit_codes", "float_ranges", "portable", "registry", "sink", "study")),
     ("components", ("formats", "numerics", "data", "models", "precision", "scaling", "backends", "telemetry",
                     "evaluation")),
     ("engine", ("engine",)),

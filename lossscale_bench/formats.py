@@ -19,6 +19,8 @@ from typing import Callable
 
 import torch
 
+from .float_ranges import RANGES
+
 
 @dataclass(frozen=True)
 class FloatFormat:
@@ -83,8 +85,8 @@ class FloatFormat:
                 "saturate_above": self.max}
 
 
-FP16 = FloatFormat("fp16", torch.float16, max=65504.0, min_normal=2.0 ** -14, min_subnormal=2.0 ** -24,
-                   reference_u_min=6.0e-8)
+#: the ranges come from :mod:`lossscale_bench.float_ranges` (torch-free: validation bounds options by them)
+FP16 = FloatFormat("fp16", torch.float16, **RANGES["fp16"].fields(), reference_u_min=6.0e-8)
 def _round_e4m3(t: torch.Tensor) -> torch.Tensor:
     from .numerics.fp8 import round_e4m3
 
@@ -99,16 +101,15 @@ def _round_e4m3_nan(t: torch.Tensor) -> torch.Tensor:
 
 #: FP8 recipes' forward format (and every tensor's in TE's Format.E4M3): 4 exponent bits, 3 mantissa
 #: bits, no inf. torch's cast saturates (+-448, even for inf): an overflow leaves no trace
-E4M3 = FloatFormat("e4m3", torch.float8_e4m3fn, max=448.0, min_normal=2.0 ** -6, min_subnormal=2.0 ** -9,
-                   saturates=True, rounder=_round_e4m3, overflow="saturate")
+E4M3 = FloatFormat("e4m3", torch.float8_e4m3fn, **RANGES["e4m3"].fields(), saturates=True, rounder=_round_e4m3,
+                   overflow="saturate")
 #: E4M3 whose overflow is NaN (OCP's non-saturating conversion): what an overflow-driven scaler needs to see
 E4M3_NAN = replace(E4M3, name="e4m3-nan", saturates=False, rounder=_round_e4m3_nan, overflow="nan")
 #: gradients of FP8 recipes: 5 exponent bits (fp16's range), 2 mantissa bits
-E5M2 = FloatFormat("e5m2", torch.float8_e5m2, max=57344.0, min_normal=2.0 ** -14, min_subnormal=2.0 ** -16)
+E5M2 = FloatFormat("e5m2", torch.float8_e5m2, **RANGES["e5m2"].fields())
 
 #: bf16 autocast: fp32's exponent range, so loss scaling has nothing to rescue
-BF16 = FloatFormat("bf16", torch.bfloat16, max=float(torch.finfo(torch.bfloat16).max),
-                   min_normal=float(torch.finfo(torch.bfloat16).tiny), min_subnormal=2.0 ** -133)
+BF16 = FloatFormat("bf16", torch.bfloat16, **RANGES["bf16"].fields())
 
 FORMATS: dict[str, FloatFormat] = {f.name: f for f in (FP16, BF16, E4M3, E4M3_NAN, E5M2)}
 

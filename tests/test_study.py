@@ -131,7 +131,8 @@ MALFORMED = [
     ("unknown-backend", BASE + "resources: {backend: tpu}\n",
      f"resources.backend: unknown backend 'tpu' (did you mean 'hpu'?); allowed: {', '.join(BACKEND_NAMES)}"),
     ("negative-scale", BASE.replace("scale: 128", "scale: -1"),
-     "scaling[1].scale: -1 is out of range; allowed: numbers > 0"),
+     "scaling[1].scale: -1 is out of range; allowed: numbers 1.1754943508222875e-38 <= x <= 3.4028234663852886e+38 "
+     "(fp32's normal range, where loss scales are kept)"),
     ("threshold-range", BASE.replace("  - none", "  - {method: adaptive, n_uf_threshold: 1.5}"),
      "scaling[0].n_uf_threshold: 1.5 is out of range; allowed: numbers 0 < x < 1"),
     ("bad-bool", BASE.replace("scale: 128", "scale: 128, skip_nonfinite: maybe"),

@@ -132,7 +132,10 @@ class DivergenceHook(Hook):
     that are non-finite (the last update applied a non-finite gradient while its
     own loss was finite) mean the model left training broken. Patience exists to
     let a streak recover; at the end nothing is left to recover in, and evaluating
-    such weights gives mAP 0.00, a wrong number averaged with the other seeds.
+    such weights gives mAP 0.00, a wrong number averaged with the other seeds. A run
+    that skipped every one of its steps (fewer than ``max_consecutive_skips``) diverged
+    too: it trained nothing, and its row would otherwise be the initial weights'
+    mAP under the label of a method that never ran.
     """
 
     def __init__(self, sink: Sink, patience: int = 10, max_consecutive_skips: int = 200, policy: str = "stop",
@@ -180,6 +183,7 @@ class DivergenceHook(Hook):
     def after_train(self, trainer) -> None:
         # steps left when another hook stopped training mid-window: recorded, nothing raised
         self._judge_pending(raise_stop=False)
+        self._judge_all_skipped(trainer, raise_stop=False)
 
     def _judge_pending(self, raise_stop: bool) -> None:
         pending, self._pending = self._pending, []
@@ -250,6 +254,19 @@ class DivergenceHook(Hook):
             if self._last_applied_nonfinite is not None:
                 reason = (f"non-finite gradient applied at step {cause} (overflow, not skipped); " + reason)
             self._declare(cause, reason, raise_stop=True)
+        else:
+            self._judge_all_skipped(trainer, raise_stop=True)
+
+    def _judge_all_skipped(self, trainer, raise_stop: bool) -> None:
+        """A run that skipped every step it took (the trainer's counts: a resumed run's earlier steps
+        too) trained nothing: its weights are the initial ones, whatever the label says (a scale past
+        what the precision can carry overflows on every step). Shorter than ``max_consecutive_skips``
+        it would otherwise end ``finished``; it diverged, from step 1, with the scale it kept."""
+        st = trainer.state
+        if self.diverged is not None or st.step == 0 or st.skipped_steps < st.step:
+            return
+        self._declare(1, f"every step skipped on overflow ({st.step} of {st.step}; no update was applied) at "
+                         f"loss scale {trainer.scaler.current_scale():g}", raise_stop)
 
 
 def _weights_finite(model: torch.nn.Module) -> bool:

@@ -17,6 +17,7 @@ from typing import Annotated, Any, Literal, Optional
 
 from pydantic import AfterValidator, BeforeValidator, ConfigDict, Field, StrictBool, ValidationError, ValidationInfo, WrapValidator
 
+from ..float_ranges import FP32
 from .as_written import AsWritten
 from .errors import _err, _fmt_num, _show, _suggest
 
@@ -70,9 +71,10 @@ def _range_text(kind: str, gt=None, ge=None, lt=None, le=None, nullable=False) -
 _OUT_OF_RANGE = {"greater_than", "greater_than_equal", "less_than", "less_than_equal"}
 
 
-def _number(kind: str, *, gt=None, ge=None, lt=None, le=None, nullable: bool = False):
-    """An ``int``/``float`` with pydantic's bounds (and no inf/nan); failures say the whole range."""
-    allowed = _range_text(kind, gt, ge, lt, le, nullable)
+def _number(kind: str, *, gt=None, ge=None, lt=None, le=None, nullable: bool = False, why: str | None = None):
+    """An ``int``/``float`` with pydantic's bounds (and no inf/nan); failures say the whole range
+    (and ``why`` it is that range, where the bounds come from somewhere the user should know)."""
+    allowed = _range_text(kind, gt, ge, lt, le, nullable) + (f" ({why})" if why else "")
     expected = "an integer" if kind == "int" else "a number"
     bounds = {"gt": gt, "ge": ge, "lt": lt, "le": le}
     base = Annotated[int, Field(**bounds)] if kind == "int" else \
@@ -164,6 +166,11 @@ Label = Annotated[Optional[Str], AfterValidator(_one_spaced), BeforeValidator(_n
 PosInt = _number("int", ge=1)
 NonNegInt = _number("int", ge=0)
 PosFloat = _number("float", gt=0)
+#: a loss scale, or a bound on one. The scalers keep scales as fp32 numbers, and the divergence rule
+#: calls a scale below fp32's smallest normal collapsed (``engine.hooks.SCALE_FLOOR``): a value outside
+#: fp32's normal range cannot be the scale the entry's label names (past fp32's largest value every
+#: step overflows, and the per-layer scalers cannot even build their fp32 scale tensors)
+Scale = _number("float", ge=FP32.min_normal, le=FP32.max, why="fp32's normal range, where loss scales are kept")
 
 
 def ListOf(item, *, nonempty: bool = True):  # noqa: N802 - a type constructor

@@ -64,3 +64,11 @@ EMULATED_PRECISIONS = tuple(n for n, s in PRECISION_SPECS.items() if s.emulated)
 FP8_GRAD_PRECISIONS = tuple(n for n, s in PRECISION_SPECS.items() if s.emulated and s.grad_format in ("e4m3", "e5m2"))
 #: precisions whose gradients underflow, so a loss scale is meaningful
 SCALED_PRECISIONS = tuple(n for n, s in PRECISION_SPECS.items() if s.needs_scaler)
+#: the format the per-layer scalers keep gradients in where a precision has none (fp32): their own
+#: default, fp16 (``build_scaler`` passes no format then)
+SCALER_DEFAULT_GRAD_FORMAT = "fp16"
+
+
+def scaler_grad_format(precision: str) -> str:
+    """The name of the gradient format a scaler in ``precision`` works to (its range bounds options)."""
+    return PRECISION_SPECS[precision].grad_format or SCALER_DEFAULT_GRAD_FORMAT

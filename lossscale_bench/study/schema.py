@@ -345,9 +345,11 @@ def _unique_labels(study: "Study", fail) -> None:
 
 
 def _check_method_options(study: "Study", fail) -> None:
-    """Each method refuses the option combinations that cannot mean what they say (its entry's ``check``)."""
+    """Each method refuses the option combinations that cannot mean what they say in the entry's
+    precision (its entry's ``check``)."""
     for k, e in enumerate(study.scaling):
-        e.check(lambda suffix, problem, allowed=None, k=k: fail(f"scaling[{k}]{suffix}", problem, allowed))
+        prec = e.precision if e.precision is not None else study.precision
+        e.check(lambda suffix, problem, allowed=None, k=k: fail(f"scaling[{k}]{suffix}", problem, allowed), prec)
 
 
 def _check_grad_rounding(study: "Study", fail) -> None:

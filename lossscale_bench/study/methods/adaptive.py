@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from ..fields import Bool, PosFloat, PosInt, _choice, _number
+from ..fields import Bool, PosInt, Scale, _choice, _number
 from .base import Fail, MethodEntry, num, option_parts
 
 #: the authors' defaults (ADAPTIVE.md); options added after studies ran are left out of the trial
@@ -21,10 +21,10 @@ class AdaptiveScaling(MethodEntry):
     method: Literal["adaptive"]
     update_every: PosInt = DEFAULTS["update_every"]  # type: ignore[valid-type]
     n_uf_threshold: _number("float", gt=0, lt=1) = DEFAULTS["n_uf_threshold"]  # type: ignore[valid-type]
-    scale_upper_bound: PosFloat = DEFAULTS["scale_upper_bound"]  # type: ignore[valid-type]
-    accum_upper_bound: PosFloat = DEFAULTS["accum_upper_bound"]  # type: ignore[valid-type]
+    scale_upper_bound: Scale = DEFAULTS["scale_upper_bound"]  # type: ignore[valid-type]
+    accum_upper_bound: Scale = DEFAULTS["accum_upper_bound"]  # type: ignore[valid-type]
     power_of_two: Bool = DEFAULTS["power_of_two"]
-    init_scale: PosFloat = DEFAULTS["init_scale"]  # type: ignore[valid-type]
+    init_scale: Scale = DEFAULTS["init_scale"]  # type: ignore[valid-type]
     #: the authors' later head-output and L2Norm-input scaling points (scaling/adaptive.py); the
     #: published table predates them, so off by default
     output_scaling: Bool = DEFAULTS["output_scaling"]
@@ -46,7 +46,7 @@ class AdaptiveScaling(MethodEntry):
     def scaler_kwargs(cls, scaling: dict) -> dict:
         return {k: scaling[k] for k in cls.option_names() if k in scaling}
 
-    def check(self, fail: Fail) -> None:
+    def check(self, fail: Fail, precision: str) -> None:
         if self.init_scale > self.accum_upper_bound:
             fail(".init_scale", f"{num(self.init_scale)} is above accum_upper_bound ({num(self.accum_upper_bound)}): "
                  "the rule divides the excess out of every layer's scale", f"numbers <= {num(self.accum_upper_bound)}")

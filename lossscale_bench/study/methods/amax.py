@@ -3,14 +3,30 @@ layer's largest gradient at the format's maximum, from this step (current) or a 
 
 from __future__ import annotations
 
+import math
 from typing import Literal, Optional
 
+from ...float_ranges import FP32, RANGES
 from ...registry import AMAX_RECIPES
-from ..fields import Bool, NonNegInt, PosFloat, PosInt, _choice
+from ..fields import Bool, NonNegInt, PosInt, Scale, _choice
+from ..precisions import scaler_grad_format
 from .base import Fail, MethodEntry, differs, num
 
 #: Transformer Engine's DelayedScaling defaults
 DEFAULTS = {"recipe": "delayed", "history": 1024, "margin": 0, "power_of_two": True, "init_scale": 1.0}
+
+
+def max_margin(grad_format: str) -> int:
+    """The largest ``margin`` that means what it says with ``grad_format`` gradients.
+
+    The scale puts a layer's largest gradient at ``fmax / 2**margin``: below the format's smallest
+    subnormal that target is nothing the format holds (every gradient flushes), and the rule
+    computes ``(fmax / amax) / 2**margin`` in fp32, where ``2**margin`` past fp32's largest value
+    makes every scale 0 (the scaler then keeps the scale it had: 1, "no loss scale" under an amax
+    label). fp16: 39, E5M2: 31, E4M3: 17, bf16: 127.
+    """
+    fmt = RANGES[grad_format]
+    return math.floor(min(fmt.log2_span(), math.log2(FP32.max)))
 
 
 class AmaxScaling(MethodEntry):
@@ -20,7 +36,7 @@ class AmaxScaling(MethodEntry):
     history: Optional[PosInt] = None  # type: ignore[valid-type]
     margin: NonNegInt = DEFAULTS["margin"]  # type: ignore[valid-type]
     power_of_two: Bool = DEFAULTS["power_of_two"]
-    init_scale: PosFloat = DEFAULTS["init_scale"]  # type: ignore[valid-type]
+    init_scale: Scale = DEFAULTS["init_scale"]  # type: ignore[valid-type]
     scaler = "lossscale_bench.scaling.amax:AmaxLossScaler"
     per_layer = True
 
@@ -31,9 +47,19 @@ class AmaxScaling(MethodEntry):
             out["history"] = self.history if self.history is not None else DEFAULTS["history"]
         return out
 
-    def check(self, fail: Fail) -> None:
+    def check(self, fail: Fail, precision: str) -> None:
         if self.history is not None and self.recipe != "delayed":
             fail(".history", f"only meaningful with recipe: delayed (this entry has recipe: {self.recipe})")
+        fmt = scaler_grad_format(precision)
+        top = max_margin(fmt)
+        if self.margin > top:
+            if self.margin > math.log2(FP32.max):
+                why = f"2**{self.margin} is past fp32's largest value, so every scale would be 0 and stay at init_scale"
+            else:
+                why = (f"the largest gradient would be put at {num(RANGES[fmt].max)} / 2**{self.margin}, below "
+                       f"{fmt}'s smallest subnormal ({num(RANGES[fmt].min_subnormal)}): every gradient would flush")
+            fail(".margin", f"{self.margin} is out of range for {precision} ({fmt} gradients): {why}",
+                 f"integers 0 <= x <= {top}")
 
     @classmethod
     def id_tag(cls, scaling: dict) -> str:

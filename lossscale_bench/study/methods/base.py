@@ -152,5 +152,7 @@ class MethodEntry(BaseModel):
         return {k: scaling[k] for k in cls.option_names() if scaling.get(k) is not None}
 
     # -- validation ----------------------------------------------------------------------
-    def check(self, fail: Fail) -> None:
-        """Refuse option combinations that cannot mean what they say (``fail(".opt", problem)``)."""
+    def check(self, fail: Fail, precision: str) -> None:
+        """Refuse option combinations that cannot mean what they say (``fail(".opt", problem)``) in
+        ``precision`` (the entry's own or the study's), whose formats bound some of them. A bound that
+        holds whatever the precision belongs on the option's type (``fields.Scale``)."""

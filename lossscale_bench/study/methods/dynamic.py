@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Literal, Optional
 
 from ...registry import DYNAMIC_STYLES
-from ..fields import Bool, PosFloat, PosInt, _choice
+from ..fields import Bool, PosInt, Scale, _choice
 from .base import Fail, MethodEntry, differs, num
 
 #: the options per style where the entry leaves them out
@@ -29,10 +29,10 @@ class DynamicScaling(MethodEntry):
     method: Literal["dynamic"]
     style: _choice("dynamic style", DYNAMIC_STYLES) = "chainer"  # type: ignore[valid-type]
     interval: Optional[PosInt] = None  # type: ignore[valid-type]
-    init_scale: Optional[PosFloat] = None  # type: ignore[valid-type]
+    init_scale: Optional[Scale] = None  # type: ignore[valid-type]
     #: style deepspeed only (DeepSpeed's hysteresis, min_loss_scale, consecutive_hysteresis)
     hysteresis: Optional[PosInt] = None  # type: ignore[valid-type]
-    min_scale: Optional[PosFloat] = None  # type: ignore[valid-type]
+    min_scale: Optional[Scale] = None  # type: ignore[valid-type]
     consecutive_hysteresis: Optional[Bool] = None
     scaler = "lossscale_bench.scaling.dynamic:DynamicLossScaler"
 
@@ -47,7 +47,7 @@ class DynamicScaling(MethodEntry):
                 out[k] = v if v is not None else d[k]
         return out
 
-    def check(self, fail: Fail) -> None:
+    def check(self, fail: Fail, precision: str) -> None:
         for opt, style in STYLE_ONLY.items():
             if getattr(self, opt) is not None and self.style != style:
                 fail(f".{opt}", f"only meaningful with style: {style} (this entry has style: {self.style})")

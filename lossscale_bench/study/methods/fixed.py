@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from typing import Literal
 
-from ..fields import Bool, PosFloat
+from ..fields import Bool, Scale
 from .base import MethodEntry, num
 
 
 class FixedScaling(MethodEntry):
     method: Literal["fixed"]
-    scale: PosFloat = 1.0  # type: ignore[valid-type]
+    scale: Scale = 1.0  # type: ignore[valid-type]
     #: skip a step whose gradients are not finite (Chainer's and AMP's behaviour)
     skip_nonfinite: Bool = True
     scaler = "lossscale_bench.scaling.fixed:FixedLossScaler"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Literal, Optional
 
-from ..fields import PosFloat, PosInt
+from ..fields import PosInt, Scale
 from .base import Fail, MethodEntry, interval_label, num
 
 #: fairscale's growth_interval; GradScaler's start
@@ -14,14 +14,14 @@ DEFAULTS = {"init_scale": 65536.0, "interval": 10000}
 
 class LayerwiseDynamicScaling(MethodEntry):
     method: Literal["layerwise_dynamic"]
-    init_scale: PosFloat = DEFAULTS["init_scale"]  # type: ignore[valid-type]
+    init_scale: Scale = DEFAULTS["init_scale"]  # type: ignore[valid-type]
     interval: PosInt = DEFAULTS["interval"]  # type: ignore[valid-type]
-    min_scale: Optional[PosFloat] = None  # type: ignore[valid-type]
-    max_scale: Optional[PosFloat] = None  # type: ignore[valid-type]
+    min_scale: Optional[Scale] = None  # type: ignore[valid-type]
+    max_scale: Optional[Scale] = None  # type: ignore[valid-type]
     scaler = "lossscale_bench.scaling.layerwise_dynamic:LayerwiseDynamicLossScaler"
     per_layer = True
 
-    def check(self, fail: Fail) -> None:
+    def check(self, fail: Fail, precision: str) -> None:
         lo, hi, init = self.min_scale, self.max_scale, self.init_scale
         if lo is not None and hi is not None and lo > hi:
             fail(".min_scale", f"{num(lo)} is above max_scale ({num(hi)})", f"numbers <= {num(hi)}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from ..fields import PosFloat, PosInt, _number
+from ..fields import PosInt, Scale, _number
 from .base import MethodEntry, interval_label, num
 
 #: FP8-LM's rule: back off past 0.001 % saturated elements, grow x2 after 1000 clean steps
@@ -14,7 +14,7 @@ DEFAULTS = {"init_scale": 1.0, "interval": 1000, "threshold": 1e-5}
 
 class SaturationScaling(MethodEntry):
     method: Literal["saturation"]
-    init_scale: PosFloat = DEFAULTS["init_scale"]  # type: ignore[valid-type]
+    init_scale: Scale = DEFAULTS["init_scale"]  # type: ignore[valid-type]
     interval: PosInt = DEFAULTS["interval"]  # type: ignore[valid-type]
     #: share of parameter-gradient elements at or past the format's max that triggers a back-off
     threshold: _number("float", ge=0, lt=1) = DEFAULTS["threshold"]  # type: ignore[valid-type]
