@@ -117,6 +117,10 @@ def _choice(kind: str, names):
         try:
             return handler(v)
         except ValidationError:
+            if not isinstance(v, str) and str(v).lower() in {str(n).lower() for n in names}:
+                # `.nan`, `yes`, `1e3`: YAML read a number or a boolean where a name was meant
+                raise _err(f"YAML reads this value as the {type(v).__name__} {_show(v)}, not as a name; "
+                           f"write it in quotes ({kind}: \"{str(v).lower()}\")", ", ".join(names)) from None
             raise _err(f"unknown {kind} {_show(v)}{_suggest(v, names)}", ", ".join(names)) from None
 
     return Annotated[Literal[names], WrapValidator(check)]  # type: ignore[valid-type]

@@ -295,6 +295,9 @@ def _check_name(v: Any):
         raise _err(f"expected a string, got {_show(v)}")
     if not _NAME_RE.fullmatch(v) or set(v) == {"."}:
         raise _err(f"{_show(v)} is not safe for file names", "letters, digits, '_', '.', '-'")
+    if v.startswith("-"):  # `lsbench report --study -x` would read it as an option
+        raise _err(f"{_show(v)} starts with '-', which command lines read as an option",
+                   "letters, digits, '_', '.', '-', not '-' first")
     if len(v) > MAX_NAME_CHARS:
         raise _err(f"{len(v)} characters is too long for a study name (it names folders and files)",
                    f"at most {MAX_NAME_CHARS} characters")
