@@ -77,16 +77,18 @@ def _not_a_view(out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 
 
 class _RoundThrough(torch.autograd.Function):
-    """Identity up to rounding: the value to ``fwd`` in forward, its gradient to ``bwd`` in backward."""
+    """Identity up to rounding: the value to ``fwd`` in forward, its gradient to ``bwd`` in backward
+    (either None: that direction stays fp32, as a precision entry with ``forward_format`` or
+    ``grad_format`` None asks)."""
 
     @staticmethod
-    def forward(ctx, x, fwd: FloatFormat, bwd: FloatFormat):  # type: ignore[override]
+    def forward(ctx, x, fwd: FloatFormat | None, bwd: FloatFormat | None):  # type: ignore[override]
         ctx.bwd = bwd
-        return _not_a_view(fwd.round(x), x)
+        return _not_a_view(x if fwd is None else fwd.round(x), x)
 
     @staticmethod
     def backward(ctx, g):  # type: ignore[override]
-        return ctx.bwd.round(g), None, None
+        return (g if ctx.bwd is None else ctx.bwd.round(g)), None, None
 
 
 def round_through(x: torch.Tensor, fwd: FloatFormat = FP16, bwd: FloatFormat = FP16) -> torch.Tensor:
@@ -128,12 +130,15 @@ class EmulationHandle:
 GRAD_ROUNDINGS = ("before_unscale", "after_unscale")
 
 
-def install_emulation(model: nn.Module, forward_format: FloatFormat, grad_format: FloatFormat,
+def install_emulation(model: nn.Module, forward_format: FloatFormat | None, grad_format: FloatFormat | None,
                       round_param_grads: bool = True) -> EmulationHandle:
     """Round layer outputs to ``forward_format``, their incoming gradients and (unless
     ``round_param_grads`` is false: ``grad_rounding: after_unscale``) the accumulated parameter
-    gradients to ``grad_format``."""
+    gradients to ``grad_format``. A format that is None leaves its direction in fp32 (the precision
+    table allows either: an fp32 forward with rounded gradients, say)."""
     handles = []
+    if grad_format is None:
+        round_param_grads = False
 
     def out_hook(module, inputs, output):
         if isinstance(output, torch.Tensor) and output.is_floating_point():

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from torch import nn
@@ -162,3 +164,31 @@ def test_emulation_allows_in_place_ops_after_rounded_layers(layout):
             if handle is not None:
                 handle.remove()
         assert all(torch.equal(a, b) for a, b in zip(*grads)), name
+
+
+def test_an_emulated_precision_may_leave_either_direction_in_fp32():
+    """Issue 30: a precision entry with ``forward_format`` None ("fp32") validated and then failed every
+    trial in the round-through; either format may be None, and that direction is then exactly fp32."""
+    from lossscale_bench.formats import E4M3
+    from lossscale_bench.precision import Precision
+
+    torch.manual_seed(0)
+    ref = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU(inplace=True), torch.nn.Conv2d(4, 2, 3))
+    x = torch.randn(2, 3, 8, 8) * 3
+
+    def run(fwd, bwd):
+        m = copy.deepcopy(ref)
+        handle = Precision("t", None, needs_scaler=True, emulated=True, forward_format=fwd,
+                           grad_format=bwd).prepare(m)
+        y = m(x)
+        y.square().sum().backward()
+        handle.remove()
+        return y.detach(), [q.grad for q in m.parameters()]
+
+    y32, g32 = run(None, None)
+    y_fwd_fp32, g_rounded = run(None, E4M3)
+    assert torch.equal(y_fwd_fp32, y32)                               # forward untouched
+    assert all(torch.equal(E4M3.round(g), g) for g in g_rounded)      # gradients in E4M3
+    assert not all(torch.equal(a, b) for a, b in zip(g_rounded, g32))
+    y_rounded, g_bwd_fp32 = run(E4M3, None)
+    assert not torch.equal(y_rounded, y32) and torch.equal(E4M3.round(y_rounded), y_rounded)
