@@ -13,7 +13,8 @@ there is no circle). Where new code goes:
    because ``trial`` and ``engine`` report through it; the sinks that write
    somewhere live with what they write to: ``tracking.mlflow_sink``,
    ``orchestration.tune_sink``), ``study`` (the study-file schema, loading,
-   grid and trial ids; no torch).
+   grid and trial ids; no torch), ``writable`` (can a folder be written:
+   the data cache and the reports folder, checked before a study trains).
 1. ``components``: ``formats`` (number formats), ``data``, ``models``, ``precision`` (a new precision),
    ``scaling`` (a new loss scaler), ``backends`` (a new device),
    ``telemetry``, ``evaluation``. They know the schema's names, not each other's
@@ -40,7 +41,7 @@ __version__ = "0.1.0"
 
 #: (layer name, top-level modules/packages in it); ``name*`` matches a prefix
 LAYERS = (
-    ("schema", ("exit_codes", "float_ranges", "portable", "registry", "sink", "study")),
+    ("schema", ("exit_codes", "float_ranges", "portable", "registry", "sink", "study", "writable")),
     ("components", ("formats", "numerics", "data", "models", "precision", "scaling", "backends", "telemetry",
                     "evaluation")),
     ("engine", ("engine",)),

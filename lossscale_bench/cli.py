@@ -112,6 +112,14 @@ def cmd_run(args) -> int:
     from .study.paths import check_paths
 
     check_paths(study)  # missing data or weights: one line now, not a failed trial each after Ray started
+    if not args.no_report:  # written after the last trial: found unwritable now, not after hours of training
+        from .writable import folder_problem
+
+        problem = folder_problem(args.reports_dir)
+        if problem:
+            print(f"lsbench: error: --reports-dir {args.reports_dir} {problem}; the report is written there "
+                  "after the trials: pass a folder that can be written, or --no-report", file=sys.stderr)
+            return EXIT_USAGE
     import signal
 
     from .orchestration import Interrupted, run_study

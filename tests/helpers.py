@@ -16,6 +16,8 @@ Values are written as YAML flow text: a ``str`` goes in verbatim (so ``"{every: 
 
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -83,11 +85,17 @@ def write_study(tmp_path: Path, name: str = "s.yaml", **overrides) -> Path:
 
 
 # --------------------------------------------------------------------------- the CLI in a fresh interpreter
+#: ``prefix`` for :func:`lsbench` that makes root obey file modes, as any user does (root without
+#: CAP_DAC_OVERRIDE); empty where the tests do not run as root or there is no setpriv
+AS_USER = (["setpriv", "--bounding-set=-dac_override,-dac_read_search"]
+           if os.geteuid() == 0 and shutil.which("setpriv") else [])
+#: whether a read-only folder stops this process's children from writing (root without setpriv: no)
+MODES_OBEYED = os.geteuid() != 0 or bool(AS_USER)
+
+
 def lsbench(*args, cwd=None, timeout=300, env=None, prefix=()) -> subprocess.CompletedProcess:
     """``lsbench ARGS`` (``python -m lossscale_bench.cli``) in a fresh interpreter, output captured as text.
     ``env`` adds to the environment; ``prefix`` goes before the interpreter (e.g. ``setpriv ...``)."""
-    import os
-
     cmd = [*prefix, sys.executable, "-m", "lossscale_bench.cli", *map(str, args)]
     return subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, timeout=timeout,
                           env=None if env is None else {**os.environ, **env})

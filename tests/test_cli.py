@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from helpers import lsbench
+from helpers import AS_USER, MODES_OBEYED, lsbench, write_study
 
 
 def _run(*args, cwd=None):
@@ -57,6 +57,26 @@ def test_missing_data_fails_before_any_trial(tmp_path):
     assert "nowhere" in r.stderr and "lsbench data coco" in r.stderr
     assert not (tmp_path / "runs" / "mlflow.db").exists()  # refused before the store was touched
     assert not (tmp_path / "runs" / "c" / "trials").exists()
+
+
+def test_unwritable_reports_dir_is_refused_before_any_trial(tmp_path):
+    """Before: found only when the report was written, after every trial had trained (issue 29)."""
+    f = write_study(tmp_path, schedule={"iterations": 4, "lr": 0.01, "warmup_iterations": 2})
+    (tmp_path / "taken").write_text("a file")
+    cases = [("taken", "--reports-dir taken is a file, not a folder", ()),
+             ("taken/sub", f"--reports-dir taken/sub cannot be created: {tmp_path / 'taken'} is a file, not a folder",
+              ())]
+    if MODES_OBEYED:
+        (tmp_path / "ro").mkdir(mode=0o555)
+        cases.append(("ro/reports", f"--reports-dir ro/reports cannot be created: {tmp_path / 'ro'} is read-only",
+                      AS_USER))
+    for reports, needle, prefix in cases:
+        r = lsbench("run", f, "--executor", "local", "--runs-dir", tmp_path / "runs", "--reports-dir", reports,
+                    cwd=tmp_path, timeout=180, prefix=prefix)
+        assert r.returncode == 2, (reports, r.stdout[-1500:], r.stderr[-2000:])
+        assert r.stderr.startswith(f"lsbench: error: {needle}") and len(r.stderr.strip().splitlines()) == 1, r.stderr
+        assert "pass a folder that can be written, or --no-report" in r.stderr
+        assert not (tmp_path / "runs").exists()  # nothing trained, no store made
 
 
 @pytest.mark.parametrize("port", ["70000", "-1", "0"])

@@ -13,7 +13,9 @@ overlaps, so every annotated object stays visible and separable.
 folder: it is written to a temporary directory and ``os.rename``'d into
 place, so concurrent trials either see a complete data set or none, and a
 process that loses the rename race uses the winner's copy (same bytes: the
-generator is deterministic by seed).
+generator is deterministic by seed). Where the cache is, and the version in
+the folder name (bump ``GENERATOR_VERSION`` there when the output changes),
+live in ``study.synthetic_cache``: ``lsbench validate`` checks the cache too.
 """
 
 from __future__ import annotations
@@ -27,10 +29,10 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw
 
-CLASSES = ("rectangle", "ellipse", "triangle")
+# GENERATOR_VERSION, default_root and dataset_dirname stay importable from here
+from ..study.synthetic_cache import GENERATOR_VERSION, cache_root, dataset_dirname, default_root  # noqa: F401
 
-#: bump when the generator's output changes, so stale caches are not reused
-GENERATOR_VERSION = 4
+CLASSES = ("rectangle", "ellipse", "triangle")
 
 _MIN_OBJECTS, _MAX_OBJECTS = 1, 3
 _MAX_IOU = 0.3          # between any two boxes
@@ -39,16 +41,6 @@ _MIN_COLOUR_DIST = 0.5   # RGB distance (0..1 scale) from the background and ove
 _MIN_SIZE, _MAX_SIZE = 20, 80  # geometric-mean side in px at 128 px (scaled with image_size)
 _BLOT_SIGMA = (0.02, 0.05)     # low-frequency background blotches
 _NOISE_SIGMA = (0.01, 0.04)    # per-pixel noise over the whole image
-
-
-def default_root() -> Path:
-    """``$LSBENCH_DATA`` if set, else ``~/.cache/lossscale_bench``."""
-    env = os.environ.get("LSBENCH_DATA")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "lossscale_bench"
-
-
-def dataset_dirname(*, train_images: int, val_images: int, image_size: int, seed: int) -> str:
-    return f"synthetic-v{GENERATOR_VERSION}-{image_size}px-{train_images}-{val_images}-s{seed}"
 
 
 def _paths(final: Path) -> dict:
@@ -74,7 +66,7 @@ def ensure_synthetic(root=None, *, train_images: int = 512, val_images: int = 12
         raise ValueError(f"image_size must be >= 32, got {image_size}")
     if train_images < 0 or val_images < 0:
         raise ValueError("train_images and val_images must be >= 0")
-    base = Path(root).expanduser() if root is not None else default_root()
+    base = cache_root(root)
     final = base / dataset_dirname(train_images=train_images, val_images=val_images,
                                    image_size=image_size, seed=seed)
     paths = _paths(final)

@@ -15,7 +15,9 @@ is there, :func:`.data_check.data_problems` looks inside: an empty or
 object-less evaluation split, or a bad annotation, is one line too.
 
 Paths that need not exist: a synthetic root (the set is generated there on
-first use) and a ``coco2017`` root with ``fake_data: true`` (never read). No
+first use: its cache, ``dataset.root`` or ``$LSBENCH_DATA``, must then be a
+folder that can be written, :mod:`.synthetic_cache`) and a ``coco2017`` root
+with ``fake_data: true`` (never read). No
 dataset of the schema downloads itself: missing data is fetched with
 ``lsbench data``, which the message names.
 """
@@ -26,6 +28,7 @@ import os
 
 from .data_check import data_problems
 from .errors import StudyError
+from .synthetic_cache import cache_problem
 from .voc_layout import exists as _exists
 from .voc_layout import required_paths
 
@@ -59,6 +62,10 @@ def path_problems(study) -> list[StudyError]:
     src = study.source
     out: list[StudyError] = []
     ds = study.dataset
+    if ds.name == "synthetic":
+        problem = cache_problem(ds)
+        if problem:
+            out.append(StudyError(src, "dataset.root" if ds.root is not None else "dataset", problem))
     needs_root = ds.name in ("voc", "voc0712") or (ds.name == "coco2017" and not ds.fake_data)
     if needs_root:
         if not os.path.isdir(ds.root):

@@ -27,14 +27,20 @@ import tempfile
 from pathlib import Path
 from urllib.parse import quote, unquote, urlparse
 
-__all__ = ["StoreError", "StoreMissing", "ALLOWED_SCHEMES", "ARTIFACT_SCHEME", "open_store", "store_error",
-           "sqlite_path", "resolve_tracking_uri", "check_scheme", "default_tracking_uri", "relative_artifact_location",
-           "store_relative_repository", "ensure_artifact_scheme"]
+__all__ = ["StoreError", "StoreMissing", "ALLOWED_SCHEMES", "USABLE_STORES", "ARTIFACT_SCHEME", "open_store",
+           "store_error", "sqlite_path", "resolve_tracking_uri", "check_scheme", "default_tracking_uri",
+           "relative_artifact_location", "store_relative_repository", "ensure_artifact_scheme"]
 
-#: tracking-URI schemes MLflow 3 has a store for ('' is a local folder: MLflow's file store);
-#: SQLAlchemy dialects may carry a driver (``postgresql+psycopg2``)
-ALLOWED_SCHEMES = ("sqlite", "file", "http", "https", "postgresql", "mysql", "mssql", "databricks",
-                   "databricks-uc", "uc")
+#: tracking-URI schemes lsbench opens (SQLAlchemy dialects may carry a driver: ``postgresql+psycopg2``).
+#: Refused before any work, though MLflow parses them: ``file:`` and plain paths (MLflow 3's
+#: file store raises "maintenance mode" on first use), SQLite without a file (in memory: nothing
+#: outlives the process, so a rerun trains everything again) and ``uc``/``databricks-uc``
+#: (model-registry URIs: MLflow has no tracking store for them). ``databricks`` is accepted but
+#: not advertised in :data:`USABLE_STORES`: lsbench has never been tried on it.
+ALLOWED_SCHEMES = ("sqlite", "http", "https", "postgresql", "mysql", "mssql", "databricks")
+#: what every refused URI's message ends with: the stores known to work
+USABLE_STORES = ("use sqlite:///path/mlflow.db (a SQLite file), http://host:port or https://host (an MLflow "
+                 "server), or a postgresql:, mysql: or mssql: database URL")
 #: artifact-URI scheme of locations relative to the store's folder (see the module docstring)
 ARTIFACT_SCHEME = "lsbench-store"
 SQLITE_MAGIC = b"SQLite format 3\x00"
@@ -75,9 +81,11 @@ def resolve_tracking_uri(uri: str | None, runs_dir: str | Path) -> str:
     uri = uri or os.environ.get("MLFLOW_TRACKING_URI")
     if not uri:
         return default_tracking_uri(runs_dir)
-    if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
-        # make relative SQLite paths absolute, for the same reason
-        return f"sqlite:///{Path(uri[len('sqlite:///'):]).expanduser().resolve()}"
+    rest = uri[len("sqlite:///"):] if uri.startswith("sqlite:///") else None
+    if rest and not rest.startswith("/") and rest.split("?", 1)[0] != ":memory:":
+        # make relative SQLite paths absolute, for the same reason (in-memory SQLite is no path:
+        # left as it is for check_scheme to refuse, not turned into a file named ':memory:')
+        return f"sqlite:///{Path(rest).expanduser().resolve()}"
     return uri
 
 
@@ -110,13 +118,11 @@ def sqlite_path(uri: str) -> Path | None:
     return Path(unquote(rest[1:])).expanduser()  # "//abs/path" -> "/abs/path", "/rel" -> "rel"
 
 
-def _file_store_path(uri: str) -> Path | None:
-    scheme = _scheme(uri)
-    if scheme == "file":
+def _file_store_path(uri: str) -> Path:
+    """The folder a ``file:`` URI or a plain path names (MLflow's file store, refused)."""
+    if _scheme(uri) == "file":
         return Path(unquote(urlparse(uri).path))
-    if scheme == "":
-        return Path(uri).expanduser()
-    return None
+    return Path(uri).expanduser()
 
 
 # -- opening ---------------------------------------------------------------------------------
@@ -138,14 +144,41 @@ def open_store(uri: str, *, create: bool, missing_ok: bool = False) -> str:
 
 
 def check_scheme(uri: str) -> str:
-    """Raise :class:`StoreError` for a tracking URI no MLflow store has; return its scheme. Touches nothing
-    (``lsbench run`` calls it before it creates the runs folder and its lock)."""
+    """Raise :class:`StoreError` for a tracking URI lsbench cannot keep results in; return its scheme.
+
+    Writes nothing (``lsbench run`` calls it before it creates the runs folder and its lock,
+    ``report`` and ``ui`` through :func:`open_store`): an unknown scheme, a folder store
+    (``file:``, a plain path, or a string that is no URI at all and would be taken for one),
+    SQLite without a file, a model-registry URI.
+    """
     scheme = _scheme(uri)
-    if scheme not in ALLOWED_SCHEMES and scheme != "":
-        raise StoreError(f"tracking URI {redact(uri)!r}: unknown scheme {scheme!r}; MLflow stores are "
-                         f"{', '.join(s + ':' for s in ALLOWED_SCHEMES)} or a local folder "
-                         "(e.g. sqlite:///runs/mlflow.db, http://127.0.0.1:5000)")
+    if scheme in ("", "file"):
+        raise StoreError(_folder_store(uri))
+    if scheme == "sqlite" and sqlite_path(uri) is None:
+        raise StoreError(f"tracking URI {redact(uri)!r} is SQLite without a file (in memory): nothing it records "
+                         f"would outlive this process, and a rerun would train everything again; {USABLE_STORES}")
+    if scheme in ("uc", "databricks-uc"):
+        raise StoreError(f"tracking URI {redact(uri)!r} is a model-registry URI (MLflow has no tracking store for "
+                         f"{scheme!r}); {USABLE_STORES}")
+    if scheme not in ALLOWED_SCHEMES:
+        raise StoreError(f"tracking URI {redact(uri)!r}: unknown scheme {scheme!r}; {USABLE_STORES}")
     return scheme
+
+
+def _folder_store(uri: str) -> str:
+    """Why a ``file:`` URI or a plain path is refused, and the URI to pass instead when it is plain."""
+    folder = _file_store_path(uri)
+    try:  # the hints are a courtesy: a path that cannot even be looked at gets the plain refusal
+        if folder.is_file() and _is_sqlite_file(folder):
+            return f"tracking URI {uri!r} is a SQLite file, not a folder: pass sqlite:///{folder.resolve()}"
+        if (folder / "mlflow.db").is_file():
+            return (f"tracking URI {uri!r} is a folder; its store is the mlflow.db in it: "
+                    f"pass sqlite:///{(folder / 'mlflow.db').resolve()}")
+    except (OSError, ValueError):  # EACCES, a name too long, an embedded NUL
+        pass
+    what = "names a folder" if _scheme(uri) == "file" else "has no scheme, so it names a folder"
+    return (f"tracking URI {uri!r} {what}: MLflow's file store, which MLflow 3 no longer opens "
+            f"(\"maintenance mode\"); {USABLE_STORES}")
 
 
 def _open_store(uri: str, create: bool) -> str:
@@ -157,12 +190,6 @@ def _open_store(uri: str, create: bool) -> str:
         _probe_http(uri)
     elif scheme in ("postgresql", "mysql", "mssql"):
         _check_driver(uri)
-    else:
-        folder = _file_store_path(uri)
-        if folder is not None and not create and not folder.exists():
-            raise StoreMissing(f"no MLflow store at {folder} (run a study first or pass --tracking-uri)")
-        if folder is not None and folder.is_file() and _is_sqlite_file(folder):
-            raise StoreError(f"tracking URI {uri!r} is a SQLite file, not a folder: pass sqlite:///{folder.resolve()}")
     return uri
 
 

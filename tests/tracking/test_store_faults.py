@@ -20,14 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from helpers import lsbench, study_yaml
+from helpers import AS_USER, lsbench, study_yaml
 
 def _study(name: str) -> str:
     return study_yaml(name=name, schedule={"iterations": 4, "lr": 0.01, "warmup_iterations": 2})
-
-# Root ignores file modes; without CAP_DAC_OVERRIDE it obeys them, as any user does.
-AS_USER = (["setpriv", "--bounding-set=-dac_override,-dac_read_search"]
-           if os.geteuid() == 0 and shutil.which("setpriv") else [])
 
 
 def _lsbench(*args, cwd, as_user=False, timeout=300, env=None):
