@@ -31,7 +31,8 @@ there is no circle). Where new code goes:
    multi-device trials), ``replica_sync`` (what the loop's ``grad_sync`` is).
    ``tracking/`` is the MLflow store: ``tracker`` (the only MLflow writer),
    ``store`` (opening a store, its faults, store-relative artifacts),
-   ``run_status`` (how a trial's end shows in the MLflow UI), ``mlflow_sink``.
+   ``run_status`` (how a trial's end shows in the MLflow UI), ``attempts`` (a
+   rerun's clean record), ``mlflow_sink``.
 5. ``reporting``: the ``report`` package (runs -> summary -> one renderer per
    format, plots; a new report format goes in ``report/renderers``).
 6. ``cli``: ``lsbench`` commands.

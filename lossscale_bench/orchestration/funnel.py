@@ -93,4 +93,6 @@ class MlflowFunnel(Callback):
     def on_trial_recover(self, iteration, trials, trial, **info):
         tid = self._tid(trial)
         self.progress.line(f"    retrying {self.labels[tid]} ({tid}) from its last checkpoint")
+        # the retry recomputes the steps the dead process logged after its checkpoint: not logged twice
+        self.tracker.begin_attempt(self.run_ids[tid])
         self.tracker.set_tags(self.run_ids[tid], {"lsbench.retries": getattr(trial, "num_failures", "?")})

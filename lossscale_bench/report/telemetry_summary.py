@@ -39,8 +39,21 @@ _LAYER_SCALE = ("ada_scale_log2_median", "amax_point_scale_log2_median", "lw_poi
 _RATES = {c for c, (m, _) in TELEMETRY_COLUMNS.items() if m.endswith(("_mean", "_max")) and "rate" in m}
 
 
+def _one_per_step(history: list) -> list:
+    """The history with one point per step, the last logged (by time) where a step has several.
+
+    Stores written before a rerun's repeated steps were kept out (``tracking.attempts``) hold
+    the steps a failed attempt logged after its checkpoint twice; averaged as they are, those
+    steps would count double.
+    """
+    last: dict = {}
+    for m in sorted(history, key=lambda m: (m.step, m.timestamp)):
+        last[m.step] = m
+    return list(last.values())
+
+
 def _reduce(history: list, how: str) -> float:
-    vals = [m.value for m in sorted(history, key=lambda m: m.step) if m.value == m.value]
+    vals = [m.value for m in _one_per_step(history) if m.value == m.value]
     if not vals:
         return math.nan
     if how == "first":
@@ -71,9 +84,12 @@ def telemetry_rows(tracking_uri: str, study: str | None = None) -> pd.DataFrame:
     from mlflow import MlflowClient
 
     runs = load_runs(tracking_uri, study)
-    runs = runs[runs["status"].isin(["finished", "diverged"])]
+    kept = runs["status"].isin(["finished", "diverged"])
+    left_out = _left_out(runs[~kept])
+    runs = runs[kept]
     if not len(runs):
-        raise ReportError(f"no finished or diverged trial runs for {study or 'any study'} in {tracking_uri}")
+        raise ReportError(f"no finished or diverged trial runs for {study or 'any study'} in {tracking_uri}"
+                          + (f" ({left_out})" if left_out else ""))
     client = MlflowClient(tracking_uri=tracking_uri)
     records = [{"model": r.model, "batch_size": r.batch_size, "row": r.row, "label": r.label,
                 "precision": r.precision, **_run_values(client, r.run_id)} for r in runs.itertuples()]
@@ -86,7 +102,29 @@ def telemetry_rows(tracking_uri: str, study: str | None = None) -> pd.DataFrame:
     for c in cols:
         out[f"{c} min"], out[f"{c} max"] = lo[c], hi[c]
     out["n"] = grouped.size()
-    return out.reset_index()
+    out = out.reset_index()
+    out.attrs["left_out"] = left_out
+    return out
+
+
+def _left_out(runs: pd.DataFrame) -> str:
+    """Which trials the table leaves out (failed, running, ...), in words; '' when none.
+
+    Only finished and diverged trials have a whole history to average; the others are
+    named under the table, so that a row's ``n`` short of the study's seeds is explained.
+    """
+    if not len(runs):
+        return ""
+    import pandas as pd
+
+    from .renderers.markdown import md_cell
+
+    parts = []
+    for status, group in runs.groupby("status", sort=True):
+        names = ", ".join(f"{md_cell(r.label)} ({'' if pd.isna(r.seed) else f'seed {int(r.seed)}, '}{r.trial_id})"
+                          for r in group.itertuples())
+        parts.append(f"{len(group)} {status} trial{'s' if len(group) > 1 else ''}: {names}")
+    return "Left out (only finished and diverged trials are summed up): " + "; ".join(parts) + "."
 
 
 def _cell(col: str, mean: float, lo: float, hi: float) -> str:
@@ -111,6 +149,8 @@ def render_telemetry_markdown(df: pd.DataFrame) -> str:
         cells = [md_text(r["label"]), str(r["precision"]), str(r["n"])]
         cells += [_cell(c, r[c], r[f"{c} min"], r[f"{c} max"]) for c in cols]
         lines.append("| " + " | ".join(cells) + " |")
+    if df.attrs.get("left_out"):
+        lines += ["", df.attrs["left_out"]]
     lines += ["", "Rates: share of the non-zero gradient elements the row's gradient format flushes to zero or "
               "saturates (past its maximum), per logged step, averaged over layers, steps and seeds (range over "
               "seeds in brackets where it is wide); rows without an emulated format are counted against fp16's "

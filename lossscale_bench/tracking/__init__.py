@@ -1,12 +1,14 @@
 """Tracking: everything lsbench writes to, or reads the health of, an MLflow store.
 
 Why a package of its own: the store is the study's record, and the code that
-touches it has four separate jobs, one module each. ``store`` opens a store
+touches it has separate jobs, one module each. ``store`` opens a store
 and names its faults (no MLflow writes; the ``lsbench-store:`` artifact
 resolver that pyproject.toml's entry point names). ``tracker`` is the one
 writer of runs (``Tracker``: experiments, parent and trial runs, batched and
 retried writes). ``run_status`` is pure text: how a trial's end shows in the
-MLflow UI. ``mlflow_sink`` is the sink of an in-process trial. ``ui_server`` starts
+MLflow UI. ``attempts`` is pure rules too: what a continued run's next attempt
+does to the record of the earlier one (error set aside, repeated steps not
+logged twice). ``mlflow_sink`` is the sink of an in-process trial. ``ui_server`` starts
 and stops ``mlflow server`` for ``lsbench ui``.
 
 It sits in the orchestration layer (``lossscale_bench.LAYERS``): the study

@@ -92,6 +92,10 @@ def note(status: str, tags: dict, metrics: dict) -> str:
             text += f": final mAP {100 * fm:.2f} % (metric `final_map` {fm:.4f})"
         if skipped is not None:
             text += f", {int(skipped)} skipped steps"
+        failures = tags.get("lsbench.failed_attempts")
+        if failures and failures != "0":
+            text += (f", after {failures} failed attempt(s) (the last one's error: tag `lsbench.previous_error`; "
+                     "tracebacks: artifacts `failed_attempts/<n>/error.txt`)")
         return text + "."
     return f"**{status}**"
 

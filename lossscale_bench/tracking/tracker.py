@@ -74,6 +74,8 @@ class Tracker:
                 raise fault from exc
             raise
         self.artifact_root = Path(artifact_root).resolve() if artifact_root else None
+        #: run_id -> {metric key: last step logged before this attempt} (runs continued by begin_attempt)
+        self._logged: dict[str, dict[str, int]] = {}
 
     # -- study ---------------------------------------------------------------------
     # MLflow 3's UI opens an experiment as a GenAI (traces) or a model-training (runs, charts) page
@@ -231,6 +233,7 @@ class Tracker:
                 _retry(self.client.update_run, run_id, status="RUNNING", name=name)
             if existing.data.tags.get("lsbench.baseline") != baseline:
                 self.set_tags(run_id, {"lsbench.baseline": baseline})
+            self.begin_attempt(run_id)
             return run_id
         tags = {"mlflow.parentRunId": parent_run_id, "lsbench.role": "trial", "lsbench.study": cfg.study,
                 "lsbench.trial_id": cfg.trial_id, "lsbench.status": "pending", "lsbench.label": cfg.label,
@@ -248,6 +251,47 @@ class Tracker:
             _retry(self.client.log_batch, run_id, params=params[i:i + 100])
         return run_id
 
+    def begin_attempt(self, run_id: str) -> None:
+        """A continued run's next attempt starts a clean record (:mod:`.attempts`): the earlier
+        attempt's error is set aside (tag ``lsbench.previous_error``, artifact
+        ``failed_attempts/<n>/error.txt``), its per-attempt tags dropped, and the steps it
+        logged are not logged again (:meth:`log_metrics`)."""
+        from .attempts import ATTEMPT_TAGS, archive_dir, failed_attempts, last_steps
+
+        run = self.client.get_run(run_id)
+        tags = run.data.tags
+        error = tags.get("lsbench.error")
+        if error:
+            n = failed_attempts(tags) + 1
+            self._set_aside_traceback(run, archive_dir(n), error)
+            self.set_tags(run_id, {"lsbench.previous_error": error, "lsbench.failed_attempts": n})
+        for key in ATTEMPT_TAGS:
+            if key in tags:
+                _retry(self.client.delete_tag, run_id, key)
+        if tags.get("lsbench.status") not in (None, "pending"):
+            self.set_tags(run_id, {"lsbench.status": "pending"})  # not "failed" while it waits to run again
+        self._logged[run_id] = last_steps(run)
+
+    def _set_aside_traceback(self, run, folder: str, error: str) -> None:
+        """Move the run's ``error.txt`` to ``folder/error.txt`` (copied first, then deleted where the
+        artifact store can delete); without one, write ``error`` there: every failure stays readable."""
+        import tempfile
+
+        run_id = run.info.run_id
+        has_file = any(a.path == "error.txt" for a in _retry(self.client.list_artifacts, run_id))
+        with tempfile.TemporaryDirectory() as tmp:
+            if has_file:
+                local = Path(_retry(self.client.download_artifacts, run_id, "error.txt", tmp))
+            else:
+                local = Path(tmp) / "error.txt"
+                local.write_text(error)
+            self.log_artifact(run_id, str(local), folder)
+        if has_file:
+            from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
+
+            repo = get_artifact_repository(run.info.artifact_uri, tracking_uri=self.uri)
+            _retry(repo.delete_artifacts, "error.txt")
+
     @staticmethod
     def _metric(key: str, value: float, step: int):
         from mlflow.entities import Metric
@@ -255,6 +299,16 @@ class Tracker:
         return Metric(key, float(value), int(time.time() * 1000), int(step))
 
     def log_metrics(self, run_id: str, items: Iterable[tuple[str, float, int]]) -> int:
+        """Log ``(key, value, step)`` triples; returns how many were written.
+
+        On a run continued by :meth:`begin_attempt`, a step an earlier attempt already logged
+        for that key is not logged again (:func:`.attempts.new_points` says why).
+        """
+        logged = self._logged.get(run_id)
+        if logged:
+            from .attempts import new_points
+
+            items = new_points(items, logged)
         metrics = [self._metric(k, v, s) for k, v, s in items]
         for i in range(0, len(metrics), 1000):
             _retry(self.client.log_batch, run_id, metrics=metrics[i:i + 1000])

@@ -55,6 +55,7 @@ def run_trial(cfg, *, sink: Sink, trial_dir: str | Path, threads: int | None = N
     if rank != 0:
         sink = Sink()
     trial_dir.mkdir(parents=True, exist_ok=True)
+    set_aside_error(trial_dir)
     # Which process runs the trial right now (for operators, and the worker-fault test).
     (trial_dir / "pid").write_text(str(os.getpid()))
     outcome = TrialOutcome(trial_id=cfg.trial_id, status="failed")
@@ -81,6 +82,28 @@ def run_trial(cfg, *, sink: Sink, trial_dir: str | Path, threads: int | None = N
             sink.tags({"lsbench.status": "failed", "lsbench.error": outcome.error[:5000]})
     sink.flush()
     return outcome
+
+
+def set_aside_error(trial_dir: Path) -> Path | None:
+    """Move an earlier attempt's ``error.txt`` to ``failed_attempts/<n>/error.txt`` (n = 1, 2, ...).
+
+    Why: a trial rerun in the same folder that then finishes would otherwise leave the
+    failed attempt's traceback beside its ``outcome.json`` as if it were this attempt's;
+    deleting it would lose the failure. The MLflow run does the same with its artifact
+    (``tracking.attempts``). Returns where it went, or None.
+    """
+    err = trial_dir / "error.txt"
+    if not err.is_file():
+        return None
+    root = trial_dir / "failed_attempts"
+    n = 1 + max((int(p.name) for p in root.glob("*") if p.name.isdigit()), default=0)
+    dest = root / str(n) / "error.txt"
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        err.replace(dest)
+    except OSError:  # a full disk: the old traceback stays where it is, the attempt runs all the same
+        return None
+    return dest
 
 
 def _train(cfg, sink: Sink, trial_dir: Path, threads, checkpoint_every, outcome: TrialOutcome,

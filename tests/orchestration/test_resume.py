@@ -63,8 +63,9 @@ def test_kill_driver_then_resume(tmp_path):
     assert {t.data.tags["lsbench.status"] for t in trials} == {"finished"}
     resumed = [t for t in trials if t.data.tags["lsbench.trial_id"] == interrupted][0]
     assert int(resumed.data.tags["lsbench.resumed_from_step"]) >= 20
-    steps = {m.step for m in client.get_metric_history(resumed.info.run_id, "loss")}
-    assert steps == set(range(1, 401))  # no gap across the kill
+    steps = [m.step for m in client.get_metric_history(resumed.info.run_id, "loss")]
+    assert set(steps) == set(range(1, 401))  # no gap across the kill
+    assert len(steps) == 400  # and no step twice: those after the checkpoint were not logged again
     assert not _checkpoints(runs)      # finished trials drop their checkpoints
     assert len(client.search_runs([exp.experiment_id], "tags.`lsbench.role` = 'study'")) == 1
     # the report has the shape of an uninterrupted study's: one row per trial, each with a value
@@ -101,3 +102,5 @@ def test_killed_worker_is_retried_from_its_checkpoint(tmp_path):
     assert run.data.tags["lsbench.status"] == "finished"
     assert int(run.data.tags["lsbench.resumed_from_step"]) >= 20
     assert "lsbench.retries" in run.data.tags
+    steps = [m.step for m in client.get_metric_history(run.info.run_id, "loss")]
+    assert sorted(steps) == list(range(1, 201))  # the retry's recomputed steps are not logged twice

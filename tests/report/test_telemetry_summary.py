@@ -49,3 +49,16 @@ def test_cli_prints_it_and_refuses_other_formats(store):
     assert r.returncode == 0 and "| unscaled | fp8-e4m3-emulated | 2 |" in r.stdout, r.stderr[-2000:]
     r = lsbench("report", "--runs-dir", runs, "--study", "tele", "--telemetry", "--format", "csv")
     assert r.returncode == 2 and "markdown only" in r.stderr
+
+
+def test_a_step_logged_twice_counts_once():
+    """Stores written before reruns kept repeated steps out hold a failed attempt's steps after its
+    checkpoint twice; the mean over the history counts each step once (its last point)."""
+    from mlflow.entities import Metric
+
+    from lossscale_bench.report.telemetry_summary import _reduce
+
+    first = [Metric("flush_rate_mean", 0.1, 1000 + s, s) for s in range(1, 31)]
+    rerun = [Metric("flush_rate_mean", 0.1 if s <= 30 else 0.4, 5000 + s, s) for s in range(21, 41)]
+    assert _reduce(first + rerun, "mean") == pytest.approx((30 * 0.1 + 10 * 0.4) / 40)
+    assert _reduce(first + rerun, "last") == 0.4 and _reduce(rerun + first, "first") == 0.1
