@@ -34,8 +34,10 @@ TELEMETRY_COLUMNS: dict[str, tuple[str, str]] = {
     "layer scale log2, median (last)": ("", "layer_scale"),
     "skipped steps": ("skipped_steps_total", "last"),
 }
-#: the per-layer scalers' median log2 scale, whichever the run logged
-_LAYER_SCALE = ("ada_scale_log2_median", "amax_point_scale_log2_median", "lw_point_scale_log2_median")
+#: a per-layer scaler logs its layers' median log2 scale under a name ending in this (``ada_scale_log2_median``,
+#: ``amax_point_scale_log2_median``, ...): the column finds it by the ending, so no method is named here and
+#: a new per-layer method shows its scales without an edit to the report (issue 30)
+LAYER_SCALE_SUFFIX = "scale_log2_median"
 _RATES = {c for c, (m, _) in TELEMETRY_COLUMNS.items() if m.endswith(("_mean", "_max")) and "rate" in m}
 
 
@@ -67,7 +69,8 @@ def _run_values(client, run_id: str) -> dict[str, float]:
     out = {}
     for col, (metric, how) in TELEMETRY_COLUMNS.items():
         if how == "layer_scale":
-            out[col] = next((v for v in (_reduce(client.get_metric_history(run_id, m), "last") for m in _LAYER_SCALE)
+            names = sorted(k for k in client.get_run(run_id).data.metrics if k.endswith(LAYER_SCALE_SUFFIX))
+            out[col] = next((v for v in (_reduce(client.get_metric_history(run_id, m), "last") for m in names)
                              if v == v), math.nan)
         else:
             out[col] = _reduce(client.get_metric_history(run_id, metric), how)

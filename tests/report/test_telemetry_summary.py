@@ -62,3 +62,20 @@ def test_a_step_logged_twice_counts_once():
     rerun = [Metric("flush_rate_mean", 0.1 if s <= 30 else 0.4, 5000 + s, s) for s in range(21, 41)]
     assert _reduce(first + rerun, "mean") == pytest.approx((30 * 0.1 + 10 * 0.4) / 40)
     assert _reduce(first + rerun, "last") == 0.4 and _reduce(rerun + first, "first") == 0.1
+
+
+def test_a_new_per_layer_method_shows_its_layer_scales_without_a_report_edit(store):
+    """The column reads any metric ending in ``scale_log2_median`` (issue 30: the report named the three
+    per-layer methods' metrics by hand, so a fourth showed '–')."""
+    from mlflow import MlflowClient
+
+    from lossscale_bench.report import load_runs
+
+    _, uri = store
+    client = MlflowClient(tracking_uri=uri)
+    for rid in load_runs(uri, "tele").query("label == 'x128'")["run_id"]:
+        client.log_metric(rid, "madeup_point_scale_log2_median", 5.0, step=1)
+        client.log_metric(rid, "madeup_point_scale_log2_median", 7.0, step=2)
+    df = telemetry_rows(uri, "tele").set_index("label")
+    assert df.loc["x128", "layer scale log2, median (last)"] == 7.0
+    assert df.loc["unscaled", "layer scale log2, median (last)"] != df.loc["unscaled", "layer scale log2, median (last)"]
