@@ -14,7 +14,9 @@ there is no circle). Where new code goes:
    somewhere live with what they write to: ``tracking.mlflow_sink``,
    ``orchestration.tune_sink``), ``study`` (the study-file schema, loading,
    grid and trial ids; no torch), ``writable`` (can a folder be written:
-   the data cache and the reports folder, checked before a study trains).
+   the data cache and the reports folder, checked before a study trains), ``wording`` (message helpers),
+   ``dataset_files`` (how VOC/COCO annotations and layouts are read and where the synthetic set is
+   cached: below both ``study`` and ``data``, which read the same files by the same rules).
 1. ``components``: ``formats`` (number formats), ``data``, ``models``, ``precision`` (a new precision),
    ``scaling`` (a new loss scaler), ``backends`` (a new device),
    ``telemetry``, ``evaluation``. They know the schema's names, not each other's
@@ -42,7 +44,8 @@ __version__ = "0.1.0"
 
 #: (layer name, top-level modules/packages in it); ``name*`` matches a prefix
 LAYERS = (
-    ("schema", ("exit_codes", "float_ranges", "portable", "registry", "sink", "study", "writable")),
+    ("schema", ("exit_codes", "float_ranges", "portable", "registry", "sink", "wording", "writable", "dataset_files",
+                "study")),
     ("components", ("formats", "numerics", "data", "models", "precision", "scaling", "backends", "telemetry",
                     "evaluation")),
     ("engine", ("engine",)),

@@ -213,10 +213,11 @@ def test_voc_fingerprint_of_many_images_is_cheap(tmp_path):
 
 
 def test_fingerprint_reads_the_sources_the_loader_reads(voc_folders, tmp_path):
-    """One definition of the VOC layout (study/voc_layout.py), used by the loader and the fingerprint
+    """One definition of the VOC layout (dataset_files/voc_layout.py), used by the loader and the fingerprint
     (issue 17: they were two copies that had to be kept in step)."""
     from lossscale_bench.data import voc as data_voc
-    from lossscale_bench.study import fingerprint, paths, voc_layout
+    from lossscale_bench.dataset_files import voc_layout
+    from lossscale_bench.study import fingerprint, paths
 
     assert fingerprint.voc_sources is data_voc.voc_sources is voc_layout.voc_sources
     assert data_voc.resolve_devkit is voc_layout.resolve_devkit and paths.required_paths is voc_layout.required_paths

@@ -126,3 +126,11 @@ def test_the_checker_sees_a_bad_import(tmp_path):
     node = next(n for n in ast.walk(tree) if isinstance(n, ast.ImportFrom))
     assert node.level == 2 and node.module == "orchestration.study_runner"  # what _imports resolves against the module's package
     assert _layer("lossscale_bench.orchestration.study_runner") > _layer("lossscale_bench.engine.loop")
+
+
+def test_data_never_imports_study():
+    """The dataset-file parsers sit below both (``dataset_files``); the loaders do not reach into the
+    study package (issue 30: data <-> study was the main back-and-forth of a trial's data path)."""
+    wrong = {m: sorted(t for t in targets if t.startswith("lossscale_bench.study"))
+             for m, targets in _graph().items() if m.startswith("lossscale_bench.data")}
+    assert {m: t for m, t in wrong.items() if t} == {}

@@ -145,7 +145,7 @@ def build_datasets(dataset_cfg, *, image_size: int | None = None, max_val_images
     ``num_classes`` 80, images of the config's ``image_size``, else the argument, else 300 px).
     Optional for both: ``hflip`` (True), ``max_train_images``, ``max_val_images``
     (the argument wins over the config). coco2017, voc, voc0712: ``bad_annotations``
-    (``error``, the default, or ``drop``: :mod:`lossscale_bench.study.annotations`).
+    (``error``, the default, or ``drop``: :mod:`lossscale_bench.dataset_files.annotations`).
     An evaluation set without images or objects to score raises ``AnnotationError``
     (a trial would otherwise finish with mAP 0.00).
     """

@@ -21,8 +21,8 @@ from pathlib import Path
 import torch
 from torch.utils.data import Dataset
 
-from ..study.annotations import AnnotationError, Drops
-from ..study.coco_annotations import index_coco, load_coco_json
+from ..dataset_files.annotations import AnnotationError, Drops
+from ..dataset_files.coco_json import index_coco, load_coco_json
 from .transforms import clip_boxes, flip_decision, hflip, read_image, valid_box_mask, xywh_to_xyxy
 
 
@@ -87,7 +87,7 @@ class CocoDetection(_SeededFlip, Dataset):
 
     A file that is not a COCO file, or a bad annotation record (an unknown
     category or image, a bbox that is not four finite numbers, negative or
-    wholly outside the image: :mod:`lossscale_bench.study.coco_annotations`),
+    wholly outside the image: :mod:`lossscale_bench.dataset_files.coco_json`),
     raises an ``AnnotationError`` naming the file and the record; with
     ``bad_annotations="drop"`` bad records are dropped and counted instead
     (``dropped_annotations`` by reason, ``unknown_objects`` by category id),

@@ -15,7 +15,7 @@ place, so concurrent trials either see a complete data set or none, and a
 process that loses the rename race uses the winner's copy (same bytes: the
 generator is deterministic by seed). Where the cache is, and the version in
 the folder name (bump ``GENERATOR_VERSION`` there when the output changes),
-live in ``study.synthetic_cache``: ``lsbench validate`` checks the cache too.
+live in ``dataset_files.synthetic_cache``: ``lsbench validate`` checks the cache too.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 # GENERATOR_VERSION, default_root and dataset_dirname stay importable from here
-from ..study.synthetic_cache import GENERATOR_VERSION, cache_root, dataset_dirname, default_root  # noqa: F401
+from ..dataset_files.synthetic_cache import GENERATOR_VERSION, cache_root, dataset_dirname, default_root  # noqa: F401
 
 CLASSES = ("rectangle", "ellipse", "triangle")
 

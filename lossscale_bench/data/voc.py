@@ -2,7 +2,7 @@
 
 Layout (the VOCdevkit tarballs, or any folder in the same format; defined once, for this
 loader, ``lsbench validate`` and the trial-id fingerprint, in
-:mod:`lossscale_bench.study.voc_layout`)::
+:mod:`lossscale_bench.dataset_files.voc_layout`)::
 
     <year dir>/Annotations/<id>.xml          objects: name, difficult, bndbox
     <year dir>/ImageSets/Main/<split>.txt    one image id per line
@@ -24,7 +24,7 @@ convention ``evaluation.voc`` scores without any ``+1``.
 
 As in chainercv, training splits drop *difficult* objects (and then images
 left without objects) and evaluation splits keep them, flagged. Each XML is
-read by :func:`lossscale_bench.study.voc_annotations.parse_voc`, whose rules
+read by :func:`lossscale_bench.dataset_files.voc_xml.parse_voc`, whose rules
 (an unknown class or an impossible box is an error, or dropped and counted)
 ``lsbench validate`` applies before any trial.
 """
@@ -42,9 +42,9 @@ from PIL import Image
 from torch.utils.data import Dataset
 
 from ..registry import VOC_CLASSES
-from ..study.annotations import Drops
-from ..study.voc_annotations import parse_voc
-from ..study.voc_layout import (annotation_file, image_candidates, read_split_ids, required_paths, resolve_devkit,
+from ..dataset_files.annotations import Drops
+from ..dataset_files.voc_xml import parse_voc
+from ..dataset_files.voc_layout import (annotation_file, image_candidates, read_split_ids, required_paths, resolve_devkit,
                                 split_list, split_names, voc_sources)
 from .coco import DataNotFound, require_ground_truth
 from .transforms import flip_decision, hflip, read_image
@@ -71,7 +71,7 @@ class VOCDetection(Dataset):
     keeps the first images.
 
     Bad annotations (a class outside ``classes``, an impossible, non-finite or
-    wholly-outside box: :mod:`lossscale_bench.study.annotations`) raise an
+    wholly-outside box: :mod:`lossscale_bench.dataset_files.annotations`) raise an
     ``AnnotationError`` naming file, object and value, or with
     ``bad_annotations="drop"`` are dropped and counted: ``dropped_annotations``
     by reason, ``unknown_objects`` by class name, ``skipped_boxes`` (the boxes

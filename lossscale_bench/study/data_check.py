@@ -3,8 +3,8 @@
 Why before: an empty evaluation split, or one without objects, trained for hours and then
 *finished* with mAP 0.00 (exit 0, no warning in the report); a class name in other case
 (``Square``) silently removed ground truth. Both are visible in the files, so they are one line
-and exit 2 now, not a result. The rules are the loaders' own (:mod:`.voc_annotations`,
-:mod:`.coco_annotations`), so what passes here loads in the trial.
+and exit 2 now, not a result. The rules are the loaders' own (:mod:`..dataset_files.voc_xml`,
+:mod:`..dataset_files.coco_json`), so what passes here loads in the trial.
 
 What is read: every annotation XML of a VOC study's training and evaluation splits (VOC07+12:
 21.5k small files, 1.3 s on 2 busy cores, ``docs/benchmarks.md``), and a COCO study's evaluation JSON
@@ -21,11 +21,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from .annotations import DROP_HINT, AnnotationError, Drops
-from .coco_annotations import index_coco, load_coco_json
+from ..dataset_files.annotations import DROP_HINT, AnnotationError, Drops
+from ..dataset_files.coco_json import index_coco, load_coco_json
 from .errors import StudyError
-from .voc_annotations import parse_voc
-from .voc_layout import annotation_file, read_split_ids, split_list, split_names, voc_sources
+from ..dataset_files.voc_xml import parse_voc
+from ..dataset_files.voc_layout import annotation_file, read_split_ids, split_list, split_names, voc_sources
 
 __all__ = ["data_problems"]
 

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import difflib
 from typing import TYPE_CHECKING, Any
+
+from ..wording import suggest
 
 if TYPE_CHECKING:  # imported where used: the data layer reads annotations through this module, and the
     # GPU check (no pydantic there) builds datasets
@@ -63,11 +64,7 @@ def _fmt_num(x: float | int) -> str:
     return repr(x) if isinstance(x, float) else str(x)
 
 
-def _suggest(word: Any, names) -> str:
-    if not isinstance(word, str):
-        return ""
-    close = difflib.get_close_matches(word, [str(n) for n in names], n=1, cutoff=0.6)
-    return f" (did you mean {close[0]!r}?)" if close else ""
+_suggest = suggest  # the schema's modules import it from here
 
 
 def _err(problem: str, allowed: str | None = None) -> "PydanticCustomError":

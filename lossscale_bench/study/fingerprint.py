@@ -55,7 +55,7 @@ import stat
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
-from .voc_layout import annotation_file, image_candidates, read_split_ids, split_list, split_names, voc_sources
+from ..dataset_files.voc_layout import annotation_file, image_candidates, read_split_ids, split_list, split_names, voc_sources
 
 __all__ = ["MISSING", "data_fingerprint", "weights_fingerprint", "file_sha256", "voc_sources", "trial_fingerprint"]
 

@@ -28,9 +28,9 @@ import os
 
 from .data_check import data_problems
 from .errors import StudyError
-from .synthetic_cache import cache_problem
-from .voc_layout import exists as _exists
-from .voc_layout import required_paths
+from ..dataset_files.synthetic_cache import cache_problem
+from ..dataset_files.voc_layout import exists as _exists
+from ..dataset_files.voc_layout import required_paths
 
 __all__ = ["path_problems", "check_paths"]
 

@@ -19,7 +19,7 @@ from lossscale_bench.data import build_datasets
 from lossscale_bench.data.voc import VOCDetection, make_tiny_voc
 from lossscale_bench.sink import MemorySink
 from lossscale_bench.study import load_study_text
-from lossscale_bench.study.annotations import AnnotationError
+from lossscale_bench.dataset_files.annotations import AnnotationError
 from lossscale_bench.trial import run_trial
 
 

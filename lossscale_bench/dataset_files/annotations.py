@@ -1,5 +1,5 @@
 """What makes an annotation unusable, and what happens to it: the rules the loaders and ``lsbench
-validate`` share (:mod:`.voc_annotations`, :mod:`.coco_annotations` apply them per format).
+validate`` share (:mod:`.voc_xml`, :mod:`.coco_json` apply them per format).
 
 Why one set of rules in the schema layer: an object whose class is not in the class list, a box
 with ``xmin > xmax``, a ``nan`` coordinate or a box wholly outside its image used to be dropped
@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 
-from .errors import _suggest
+from ..wording import suggest as _suggest
 
 __all__ = ["BAD_ANNOTATIONS", "AnnotationError", "Drops", "DROP_HINT", "number", "unknown_class_problem", "finite",
            "outside"]
