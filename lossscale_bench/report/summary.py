@@ -135,7 +135,9 @@ SUMMARY_COLUMNS = [
 ]
 
 RUNNING_TEXT = "–"  # en dash: still running, or no value for the metric yet
-_NOT_VALUE = ("diverged", "failed", "running", "pending")  # what a cell counts beside its values
+#: what a cell counts beside its values; ``interrupted``: stopped by a signal (SIGINT/SIGTERM), resumed by
+#: the next ``lsbench run`` of a study file that lists it (it used to read as "running")
+_NOT_VALUE = ("diverged", "failed", "running", "pending", "interrupted")
 
 
 def _is_map_metric(metric: str) -> bool:
@@ -181,6 +183,8 @@ def _cell_text(values: list[float], counts: dict[str, int], n_runs: int, table_n
             return RUNNING_TEXT
         notes = [n for n in notes if not n.endswith(" running")]  # the dash says it
         return f"{RUNNING_TEXT} ({', '.join(notes)})" if notes else RUNNING_TEXT
+    if counts["interrupted"] == n_runs:
+        return "interrupted"
     if counts["diverged"] == n_runs:
         return "diverged"
     if counts["failed"] == n_runs:
@@ -267,6 +271,7 @@ def _classify_runs(df: pd.DataFrame, metric: str) -> tuple[pd.DataFrame, pd.Seri
     has_value = df["_value"].notna() & ~df["_value"].isin([math.inf, -math.inf])
     df["_kind"] = "running"
     df.loc[status == "pending", "_kind"] = "pending"
+    df.loc[status == "interrupted", "_kind"] = "interrupted"
     df.loc[status == "diverged", "_kind"] = "diverged"
     df.loc[status == "failed", "_kind"] = "failed"
     df.loc[(status == "finished") & has_value, "_kind"] = "value"

@@ -638,3 +638,17 @@ def test_stored_runs_are_labelled_by_the_study_label_code(params, precision, lab
     study = load_study_text(f"name: t\ndataset: synthetic\nmodel: ssd_tiny\nbatch_size: 8\nprecision: {precision}\n"
                             f"scaling: [{yaml_entry}]\nschedule: {{iterations: 10, lr: 0.001}}\n")
     assert study.trials()[0].label == label == default_label(study.trials()[0].scaling, precision)
+
+
+def test_an_interrupted_trial_is_counted_as_interrupted_not_running():
+    """A study stopped by SIGINT leaves its unstarted trials ``interrupted``; the cell counted them as
+    "running" while the Trials line under the table said "interrupted" (seen on the ranking study)."""
+    from lossscale_bench.report.summary import _NOT_VALUE, _cell_text
+
+    counts = {k: 0 for k in _NOT_VALUE}
+    counts["interrupted"] = 5
+    text = _cell_text([0.42, 0.44], counts, n_runs=7, table_n_runs=7, metric="final_map")
+    assert "5/7 interrupted" in text and "running" not in text
+    counts = {k: 0 for k in _NOT_VALUE}
+    counts["interrupted"] = 2
+    assert _cell_text([], counts, n_runs=2, table_n_runs=2, metric="final_map") == "interrupted"
