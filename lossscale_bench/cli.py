@@ -193,6 +193,9 @@ def cmd_report(args) -> int:
             return EXIT_USAGE
         args.study = study.name
         margin = study.report.equivalence_margin if margin is None else margin
+        trial_ids = {t.trial_id for t in study.trials()}  # the file's trials, not every run of its name
+    else:
+        trial_ids = None
     uri = open_store(resolve_tracking_uri(args.tracking_uri, args.runs_dir), create=False)
     if args.telemetry:
         return _telemetry_report(uri, args)
@@ -200,7 +203,8 @@ def cmd_report(args) -> int:
 
     text, out = write_report(uri, study=args.study, fmt=args.format, out=args.out, metric=args.metric,
                              reports_dir=args.reports_dir, plots=not args.no_plots,
-                             margin=DEFAULT_MARGIN if margin is None else margin, compare=args.compare)
+                             margin=DEFAULT_MARGIN if margin is None else margin, compare=args.compare,
+                             trial_ids=trial_ids)
     if out is None:  # --out -: the report itself is the output
         sys.stdout.write(text if text.endswith("\n") else text + "\n")
     elif args.format == "html" or args.out:

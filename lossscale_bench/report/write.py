@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -91,6 +91,7 @@ def write_report(
     plots: bool = True,
     margin: float = DEFAULT_MARGIN,
     compare: bool = False,
+    trial_ids: Collection[str] | None = None,
 ) -> tuple[str, Path | None]:
     """Load, render and write a report; returns (text, path).
 
@@ -107,6 +108,9 @@ def write_report(
     ``report.equivalence_margin``). ``compare``: every pair of rows of each table
     and the ranking instead of the tables, in ``<study or 'all'>_compare.<ext>``
     by default; no plots.
+    ``trial_ids``: only these trials (``lsbench report FILE`` passes the file's grid): a store can hold
+    more trials of a study than its file lists now (an earlier, longer seed list; rows since removed),
+    and rows with different seed sets are compared unpaired, so the file's own trials are the report.
     """
     if fmt not in FORMATS:
         raise ReportError(f"unknown report format {fmt!r}; choose one of: {', '.join(FORMATS)}")
@@ -116,6 +120,8 @@ def write_report(
 
     ensure_artifact_scheme()  # plots read store-relative artifacts even where the entry point is not installed
     runs = load_runs(tracking_uri, study)
+    if trial_ids is not None:
+        runs = runs[runs["trial_id"].isin(set(trial_ids))]
     if len(runs) == 0:
         where = f"study {study!r}" if study else "any study"
         raise ReportError(f"no trial runs for {where} in {tracking_uri}")

@@ -52,3 +52,14 @@ def test_resolve_format():
     assert resolve_format("latex", "t.tex") == "latex"
     with pytest.raises(ValueError, match="--format latex"):
         resolve_format("csv", "t.tex")
+
+
+def test_a_study_file_reports_only_its_own_trials(store, tmp_path):
+    """``lsbench report FILE`` passes the file's trial ids: a store's extra trials of the same study name
+    (an earlier, longer seed list) stay out, so rows with the file's seeds are compared paired."""
+    from lossscale_bench.report import write_report
+
+    both, _ = write_report(store, study="fmt", fmt="csv", out="-", plots=False)
+    one, _ = write_report(store, study="fmt", fmt="csv", out="-", plots=False, trial_ids={"r0-s0"})
+    assert "30.50" in both, both                       # the mean of seeds 0 and 1 (30 and 31)
+    assert "30.00" in one and "30.50" not in one, one   # seed 0 alone
