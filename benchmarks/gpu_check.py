@@ -421,9 +421,11 @@ def section_c(cfg: dict, sc: dict) -> dict:
 
 # ---------------------------------------------------------------------------
 # d. emulation vs reality (per-layer underflow telemetry)
-def _probe_rates(model, backend, precision_name: str, batches: list, deadline: float | None = None) -> dict:
-    """Per-layer rates over ``batches`` (stopping after the first batch past ``deadline``; the
-    caller compares runs over the same batches, so it passes each the count the first one did)."""
+def _probe_rates(model, backend, precision_name: str, batches: list,
+                 deadline: float | None = None) -> tuple[dict, int]:
+    """Per-layer rates over ``batches`` and how many batches they cover (stopping after the first batch
+    past ``deadline``; the caller compares runs over the same batches, so it passes the others the
+    count the first one did)."""
     from lossscale_bench.precision import get_precision
     from lossscale_bench.telemetry import UnderflowProbe
 
@@ -448,8 +450,7 @@ def _probe_rates(model, backend, precision_name: str, batches: list, deadline: f
     probe.remove()
     if handle is not None:
         handle.remove()
-    _probe_rates.batches_done = done  # read by section_d right after the call
-    return rates
+    return rates, done
 
 
 def section_d(cfg: dict, sc: dict) -> dict:
@@ -464,9 +465,9 @@ def section_d(cfg: dict, sc: dict) -> dict:
             continue
         # the emulated fp16 run first, on a share of the budget; the others then see the same batches
         share = time.monotonic() + (deadline - time.monotonic()) / (len(names) - k) if k == 0 else None
-        results[name] = _probe_rates(copy.deepcopy(model), backend, name, batches, share)
+        results[name], done = _probe_rates(copy.deepcopy(model), backend, name, batches, share)
         if k == 0:
-            batches = batches[:max(1, _probe_rates.batches_done)]
+            batches = batches[:max(1, done)]
     real, emu, fp8 = results["mixed16"], results["fp16-emulated"], results["fp8-emulated"]
     layers = []
     for layer in emu:
