@@ -9,7 +9,8 @@
 #   0. the device line (nvidia-smi, torch, CUDA, Python);
 #   1. in the background (CPU): a venv with the GPU machine's own packages plus shared/wheels, and
 #      lossscale_bench installed in it; and rounding_agreement.py (CPU vs CUDA bits of every format);
-#   2. gpu_check.py sections g (SSD512 batch 8 real-fp16 flush rates), d (SSD300), h (section a, foreach SGD);
+#   2. gpu_check.py sections $SECTIONS1 (default gdh: g SSD512 batch 8 real-fp16 flush rates, d SSD300,
+#      h section a with foreach SGD) within $SECTIONS1_SECONDS (default 135);
 #   3. the real CLI on CUDA: `lsbench run studies/gpu_smoke.yaml --executor local`, then
 #      `lsbench report --format markdown`;
 #   4. gpu_check.py sections $SECTIONS2 (default bcaef: b throughput target, c adaptive target, a, e, f) with
@@ -60,9 +61,11 @@ timeout 150 python3 benchmarks/rounding_agreement.py --out "$OUT/rounding" > "$O
 ROUND=$!
 
 # 2. flush rates (not timing-sensitive, so they may share the card with the rounding check)
-stamp "gpu_check g d h"
-timeout 150 python3 benchmarks/gpu_check.py --out "$OUT/check_gdh" --sections gdh --budget 135 > "$OUT/check_gdh.log" 2>&1
-stamp "gpu_check g d h: rc=$?"
+S1=${SECTIONS1:-gdh}
+stamp "gpu_check $S1"
+timeout $(( ${SECTIONS1_SECONDS:-135} + 15 )) python3 benchmarks/gpu_check.py --out "$OUT/check_$S1" --sections "$S1" \
+  --budget "${SECTIONS1_SECONDS:-135}" > "$OUT/check_$S1.log" 2>&1
+stamp "gpu_check $S1: rc=$?"
 wait $PIP_JOB; stamp "packages: $(tail -1 "$OUT/pip.log")"
 wait $ROUND; stamp "rounding: rc=$?"
 
