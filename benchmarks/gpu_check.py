@@ -103,8 +103,8 @@ def make_config(smoke: bool) -> dict:
         "f": {"model": "ssd300_vgg16", "batch": 32, "steps": 3, "budget_s": 30},
         # SSD512 at the published batch: does real fp16 flush its gradients at loss scale 1 (the
         # mechanism behind seed 000's "no loss scale: diverged")? 20 batches: with 75 s the emulated
-        # probe's third of the budget covered 1 batch on an H200 (its first call compiles)
-        "g": {"model": "ssd512_vgg16", "batch": 8, "batches": 20, "budget_s": 150},
+        # probe's third of the budget covered 1 batch on an H200 (its first call compiles; the share now starts after it)
+        "g": {"model": "ssd512_vgg16", "batch": 8, "batches": 20, "budget_s": 200},
         "h": {"model": "ssd300_vgg16", "batch": 8, "steps": 40, "growth_interval": 10, "budget_s": 30,
               "optimizer": "foreach"},
     }
@@ -423,10 +423,12 @@ def section_c(cfg: dict, sc: dict) -> dict:
 # ---------------------------------------------------------------------------
 # d. emulation vs reality (per-layer underflow telemetry)
 def _probe_rates(model, backend, precision_name: str, batches: list,
-                 deadline: float | None = None) -> tuple[dict, int]:
-    """Per-layer rates over ``batches`` and how many batches they cover (stopping after the first batch
-    past ``deadline``; the caller compares runs over the same batches, so it passes the others the
-    count the first one did)."""
+                 seconds: float | None = None) -> tuple[dict, int]:
+    """Per-layer rates over ``batches`` and how many batches they cover: with ``seconds``, stopping at
+    the first batch that ends more than ``seconds`` after the *first* batch ended (the first call
+    compiles the emulation's kernels for every layer shape: on an H100, SSD512's first emulated batch
+    took longer than a 54 s share, so a deadline counted from the start covered one batch). The caller
+    compares runs over the same batches, so it passes the others the count the first one did."""
     from lossscale_bench.precision import get_precision
     from lossscale_bench.telemetry import UnderflowProbe
 
@@ -435,9 +437,9 @@ def _probe_rates(model, backend, precision_name: str, batches: list,
     probe = UnderflowProbe(model, fmt=precision.telemetry_format)
     model.train()
     probe.arm()
-    done = 0
+    done, deadline = 0, None
     for images, targets in batches:
-        if deadline is not None and done and time.monotonic() > deadline:
+        if deadline is not None and time.monotonic() > deadline:
             break
         images, targets = backend.to_device(images, targets)
         model.zero_grad(set_to_none=True)
@@ -446,6 +448,9 @@ def _probe_rates(model, backend, precision_name: str, batches: list,
             loss = sum(parts.values())
         loss.float().backward()  # loss scale 1: the underflow a scaler would have to fix
         done += 1
+        if done == 1 and seconds is not None:
+            backend.synchronize()
+            deadline = time.monotonic() + seconds
     backend.synchronize()
     rates = probe.read()
     probe.remove()
@@ -465,7 +470,7 @@ def section_d(cfg: dict, sc: dict) -> dict:
             results[name] = None
             continue
         # the emulated fp16 run first, on a share of the budget; the others then see the same batches
-        share = time.monotonic() + (deadline - time.monotonic()) / (len(names) - k) if k == 0 else None
+        share = (deadline - time.monotonic()) / (len(names) - k) if k == 0 else None
         results[name], done = _probe_rates(copy.deepcopy(model), backend, name, batches, share)
         if k == 0:
             batches = batches[:max(1, done)]
