@@ -14,6 +14,12 @@ DATASET_NAMES = ("synthetic", "voc", "voc0712", "coco2017")
 BACKEND_NAMES = ("cpu", "cuda", "xla", "hpu", "auto")
 EVAL_METRICS = ("coco", "voc07", "voc")
 
+# A per-layer scaler (scaling/per_layer.py) logs its layers' median log2 scale under a metric whose name
+# ends in this (``ada_scale_log2_median``, ``amax_point_scale_log2_median``); ``lsbench report
+# --telemetry`` finds a method's layer scales by it, so the report names no method and a new per-layer
+# method shows its scales with no edit there. Here because both sides read it and neither imports the other.
+LAYER_SCALE_SUFFIX = "scale_log2_median"
+
 # Bumped when a model's architecture or initialisation changes what it trains to, so that
 # trial ids (and with them resume and the report) never mix results of the old and new model.
 # ssd_tiny 2: BatchNorm after every backbone conv (docs/toy_model.md).

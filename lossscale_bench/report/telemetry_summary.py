@@ -14,6 +14,9 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+# the ending of every per-layer scaler's layer-scale metric (written by scaling/per_layer.py): the
+# layer-scale column finds it by the ending, so no method is named here (issue 30)
+from ..registry import LAYER_SCALE_SUFFIX
 from .runs import ReportError, load_runs
 
 if TYPE_CHECKING:
@@ -34,10 +37,6 @@ TELEMETRY_COLUMNS: dict[str, tuple[str, str]] = {
     "layer scale log2, median (last)": ("", "layer_scale"),
     "skipped steps": ("skipped_steps_total", "last"),
 }
-#: a per-layer scaler logs its layers' median log2 scale under a name ending in this (``ada_scale_log2_median``,
-#: ``amax_point_scale_log2_median``, ...): the column finds it by the ending, so no method is named here and
-#: a new per-layer method shows its scales without an edit to the report (issue 30)
-LAYER_SCALE_SUFFIX = "scale_log2_median"
 _RATES = {c for c, (m, _) in TELEMETRY_COLUMNS.items() if m.endswith(("_mean", "_max")) and "rate" in m}
 
 

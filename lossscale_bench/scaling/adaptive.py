@@ -22,7 +22,6 @@ Not supported (docs/adaptive_design.md "Limits"): double backward, reentrant che
 from __future__ import annotations
 
 import math
-import statistics
 import warnings
 from typing import Any, Callable
 
@@ -30,14 +29,12 @@ import torch
 from torch import nn
 
 from ..formats import FP16, FloatFormat
-from ._graph import analyse
-from .adaptive_layers import (_ATTACHED, _SCALING_NODE_TYPES, _is_ours, _Iteration, _LayerInfo, _PatchedForward,
-                              _point_hook, _PointInfo)
+from .adaptive_layers import _Iteration, _LayerInfo, _point_hook, _PointInfo
 # rule names this module does not use are re-exported: tests and callers import them from here
 from .adaptive_rule import (MIN_BRANCH_SCALE, U_MAX, U_MIN, approx_range_scale, approx_range_scale_tensor,
                             backward_fan_in, bound_scale_tensor, branch_target_scale, output_scale_tensor,
                             unbounded_scale_tensor, underflow_k)
-from .base import LossScaler, all_reduce_flag, unscale_group_
+from .per_layer import PerLayerLossScaler
 
 __all__ = ["AdaptiveLossScaler", "approx_range_scale", "approx_range_scale_tensor", "unbounded_scale_tensor",
            "bound_scale_tensor", "branch_target_scale", "backward_fan_in", "output_scale_tensor",
@@ -85,7 +82,7 @@ def _world_size() -> int:
     return 1
 
 
-class AdaptiveLossScaler(LossScaler):
+class AdaptiveLossScaler(PerLayerLossScaler):
     """Adaptive layer-wise loss scaling on an unmodified model (see module doc).
 
     Options as in docs/adaptive_algorithm.md. Keyword-only extras: ``sync_scales`` (all-reduce MIN
@@ -101,6 +98,7 @@ class AdaptiveLossScaler(LossScaler):
     """
 
     method = "adaptive"
+    metric_prefix = "ada_"
 
     def __init__(self, model: nn.Module, update_every: int = 1, init_scale: float = 1.0,
                  n_uf_threshold: float = 1e-3, scale_upper_bound: float = 16.0,
@@ -109,7 +107,6 @@ class AdaptiveLossScaler(LossScaler):
                  scale_fn: Callable[[str, torch.Tensor, torch.Tensor, torch.Tensor], Any] | None = None,
                  layer_types: tuple[type, ...] = (nn.Conv2d, nn.Linear), grad_format: FloatFormat = FP16,
                  output_scaling: bool = False, update_count: str = "steps") -> None:
-        super().__init__()
         if update_count not in UPDATE_COUNTS:
             raise ValueError(f"update_count must be one of {', '.join(UPDATE_COUNTS)}, got {update_count!r}")
         if model is None:
@@ -121,146 +118,55 @@ class AdaptiveLossScaler(LossScaler):
         if not (scale_upper_bound > 0 and accum_upper_bound > 0):
             raise ValueError("scale_upper_bound and accum_upper_bound must be > 0")
         underflow_k(n_uf_threshold)  # validates
+        super().__init__(model, init_scale=init_scale, grad_format=grad_format,
+                         unscale_in_backward=unscale_in_backward, layer_types=layer_types)
         self.update_every = int(update_every)
         self.update_count = update_count
         self.output_scaling = bool(output_scaling)
-        self.init_scale = float(init_scale)
         self.n_uf_threshold = float(n_uf_threshold)
         self.scale_upper_bound = float(scale_upper_bound)
         self.accum_upper_bound = float(accum_upper_bound)
         self.power_of_two = bool(power_of_two)
         self.sync_scales = bool(sync_scales)
         self.scale_fn = scale_fn
-        #: the format the gradients live in: its range is the rule's [u_min, u_max]
-        self.grad_format = grad_format
-        is_ddp = isinstance(model, nn.parallel.DistributedDataParallel)
-        self.unscale_in_backward = is_ddp if unscale_in_backward is None else bool(unscale_in_backward)
-        if is_ddp:
-            model = model.module
-        self._model: nn.Module | None = model
-        self._layers: list[_LayerInfo] = []
-        self._modules: list[nn.Module] = []
-        self._by_name: dict[str, _LayerInfo] = {}
-        #: (name, reason) of matching modules left unwrapped (they pass the scale through)
-        self.skipped_layers: list[tuple[str, str]] = []
-        #: output scaling points (``output_scaling``), each with its forward hook
-        self._points: list[_PointInfo] = []
+        #: output scaling points' forward hooks (``output_scaling``)
         self._point_handles: list[Any] = []
-        self._device = next((p.device for p in model.parameters()), torch.device("cpu"))
-        self._attach_layers(model, layer_types)
         if self.output_scaling:
-            self._attach_output_points(model)
-        if self.skipped_layers:
-            warnings.warn(f"adaptive loss scaling leaves {len(self.skipped_layers)} layer(s) unscaled: "
-                          f"{self.skipped_layers[:3]}", stacklevel=2)
-
-        self._iter = 0
-        #: iterations whose hooks may still be registered (normally only the current one)
-        self._pending: list[_Iteration] = []
+            self._attach_output_points(self._model)
         self._recomputed = False
-        #: id(param) -> (iteration, scale id) whose value the param's .grad carries, or _UNSCALED (None; adaptive_layers)
-        self._carried: dict[int, tuple[_Iteration, int] | None] = {}
         #: number of statistics computations (steps 1-6) since construction
         self.stat_computations = 0
-        self._last_plan = {"nodes": 0, "merge_points": 0, "layers": 0}
-
-    def _attach_layers(self, model: nn.Module, layer_types) -> None:
-        """Patch each stock Conv2d/Linear's instance ``forward`` (docs/adaptive_design.md: why a
-        patch and not a hook); a module already attached to another scaler is refused."""
-        stock = {nn.Conv2d: nn.Conv2d.forward, nn.Linear: nn.Linear.forward}
-        for name, mod in model.named_modules():
-            if not isinstance(mod, layer_types) or not isinstance(mod, (nn.Conv2d, nn.Linear)):
-                continue
-            if _ATTACHED.get(mod) is not None:
-                self._detach_modules()
-                raise ValueError(f"module {name!r} already has an adaptive loss scaler attached")
-            base = nn.Conv2d if isinstance(mod, nn.Conv2d) else nn.Linear
-            if type(mod).forward is not stock[base]:
-                self.skipped_layers.append((name, "class overrides forward"))
-                continue
-            if "forward" in mod.__dict__ and not _is_ours(mod.__dict__["forward"]):  # ours: a stale copy
-                self.skipped_layers.append((name, "instance forward already patched"))
-                continue
-            info = _LayerInfo(name or type(mod).__name__, mod)
-            _ATTACHED[mod] = info
-            mod.forward = _PatchedForward(mod)
-            self._layers.append(info)
-            self._modules.append(mod)
-            self._by_name[info.name] = info
 
     def _attach_output_points(self, model: nn.Module) -> None:
         """The reference's later scaling points (head outputs, L2Norm input), as forward hooks."""
         for name, mod, kind, lognormal in find_output_points(model):
             info = _PointInfo(name, kind, lognormal)
-            self._points.append(info)
+            self._output_points.append(info)
             self._by_name[info.name] = info
             self._point_handles.append(mod.register_forward_hook(_point_hook(info)))
-        if not self._points:
+        if not self._output_points:
             warnings.warn("output_scaling: the model has no SSD head or marked module; nothing added",
                           stacklevel=3)
 
     # -- the loop's interface ------------------------------------------------
-    def scale(self, loss: torch.Tensor) -> torch.Tensor:
-        if self._model is None:
-            raise RuntimeError("scaler was removed from its model")
-        # hooks of a finished backward go now: a parameter's AccumulateGrad node can outlive its graph
-        for it in self._pending:
-            if it.backward_done:
-                it.release()
-        self._pending = [it for it in self._pending if it.handles]
-        scaled = loss * self.init_scale if self.init_scale != 1.0 else loss
-        root = scaled.grad_fn
-        if root is None:
-            return scaled
-        plan = analyse(root, lambda n: isinstance(n, _SCALING_NODE_TYPES))
+    def _iteration_recomputes(self) -> bool:
+        """Every ``update_every``-th step (``update_count: steps``; with ``calls`` each layer counts)."""
         recompute = self._iter % self.update_every == 0
         self._recomputed |= recompute and self.update_count == "steps"
-        it = _Iteration(self, plan.n_ids, torch.full((), self.init_scale, dtype=_F32, device=loss.device), recompute)
-        it.install(root, plan, self._carried, self.unscale_in_backward)
-        self._last_plan = {"nodes": plan.n_nodes, "merge_points": len(plan.merges), "layers": len(plan.layers)}
-        self._pending.append(it)
-        return scaled
-
-    def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
-        """Divide each parameter gradient by the scale it carries; one fused non-finite check per group."""
-        if self._unscaled:
-            return
-        groups: dict[tuple, tuple[torch.Tensor | None, list[torch.Tensor]]] = {}
-        for g, p in ((p.grad, p) for group in optimizer.param_groups for p in group["params"]):
-            if g is None:
-                continue
-            target = self._carried.get(id(p))
-            val = None if target is None else target[0].vals[target[1]]
-            key = (id(val) if val is not None else None, g.device, g.dtype)
-            groups.setdefault(key, (val, []))[1].append(g)
-        found_by_dev: dict[torch.device, torch.Tensor] = {}
-        for (_, device, _), (val, grads) in groups.items():
-            found = found_by_dev.setdefault(device, torch.zeros(1, dtype=_F32, device=device))
-            unscale_group_(grads, val, found)
-        if found_by_dev:
-            flags = list(found_by_dev.values())
-            dev = flags[0].device
-            found = torch.stack([f.to(dev) for f in flags]).amax().clamp(max=1.0)
-        else:
-            found = torch.zeros(())
-        self._found_inf = all_reduce_flag(found)
-        self._unscaled = True
+        return recompute
 
     def update(self) -> None:
-        super().update()
         if self._recomputed and self.sync_scales and self.update_every > 1 and _world_size() > 1:
             self.agree_scales()
         self._recomputed = False
-        self._iter += 1
-        self._carried.clear()
-        self._release_pending()
+        super().update()
 
-    def current_scale(self) -> float:
-        return self.init_scale
-
-    # -- internals -------------------------------------------------------------
-    def _layer_scale(self, it: _Iteration, info: _LayerInfo, g: torch.Tensor, w: torch.Tensor,
-                     prev: torch.Tensor) -> torch.Tensor:
+    # -- the rule --------------------------------------------------------------
+    def layer_factor(self, it: _Iteration, layer: _LayerInfo, grad: torch.Tensor, weight: torch.Tensor | None,
+                     incoming: torch.Tensor) -> torch.Tensor:
+        """The adaptive rule's layer scale (steps 1-9 of docs/adaptive_algorithm.md), bounded against
+        the ``incoming`` scale; statistics recomputed when due, else the layer's last ones reused."""
+        info, g, w, prev = layer, grad, weight, incoming
         if self.scale_fn is not None:
             s = self.scale_fn(info.name, g, w, prev)
             return torch.as_tensor(s, dtype=_F32, device=g.device).reshape(())
@@ -285,14 +191,9 @@ class AdaptiveLossScaler(LossScaler):
         return bound_scale_tensor(unb, prev, scale_upper_bound=self.scale_upper_bound,
                                   accum_upper_bound=self.accum_upper_bound, power_of_two=self.power_of_two)
 
-    def _release_pending(self) -> None:
-        for it in self._pending:
-            it.release()
-        self._pending = []
-
     def agree_scales(self) -> None:
         """All-reduce MIN of the stored unbounded layer scales across replicas (no-op when not distributed)."""
-        infos = self._layers + self._points
+        infos = self._layers + self._output_points
         if _world_size() <= 1 or not infos:
             return
         import torch.distributed as dist
@@ -311,60 +212,18 @@ class AdaptiveLossScaler(LossScaler):
                 info.last_unbounded = torch.where(torch.isfinite(v), v, torch.ones_like(v)).to(
                     info.last_unbounded.device)
 
-    def _detach_modules(self) -> None:
-        for mod in self._modules:
-            if _is_ours(mod.__dict__.get("forward")):
-                del mod.__dict__["forward"]
-            _ATTACHED.pop(mod, None)
-        self._modules = []
-
     # -- introspection -------------------------------------------------------
-    def _recorded(self) -> list[tuple[_LayerInfo, list[float]]]:
-        """(info, [scale, prev, unbounded]) for layers that ran; one device->host copy."""
-        rows = [i for i in self._layers + self._points if i.last_prev is not None]
-        if not rows:
-            return []
-        dev = rows[0].last_prev.device
-        nan = torch.full((), float("nan"), dtype=_F32, device=dev)
-
-        def v(t):
-            return nan if t is None else t.to(dev, _F32).reshape(())
-
-        mat = torch.stack([torch.stack([v(i.last_scale), v(i.last_prev), v(i.last_unbounded)]) for i in rows])
-        return list(zip(rows, mat.cpu().tolist()))
-
-    def metrics(self) -> dict[str, float]:
-        out: dict[str, float] = {"loss_scale": self.init_scale}
-        rec = self._recorded()
-        scales = [math.log2(s) for i, (s, _, _) in rec if i.applied and s > 0]
-        accum = [math.log2(p * (s if i.applied else 1.0)) for i, (s, p, _) in rec
-                 if p > 0 and (not i.applied or s > 0) and math.isfinite(p)]
-        if scales:
-            out.update(ada_scale_log2_min=min(scales), ada_scale_log2_median=float(statistics.median(scales)),
-                       ada_scale_log2_max=max(scales))
-        if accum:
-            out.update(ada_accum_scale_log2_min=min(accum), ada_accum_scale_log2_max=max(accum))
-        out["ada_merge_points"] = float(self._last_plan["merge_points"])
-        return out
-
-    def layer_table(self) -> list[dict[str, Any]]:
-        vals = {i.name: r for i, r in self._recorded()}
-        table = []
-        for info in self._layers + self._points:
-            s, p, u = vals.get(info.name, (float("nan"),) * 3)
-            if info.last_unbounded is not None and info.name not in vals:
-                u = float(info.last_unbounded)
-            applied = info.applied and info.name in vals
-            scale = s if applied else 1.0
-            u = None if u is None or math.isnan(u) else u
-            table.append({"layer": info.name, "type": info.kind, "fan_in": info.fan_in, "applied": applied,
-                          "scale": scale, "prev_scale": p, "accum_scale": p * scale, "unbounded_scale": u})
-        return table
+    def _table_columns(self, k: int, info: Any, unbounded: float, ran: bool) -> dict[str, Any]:
+        """The unbounded scale (the rule's statistic), also for a layer that did not run this step."""
+        u = unbounded
+        if info.last_unbounded is not None and not ran:
+            u = float(info.last_unbounded)
+        return {"unbounded_scale": None if u is None or math.isnan(u) else u}
 
     def state_dict(self) -> dict[str, Any]:
         rec = {i.name: r for i, r in self._recorded()}
         layers = {}
-        for info in self._layers + self._points:
+        for info in self._layers + self._output_points:
             s, p, _ = rec.get(info.name, (None, None, None))
             u = None if info.last_unbounded is None else float(info.last_unbounded)
             layers[info.name] = {"unbounded": u, "scale": s if info.applied else None, "prev_scale": p,
@@ -389,16 +248,9 @@ class AdaptiveLossScaler(LossScaler):
             info.last_scale = None if (s is None or p is None) else torch.tensor(float(s), dtype=_F32, device=dev)
             info.applied = info.last_scale is not None
 
-    @property
-    def layer_names(self) -> list[str]:
-        return [i.name for i in self._layers]
-
     def remove(self) -> None:
         """Restore the model exactly: the instance forwards and output-point hooks go, pending hooks are removed."""
         for h in self._point_handles:
             h.remove()
         self._point_handles = []
-        self._detach_modules()
-        self._release_pending()
-        self._carried.clear()
-        self._model = None
+        super().remove()

@@ -1,6 +1,6 @@
 """The per-layer autograd Functions of adaptive loss scaling and the state of one backward pass.
 
-:class:`~.adaptive.AdaptiveLossScaler` (the design is in :mod:`.adaptive`'s docstring) gives
+:class:`~.per_layer.PerLayerLossScaler` (adaptive's design is in :mod:`.adaptive`'s docstring) gives
 every stock ``nn.Conv2d``/``nn.Linear`` an instance ``forward`` (:class:`_PatchedForward`) that
 runs :class:`_AdaConv2d`/:class:`_AdaLinear`. Their backward asks the backward pass's
 :class:`_Iteration` for the layer scale and folds it into the weight operand of the
@@ -9,11 +9,12 @@ indexed by the scale source ids of :mod:`._graph`; :meth:`_Iteration.install` ha
 graph: ``node._ada = (iteration, in_id, out_id)`` on each layer's backward node (the Function
 reads it back through ``ctx``, which is that node), :func:`_merge_hook` on the consumers of merge
 points and :func:`_convert_hook` on parameter gradients arriving at another scale than their
-``.grad`` carries. The layer scale itself is the scaler's ``_layer_scale`` (the rule of
-:mod:`.adaptive_rule` with the scaler's options, or a test's ``scale_fn``); the scaler is only
-reached through the iteration, so this module never imports :mod:`.adaptive`.
+``.grad`` carries. The layer scale itself is the scaler's public hook
+:meth:`~.per_layer.PerLayerLossScaler.layer_factor` (adaptive: the rule of :mod:`.adaptive_rule`
+with the scaler's options, or a test's ``scale_fn``); the scaler is only reached through the
+iteration, so this module never imports :mod:`.per_layer` or :mod:`.adaptive`.
 
-``_ATTACHED`` is the one registry of wrapped modules: :mod:`.adaptive` imports (and re-exports)
+``_ATTACHED`` is the one registry of wrapped modules: :mod:`.per_layer` imports
 this object; it must not be re-created anywhere else.
 """
 
@@ -33,7 +34,7 @@ from .adaptive_rule import _max_abs, backward_fan_in, branch_target_scale
 
 _F32 = torch.float32
 
-_UNSCALED = None  # marker in AdaptiveLossScaler._carried: the gradient is accumulated unscaled
+_UNSCALED = None  # marker in PerLayerLossScaler._carried: the gradient is accumulated unscaled
 
 
 # ---------------------------------------------------------------------------
@@ -303,7 +304,7 @@ class _Merge:
 class _Iteration:
     """State of one ``scale(loss)``/backward: the scale values, indexed by scale source id."""
 
-    # ``scaler``: the AdaptiveLossScaler that owns this backward (not imported here: it imports us)
+    # ``scaler``: the PerLayerLossScaler that owns this backward (not imported here: it imports us)
     def __init__(self, scaler: Any, n_ids: int, root_scale: torch.Tensor, recompute: bool) -> None:
         self.scaler = scaler
         self.vals: list[torch.Tensor | None] = [None] * n_ids
@@ -377,7 +378,7 @@ class _Iteration:
             self.vals[out_id] = prev
             info.record(None, prev)
             return None
-        s = self.scaler._layer_scale(self, info, g, w, prev)
+        s = self.scaler.layer_factor(self, info, g, w, prev)
         self.vals[out_id] = prev * s
         info.record(s, prev)
         return s

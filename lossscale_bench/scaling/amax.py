@@ -16,7 +16,7 @@ Transformer Engine scales every FP8 tensor by ``(fp8_max / amax) / 2**margin``
 TE's power-of-two scale option does, so scaling and unscaling are exact.
 
 Where the scales sit and where amax is measured. The scaling points are
-adaptive's (:mod:`.adaptive`): the loss, and the input gradient of every stock
+those of :class:`~.per_layer.PointLossScaler` (:mod:`.per_layer`): the loss, and the input gradient of every stock
 Conv2d/Linear, produced directly at its scale (the factor is folded into the
 layer's input-gradient product) and rounded to the gradient format where it
 arrives at the next layer's output. The scale of the gradient layer ``j`` sends
@@ -45,22 +45,20 @@ sums over a batch may exceed the format's maximum, which ``margin`` prevents.
 
 from __future__ import annotations
 
-import math
-import statistics
 from typing import Any
 
 import torch
 from torch import nn
 
 from ..formats import FP16, FloatFormat
-from ._graph import ROOT_SCALE_ID
-from .adaptive import AdaptiveLossScaler
 from .adaptive_rule import _max_abs
 from .base import all_reduce_flag
+from .per_layer import LOSS_POINT, PointLossScaler
+
+__all__ = ["AmaxLossScaler", "scale_from_amax", "RECIPES", "LOSS_POINT"]
 
 _F32 = torch.float32
 RECIPES = ("current", "delayed")
-LOSS_POINT = "<loss>"
 
 
 def scale_from_amax(amax: torch.Tensor, prev: torch.Tensor, fmax: float, margin: float,
@@ -73,10 +71,11 @@ def scale_from_amax(amax: torch.Tensor, prev: torch.Tensor, fmax: float, margin:
     return torch.where(ok, sf, prev)
 
 
-class AmaxLossScaler(AdaptiveLossScaler):
+class AmaxLossScaler(PointLossScaler):
     """A scale per scaling point from the gradient's amax (see module doc)."""
 
     method = "amax"
+    metric_prefix = "amax_"
 
     def __init__(self, model: nn.Module, recipe: str = "delayed", history: int = 1024, margin: float = 0.0,
                  power_of_two: bool = True, init_scale: float = 1.0, *, grad_format: FloatFormat = FP16,
@@ -87,14 +86,12 @@ class AmaxLossScaler(AdaptiveLossScaler):
             raise ValueError(f"history must be a positive integer, got {history}")
         if not margin >= 0:
             raise ValueError(f"margin must be >= 0, got {margin}")
-        super().__init__(model, update_every=1, init_scale=init_scale, power_of_two=power_of_two,
-                         grad_format=grad_format, **kwargs)
+        super().__init__(model, init_scale=init_scale, grad_format=grad_format, **kwargs)
+        self.power_of_two = bool(power_of_two)
         self.recipe = recipe
         self.history = int(history)
         self.margin = float(margin)
         self.fmax = float(grad_format.max)
-        self.points = [LOSS_POINT] + [i.name for i in self._layers]
-        self._point = {id(info): k + 1 for k, info in enumerate(self._layers)}
         n = len(self.points)
         #: device state, created at the first backward on the gradients' device
         self._scales: torch.Tensor | None = None     # (n,) scale of every point
@@ -117,17 +114,12 @@ class AmaxLossScaler(AdaptiveLossScaler):
         if self._now is None:
             self._now = torch.zeros(self._n, dtype=_F32, device=self._scales.device)
 
-    # -- the loop's interface ----------------------------------------------------
-    def scale(self, loss: torch.Tensor) -> torch.Tensor:
-        self.init_scale = self._loss_scale
-        return super().scale(loss)
-
-    def _layer_scale(self, it, info, g: torch.Tensor, w: torch.Tensor, prev: torch.Tensor) -> torch.Tensor:
-        self._ensure(g.device)
-        k = self._point[id(info)]
-        from_loss = prev is it.vals[ROOT_SCALE_ID]
-        prev = prev.to(device=self._scales.device, dtype=_F32)
-        a = _max_abs(g).to(self._scales.device, _F32) / prev
+    # -- the rule ------------------------------------------------------------------
+    def point_scale(self, k: int, grad: torch.Tensor, incoming: torch.Tensor, from_loss: bool) -> torch.Tensor:
+        """TE's scale from point ``k``'s amax (this one or the history's); records the arriving amax."""
+        self._ensure(grad.device)
+        prev = incoming.to(device=self._scales.device, dtype=_F32)
+        a = _max_abs(grad).to(self._scales.device, _F32) / prev
         a = torch.where(torch.isfinite(a), a, torch.zeros_like(a))  # a non-finite amax is not recorded
         self._now[k] = a
         if from_loss:
@@ -135,7 +127,7 @@ class AmaxLossScaler(AdaptiveLossScaler):
         amax = a if self.recipe == "current" else self._hist_max[k]
         s = scale_from_amax(amax, self._scales[k], self.fmax, self.margin, self.power_of_two)
         self._scales[k] = s
-        return (s / prev).to(g.device)
+        return s
 
     def update(self) -> None:
         measured = self._now is not None and self._scales is not None
@@ -163,21 +155,10 @@ class AmaxLossScaler(AdaptiveLossScaler):
             return {p: (self._loss_scale if k == 0 else 1.0) for k, p in enumerate(self.points)}
         return dict(zip(self.points, self._scales.tolist()))
 
-    def metrics(self) -> dict[str, float]:
-        out = {("amax_" + k[4:] if k.startswith("ada_") else k): v for k, v in super().metrics().items()}
-        out["loss_scale"] = self._loss_scale
-        logs = [math.log2(s) for s in self.point_scales().values() if s > 0]
-        out.update(amax_point_scale_log2_min=min(logs), amax_point_scale_log2_median=float(statistics.median(logs)),
-                   amax_point_scale_log2_max=max(logs))
-        return out
-
     def layer_table(self) -> list[dict[str, Any]]:
         rows = super().layer_table()
-        scales = self.point_scales()
         last = [0.0] * self._n if self._hist is None else self._hist[0].tolist()
         for row, k in zip(rows, range(1, self._n)):
-            row.pop("unbounded_scale", None)
-            row["point_scale"] = scales[self.points[k]]
             row["amax"] = last[k]
         return rows
 

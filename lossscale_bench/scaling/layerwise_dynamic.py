@@ -13,7 +13,7 @@ update their own scales on a skipped step; so does this scaler.
 Where the scales sit. fairscale hooks every module in ``named_modules`` order
 and multiplies a layer's input gradient by ``scale[i-1] / scale[i]``, which
 assumes a chain. Here the per-layer scaling points are adaptive's
-(:mod:`.adaptive`, :mod:`.adaptive_layers`): every stock Conv2d/Linear folds a
+(:class:`~.per_layer.PointLossScaler`, shared with adaptive and amax): every stock Conv2d/Linear folds a
 factor into its input-gradient product, merges of branches are brought to one
 scale, parameter gradients are unscaled by the scale they carry; so it runs on
 torchvision's SSDs as they are. The scale of *point j* is the absolute scale
@@ -32,8 +32,6 @@ gradient) neither grows nor backs off.
 
 from __future__ import annotations
 
-import math
-import statistics
 from typing import Any
 
 import torch
@@ -41,17 +39,19 @@ from torch import nn
 
 from ..formats import FP16, FloatFormat
 from ._graph import ROOT_SCALE_ID
-from .adaptive import AdaptiveLossScaler
 from .base import all_reduce_flag, unscale_group_
+from .per_layer import LOSS_POINT, PointLossScaler
+
+__all__ = ["LayerwiseDynamicLossScaler", "LOSS_POINT"]
 
 _F32 = torch.float32
-LOSS_POINT = "<loss>"
 
 
-class LayerwiseDynamicLossScaler(AdaptiveLossScaler):
+class LayerwiseDynamicLossScaler(PointLossScaler):
     """A dynamic scale per scaling point (the loss and every Conv2d/Linear's input gradient)."""
 
     method = "layerwise_dynamic"
+    metric_prefix = "lw_"
 
     def __init__(self, model: nn.Module, init_scale: float = 65536.0, interval: int = 10000,
                  growth_factor: float = 2.0, backoff_factor: float = 0.5, min_scale: float | None = None,
@@ -60,15 +60,12 @@ class LayerwiseDynamicLossScaler(AdaptiveLossScaler):
             raise ValueError(f"interval must be a positive integer, got {interval}")
         if not growth_factor > 1.0 or not 0.0 < backoff_factor < 1.0:  # fairscale's assertions
             raise ValueError("growth_factor must be > 1 and backoff_factor in (0, 1)")
-        super().__init__(model, update_every=1, init_scale=init_scale, grad_format=grad_format, **kwargs)
+        super().__init__(model, init_scale=init_scale, grad_format=grad_format, **kwargs)
         self.interval = int(interval)
         self.growth_factor = float(growth_factor)
         self.backoff_factor = float(backoff_factor)
         self.min_scale = float(torch.finfo(_F32).tiny) if min_scale is None else float(min_scale)
         self.max_scale = float(torch.finfo(_F32).max) if max_scale is None else float(max_scale)
-        #: point names: the loss, then every wrapped layer (``self._layers`` order)
-        self.points = [LOSS_POINT] + [i.name for i in self._layers]
-        self._point = {id(info): k + 1 for k, info in enumerate(self._layers)}
         self._scales = [float(init_scale)] * len(self.points)
         self._trackers = [0] * len(self.points)
         #: per-point overflow flags (device) of the step in flight, set by unscale_
@@ -76,14 +73,10 @@ class LayerwiseDynamicLossScaler(AdaptiveLossScaler):
         self._point_used: list[bool] = [False] * len(self.points)
         self.last_backoffs = 0
 
-    # -- the loop's interface ----------------------------------------------------
-    def scale(self, loss: torch.Tensor) -> torch.Tensor:
-        self.init_scale = self._scales[0]
-        return super().scale(loss)
-
-    def _layer_scale(self, it, info, g: torch.Tensor, w: torch.Tensor, prev: torch.Tensor) -> torch.Tensor:
-        target = torch.full((), self._scales[self._point[id(info)]], dtype=_F32, device=g.device)
-        return target / prev.to(device=g.device, dtype=_F32)
+    # -- the rule ------------------------------------------------------------------
+    def point_scale(self, k: int, grad: torch.Tensor, incoming: torch.Tensor, from_loss: bool) -> torch.Tensor:
+        """Point ``k``'s own dynamic scale, set by :meth:`update` from its overflows."""
+        return torch.full((), self._scales[k], dtype=_F32, device=grad.device)
 
     def _points_of(self, it, cache: dict):
         """``resolve(sid)``: the points whose scale source ``sid`` is (a merge: every branch's), per iteration."""
@@ -183,18 +176,13 @@ class LayerwiseDynamicLossScaler(AdaptiveLossScaler):
         return dict(zip(self.points, self._scales))
 
     def metrics(self) -> dict[str, float]:
-        out = {("lw_" + k[4:] if k.startswith("ada_") else k): v for k, v in super().metrics().items()}
-        out["loss_scale"] = self._scales[0]
-        logs = [math.log2(s) for s in self._scales if s > 0]
-        out.update(lw_point_scale_log2_min=min(logs), lw_point_scale_log2_median=float(statistics.median(logs)),
-                   lw_point_scale_log2_max=max(logs), lw_points_backed_off=float(self.last_backoffs))
+        out = super().metrics()
+        out["lw_points_backed_off"] = float(self.last_backoffs)
         return out
 
     def layer_table(self) -> list[dict[str, Any]]:
         rows = super().layer_table()
         for row, k in zip(rows, range(1, len(self.points))):
-            row.pop("unbounded_scale", None)
-            row["point_scale"] = self._scales[k]
             row["growth_tracker"] = self._trackers[k]
         return rows
 

@@ -19,7 +19,7 @@ from torch import nn
 from helpers import random_detection_batch
 from lossscale_bench.models import build_model
 from lossscale_bench.precision import install_fp16_emulation, round_fp16
-from lossscale_bench.scaling import adaptive as adaptive_mod
+from lossscale_bench.scaling import adaptive_layers
 from lossscale_bench.scaling import build_scaler
 from lossscale_bench.scaling.adaptive import (U_MAX, U_MIN, AdaptiveLossScaler, approx_range_scale,
                                               approx_range_scale_tensor, backward_fan_in, branch_target_scale,
@@ -328,7 +328,7 @@ def test_remove_restores_the_model():
     scaler.remove()
     assert _all_hook_dicts_empty(model)
     assert all(m.forward.__func__ is nn.Conv2d.forward for m in convs)
-    assert not any(m in adaptive_mod._ATTACHED for m in convs)
+    assert not any(m in adaptive_layers._ATTACHED for m in convs)
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     model.zero_grad(set_to_none=True)
     loss = _loss(model, images, targets)

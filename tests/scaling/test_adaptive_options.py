@@ -279,7 +279,7 @@ def _recompute_pattern(update_count, passes_per_step, steps, n=2):
     for _ in range(steps):
         for _ in range(passes_per_step):
             seen = []
-            orig = scaler._layer_scale
+            orig = scaler.layer_factor
 
             def spy(it, inf, g, w, prev, orig=orig, seen=seen):
                 before = scaler.stat_computations
@@ -288,9 +288,9 @@ def _recompute_pattern(update_count, passes_per_step, steps, n=2):
                     seen.append(scaler.stat_computations > before)
                 return out
 
-            scaler._layer_scale = spy
+            scaler.layer_factor = spy
             scaler.scale(model(torch.randn(3, 4))).backward()
-            scaler._layer_scale = orig
+            del scaler.layer_factor  # the class method again
             pattern += seen  # in backward order: the reference's counter advances in the same order
         scaler.step(opt)
         scaler.update()
