@@ -54,9 +54,22 @@ _SPECS = (
                        "a row says otherwise: Transformer Engine's Format.E4M3), not real fp8."),
 )
 
+
+
+def _in_registry_order(specs) -> dict[str, PrecisionSpec]:
+    """name -> spec in ``registry.PRECISIONS``'s order (where a new entry goes in ``_SPECS`` does not
+    matter); a name in one and not the other is a mistake in the recipe, said in one line at import."""
+    by_name = {s.name: s for s in specs}
+    missing, extra = [p for p in PRECISIONS if p not in by_name], [n for n in by_name if n not in PRECISIONS]
+    if missing or extra or len(by_name) != len(specs):
+        raise ImportError("registry.PRECISIONS and the table in study/precisions.py disagree: "
+                          f"no PrecisionSpec for {missing}, not in registry.PRECISIONS: {extra}, or a name twice "
+                          "(README: Adding a method or a precision)")
+    return {p: by_name[p] for p in PRECISIONS}
+
+
 #: name -> spec, in the registry's order
-PRECISION_SPECS: dict[str, PrecisionSpec] = {s.name: s for s in _SPECS}
-assert tuple(PRECISION_SPECS) == tuple(PRECISIONS), "registry.PRECISIONS and the precision table disagree"
+PRECISION_SPECS: dict[str, PrecisionSpec] = _in_registry_order(_SPECS)
 
 #: the emulated precisions (the options about emulated rounding apply to these only)
 EMULATED_PRECISIONS = tuple(n for n, s in PRECISION_SPECS.items() if s.emulated)
