@@ -1,0 +1,62 @@
+"""Every registered scaling method and precision trains: the tests a new entry gets with no edit here.
+
+Why: the registry (``registry.SCALING_METHODS``, ``registry.PRECISIONS``) and the entries behind it
+are the only place a method or a precision is described (README "Adding a method or a precision").
+These tests take their lists from there, so a new method or precision is exercised the day it is
+registered: a short trial (the tiny synthetic SSD, 3 steps) through ``run_trial`` must not fail, must
+log its loss scale every step and, for a per-layer method, the layer-scale metric ``lsbench report
+--telemetry`` reads. What the method computes is its own test's business (tests/scaling/).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from helpers import study_yaml
+from lossscale_bench.registry import LAYER_SCALE_SUFFIX, PRECISIONS, SCALING_METHODS
+from lossscale_bench.study import load_study_text
+from lossscale_bench.study.methods import ENTRIES
+from lossscale_bench.study.precisions import PRECISION_SPECS
+
+#: the precision the methods are tried in: the first emulated one whose gradients need a loss scale
+#: (CPU-speed, and every method then has overflow and underflow to act on)
+SCALED_EMULATION = next(n for n, s in PRECISION_SPECS.items() if s.emulated and s.needs_scaler)
+STEPS = 3
+
+
+def _trial(tmp_path, precision: str, entry: str):
+    from lossscale_bench.sink import MemorySink
+    from lossscale_bench.trial import run_trial
+
+    cfg = load_study_text(study_yaml(precision=precision, scaling=[entry], log_every=1,
+                                     schedule={"iterations": STEPS, "lr": 0.01, "warmup_iterations": 1})).trials()[0]
+    sink = MemorySink()
+    out = run_trial(cfg, sink=sink, trial_dir=tmp_path, threads=1)
+    # diverged is a result (a default start scale may overflow every one of 3 steps), failed is a bug
+    assert out.status in ("finished", "diverged"), (entry, precision, out.error)
+    scales = sink.history("loss_scale")
+    assert [s for s, _ in scales] == list(range(1, STEPS + 1)), (entry, precision, scales)
+    assert all(v > 0 and math.isfinite(v) for _, v in scales), scales
+    return sink
+
+
+@pytest.mark.parametrize("method", SCALING_METHODS)
+def test_every_method_trains_at_its_defaults(tmp_path, method):
+    sink = _trial(tmp_path, SCALED_EMULATION, f"{{method: {method}}}")
+    layer_scales = {k for k, _, _ in sink.items if k.endswith(LAYER_SCALE_SUFFIX)}
+    if ENTRIES[method].per_layer:  # what report --telemetry shows as the row's layer scale
+        assert layer_scales, f"{method} logs no metric ending in {LAYER_SCALE_SUFFIX}"
+        assert all(math.isfinite(v) for k, v, _ in sink.items if k in layer_scales)
+    else:
+        assert not layer_scales, layer_scales
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_every_precision_trains(tmp_path, precision):
+    """With a fixed loss scale where the precision's gradients need one, else with none."""
+    entry = "{method: fixed, scale: 128}" if PRECISION_SPECS[precision].needs_scaler else "{method: none}"
+    sink = _trial(tmp_path, precision, entry)
+    want = 128.0 if PRECISION_SPECS[precision].needs_scaler else 1.0
+    assert {v for _, v in sink.history("loss_scale")} == {want}
