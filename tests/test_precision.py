@@ -10,6 +10,10 @@ from torch import nn
 
 from lossscale_bench.precision import get_precision, install_fp16_emulation, round_fp16
 from lossscale_bench.scaling import FixedLossScaler
+from lossscale_bench.study.precisions import EMULATED_PRECISIONS, PRECISION_SPECS
+
+#: every emulated precision that rounds gradients (from the table: a new one is tested too)
+GRAD_ROUNDING_EMULATIONS = [n for n in EMULATED_PRECISIONS if PRECISION_SPECS[n].grad_format]
 
 
 def test_round_fp16_limits():
@@ -108,7 +112,7 @@ def test_round_grads_together_equals_one_call_per_tensor(fmt_name):
     assert torch.equal(_bits(base[:, :, 1]), _bits(want[3]))  # written through the view
 
 
-@pytest.mark.parametrize("precision", ["fp16-emulated", "fp8-e4m3-emulated"])
+@pytest.mark.parametrize("precision", GRAD_ROUNDING_EMULATIONS)
 def test_emulation_rounds_parameter_gradients_once_at_the_end_of_backward(precision):
     """The emulation rounds all parameter gradients of a backward in one call at its end: the result
     must be each accumulated gradient rounded on its own (as the per-parameter hook did), and the

@@ -19,7 +19,7 @@ Study level (from the MLflow store, for :mod:`lossscale_bench.report.write`)::
 * ``underflow_<label>``: per-layer underflow-rate heatmap (layer x step) of
   one trial per method, from its ``layers/layers_history.csv`` artifact;
 * ``scale_<label>``: per-layer scale heatmap (own and accumulated scale,
-  log2 colour) of one trial per adaptive method, same artifact.
+  log2 colour) of one trial per per-layer method (any that logs layer scales), same artifact.
 
 Histories are read for at most ``seeds_per_label`` runs per label and
 ``max_curve_runs`` runs in all; layer artifacts for at most
@@ -90,7 +90,7 @@ def trial_plots(
     ``metrics``: metric name -> [(step, value), ...]; ``loss`` gives
     ``loss.png``, ``loss_scale`` gives ``loss_scale.png`` (log2 axis).
     ``layers_csv`` (the trial's ``layers_history.csv``; None or missing is
-    fine) gives ``underflow_heatmap.png`` and, when it has adaptive scales,
+    fine) gives ``underflow_heatmap.png`` and, when a per-layer method filled its scales,
     ``scale_heatmap.png``.  Plots without data are not written.
     """
     out_dir = Path(out_dir)
@@ -112,7 +112,7 @@ def trial_plots(
         put("underflow_heatmap.png", layer_heatmap_png(table, rate_columns(table),
                                                        title="Per-layer gradient underflow, flush and saturation"))
         put("scale_heatmap.png", layer_heatmap_png(table, ("scale", "accum_scale"), log2=True,
-                                                   title="Per-layer loss scale (adaptive)"))
+                                                   title="Per-layer loss scale"))
     return written
 
 

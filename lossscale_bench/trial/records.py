@@ -30,7 +30,7 @@ def data_report(train_ds, val_ds) -> dict[str, Any]:
 
 
 def write_layer_table(path: Path, rates: dict, scaler_rows: list[dict], sink: Sink) -> None:
-    """The per-layer table at an evaluation: underflow rates (every method) and adaptive scales."""
+    """The per-layer table at an evaluation: underflow rates (every method) and the per-layer methods' scales."""
     import csv
 
     by_layer: dict[str, dict] = {name: {"layer": name, **r} for name, r in rates.items()}
