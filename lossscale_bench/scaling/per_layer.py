@@ -60,8 +60,6 @@ class PerLayerLossScaler(LossScaler):
 
     #: prefix of the metrics this scaler logs (module doc); a subclass sets its own
     metric_prefix = "layer_"
-    #: how many optimizer steps a computed statistic is reused for (adaptive's ``update_every``)
-    update_every = 1
 
     def __init__(self, model: nn.Module, init_scale: float = 1.0, *, grad_format: FloatFormat = FP16,
                  unscale_in_backward: bool | None = None,

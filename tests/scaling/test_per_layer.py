@@ -1,0 +1,85 @@
+"""The per-layer base's contract (scaling/per_layer.py), as a new method sees it.
+
+Why: README's recipe tells a new per-layer method to write only ``point_scale`` (or
+``layer_factor``); these tests hold the base to what its docstrings promise: a point's absolute
+scale is the scale the gradient it sends upstream carries, parameter gradients come back unscaled,
+the metrics and table name the points, and a rule left unwritten is refused at construction.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from lossscale_bench.registry import LAYER_SCALE_SUFFIX
+from lossscale_bench.scaling.per_layer import LOSS_POINT, PerLayerLossScaler, PointLossScaler
+
+#: a different power of two per point (the loss first), so a misplaced scale shows
+SCALES = {LOSS_POINT: 2.0 ** 3, "0": 2.0 ** 9, "2": 2.0 ** -2, "5": 2.0 ** 6}
+
+
+class _Fixed(PointLossScaler):
+    method = "fixed_points"
+    metric_prefix = "fp_"
+
+    def __init__(self, model, **kwargs):
+        super().__init__(model, init_scale=SCALES[LOSS_POINT], **kwargs)
+        self.seen: dict[str, float] = {}  # point -> the scale that arrived at its layer
+
+    def point_scale(self, k, grad, incoming, from_loss):
+        self.seen[self.points[k]] = (float(incoming), from_loss)
+        return torch.tensor(SCALES[self.points[k]])
+
+    def point_scales(self):
+        return dict(SCALES)
+
+    def current_scale(self):
+        return SCALES[LOSS_POINT]
+
+
+def _chain():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Conv2d(4, 4, 3), nn.ReLU(), nn.Flatten(),
+                         nn.Linear(4 * 4 * 4, 5))
+
+
+def _loss(model):
+    x = torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(0))
+    return (model(x) ** 2).mean()
+
+
+def test_point_scales_are_what_the_gradients_carry_and_unscale_exactly():
+    model = _chain()
+    _loss(model).backward()
+    ref = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    scaler = _Fixed(model)
+    scaler.scale(_loss(model)).backward()
+    # the Linear (5) gets the loss's scale, the conv below it the Linear's point's; the first conv sends
+    # nothing upstream (its input needs no gradient), so it is not asked: its parameters carry point 2's
+    assert scaler.seen == {"5": (SCALES[LOSS_POINT], True), "2": (SCALES["5"], False)}
+    scaler.step(torch.optim.SGD(model.parameters(), lr=0.0))
+    for got, want in zip((p.grad for p in model.parameters()), ref):
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=0)
+    rows = {r["layer"]: r for r in scaler.layer_table()}
+    assert {n: r["point_scale"] for n, r in rows.items()} == {n: SCALES[n] for n in ("0", "2", "5")}
+    assert rows["2"]["scale"] == SCALES["2"] / SCALES["5"]  # the factor: the point's scale over the arrived one
+    m = scaler.metrics()
+    assert m["loss_scale"] == SCALES[LOSS_POINT] and f"fp_point_{LAYER_SCALE_SUFFIX}" in m
+    assert m[f"fp_{LAYER_SCALE_SUFFIX}"] == -2.5  # log2 of the factors applied: 3 (2^6 / 2^3), -8 (2^-2 / 2^6)
+    scaler.update()
+    scaler.remove()
+    assert all("forward" not in mod.__dict__ for mod in model.modules())
+
+
+def test_a_rule_left_unwritten_is_refused_and_leaves_the_model_alone():
+    class NoRule(PerLayerLossScaler):
+        method = "no_rule"
+
+    model = _chain()
+    with pytest.raises(TypeError, match="layer_factor"):
+        NoRule(model)
+    assert all("forward" not in mod.__dict__ for mod in model.modules())
+    with pytest.raises(ValueError, match="needs the model"):
+        _Fixed(None)
