@@ -13,7 +13,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..float_ranges import RANGES
 from ..registry import PRECISIONS
+
+#: autocast dtype name -> the format autocast computes in (the ones torch's autocast offers)
+AUTOCAST_FORMATS = {"float16": "fp16", "bfloat16": "bf16"}
+#: the format names an entry may give (fp32 is None: nothing is rounded)
+FORMAT_NAMES = tuple(n for n in RANGES if n != "fp32")
 
 
 @dataclass(frozen=True)
@@ -33,6 +39,31 @@ class PrecisionSpec:
     te_format: str | None = None
     #: the report's footnote for rows in this precision (emulations must say so)
     note: str | None = None
+
+    def __post_init__(self) -> None:
+        """Refuse, when the table is imported, an entry that would fail every trial or say what a
+        trial does not do (issue 30: a precision described in the table must work at run time)."""
+        problems = [f"{f} {v!r} is not a format (one of {', '.join(FORMAT_NAMES)}; None for fp32)"
+                    for f, v in (("forward_format", self.forward_format), ("grad_format", self.grad_format))
+                    if v is not None and v not in FORMAT_NAMES]
+        if self.autocast is not None and self.autocast not in AUTOCAST_FORMATS:
+            problems.append(f"autocast {self.autocast!r} is not one of {', '.join(AUTOCAST_FORMATS)} (or None)")
+        if self.emulated:
+            if self.autocast is not None:
+                problems.append("an emulation computes in fp32 and rounds (autocast must be None)")
+            if self.forward_format is None and self.grad_format is None:
+                problems.append("an emulation rounds something (forward_format, grad_format or both)")
+            if not self.note:
+                problems.append("an emulation says so under its rows (note)")
+        else:
+            fmt = AUTOCAST_FORMATS.get(self.autocast)
+            if (self.forward_format, self.grad_format) != (fmt, fmt):
+                problems.append(f"without emulation nothing rounds: forward_format and grad_format are what "
+                                f"autocast computes in ({fmt or 'None'}), or set emulated")
+        if self.needs_scaler and self.grad_format is None:
+            problems.append("needs_scaler without a grad_format: fp32 gradients have nothing to rescue")
+        if problems:
+            raise ValueError(f"precision table entry {self.name!r}: " + "; ".join(problems))
 
 
 _SPECS = (
