@@ -1,9 +1,12 @@
 """Loss-scaling methods as a study file names them: one module per method, each one entry.
 
-Adding a method: its scaler in ``lossscale_bench/scaling/``, its entry here (a module named
-after the method that defines ``ENTRY``, a :class:`~.base.MethodEntry` subclass), and its
-name in ``registry.SCALING_METHODS``. Everything else (the schema's union, trial-id tags,
-default labels, the report's labels of stored runs, ``build_scaler``) reads the entries.
+Adding a method: its scaler in ``lossscale_bench/scaling/`` (a per-layer one subclasses
+``scaling/per_layer.py``'s ``PointLossScaler`` or ``PerLayerLossScaler``), its entry here (a module
+named after the method that defines ``ENTRY``, a :class:`~.base.MethodEntry` subclass), and its
+name in ``registry.SCALING_METHODS`` (README "Adding a method or a precision" has a worked example,
+run by ``tests/test_extending.py``). Everything else (the schema's union, trial-id tags, default
+labels, the report's labels of stored runs, ``build_scaler``, ``report --telemetry``) reads the
+entries and the scalers' metrics.
 """
 
 from __future__ import annotations
