@@ -270,7 +270,8 @@ class PointLossScaler(PerLayerLossScaler):
 
     Point 0 is the loss (:data:`LOSS_POINT`), point ``k >= 1`` the input gradient of the k-th
     wrapped layer (:attr:`points` names them). A subclass implements :meth:`point_scale` and
-    :meth:`current_scale` (the loss's scale, point 0) and :meth:`point_scales`.
+    :meth:`point_scales`, and :meth:`current_scale` (the loss's scale, point 0) where that is not
+    the constant ``init_scale``.
     """
 
     def __init__(self, model: nn.Module, init_scale: float = 1.0, **kwargs: Any) -> None:
@@ -300,6 +301,7 @@ class PointLossScaler(PerLayerLossScaler):
         return (target / incoming.to(device=target.device, dtype=_F32)).to(grad.device)
 
     def scale(self, loss: torch.Tensor) -> torch.Tensor:
+        """Multiply ``loss`` by point 0's scale: the machinery starts every backward at ``init_scale``."""
         self.init_scale = self.current_scale()
         return super().scale(loss)
 
