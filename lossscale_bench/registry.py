@@ -17,7 +17,9 @@ EVAL_METRICS = ("coco", "voc07", "voc")
 # A per-layer scaler (scaling/per_layer.py) logs its layers' median log2 scale under a metric whose name
 # ends in this (``ada_scale_log2_median``, ``amax_point_scale_log2_median``); ``lsbench report
 # --telemetry`` finds a method's layer scales by it, so the report names no method and a new per-layer
-# method shows its scales with no edit there. Here because both sides read it and neither imports the other.
+# method shows its scales with no edit there. A point scaler logs two (its points' absolute scales,
+# ``<prefix>point_scale_log2_median``, and its layers' factors, ``<prefix>scale_log2_median``): the report takes
+# the first name in sorted order, the points'. Here because both sides read it and neither imports the other.
 LAYER_SCALE_SUFFIX = "scale_log2_median"
 
 # Bumped when a model's architecture or initialisation changes what it trains to, so that
