@@ -294,7 +294,7 @@ def _build(name: str, seed: int = 0, options: dict | None = None) -> Precision:
     weight = None
     if spec.grad_format == "e2m1":
         grad = fp4_format(spec.grad_scaling or "e2m1", stochastic=opts["fp4_rounding"] == "stochastic",
-                          mode=opts["mx_scale"], seed=seed)
+                          mode=opts["mx_exponent"], seed=seed)
     if spec.forward_scaling == "nvfp4":  # forward values are rounded to nearest (NVIDIA's recipe)
         fwd, weight = fp4_format("nvfp4"), fp4_format("nvfp4", weight=True)
     return Precision(spec.name, getattr(torch, spec.autocast) if spec.autocast else None,

@@ -162,7 +162,8 @@ def _nvfp4_core(x1, key, block: int, stochastic: bool, with_counts: bool, eager:
     out2 = out2 * ((amax - amax) + 1.0)  # 1 for a finite tensor, NaN if any element is NaN or inf
     if not with_counts:
         return out2.view(-1)
-    return out2.view(-1), *_counts(x2, out2, scaled, amax <= _F32_MAX)
+    # a block whose E4M3 scale underflowed is flushed, not saturated (its encode scale is FLT_MAX)
+    return out2.view(-1), *_counts(x2, out2, scaled, (amax <= _F32_MAX) & (s_b > 0))
 
 
 def _mxfp4_core(x1, key, mode: str, stochastic: bool, with_counts: bool, eager: bool):

@@ -72,10 +72,10 @@ _OPTIONS = (
                     "16x16 random Hadamard transform of the weight-gradient product's gradient input before it is "
                     "quantised (NVIDIA's NVFP4 recipe applies it to the wgrad GEMM's inputs)",
                     {True: "Hadamard wgrad"}),
-    PrecisionOption("mx_scale", ("floor", "ceil"),
+    PrecisionOption("mx_exponent", ("floor", "ceil"),
                     "MXFP4's shared exponent: floor(log2 amax) - 2 (the OCP spec: block maxima with significand "
                     "above 1.5 saturate) or rounded up (never saturates, one bit less at the bottom)",
-                    {"ceil": "MX scale rounded up"}),
+                    {"ceil": "MX exponent rounded up"}),
 )
 #: every precision option, by name (study-row key)
 PRECISION_OPTIONS: dict[str, PrecisionOption] = {o.name: o for o in _OPTIONS}
@@ -90,7 +90,7 @@ def _fp4(name: str, forward: str, grads: str) -> PrecisionSpec:
             "mxfp4": "MXFP4 (E2M1, a power-of-two E8M0 scale per 32 elements: OCP MX v1.0)"}[grads]
     fwd = ("conv/linear outputs rounded to float8 E4M3" if forward == "e4m3" else
            "conv/linear outputs in NVFP4 1x16 blocks and weights in NVFP4 16x16 blocks")
-    options = ("fp4_rounding", "wgrad_hadamard") + (("mx_scale",) if grads == "mxfp4" else ())
+    options = ("fp4_rounding", "wgrad_hadamard") + (("mx_exponent",) if grads == "mxfp4" else ())
     return PrecisionSpec(name, forward_format="e4m3" if forward == "e4m3" else "e2m1", grad_format="e2m1",
                          emulated=True, needs_scaler=True, te_format="NVFP4BlockScaling" if grads == forward == "nvfp4"
                          else None, grad_scaling=None if grads == "e2m1" else grads,
