@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .formats import FloatFormat
+from .numerics.fp8 import not_a_view
 from .numerics.hadamard import hadamard_round
 
 
@@ -73,9 +74,7 @@ class _Fp4Layer(torch.autograd.Function):
             y = _forward(m, x, wq, b)
         ctx.save_for_backward(x, wq, b)
         ctx.m, ctx.bwd, ctx.hadamard = m, bwd, hadamard
-        from .precision import _not_a_view  # a view output breaks in-place ops after the layer (see there)
-
-        return _not_a_view(y if fwd is None else fwd.round(y), y)
+        return not_a_view(y if fwd is None else fwd.round(y), y)  # a view would break in-place ops after the layer
 
     @staticmethod
     def backward(ctx, g):  # type: ignore[override]

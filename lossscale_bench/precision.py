@@ -49,6 +49,7 @@ from torch import nn
 from .formats import E4M3_NAN, FORMATS, FP16, FloatFormat, block_scaled, fp4_format, Fp4Format
 from .fp4_layers import fp4_layer, supported
 from .numerics.fp8 import is_channels_last
+from .numerics.fp8 import not_a_view as _not_a_view
 from .registry import PRECISIONS
 from .study.precisions import PRECISION_OPTIONS, PRECISION_SPECS
 
@@ -59,22 +60,6 @@ EMULATED_LAYERS = (nn.Conv2d, nn.Linear, nn.ConvTranspose2d)
 def round_fp16(t: torch.Tensor) -> torch.Tensor:
     """Round through fp16 and back: flush-to-zero below 2**-25, inf past 65504."""
     return FP16.round(t)
-
-
-def _not_a_view(out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """``out`` as a tensor that owns its place in autograd, without copying its data.
-
-    Why: the roundings return a view of their flat result (``reshape``/``permute`` back to the
-    input's shape and layout), and autograd forbids modifying a custom Function's view output in
-    place, which every in-place ReLU after a rounded conv does (SSD300/SSD512's VGG: "Output 0 of
-    _RoundThrough is a view and is being modified inplace", found on an H200 in issue 20 and
-    reproduced on the CPU). ``set_`` gives a fresh tensor over the same storage, shape and strides
-    that is not recorded as a view; an input returned as it is gets a copy (a no-op rounding)."""
-    if out is x:
-        return x.clone()
-    if out._base is None:
-        return out
-    return out.new_empty(0).set_(out.untyped_storage(), out.storage_offset(), out.size(), out.stride())
 
 
 class _RoundThrough(torch.autograd.Function):
