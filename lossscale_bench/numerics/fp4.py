@@ -46,7 +46,19 @@ NaN and inf: E2M1 has neither. The plain format saturates +-inf to +-6 and keeps
 tensor scale) holding NaN or inf dequantises to all NaN.
 
 torchao 0.18 (``torchao.prototype.mx_formats``) implements both block formats; the tests compare
-bit for bit and document where it differs.
+(tests/numerics/test_fp4.py). Where it differs, by design or by bug:
+
+* E2M1 element cast (``f32_to_f4_unpacked``): identical on every finite value and on +-inf
+  (+-6); NaN has no E2M1 code and torchao returns +-1.5 for it, we keep NaN.
+* MXFP4 (``to_mx`` / ``to_dtype`` with ``float4_e2m1fn_x2``): bit for bit in all four scale
+  modes, except (as for MX32, :mod:`.block_scaling`) blocks whose amax is below about 2^-118,
+  which torchao quantises with one scale and dequantises with another.
+* NVFP4 (``nvfp4_quantize`` with a per-tensor scale): torchao clamps every block scale up to
+  E4M3's smallest *normal* 2^-6 (its ``E4M3_EPS`` is ``finfo.tiny``), so blocks whose max is below
+  about 2^-15 of the tensor's keep coarse values there, where the definition keeps them in
+  E4M3's subnormal scales or flushes them (seen on about 15% of blocks of a wide-range gradient);
+  it also dequantises with ``amax / 2688 * s_b`` where the definition divides by
+  ``2688 / amax``: the same E4M3 scales and codes elsewhere, values within one fp32 rounding.
 """
 
 from __future__ import annotations
