@@ -70,7 +70,7 @@ import torch.nn.functional as F
 
 from ._compile import LazyCompiled
 from .block_scaling import ElementFormat, FlushSaturate, MX_MODES, _exp2i, mx_exponent
-from .fp8 import E4M3, Fp8Spec, _bits_eager, _bits_fused, _magic, is_channels_last
+from .fp8 import E4M3, Fp8Spec, _bits_eager, _bits_fused, _magic, is_channels_last, memory_order_flat
 
 #: E2M1 described like the fp8 formats, so the bit-level rounding of :mod:`.fp8` applies as it is
 #: (its ``dtype`` is only a placeholder: torch has no castable fp4 dtype; no NaN code, see module doc)
@@ -121,8 +121,7 @@ def _mix(x: torch.Tensor) -> torch.Tensor:
 def uniform(n: int, key: torch.Tensor, device=None) -> torch.Tensor:
     """``n`` fp32 values in [0, 1), multiples of 2^-24, from the 64-bit ``key`` (module doc)."""
     i = torch.arange(n, dtype=torch.int64, device=device)
-    h = _mix((i + (key & _M32)) & _M32)
-    h = _mix(h ^ ((key >> 32) & _M32))
+    h = _mix(((i ^ ((key >> 32) & _M32)) + (key & _M32)) & _M32)
     return (h >> 8).to(torch.float32) * 2.0 ** -24
 
 
@@ -238,6 +237,8 @@ class Layout(NamedTuple):
     rows: int
     cols: int
     tiles16: bool
+    #: element-wise rounding in memory order: the inverse of fp8.memory_order_flat
+    unflatten: object
 
 
 def _flatten(x: torch.Tensor, block: int, weight: bool) -> tuple[torch.Tensor, Layout]:
@@ -245,19 +246,24 @@ def _flatten(x: torch.Tensor, block: int, weight: bool) -> tuple[torch.Tensor, L
     consecutive elements in logical order (as MX32 does); ``weight`` lays 16x16 tiles of the
     ``[out, rest]`` view out one after another."""
     xf = x.detach().to(torch.float32)
+    if block == 1:  # element-wise: memory order, no layout copy of a channels_last tensor (fp8.memory_order_flat)
+        flat, unflatten = memory_order_flat(xf)
+        return flat.contiguous().detach(), Layout(x.shape, 0, flat.numel(), False, unflatten)
     if not weight:
         flat = xf.reshape(-1)
         pad = -flat.numel() % block
-        return (F.pad(flat, (0, pad)) if pad else flat).detach(), Layout(x.shape, 1, flat.numel(), False)
+        return (F.pad(flat, (0, pad)) if pad else flat).detach(), Layout(x.shape, 1, flat.numel(), False, None)
     rows = xf.shape[0] if xf.dim() else 1
     cols = xf.numel() // max(rows, 1)
     x2 = F.pad(xf.reshape(rows, cols), (0, -cols % 16, 0, -rows % 16))
     r, c = x2.shape
     tiles = x2.view(r // 16, 16, c // 16, 16).permute(0, 2, 1, 3).reshape(-1)
-    return tiles.detach(), Layout(x.shape, rows, cols, True)
+    return tiles.detach(), Layout(x.shape, rows, cols, True, None)
 
 
 def _unflatten(out1: torch.Tensor, lay: Layout) -> torch.Tensor:
+    if lay.unflatten is not None:
+        return lay.unflatten(out1)
     if not lay.tiles16:
         return out1[:lay.cols].reshape(lay.shape)
     r, c = lay.rows + (-lay.rows % 16), lay.cols + (-lay.cols % 16)
@@ -293,7 +299,7 @@ def fp4_round(x: torch.Tensor, kind: str = "nvfp4", *, stochastic: bool = False,
     res = k(x1, seed) if (k.uses_compiled() if compiled is None else compiled) and not small else k.eager(x1, seed)
     out1, extra = (res[0], FlushSaturate(*res[1:])) if counts else (res, None)
     out = _unflatten(out1, lay).to(x.dtype)
-    if is_channels_last(x):  # hand a channels_last model its layout back (see block_scaling)
+    if is_channels_last(x) and not out.is_contiguous(memory_format=torch.channels_last):  # its layout back
         out = out.contiguous(memory_format=torch.channels_last)
     return (out, extra) if counts else out
 
