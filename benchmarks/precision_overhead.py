@@ -29,8 +29,8 @@ from scaler_overhead import SIZES, build, time_interleaved  # noqa: E402
 PRECISIONS = ("fp32", "fp16-emulated", "fp8-emulated", "fp8-e4m3-emulated", "fp8-e4m3-emulated+mx32")
 
 
-def measure(model_name: str, steps: int, warmup: int, device: str) -> dict[str, float]:
-    trainers = {p: build(model_name, {"method": "none"}, p, device) for p in PRECISIONS}
+def measure(model_name: str, steps: int, warmup: int, device: str, precisions=PRECISIONS) -> dict[str, float]:
+    trainers = {p: build(model_name, {"method": "none"}, p, device) for p in precisions}
     return time_interleaved(trainers, model_name, steps, warmup)
 
 
@@ -52,13 +52,15 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1, help="torch threads (a demo trial runs with 1)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--layouts", action="store_true", help="NCHW vs channels_last instead of precisions")
+    ap.add_argument("--precisions", nargs="+", default=list(PRECISIONS),
+                    help="fp32 and others (name+mx32: block-scaled fp8 gradients; name+hadamard: FP4 wgrad_hadamard)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     print(f"device {args.device}, {args.steps} timed steps after {args.warmup} warm-up, "
           f"torch {torch.__version__}, {torch.get_num_threads()} threads")
     print()
     measure_fn, header, base = ((measure_layouts, "precision, layout", "fp32, NCHW") if args.layouts
-                                else (measure, "precision", "fp32"))
+                                else (lambda *a: measure(*a, precisions=args.precisions), "precision", "fp32"))
     print(f"| model | {header} | median step (ms) | ratio to {base} |")
     print("|---|---|---|---|")
     for model in args.models:

@@ -52,8 +52,10 @@ def build(model_name: str, method: dict, precision_name: str, device: str):
     size, _ = SIZES[model_name]
     backend = get_backend(device)
     model = backend.prepare_model(build_model(model_name, num_classes=4, image_size=size))
-    name, _, blocks = precision_name.partition("+")  # "fp8-e4m3-emulated+mx32": block-scaled gradients
-    precision = get_precision(name, grad_blocks=blocks or None)
+    name, _, extra = precision_name.partition("+")  # "fp8-e4m3-emulated+mx32": block-scaled gradients
+    # "e4m3fwd-nvfp4grad-emulated+hadamard": the FP4 precision option wgrad_hadamard
+    options = {"wgrad_hadamard": True} if extra == "hadamard" else {"grad_blocks": extra or None}
+    precision = get_precision(name, **options)
     precision.prepare(model)
     scaler = build_scaler(method, model)
     sched = {"lr": 1e-4, "momentum": 0.9, "weight_decay": 5e-4}

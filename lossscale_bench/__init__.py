@@ -17,7 +17,7 @@ there is no circle). Where new code goes:
    the data cache and the reports folder, checked before a study trains), ``wording`` (message helpers),
    ``dataset_files`` (how VOC/COCO annotations and layouts are read and where the synthetic set is
    cached: below both ``study`` and ``data``, which read the same files by the same rules).
-1. ``components``: ``formats`` (number formats), ``data``, ``models``, ``precision`` (a new precision),
+1. ``components``: ``formats`` (number formats), ``fp4_layers`` (the FP4 emulation's split backward), ``data``, ``models``, ``precision`` (a new precision),
    ``scaling`` (a new loss scaler), ``backends`` (a new device),
    ``telemetry``, ``evaluation``. They know the schema's names, not each other's
    internals, and nothing about the loop.
@@ -46,7 +46,7 @@ __version__ = "0.1.0"
 LAYERS = (
     ("schema", ("exit_codes", "float_ranges", "portable", "registry", "sink", "wording", "writable", "dataset_files",
                 "study")),
-    ("components", ("formats", "numerics", "data", "models", "precision", "scaling", "backends", "telemetry",
+    ("components", ("formats", "numerics", "fp4_layers", "data", "models", "precision", "scaling", "backends", "telemetry",
                     "evaluation")),
     ("engine", ("engine",)),
     ("trial", ("trial",)),

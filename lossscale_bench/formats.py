@@ -111,7 +111,19 @@ E5M2 = FloatFormat("e5m2", torch.float8_e5m2, **RANGES["e5m2"].fields())
 #: bf16 autocast: fp32's exponent range, so loss scaling has nothing to rescue
 BF16 = FloatFormat("bf16", torch.bfloat16, **RANGES["bf16"].fields())
 
-FORMATS: dict[str, FloatFormat] = {f.name: f for f in (FP16, BF16, E4M3, E4M3_NAN, E5M2)}
+def _round_e2m1(t: torch.Tensor) -> torch.Tensor:
+    from .numerics.fp4 import round_e2m1
+
+    return round_e2m1(t)
+
+
+#: FP4 with no scale but the loss scale: +-{0, 0.5, 1, 1.5, 2, 3, 4, 6}, saturating (E2M1 has no inf);
+#: round to nearest even (:class:`Fp4Format` for its stochastic and block-scaled variants). ``dtype``
+#: is torch's packed fp4 dtype, which no tensor the emulation rounds has (torch cannot cast to it)
+E2M1 = FloatFormat("e2m1", torch.float4_e2m1fn_x2, **RANGES["e2m1"].fields(), saturates=True, rounder=_round_e2m1,
+                   overflow="saturate")
+
+FORMATS: dict[str, FloatFormat] = {f.name: f for f in (FP16, BF16, E4M3, E4M3_NAN, E5M2, E2M1)}
 
 
 @dataclass(frozen=True)
@@ -154,3 +166,55 @@ def block_scaled(element: FloatFormat, granularity: str, mode: str = "ceil") -> 
     base = {k: getattr(element, k) for k in ("dtype", "max", "min_normal", "min_subnormal", "reference_u_min")}
     return BlockScaledFormat(name, **base, saturates=True, overflow="saturate", element=element.name.split("-")[0],
                              granularity=granularity, mode=mode)
+
+
+@dataclass(frozen=True)
+class Fp4Format(FloatFormat):
+    """E2M1 values with NVFP4 or MXFP4 block scales, or none (``kind`` ``e2m1``), rounded to nearest
+    or stochastically (:mod:`lossscale_bench.numerics.fp4`). The range fields are E2M1's: for the
+    block formats they hold per block, in the scaled domain, so :meth:`census` counts flushed and
+    saturated elements from the round trip itself (no subnormal count: -1), as for MX32.
+
+    ``stream`` hands out the stochastic rounding's keys, seeded from the trial's seed; the census
+    rounds to nearest and draws none, so logging a step does not change what the next rounding
+    draws. With stochastic rounding the census (the plain format's thresholds included) therefore
+    counts what rounding to nearest would flush: the expected share of a value below the smallest
+    subnormal 0.5 that flushes is ``1 - |x| / 0.5``, not 0 or 1."""
+
+    kind: str = "e2m1"
+    stochastic: bool = False
+    #: MXFP4's shared-exponent rounding: floor (the spec), ceil (never saturates), even, rceil
+    mode: str = "floor"
+    #: NVFP4 weights: 16x16 tiles instead of 1x16 blocks
+    weight: bool = False
+    stream: object = field(default=None, compare=False, repr=False)
+
+    def round(self, t: torch.Tensor) -> torch.Tensor:
+        from .numerics.fp4 import fp4_round
+
+        key = self.stream.next_key() if self.stochastic else None
+        return fp4_round(t, self.kind, stochastic=self.stochastic, key=key, mode=self.mode, weight=self.weight)
+
+    def census(self, g: torch.Tensor) -> torch.Tensor:
+        if self.kind == "e2m1":
+            return super().census(g)
+        from .numerics.fp4 import fp4_round
+
+        _, c = fp4_round(g.detach(), self.kind, mode=self.mode, weight=self.weight, counts=True)
+        return torch.stack([c.nonzero, torch.full_like(c.nonzero, -1), c.flushed, c.saturated])
+
+    @property
+    def thresholds(self) -> dict[str, float]:
+        return super().thresholds if self.kind == "e2m1" else {}
+
+
+def fp4_format(kind: str, stochastic: bool = False, mode: str = "floor", weight: bool = False,
+               seed: int = 0) -> Fp4Format:
+    """An FP4 format (``kind`` ``e2m1``, ``nvfp4``, ``mxfp4``), named after what it is
+    (``nvfp4-sr``, ``mxfp4-ceil``, ``nvfp4-w16x16``); stochastic ones draw from a stream seeded by ``seed``."""
+    from .numerics.fp4 import Fp4Stream
+
+    name = kind + ("-w16x16" if weight else "") + (f"-{mode}" if kind == "mxfp4" else "") + ("-sr" if stochastic else "")
+    return Fp4Format(name, E2M1.dtype, **RANGES["e2m1"].fields(), saturates=True, overflow="saturate",
+                     elementwise=kind == "e2m1", kind=kind, stochastic=stochastic, mode=mode, weight=weight,
+                     stream=Fp4Stream(seed) if stochastic else None)

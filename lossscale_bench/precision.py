@@ -46,10 +46,12 @@ from functools import partial
 import torch
 from torch import nn
 
-from .formats import E4M3_NAN, FORMATS, FP16, FloatFormat, block_scaled
+from .formats import E4M3_NAN, FORMATS, FP16, FloatFormat, block_scaled, fp4_format, Fp4Format
+from .fp4_layers import fp4_layer, supported
 from .numerics.fp8 import is_channels_last
+from .numerics.fp8 import not_a_view as _not_a_view
 from .registry import PRECISIONS
-from .study.precisions import PRECISION_SPECS
+from .study.precisions import PRECISION_OPTIONS, PRECISION_SPECS
 
 #: layer types whose outputs (and the gradients arriving at them) are rounded
 EMULATED_LAYERS = (nn.Conv2d, nn.Linear, nn.ConvTranspose2d)
@@ -58,22 +60,6 @@ EMULATED_LAYERS = (nn.Conv2d, nn.Linear, nn.ConvTranspose2d)
 def round_fp16(t: torch.Tensor) -> torch.Tensor:
     """Round through fp16 and back: flush-to-zero below 2**-25, inf past 65504."""
     return FP16.round(t)
-
-
-def _not_a_view(out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """``out`` as a tensor that owns its place in autograd, without copying its data.
-
-    Why: the roundings return a view of their flat result (``reshape``/``permute`` back to the
-    input's shape and layout), and autograd forbids modifying a custom Function's view output in
-    place, which every in-place ReLU after a rounded conv does (SSD300/SSD512's VGG: "Output 0 of
-    _RoundThrough is a view and is being modified inplace", found on an H200 in issue 20 and
-    reproduced on the CPU). ``set_`` gives a fresh tensor over the same storage, shape and strides
-    that is not recorded as a view; an input returned as it is gets a copy (a no-op rounding)."""
-    if out is x:
-        return x.clone()
-    if out._base is None:
-        return out
-    return out.new_empty(0).set_(out.untyped_storage(), out.storage_offset(), out.size(), out.stride())
 
 
 class _RoundThrough(torch.autograd.Function):
@@ -131,11 +117,14 @@ GRAD_ROUNDINGS = ("before_unscale", "after_unscale")
 
 
 def install_emulation(model: nn.Module, forward_format: FloatFormat | None, grad_format: FloatFormat | None,
-                      round_param_grads: bool = True) -> EmulationHandle:
+                      round_param_grads: bool = True, weight_format: FloatFormat | None = None,
+                      wgrad_hadamard: bool = False) -> EmulationHandle:
     """Round layer outputs to ``forward_format``, their incoming gradients and (unless
     ``round_param_grads`` is false: ``grad_rounding: after_unscale``) the accumulated parameter
     gradients to ``grad_format``. A format that is None leaves its direction in fp32 (the precision
-    table allows either: an fp32 forward with rounded gradients, say)."""
+    table allows either: an fp32 forward with rounded gradients, say). ``weight_format`` (weights
+    rounded in the forward product, evaluation included) and ``wgrad_hadamard`` go through
+    :mod:`.fp4_layers`."""
     handles = []
     if grad_format is None:
         round_param_grads = False
@@ -145,9 +134,15 @@ def install_emulation(model: nn.Module, forward_format: FloatFormat | None, grad
             return round_through(output, forward_format, grad_format)
         return output
 
+    def split_hook(module, inputs, output):  # fp4_layers: the weight rounded, or the wgrad path transformed
+        if isinstance(output, torch.Tensor) and output.is_floating_point():
+            return fp4_layer(module, inputs[0], output, forward_format, grad_format, weight_format, wgrad_hadamard)
+        return out_hook(module, inputs, output)
+
+    split = weight_format is not None or wgrad_hadamard
     for m in model.modules():
         if isinstance(m, EMULATED_LAYERS):
-            handles.append(m.register_forward_hook(out_hook))
+            handles.append(m.register_forward_hook(split_hook if split and supported(m) else out_hook))
 
     observers: list = []
     pending: list[torch.Tensor] = []
@@ -225,6 +220,10 @@ class Precision:
     grad_format: FloatFormat | None = None
     #: emulated only: when parameter gradients are rounded to grad_format (module doc)
     grad_rounding: str = "before_unscale"
+    #: FP4 forward values in NVFP4: weights rounded in the forward product (NVFP4 16x16 tiles)
+    weight_format: FloatFormat | None = None
+    #: the Hadamard transform of the weight-gradient product's gradient input (fp4_layers)
+    wgrad_hadamard: bool = False
 
     @property
     def rounds_after_unscale(self) -> bool:
@@ -235,7 +234,8 @@ class Precision:
         """Install whatever the precision needs on the model (the emulation's rounding hooks)."""
         if self.emulated:
             return install_emulation(model, self.forward_format, self.grad_format,
-                                     round_param_grads=not self.rounds_after_unscale)
+                                     round_param_grads=not self.rounds_after_unscale,
+                                     weight_format=self.weight_format, wgrad_hadamard=self.wgrad_hadamard)
         return None
 
     def round_unscaled_grads(self, params) -> torch.Tensor | None:
@@ -263,22 +263,40 @@ class Precision:
         return self.grad_format or FP16
 
 
-def _build(name: str) -> Precision:
-    """The runtime precision of a table entry (:mod:`lossscale_bench.study.precisions`)."""
+def _build(name: str, seed: int = 0, options: dict | None = None) -> Precision:
+    """The runtime precision of a table entry (:mod:`lossscale_bench.study.precisions`) with its
+    precision options (None or missing: the option's default); ``seed`` seeds stochastic rounding."""
     spec = PRECISION_SPECS[name]
+    opts = {n: o.default for n, o in PRECISION_OPTIONS.items()}
+    for k, v in (options or {}).items():
+        if v is None:
+            continue
+        if k not in spec.options:
+            raise ValueError(f"{k} is not an option of {name!r}")
+        opts[k] = v
+    fwd = FORMATS[spec.forward_format] if spec.forward_format else None
+    grad = FORMATS[spec.grad_format] if spec.grad_format else None
+    weight = None
+    if spec.grad_format == "e2m1":
+        grad = fp4_format(spec.grad_scaling or "e2m1", stochastic=opts["fp4_rounding"] == "stochastic",
+                          mode=opts["mx_exponent"], seed=seed)
+    if spec.forward_scaling == "nvfp4":  # forward values are rounded to nearest (NVIDIA's recipe)
+        fwd, weight = fp4_format("nvfp4"), fp4_format("nvfp4", weight=True)
     return Precision(spec.name, getattr(torch, spec.autocast) if spec.autocast else None,
-                     needs_scaler=spec.needs_scaler, emulated=spec.emulated,
-                     forward_format=FORMATS[spec.forward_format] if spec.forward_format else None,
-                     grad_format=FORMATS[spec.grad_format] if spec.grad_format else None)
+                     needs_scaler=spec.needs_scaler, emulated=spec.emulated, forward_format=fwd, grad_format=grad,
+                     weight_format=weight, wgrad_hadamard=bool(opts["wgrad_hadamard"]))
 
 
 def get_precision(name: str, grad_rounding: str | None = None, grad_overflow: str | None = None,
-                  grad_blocks: str | None = None, block_rounding: str | None = None) -> Precision:
+                  grad_blocks: str | None = None, block_rounding: str | None = None, seed: int = 0,
+                  **options) -> Precision:
     """The precision ``name``; ``grad_rounding`` (emulated precisions only) as in the module doc;
     ``grad_overflow`` ``nan`` (E4M3 gradients overflow to NaN instead of saturating) and
     ``grad_blocks`` (block-scaled fp8 gradients, :class:`~.formats.BlockScaledFormat`) change the
-    gradient format (the schema allows them only where they mean something)."""
-    prec = _with_grad_format(name, grad_overflow, grad_blocks, block_rounding)
+    gradient format (the schema allows them only where they mean something). ``options``: the
+    precision options (``study.precisions.PRECISION_OPTIONS``) the entry takes; ``seed`` (the
+    trial's) seeds the stochastic rounding of FP4 gradients."""
+    prec = _with_grad_format(name, grad_overflow, grad_blocks, block_rounding, seed, options)
     if grad_rounding is None or grad_rounding == prec.grad_rounding:
         return prec
     if grad_rounding not in GRAD_ROUNDINGS:
@@ -288,9 +306,10 @@ def get_precision(name: str, grad_rounding: str | None = None, grad_overflow: st
     return replace(prec, grad_rounding=grad_rounding)
 
 
-def _with_grad_format(name: str, grad_overflow, grad_blocks, block_rounding) -> Precision:
+def _with_grad_format(name: str, grad_overflow, grad_blocks, block_rounding, seed: int = 0,
+                      options: dict | None = None) -> Precision:
     try:
-        prec = _build(name)
+        prec = _build(name, seed, options)
     except KeyError:
         raise ValueError(f"unknown precision {name!r}; allowed: {', '.join(PRECISIONS)}") from None
     fmt = prec.grad_format
@@ -299,7 +318,7 @@ def _with_grad_format(name: str, grad_overflow, grad_blocks, block_rounding) -> 
             raise ValueError(f"grad_overflow applies to E4M3 gradients only, not {name!r}")
         fmt = E4M3_NAN
     if grad_blocks not in (None, "none"):
-        if not prec.emulated or fmt is None:
+        if not prec.emulated or fmt is None or isinstance(fmt, Fp4Format):
             raise ValueError(f"grad_blocks applies to the emulated fp8 precisions only, not {name!r}")
         fmt = block_scaled(fmt, grad_blocks, block_rounding or "ceil")
     return prec if fmt is prec.grad_format else replace(prec, grad_format=fmt)

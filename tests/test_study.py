@@ -85,14 +85,14 @@ MALFORMED = [
     ("source-is-not-a-key", BASE + "source: elsewhere.yaml\n",
      f"source: unknown key (set by the loader, not the file); allowed: {TOP_KEYS}"),
     ("unknown-key-in-fixed", BASE.replace("scale: 128", "scale: 128, interval: 3"),
-     "scaling[1].interval: unknown key; allowed: method, label, precision, model, batch_size, resources, baseline, grad_rounding, grad_overflow, grad_blocks, block_rounding, scale, skip_nonfinite"),
+     "scaling[1].interval: unknown key; allowed: method, label, precision, model, batch_size, resources, baseline, grad_rounding, grad_overflow, grad_blocks, block_rounding, fp4_rounding, wgrad_hadamard, mx_exponent, scale, skip_nonfinite"),
     ("unknown-key-in-none", BASE.replace("  - none", "  - {method: none, scale: 2}"),
-     "scaling[0].scale: unknown key; allowed: method, label, precision, model, batch_size, resources, baseline, grad_rounding, grad_overflow, grad_blocks, block_rounding"),
+     "scaling[0].scale: unknown key; allowed: method, label, precision, model, batch_size, resources, baseline, grad_rounding, grad_overflow, grad_blocks, block_rounding, fp4_rounding, wgrad_hadamard, mx_exponent"),
     ("unknown-key-in-adaptive", BASE.replace("  - none", "  - {method: adaptive, freq: 10}"),
-     "scaling[0].freq: unknown key; allowed: method, label, precision, model, batch_size, resources, baseline, grad_rounding, grad_overflow, grad_blocks, block_rounding, update_every, "
+     "scaling[0].freq: unknown key; allowed: method, label, precision, model, batch_size, resources, baseline, grad_rounding, grad_overflow, grad_blocks, block_rounding, fp4_rounding, wgrad_hadamard, mx_exponent, update_every, "
      "n_uf_threshold, scale_upper_bound, accum_upper_bound, power_of_two, init_scale, output_scaling, update_count"),
     ("unknown-key-in-dynamic", BASE.replace("  - none", "  - {method: dynamic, growth: 2}"),
-     "scaling[0].growth: unknown key; allowed: method, label, precision, model, batch_size, resources, baseline, grad_rounding, grad_overflow, grad_blocks, block_rounding, style, interval, "
+     "scaling[0].growth: unknown key; allowed: method, label, precision, model, batch_size, resources, baseline, grad_rounding, grad_overflow, grad_blocks, block_rounding, fp4_rounding, wgrad_hadamard, mx_exponent, style, interval, "
      "init_scale, hysteresis, min_scale, consecutive_hysteresis"),
     ("hysteresis-needs-deepspeed", BASE.replace("  - none", "  - {method: dynamic, style: torch, hysteresis: 2}"),
      "scaling[0].hysteresis: only meaningful with style: deepspeed (this entry has style: torch)"),
@@ -142,7 +142,7 @@ MALFORMED = [
      "eval.evry: unknown key (did you mean 'every'?); allowed: every, metric, max_images"),
     ("unknown-key-in-single-scaling-mapping", BASE.replace("scaling:\n  - none\n  - {method: fixed, scale: 128}",
                                                            "scaling: {method: fixed, foo: 1}"),
-     "scaling.foo: unknown key; allowed: method, label, precision, model, batch_size, resources, baseline, grad_rounding, grad_overflow, grad_blocks, block_rounding, scale, skip_nonfinite"),
+     "scaling.foo: unknown key; allowed: method, label, precision, model, batch_size, resources, baseline, grad_rounding, grad_overflow, grad_blocks, block_rounding, fp4_rounding, wgrad_hadamard, mx_exponent, scale, skip_nonfinite"),
     ("non-integral-int", BASE.replace("batch_size: 8", "batch_size: 8.5"),
      "batch_size: expected an integer, got 8.5; allowed: integers >= 1"),
     ("bool-is-not-int", BASE + "log_every: true\n", "log_every: expected an integer, got true; allowed: integers >= 1"),
@@ -155,11 +155,15 @@ MALFORMED = [
      "name: 'my study' is not safe for file names; allowed: letters, digits, '_', '.', '-'"),
     ("xla-mixed16", BASE.replace("fp16-emulated", "mixed16") + "resources: {backend: xla}\n",
      "precision: mixed16 is not supported on backend xla (torch_xla has no fp16 autocast path); use bf16; "
-     "allowed: fp32, bf16, fp16-emulated, fp8-emulated, fp8-e4m3-emulated"),
+     "allowed: fp32, bf16, fp16-emulated, fp8-emulated, fp8-e4m3-emulated, "
+     "e4m3fwd-e2m1grad-emulated, e4m3fwd-nvfp4grad-emulated, e4m3fwd-mxfp4grad-emulated, nvfp4fwd-e2m1grad-emulated, "
+     "nvfp4fwd-nvfp4grad-emulated, nvfp4fwd-mxfp4grad-emulated"),
     ("xla-mixed16-override", BASE.replace("  - none", "  - {method: none, precision: mixed16}")
      + "resources: {backend: xla}\n",
      "scaling[0].precision: mixed16 is not supported on backend xla (torch_xla has no fp16 autocast path); "
-     "use bf16; allowed: fp32, bf16, fp16-emulated, fp8-emulated, fp8-e4m3-emulated"),
+     "use bf16; allowed: fp32, bf16, fp16-emulated, fp8-emulated, fp8-e4m3-emulated, "
+     "e4m3fwd-e2m1grad-emulated, e4m3fwd-nvfp4grad-emulated, e4m3fwd-mxfp4grad-emulated, nvfp4fwd-e2m1grad-emulated, "
+     "nvfp4fwd-nvfp4grad-emulated, nvfp4fwd-mxfp4grad-emulated"),
     ("batch-not-divisible", BASE + "resources: {backend: hpu, devices_per_trial: 3}\n",
      "batch_size[0]: 8 is not divisible by resources.devices_per_trial (3); allowed: multiples of 3"),
     ("override-batch-not-divisible", BASE.replace("scale: 128", "scale: 128, batch_size: 6")

@@ -1,9 +1,11 @@
-"""Numerics the FP8/MX emulation needs: exact fp8 round trips and block-scaled gradient formats.
+"""Numerics the FP8/MX/FP4 emulation needs: exact fp8 round trips and block-scaled gradient formats.
 
 * :mod:`.fp8`: E4M3/E5M2 round trips bit-identical to torch's cast, fast on CPU (compiled by
   Inductor on first use, eager fallback; ``LSBENCH_NO_COMPILE=1`` forces eager).
 * :mod:`.block_scaling`: per-tensor, 1x128-tile and MX-32 block-scaled round trips, and the
   flush/saturation counts the telemetry needs.
+* :mod:`.fp4`: E2M1 alone, NVFP4 and MXFP4 round trips, to nearest or stochastic (seeded,
+  reproducible), compiled the same way; :mod:`.hadamard`: the 16x16 random Hadamard transform.
 
 torchao is not needed; the tests compare against it when it is installed.
 """

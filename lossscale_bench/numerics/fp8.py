@@ -344,3 +344,19 @@ def round_e5m2(x: torch.Tensor, saturate: bool = False, impl: str = "auto") -> t
     gives +-inf). ``saturate=True``: such values, and +-inf, give +-57344 instead.
     """
     return round_fp8(x, E5M2, saturate, impl)
+
+
+def not_a_view(out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """``out`` as a tensor that owns its place in autograd, without copying its data.
+
+    Why: the roundings return a view of their flat result (``reshape``/``permute`` back to the
+    input's shape and layout), and autograd forbids modifying a custom Function's view output in
+    place, which every in-place ReLU after a rounded conv does (SSD300/SSD512's VGG: "Output 0 of
+    _RoundThrough is a view and is being modified inplace", found on an H200 in issue 20 and
+    reproduced on the CPU). ``set_`` gives a fresh tensor over the same storage, shape and strides
+    that is not recorded as a view; an input returned as it is gets a copy (a no-op rounding)."""
+    if out is x:
+        return x.clone()
+    if out._base is None:
+        return out
+    return out.new_empty(0).set_(out.untyped_storage(), out.storage_offset(), out.size(), out.stride())

@@ -7,6 +7,12 @@ to rescue, Transformer Engine's name for the recipe where there is one, and the 
 note under a table of its rows. ``lossscale_bench.precision`` builds the runtime object
 from it, the schema reads which precisions are emulated, and the report its note; a new
 precision is one entry here and its name in ``registry.PRECISIONS``.
+
+Precision options (:class:`PrecisionOption`) are study-row keys that change how a precision
+rounds (the FP4 gradients' stochastic rounding, the Hadamard transform of the weight-gradient
+inputs). Each is described once here, and an entry names the ones it takes; the scaling
+entries' fields, the schema's check, the trial id (a value other than the default), the
+default label and the trial's ``get_precision`` call are all derived from this table.
 """
 
 from __future__ import annotations
@@ -39,6 +45,65 @@ class PrecisionSpec:
     te_format: str | None = None
     #: the report's footnote for rows in this precision (emulations must say so)
     note: str | None = None
+    #: block scaling of the gradient elements: ``nvfp4`` or ``mxfp4`` (grad_format is then e2m1)
+    grad_scaling: str | None = None
+    #: ``nvfp4``: forward values in NVFP4 1x16 blocks and weights in 16x16 blocks (forward_format e2m1)
+    forward_scaling: str | None = None
+    #: the :data:`PRECISION_OPTIONS` a study row in this precision may set
+    options: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class PrecisionOption:
+    """A study-row key that changes how a precision rounds; only precisions naming it accept it."""
+
+    name: str
+    #: allowed values, the default first
+    choices: tuple
+    #: what the option does (the schema's error names the precisions; this is for readers)
+    doc: str
+    #: words the default label adds for each non-default value
+    words: dict
+
+    @property
+    def default(self):
+        return self.choices[0]
+
+
+_OPTIONS = (
+    PrecisionOption("fp4_rounding", ("stochastic", "nearest"),
+                    "rounding of FP4 gradient elements: stochastic (NVIDIA's NVFP4 recipe, unbiased in expectation) "
+                    "or to nearest even (the OCP MX conversion)", {"nearest": "nearest-rounded grads"}),
+    PrecisionOption("wgrad_hadamard", (False, True),
+                    "16x16 random Hadamard transform of the weight-gradient product's gradient input before it is "
+                    "quantised (NVIDIA's NVFP4 recipe applies it to the wgrad GEMM's inputs)",
+                    {True: "Hadamard wgrad"}),
+    PrecisionOption("mx_exponent", ("floor", "ceil"),
+                    "MXFP4's shared exponent: floor(log2 amax) - 2 (the OCP spec: block maxima with significand "
+                    "above 1.5 saturate) or rounded up (never saturates, one bit less at the bottom)",
+                    {"ceil": "MX exponent rounded up"}),
+)
+#: every precision option, by name (study-row key)
+PRECISION_OPTIONS: dict[str, PrecisionOption] = {o.name: o for o in _OPTIONS}
+
+
+def _fp4(name: str, forward: str, grads: str) -> PrecisionSpec:
+    """An FP4 emulation: ``forward`` ``e4m3`` or ``nvfp4``, gradients ``e2m1`` (the loss scale alone), ``nvfp4``
+    or ``mxfp4``."""
+    what = {"e2m1": "plain FP4 E2M1 (no block scale: only the loss scale keeps them in range)",
+            "nvfp4": "NVFP4 (E2M1, an E4M3 scale per 16 elements and an fp32 scale per tensor: Transformer "
+                     "Engine's NVFP4BlockScaling)",
+            "mxfp4": "MXFP4 (E2M1, a power-of-two E8M0 scale per 32 elements: OCP MX v1.0)"}[grads]
+    fwd = ("conv/linear outputs rounded to float8 E4M3" if forward == "e4m3" else
+           "conv/linear outputs in NVFP4 1x16 blocks and weights in NVFP4 16x16 blocks")
+    options = ("fp4_rounding", "wgrad_hadamard") + (("mx_exponent",) if grads == "mxfp4" else ())
+    return PrecisionSpec(name, forward_format="e4m3" if forward == "e4m3" else "e2m1", grad_format="e2m1",
+                         emulated=True, needs_scaler=True, te_format="NVFP4BlockScaling" if grads == forward == "nvfp4"
+                         else None, grad_scaling=None if grads == "e2m1" else grads,
+                         forward_scaling="nvfp4" if forward == "nvfp4" else None, options=options,
+                         note=f"these numbers come from the CPU FP4 emulation (compute in fp32, {fwd}, every gradient "
+                              f"in {what}; gradients rounded stochastically and without the Hadamard transform "
+                              f"unless a row says otherwise), not real fp4.")
 
     def __post_init__(self) -> None:
         """Refuse, when the table is imported, an entry that would fail every trial or say what a
@@ -83,6 +148,7 @@ _SPECS = (
                   note="these numbers come from the CPU fp8 emulation with E4M3 everywhere (compute in fp32, "
                        "conv/linear outputs and every gradient rounded to float8 E4M3, saturating at +-448 unless "
                        "a row says otherwise: Transformer Engine's Format.E4M3), not real fp8."),
+    *(_fp4(f"{fwd}fwd-{grads}grad-emulated", fwd, grads) for fwd in ("e4m3", "nvfp4") for grads in ("e2m1", "nvfp4", "mxfp4")),
 )
 
 
@@ -111,6 +177,24 @@ SCALED_PRECISIONS = tuple(n for n, s in PRECISION_SPECS.items() if s.needs_scale
 #: the format the per-layer scalers keep gradients in where a precision has none (fp32): their own
 #: default, fp16 (``build_scaler`` passes no format then)
 SCALER_DEFAULT_GRAD_FORMAT = "fp16"
+
+
+def precision_option_problems(values: dict, precision: str) -> list[tuple[str, str, str]]:
+    """``(option, problem, allowed)`` for each precision option in ``values`` (a scaling entry's
+    fields; None: not given) that ``precision`` does not take."""
+    takes = PRECISION_SPECS[precision].options
+    out = []
+    for name in PRECISION_OPTIONS:
+        if values.get(name) is not None and name not in takes:
+            where = [n for n, s in PRECISION_SPECS.items() if name in s.options]
+            out.append((name, f"not an option of {precision}", ", ".join(where)))
+    return out
+
+
+def precision_option_words(scaling: dict) -> list[str]:
+    """What a row's default label says about its precision options (those not at their default)."""
+    return [o.words[scaling[n]] for n, o in PRECISION_OPTIONS.items()
+            if scaling.get(n) is not None and scaling[n] != o.default and scaling[n] in o.words]
 
 
 def scaler_grad_format(precision: str) -> str:

@@ -21,7 +21,7 @@ from .fields import (_DEFAULT_SOURCE, _STRICT, Bool, Label, ListOf, NonNegInt, O
                      _as_list, _choice, _ctx_base_dir, _ctx_source, _mapping_or_empty, _number, _resolve_path)
 from .grid import expand
 from .methods import ScalingEntry, default_label
-from .precisions import EMULATED_PRECISIONS, FP8_GRAD_PRECISIONS, PRECISION_SPECS
+from .precisions import EMULATED_PRECISIONS, FP8_GRAD_PRECISIONS, PRECISION_SPECS, precision_option_problems
 from .trial_config import TrialConfig
 
 _NAME_RE = re.compile(r"[A-Za-z0-9_.-]+")
@@ -360,6 +360,8 @@ def _check_grad_rounding(study: "Study", fail) -> None:
     precision's order is the hardware's (AMP: rounded at scale P), so naming one there is a mistake."""
     for k, e in enumerate(study.scaling):
         prec = e.precision if e.precision is not None else study.precision
+        for opt, problem, allowed in precision_option_problems(dict(e), prec):
+            fail(f"scaling[{k}].{opt}", problem, allowed)
         if e.grad_rounding is not None and prec not in EMULATED_PRECISIONS:
             fail(f"scaling[{k}].grad_rounding", f"only for the emulated precisions, but this entry trains in {prec}",
                  ", ".join(EMULATED_PRECISIONS))

@@ -66,6 +66,7 @@ def build_parts(cfg, sink: Sink, trial_dir: Path, threads, rank: int = 0) -> Tri
     from ..engine.schedule import build_optimizer, build_scheduler
     from ..models import build_model
     from ..precision import get_precision
+    from ..study.precisions import PRECISION_OPTIONS
     from ..scaling import build_scaler
     from ..telemetry import LayerHistory, UnderflowProbe
 
@@ -79,8 +80,9 @@ def build_parts(cfg, sink: Sink, trial_dir: Path, threads, rank: int = 0) -> Tri
                                                max_val_images=cfg.eval.get("max_images"))
     sink.tags(data_report(train_ds, val_ds))
     model = backend.prepare_model(build_model(cfg.model, num_classes=len(classes) + 1, **opts))
-    precision = get_precision(cfg.precision, **{k: cfg.scaling.get(k) for k in  # entry options (schema)
-                                                ("grad_rounding", "grad_overflow", "grad_blocks", "block_rounding")})
+    precision = get_precision(cfg.precision, seed=cfg.seed, **{k: cfg.scaling.get(k) for k in  # entry options (schema)
+                                                ("grad_rounding", "grad_overflow", "grad_blocks", "block_rounding",
+                                                 *PRECISION_OPTIONS)})
     emulation = precision.prepare(model)
     scaler = build_scaler(cfg.scaling, model, grad_format=precision.grad_format)
     # after the emulation hooks: it sees activation gradients before they are rounded, and the

@@ -17,6 +17,7 @@ from typing import Annotated, Union
 from pydantic import Discriminator
 
 from ...registry import SCALING_METHODS
+from ..precisions import PRECISION_OPTIONS, precision_option_words
 from .base import COMMON_KEYS, Fail, MethodEntry, ResourcesOverride
 
 #: method name -> its entry class, in the registry's order
@@ -51,6 +52,10 @@ def default_label(scaling: dict, precision: str) -> str:
         how = {"tensor": "per-tensor scaled", "tile128": "1x128-tile scaled",
                "mx32": f"MX32 block scaled, {scaling.get('block_rounding', 'ceil')}"}[blocks]
         return f"{default_label(rest, precision)} ({how} grads)"
+    words = precision_option_words(scaling)
+    if words:
+        rest = {k: v for k, v in scaling.items() if k not in PRECISION_OPTIONS}
+        return f"{default_label(rest, precision)} ({', '.join(words)})"
     if scaling.get("grad_overflow") == "nan":
         rest = {k: v for k, v in scaling.items() if k != "grad_overflow"}
         return f"{default_label(rest, precision)} (grad overflow -> NaN)"

@@ -16,18 +16,19 @@ from __future__ import annotations
 
 from typing import Any, Callable, ClassVar, Optional
 
-from pydantic import BaseModel
+from pydantic import BaseModel, create_model
 
 from ...registry import BACKEND_NAMES, MODEL_NAMES, PRECISIONS
 from ..errors import _fmt_num
 from ..fields import _STRICT, Bool, Label, PosFloat, PosInt, _choice
+from ..precisions import PRECISION_OPTIONS
 
 #: ``fail(path_suffix, problem, allowed=None)``: raise the study error for ``scaling[k]<path_suffix>``
 Fail = Callable[..., None]
 
 #: keys every entry has that are not options of the method (grid axes, report settings)
 COMMON_KEYS = ("method", "label", "precision", "model", "batch_size", "resources", "baseline", "grad_rounding",
-               "grad_overflow", "grad_blocks", "block_rounding")
+               "grad_overflow", "grad_blocks", "block_rounding", *PRECISION_OPTIONS)
 #: the gradient-format options of the emulated FP8 precisions, with their defaults (the trial id
 #: carries one only when it is not at its default, so earlier trials keep their ids)
 GRAD_FORMAT_DEFAULTS = {"grad_overflow": "saturate", "grad_blocks": "none", "block_rounding": "ceil"}
@@ -74,7 +75,16 @@ def interval_label(title: str, scaling: dict, defaults: dict, shorts) -> str:
     return f"{title} ({', '.join(parts)})"
 
 
-class MethodEntry(BaseModel):
+def _option_field(choices: tuple, name: str):
+    return Optional[Bool if all(isinstance(c, bool) for c in choices) else _choice(name, choices)]  # type: ignore
+
+
+#: the precision options (``study.precisions.PRECISION_OPTIONS``) as fields every entry has, None: not given
+_PrecisionOptionFields = create_model("_PrecisionOptionFields", __base__=BaseModel, **{
+    n: (_option_field(o.choices, n), None) for n, o in PRECISION_OPTIONS.items()})
+
+
+class MethodEntry(_PrecisionOptionFields):
     """One ``scaling:`` entry. A subclass per method sets ``method: Literal[...]`` and the class
     attributes below, and overrides :meth:`id_tag`, :meth:`row_label` (and, where needed,
     :meth:`normalized`, :meth:`scaler_kwargs`, :meth:`check`)."""
@@ -123,9 +133,10 @@ class MethodEntry(BaseModel):
 
     def common_options(self) -> dict:
         """``before_unscale`` is the default: such an entry is the same trial as one without; the
-        same for the gradient-format options at their defaults (block_rounding only with mx32)."""
+        same for the gradient-format and precision options at their defaults (block_rounding only with mx32)."""
         out = {"grad_rounding": self.grad_rounding} if self.grad_rounding == "after_unscale" else {}
-        for key, default in GRAD_FORMAT_DEFAULTS.items():
+        defaults = {**GRAD_FORMAT_DEFAULTS, **{n: o.default for n, o in PRECISION_OPTIONS.items()}}
+        for key, default in defaults.items():
             v = getattr(self, key)
             if v is not None and v != default and (key != "block_rounding" or self.grad_blocks == "mx32"):
                 out[key] = v

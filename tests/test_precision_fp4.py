@@ -1,0 +1,188 @@
+"""The FP4 precisions: the table's entries and options, what the emulation does with them (the
+split backward of the Hadamard transform and of NVFP4 weights), their telemetry, and every scaling
+method running a few steps in them on the tiny model."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from helpers import one_entry_study, study_yaml
+from lossscale_bench.formats import E4M3, Fp4Format
+from lossscale_bench.numerics.fp4 import fp4_round
+from lossscale_bench.numerics.hadamard import H16, hadamard_round
+from lossscale_bench.precision import get_precision
+from lossscale_bench.sink import MemorySink
+from lossscale_bench.study import StudyError, load_study_text
+from lossscale_bench.study.precisions import PRECISION_OPTIONS, PRECISION_SPECS
+from lossscale_bench.telemetry import UnderflowProbe
+from lossscale_bench.trial import run_trial
+
+FP4 = [n for n, s in PRECISION_SPECS.items() if s.grad_format == "e2m1"]
+
+
+def test_six_fp4_precisions_say_what_they_are():
+    assert FP4 == [f"{f}fwd-{g}grad-emulated" for f in ("e4m3", "nvfp4") for g in ("e2m1", "nvfp4", "mxfp4")]
+    for name in FP4:
+        p = get_precision(name)
+        spec = PRECISION_SPECS[name]
+        fwd, grads = name.split("fwd-")[0], name.split("fwd-")[1].split("grad")[0]
+        assert isinstance(p.grad_format, Fp4Format) and p.grad_format.kind == grads and p.grad_format.stochastic
+        assert p.emulated and p.needs_scaler and not p.wgrad_hadamard
+        if fwd == "e4m3":
+            assert p.forward_format is E4M3 and p.weight_format is None
+        else:
+            assert p.forward_format.kind == "nvfp4" and not p.forward_format.stochastic and p.weight_format.weight
+        assert "not real fp4" in spec.note and ("OCP MX" in spec.note) == (grads == "mxfp4")
+        assert ("NVFP4BlockScaling" in spec.note) == (grads == "nvfp4")
+    assert PRECISION_SPECS["nvfp4fwd-nvfp4grad-emulated"].te_format == "NVFP4BlockScaling"
+
+
+def test_precision_options_change_the_formats():
+    p = get_precision("e4m3fwd-mxfp4grad-emulated", fp4_rounding="nearest", wgrad_hadamard=True, mx_exponent="ceil")
+    assert (p.grad_format.kind, p.grad_format.stochastic, p.grad_format.mode, p.wgrad_hadamard) == ("mxfp4", False, "ceil", True)
+    assert p.grad_format.name == "mxfp4-ceil"
+    with pytest.raises(ValueError, match="not an option"):
+        get_precision("e4m3fwd-nvfp4grad-emulated", mx_exponent="ceil")
+    with pytest.raises(ValueError, match="not an option"):
+        get_precision("fp8-e4m3-emulated", fp4_rounding="nearest")
+    with pytest.raises(ValueError, match="fp8"):
+        get_precision("e4m3fwd-e2m1grad-emulated", grad_blocks="mx32")
+
+
+@pytest.mark.parametrize("precision,entry,path", [
+    ("e4m3fwd-nvfp4grad-emulated", "{method: none, mx_exponent: ceil}", "scaling[0].mx_exponent"),
+    ("fp8-e4m3-emulated", "{method: none, fp4_rounding: nearest}", "scaling[0].fp4_rounding"),
+    ("fp32", "{method: none, wgrad_hadamard: true}", "scaling[0].wgrad_hadamard"),
+    ("e4m3fwd-e2m1grad-emulated", "{method: none, grad_blocks: mx32}", "scaling[0].grad_blocks"),
+    ("e4m3fwd-e2m1grad-emulated", "{method: none, fp4_rounding: up}", "scaling[0].fp4_rounding"),
+])
+def test_precision_options_only_where_they_mean_something(precision, entry, path):
+    with pytest.raises(StudyError) as err:
+        load_study_text(one_entry_study(entry, precision), source="x.yaml")
+    assert str(err.value).startswith(f"x.yaml: {path}: ")
+
+
+def test_precision_options_enter_the_trial_id_only_off_their_default():
+    def trial(entry, precision="e4m3fwd-mxfp4grad-emulated"):
+        return load_study_text(one_entry_study(entry, precision)).trials()[0]
+
+    plain = trial("{method: fixed, scale: 128}")
+    assert plain.trial_id == trial("{method: fixed, scale: 128, fp4_rounding: stochastic, wgrad_hadamard: false, "
+                                   "mx_exponent: floor}").trial_id
+    other = trial("{method: fixed, scale: 128, fp4_rounding: nearest, wgrad_hadamard: true, mx_exponent: ceil}")
+    assert other.trial_id != plain.trial_id
+    assert other.label == "loss scale (128) (nearest-rounded grads, Hadamard wgrad, MX exponent rounded up)"
+    assert {k: other.scaling[k] for k in PRECISION_OPTIONS} == {"fp4_rounding": "nearest", "wgrad_hadamard": True,
+                                                                 "mx_exponent": "ceil"}
+
+
+def test_block_format_telemetry_counts_in_the_scaled_domain():
+    """A value 2^-10 flushes in plain E2M1 but survives in an NVFP4 block of its own size; next to
+    a large value in its block it flushes; the census says so (no per-element subnormal count). At
+    2^-20 of the tensor's max a block's E4M3 scale underflows: the block flushes, and does not
+    count as saturated although its encode scale (FLT_MAX) puts it far past 6."""
+    nv = get_precision("e4m3fwd-nvfp4grad-emulated").grad_format
+    g = torch.full((32,), 2.0 ** -10)
+    g[16] = 1.0  # the second block's max: its 15 small neighbours flush
+    assert nv.census(g).tolist() == [32, -1, 15, 0]
+    assert nv.census(torch.where(g == 1.0, 1.0, 2.0 ** -20)).tolist() == [32, -1, 31, 0]
+    plain = get_precision("e4m3fwd-e2m1grad-emulated").grad_format
+    assert plain.census(g).tolist() == [32, 31, 31, 0] and plain.thresholds["flush_at_or_below"] == 0.25
+    calls = nv.stream.calls
+    nv.census(g)
+    assert nv.stream.calls == calls  # the census draws no random numbers
+
+
+def test_hadamard_round_is_orthogonal_and_moves_only_the_weight_gradient():
+    assert torch.equal(H16 @ H16.T, torch.eye(16))
+    g = torch.randn(6, 40)
+    assert torch.allclose(hadamard_round(g, lambda t: t), g, atol=1e-6)
+
+    def grads(hadamard):
+        torch.manual_seed(0)
+        lin = nn.Linear(16, 8)
+        p = get_precision("e4m3fwd-nvfp4grad-emulated", fp4_rounding="nearest", wgrad_hadamard=hadamard)
+        p.prepare(lin)
+        x = torch.randn(64, 16, requires_grad=True)
+        (lin(x) * torch.linspace(-3, 3, 8)).pow(3).sum().backward()
+        return x.grad, lin.weight.grad, lin.bias.grad
+
+    (dx0, dw0, db0), (dx1, dw1, db1) = grads(False), grads(True)
+    assert torch.equal(dx0, dx1) and torch.equal(db0, db1) and not torch.equal(dw0, dw1)
+
+
+def test_nvfp4_forward_rounds_the_weights_in_16x16_tiles():
+    torch.manual_seed(1)
+    conv = nn.Conv2d(4, 20, 3, padding=1)
+    p = get_precision("nvfp4fwd-nvfp4grad-emulated")
+    p.prepare(conv)
+    x = torch.randn(2, 4, 6, 6, requires_grad=True)
+    y = conv(x)
+    want = fp4_round(F.conv2d(x.detach(), fp4_round(conv.weight.detach(), "nvfp4", weight=True), conv.bias, 1, 1), "nvfp4")
+    assert torch.equal(y, want)
+    y.relu_().sum().backward()  # an in-place op on the output is allowed
+    assert x.grad is not None and conv.weight.grad is not None and torch.isfinite(conv.weight.grad).all()
+
+
+def test_probe_sees_fp4_gradients_before_rounding():
+    torch.manual_seed(2)
+    model = nn.Sequential(nn.Linear(16, 16), nn.Linear(16, 1))
+    p = get_precision("e4m3fwd-e2m1grad-emulated", fp4_rounding="nearest", wgrad_hadamard=True)
+    probe = UnderflowProbe(model, fmt=p.telemetry_format, emulation=p.prepare(model))
+    probe.arm()
+    model(torch.randn(8, 16)).sum().mul(1e-3).backward()
+    rates = probe.read()
+    # the last layer's gradient (1e-3 each) is below half E2M1's subnormal: counted as flushed, then flushed,
+    # so nothing reaches the first layer
+    assert rates["1"]["nonzero"] == 8 and rates["1"]["flush_rate"] == 1.0 and rates["0"]["nonzero"] == 0
+
+
+def _fp4_study(entry: str, precision: str, iterations: int = 3, seed: int = 0, **extra) -> str:
+    return study_yaml(precision=precision, scaling=[entry], seeds=[seed],
+                      schedule={"iterations": iterations, "lr": 0.01, "warmup_iterations": 1}, **extra)
+
+
+METHODS = ["{method: none}", "{method: fixed, scale: 128}", "{method: dynamic, style: chainer}",
+           "{method: dynamic, style: torch}", "{method: dynamic, style: deepspeed}", "{method: layerwise_dynamic}",
+           "{method: amax, recipe: current, margin: 1}", "{method: adaptive}",
+           "{method: saturation, init_scale: 65536, interval: 2}"]
+
+
+#: precision and the options of its rows; method i runs in VARIANTS[i % 3] (every method, every variant,
+#: 9 trials rather than 27: a trial costs seconds here)
+VARIANTS = [("e4m3fwd-e2m1grad-emulated", ""), ("e4m3fwd-nvfp4grad-emulated", ", wgrad_hadamard: true"),
+            ("nvfp4fwd-mxfp4grad-emulated", ", fp4_rounding: nearest, mx_exponent: ceil")]
+
+
+@pytest.mark.parametrize("entry,precision,extra", [(m, *VARIANTS[i % 3]) for i, m in enumerate(METHODS)])
+def test_every_method_trains_in_fp4(tmp_path, monkeypatch, precision, extra, entry):
+    monkeypatch.setenv("LSBENCH_NO_COMPILE", "1")  # the compiled kernels have their own tests
+    cfg = load_study_text(_fp4_study(entry[:-1] + extra + "}", precision)).trials()[0]
+    sink = MemorySink()
+    out = run_trial(cfg, sink=sink, trial_dir=tmp_path)
+    assert out.status == "finished", out.error
+    assert len(sink.history("loss")) == 3 and all(math.isfinite(v) for _, v in sink.history("loss"))
+    assert sink.history("flush_rate_mean")
+
+
+def test_stochastic_rounding_is_seeded_by_the_trial(tmp_path, monkeypatch):
+    monkeypatch.setenv("LSBENCH_NO_COMPILE", "1")
+
+    def losses(seed, where, precision="e4m3fwd-e2m1grad-emulated"):
+        """Initial weights and batch order on seed 0 whatever the trial's seed: only the rounding's draws
+        follow the trial seed."""
+        sink = MemorySink()
+        cfg = load_study_text(_fp4_study("{method: fixed, scale: 1024}", precision, 4, seed,
+                                         seed_streams={"init": 0, "data": 0})).trials()[0]
+        assert run_trial(cfg, sink=sink, trial_dir=tmp_path / where).status == "finished"
+        return [v for _, v in sink.history("loss")]
+
+    a, b, c = losses(0, "a"), losses(0, "b"), losses(1, "c")
+    assert a == b and a != c and a[0] == c[0]  # the first loss comes before any gradient is rounded
+    near0, near1 = (losses(s, f"n{s}", "fp8-e4m3-emulated") for s in (0, 1))
+    assert near0 == near1  # the control: without stochastic rounding the trial seed changes nothing here
