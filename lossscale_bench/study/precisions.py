@@ -52,6 +52,32 @@ class PrecisionSpec:
     #: the :data:`PRECISION_OPTIONS` a study row in this precision may set
     options: tuple[str, ...] = ()
 
+    def __post_init__(self) -> None:
+        """Refuse, when the table is imported, an entry that would fail every trial or say what a
+        trial does not do (issue 30: a precision described in the table must work at run time)."""
+        problems = [f"{f} {v!r} is not a format (one of {', '.join(FORMAT_NAMES)}; None for fp32)"
+                    for f, v in (("forward_format", self.forward_format), ("grad_format", self.grad_format))
+                    if v is not None and v not in FORMAT_NAMES]
+        if self.autocast is not None and self.autocast not in AUTOCAST_FORMATS:
+            problems.append(f"autocast {self.autocast!r} is not one of {', '.join(AUTOCAST_FORMATS)} (or None)")
+        if self.emulated:
+            if self.autocast is not None:
+                problems.append("an emulation computes in fp32 and rounds (autocast must be None)")
+            if self.forward_format is None and self.grad_format is None:
+                problems.append("an emulation rounds something (forward_format, grad_format or both)")
+            if not self.note:
+                problems.append("an emulation says so under its rows (note)")
+        else:
+            fmt = AUTOCAST_FORMATS.get(self.autocast)
+            if (self.forward_format, self.grad_format) != (fmt, fmt):
+                problems.append(f"without emulation nothing rounds: forward_format and grad_format are what "
+                                f"autocast computes in ({fmt or 'None'}), or set emulated")
+        if self.needs_scaler and self.grad_format is None:
+            problems.append("needs_scaler without a grad_format: fp32 gradients have nothing to rescue")
+        if problems:
+            raise ValueError(f"precision table entry {self.name!r}: " + "; ".join(problems))
+
+
 
 @dataclass(frozen=True)
 class PrecisionOption:
@@ -104,31 +130,6 @@ def _fp4(name: str, forward: str, grads: str) -> PrecisionSpec:
                          note=f"these numbers come from the CPU FP4 emulation (compute in fp32, {fwd}, every gradient "
                               f"in {what}; gradients rounded stochastically and without the Hadamard transform "
                               f"unless a row says otherwise), not real fp4.")
-
-    def __post_init__(self) -> None:
-        """Refuse, when the table is imported, an entry that would fail every trial or say what a
-        trial does not do (issue 30: a precision described in the table must work at run time)."""
-        problems = [f"{f} {v!r} is not a format (one of {', '.join(FORMAT_NAMES)}; None for fp32)"
-                    for f, v in (("forward_format", self.forward_format), ("grad_format", self.grad_format))
-                    if v is not None and v not in FORMAT_NAMES]
-        if self.autocast is not None and self.autocast not in AUTOCAST_FORMATS:
-            problems.append(f"autocast {self.autocast!r} is not one of {', '.join(AUTOCAST_FORMATS)} (or None)")
-        if self.emulated:
-            if self.autocast is not None:
-                problems.append("an emulation computes in fp32 and rounds (autocast must be None)")
-            if self.forward_format is None and self.grad_format is None:
-                problems.append("an emulation rounds something (forward_format, grad_format or both)")
-            if not self.note:
-                problems.append("an emulation says so under its rows (note)")
-        else:
-            fmt = AUTOCAST_FORMATS.get(self.autocast)
-            if (self.forward_format, self.grad_format) != (fmt, fmt):
-                problems.append(f"without emulation nothing rounds: forward_format and grad_format are what "
-                                f"autocast computes in ({fmt or 'None'}), or set emulated")
-        if self.needs_scaler and self.grad_format is None:
-            problems.append("needs_scaler without a grad_format: fp32 gradients have nothing to rescue")
-        if problems:
-            raise ValueError(f"precision table entry {self.name!r}: " + "; ".join(problems))
 
 
 _SPECS = (
