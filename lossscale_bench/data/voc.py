@@ -75,7 +75,9 @@ class VOCDetection(Dataset):
     ``AnnotationError`` naming file, object and value, or with
     ``bad_annotations="drop"`` are dropped and counted: ``dropped_annotations``
     by reason, ``unknown_objects`` by class name, ``skipped_boxes`` (the boxes
-    dropped), the attributes the trial's run tags report.
+    dropped), the attributes the trial's run tags report. An XML ``<size>`` that is not its image's
+    (in the stored or, for a 90/270 degree EXIF rotation, the upright frame: ``transforms.read_image``)
+    is an ``AnnotationError`` when the image is loaded: its boxes were drawn on other pixels.
     """
 
     supports_aug_seed = True
