@@ -185,7 +185,7 @@ class VOCDetection(Dataset):
             boxes[:, 0::2] = boxes[:, 0::2].clamp(0, w)
             boxes[:, 1::2] = boxes[:, 1::2].clamp(0, h)
         elif size != (w, h):
-            raise size_mismatch(annotation_file(rec["dir"], rec["id"]), size, path, (w, h))
+            raise size_mismatch(annotation_file(rec["dir"], rec["id"]), "size", size, path, (w, h))
         target = {"boxes": boxes, "labels": rec["labels"].clone(), "difficult": rec["difficult"].clone(),
                   "image_id": index}
         if flip:

@@ -163,3 +163,32 @@ def test_boxes_on_the_border_stay_on_the_image_and_score_one_when_predicted_exac
                     for _ in images]
 
     assert evaluate_voc(Exact(), ds, use_07_metric=True)["map"] == pytest.approx(1.0)
+
+
+def _coco_folder(tmp_path, image: Image.Image, size, box_xywh, exif=None):
+    import json
+
+    from lossscale_bench.data.coco import CocoDetection
+
+    (tmp_path / "img").mkdir(parents=True)
+    image.save(tmp_path / "img" / "a.jpg", quality=95, **({"exif": exif} if exif is not None else {}))
+    ann = {"images": [{"id": 1, "file_name": "a.jpg", "width": size[0], "height": size[1]}],
+           "annotations": [{"id": 1, "image_id": 1, "category_id": 3, "bbox": list(box_xywh), "iscrowd": 0,
+                            "area": box_xywh[2] * box_xywh[3]}],
+           "categories": [{"id": 3, "name": "roo"}]}
+    (tmp_path / "ann.json").write_text(json.dumps(ann))
+    return CocoDetection(tmp_path / "img", tmp_path / "ann.json", train=False)
+
+
+def test_coco_format_follows_the_same_rotation_and_size_rules(tmp_path):
+    upright, _ = _upright_photo()
+    ds = _coco_folder(tmp_path / "a", upright.transpose(Image.Transpose.ROTATE_90), upright.size, (5, 30, 15, 25),
+                      exif=_orientation(6))
+    image, target = ds.load(0)
+    assert image.shape == (3, 60, 40) and _red_inside(image, target["boxes"][0]) > 0.8
+    ds = _coco_folder(tmp_path / "b", upright.resize((80, 120)), upright.size, (5, 30, 15, 25))
+    with pytest.raises(AnnotationError) as e:
+        ds.load(0)
+    text = str(e.value)
+    assert len(text.splitlines()) == 1 and text.startswith(f"{tmp_path / 'b' / 'ann.json'}: image 1 width, height: ")
+    assert "40x60" in text and "80x120" in text
