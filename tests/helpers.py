@@ -184,3 +184,33 @@ def one_entry_study(entry: str, precision: str = "fp16-emulated") -> str:
     for validation and trial-id tests of a single entry."""
     return (f"name: t\ndataset: synthetic\nmodel: ssd_tiny\nbatch_size: 8\nprecision: {precision}\n"
             f"schedule: {{iterations: 10, lr: 1e-3}}\nscaling:\n  - {entry}\n")
+
+
+# --------------------------------------------------------------------------- the kangaroo photos
+def _main_checkout(repo: Path) -> Path | None:
+    """The main checkout of the git worktree ``repo`` (itself when it is one), or None without git."""
+    try:
+        common = subprocess.run(["git", "-C", str(repo), "rev-parse", "--path-format=absolute", "--git-common-dir"],
+                                capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return Path(common).parent if common else None
+
+
+def kangaroo_root() -> tuple[Path | None, str]:
+    """``(root, "")`` of the 164 real kangaroo photos in VOC layout, or ``(None, why)`` when absent.
+
+    Looked for in ``$LSBENCH_KANGAROO`` where it is set (and nowhere else then), else in
+    ``<repo>/../shared/data/kangaroo`` (a CI clone, the main checkout) and the same beside the main checkout
+    of a git worktree, which lives elsewhere. Never copied into the project: the set has no licence to ship."""
+    repo = Path(__file__).resolve().parents[1]
+    env = os.environ.get("LSBENCH_KANGAROO")
+    if env:
+        candidates = [Path(env)]
+    else:
+        main = _main_checkout(repo)
+        candidates = [where / "shared" / "data" / "kangaroo" for where in (repo.parent, main and main.parent) if where]
+    for cand in candidates:
+        if (cand / "ImageSets" / "Main" / "test.txt").is_file():
+            return cand.resolve(), ""
+    return None, f"the kangaroo photos are not here (looked in: {', '.join(map(str, candidates))}; set LSBENCH_KANGAROO)"

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from torch.utils.data import Dataset
 
-from ..dataset_files.annotations import AnnotationError, Drops
+from ..dataset_files.annotations import AnnotationError, Drops, size_mismatch
 from ..dataset_files.coco_json import index_coco, load_coco_json
 from .transforms import clip_boxes, flip_decision, hflip, read_image, valid_box_mask, xywh_to_xyxy
 
@@ -180,7 +180,11 @@ class CocoDetection(_SeededFlip, Dataset):
 
     def load(self, index: int, flip: bool = False):
         rec = self._records[index]
-        image = read_image(self.image_dir / rec["file_name"])
+        path, size = self.image_dir / rec["file_name"], (rec["width"], rec["height"])
+        image = read_image(path, size)  # the frame the JSON's size names (an EXIF rotation may be applied)
+        if (image.shape[-1], image.shape[-2]) != size:  # the boxes were clipped to the JSON's size
+            raise size_mismatch(self.ann_file, f"image {rec['id']} width, height", size, path,
+                                (image.shape[-1], image.shape[-2]))
         boxes = rec["boxes"].clone()
         if flip:
             image, boxes = hflip(image, boxes)

@@ -7,29 +7,90 @@ across an image of width ``W`` maps ``x`` to ``W - x``.
 
 from __future__ import annotations
 
+import io
+import warnings
+
 import numpy as np
 import torch
-from PIL import Image
+from PIL import Image, ImageOps
 
 
 class CorruptImage(ValueError):
     """An image file exists but cannot be decoded; the message names the file."""
 
 
-def read_image(path) -> "torch.Tensor":
-    """Decode an image file to a float tensor, or raise ``CorruptImage`` naming it (never a bare PIL error)."""
-    from PIL import Image
+#: EXIF orientations (tag 0x0112) that swap width and height: transposed, rotated 90 or 270 degrees
+_SWAPPING_ORIENTATIONS = (5, 6, 7, 8)
 
+
+def exif_orientation(img: Image.Image) -> int:
+    """The image's EXIF orientation, 1 (as stored) where absent or not one of the eight defined values
+    (real photos carry 0 and 65537: the kangaroo set has both; a viewer ignores them, so do we)."""
     try:
-        with Image.open(path) as img:
-            img.load()
-            return pil_to_tensor(img)
+        value = img.getexif().get(0x0112)
+    except Exception:  # a malformed EXIF block: the pixels are still good
+        return 1
+    return value if isinstance(value, int) and 1 <= value <= 8 else 1
+
+
+def read_image(path, size: tuple[int, int] | None = None) -> "torch.Tensor":
+    """Decode an image file to a float tensor, or raise ``CorruptImage`` naming it (never a bare PIL error).
+
+    ``size``: the ``(width, height)`` its annotation gives. The boxes are in the frame the annotator saw,
+    which is the stored pixels (the VOC devkit, labelImg, PIL and torchvision read no EXIF) unless the
+    image carries an EXIF rotation by 90 or 270 degrees and ``size`` is the rotated frame's and not the
+    stored one's (a tool that showed the photo upright, as browsers and CVAT do): then the pixels are
+    rotated to match. Rotations by 180 degrees and mirrors keep the size, cannot be told apart, and stay
+    as stored. A JPEG whose end is missing is decoded as libjpeg does (the missing blocks grey) with a
+    warning naming it, not refused: a photo short of its last bytes (the kangaroo set's 00090.jpg, whose
+    last 16x16 block is all it lacks) would otherwise fail the whole trial.
+    """
+    try:
+        img, truncated = _decoded(path)
+        with img:
+            if size and exif_orientation(img) in _SWAPPING_ORIENTATIONS:
+                stored, rotated = (img.width, img.height), (img.height, img.width)
+                if tuple(size) == rotated != stored:
+                    img = ImageOps.exif_transpose(img)
+            tensor = pil_to_tensor(img)
     except (OSError, SyntaxError, ValueError) as exc:
         raise CorruptImage(f"corrupt or unreadable image {path}: {type(exc).__name__}: {exc}") from None
+    if truncated:
+        warnings.warn(f"{path}: the JPEG file is truncated (its end is missing); decoded with the missing blocks "
+                      "grey, as libjpeg does", stacklevel=2)
+    return tensor
+
+
+def _decoded(path) -> tuple[Image.Image, bool]:
+    """The decoded image and whether it is a truncated JPEG, decoded after appending the end-of-image
+    marker (the pixels ``ImageFile.LOAD_TRUNCATED_IMAGES`` gives, without setting that process-wide flag)."""
+    img = Image.open(path)
+    try:
+        img.load()
+        return img, False
+    except OSError as exc:
+        img.close()
+        if img.format != "JPEG" or "truncated" not in str(exc):
+            raise
+    with open(path, "rb") as f:
+        data = f.read()
+    img = Image.open(io.BytesIO(data + b"\xff\xd9"))
+    img.load()  # a JPEG broken elsewhere raises here, and is refused as before
+    return img, True
+
+
+#: PIL's modes of 16-bit grayscale (PNG); ``convert("RGB")`` clips them at 255, which whitens the image
+_GRAY16_MODES = ("I;16", "I;16L", "I;16B", "I;16N")
 
 
 def pil_to_tensor(img: Image.Image) -> torch.Tensor:
-    """RGB PIL image -> float32 ``[3, H, W]`` in 0..1."""
+    """PIL image of any mode (grayscale, palette, CMYK, RGBA) -> float32 RGB ``[3, H, W]`` in 0..1.
+
+    A 16-bit grayscale image is scaled by 1/65535, not clipped at 255 as PIL's RGB conversion does
+    (which turns everything above 1/256 of full scale white)."""
+    if img.mode in _GRAY16_MODES:
+        gray = torch.from_numpy(np.asarray(img, dtype=np.float32).copy()).div_(65535.0).clamp_(0, 1)
+        return gray.unsqueeze(0).expand(3, -1, -1).contiguous()
     arr = np.asarray(img.convert("RGB"), dtype=np.uint8)
     return torch.from_numpy(arr.copy()).permute(2, 0, 1).float().div_(255.0)
 

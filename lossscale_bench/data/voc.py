@@ -42,7 +42,7 @@ from PIL import Image
 from torch.utils.data import Dataset
 
 from ..registry import VOC_CLASSES
-from ..dataset_files.annotations import Drops
+from ..dataset_files.annotations import Drops, size_mismatch
 from ..dataset_files.voc_xml import parse_voc
 from ..dataset_files.voc_layout import (annotation_file, image_candidates, read_split_ids, required_paths, resolve_devkit,
                                 split_list, split_names, voc_sources)
@@ -75,7 +75,9 @@ class VOCDetection(Dataset):
     ``AnnotationError`` naming file, object and value, or with
     ``bad_annotations="drop"`` are dropped and counted: ``dropped_annotations``
     by reason, ``unknown_objects`` by class name, ``skipped_boxes`` (the boxes
-    dropped), the attributes the trial's run tags report.
+    dropped), the attributes the trial's run tags report. An XML ``<size>`` that is not its image's
+    (in the stored or, for a 90/270 degree EXIF rotation, the upright frame: ``transforms.read_image``)
+    is an ``AnnotationError`` when the image is loaded: its boxes were drawn on other pixels.
     """
 
     supports_aug_seed = True
@@ -174,12 +176,16 @@ class VOCDetection(Dataset):
     def load(self, index: int, flip: bool = False):
         """Sample ``index`` without augmentation (optionally mirrored)."""
         rec = self._records[index]
-        image = read_image(self._image_path(rec))
+        path = self._image_path(rec)
+        size = (rec["width"], rec["height"]) if rec["width"] > 0 and rec["height"] > 0 else None
+        image = read_image(path, size)  # the frame the XML's size names (an EXIF rotation may be applied)
         boxes = rec["boxes"].clone()
-        if rec["width"] <= 0 or rec["height"] <= 0 or (rec["width"], rec["height"]) != (image.shape[-1], image.shape[-2]):
-            h, w = image.shape[-2:]
+        h, w = image.shape[-2:]
+        if size is None:  # no <size>: the boxes were not clipped while parsing; the image decides
             boxes[:, 0::2] = boxes[:, 0::2].clamp(0, w)
             boxes[:, 1::2] = boxes[:, 1::2].clamp(0, h)
+        elif size != (w, h):
+            raise size_mismatch(annotation_file(rec["dir"], rec["id"]), "size", size, path, (w, h))
         target = {"boxes": boxes, "labels": rec["labels"].clone(), "difficult": rec["difficult"].clone(),
                   "image_id": index}
         if flip:

@@ -26,7 +26,7 @@ from collections import Counter
 from ..wording import suggest as _suggest
 
 __all__ = ["BAD_ANNOTATIONS", "AnnotationError", "Drops", "DROP_HINT", "number", "unknown_class_problem", "finite",
-           "outside"]
+           "outside", "size_mismatch"]
 
 #: values of ``dataset.bad_annotations``
 BAD_ANNOTATIONS = ("error", "drop")
@@ -110,3 +110,12 @@ def finite(values) -> bool:
 def outside(x1: float, y1: float, x2: float, y2: float, width: float, height: float) -> bool:
     """Whether the continuous box has no area inside a ``width`` x ``height`` image (sizes > 0)."""
     return x1 >= width or y1 >= height or x2 <= 0 or y2 <= 0
+
+
+def size_mismatch(ann_file, record: str, size: tuple[int, int], image_file, image_size: tuple[int, int]) -> AnnotationError:
+    """The error of an annotation whose image size is not its image's (in either EXIF frame): its boxes
+    were drawn on other pixels (a resized or replaced image), and clipping them to this one, as the
+    loaders once did without a word, trains on boxes that miss their objects. No option drops it."""
+    return AnnotationError(ann_file, record, f"{size[0]}x{size[1]} (width x height), but the image {image_file} is "
+                           f"{image_size[0]}x{image_size[1]}; the boxes cannot be placed on it: correct the size and "
+                           "the boxes, or the image", droppable=False)
