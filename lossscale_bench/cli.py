@@ -30,7 +30,7 @@ USER_ERRORS = (("lossscale_bench.study", "StudyError"), ("lossscale_bench.data.c
                ("lossscale_bench.report.runs", "ReportError"),
                ("lossscale_bench.orchestration.cluster", "ClusterUnavailable"),
                ("lossscale_bench.orchestration.runs_lock", "RunsFolderBusy"),
-               ("lossscale_bench.tracking.store", "StoreMissing"))
+               ("lossscale_bench.tracking.store", "StoreMissing"), ("lossscale_bench.portable", "PinConflict"))
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
@@ -96,14 +96,14 @@ def cmd_validate(args) -> int:
 
 
 def cmd_run(args) -> int:
-    if args.portable_cpu:  # before anything imports torch (portable.py says why)
-        from .portable import pin
-
-        pin()
     from .study import load_study
 
     path = args.file or str(embedded_study())
     study = load_study(path, allow_large_grid=args.allow_large_grid)
+    if study.resources.repeatable and not args.dry_run:  # before anything imports torch (portable.py says why)
+        from .portable import pin
+
+        pin()
     if args.dry_run:
         print(f"study {study.name!r} from {path}")
         _print_table(study.trials())
@@ -299,9 +299,6 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--wait", action="store_true",
                     help="if another lsbench run uses the same runs folder or store, wait for it to end "
                          "(default: exit 2 naming it)")
-    sp.add_argument("--portable-cpu", action="store_true",
-                    help="cap torch's and oneDNN's CPU kernels at AVX2, so a trial gives the same numbers on "
-                         "any x86 machine with AVX2 (portable.py)")
     sp.add_argument("--quiet", action="store_true", help="no per-trial progress lines")
     sp.add_argument("--no-report", action="store_true", help="do not print the report at the end")
     sp.add_argument("--reports-dir", default="reports")
