@@ -272,6 +272,37 @@ def cmd_ui(args) -> int:
     return serve(cmd, args.port)
 
 
+def _report_parser(sub, store_args) -> None:
+    """``lsbench report``'s arguments (apart from :func:`build_parser`, which would pass 80 lines)."""
+    sp = sub.add_parser("report", help="mAP tables from the MLflow store")
+    sp.add_argument("file", nargs="?", help="study YAML file: report that study, with its report settings "
+                                            "(the equivalence margin)")
+    sp.add_argument("--study", default=None, help="the study's name (default: every study in the store)")
+    sp.add_argument("--format", choices=("markdown", "csv", "html", "latex"), default=None,
+                    help="default: what --out's extension says (.md, .csv, .html, .tex), else markdown")
+    sp.add_argument("--out", default=None,
+                    help="file to write, or a folder to write it in, or - for standard output "
+                         "(default: reports/<study>.<ext>)")
+    from .report.metric_names import REPORT_METRICS  # names only: no pandas, --help stays instant
+
+    sp.add_argument("--metric", default="final_map", choices=tuple(REPORT_METRICS),
+                    help="final_map (default: mAP at the last evaluation), final_map_50 (mAP@0.5) "
+                         "or best_map (the best evaluation's); shown in percent")
+    sp.add_argument("--reports-dir", default="reports")
+    sp.add_argument("--no-plots", action="store_true", help="tables only, no plots")
+    sp.add_argument("--telemetry", action="store_true",
+                    help="instead of mAP: per row, the share of gradient elements flushed and saturated "
+                         "(activation and parameter gradients), loss scales and skipped steps, over seeds")
+    sp.add_argument("--compare", action="store_true",
+                    help="instead of the tables: every pair of rows of each table (paired Δ, Holm-corrected "
+                         "verdicts, P(A > B)) and a ranking with the groups that cannot be told apart")
+    sp.add_argument("--margin", default=None, metavar="POINTS",
+                    help="equivalence margin in mAP points (default: the study file's report.equivalence_margin, "
+                         "else 1.0): a difference the two one-sided tests put inside ±POINTS is 'equivalent'")
+    store_args(sp)
+    sp.set_defaults(func=cmd_report)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="lsbench", description="Mixed-precision loss-scaling studies of SSD detectors")
     sub = p.add_subparsers(dest="command", required=True)
@@ -311,33 +342,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--allow-large-grid", action="store_true", help="accept a grid of more than 1000 trials")
     sp.set_defaults(func=cmd_validate)
 
-    sp = sub.add_parser("report", help="mAP tables from the MLflow store")
-    sp.add_argument("file", nargs="?", help="study YAML file: report that study, with its report settings "
-                                            "(the equivalence margin)")
-    sp.add_argument("--study", default=None, help="the study's name (default: every study in the store)")
-    sp.add_argument("--format", choices=("markdown", "csv", "html", "latex"), default=None,
-                    help="default: what --out's extension says (.md, .csv, .html, .tex), else markdown")
-    sp.add_argument("--out", default=None,
-                    help="file to write, or a folder to write it in, or - for standard output "
-                         "(default: reports/<study>.<ext>)")
-    from .report.metric_names import REPORT_METRICS  # names only: no pandas, --help stays instant
-
-    sp.add_argument("--metric", default="final_map", choices=tuple(REPORT_METRICS),
-                    help="final_map (default: mAP at the last evaluation), final_map_50 (mAP@0.5) "
-                         "or best_map (the best evaluation's); shown in percent")
-    sp.add_argument("--reports-dir", default="reports")
-    sp.add_argument("--no-plots", action="store_true", help="tables only, no plots")
-    sp.add_argument("--telemetry", action="store_true",
-                    help="instead of mAP: per row, the share of gradient elements flushed and saturated "
-                         "(activation and parameter gradients), loss scales and skipped steps, over seeds")
-    sp.add_argument("--compare", action="store_true",
-                    help="instead of the tables: every pair of rows of each table (paired Δ, Holm-corrected "
-                         "verdicts, P(A > B)) and a ranking with the groups that cannot be told apart")
-    sp.add_argument("--margin", default=None, metavar="POINTS",
-                    help="equivalence margin in mAP points (default: the study file's report.equivalence_margin, "
-                         "else 1.0): a difference the two one-sided tests put inside ±POINTS is 'equivalent'")
-    store_args(sp)
-    sp.set_defaults(func=cmd_report)
+    _report_parser(sub, store_args)
 
     # Listed for --help; main() hands `lsbench data ...` to data/download.py before parsing.
     sub.add_parser("data", help="download, verify and extract VOC or COCO: lsbench data {voc,coco} --root DIR")
