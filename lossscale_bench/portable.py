@@ -19,8 +19,8 @@ kernels. The thread count, the other source, is fixed by ``cpus_per_trial`` and 
 The caps are read when torch (oneDNN, MKL) first needs them, so they must be in the environment of
 every process that trains before torch is imported there: a ``repeatable`` study sets them in the
 driver's environment first thing (the local executor trains in it; a local Ray inherits it) and
-passes them to Ray as the job's ``runtime_env`` (so the workers of a cluster joined with
-``--address`` get them too), and each trial checks, before it trains, that its process runs the
+hands them to a cluster joined with ``--address`` as the job's ``runtime_env`` (its nodes do not
+inherit the driver's environment; orchestration/cluster.py), and each trial checks, before it trains, that its process runs the
 AVX2 kernels (:func:`require_pinned`): a CPU without AVX2, or a process whose torch was imported
 before the caps were set, fails the trial with that reason instead of training other numbers.
 
