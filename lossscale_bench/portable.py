@@ -9,7 +9,8 @@ order round differently, and training amplifies the last bits into other weights
 seeds gave 44.0, 42.6, 46.5 on an AVX2 EPYC and 41.0, 41.7, 49.2 on an AVX-512 machine for the
 same trial ids. Measured here, 30 ssd_tiny steps: ATen at ``default`` instead of AVX2, or oneDNN at
 SSE4.1 instead of AVX2, or 2 threads instead of 1, each end with other weights; deterministic
-algorithms change nothing on the CPU (same weights); MKL is not called by these models' training
+algorithms and ``torch.backends.mkldnn.deterministic`` change nothing on the CPU (same weights, so
+they are left alone); MKL is not called by these models' training
 (``MKL_VERBOSE``: no call). All three libraries let the environment cap the level they pick:
 ``ATEN_CPU_CAPABILITY``, ``ONEDNN_MAX_CPU_ISA`` and ``MKL_CBWR`` (MKL's reproducibility branch, for
 a model that does call it; on a non-Intel CPU MKL runs its AUTO branch instead, its manual says).
