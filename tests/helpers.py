@@ -17,6 +17,7 @@ Values are written as YAML flow text: a ``str`` goes in verbatim (so ``"{every: 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -99,6 +100,22 @@ def lsbench(*args, cwd=None, timeout=300, env=None, prefix=()) -> subprocess.Com
     cmd = [*prefix, sys.executable, "-m", "lossscale_bench.cli", *map(str, args)]
     return subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, timeout=timeout,
                           env=None if env is None else {**os.environ, **env})
+
+
+#: what a library's own message looks like on the terminal (issue 28 item 6): a Python warning
+#: (``file.py:12: UserWarning: ...``), a logging record with its level (Ray, MLflow, alembic, torch's
+#: Python loggers), torch's C++ warnings (``[W1126 09:00:00.000 ...]``), a Ray worker's or raylet's
+#: forwarded line (``(pid=123)``, ``(TrainTrainable pid=123)``, ``(raylet)``), and the texts seen
+#: before (Inductor's ``No CUDA runtime is found, using CUDA_HOME=...``, MLflow's progress bars)
+LIBRARY_LINE = re.compile(
+    r"\w+Warning\b|\b(DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)\b[: \]]|^\[[WIE]\d{4} |"
+    r"^\((\w+ )?pid=\d+|^\(raylet|CUDA_HOME|No CUDA runtime|Downloading artifacts|alembic|"
+    r"pydantic|Traceback \(most recent call last\)")
+
+
+def library_lines(text: str) -> list[str]:
+    """The lines of ``text`` that come from a library, not from lsbench (:data:`LIBRARY_LINE`)."""
+    return [ln for ln in text.splitlines() if LIBRARY_LINE.search(ln)]
 
 
 # --------------------------------------------------------------------------- crash and resume one trial

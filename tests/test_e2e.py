@@ -3,6 +3,8 @@
 One trial trains normally; one is built to diverge (a 1e30 loss scale that
 does not skip non-finite steps), and must end as ``diverged`` while the study
 goes on. A second run of the same study trains nothing and adds no runs.
+No command prints a library's line (a warning, a log record, a Ray worker's
+forwarded output: ``helpers.LIBRARY_LINE``), diverging trial included (issue 28).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import study_yaml
+from helpers import library_lines, study_yaml
 
 MICRO = study_yaml(
     name="micro", dataset={"name": "synthetic", "train_images": 16, "val_images": 8, "image_size": 64, "seed": 0},
@@ -37,6 +39,7 @@ def test_micro_study_through_ray_mlflow_and_report(tmp_path):
     runs = tmp_path / "runs"
     r = _lsbench("run", str(study), "--runs-dir", str(runs), "--num-cpus", "2", cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
+    assert library_lines(r.stdout + r.stderr) == [] and r.stderr == "", r.stderr[-3000:]
     out = r.stdout
     assert "2 finished, 1 diverged, 0 failed" in out, out
     assert "| Model    | Loss scale       | Batch size | Validation mAP |" in out.replace("  ", " ") or \
@@ -78,6 +81,7 @@ def test_micro_study_through_ray_mlflow_and_report(tmp_path):
     # second run: nothing trained, no new runs
     r2 = _lsbench("run", str(study), "--runs-dir", str(runs), "--num-cpus", "2", "--no-report", cwd=tmp_path)
     assert r2.returncode == 0, r2.stderr[-3000:]
+    assert library_lines(r2.stdout + r2.stderr) == [] and r2.stderr == "", r2.stderr[-3000:]
     assert "3 of 3 trials already finished or diverged" in r2.stdout
     assert "0 finished" in r2.stdout
     again = client.search_runs([exp.experiment_id], "tags.`lsbench.role` = 'trial'")
@@ -90,4 +94,5 @@ def test_micro_study_through_ray_mlflow_and_report(tmp_path):
     # report from the store alone
     r3 = _lsbench("report", "--runs-dir", str(runs), "--study", "micro", cwd=tmp_path)
     assert r3.returncode == 0, r3.stderr
+    assert library_lines(r3.stdout + r3.stderr) == [], r3.stderr
     assert "diverged" in r3.stdout and "loss scale (128)" in r3.stdout

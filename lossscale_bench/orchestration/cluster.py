@@ -117,10 +117,18 @@ def _first_words(text: str, cause: BaseException) -> str:
     return first.strip().rstrip(".:;, ")[:300] or type(cause).__name__
 
 
-def connect_ray(address: str | None, num_cpus: int | None, quiet: bool) -> bool:
+def connect_ray(address: str | None, num_cpus: int | None, quiet: bool, env_vars: dict | None = None) -> bool:
     """Join ``address`` (else ``$RAY_ADDRESS``) or start a local Ray; True if this call started it.
 
     An address is probed first (:func:`probe_address`); a join that fails says why in one line.
+    ``env_vars`` (a repeatable study's kernel pins, portable.py) must be in every worker before it
+    starts. A local Ray inherits them: they are set in this process's environment first, and its
+    raylet and workers are its children. A joined cluster's nodes do not inherit it, so there they
+    go in the job's ``runtime_env``. Not for the local Ray too: a job ``runtime_env`` makes Ray start
+    a dedicated worker for each trial instead of using its pre-started pool; on this loaded 2-core
+    machine a study started that way once saw its worker starts pass Ray's 60 s registration
+    timeout (raylet errors on the terminal, both trials retried). Inherited, the local Ray starts
+    its workers as it does without the switch.
     """
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
@@ -136,6 +144,8 @@ def connect_ray(address: str | None, num_cpus: int | None, quiet: bool) -> bool:
                               "configure_logging": True, "logging_level": "WARNING"}
     if address:
         probe_address(address)
+        if env_vars:
+            kwargs["runtime_env"] = {"env_vars": dict(env_vars)}
         try:
             ray.init(address=address, **kwargs)
         except ValueError as exc:
@@ -159,6 +169,7 @@ def connect_ray(address: str | None, num_cpus: int | None, quiet: bool) -> bool:
                                      "(is a Ray head running there and reachable from here? "
                                      "see docs/cluster.md)") from None
     else:
+        os.environ.update(env_vars or {})  # inherited by the raylet and every worker (see above)
         # address="local": always a fresh instance of our own, never a cluster some other
         # process left running on this machine (that is what --address is for). Ray 2.60 warns on
         # every such start that token authentication is on; for an instance that lives only as long

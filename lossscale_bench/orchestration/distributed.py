@@ -134,6 +134,9 @@ def _train_worker(config: dict) -> None:
     """One Ray Train worker: a replica of the trial (or, for xla, the launcher of the replicas)."""
     import ray.train
 
+    from .quiet_exit import quiet_exit_in_finalizers
+
+    quiet_exit_in_finalizers()  # as in the Tune worker: Ray's SIGTERM at the end prints no traceback
     spec, channel = config["spec"], config["queue"]
     ctx = ray.train.get_context()
     if spec["cfg"]["resources"].get("backend") == "xla":

@@ -27,6 +27,9 @@ if TYPE_CHECKING:
 def _tune_trainable(config: dict) -> None:
     """The Tune function trainable: one lossscale_bench trial."""
     from .placement import is_distributed
+    from .quiet_exit import quiet_exit_in_finalizers
+
+    quiet_exit_in_finalizers()  # Ray's SIGTERM at the end must not print a traceback (quiet_exit.py)
 
     spec = config["trial"]
     if is_distributed(spec["cfg"]["resources"]):

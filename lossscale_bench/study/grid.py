@@ -42,6 +42,8 @@ def _identity(model, batch_size, precision, scaling, seed, dataset, schedule, ev
     CPU backend: a trial's torch thread count is set from it, and the order of
     floating-point reductions, so the numbers, follows the thread count (30
     steps of ssd_tiny at 1 and 2 threads ended 0.6 apart in loss).
+    ``resources.repeatable: true`` is in (other kernels on an AVX-512 machine,
+    study/resources.py); absent or false adds nothing.
     ``on_divergence: continue`` is in (a diverged trial then trains on to a
     final mAP instead of stopping without one); ``stop``, the default, adds
     nothing, so ids of the default stay as they were. Models and scaling
@@ -72,7 +74,9 @@ def _identity(model, batch_size, precision, scaling, seed, dataset, schedule, ev
         "seed": seed, "dataset": ds, "schedule": dict(schedule), "eval": dict(eval_),
         "resources": {"backend": resources.get("backend"), "devices_per_trial": resources.get("devices_per_trial"),
                       **({"cpu_threads": max(1, int(float(resources.get("cpus_per_trial") or 1)))}
-                         if resources.get("backend") == "cpu" else {})},
+                         if resources.get("backend") == "cpu" else {}),
+                      # kernels pinned at AVX2 (study/resources.py says why this is in); absent when off
+                      **({"repeatable": True} if resources.get("repeatable") else {})},
         "model_options": mo, "divergence": dict(divergence), "loader": loader,
         # only models that changed carry a version, so other models' ids stay as they were
         **({"model_version": versions[model]} if model in versions else {}),
@@ -166,7 +170,9 @@ def expand(study) -> list[dict[str, Any]]:
     dataset = study.dataset.model_dump(mode="json")
     schedule = study.schedule.model_dump(mode="json")
     eval_ = study.eval.model_dump(mode="json")
-    resources = study.resources.model_dump(mode="json")
+    # an option left out is not carried (a trial's params stay what they were before it existed)
+    resources = {k: v for k, v in study.resources.model_dump(mode="json").items()
+                 if v is not None or k not in ("repeatable",)}
     # only the options given: they are passed on as keyword arguments of the model builder
     model_options = study.model_options.model_dump(mode="json", exclude_none=True)
     divergence = study.divergence.model_dump(mode="json")

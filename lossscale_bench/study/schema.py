@@ -22,6 +22,7 @@ from .fields import (_DEFAULT_SOURCE, _STRICT, Bool, Label, ListOf, NonNegInt, O
 from .grid import expand
 from .methods import ScalingEntry, default_label
 from .precisions import EMULATED_PRECISIONS, FP8_GRAD_PRECISIONS, PRECISION_SPECS, precision_option_problems
+from .resources import Resources, check_repeatable
 from .trial_config import TrialConfig
 
 _NAME_RE = re.compile(r"[A-Za-z0-9_.-]+")
@@ -163,24 +164,6 @@ class EvalSpec(BaseModel):
     every: _number("int", ge=1, nullable=True) = None  # type: ignore[valid-type]
     metric: _choice("eval metric", EVAL_METRICS) = "coco"  # type: ignore[valid-type]
     max_images: _number("int", ge=1, nullable=True) = None  # type: ignore[valid-type]
-
-
-class Resources(BaseModel):
-    model_config = _STRICT
-
-    backend: _choice("backend", BACKEND_NAMES) = "cpu"  # type: ignore[valid-type]
-    devices_per_trial: PosInt = 1  # type: ignore[valid-type]
-    cpus_per_trial: PosFloat = 1.0  # type: ignore[valid-type]
-    #: cuda only: torch.compile the backbone and heads (backends/cuda.py). Off by default and not
-    #: in the trial id, as channels_last: the same training, other kernels
-    compile: Optional[Bool] = None
-
-    @model_validator(mode="after")
-    def _compile_on_cuda(self, info: ValidationInfo):
-        if self.compile and self.backend not in ("cuda", "auto"):
-            raise StudyError(_ctx_source(info), "resources.compile",
-                             f"only the cuda backend compiles the model, not {self.backend}", "cuda, auto")
-        return self
 
 
 class ModelOptions(BaseModel):
@@ -471,6 +454,7 @@ class Study(BaseModel):
                 fail(f"scaling[{k}].precision" if e.precision is not None else "precision",
                      "mixed16 is not supported on backend xla (torch_xla has no fp16 autocast path); use bf16",
                      ", ".join(p for p in PRECISIONS if p != "mixed16"))
+        check_repeatable(self, fail)
         _unique_labels(self, fail)
         _check_grad_rounding(self, fail)
         _check_method_options(self, fail)

@@ -48,9 +48,14 @@ def make_evaluator(metric: str, model, val_ds, backend, precision, max_images=No
 
 def seeded_backend(cfg, threads):
     """The trial's backend, with every RNG (torch, Python, numpy) seeded from the trial's seed (its
-    ``init`` stream: the initial weights are drawn from these right after)."""
+    ``init`` stream: the initial weights are drawn from these right after). A ``repeatable`` trial
+    first checks that its process runs the pinned CPU kernels (portable.py)."""
     from ..backends import get_backend
 
+    if cfg.resources.get("repeatable"):  # before any kernel runs: a trial that cannot keep the promise fails now
+        from ..portable import require_pinned
+
+        require_pinned()
     backend = get_backend(cfg.resources.get("backend", "cpu"), threads=threads,
                           **({"compile": True} if cfg.resources.get("compile") else {}))  # cuda only (schema)
     seed = cfg.stream_seed("init")

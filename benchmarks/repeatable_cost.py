@@ -1,0 +1,92 @@
+"""What ``resources: {repeatable: true}`` costs: ssd_tiny fp32 step time with and without the pins.
+
+The pins are environment variables read when torch starts (lossscale_bench/portable.py), so each
+setting runs in a fresh process; the settings alternate, round after round, so a shared machine's
+load hits each alike. Per round and setting: the median of ``--steps`` timed steps after
+``--warmup``, one torch thread (a demo trial's). Besides the switch's own pins (AVX2), the lowest
+levels the libraries offer (ATen ``default``, oneDNN SSE4.1): the cost of narrower vectors on
+this machine, the nearest one CPU gets to what capping an AVX-512 machine at AVX2 costs there.
+
+    .venv/bin/python benchmarks/repeatable_cost.py --rounds 3 --steps 30 --warmup 5
+
+Prints a markdown table (docs/benchmarks.md "Repeatable across CPUs").
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+from lossscale_bench.portable import PORTABLE_ENV  # noqa: E402  (torch-free)
+
+SETTINGS = {
+    "unpinned": {},
+    "repeatable (AVX2 pins)": dict(PORTABLE_ENV),
+    "lowest levels (ATen default, oneDNN SSE4.1)": {**PORTABLE_ENV, "ATEN_CPU_CAPABILITY": "default",
+                                                    "ONEDNN_MAX_CPU_ISA": "SSE41"},
+}
+
+_CHILD = """
+import json, statistics, sys, time
+sys.path.insert(0, sys.argv[1])
+import torch
+torch.set_num_threads(1)
+from scaler_overhead import SIZES, build, _batch
+steps, warmup = int(sys.argv[2]), int(sys.argv[3])
+tr = build("ssd_tiny", {"method": "none"}, "fp32", "cpu")
+size, n = SIZES["ssd_tiny"]
+times = []
+for i in range(warmup + steps):
+    images, targets = _batch(size, n, i)
+    t0 = time.perf_counter()
+    tr.train_step(images, targets)
+    if i >= warmup:
+        times.append(time.perf_counter() - t0)
+print(json.dumps({"median_s": statistics.median(times), "capability": torch.backends.cpu.get_cpu_capability()}))
+"""
+
+
+def run_one(env: dict, steps: int, warmup: int) -> dict:
+    """One fresh process under ``env`` (the pins cleared first, then set); its median step and ATen level."""
+    full = {k: v for k, v in os.environ.items() if k not in PORTABLE_ENV}
+    full.update(env, PYTHONPATH=os.pathsep.join(filter(None, [str(HERE.parent), os.environ.get("PYTHONPATH")])))
+    out = subprocess.run([sys.executable, "-c", _CHILD, str(HERE), str(steps), str(warmup)], env=full,
+                         capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--warmup", type=int, default=5)
+    args = ap.parse_args()
+    per: dict[str, list[float]] = {name: [] for name in SETTINGS}
+    levels: dict[str, str] = {}
+    for r in range(args.rounds):
+        for name, env in SETTINGS.items():
+            res = run_one(env, args.steps, args.warmup)
+            per[name].append(res["median_s"])
+            levels[name] = res["capability"]
+            print(f"round {r + 1}: {name}: {res['median_s'] * 1000:.1f} ms", file=sys.stderr, flush=True)
+    base = statistics.median(per["unpinned"])
+    print(f"ssd_tiny fp32, batch 8, 128 px, 1 thread; {args.rounds} alternating rounds of {args.steps} timed "
+          f"steps after {args.warmup} warm-up, one fresh process each")
+    print()
+    print("| setting | ATen level | median step per round (ms) | median of rounds (ms) | ratio to unpinned |")
+    print("|---|---|---|---|---|")
+    for name, ts in per.items():
+        med = statistics.median(ts)
+        print(f"| {name} | {levels[name]} | {', '.join(f'{t * 1000:.1f}' for t in ts)} | {med * 1000:.1f} | "
+              f"{med / base:.3f} |")
+
+
+if __name__ == "__main__":
+    main()
