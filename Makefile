@@ -18,8 +18,10 @@ $(VENV)/.installed: pyproject.toml
 demo: install
 	$(BIN)/lsbench run studies/smoke.yaml
 
+# two pytest processes, each test file in one of them (--dist loadfile: a file's fixtures stay in one process);
+# CI has 2 cores and much of the suite waits on Ray and MLflow process starts
 test: install
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile
 
 # torch_xla 2.9.0 links against torch 2.9.0 exactly, so it gets a venv of its own (not part of CI).
 XLA_VENV ?= .venv-xla
