@@ -110,8 +110,9 @@ def _gloo_rank(rank: int, port: int, out_dir: str) -> None:
 def test_grad_sync_and_agreed_decisions_on_two_gloo_processes(tmp_path):
     import torch.multiprocessing as mp
 
-    # fork: the children inherit the imported torch (spawn would re-import it, ~8 s on 2 cores)
-    mp.start_processes(_gloo_rank, args=(_free_port(), str(tmp_path)), nprocs=2, join=True, start_method="fork")
+    # spawn, not fork: a forked child cannot run backward once its parent's autograd engine has started
+    # its threads, which an earlier test in the same pytest process (make test runs two) may have done
+    mp.start_processes(_gloo_rank, args=(_free_port(), str(tmp_path)), nprocs=2, join=True, start_method="spawn")
     r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
     # averaged shard gradients are the full-batch gradient
     assert r0["grad_err"] < 1e-6 and r1["grad_err"] < 1e-6

@@ -666,9 +666,10 @@ def test_agree_scales_across_two_processes(tmp_path):
     """Two gloo replicas with different data agree on the MIN of their unbounded layer scales."""
     import torch.multiprocessing as mp
 
-    # fork: the children inherit the imported torch (spawn would import it again, seconds on 2 cores)
+    # spawn, not fork: a forked child cannot run backward once its parent's autograd engine has started
+    # its threads, which an earlier test in the same pytest process (make test runs two) may have done
     mp.start_processes(_agree_worker, args=(2, str(tmp_path / "rdv"), str(tmp_path)), nprocs=2, join=True,
-                       start_method="fork")
+                       start_method="spawn")
     r0, r1 = (torch.load(tmp_path / f"{r}.pt") for r in (0, 1))
     assert r0["local"][0] is None and r0["agreed"][0] is None   # first conv: no statistics
     assert r0["local"][1:] != r1["local"][1:]                   # the replicas saw different gradients
