@@ -35,27 +35,7 @@ stamp "device: $(head -1 "$OUT/device.txt")"
 # venv with --system-site-packages did not see the machine's numpy or pyyaml), then lossscale_bench itself
 # (its dist-info carries the MLflow artifact-repository entry point)
 DEPS=/tmp/lsdeps
-(
-  PIP="python3 -m pip"
-  $PIP --version || { python3 -m venv /tmp/lspip && PIP="/tmp/lspip/bin/python -m pip"; }
-  WHEELS=$(python3 - <<'PY'
-import importlib.metadata as m, pathlib, re
-KEEP = {"numpy", "scipy", "pandas", "pyyaml", "pillow", "matplotlib", "markupsafe", "jinja2", "sympy"}
-for w in sorted(pathlib.Path("shared/wheels").glob("*.whl")):
-    name = re.sub(r"[-_.]+", "-", w.name.split("-")[0]).lower()
-    if name in KEEP:
-        try:
-            m.version(name)        # the machine has it (compiled, shared with torch): keep its own
-            continue
-        except m.PackageNotFoundError:
-            pass
-    print(w)
-PY
-)
-  echo "installing: $WHEELS"
-  $PIP install -q --no-deps --no-index --target $DEPS $WHEELS && \
-    $PIP install -q --no-deps --no-index --find-links shared/wheels --target $DEPS . && echo "pip: ok"
-) > "$OUT/pip.log" 2>&1 &
+bash benchmarks/gpu_deps.sh "$DEPS" > "$OUT/pip.log" 2>&1 &
 PIP_JOB=$!
 timeout 150 python3 benchmarks/rounding_agreement.py --out "$OUT/rounding" > "$OUT/rounding.log" 2>&1 &
 ROUND=$!
