@@ -12,17 +12,8 @@
 # that absolute path. Each step is bounded by
 # `timeout`; the runs folders (MLflow stores, per-layer censuses, plots; never checkpoints) come back in
 # $OUT/results.tgz, from which `lsbench report` runs here.
-set -u
-: "${OUT:?set OUT to the folder for the results}"
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
-cd "$ROOT"
-T0=$(date +%s)
-TOTAL=${GPU_SESSION_SECONDS:-540}
-stamp() { echo "[gpu_census] +$(( $(date +%s) - T0 ))s $*" | tee -a "$OUT/session.log" >&2; }
-{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-  python3 -c "import sys, torch; print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda)"
-  nproc; lscpu | grep -E 'Model name|Flags' | cut -c1-400; date -u; } > "$OUT/device.txt" 2>&1
-stamp "device: $(head -1 "$OUT/device.txt")"
+TAG=gpu_census DEFAULT_SECONDS=540
+source "$(dirname "$0")/gpu_common.sh"
 export DEPS=/tmp/lsdeps
 bash benchmarks/gpu_deps.sh "$DEPS" > "$OUT/pip.log" 2>&1
 stamp "packages: $(tail -1 "$OUT/pip.log")"
@@ -34,7 +25,6 @@ for f in ssd512_census_cuda kangaroo_fp32_pilot; do
   sed "s#root: ../../shared/data/kangaroo#root: $PHOTOS#" "studies/$f.yaml" > "/tmp/studies/$f.yaml"
 done
 lsbench() { ( cd /tmp && PYTHONPATH=$DEPS python3 -c 'import sys; from lossscale_bench.cli import main; sys.exit(main())' "$@" ); }
-left() { echo $(( TOTAL - ($(date +%s) - T0) - ${1:-0} )); }
 
 # the pilot: one seed per process, two threads each, on the CPU
 PILOT=()

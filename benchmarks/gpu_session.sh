@@ -15,20 +15,8 @@
 #      `lsbench report --format markdown`;
 #   4. gpu_check.py sections $SECTIONS2 (default bcaef: b throughput target, c adaptive target, a, e, f) with
 #      what time is left; then everything is packed into $OUT/results.tgz (the tool brings back few files).
-set -u
-: "${OUT:?set OUT to the folder for the results}"
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
-cd "$ROOT"
-T0=$(date +%s)
-TOTAL=${GPU_SESSION_SECONDS:-560}
-left() { echo $(( TOTAL - ($(date +%s) - T0) - ${1:-0} )); }
-stamp() { echo "[gpu_session] +$(( $(date +%s) - T0 ))s $*" | tee -a "$OUT/session.log" >&2; }
-export PYTHONPATH="$ROOT"
-
-{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-  python3 -c "import sys, torch; print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda)"
-  nproc; date -u; } > "$OUT/device.txt" 2>&1
-stamp "device: $(head -1 "$OUT/device.txt")"
+TAG=gpu_session DEFAULT_SECONDS=560
+source "$(dirname "$0")/gpu_common.sh"
 
 # 1. the packages the GPU machine lacks (CPU, in the background): shared/wheels, less every distribution
 # python3 already has among the compiled ones it shares with torch (numpy, pandas, ...), installed without dependency resolution into a folder on PYTHONPATH (measured: a
