@@ -1,0 +1,95 @@
+"""Per-layer gradient census of a finished study as markdown tables: one row per layer, one column per
+study row (issue 31's SSD512 page). ``lsbench report --telemetry`` averages over layers; the report's
+heatmaps show one trial each; this puts every row's per-layer rates side by side.
+
+    python benchmarks/layer_census.py studies/ssd512_census.yaml [--runs-dir runs] [--rate flush_rate]
+        [--steps FIRST LAST]
+
+Reads each trial's ``<runs-dir>/<study>/trials/<trial id>/layers_history.csv`` (what the trial's
+telemetry wrote on every logged step) and prints, per layer, the mean over the logged steps (and seeds)
+of the chosen rate, in percent (steps where the layer's activation gradient had no non-zero element
+are left out of the activation rates: "–" where no step had one): ``flush_rate`` (non-zero gradient elements the row's format flushes
+to zero), ``underflow_rate`` (below the format's normal range: subnormal or flushed),
+``saturate_rate``, ``param_flush_rate``, ``param_saturate_rate``. ``--steps`` keeps the logged steps
+in a range (to compare the first steps with the last ones). Layers in the order the CSV lists them
+(the heads first, then the backbone from its last layer to its first: the order backward reaches them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import statistics
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+RATES = ("flush_rate", "underflow_rate", "saturate_rate", "param_flush_rate", "param_saturate_rate")
+
+
+def layer_rates(csv_path: Path, rate: str, steps: tuple[int, int] | None) -> dict[str, list[float]]:
+    """``{layer: [rate per logged step]}`` from one trial's layers_history.csv (empty or NaN cells left out)."""
+    out: dict[str, list[float]] = defaultdict(list)
+    with open(csv_path, newline="") as f:
+        for row in csv.DictReader(f):
+            step = int(row["step"])
+            if steps and not steps[0] <= step <= steps[1]:
+                continue
+            cell = row.get(rate, "")
+            # a step whose gradient had no non-zero element has no rate (the telemetry writes 0 there)
+            if cell in ("", None) or (not rate.startswith("param_") and float(row.get("nonzero") or 0) == 0):
+                continue
+            v = float(cell)
+            if not math.isnan(v):
+                out[row["layer"]].append(v)
+    return out
+
+
+def census(study_path: str, runs_dir: Path, rate: str, steps) -> tuple[list[str], list[str], dict]:
+    """(layers in order, row labels in study order, {(layer, label): mean over steps and seeds})."""
+    from lossscale_bench.study.load import load_study
+
+    study = load_study(study_path)
+    labels: list[str] = []
+    per: dict[tuple[str, str], list[float]] = defaultdict(list)
+    layers: list[str] = []
+    for cfg in study.trials():
+        path = runs_dir / study.name / "trials" / cfg.trial_id / "layers_history.csv"
+        if not path.is_file():
+            continue
+        if cfg.label not in labels:
+            labels.append(cfg.label)
+        for layer, vals in layer_rates(path, rate, steps).items():
+            if layer not in layers:
+                layers.append(layer)
+            per[(layer, cfg.label)].append(statistics.fmean(vals))
+    return layers, labels, {k: statistics.fmean(v) for k, v in per.items() if v}
+
+
+def table(layers, labels, means) -> str:
+    lines = ["| layer | " + " | ".join(labels) + " |", "|---" * (len(labels) + 1) + "|"]
+    for layer in layers:
+        cells = [("–" if (layer, lab) not in means else f"{100 * means[(layer, lab)]:.2f}") for lab in labels]
+        lines.append(f"| {layer} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("study")
+    ap.add_argument("--runs-dir", type=Path, default=Path("runs"))
+    ap.add_argument("--rate", choices=RATES, default="flush_rate")
+    ap.add_argument("--steps", type=int, nargs=2, metavar=("FIRST", "LAST"))
+    a = ap.parse_args(argv)
+    layers, labels, means = census(a.study, a.runs_dir, a.rate, tuple(a.steps) if a.steps else None)
+    if not labels:
+        print(f"layer_census: no trial of {a.study} has a layers_history.csv under {a.runs_dir}", file=sys.stderr)
+        return 2
+    span = f"steps {a.steps[0]}-{a.steps[1]}" if a.steps else "every logged step"
+    print(table(layers, labels, means) + f"\n\n{a.rate} in percent, mean over {span} and the seeds of each row.")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
