@@ -53,17 +53,20 @@ def census(study_path: str, runs_dir: Path, rate: str, steps) -> tuple[list[str]
     study = load_study(study_path)
     labels: list[str] = []
     per: dict[tuple[str, str], list[float]] = defaultdict(list)
-    layers: list[str] = []
+    orders: list[list[str]] = []  # each trial's layers in its CSV's order
     for cfg in study.trials():
         path = runs_dir / study.name / "trials" / cfg.trial_id / "layers_history.csv"
         if not path.is_file():
             continue
         if cfg.label not in labels:
             labels.append(cfg.label)
-        for layer, vals in layer_rates(path, rate, steps).items():
-            if layer not in layers:
-                layers.append(layer)
+        rates = layer_rates(path, rate, steps)
+        orders.append(list(rates))
+        for layer, vals in rates.items():
             per[(layer, cfg.label)].append(statistics.fmean(vals))
+    # the order of the trial that saw the most layers, then any layer only others saw
+    layers = max(orders, key=len, default=[])
+    layers += [lay for order in orders for lay in order if lay not in layers]
     return layers, labels, {k: statistics.fmean(v) for k, v in per.items() if v}
 
 
