@@ -84,8 +84,19 @@ def main(argv=None) -> int:
     ap.add_argument("--runs-dir", type=Path, default=Path("runs"))
     ap.add_argument("--rate", choices=RATES, default="flush_rate")
     ap.add_argument("--steps", type=int, nargs=2, metavar=("FIRST", "LAST"))
+    ap.add_argument("--extra", nargs="*", default=[], metavar="LABEL=CSV",
+                    help="more columns from other trials' layers_history.csv (another machine's run, say)")
     a = ap.parse_args(argv)
-    layers, labels, means = census(a.study, a.runs_dir, a.rate, tuple(a.steps) if a.steps else None)
+    steps = tuple(a.steps) if a.steps else None
+    layers, labels, means = census(a.study, a.runs_dir, a.rate, steps)
+    for item in a.extra:
+        label, _, path = item.partition("=")
+        if not path or not Path(path).is_file():
+            ap.error(f"--extra {item!r}: expected LABEL=path/to/layers_history.csv (an existing file)")
+        labels.append(label)
+        for layer, vals in layer_rates(Path(path), a.rate, steps).items():
+            layers += [] if layer in layers else [layer]
+            means[(layer, label)] = statistics.fmean(vals)
     if not labels:
         print(f"layer_census: no trial of {a.study} has a layers_history.csv under {a.runs_dir}", file=sys.stderr)
         return 2
