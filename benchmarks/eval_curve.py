@@ -2,7 +2,7 @@
 table with the mean over trials per step: where a schedule reaches its plateau (issue 31: FP32 on the
 kangaroo photos before sizing the E4M3 study). `lsbench report` shows the last (or best) evaluation only.
 
-    python benchmarks/eval_curve.py RUNS_DIR [RUNS_DIR ...] [--metric map]
+    python benchmarks/eval_curve.py RUNS_DIR [RUNS_DIR ...] [--metric map] [--study NAME]
 
 Each runs folder holds an ``mlflow.db`` (``lsbench run --runs-dir``); every trial run in it (the runs
 tagged with a trial id) gives a column.
@@ -15,7 +15,7 @@ import statistics
 from pathlib import Path
 
 
-def curves(runs_dirs: list[Path], metric: str) -> dict[str, dict[int, float]]:
+def curves(runs_dirs: list[Path], metric: str, study: str | None = None) -> dict[str, dict[int, float]]:
     """{column name: {step: value}} for every trial run in the stores, in store and name order."""
     from mlflow.tracking import MlflowClient
 
@@ -23,6 +23,8 @@ def curves(runs_dirs: list[Path], metric: str) -> dict[str, dict[int, float]]:
     for d in runs_dirs:
         client = MlflowClient(tracking_uri=f"sqlite:///{Path(d).resolve() / 'mlflow.db'}")
         for exp in client.search_experiments():
+            if study and exp.name != study:
+                continue
             runs = client.search_runs([exp.experiment_id], filter_string="tags.`lsbench.trial_id` != ''")
             for run in sorted(runs, key=lambda r: r.info.run_name or ""):
                 hist = client.get_metric_history(run.info.run_id, metric)
@@ -48,11 +50,12 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("runs_dirs", nargs="+", type=Path)
     ap.add_argument("--metric", default="map", help="the MLflow metric (default: map, the evaluation's mAP)")
+    ap.add_argument("--study", help="only this study's trials (its name; default: every study in the stores)")
     a = ap.parse_args(argv)
     for d in a.runs_dirs:
         if not (d / "mlflow.db").is_file():
             ap.error(f"{d}: no mlflow.db in it (a runs folder made by lsbench run --runs-dir)")
-    print(table(curves(a.runs_dirs, a.metric)) + f"\n\n{a.metric} in percent; the mean over the trials with a value at that step.")
+    print(table(curves(a.runs_dirs, a.metric, a.study)) + f"\n\n{a.metric} in percent; the mean over the trials with a value at that step.")
     return 0
 
 
