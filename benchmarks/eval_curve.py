@@ -16,20 +16,21 @@ from pathlib import Path
 
 
 def curves(runs_dirs: list[Path], metric: str, study: str | None = None) -> dict[str, dict[int, float]]:
-    """{column name: {step: value}} for every trial run in the stores, in store and name order."""
+    """{trial id: {step: value}} for every trial run in the stores (the report's own run finder:
+    one study or all, the latest run of a resumed trial), in store and trial-id order."""
     from mlflow.tracking import MlflowClient
+
+    from lossscale_bench.report.runs import load_runs
 
     out: dict[str, dict[int, float]] = {}
     for d in runs_dirs:
-        client = MlflowClient(tracking_uri=f"sqlite:///{Path(d).resolve() / 'mlflow.db'}")
-        for exp in client.search_experiments():
-            if study and exp.name != study:
-                continue
-            runs = client.search_runs([exp.experiment_id], filter_string="tags.`lsbench.trial_id` != ''")
-            for run in sorted(runs, key=lambda r: r.info.run_name or ""):
-                hist = client.get_metric_history(run.info.run_id, metric)
-                if hist:
-                    out[run.data.tags.get("lsbench.trial_id", run.info.run_id)] = {m.step: m.value for m in hist}
+        uri = f"sqlite:///{Path(d).resolve() / 'mlflow.db'}"
+        client = MlflowClient(tracking_uri=uri)
+        runs = load_runs(uri, study)
+        for tid, run_id in sorted(zip(runs["trial_id"], runs["run_id"])):
+            hist = client.get_metric_history(run_id, metric)
+            if hist:
+                out[tid] = {m.step: m.value for m in hist}
     return out
 
 
