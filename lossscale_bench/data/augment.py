@@ -53,8 +53,8 @@ CROP_CONSTRAINTS = ((0.1, None), (0.3, None), (0.5, None), (0.7, None), (0.9, No
 def rgb_to_hsv(img: torch.Tensor) -> torch.Tensor:
     """``[3, H, W]`` RGB in 0..1 -> HSV, all three in 0..1."""
     r, g, b = img.unbind(0)
-    maxc, _ = img.max(0)
-    minc, _ = img.min(0)
+    maxc = img.amax(0)
+    minc = img.amin(0)
     delta = maxc - minc
     s = torch.where(maxc > 0, delta / maxc.clamp_min(1e-12), torch.zeros_like(maxc))
     d = delta.clamp_min(1e-12)
@@ -65,13 +65,21 @@ def rgb_to_hsv(img: torch.Tensor) -> torch.Tensor:
 
 
 def hsv_to_rgb(img: torch.Tensor) -> torch.Tensor:
+    """``[3, H, W]`` HSV in 0..1 -> RGB: each output channel is one of ``v, p, q, t`` chosen by the hue's
+    sextant (the textbook table), picked with one gather from those four planes. (It was a gather from
+    all 18 planes of the table, stacked: the same values, and a third of an augmented photo's time.)"""
     h, s, v = img.unbind(0)
     i = torch.floor(h * 6.0)
     f = h * 6.0 - i
     i = i.long() % 6
     p, q, t = v * (1 - s), v * (1 - s * f), v * (1 - s * (1 - f))
-    table = torch.stack([torch.stack(x) for x in ((v, t, p), (q, v, p), (p, v, t), (p, q, v), (t, p, v), (v, p, q))])
-    return table.gather(0, i.view(1, 1, *i.shape).expand(1, 3, *i.shape)).squeeze(0)
+    planes = torch.stack((v, p, q, t))
+    return planes.gather(0, _SEXTANT_SOURCE[:, i])
+
+
+#: for each RGB channel (row) and hue sextant (column), which of the planes ``v, p, q, t`` it takes:
+#: sextants 0..5 are (v,t,p), (q,v,p), (p,v,t), (p,q,v), (t,p,v), (v,p,q)
+_SEXTANT_SOURCE = torch.tensor([[0, 2, 1, 1, 3, 0], [3, 0, 0, 2, 1, 1], [1, 1, 3, 0, 0, 2]])
 
 
 def photometric_plan(rng: np.random.Generator, *, brightness_delta: float = 32 / 255, contrast=(0.5, 1.5),

@@ -23,7 +23,7 @@ from torch.utils.data import Dataset
 
 from ..dataset_files.annotations import AnnotationError, Drops, size_mismatch
 from ..dataset_files.coco_json import index_coco, load_coco_json
-from .transforms import clip_boxes, flip_decision, hflip, read_image, valid_box_mask, xywh_to_xyxy
+from .transforms import PixelCache, clip_boxes, flip_decision, hflip, valid_box_mask, xywh_to_xyxy
 
 
 class DataNotFound(FileNotFoundError):
@@ -100,6 +100,7 @@ class CocoDetection(_SeededFlip, Dataset):
                  bad_annotations: str = "error") -> None:
         self.image_dir = Path(image_dir).expanduser()
         self.ann_file = Path(ann_file).expanduser()
+        self._pixels = PixelCache()  # decoded once per process while the budget lasts: transforms.PixelCache
         if not self.image_dir.is_dir():
             raise DataNotFound(f"image folder not found: {self.image_dir}")
         if not self.ann_file.is_file():
@@ -181,7 +182,7 @@ class CocoDetection(_SeededFlip, Dataset):
     def load(self, index: int, flip: bool = False):
         rec = self._records[index]
         path, size = self.image_dir / rec["file_name"], (rec["width"], rec["height"])
-        image = read_image(path, size)  # the frame the JSON's size names (an EXIF rotation may be applied)
+        image = self._pixels.read(path, size)  # the frame the JSON's size names (an EXIF rotation may be applied)
         if (image.shape[-1], image.shape[-2]) != size:  # the boxes were clipped to the JSON's size
             raise size_mismatch(self.ann_file, f"image {rec['id']} width, height", size, path,
                                 (image.shape[-1], image.shape[-2]))

@@ -47,7 +47,7 @@ from ..dataset_files.voc_xml import parse_voc
 from ..dataset_files.voc_layout import (annotation_file, image_candidates, read_split_ids, required_paths, resolve_devkit,
                                 split_list, split_names, voc_sources)
 from .coco import DataNotFound, require_ground_truth
-from .transforms import flip_decision, hflip, read_image
+from .transforms import PixelCache, flip_decision, hflip
 
 __all__ = ["VOCDetection", "VOC_CLASSES", "resolve_devkit", "voc_sources", "voc_required_paths",
            "build_voc_datasets", "make_tiny_voc", "FETCH_VOC"]
@@ -106,6 +106,7 @@ class VOCDetection(Dataset):
                 if max_images is not None and len(self._records) >= int(max_images):
                     break
         self.image_ids = list(range(len(self._records)))
+        self._pixels = PixelCache()  # decoded once per process while the budget lasts: transforms.PixelCache
 
     @property
     def dropped_annotations(self) -> dict[str, int]:
@@ -178,7 +179,7 @@ class VOCDetection(Dataset):
         rec = self._records[index]
         path = self._image_path(rec)
         size = (rec["width"], rec["height"]) if rec["width"] > 0 and rec["height"] > 0 else None
-        image = read_image(path, size)  # the frame the XML's size names (an EXIF rotation may be applied)
+        image = self._pixels.read(path, size)  # the frame the XML's size names (an EXIF rotation may be applied)
         boxes = rec["boxes"].clone()
         h, w = image.shape[-2:]
         if size is None:  # no <size>: the boxes were not clipped while parsing; the image decides
