@@ -193,10 +193,45 @@ def test_crowds_and_hand_built_ground_truth(seed):
 
 def test_a_gt_with_id_0():
     """COCOeval stores matched gt ids in dtMatches and tests ``dtm != 0``: a match to gt id 0
-    counts as no match there. Reproduced, not fixed."""
-    coco = _crowd_coco(4, first_id=0)
-    assert 0 in coco.anns
-    _assert_same(*_both(coco, _crowd_detections(coco, 4)))
+    counts as no match there (a false positive, or ignored outside the area range). Reproduced."""
+    coco = _crowd_coco(4)
+    dets = _crowd_detections(coco, 4)
+    with_id_1 = coco_box_stats(coco, dets)
+    first = next(a for a in coco.dataset["annotations"] if not a["iscrowd"])
+    first["id"] = 0
+    coco.createIndex()
+    got, ref = _both(coco, dets)
+    _assert_same(got, ref)
+    assert not np.array_equal(got, with_id_1)  # the quirk shows
+
+
+def test_equal_ious_go_to_the_later_gt():
+    """A detection exactly between two gts (integer boxes: the IoUs are equal floats) takes the later
+    one (COCOeval's ``<`` continue); a lower-scored detection that overlaps only the earlier gt enough
+    then finds it free. Random sizes put the pairs in every area range."""
+    rng = np.random.default_rng(0)
+    images, anns, dets = [], [], []
+    for img in range(1, 41):
+        images.append({"id": img, "width": 300, "height": 300})
+        w, h = (int(v) for v in rng.integers(4, 140, 2))
+        s = max(1, w // 10)
+        x, y = int(rng.integers(2 * s, 300 - w - 3 * s)), int(rng.integers(0, 300 - h))
+        crowd = int(rng.random() < 0.2)
+        for dx in (s, -s):  # the earlier gt right of the detection, the later one left of it
+            anns.append({"id": len(anns) + 1, "image_id": img, "category_id": 1, "bbox": [x + dx, y, w, h],
+                         "area": float(w * h * rng.choice([1.0, 0.5])), "iscrowd": crowd if dx < 0 else 0})
+        dets.append({"image_id": img, "category_id": 1, "bbox": [float(x), float(y), float(w), float(h)],
+                     "score": 0.9})
+        dets.append({"image_id": img, "category_id": 1, "bbox": [float(x + 3 * s), float(y), float(w), float(h)],
+                     "score": 0.8})
+    coco = COCO()
+    coco.dataset = {"images": images, "annotations": anns, "categories": [{"id": 1, "name": "a"}]}
+    coco.createIndex()
+    iou = _box_iou(np.array(dets[0]["bbox"])[None, :], np.array([a["bbox"] for a in anns[:2]]), np.zeros(2, bool))
+    assert iou[0] == iou[1] >= 0.5  # a tie
+    got, ref = _both(coco, dets)
+    _assert_same(got, ref)
+    assert got[1] > 0.5
 
 
 def test_categories_and_images_without_ground_truth_and_restricted_img_ids():
