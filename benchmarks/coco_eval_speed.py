@@ -1,0 +1,123 @@
+"""Time COCO box AP: pycocotools' COCOeval against ``fast_coco.coco_box_stats``, side by side (not a test).
+
+On the default study's val set (``studies/smoke.yaml``: 512 synthetic images, 96 px, 3 classes; read
+from the data cache, generated there first if missing) with detections like a detector's after NMS:
+``--per-image`` (default 100-200) per image, about a fifth near a true box (jittered, usually the
+right class, higher scores), the rest anywhere, scores with two decimals (ties). It times
+``evaluate_detections`` as a trial calls it, with ``reference=True`` (pycocotools: ``loadRes``,
+``evaluate``, ``accumulate``, ``summarize``) and without (NumPy), and the scoring alone
+(``pycocotools_box_stats`` against ``coco_box_stats``, without ``evaluate_detections``' dict
+normalisation and top-100 cut, which both sides share), interleaved (A B A B ...) so that a change
+in the machine's load hits both; checks that every repeat gives the same 12 stats bit for bit, and
+prints each side's times and the ratios of the medians.
+
+    python benchmarks/coco_eval_speed.py [--repeat 3] [--per-image 100 200] [--seed 0]
+
+Run it on an otherwise idle machine for numbers to publish; on a loaded one (the figures in the
+commit that added it were taken under ``nice -n 19`` beside a running study on 2 cores) the
+absolute times are inflated, the ratio less so. The load average is printed with the results.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from lossscale_bench.data import build_datasets  # noqa: E402
+from lossscale_bench.evaluation.coco import evaluate_detections, pycocotools_box_stats  # noqa: E402
+from lossscale_bench.evaluation.fast_coco import coco_box_stats  # noqa: E402
+
+SMOKE = Path(__file__).resolve().parents[1] / "lossscale_bench" / "studies" / "smoke.yaml"
+
+
+def detections(coco, per_image: tuple[int, int], seed: int) -> list[dict]:
+    rng = np.random.default_rng(seed)
+    cats = sorted(coco.cats)
+    dets = []
+    for img_id, img in coco.imgs.items():
+        size = float(img["width"])
+        gts = coco.imgToAnns[img_id]
+        for _ in range(int(rng.integers(per_image[0], per_image[1] + 1))):
+            if gts and rng.random() < 0.2:
+                a = gts[int(rng.integers(len(gts)))]
+                box = [v + rng.normal() * 0.08 * max(a["bbox"][2:]) for v in a["bbox"]]
+                cat = a["category_id"] if rng.random() < 0.8 else int(rng.choice(cats))
+                score = rng.random() ** 0.5
+            else:
+                w, h = np.exp(rng.uniform(np.log(4), np.log(size), 2))
+                box = [rng.uniform(-w / 4, size - w * 0.75), rng.uniform(-h / 4, size - h * 0.75), w, h]
+                cat = int(rng.choice(cats))
+                score = rng.random() ** 2
+            dets.append({"image_id": img_id, "category_id": cat, "bbox": [float(v) for v in box],
+                         "score": round(float(score), 2)})
+    return dets
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--per-image", type=int, nargs=2, default=(100, 200), metavar=("MIN", "MAX"))
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+
+    import yaml
+
+    cfg = yaml.safe_load(SMOKE.read_text())["dataset"]
+    _, val, _ = build_datasets(cfg)
+    coco = val.coco
+    dets = detections(coco, tuple(args.per_image), args.seed)
+    print(f"val set: {len(coco.imgs)} images, {len(coco.anns)} objects, {len(coco.cats)} classes "
+          f"({cfg['image_size']} px); {len(dets)} detections ({len(dets) / len(coco.imgs):.0f} per image)")
+    print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} at the start")
+
+    stats_ref = pycocotools_box_stats(coco, [dict(d) for d in dets])
+    stats_fast = coco_box_stats(coco, dets)
+    same = np.array_equal(stats_ref, stats_fast)
+    print(f"12 stats bit for bit equal: {same}  (AP {stats_fast[0]:.4f}, AP50 {stats_fast[1]:.4f}, "
+          f"AR100 {stats_fast[8]:.4f})")
+
+    # what a trial pays: evaluate_detections (its dict normalisation and top-100 cut are common to both)
+    times = {"pycocotools": [], "fast_coco": []}
+    results = {"pycocotools": [], "fast_coco": []}
+    # the scoring alone: pycocotools_box_stats (loadRes writes into the dicts: copies made beforehand)
+    # against coco_box_stats on the same list
+    alone = {"pycocotools": [], "fast_coco": []}
+    for _ in range(args.repeat):
+        for name, ref in (("pycocotools", True), ("fast_coco", False)):
+            t0 = time.perf_counter()
+            r = evaluate_detections(coco, dets, reference=ref)
+            times[name].append(time.perf_counter() - t0)
+            results[name].append(r)
+        copies = [dict(d) for d in dets]
+        t0 = time.perf_counter()
+        s_ref = pycocotools_box_stats(coco, copies)
+        alone["pycocotools"].append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        s_fast = coco_box_stats(coco, dets)
+        alone["fast_coco"].append(time.perf_counter() - t0)
+        same = same and np.array_equal(s_ref, s_fast) and np.array_equal(s_ref, stats_ref)
+    same = same and all(r == results["pycocotools"][0] for rs in results.values() for r in rs)
+    for title, tab in ((f"evaluate_detections (reference=True / default), {args.repeat} interleaved repeats (s):",
+                        times),
+                       ("the scoring alone: pycocotools_box_stats / coco_box_stats (s):", alone)):
+        print(title)
+        for name, ts in tab.items():
+            print(f"  {name:12s} median {statistics.median(ts):7.3f}  min {min(ts):7.3f}  "
+                  f"[{', '.join(f'{t:.3f}' for t in ts)}]")
+        ratio = statistics.median(tab["pycocotools"]) / statistics.median(tab["fast_coco"])
+        print(f"  ratio pycocotools / fast_coco (medians): {ratio:.1f}x")
+    print(f"stats and results equal in every repeat: {same}")
+    print(f"load average {os.getloadavg()[0]:.2f} at the end")
+    return 0 if same else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
