@@ -100,11 +100,43 @@ class PixelCache:
                 self.bytes += nbytes
         return pixels_to_float(pixels)
 
+    def read_scaled(self, path, size: tuple[int, int] | None, max_side: int) -> tuple["torch.Tensor", tuple[int, int]]:
+        """``(image, (width, height) as decoded)``: :meth:`read`'s image shrunk so that its longer side is
+        at most ``max_side`` (bilinear, antialiased, aspect kept, each side rounded to the nearest pixel;
+        a smaller image unchanged); what is kept is the shrunk float image, so a later read costs a copy.
+        The decoded size is returned so that callers check it against their annotation and scale boxes."""
+        key = (str(path), tuple(size) if size else None, int(max_side))
+        hit = self._store.get(key)
+        if hit is None:
+            image = pixels_to_float(read_pixels(path, size))
+            decoded = (int(image.shape[-1]), int(image.shape[-2]))
+            image = shrink_to(image, max_side)
+            hit = (image, decoded)
+            nbytes = image.numel() * image.element_size()
+            if self.bytes + nbytes <= self.max_bytes:
+                self._store[key] = hit
+                self.bytes += nbytes
+            return image, decoded
+        return hit[0].clone(), hit[1]
+
     def __len__(self) -> int:
         return len(self._store)
 
     def __getstate__(self):  # a DataLoader worker or a pickled dataset starts empty, with the same budget
         return {"max_bytes": self.max_bytes, "bytes": 0, "_store": {}}
+
+
+def shrink_to(image: torch.Tensor, max_side: int) -> torch.Tensor:
+    """A float ``[C, H, W]`` image with its longer side brought down to ``max_side`` (bilinear with
+    antialiasing, as PIL's and torchvision's resize do when shrinking; sides rounded to the nearest
+    pixel, at least 1); an image already that small is returned as it is."""
+    h, w = int(image.shape[-2]), int(image.shape[-1])
+    if max(h, w) <= int(max_side):
+        return image
+    f = int(max_side) / max(h, w)
+    out = (max(1, round(h * f)), max(1, round(w * f)))
+    return torch.nn.functional.interpolate(image[None], size=out, mode="bilinear", align_corners=False,
+                                           antialias=True)[0].clamp_(0, 1)
 
 
 #: default :class:`PixelCache` budget per dataset and process, in MiB (the kangaroo training photos take ~60)

@@ -84,8 +84,10 @@ class VOCDetection(Dataset):
 
     def __init__(self, sources: Sequence[tuple], classes: Sequence[str], *, train: bool,
                  use_difficult: bool | None = None, augment: Callable | None = None, hflip: bool = True,
-                 max_images=None, bad_annotations: str = "error") -> None:
+                 max_images=None, bad_annotations: str = "error", max_side: int | None = None) -> None:
         self.class_names = [str(c) for c in classes]
+        #: photos shrunk to this longer side when read (``dataset.train_max_side``), boxes alike
+        self.max_side = int(max_side) if max_side else None
         if not self.class_names:
             raise ValueError("VOCDetection: the class list is empty")
         self._label = {c: i for i, c in enumerate(self.class_names, start=1)}
@@ -179,14 +181,21 @@ class VOCDetection(Dataset):
         rec = self._records[index]
         path = self._image_path(rec)
         size = (rec["width"], rec["height"]) if rec["width"] > 0 and rec["height"] > 0 else None
-        image = self._pixels.read(path, size)  # the frame the XML's size names (an EXIF rotation may be applied)
+        # the frame the XML's size names (an EXIF rotation may be applied)
+        if self.max_side:
+            image, (w, h) = self._pixels.read_scaled(path, size, self.max_side)
+        else:
+            image = self._pixels.read(path, size)
+            h, w = image.shape[-2:]
         boxes = rec["boxes"].clone()
-        h, w = image.shape[-2:]
         if size is None:  # no <size>: the boxes were not clipped while parsing; the image decides
             boxes[:, 0::2] = boxes[:, 0::2].clamp(0, w)
             boxes[:, 1::2] = boxes[:, 1::2].clamp(0, h)
         elif size != (w, h):
             raise size_mismatch(annotation_file(rec["dir"], rec["id"]), "size", size, path, (w, h))
+        if (image.shape[-1], image.shape[-2]) != (w, h):  # shrunk: the boxes follow the pixels
+            sx, sy = image.shape[-1] / w, image.shape[-2] / h
+            boxes = boxes * torch.tensor([sx, sy, sx, sy], dtype=boxes.dtype)
         target = {"boxes": boxes, "labels": rec["labels"].clone(), "difficult": rec["difficult"].clone(),
                   "image_id": index}
         if flip:
@@ -237,7 +246,8 @@ def build_voc_datasets(cfg: dict, *, image_size: int | None = None, max_val_imag
     max_val = max_val_images if max_val_images is not None else cfg.get("max_val_images")
     policy = cfg.get("bad_annotations", "error")
     train = VOCDetection(train_src, classes, train=True, augment=augment, hflip=hflip_on,
-                         max_images=cfg.get("max_train_images"), bad_annotations=policy)
+                         max_images=cfg.get("max_train_images"), bad_annotations=policy,
+                         max_side=cfg.get("train_max_side"))
     if len(train) == 0:
         seen = ", ".join(f"{k!r}" for k, _ in train.unknown_objects.most_common(5))
         raise DataNotFound(f"dataset {name}: no objects of the classes {classes[:5]}{'...' if len(classes) > 5 else ''} "

@@ -61,6 +61,8 @@ def _identity(model, batch_size, precision, scaling, seed, dataset, schedule, ev
     # bad_annotations changes no result that exists: on clean data both policies train the same,
     # and on data with a bad annotation `error` gives no result at all (a user error)
     ds = {k: v for k, v in dataset.items() if k not in ("root", "bad_annotations")}
+    if ds.get("train_max_side") is None:  # photos as stored: the ids trials had before the option existed
+        ds.pop("train_max_side", None)
     mo = dict(model_options)
     if mo.get("backbone_weights"):
         mo["backbone_weights"] = True  # which file: fingerprint["weights"], by content

@@ -66,6 +66,15 @@ class SyntheticDataset(_DatasetBase):
     seed: NonNegInt = 0  # type: ignore[valid-type]
 
 
+#: ``dataset.train_max_side`` (voc, voc0712): training photos are shrunk once, when first read, so that
+#: their longer side is at most this many pixels (antialiased; boxes scaled alike) before the SSD
+#: augmentation runs on them. Why: the augmentation's per-pixel work (photometric distortion, the
+#: crop, the resize) runs at the photo's own resolution; on the kangaroo photos (median ~600 px, up to
+#: 1000+) it was most of a 128-px step. Left out (the default): photos as stored. Validation photos
+#: are never shrunk (the detector's own resize is the only one they get, so scores compare).
+TrainMaxSide = _number("int", ge=32, nullable=True, why="pixels of a training photo's longer side")
+
+
 class VOCDataset(_DatasetBase):
     name: Literal["voc"]
     root: Str
@@ -73,6 +82,7 @@ class VOCDataset(_DatasetBase):
     train_split: Str = "trainval"
     val_split: Str = "test"
     bad_annotations: BadAnnotations = "error"  # type: ignore[valid-type]
+    train_max_side: TrainMaxSide = None  # type: ignore[valid-type]
 
 
 class VOC0712Dataset(_DatasetBase):
@@ -82,6 +92,7 @@ class VOC0712Dataset(_DatasetBase):
     train_split: Str = "trainval"
     val_split: Str = "test"
     bad_annotations: BadAnnotations = "error"  # type: ignore[valid-type]
+    train_max_side: TrainMaxSide = None  # type: ignore[valid-type]
 
 
 class COCODataset(_DatasetBase):
