@@ -48,6 +48,15 @@ class FloatFormat:
     elementwise: bool = True
 
     @property
+    def concat_block(self) -> int | None:
+        """Tensors may be rounded together, each flattened in logical order and zero-padded to a
+        multiple of this many elements, with the same result as one rounding per tensor: 1 for
+        element-wise formats, the block size for formats whose blocks are consecutive elements of the
+        flattened tensor with no scale shared beyond the block (mx32); None where a scale spans the
+        tensor (per-tensor, NVFP4's global scale) or the rounding draws random numbers."""
+        return 1 if self.elementwise else None
+
+    @property
     def u_min(self) -> float:
         """Lower end of the range the adaptive rule keeps gradients in (``get_range(dtype)[0]``)."""
         return self.min_subnormal if self.reference_u_min is None else self.reference_u_min
@@ -145,6 +154,12 @@ class BlockScaledFormat(FloatFormat):
         from .numerics.block_scaling import block_round
 
         return block_round(t, self.element, self.granularity, **self._mode_kw())
+
+    @property
+    def concat_block(self) -> int | None:
+        """mx32: 32 (a block is 32 consecutive elements of the flattened tensor, a ragged last block
+        zero-padded, which changes no amax); tiles and tensors scale across a row or the whole tensor."""
+        return 32 if self.granularity == "mx32" else None
 
     def census(self, g: torch.Tensor) -> torch.Tensor:
         from .numerics.block_scaling import block_round

@@ -153,18 +153,22 @@ def install_emulation(model: nn.Module, forward_format: FloatFormat | None, grad
         for observe in observers:
             for p in params:
                 observe(p, p.grad)
-        round_grads_(grad_format, [p.grad for p in params])
+        if grad_format.elementwise:
+            round_grads_(grad_format, [p.grad for p in params])
+        else:
+            round_block_grads_(grad_format, [p.grad for p in params])
 
     def grad_hook(p: torch.Tensor) -> None:
         if p.grad is None:
             return
-        if not grad_format.elementwise:
+        if grad_format.concat_block is None:
             for observe in observers:
                 observe(p, p.grad)
             p.grad.copy_(grad_format.round(p.grad))
             return
-        # element-wise formats: every parameter gradient of this backward in one rounding call at its
-        # end (round_grads_), instead of one compiled-kernel call (~0.2 ms of dispatch) per parameter
+        # formats that allow it (element-wise, mx32 blocks): every parameter gradient of this backward in
+        # one rounding call at its end (round_grads_, round_block_grads_), instead of one compiled-kernel
+        # call (~0.2 ms of dispatch, and for blocks a layout copy) per parameter
         if not pending:
             torch.autograd.Variable._execution_engine.queue_callback(round_pending)
         pending.append(p)
@@ -198,6 +202,31 @@ def round_grads_(fmt: FloatFormat, grads: list[torch.Tensor]) -> None:
             continue
         for v, piece in zip(views, out.split([v.numel() for v in views])):
             v.copy_(piece.view(v.shape))
+
+
+def round_block_grads_(fmt: FloatFormat, grads: list[torch.Tensor]) -> None:
+    """Round ``grads`` in place to a block format whose blocks are consecutive elements of the
+    flattened tensor (``fmt.concat_block``, mx32), with one rounding call.
+
+    Each gradient is flattened in logical order (the order its blocks follow) and zero-padded to a
+    whole number of blocks, so no block holds elements of two tensors and a padded tail block has the
+    amax its ragged tail had (``block_scaling`` pads the same way): bit for bit the values a call per
+    tensor gives (tested), for ssd_tiny's 48 parameters one call instead of 48.
+    """
+    block = fmt.concat_block
+    if block is None:
+        raise ValueError(f"{fmt.name}: its blocks are not consecutive flat elements; round one tensor at a time")
+    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+    for g in grads:
+        by_dtype.setdefault(g.dtype, []).append(g)
+    for group in by_dtype.values():
+        sizes = [g.numel() for g in group]
+        flat = torch.cat([torch.nn.functional.pad(g.reshape(-1), (0, -n % block)) for g, n in zip(group, sizes)])
+        out = fmt.round(flat)
+        start = 0
+        for g, n in zip(group, sizes):
+            g.copy_(out[start:start + n].view(g.shape))
+            start += n + (-n % block)
 
 
 install_fp16_emulation = partial(install_emulation, forward_format=FP16, grad_format=FP16)

@@ -200,3 +200,76 @@ def test_an_emulated_precision_may_leave_either_direction_in_fp32():
     assert not all(torch.equal(a, b) for a, b in zip(g_rounded, g32))
     y_rounded, g_bwd_fp32 = run(E4M3, None)
     assert not torch.equal(y_rounded, y32) and torch.equal(E4M3.round(y_rounded), y_rounded)
+
+
+@pytest.mark.parametrize("mode", ["ceil", "floor", "even", "rceil"])
+@pytest.mark.parametrize("element", ["e4m3", "e5m2"])
+def test_round_block_grads_together_equals_one_call_per_tensor(element, mode):
+    """mx32 parameter gradients rounded in one call, each tensor zero-padded to whole blocks: bit for bit
+    each tensor's own ``fmt.round``, layout kept, whatever the tails (sizes not a multiple of 32, a
+    1-element tensor), a NaN confined to its own tensor's block, another dtype grouped apart."""
+    from lossscale_bench.formats import FORMATS, block_scaled
+    from lossscale_bench.precision import round_block_grads_
+
+    fmt = block_scaled(FORMATS[element], "mx32", mode)
+    assert fmt.concat_block == 32 and block_scaled(FORMATS[element], "tile128").concat_block is None
+    g = torch.Generator().manual_seed(5)
+    base = torch.randn(6, 4, 8, 3, 3, generator=g)
+    nan = torch.randn(37, generator=g)
+    nan[36] = float("nan")  # its tail block is NaN; the next tensor's first block must not be
+    grads = [torch.randn(8, 16, 5, 5, generator=g).mul(300).to(memory_format=torch.channels_last),
+             torch.randn(16, generator=g).mul(1e-3), nan, torch.randn(3, 7, generator=g).mul(1e-6),
+             torch.randn(1, generator=g), base[:, :, 1], torch.randn(45, generator=g).mul(7e4).double(),
+             torch.randn(33, generator=g).mul(2.0) ** 9]
+    want = [fmt.round(t) for t in grads]
+    round_block_grads_(fmt, grads)
+    for got, ref in zip(grads, want):
+        assert got.dtype == ref.dtype and torch.equal(_bits(got), _bits(ref))
+    assert grads[0].is_contiguous(memory_format=torch.channels_last)
+    assert torch.equal(_bits(base[:, :, 1]), _bits(want[3 + 2]))  # written through the view
+    assert torch.isnan(grads[2][32:]).all() and not torch.isnan(grads[2][:32]).any()
+    assert not torch.isnan(grads[3]).any()
+
+
+def test_round_block_grads_refuses_a_format_whose_scale_spans_the_tensor():
+    from lossscale_bench.formats import FORMATS, block_scaled
+    from lossscale_bench.precision import round_block_grads_
+
+    with pytest.raises(ValueError, match="one tensor at a time"):
+        round_block_grads_(block_scaled(FORMATS["e4m3"], "tensor"), [torch.ones(3)])
+
+
+def test_mx32_parameter_gradients_are_rounded_in_one_call_at_the_end_of_backward(monkeypatch):
+    """With mx32 gradients the parameter gradients go through round_block_grads_ (one block_round
+    call for all of them): each must be its own accumulated gradient rounded alone, and the
+    telemetry's observer must still see every one unrounded."""
+    from lossscale_bench.formats import E4M3, block_scaled
+    from lossscale_bench.numerics import block_scaling
+    from lossscale_bench.precision import install_emulation
+
+    fmt = block_scaled(E4M3, "mx32", "ceil")
+
+    def run(round_params: bool):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Conv2d(8, 4, 3), nn.Flatten(), nn.Linear(4 * 4 * 4, 1))
+        model.to(memory_format=torch.channels_last)
+        handle = install_emulation(model, E4M3, fmt, round_param_grads=round_params)
+        seen = {}
+        if round_params:
+            handle.observe_param_grads(lambda p, g: seen.__setitem__(id(p), g.clone()))
+        x = torch.randn(2, 3, 8, 8).to(memory_format=torch.channels_last)
+        (model(x).sum() * 1e-3).backward()
+        return [p.grad.clone() for p in model.parameters()], seen, list(model.parameters())
+
+    raw, _, _ = run(False)
+    calls = []
+    real = block_scaling.block_round
+    monkeypatch.setattr(block_scaling, "block_round", lambda x, *a, **k: (calls.append(x.numel()), real(x, *a, **k))[1])
+    rounded, seen, params = run(True)
+    monkeypatch.setattr(block_scaling, "block_round", real)
+    n_params = sum(-(-p.numel() // 32) * 32 for p in params)
+    assert n_params in calls and calls.count(n_params) == 1  # all parameters padded, in one call
+    assert any(not torch.equal(fmt.round(r), r) for r in raw)
+    for r, got, p in zip(raw, rounded, params):
+        assert torch.equal(_bits(got), _bits(fmt.round(r)))
+        assert torch.equal(_bits(seen[id(p)]), _bits(r))
