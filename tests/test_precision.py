@@ -116,29 +116,32 @@ def test_round_grads_together_equals_one_call_per_tensor(fmt_name):
     assert torch.equal(_bits(base[:, :, 1]), _bits(want[3]))  # written through the view
 
 
+def _small_model_grads(forward_format, grad_format, round_params: bool):
+    """``(parameter gradients, what the observer saw, parameters)`` of one backward of a small
+    channels_last conv net under the emulation (parameter gradients rounded or not)."""
+    from lossscale_bench.precision import install_emulation
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Conv2d(8, 4, 3), nn.Flatten(), nn.Linear(4 * 4 * 4, 1))
+    model.to(memory_format=torch.channels_last)
+    handle = install_emulation(model, forward_format, grad_format, round_param_grads=round_params)
+    seen = {}
+    if round_params:
+        handle.observe_param_grads(lambda p, g: seen.__setitem__(id(p), g.clone()))
+    x = torch.randn(2, 3, 8, 8).to(memory_format=torch.channels_last)
+    (model(x).sum() * 1e-3).backward()
+    return [p.grad.clone() for p in model.parameters()], seen, list(model.parameters())
+
+
 @pytest.mark.parametrize("precision", GRAD_ROUNDING_EMULATIONS)
 def test_emulation_rounds_parameter_gradients_once_at_the_end_of_backward(precision):
     """The emulation rounds all parameter gradients of a backward in one call at its end: the result
     must be each accumulated gradient rounded on its own (as the per-parameter hook did), and the
     telemetry's observer must see them unrounded."""
-    from lossscale_bench.precision import install_emulation
-
     prec = get_precision(precision)
 
-    def run(round_params: bool):
-        torch.manual_seed(0)
-        model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Conv2d(8, 4, 3), nn.Flatten(), nn.Linear(4 * 4 * 4, 1))
-        model.to(memory_format=torch.channels_last)
-        handle = install_emulation(model, prec.forward_format, prec.grad_format, round_param_grads=round_params)
-        seen = {}
-        if round_params:
-            handle.observe_param_grads(lambda p, g: seen.__setitem__(id(p), g.clone()))
-        x = torch.randn(2, 3, 8, 8).to(memory_format=torch.channels_last)
-        (model(x).sum() * 1e-3).backward()
-        return [p.grad.clone() for p in model.parameters()], seen, list(model.parameters())
-
-    raw, _, _ = run(False)
-    rounded, seen, params = run(True)
+    raw, _, _ = _small_model_grads(prec.forward_format, prec.grad_format, False)
+    rounded, seen, params = _small_model_grads(prec.forward_format, prec.grad_format, True)
     assert any(not torch.equal(prec.grad_format.round(r), r) for r in raw)  # the rounding changes something
     for r, got, p in zip(raw, rounded, params):
         assert torch.equal(_bits(got), _bits(prec.grad_format.round(r)))
@@ -245,27 +248,13 @@ def test_mx32_parameter_gradients_are_rounded_in_one_call_at_the_end_of_backward
     telemetry's observer must still see every one unrounded."""
     from lossscale_bench.formats import E4M3, block_scaled
     from lossscale_bench.numerics import block_scaling
-    from lossscale_bench.precision import install_emulation
 
     fmt = block_scaled(E4M3, "mx32", "ceil")
-
-    def run(round_params: bool):
-        torch.manual_seed(0)
-        model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Conv2d(8, 4, 3), nn.Flatten(), nn.Linear(4 * 4 * 4, 1))
-        model.to(memory_format=torch.channels_last)
-        handle = install_emulation(model, E4M3, fmt, round_param_grads=round_params)
-        seen = {}
-        if round_params:
-            handle.observe_param_grads(lambda p, g: seen.__setitem__(id(p), g.clone()))
-        x = torch.randn(2, 3, 8, 8).to(memory_format=torch.channels_last)
-        (model(x).sum() * 1e-3).backward()
-        return [p.grad.clone() for p in model.parameters()], seen, list(model.parameters())
-
-    raw, _, _ = run(False)
+    raw, _, _ = _small_model_grads(E4M3, fmt, False)
     calls = []
     real = block_scaling.block_round
     monkeypatch.setattr(block_scaling, "block_round", lambda x, *a, **k: (calls.append(x.numel()), real(x, *a, **k))[1])
-    rounded, seen, params = run(True)
+    rounded, seen, params = _small_model_grads(E4M3, fmt, True)
     monkeypatch.setattr(block_scaling, "block_round", real)
     n_params = sum(-(-p.numel() // 32) * 32 for p in params)
     assert n_params in calls and calls.count(n_params) == 1  # all parameters padded, in one call
