@@ -47,7 +47,7 @@ import numpy as np
 import torch
 
 from . import _epoch_order, _key, steps_per_epoch
-from .transforms import flip_decision
+from .transforms import flip_decision, shrink_to
 
 INSTALL_HINT = "pip install 'lossscale_bench[dali]' (nvidia-dali-cuda120; installs without CUDA, CPU pipeline then)"
 
@@ -194,13 +194,21 @@ class DaliBatches:
             meta = self._meta.popleft()
         targets = []
         augment = getattr(self.ds, "augment", None)
+        max_side = getattr(self.ds, "max_side", None)  # dataset.train_max_side: shrunk as load() shrinks
         for k, (info, flip, aug_seed) in enumerate(meta):
             target = dict(info["target"])
             boxes = info["boxes"]
+            if max_side:
+                h, w = images[k].shape[-2:]
+                small = shrink_to(images[k], max_side)
+                if small is not images[k]:  # the boxes scaled as VOCDetection.load scales them
+                    sx, sy = small.shape[-1] / w, small.shape[-2] / h
+                    boxes = boxes * torch.tensor([sx, sy, sx, sy], dtype=boxes.dtype, device=boxes.device)
+                    images[k] = small
             width = images[k].shape[-1]
             if flip:
-                boxes = boxes.clone()
-                boxes[:, 0], boxes[:, 2] = width - info["boxes"][:, 2], width - info["boxes"][:, 0]
+                unflipped, boxes = boxes, boxes.clone()
+                boxes[:, 0], boxes[:, 2] = width - unflipped[:, 2], width - unflipped[:, 0]
             target["boxes"] = boxes
             if augment is not None:  # the data set's own SSD augmentation, as on the PyTorch path
                 img, target = augment(images[k].cpu(), target, aug_seed if aug_seed is not None

@@ -71,7 +71,8 @@ class SyntheticDataset(_DatasetBase):
 #: augmentation runs on them. Why: the augmentation's per-pixel work (photometric distortion, the
 #: crop, the resize) runs at the photo's own resolution; on the kangaroo photos (median ~600 px, up to
 #: 1000+) it was most of a 128-px step. Left out (the default): photos as stored. Validation photos
-#: are never shrunk (the detector's own resize is the only one they get, so scores compare).
+#: are never shrunk (the detector's own resize is the only one they get, so scores compare). Both
+#: loaders apply it (``data.voc`` for torch's, ``data.dali`` after DALI's decode).
 TrainMaxSide = _number("int", ge=32, nullable=True, why="pixels of a training photo's longer side")
 
 

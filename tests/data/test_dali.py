@@ -73,3 +73,20 @@ def test_make_batches_switches_on_the_loader_and_refuses_recordless_data():
     fake, _, _ = build_datasets({"name": "coco2017", "fake_data": True, "fake_train_images": 8})
     with pytest.raises(DaliUnavailable, match="loader: torch"):
         next(DaliBatches(fake, 4, seed=0))
+
+
+def test_voc_with_train_max_side_matches_dataloader(tmp_path):
+    """``dataset.train_max_side``: DALI's decoded photo is shrunk and its boxes scaled as
+    ``VOCDetection.load`` does it, before the mirror's boxes and the SSD augmentation."""
+    from lossscale_bench.data.voc import build_voc_datasets, make_tiny_voc
+
+    make_tiny_voc(tmp_path / "VOC2007", {"trainval": 8, "test": 2}, seed=5)
+    for augment in (False, True):
+        cfg = {"name": "voc", "root": str(tmp_path / "VOC2007"), "classes": ["square", "disc"],
+               "train_split": "trainval", "val_split": "test", "augment": augment, "hflip": True,
+               "train_max_side": 80}
+        train, _, _ = build_voc_datasets(cfg)
+        if not augment:  # shrunk (make_tiny_voc's photos are 96 x 128)
+            assert max(next(DaliBatches(train, 4, seed=1))[1][0].shape[-2:]) == 80
+        _compare(DaliBatches(train, 4, seed=1), infinite_batches(train, 4, seed=1), steps=3,
+                 image_atol=3 / 255 + 1e-6, extra_keys=("difficult",))
