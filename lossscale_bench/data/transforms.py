@@ -87,43 +87,44 @@ class PixelCache:
         self.max_bytes = max(0, int(max_bytes))
         self.bytes = 0
         self._store: dict = {}
+        #: read_scaled: the size each photo had as decoded (kept even when its pixels are not)
+        self._decoded_size: dict = {}
 
     def read(self, path, size: tuple[int, int] | None = None) -> "torch.Tensor":
         """:func:`read_image`'s float tensor (a new one on every call: callers may write into it)."""
         key = (str(path), tuple(size) if size else None)
         pixels = self._store.get(key)
         if pixels is None:
-            pixels = read_pixels(path, size)
-            nbytes = pixels.numel() * pixels.element_size()
-            if self.bytes + nbytes <= self.max_bytes:
-                self._store[key] = pixels
-                self.bytes += nbytes
+            pixels = self._keep(key, read_pixels(path, size))
         return pixels_to_float(pixels)
 
     def read_scaled(self, path, size: tuple[int, int] | None, max_side: int) -> tuple["torch.Tensor", tuple[int, int]]:
         """``(image, (width, height) as decoded)``: :meth:`read`'s image shrunk so that its longer side is
         at most ``max_side`` (bilinear, antialiased, aspect kept, each side rounded to the nearest pixel;
-        a smaller image unchanged); what is kept is the shrunk float image, so a later read costs a copy.
-        The decoded size is returned so that callers check it against their annotation and scale boxes."""
+        a smaller image unchanged); what is kept is the shrunk float image, so a later read costs a copy
+        (every call returns a tensor of its own, as :meth:`read` does). The decoded size is returned so
+        that callers check it against their annotation and scale boxes."""
         key = (str(path), tuple(size) if size else None, int(max_side))
-        hit = self._store.get(key)
-        if hit is None:
-            image = pixels_to_float(read_pixels(path, size))
-            decoded = (int(image.shape[-1]), int(image.shape[-2]))
-            image = shrink_to(image, max_side)
-            hit = (image, decoded)
-            nbytes = image.numel() * image.element_size()
-            if self.bytes + nbytes <= self.max_bytes:
-                self._store[key] = hit
-                self.bytes += nbytes
-            return image, decoded
-        return hit[0].clone(), hit[1]
+        image = self._store.get(key)
+        if image is None:
+            decoded = pixels_to_float(read_pixels(path, size))
+            image = self._keep(key, shrink_to(decoded, max_side))
+            self._decoded_size[key] = (int(decoded.shape[-1]), int(decoded.shape[-2]))
+        return image.clone(), self._decoded_size[key]
+
+    def _keep(self, key, tensor: "torch.Tensor") -> "torch.Tensor":
+        """``tensor``, stored under ``key`` if the budget still has room for it."""
+        nbytes = tensor.numel() * tensor.element_size()
+        if self.bytes + nbytes <= self.max_bytes:
+            self._store[key] = tensor
+            self.bytes += nbytes
+        return tensor
 
     def __len__(self) -> int:
         return len(self._store)
 
     def __getstate__(self):  # a DataLoader worker or a pickled dataset starts empty, with the same budget
-        return {"max_bytes": self.max_bytes, "bytes": 0, "_store": {}}
+        return {"max_bytes": self.max_bytes, "bytes": 0, "_store": {}, "_decoded_size": {}}
 
 
 def shrink_to(image: torch.Tensor, max_side: int) -> torch.Tensor:
