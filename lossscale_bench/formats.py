@@ -50,10 +50,12 @@ class FloatFormat:
     @property
     def concat_block(self) -> int | None:
         """Tensors may be rounded together, each flattened in logical order and zero-padded to a
-        multiple of this many elements, with the same result as one rounding per tensor: 1 for
-        element-wise formats, the block size for formats whose blocks are consecutive elements of the
-        flattened tensor with no scale shared beyond the block (mx32); None where a scale spans the
-        tensor (per-tensor, NVFP4's global scale) or the rounding draws random numbers."""
+        multiple of this many elements: 1 for element-wise formats (same values as one rounding per
+        tensor; a stochastic E2M1 rounding then draws its key once for the concatenation), the block
+        size for formats whose blocks are consecutive elements of the flattened tensor with no scale
+        shared beyond the block (mx32: same values, tested); None where a scale spans more than a
+        block (per-tensor, 1x128 tiles, NVFP4's global scale) or a block format draws keys per call
+        (stochastic MXFP4): those are rounded one tensor at a time."""
         return 1 if self.elementwise else None
 
     @property

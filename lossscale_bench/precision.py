@@ -191,10 +191,7 @@ def round_grads_(fmt: FloatFormat, grads: list[torch.Tensor]) -> None:
     bit for bit the values a call per tensor gives (tested). Gradients of mixed dtypes are rounded
     one dtype at a time.
     """
-    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
-    for g in grads:
-        by_dtype.setdefault(g.dtype, []).append(g)
-    for group in by_dtype.values():
+    for group in _by_dtype(grads):
         views = [g.permute(0, 2, 3, 1) if is_channels_last(g) else g for g in group]
         flat = torch.cat([v.reshape(-1) for v in views])
         out = fmt.round(flat)
@@ -202,6 +199,14 @@ def round_grads_(fmt: FloatFormat, grads: list[torch.Tensor]) -> None:
             continue
         for v, piece in zip(views, out.split([v.numel() for v in views])):
             v.copy_(piece.view(v.shape))
+
+
+def _by_dtype(grads: list[torch.Tensor]) -> list[list[torch.Tensor]]:
+    """``grads`` grouped by dtype, in order: one concatenated rounding call per dtype."""
+    groups: dict[torch.dtype, list[torch.Tensor]] = {}
+    for g in grads:
+        groups.setdefault(g.dtype, []).append(g)
+    return list(groups.values())
 
 
 def round_block_grads_(fmt: FloatFormat, grads: list[torch.Tensor]) -> None:
@@ -216,10 +221,7 @@ def round_block_grads_(fmt: FloatFormat, grads: list[torch.Tensor]) -> None:
     block = fmt.concat_block
     if block is None:
         raise ValueError(f"{fmt.name}: its blocks are not consecutive flat elements; round one tensor at a time")
-    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
-    for g in grads:
-        by_dtype.setdefault(g.dtype, []).append(g)
-    for group in by_dtype.values():
+    for group in _by_dtype(grads):
         sizes = [g.numel() for g in group]
         flat = torch.cat([torch.nn.functional.pad(g.reshape(-1), (0, -n % block)) for g, n in zip(group, sizes)])
         out = fmt.round(flat)
