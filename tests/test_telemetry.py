@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 
@@ -51,11 +52,16 @@ def test_history_truncates_on_resume(tmp_path):
     assert len(rows) == 3 and rows[-1].startswith("20,a,0.5")
 
 
-def test_compiled_census_counts_like_the_eager_expression():
-    """The fused census kernel (numerics.census) against the same counts written as eager ops, for
-    each gradient format's thresholds, on random tensors of several layouts and on the edge values
-    (the thresholds themselves, inf, NaN, -0.0)."""
+@pytest.mark.parametrize("native", ["C loop", "compiled"])
+def test_compiled_census_counts_like_the_eager_expression(native, monkeypatch):
+    """The fused census kernels (numerics.census: the C loop where it builds, else and with
+    LSBENCH_NO_NATIVE Inductor's) against the same counts written as eager ops, for each gradient
+    format's thresholds, on random tensors of several layouts and on the edge values (the
+    thresholds themselves, inf, NaN, -0.0)."""
     from lossscale_bench.formats import FORMATS
+
+    if native == "compiled":
+        monkeypatch.setenv("LSBENCH_NO_NATIVE", "1")
 
     g = torch.Generator().manual_seed(0)
     edges = torch.tensor([0.0, -0.0, 2.0 ** -25, 2.0 ** -24, 2.0 ** -17, 2.0 ** -10, 2.0 ** -6, 2.0 ** -14,

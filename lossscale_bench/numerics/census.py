@@ -9,14 +9,21 @@ and ~60 calls a logged step on ssd_tiny: a logged step cost ~80 ms more than a p
 reductions. Same values as the eager expression (integer counts; the probe and the tests check
 it, NaN and inf included), through :class:`~._compile.LazyCompiled`'s fallback when compiling is
 off or fails.
+
+On the CPU the same counts come first from a C loop (:mod:`._native`, ``lsb_census``), for the
+reason the fp8 rounding does: a compiled call's dispatch (~100-200 us) is more than the loop's work
+at most of a step's sizes, and below ``COMPILED_FROM`` elements the eager expression's dozen op
+calls cost as much. It is checked on the probe values against the eager expression before its
+first use, per threshold triple, and left for the compiled kernel if it differs.
 """
 
 from __future__ import annotations
 
 import torch
 
-from ._compile import LazyCompiled
-from .fp8 import memory_order_flat
+from . import _native
+from ._compile import LazyCompiled, same_values
+from .fp8 import _native_fits, is_channels_last, memory_order_flat
 
 
 def _census(x: torch.Tensor, min_normal: float, flush: float, max_: float) -> torch.Tensor:
@@ -38,6 +45,35 @@ _PROBE = torch.tensor([0.0, -0.0, 1e-45, 2.0 ** -149, 2.0 ** -25, 2.0 ** -24, 2.
                        2.0 ** -10, 2.0 ** -9, 2.0 ** -6, 0.5, 448.0, 448.00003, 57344.0, 65504.0, 65520.0, 1e30,
                        float("inf"), float("nan")])
 _KERNELS: dict[tuple[float, float, float], LazyCompiled] = {}
+#: per threshold triple: whether the C census passed its probe (absent: not checked yet)
+_NATIVE_OK: dict[tuple[float, float, float], bool] = {}
+
+
+def _native_census(x: torch.Tensor, key: tuple[float, float, float]) -> torch.Tensor | None:
+    """The counts from the C loop over ``x``'s memory (dense, fp32, CPU), or None where it is off,
+    unavailable or failed its probe for these thresholds."""
+    if _native.disabled():
+        return None
+    lib = _native.library()
+    if lib is None:
+        return None
+    ok = _NATIVE_OK.get(key)
+    if ok is None:
+        probe = torch.cat([_PROBE, -_PROBE])
+        got = torch.empty(4, dtype=torch.int64)
+        lib.lsb_census(probe.data_ptr(), probe.numel(), *key, got.data_ptr())
+        ok = _NATIVE_OK.setdefault(key, same_values(got, _census(probe, *key)))
+        if not ok:
+            import warnings
+
+            warnings.warn(f"lossscale_bench.numerics: the C census for thresholds {key} differs from the "
+                          "eager expression on the probe values; using the compiled torch kernel (same counts)",
+                          RuntimeWarning, stacklevel=3)
+    if not ok:
+        return None
+    out = torch.empty(4, dtype=torch.int64)
+    lib.lsb_census(x.data_ptr(), x.numel(), *key, out.data_ptr())
+    return out
 
 #: tensors with fewer elements are counted by the eager expression: below ~2**18 elements its dozen
 #: op calls cost about what one compiled call's dispatch does, and a process that only ever sees small
@@ -55,9 +91,14 @@ def census(x: torch.Tensor, min_normal: float, flush: float, max_: float) -> tor
         fn = _kernel(*key)
         tag = "census_" + "_".join(f"{v:.3e}".replace("+", "p").replace("-", "m") for v in key)
         k = _KERNELS.setdefault(key, LazyCompiled(fn, tag, probe=(torch.cat([_PROBE, -_PROBE]),)))
+    xd = x.detach()
+    if xd.dtype == torch.float32 and _native_fits(xd) and (xd.is_contiguous() or is_channels_last(xd)):
+        counts = _native_census(xd, key)
+        if counts is not None:
+            return counts
     # memory order (no layout copy of a channels_last gradient); contiguous: a stride-0 (expanded)
     # gradient would cost a second compiled graph (see fp8.round_fp8)
-    flat = memory_order_flat(x.detach())[0].contiguous()
+    flat = memory_order_flat(xd)[0].contiguous()
     if flat.numel() < COMPILED_FROM:
         return k.eager(flat)
     return k(flat)

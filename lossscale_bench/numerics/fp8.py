@@ -45,9 +45,14 @@ included, as saturating hardware casts (``satfinite``) and the MX element casts 
 
 Implementations (``impl``)
 --------------------------
-* ``"auto"`` (default): ``"bits_compiled"``, falling back to the fastest eager one when
-  compilation is disabled (``LSBENCH_NO_COMPILE=1``) or fails: ``"bits"`` for E4M3, ``"cast"``
-  for E5M2 (torch's E5M2 cast is already vectorised).
+* ``"auto"`` (default): on the CPU, ``"native"`` where it is available and passed its probe (a
+  large tensor with several torch threads excepted: Inductor's loop is parallel); else
+  ``"bits_compiled"``, falling back to the fastest eager one when compilation is disabled
+  (``LSBENCH_NO_COMPILE=1``) or fails: ``"bits"`` for E4M3, ``"cast"`` for E5M2 (torch's E5M2
+  cast is already vectorised).
+* ``"native"``: the bit-level rounding as a C loop built with the system compiler and called through
+  ctypes (``_native``: no Dynamo, no flattening of a dense tensor; CPU only; raises when it cannot
+  be built or failed its probe).
 * ``"bits"``: the bit-level rounding above in eager torch ops.
 * ``"bits_compiled"``: the same, fused by Inductor.
 * ``"cast"``: torch's eager cast (plus a clamp or a NaN rule where ``saturate`` asks for the
@@ -64,11 +69,13 @@ torch's cast directly, so it is never rounded twice.
 from __future__ import annotations
 
 import struct
+import warnings
 from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
 
+from . import _native
 from ._compile import LazyCompiled
 
 _SIGN = -(2 ** 31)            # int32 with only the sign bit set (0x80000000)
@@ -127,7 +134,7 @@ E4M3 = Fp8Spec("e4m3", torch.float8_e4m3fn, mbits=3, emin=-6, emax=8, max=448.0,
 E5M2 = Fp8Spec("e5m2", torch.float8_e5m2, mbits=2, emin=-14, emax=15, max=57344.0, has_inf=True,
                nan_bits=0x7FE00000)
 SPECS: dict[str, Fp8Spec] = {"e4m3": E4M3, "e5m2": E5M2}
-IMPLS = ("auto", "bits", "bits_compiled", "cast", "cast_compiled")
+IMPLS = ("auto", "bits", "bits_compiled", "cast", "cast_compiled", "native")
 
 
 def _magic(ax: torch.Tensor, spec: Fp8Spec) -> torch.Tensor:
@@ -265,8 +272,87 @@ def compiled_kernel(kind: str, spec: Fp8Spec, saturate: bool) -> LazyCompiled:
     return k
 
 
+class NativeKernel:
+    """The C rounding for one format and overflow rule, probe-checked before its first use.
+
+    ``__call__`` takes a CPU fp32 tensor that is dense in memory (contiguous or channels_last) and
+    returns a new one with the same shape and strides: the loop runs over memory order, which an
+    element-wise rounding does not mind, so no flattening or copying back is needed."""
+
+    def __init__(self, spec: Fp8Spec, saturate: bool) -> None:
+        self.spec, self.saturate = spec, saturate
+        over = spec.max_bits if saturate else (_F32_INF_BITS if spec.has_inf else spec.nan_bits)
+        self._args = (spec.mbits, spec.emin, spec.emax, spec.max, over, spec.nan_bits)
+        self._fn = None
+        #: why the kernel is not used (a failed build or probe), None while it works or was never tried
+        self.broken: str | None = None
+
+    def ready(self) -> bool:
+        """Built, loaded and bit for bit equal to the eager kernel on ``PROBE`` (checked once)."""
+        if self._fn is not None:
+            return True
+        if self.broken is not None:
+            return False
+        lib = _native.library()
+        if lib is None:
+            self.broken = _native.failure()
+            return False
+        fn = lib.lsb_round_fp8
+        got = torch.empty_like(PROBE)
+        fn(PROBE.data_ptr(), got.data_ptr(), PROBE.numel(), *self._args)
+        want = _kernel(_fastest_eager(self.spec), self.spec, self.saturate)(PROBE)
+        from ._compile import same_values
+
+        if not same_values(got, want):
+            self.broken = "differs from the eager kernel on the probe values"
+            warnings.warn(f"lossscale_bench.numerics: the C rounding kernel for {self.spec.name} "
+                          f"({'saturating' if self.saturate else 'non-saturating'}) {self.broken}; "
+                          "using the compiled torch kernel (same results)", RuntimeWarning, stacklevel=3)
+            return False
+        self._fn = fn
+        return True
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.empty_like(x)
+        self._fn(x.data_ptr(), y.data_ptr(), x.numel(), *self._args)
+        return y
+
+
+_NATIVE: dict[tuple[str, bool], NativeKernel] = {}
+#: with several torch threads, tensors above this many elements go to Inductor's parallel kernel
+NATIVE_SERIAL_MAX = 1 << 16
+
+
+def native_kernel(spec: Fp8Spec, saturate: bool, required: bool = False) -> NativeKernel | None:
+    """The probe-checked C kernel for ``spec``/``saturate``, or None where it is turned off
+    (``LSBENCH_NO_COMPILE``, ``LSBENCH_NO_NATIVE``) or cannot be had; ``required``: raise instead."""
+    k = _NATIVE.get((spec.name, saturate))
+    if k is None:
+        k = _NATIVE.setdefault((spec.name, saturate), NativeKernel(spec, saturate))
+    if not required and _native.disabled():
+        return None
+    if k.ready():
+        return k
+    if required:
+        raise RuntimeError(f"impl='native' is not available: {k.broken}")
+    return None
+
+
+def _native_fits(x: torch.Tensor) -> bool:
+    """A tensor the C kernel takes (CPU, dense in memory) at a size where it is the faster one."""
+    return x.device.type == "cpu" and (x.numel() <= NATIVE_SERIAL_MAX or torch.get_num_threads() == 1)
+
+
 def _round_f32(x: torch.Tensor, spec: Fp8Spec, saturate: bool, impl: str) -> torch.Tensor:
     """Round a contiguous 1-D fp32 tensor with the chosen implementation."""
+    if impl == "native":
+        if x.device.type != "cpu":
+            raise ValueError(f"impl='native' rounds CPU tensors, not {x.device.type} ones")
+        return native_kernel(spec, saturate, required=True)(x)
+    if impl == "auto" and _native_fits(x):
+        k = native_kernel(spec, saturate)
+        if k is not None:
+            return k(x)
     if impl == "bits":
         return _bits_eager(x, spec, saturate)
     if impl == "cast":
@@ -296,6 +382,11 @@ def round_fp8(x: torch.Tensor, fmt: str | Fp8Spec, saturate: bool | None = None,
         return _cast_eager(x, spec, saturate)
     if x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
         raise TypeError(f"round_fp8 takes floating-point tensors, not {x.dtype}")
+    if (impl == "auto" and x.dtype == torch.float32 and _native_fits(x)
+            and (x.is_contiguous() or is_channels_last(x))):
+        k = native_kernel(spec, saturate)
+        if k is not None:  # a dense tensor needs no flattening: the C loop runs over memory order
+            return k(x)
     # detach *after* reshaping: a view's ``_base`` would make Dynamo guard on the base's shape
     # and recompile for every new base shape
     flat, unflatten = memory_order_flat(x)
