@@ -19,6 +19,8 @@ first use, per threshold triple, and left for the compiled kernel if it differs.
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 from . import _native
@@ -64,8 +66,6 @@ def _native_census(x: torch.Tensor, key: tuple[float, float, float]) -> torch.Te
         lib.lsb_census(probe.data_ptr(), probe.numel(), *key, got.data_ptr())
         ok = _NATIVE_OK.setdefault(key, same_values(got, _census(probe, *key)))
         if not ok:
-            import warnings
-
             warnings.warn(f"lossscale_bench.numerics: the C census for thresholds {key} differs from the "
                           "eager expression on the probe values; using the compiled torch kernel (same counts)",
                           RuntimeWarning, stacklevel=3)

@@ -76,7 +76,7 @@ from typing import Callable
 import torch
 
 from . import _native
-from ._compile import LazyCompiled
+from ._compile import LazyCompiled, same_values
 
 _SIGN = -(2 ** 31)            # int32 with only the sign bit set (0x80000000)
 _EXP_MASK = 0x7F800000
@@ -301,8 +301,6 @@ class NativeKernel:
         got = torch.empty_like(PROBE)
         fn(PROBE.data_ptr(), got.data_ptr(), PROBE.numel(), *self._args)
         want = _kernel(_fastest_eager(self.spec), self.spec, self.saturate)(PROBE)
-        from ._compile import same_values
-
         if not same_values(got, want):
             self.broken = "differs from the eager kernel on the probe values"
             warnings.warn(f"lossscale_bench.numerics: the C rounding kernel for {self.spec.name} "
