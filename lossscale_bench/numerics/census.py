@@ -23,7 +23,7 @@ import warnings
 
 import torch
 
-from . import _native
+from ._native import disabled as native_disabled, library as native_library
 from ._compile import LazyCompiled, same_values
 from .fp8 import _native_fits, is_channels_last, memory_order_flat
 
@@ -54,9 +54,9 @@ _NATIVE_OK: dict[tuple[float, float, float], bool] = {}
 def _native_census(x: torch.Tensor, key: tuple[float, float, float]) -> torch.Tensor | None:
     """The counts from the C loop over ``x``'s memory (dense, fp32, CPU), or None where it is off,
     unavailable or failed its probe for these thresholds."""
-    if _native.disabled():
+    if native_disabled():
         return None
-    lib = _native.library()
+    lib = native_library()
     if lib is None:
         return None
     ok = _NATIVE_OK.get(key)

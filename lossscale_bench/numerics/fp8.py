@@ -75,7 +75,7 @@ from typing import Callable
 
 import torch
 
-from . import _native
+from ._native import disabled as native_disabled, failure as native_failure, library as native_library
 from ._compile import LazyCompiled, same_values
 
 _SIGN = -(2 ** 31)            # int32 with only the sign bit set (0x80000000)
@@ -293,9 +293,9 @@ class NativeKernel:
             return True
         if self.broken is not None:
             return False
-        lib = _native.library()
+        lib = native_library()
         if lib is None:
-            self.broken = _native.failure()
+            self.broken = native_failure()
             return False
         fn = lib.lsb_round_fp8
         got = torch.empty_like(PROBE)
@@ -327,7 +327,7 @@ def native_kernel(spec: Fp8Spec, saturate: bool, required: bool = False) -> Nati
     k = _NATIVE.get((spec.name, saturate))
     if k is None:
         k = _NATIVE.setdefault((spec.name, saturate), NativeKernel(spec, saturate))
-    if not required and _native.disabled():
+    if not required and native_disabled():
         return None
     if k.ready():
         return k
