@@ -52,28 +52,169 @@ CACHE_ENV = "LSBENCH_NATIVE_CACHE"
 _SOURCE = r"""
 #include <stdint.h>
 #include <string.h>
+#include <math.h>
 
 static inline uint32_t f2u(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
 static inline float u2f(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
 
-/* y[i] = x[i] rounded to a float with mbits significand bits and exponents [emin, emax], to nearest
-   even; past maxv: over_bits (the max, inf or NaN); NaN: nan_bits; the input's sign copied last. */
+/* |x| (bits a) rounded to a float with mbits significand bits and exponents [emin, emax] (lo, hi: their biased
+   exponent fields; k = 2^(23 - mbits)), to nearest even, as fp32 bits without the sign; past maxv: over_bits;
+   NaN: nan_bits. fp8.py's "exact fp32 split", one element. */
+static inline uint32_t round_bits(uint32_t a, uint32_t lo, uint32_t hi, float k, float maxv, uint32_t over_bits,
+                                  uint32_t nan_bits) {
+    uint32_t e = a & 0x7f800000u;
+    e = e < lo ? lo : e;
+    e = e > hi ? hi : e;
+    float m = u2f(e) * k;
+    float r = (u2f(a) + m) - m;
+    uint32_t b = r > maxv ? over_bits : f2u(r);
+    return a > 0x7f800000u ? nan_bits : b;
+}
+
+/* y[i] = x[i] rounded (round_bits), the input's sign copied last. */
 void lsb_round_fp8(const float *restrict x, float *restrict y, int64_t n, int32_t mbits, int32_t emin,
                    int32_t emax, float maxv, uint32_t over_bits, uint32_t nan_bits) {
     const uint32_t lo = (uint32_t)(emin + 127) << 23, hi = (uint32_t)(emax + 127) << 23;
     const float k = (float)(1u << (23 - mbits));
     for (int64_t i = 0; i < n; i++) {
         uint32_t u = f2u(x[i]);
-        uint32_t a = u & 0x7fffffffu;
-        uint32_t e = a & 0x7f800000u;
-        e = e < lo ? lo : e;
-        e = e > hi ? hi : e;
-        float m = u2f(e) * k;
-        float r = (u2f(a) + m) - m;
-        uint32_t b = r > maxv ? over_bits : f2u(r);
-        b = a > 0x7f800000u ? nan_bits : b;
-        y[i] = u2f(b | (u & 0x80000000u));
+        y[i] = u2f(round_bits(u & 0x7fffffffu, lo, hi, k, maxv, over_bits, nan_bits) | (u & 0x80000000u));
     }
+}
+
+/* Chris Wellons' lowbias32 (fp4.py's _mix) */
+static inline uint32_t mix32(uint32_t h) {
+    h ^= h >> 16; h *= 0x7feb352du; h ^= h >> 15; h *= 0x846ca68bu; h ^= h >> 16;
+    return h;
+}
+
+/* fp4.py's _e2m1_stochastic for the element of flat index i: q is E2M1's spacing around |v| (its
+   exponent clamped to [0, 2], times 2^(1 - 23)), so |v| / q, its floor and the fraction are exact. */
+static inline float e2m1_stochastic(float v, int64_t i, uint64_t key) {
+    uint32_t h = mix32(((uint32_t)i ^ (uint32_t)(key >> 32)) + (uint32_t)key);
+    float u = (float)(h >> 8) * 0x1p-24f;
+    float a = u2f(f2u(v) & 0x7fffffffu);
+    uint32_t e = f2u(a) & 0x7f800000u;
+    e = e < (127u << 23) ? (127u << 23) : e;
+    e = e > (129u << 23) ? (129u << 23) : e;
+    float q = (u2f(e) * 0x1p22f) * 0x1p-23f;
+    float t = a / q;
+    float f = floorf(t);
+    float r = (f + (float)((t - f) > u)) * q;
+    r = r > 6.0f ? 6.0f : r;
+    return copysignf(r, v);
+}
+
+/* 2^e for e in [-127, 127], exactly (2^-127 is an fp32 subnormal): block_scaling._exp2i */
+static inline float exp2i(int32_t e) { return e == -127 ? 0x1p-127f : u2f((uint32_t)(e + 127) << 23); }
+
+/* block_scaling.mx_exponent: mode 0 floor, 1 ceil, 2 even, 3 rceil; from amax's fp32 bits */
+static inline int32_t mx_exp(float amax, int32_t mode, int32_t mbits, int32_t emax, float maxv) {
+    int32_t e;
+    if (mode == 3) {
+        uint32_t d = f2u(amax / maxv);
+        uint32_t field = (d >> 23) & 0xffu, mant = d & 0x7fffffu;
+        int32_t up = field == 0 ? mant > 0x400000u : mant != 0;
+        e = (int32_t)field - 127 + up;
+    } else {
+        int32_t bits = (int32_t)f2u(amax);
+        if (mode == 2) bits = (bits > 0x7f800000 ? 0x7f800000 : bits) + (1 << (22 - mbits));
+        e = ((bits >> 23) & 0xff) - 127 - emax;
+        if (mode == 1) e += (bits & 0x7fffff) != 0;
+    }
+    return e < -127 ? -127 : (e > 127 ? 127 : e);
+}
+
+/* Block-scaled round trips of a flat fp32 tensor of whole blocks, element for element the torch kernels of
+   block_scaling._mx_core (kind 1: a power-of-two scale per block, mx_exp's mode) and fp4._nvfp4_core (kind 2:
+   an fp32 scale per tensor and an E4M3 one per block), or fp4._e2m1_core (kind 0: no scale). Elements: the
+   saturating round_bits format, or stochastic E2M1 (fp4.py) with the 64-bit key. A block (kind 2: the
+   tensor) holding NaN or inf comes out all NaN. counts (may be NULL): [finite non-zero inputs, of those the
+   ones that came out 0, elements past maxv in the scaled domain of a finite block (kind 2: whose E4M3 scale
+   did not underflow; kind 0: inf too)]. */
+void lsb_block_round(const float *restrict x, float *restrict y, int64_t n, int64_t block, int32_t kind,
+                     int32_t mode, int32_t mbits, int32_t emin, int32_t emax, float maxv, uint32_t max_bits,
+                     uint32_t nan_bits, int32_t stochastic, uint64_t key, int64_t *counts) {
+    const uint32_t lo = (uint32_t)(emin + 127) << 23, hi = (uint32_t)(emax + 127) << 23;
+    const float k = (float)(1u << (23 - mbits));
+    const float fmax = 0x1.fffffep127f;
+    int64_t nz = 0, fl = 0, sat = 0;
+    float s_enc = 1.0f;
+    int tensor_ok = 1;
+    if (kind == 0 || block <= 0) block = n;  /* no scale: one pass, NaN stays per element */
+    if (kind == 2) {
+        float amax = 0.0f;
+        for (int64_t i = 0; i < n; i++) {
+            float a = u2f(f2u(x[i]) & 0x7fffffffu);
+            tensor_ok &= a <= fmax;
+            amax = a > amax ? a : amax;
+        }
+        if (amax != 0.0f) {
+            s_enc = 2688.0f / amax;
+            s_enc = s_enc > fmax ? fmax : s_enc;
+        }
+    }
+    for (int64_t b0 = 0; b0 < n; b0 += block) {
+        const float *xb = x + b0;
+        float *yb = y + b0;
+        float amax = 0.0f;
+        int ok = 1;
+        for (int64_t j = 0; kind != 0 && j < block; j++) {
+            float a = u2f(f2u(xb[j]) & 0x7fffffffu);
+            ok &= a <= fmax;
+            amax = a > amax ? a : amax;
+        }
+        float enc = 1.0f, dec = 1.0f;
+        int count_sat = ok;
+        if (kind == 1) {
+            int32_t e = mx_exp(amax, mode, mbits, emax, maxv);
+            enc = exp2i(-e);
+            dec = exp2i(e);
+        } else if (kind == 2) {
+            ok = tensor_ok;
+            float d = (amax / 6.0f) * s_enc;
+            d = d > fmax ? fmax : d;
+            uint32_t db = f2u(d);
+            dec = u2f(round_bits(db & 0x7fffffffu, 121u << 23, 135u << 23, (float)(1u << 20), 448.0f, 0x43e00000u,
+                                 0x7fffffffu) | (db & 0x80000000u));
+            enc = s_enc / dec;
+            enc = enc > fmax ? fmax : enc;
+            count_sat = ok && dec > 0.0f;
+        } else {
+            count_sat = 1;
+        }
+        for (int64_t j = 0; j < block; j++) {
+            float v = xb[j];
+            float s = v * enc;
+            float r;
+            if (stochastic) {
+                r = e2m1_stochastic(s, b0 + j, key);
+            } else {
+                uint32_t u = f2u(s);
+                r = u2f(round_bits(u & 0x7fffffffu, lo, hi, k, maxv, max_bits, nan_bits) | (u & 0x80000000u));
+            }
+            float o;
+            if (kind == 1) {
+                o = r * dec;
+                o = o > fmax ? fmax : (o < -fmax ? -fmax : o);
+            } else if (kind == 2) {
+                o = (r * dec) / s_enc;
+            } else {
+                o = r;
+            }
+            if (!ok) o = NAN;
+            yb[j] = o;
+            if (counts) {
+                float a = u2f(f2u(v) & 0x7fffffffu);
+                int z = a != 0.0f && a <= fmax;
+                nz += z;
+                fl += z && o == 0.0f;
+                float sa = u2f(f2u(s) & 0x7fffffffu);
+                sat += kind == 0 ? (sa > maxv && v == v) : (sa > maxv && count_sat);
+            }
+        }
+    }
+    if (counts) { counts[0] = nz; counts[1] = fl; counts[2] = sat; }
 }
 
 /* out = [non-zero, non-zero below min_normal, non-zero at or below flush, non-zero not at or below maxv]:
@@ -180,6 +321,11 @@ def library() -> ctypes.CDLL | None:
                 f.restype = None
                 f.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32, ctypes.c_int32,
                               ctypes.c_int32, ctypes.c_float, ctypes.c_uint32, ctypes.c_uint32]
+                b = lib.lsb_block_round
+                b.restype = None
+                b.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int32,
+                              ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, ctypes.c_float,
+                              ctypes.c_uint32, ctypes.c_uint32, ctypes.c_int32, ctypes.c_uint64, ctypes.c_void_p]
                 c = lib.lsb_census
                 c.restype = None
                 c.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_float, ctypes.c_float,

@@ -75,8 +75,11 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from ._compile import LazyCompiled
-from .fp8 import E4M3, E5M2, Fp8Spec, _bits_fused, _fastest_eager, is_channels_last
+import warnings
+
+from ._compile import LazyCompiled, same_values
+from ._native import disabled as native_disabled, failure as native_failure, library as native_library
+from .fp8 import E4M3, E5M2, Fp8Spec, _bits_fused, _fastest_eager, _native_fits, is_channels_last
 
 GRANULARITIES = ("tensor", "tile128", "mx32")
 MX_MODES = ("floor", "ceil", "even", "rceil")
@@ -224,6 +227,77 @@ def _amax_core(x1, block: int, elem: ElementFormat, pow2: bool, amax_floor: floa
     return out2.view(-1), *_counts(x2, out2, scaled, amax <= _F32_MAX, elem)
 
 
+class NativeBlock:
+    """A block round trip as the C loop ``lsb_block_round`` (:mod:`._native`), for one configuration,
+    checked bit for bit (values and counts) against its eager torch kernel on the probe before first use.
+
+    Why (issue 28): the compiled kernels cost ~0.2 ms of Python and Dynamo per call before they touch an
+    element, and a block-scaled row makes ~33 calls a step; the C loop is called through ctypes on the
+    flat, padded tensor the torch kernel would get, and returns what it returns. ``kind``: 0 no scale
+    (element-wise), 1 a power-of-two scale per ``block`` (MX, ``mode``), 2 NVFP4's two-level scale.
+    ``stochastic``: stochastic E2M1 elements with the call's key (:mod:`.fp4`)."""
+
+    _MODES = {"": 0, "floor": 0, "ceil": 1, "even": 2, "rceil": 3}
+
+    def __init__(self, kind: int, block: int, mode: str, spec: Fp8Spec, stochastic: bool, with_counts: bool,
+                 eager, probe: tuple) -> None:
+        self._args = (block, kind, self._MODES[mode], spec.mbits, spec.emin, spec.emax, spec.max, spec.max_bits,
+                      spec.nan_bits, int(stochastic))
+        self.with_counts = with_counts
+        self._eager, self._probe = eager, probe
+        self._fn = None
+        #: why the C loop is not used (no library, or it differed on the probe); None while it works or untried
+        self.broken: str | None = None
+
+    def _run(self, x1: torch.Tensor, key: torch.Tensor | None):
+        y = torch.empty_like(x1)
+        counts = torch.zeros(3, dtype=torch.int64) if self.with_counts else None
+        self._fn(x1.data_ptr(), y.data_ptr(), x1.numel(), *self._args, int(key) if key is not None else 0,
+                 counts.data_ptr() if counts is not None else None)
+        return (y, *counts.unbind()) if counts is not None else y
+
+    def ready(self) -> bool:
+        if self._fn is not None:
+            return True
+        if self.broken is not None:
+            return False
+        lib = native_library()
+        if lib is None:
+            self.broken = native_failure()
+            return False
+        self._fn = lib.lsb_block_round
+        got = self._run(*self._probe) if len(self._probe) > 1 else self._run(self._probe[0], None)
+        if not same_values(got, self._eager(*self._probe)):
+            self._fn = None
+            self.broken = "differs from the eager kernel on the probe values"
+            warnings.warn(f"lossscale_bench.numerics: the C block rounding {self._args} {self.broken}; using the "
+                          "compiled torch kernel (same results)", RuntimeWarning, stacklevel=3)
+            return False
+        return True
+
+    def __call__(self, x1: torch.Tensor, key: torch.Tensor | None = None):
+        return self._run(x1, key)
+
+
+_NATIVE_BLOCKS: dict[tuple, NativeBlock] = {}
+
+
+def native_block(key: tuple, make) -> NativeBlock | None:
+    """The probe-checked C loop stored under ``key`` (``make()`` builds it on first use), or None where
+    C kernels are turned off (``LSBENCH_NO_NATIVE``, ``LSBENCH_NO_COMPILE``) or failed."""
+    if native_disabled():
+        return None
+    k = _NATIVE_BLOCKS.get(key)
+    if k is None:
+        k = _NATIVE_BLOCKS.setdefault(key, make())
+    return k if k.ready() else None
+
+
+def native_fits(x1: torch.Tensor) -> bool:
+    """A flat tensor the C loop takes: fp32 on the CPU, at a size where it beats Inductor's parallel kernel."""
+    return x1.dtype == torch.float32 and x1.is_contiguous() and _native_fits(x1)
+
+
 def _probe_blocks() -> torch.Tensor:
     """256 finite values (8 MX blocks, 2 tiles) the compiled kernels must reproduce exactly
     before use: a zero block, an fp32-subnormal block, blocks whose max saturates under floor,
@@ -330,8 +404,12 @@ def block_round(x: torch.Tensor, fmt: str = "e4m3", granularity: str = "mx32", *
     # Dynamo specialises sizes 0 and 1: a single block (or a 1-element tensor) runs eager
     # rather than costing a second compiled graph
     small = x1.numel() < 2 if granularity == "tensor" else x1.numel() < 2 * _BLOCK[granularity]
+    nk = None
+    if compiled is None and granularity == "mx32" and native_fits(x1):
+        nk = native_block(("mx32", elem.name, mode, counts),
+                          lambda: NativeBlock(1, 32, mode, elem.spec, False, counts, k.eager, (PROBE,)))
     use_compiled = (k.uses_compiled() if compiled is None else compiled) and not small
-    res = k(x1) if use_compiled else k.eager(x1)
+    res = nk(x1) if nk is not None else k(x1) if use_compiled else k.eager(x1)
     out1, extra = (res[0], FlushSaturate(*res[1:])) if counts else (res, None)
     if pad:
         out1 = out1.view(rows, cols + pad)[:, :cols]

@@ -69,7 +69,8 @@ import torch
 import torch.nn.functional as F
 
 from ._compile import LazyCompiled
-from .block_scaling import ElementFormat, FlushSaturate, MX_MODES, _exp2i, mx_exponent
+from .block_scaling import (ElementFormat, FlushSaturate, MX_MODES, NativeBlock, _exp2i, mx_exponent, native_block,
+                            native_fits)
 from .fp8 import E4M3, Fp8Spec, _bits_eager, _bits_fused, _magic, is_channels_last, memory_order_flat
 
 #: E2M1 described like the fp8 formats, so the bit-level rounding of :mod:`.fp8` applies as it is
@@ -291,12 +292,21 @@ def fp4_round(x: torch.Tensor, kind: str = "nvfp4", *, stochastic: bool = False,
         out = x.detach().clone()
         return (out, FlushSaturate(*(torch.zeros((), dtype=torch.int64) for _ in range(3)))) if counts else out
     block = 256 if weight else _BLOCK[kind]
-    k = _kernel(kind, block, mode if kind == "mxfp4" else "", stochastic, counts)
+    mode = mode if kind == "mxfp4" else ""
+    k = _kernel(kind, block, mode, stochastic, counts)
     x1, lay = _flatten(x, block, weight)
     seed = (key if key is not None else PROBE[1]).to(x1.device)
     # Dynamo specialises sizes 0 and 1: a single block runs eager instead of a second graph
     small = x1.numel() < 2 * block
-    res = k(x1, seed) if (k.uses_compiled() if compiled is None else compiled) and not small else k.eager(x1, seed)
+    nk = None
+    if compiled is None and native_fits(x1):
+        nk = native_block(("fp4", kind, block, mode, stochastic, counts),
+                          lambda: NativeBlock(("e2m1", "mxfp4", "nvfp4").index(kind), block, mode, E2M1, stochastic,
+                                              counts, k.eager, PROBE))
+    if nk is not None:
+        res = nk(x1, seed)
+    else:
+        res = k(x1, seed) if (k.uses_compiled() if compiled is None else compiled) and not small else k.eager(x1, seed)
     out1, extra = (res[0], FlushSaturate(*res[1:])) if counts else (res, None)
     out = _unflatten(out1, lay).to(x.dtype)
     if is_channels_last(x) and not out.is_contiguous(memory_format=torch.channels_last):  # its layout back

@@ -1,0 +1,113 @@
+"""The C block round trips (numerics/_native.py ``lsb_block_round``, block_scaling.NativeBlock): MX32 with
+every element format and scale mode, and the FP4 formats (plain E2M1, MXFP4, NVFP4 in 1x16 blocks and
+16x16 weight tiles, nearest and stochastic), value for value and count for count against the eager torch
+kernels, which test_block_scaling.py and test_fp4.py check against the formats' definitions.
+
+What the probe cannot show and these do: NaN and inf blocks, tensors so small that NVFP4's tensor scale
+clamps, ragged last blocks, channels_last inputs, stochastic rounding's per-element index, and that the
+dispatch really takes the C loop (and leaves it when told to)."""
+
+import itertools
+import warnings
+
+import pytest
+import torch
+
+from lossscale_bench.numerics import _native, block_scaling as bs, fp4
+from lossscale_bench.numerics._compile import same_values
+
+pytestmark = pytest.mark.skipif(_native.library() is None, reason=f"no C kernel here: {_native.failure()}")
+
+F32_MAX = torch.finfo(torch.float32).max
+
+
+def _gradient_like(n: int, seed: int) -> torch.Tensor:
+    """Values over ~40 binades, exact zeros, and a few fp32 subnormals and maxima."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, generator=g) * torch.exp2(torch.randint(-40, 12, (n,), generator=g).float())
+    x[::37] = 0.0
+    x[5::101] = 2.0 ** -140
+    x[7::211] = -F32_MAX
+    return x
+
+
+def _with_non_finite(x: torch.Tensor) -> torch.Tensor:
+    x = x.clone()
+    x[3] = float("nan")
+    x[70] = float("inf")
+    x[200] = -float("inf")
+    return x
+
+
+def _tiny(n: int) -> torch.Tensor:
+    """A tensor whose amax is below 2^-115: NVFP4's tensor scale clamps to FLT_MAX, its blocks underflow."""
+    return torch.randn(n, generator=torch.Generator().manual_seed(9)) * 2.0 ** -125
+
+
+def _same(a, b) -> bool:
+    return same_values(tuple(a) if isinstance(a, tuple) else a, tuple(b) if isinstance(b, tuple) else b)
+
+
+INPUTS = {"wide": lambda: _gradient_like(32 * 97 + 11, 1), "non-finite": lambda: _with_non_finite(
+    _gradient_like(32 * 20, 2)), "tiny": lambda: _tiny(32 * 8 + 3)}
+
+
+@pytest.mark.parametrize("fmt,mode,counts", list(itertools.product(["e4m3", "e5m2", "fp16"], bs.MX_MODES,
+                                                                   [False, True])))
+@pytest.mark.parametrize("inp", list(INPUTS))
+def test_mx32_c_loop_equals_the_eager_kernel(fmt, mode, counts, inp):
+    x = INPUTS[inp]()
+    got = bs.block_round(x, fmt, "mx32", mode=mode, counts=counts)
+    assert _same(got, bs.block_round(x, fmt, "mx32", mode=mode, counts=counts, compiled=False))
+    assert bs._NATIVE_BLOCKS[("mx32", fmt, mode, counts)]._fn is not None  # the C loop ran
+
+
+FP4_CASES = [(kind, mode, st, counts, weight)
+             for kind in fp4.KINDS for st in (False, True) for counts in (False, True)
+             for weight in ((False, True) if kind == "nvfp4" else (False,))
+             for mode in (bs.MX_MODES if kind == "mxfp4" else ("floor",))]
+
+
+@pytest.mark.parametrize("kind,mode,stochastic,counts,weight", FP4_CASES)
+@pytest.mark.parametrize("inp", list(INPUTS))
+def test_fp4_c_loop_equals_the_eager_kernel(kind, mode, stochastic, counts, weight, inp):
+    x = INPUTS[inp]()
+    if weight:  # an [out, in, kh, kw] weight, ragged in both tile dimensions
+        x = x.repeat(5)[: 20 * 7 * 3 * 3].view(20, 7, 3, 3)
+    key = fp4.Fp4Stream(5).next_key()
+    kw = dict(stochastic=stochastic, key=key, mode=mode, weight=weight, counts=counts)
+    assert _same(fp4.fp4_round(x, kind, **kw), fp4.fp4_round(x, kind, compiled=False, **kw))
+    block = 256 if weight else fp4._BLOCK[kind]
+    assert bs._NATIVE_BLOCKS[("fp4", kind, block, mode if kind == "mxfp4" else "", stochastic, counts)]._fn is not None
+
+
+def test_a_channels_last_gradient_rounds_the_same_and_keeps_its_layout():
+    x = _gradient_like(2 * 16 * 5 * 7, 3).view(2, 16, 5, 7).contiguous(memory_format=torch.channels_last)
+    key = fp4.Fp4Stream(1).next_key()
+    for kind in fp4.KINDS:
+        got = fp4.fp4_round(x, kind, stochastic=True, key=key)
+        assert got.is_contiguous(memory_format=torch.channels_last)
+        assert same_values(got.contiguous(), fp4.fp4_round(x, kind, stochastic=True, key=key, compiled=False)
+                           .contiguous())
+    got = bs.block_round(x, "e4m3", "mx32")
+    assert same_values(got.contiguous(), bs.block_round(x, "e4m3", "mx32", compiled=False).contiguous())
+
+
+def test_turned_off_by_the_environment(monkeypatch):
+    x = _gradient_like(640, 4)
+    bs.block_round(x, "e4m3", "mx32")
+    monkeypatch.setenv(_native.NO_NATIVE_ENV, "1")
+    assert bs.native_block(("mx32", "e4m3", "floor", False), lambda: None) is None
+    monkeypatch.setattr(bs.NativeBlock, "__call__", lambda *a: pytest.fail("the C loop ran while turned off"))
+    assert same_values(bs.block_round(x, "e4m3", "mx32"), bs.block_round(x, "e4m3", "mx32", compiled=False))
+
+
+def test_a_loop_that_fails_its_probe_is_not_used_and_says_why():
+    # a real fault: E5M2's parameters handed to a kernel checked against E4M3's eager rounding
+    k = bs.NativeBlock(1, 32, "floor", bs.E5M2, False, False, lambda x: bs._mx_core(x, bs.ELEMENTS["e4m3"], "floor",
+                                                                                     False, True), (bs.PROBE,))
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        assert not k.ready()
+    assert "differs from the eager kernel on the probe" in k.broken
+    assert any("C block rounding" in str(m.message) for m in w)
