@@ -14,7 +14,10 @@ Why it is safe to prefer it: the function is the same arithmetic as ``fp8._bits_
 "exact fp32 split" in fp8's module doc), with integer compares for the NaN test and no
 floating-point contraction or fast-math (``-ffp-contract=off``: a compiler may otherwise fuse the
 multiply that builds the magic number into the addition; it would be exact here, but nothing is
-left to chance). ``fp8`` runs each (format, saturate) variant on the probe values and uses it only
+left to chance). ``-fno-trapping-math`` only lets the compiler compute both sides of a select
+(floating-point exception flags, which nothing here reads, are the only thing it may change): without
+it gcc keeps the stochastic rounding's ``floorf`` and conversions behind branches and does not
+vectorise that loop (``-fopt-info-vec``: "control flow in loop"). ``fp8`` runs each (format, saturate) variant on the probe values and uses it only
 when it matches the eager kernel bit for bit, exactly as ``LazyCompiled`` does for Inductor's.
 
 Why a cache keyed by the CPU: ``-march=native`` code can use instructions another machine lacks,
@@ -53,6 +56,7 @@ _SOURCE = r"""
 #include <stdint.h>
 #include <string.h>
 #include <math.h>
+#include <stdlib.h>
 
 static inline uint32_t f2u(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
 static inline float u2f(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
@@ -90,9 +94,9 @@ static inline uint32_t mix32(uint32_t h) {
 
 /* fp4.py's _e2m1_stochastic for the element of flat index i: q is E2M1's spacing around |v| (its
    exponent clamped to [0, 2], times 2^(1 - 23)), so |v| / q, its floor and the fraction are exact. */
-static inline float e2m1_stochastic(float v, int64_t i, uint64_t key) {
-    uint32_t h = mix32(((uint32_t)i ^ (uint32_t)(key >> 32)) + (uint32_t)key);
-    float u = (float)(h >> 8) * 0x1p-24f;
+static inline float e2m1_stochastic(float v, uint32_t i, uint32_t khi, uint32_t klo) {
+    uint32_t h = mix32((i ^ khi) + klo);
+    float u = (float)(int32_t)(h >> 8) * 0x1p-24f;  /* < 2^24: a signed conversion, which vectorises */
     float a = u2f(f2u(v) & 0x7fffffffu);
     uint32_t e = f2u(a) & 0x7f800000u;
     e = e < (127u << 23) ? (127u << 23) : e;
@@ -125,44 +129,34 @@ static inline int32_t mx_exp(float amax, int32_t mode, int32_t mbits, int32_t em
     return e < -127 ? -127 : (e > 127 ? 127 : e);
 }
 
-/* Block-scaled round trips of a flat fp32 tensor of whole blocks, element for element the torch kernels of
-   block_scaling._mx_core (kind 1: a power-of-two scale per block, mx_exp's mode) and fp4._nvfp4_core (kind 2:
-   an fp32 scale per tensor and an E4M3 one per block), or fp4._e2m1_core (kind 0: no scale). Elements: the
-   saturating round_bits format, or stochastic E2M1 (fp4.py) with the 64-bit key. A block (kind 2: the
-   tensor) holding NaN or inf comes out all NaN. counts (may be NULL): [finite non-zero inputs, of those the
-   ones that came out 0, elements past maxv in the scaled domain of a finite block (kind 2: whose E4M3 scale
-   did not underflow; kind 0: inf too)]. */
-void lsb_block_round(const float *restrict x, float *restrict y, int64_t n, int64_t block, int32_t kind,
-                     int32_t mode, int32_t mbits, int32_t emin, int32_t emax, float maxv, uint32_t max_bits,
-                     uint32_t nan_bits, int32_t stochastic, uint64_t key, int64_t *counts) {
+/* One pass of lsb_block_round (below) over n elements in whole blocks (kind 0: any n), the first of which
+   has the flat index i0; kind, stochastic and counting fixed: always inlined with constant arguments, so
+   each combination gets its own branch-free, vectorisable loops. Adds its counts to acc. */
+static inline __attribute__((always_inline)) void block_pass(
+        const float *restrict x, float *restrict y, int64_t n, int64_t block, const int kind, int32_t mode,
+        int32_t mbits, int32_t emin, int32_t emax, float maxv, uint32_t max_bits, uint32_t nan_bits,
+        const int stochastic, uint32_t khi, uint32_t klo, uint32_t i0, float s_enc, int tensor_ok,
+        const int counting, int64_t *restrict acc) {
     const uint32_t lo = (uint32_t)(emin + 127) << 23, hi = (uint32_t)(emax + 127) << 23;
     const float k = (float)(1u << (23 - mbits));
     const float fmax = 0x1.fffffep127f;
-    int64_t nz = 0, fl = 0, sat = 0;
-    float s_enc = 1.0f;
-    int tensor_ok = 1;
-    if (kind == 0 || block <= 0) block = n;  /* no scale: one pass, NaN stays per element */
-    if (kind == 2) {
-        float amax = 0.0f;
-        for (int64_t i = 0; i < n; i++) {
-            float a = u2f(f2u(x[i]) & 0x7fffffffu);
-            tensor_ok &= a <= fmax;
-            amax = a > amax ? a : amax;
-        }
-        if (amax != 0.0f) {
-            s_enc = 2688.0f / amax;
-            s_enc = s_enc > fmax ? fmax : s_enc;
-        }
-    }
+    if (kind == 0) block = 4096;  /* no scale: chunks only for the counters; NaN stays per element */
     for (int64_t b0 = 0; b0 < n; b0 += block) {
-        const float *xb = x + b0;
-        float *yb = y + b0;
+        const float *restrict xb = x + b0;
+        float *restrict yb = y + b0;
+        const int32_t len = (int32_t)(n - b0 < block ? n - b0 : block);
         float amax = 0.0f;
         int ok = 1;
-        for (int64_t j = 0; kind != 0 && j < block; j++) {
-            float a = u2f(f2u(xb[j]) & 0x7fffffffu);
-            ok &= a <= fmax;
-            amax = a > amax ? a : amax;
+        if (kind != 0) {
+            /* the max of |x| as the max of its bit patterns (the same order for non-negative floats, NaN's
+               above inf's): an integer reduction, which vectorises */
+            uint32_t mb = 0;
+            for (int32_t j = 0; j < len; j++) {
+                uint32_t a = f2u(xb[j]) & 0x7fffffffu;
+                mb = a > mb ? a : mb;
+            }
+            ok = mb < 0x7f800000u;
+            amax = u2f(mb);
         }
         float enc = 1.0f, dec = 1.0f;
         int count_sat = ok;
@@ -174,21 +168,19 @@ void lsb_block_round(const float *restrict x, float *restrict y, int64_t n, int6
             ok = tensor_ok;
             float d = (amax / 6.0f) * s_enc;
             d = d > fmax ? fmax : d;
-            uint32_t db = f2u(d);
-            dec = u2f(round_bits(db & 0x7fffffffu, 121u << 23, 135u << 23, (float)(1u << 20), 448.0f, 0x43e00000u,
-                                 0x7fffffffu) | (db & 0x80000000u));
+            dec = u2f(round_bits(f2u(d) & 0x7fffffffu, 121u << 23, 135u << 23, (float)(1u << 20), 448.0f,
+                                 0x43e00000u, 0x7fffffffu));  /* E4M3, saturating */
             enc = s_enc / dec;
             enc = enc > fmax ? fmax : enc;
             count_sat = ok && dec > 0.0f;
-        } else {
-            count_sat = 1;
         }
-        for (int64_t j = 0; j < block; j++) {
+        const float bad = ok ? 0.0f : NAN;
+        for (int32_t j = 0; j < len; j++) {
             float v = xb[j];
-            float s = v * enc;
+            float s = kind == 0 ? v : v * enc;
             float r;
             if (stochastic) {
-                r = e2m1_stochastic(s, b0 + j, key);
+                r = e2m1_stochastic(s, i0 + (uint32_t)b0 + (uint32_t)j, khi, klo);
             } else {
                 uint32_t u = f2u(s);
                 r = u2f(round_bits(u & 0x7fffffffu, lo, hi, k, maxv, max_bits, nan_bits) | (u & 0x80000000u));
@@ -202,19 +194,150 @@ void lsb_block_round(const float *restrict x, float *restrict y, int64_t n, int6
             } else {
                 o = r;
             }
-            if (!ok) o = NAN;
+            if (kind != 0) o = ok ? o : bad;  /* a block (kind 2: tensor) holding NaN or inf: all NaN */
             yb[j] = o;
-            if (counts) {
+        }
+        if (counting) {  /* in a loop of their own: one loop doing both does not vectorise */
+            int32_t bnz = 0, bfl = 0, bsat = 0;
+            for (int32_t j = 0; j < len; j++) {
+                float v = xb[j];
                 float a = u2f(f2u(v) & 0x7fffffffu);
-                int z = a != 0.0f && a <= fmax;
-                nz += z;
-                fl += z && o == 0.0f;
-                float sa = u2f(f2u(s) & 0x7fffffffu);
-                sat += kind == 0 ? (sa > maxv && v == v) : (sa > maxv && count_sat);
+                int32_t z = (a != 0.0f) & (a <= fmax);
+                bnz += z;
+                bfl += z & (yb[j] == 0.0f);
+                float sa = kind == 0 ? a : u2f(f2u(v * enc) & 0x7fffffffu);
+                bsat += kind == 0 ? ((sa > maxv) & (v == v)) : ((sa > maxv) & count_sat);
+            }
+            acc[0] += bnz; acc[1] += bfl; acc[2] += bsat;
+        }
+    }
+}
+
+/* dst[c * HW + p] = src[p * C + c] for c < C, p < HW (one image, channels_last to logical order), in 16x16
+   tiles: each tile reads 16 runs of 16 floats and writes 16 runs of 16 floats. */
+static void to_logical(const float *restrict src, float *restrict dst, int64_t C, int64_t HW) {
+    for (int64_t p0 = 0; p0 < HW; p0 += 16) {
+        const int64_t pn = HW - p0 < 16 ? HW - p0 : 16;
+        for (int64_t c0 = 0; c0 < C; c0 += 16) {
+            const int64_t cn = C - c0 < 16 ? C - c0 : 16;
+            if (pn == 16 && cn == 16) {
+                float tile[16][16];
+                for (int i = 0; i < 16; i++)
+                    for (int j = 0; j < 16; j++) tile[j][i] = src[(p0 + i) * C + c0 + j];
+                for (int j = 0; j < 16; j++)
+                    for (int i = 0; i < 16; i++) dst[(c0 + j) * HW + p0 + i] = tile[j][i];
+            } else {
+                for (int64_t i = 0; i < pn; i++)
+                    for (int64_t j = 0; j < cn; j++) dst[(c0 + j) * HW + p0 + i] = src[(p0 + i) * C + c0 + j];
             }
         }
     }
-    if (counts) { counts[0] = nz; counts[1] = fl; counts[2] = sat; }
+}
+
+/* the inverse: dst[p * C + c] = src[c * HW + p] */
+static void from_logical(const float *restrict src, float *restrict dst, int64_t C, int64_t HW) {
+    for (int64_t p0 = 0; p0 < HW; p0 += 16) {
+        const int64_t pn = HW - p0 < 16 ? HW - p0 : 16;
+        for (int64_t c0 = 0; c0 < C; c0 += 16) {
+            const int64_t cn = C - c0 < 16 ? C - c0 : 16;
+            if (pn == 16 && cn == 16) {
+                float tile[16][16];
+                for (int j = 0; j < 16; j++)
+                    for (int i = 0; i < 16; i++) tile[i][j] = src[(c0 + j) * HW + p0 + i];
+                for (int i = 0; i < 16; i++)
+                    for (int j = 0; j < 16; j++) dst[(p0 + i) * C + c0 + j] = tile[i][j];
+            } else {
+                for (int64_t i = 0; i < pn; i++)
+                    for (int64_t j = 0; j < cn; j++) dst[(p0 + i) * C + c0 + j] = src[(c0 + j) * HW + p0 + i];
+            }
+        }
+    }
+}
+
+/* the per-thread buffer of the channels_last path, grown as needed and kept (a trial's largest gradient) */
+static __thread float *buf = 0;
+static __thread int64_t buf_cap = 0;
+
+static int grow(int64_t n) {
+    if (n <= buf_cap) return 1;
+    float *b = (float *)realloc(buf, (size_t)n * sizeof(float));
+    if (!b) return 0;
+    buf = b;
+    buf_cap = n;
+    return 1;
+}
+
+/* Block-scaled round trips, element for element the torch kernels of block_scaling._mx_core (kind 1: a
+   power-of-two scale per block, mx_exp's mode) and fp4._nvfp4_core (kind 2: an fp32 scale per tensor and an
+   E4M3 one per block), or fp4._e2m1_core (kind 0: no scale, memory order). Elements: the saturating
+   round_bits format, or stochastic E2M1 (fp4.py) with the 64-bit key. Blocks take consecutive elements of
+   the tensor's logical (row-major) order, zero-padded at the end, as the torch kernels' flattening does:
+   for a channels_last [n, c, h, w] tensor (cl, kinds 1 and 2) the loop gathers them from memory and
+   scatters the results back, so no layout copy is made. x and y: numel elements, dense. counts (may be
+   NULL): [finite non-zero inputs, of those the ones that came out 0, elements past maxv in the scaled
+   domain of a finite block (kind 2: whose E4M3 scale did not underflow; kind 0: inf too)]. Returns 0, or 1
+   when the channels_last path's buffer could not be had. */
+int32_t lsb_block_round(const float *restrict x, float *restrict y, int64_t numel, int32_t cl, int64_t C, int64_t H,
+                     int64_t W, int64_t block, int32_t kind, int32_t mode, int32_t mbits, int32_t emin,
+                     int32_t emax, float maxv, uint32_t max_bits, uint32_t nan_bits, int32_t stochastic,
+                     uint64_t key, int64_t *counts) {
+    const uint32_t khi = (uint32_t)(key >> 32), klo = (uint32_t)key;
+    float s_enc = 1.0f;
+    int tensor_ok = 1;
+    int64_t acc[3] = {0, 0, 0};
+    if (kind == 2) {  /* the tensor scale, from the max over memory (order does not matter) */
+        uint32_t mb = 0;
+        for (int64_t i = 0; i < numel; i++) {
+            uint32_t a = f2u(x[i]) & 0x7fffffffu;
+            mb = a > mb ? a : mb;
+        }
+        tensor_ok = mb < 0x7f800000u;
+        float amax = u2f(mb);
+        if (amax != 0.0f) {
+            s_enc = 2688.0f / amax;
+            s_enc = s_enc > 0x1.fffffep127f ? 0x1.fffffep127f : s_enc;
+        }
+    }
+#define PASS(X, Y, N, I0, K, S, Q) block_pass(X, Y, N, block, K, mode, mbits, emin, emax, maxv, max_bits, nan_bits, \
+                                              S, khi, klo, I0, s_enc, tensor_ok, Q, acc)
+#define BY_COUNT(X, Y, N, I0, K, S) do { if (counts) PASS(X, Y, N, I0, K, S, 1); else PASS(X, Y, N, I0, K, S, 0); } while (0)
+#define BY_ROUNDING(X, Y, N, I0, K) do { if (stochastic) BY_COUNT(X, Y, N, I0, K, 1); else BY_COUNT(X, Y, N, I0, K, 0); } while (0)
+#define RUN(X, Y, N, I0) do { if (kind == 0) BY_ROUNDING(X, Y, N, I0, 0); else if (kind == 1) BY_ROUNDING(X, Y, N, I0, 1); \
+                              else BY_ROUNDING(X, Y, N, I0, 2); } while (0)
+    if (kind == 0) block = 1;
+    const int64_t padded = (numel + block - 1) / block * block;
+    if (!cl || kind == 0) {
+        const int64_t whole = numel / block * block;
+        RUN(x, y, whole, 0u);
+        if (whole < numel) {  /* the ragged last block, zero-padded */
+            float bx[256] = {0}, by[256];
+            for (int64_t i = whole; i < numel; i++) bx[i - whole] = x[i];
+            RUN(bx, by, block, (uint32_t)whole);
+            for (int64_t i = whole; i < numel; i++) y[i] = by[i - whole];
+        }
+    } else {
+        /* channels_last [N, C, H, W]: logical index ((n*C + c)*H*W + p) sits at (n*H*W + p)*C + c in memory.
+           Transposed into logical order in 16x16 tiles (to_logical), rounded there, and transposed back, in a
+           per-thread buffer kept between calls. */
+        const int64_t HW = H * W, CHW = C * HW, N = numel / CHW;
+        /* one image at a time where no block straddles two (the buffer then stays in cache), else all */
+        const int64_t per = CHW % block == 0 ? CHW : padded, groups = CHW % block == 0 ? N : 1;
+        if (!grow(2 * per)) return 1;  /* out of memory: the caller raises */
+        float *t = buf, *u = buf + per;
+        for (int64_t g = 0; g < groups; g++) {
+            const int64_t n0 = groups == 1 ? 0 : g, n1 = groups == 1 ? N : g + 1;
+            for (int64_t n = n0; n < n1; n++) to_logical(x + n * CHW, t + (n - n0) * CHW, C, HW);
+            for (int64_t i = (n1 - n0) * CHW; i < per; i++) t[i] = 0.0f;  /* the padding of the last block */
+            RUN(t, u, per, (uint32_t)(n0 * CHW));
+            for (int64_t n = n0; n < n1; n++) from_logical(u + (n - n0) * CHW, y + n * CHW, C, HW);
+        }
+    }
+#undef RUN
+#undef BY_ROUNDING
+#undef BY_COUNT
+#undef PASS
+    if (counts) { counts[0] = acc[0]; counts[1] = acc[1]; counts[2] = acc[2]; }
+    return 0;
 }
 
 /* out = [non-zero, non-zero below min_normal, non-zero at or below flush, non-zero not at or below maxv]:
@@ -232,7 +355,8 @@ void lsb_census(const float *restrict x, int64_t n, float min_normal, float flus
     out[0] = nz; out[1] = sub; out[2] = fl; out[3] = sat;
 }
 """
-_FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fno-fast-math", "-std=c99", "-fPIC", "-shared")
+_FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fno-fast-math", "-fno-trapping-math", "-std=c99", "-fPIC",
+          "-shared")
 
 _lock = threading.Lock()
 _lib: ctypes.CDLL | None = None
@@ -322,10 +446,11 @@ def library() -> ctypes.CDLL | None:
                 f.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32, ctypes.c_int32,
                               ctypes.c_int32, ctypes.c_float, ctypes.c_uint32, ctypes.c_uint32]
                 b = lib.lsb_block_round
-                b.restype = None
-                b.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int32,
-                              ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, ctypes.c_float,
-                              ctypes.c_uint32, ctypes.c_uint32, ctypes.c_int32, ctypes.c_uint64, ctypes.c_void_p]
+                b.restype = ctypes.c_int32
+                b.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32, ctypes.c_int64,
+                              ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int32, ctypes.c_int32,
+                              ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, ctypes.c_float, ctypes.c_uint32,
+                              ctypes.c_uint32, ctypes.c_int32, ctypes.c_uint64, ctypes.c_void_p]
                 c = lib.lsb_census
                 c.restype = None
                 c.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_float, ctypes.c_float,

@@ -232,15 +232,20 @@ class NativeBlock:
     checked bit for bit (values and counts) against its eager torch kernel on the probe before first use.
 
     Why (issue 28): the compiled kernels cost ~0.2 ms of Python and Dynamo per call before they touch an
-    element, and a block-scaled row makes ~33 calls a step; the C loop is called through ctypes on the
-    flat, padded tensor the torch kernel would get, and returns what it returns. ``kind``: 0 no scale
-    (element-wise), 1 a power-of-two scale per ``block`` (MX, ``mode``), 2 NVFP4's two-level scale.
+    element, and a block-scaled row makes ~33 calls a step; and a channels_last gradient (every conv's, on
+    the CPU) was copied into logical order for its blocks and back, two passes over memory that cost more
+    than the rounding. The C loop takes the tensor as it lies (contiguous, or channels_last: it gathers each
+    chunk of blocks in logical order and scatters the results back; a ragged last block is padded inside),
+    and returns a new tensor with the same shape and strides, plus the counts where asked: what the torch
+    kernel returns for the flattened, padded tensor, undone. ``kind``: 0 no scale (element-wise, memory
+    order), 1 a power-of-two scale per ``block`` (MX, ``mode``), 2 NVFP4's two-level scale.
     ``stochastic``: stochastic E2M1 elements with the call's key (:mod:`.fp4`)."""
 
     _MODES = {"": 0, "floor": 0, "ceil": 1, "even": 2, "rceil": 3}
 
     def __init__(self, kind: int, block: int, mode: str, spec: Fp8Spec, stochastic: bool, with_counts: bool,
                  eager, probe: tuple) -> None:
+        self.kind = kind
         self._args = (block, kind, self._MODES[mode], spec.mbits, spec.emin, spec.emax, spec.max, spec.max_bits,
                       spec.nan_bits, int(stochastic))
         self.with_counts = with_counts
@@ -249,11 +254,15 @@ class NativeBlock:
         #: why the C loop is not used (no library, or it differed on the probe); None while it works or untried
         self.broken: str | None = None
 
-    def _run(self, x1: torch.Tensor, key: torch.Tensor | None):
-        y = torch.empty_like(x1)
+    def __call__(self, x: torch.Tensor, key: torch.Tensor | None = None):
+        """``x``: fp32 on the CPU, contiguous or channels_last (:func:`takes`)."""
+        y = torch.empty_like(x)
         counts = torch.zeros(3, dtype=torch.int64) if self.with_counts else None
-        self._fn(x1.data_ptr(), y.data_ptr(), x1.numel(), *self._args, int(key) if key is not None else 0,
-                 counts.data_ptr() if counts is not None else None)
+        cl = self.kind != 0 and is_channels_last(x)
+        _, c, h, w = x.shape if cl else (0, 1, 1, 1)
+        if self._fn(x.data_ptr(), y.data_ptr(), x.numel(), int(cl), c, h, w, *self._args,
+                    int(key) if key is not None else 0, counts.data_ptr() if counts is not None else None):
+            raise MemoryError(f"the C block rounding could not allocate {2 * 4 * x.numel()} bytes")
         return (y, *counts.unbind()) if counts is not None else y
 
     def ready(self) -> bool:
@@ -266,17 +275,13 @@ class NativeBlock:
             self.broken = native_failure()
             return False
         self._fn = lib.lsb_block_round
-        got = self._run(*self._probe) if len(self._probe) > 1 else self._run(self._probe[0], None)
-        if not same_values(got, self._eager(*self._probe)):
+        if not same_values(self(*self._probe), self._eager(*self._probe)):
             self._fn = None
             self.broken = "differs from the eager kernel on the probe values"
             warnings.warn(f"lossscale_bench.numerics: the C block rounding {self._args} {self.broken}; using the "
                           "compiled torch kernel (same results)", RuntimeWarning, stacklevel=3)
             return False
         return True
-
-    def __call__(self, x1: torch.Tensor, key: torch.Tensor | None = None):
-        return self._run(x1, key)
 
 
 _NATIVE_BLOCKS: dict[tuple, NativeBlock] = {}
@@ -293,9 +298,11 @@ def native_block(key: tuple, make) -> NativeBlock | None:
     return k if k.ready() else None
 
 
-def native_fits(x1: torch.Tensor) -> bool:
-    """A flat tensor the C loop takes: fp32 on the CPU, at a size where it beats Inductor's parallel kernel."""
-    return x1.dtype == torch.float32 and x1.is_contiguous() and _native_fits(x1)
+def native_takes(x: torch.Tensor) -> bool:
+    """A tensor the C loop takes as it lies: fp32 on the CPU, contiguous or channels_last, at a size where
+    it beats Inductor's parallel kernel (``fp8.NATIVE_SERIAL_MAX``)."""
+    return (x.dtype == torch.float32 and (x.is_contiguous() or is_channels_last(x)) and _native_fits(x)
+            and x.numel() < 2 ** 31)
 
 
 def _probe_blocks() -> torch.Tensor:
@@ -399,16 +406,22 @@ def block_round(x: torch.Tensor, fmt: str = "e4m3", granularity: str = "mx32", *
     if x.numel() == 0:
         out = x.detach().clone()
         return (out, FlushSaturate(*(torch.zeros((), dtype=torch.int64) for _ in range(3)))) if counts else out
-    x1, (rows, cols, pad) = _flatten(x, granularity)
     k = _kernel(granularity, elem, mode or "", pow2, float(amax_floor), counts)
+
+    def c_loop() -> NativeBlock | None:
+        return native_block(("mx32", elem.name, mode, counts),
+                            lambda: NativeBlock(1, 32, mode, elem.spec, False, counts, k.eager, (PROBE,)))
+
+    if compiled is None and granularity == "mx32" and native_takes(x) and (nk := c_loop()) is not None:
+        res = nk(x.detach())  # the tensor as it lies: no flattening, padding or layout copies
+        return (res[0], FlushSaturate(*res[1:])) if counts else res
+    x1, (rows, cols, pad) = _flatten(x, granularity)
     # Dynamo specialises sizes 0 and 1: a single block (or a 1-element tensor) runs eager
     # rather than costing a second compiled graph
     small = x1.numel() < 2 if granularity == "tensor" else x1.numel() < 2 * _BLOCK[granularity]
-    nk = None
-    if compiled is None and granularity == "mx32" and native_fits(x1):
-        nk = native_block(("mx32", elem.name, mode, counts),
-                          lambda: NativeBlock(1, 32, mode, elem.spec, False, counts, k.eager, (PROBE,)))
     use_compiled = (k.uses_compiled() if compiled is None else compiled) and not small
+    # strided or fp16/bf16 inputs, flattened: the C loop still takes the flat copy
+    nk = c_loop() if compiled is None and granularity == "mx32" and native_takes(x1) else None
     res = nk(x1) if nk is not None else k(x1) if use_compiled else k.eager(x1)
     out1, extra = (res[0], FlushSaturate(*res[1:])) if counts else (res, None)
     if pad:

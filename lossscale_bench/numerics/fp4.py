@@ -70,7 +70,7 @@ import torch.nn.functional as F
 
 from ._compile import LazyCompiled
 from .block_scaling import (ElementFormat, FlushSaturate, MX_MODES, NativeBlock, _exp2i, mx_exponent, native_block,
-                            native_fits)
+                            native_takes)
 from .fp8 import E4M3, Fp8Spec, _bits_eager, _bits_fused, _magic, is_channels_last, memory_order_flat
 
 #: E2M1 described like the fp8 formats, so the bit-level rounding of :mod:`.fp8` applies as it is
@@ -294,15 +294,21 @@ def fp4_round(x: torch.Tensor, kind: str = "nvfp4", *, stochastic: bool = False,
     block = 256 if weight else _BLOCK[kind]
     mode = mode if kind == "mxfp4" else ""
     k = _kernel(kind, block, mode, stochastic, counts)
+    seed = key if key is not None else PROBE[1]
+
+    def c_loop() -> NativeBlock | None:
+        return native_block(("fp4", kind, block, mode, stochastic, counts),
+                            lambda: NativeBlock(("e2m1", "mxfp4", "nvfp4").index(kind), block, mode, E2M1, stochastic,
+                                                counts, k.eager, PROBE))
+
+    if compiled is None and not weight and native_takes(x) and (nk := c_loop()) is not None:
+        res = nk(x.detach(), seed)  # the tensor as it lies: no flattening, padding or layout copies
+        return (res[0], FlushSaturate(*res[1:])) if counts else res
     x1, lay = _flatten(x, block, weight)
-    seed = (key if key is not None else PROBE[1]).to(x1.device)
+    seed = seed.to(x1.device)
     # Dynamo specialises sizes 0 and 1: a single block runs eager instead of a second graph
     small = x1.numel() < 2 * block
-    nk = None
-    if compiled is None and native_fits(x1):
-        nk = native_block(("fp4", kind, block, mode, stochastic, counts),
-                          lambda: NativeBlock(("e2m1", "mxfp4", "nvfp4").index(kind), block, mode, E2M1, stochastic,
-                                              counts, k.eager, PROBE))
+    nk = c_loop() if compiled is None and native_takes(x1) else None  # NVFP4's 16x16 weight tiles, laid out
     if nk is not None:
         res = nk(x1, seed)
     else:

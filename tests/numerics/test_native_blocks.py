@@ -81,16 +81,39 @@ def test_fp4_c_loop_equals_the_eager_kernel(kind, mode, stochastic, counts, weig
     assert bs._NATIVE_BLOCKS[("fp4", kind, block, mode if kind == "mxfp4" else "", stochastic, counts)]._fn is not None
 
 
-def test_a_channels_last_gradient_rounds_the_same_and_keeps_its_layout():
-    x = _gradient_like(2 * 16 * 5 * 7, 3).view(2, 16, 5, 7).contiguous(memory_format=torch.channels_last)
+@pytest.mark.parametrize("shape", [(2, 16, 5, 7), (3, 13, 11, 9), (1, 3, 40, 41)])
+@pytest.mark.parametrize("non_finite", [False, True])
+def test_a_channels_last_gradient_rounds_the_same_and_keeps_its_layout(shape, non_finite):
+    # blocks in logical order gathered from channels_last memory: several 2048-element chunks, a ragged last
+    # block, blocks that span rows and channels; stochastic rounding indexed by the logical position
+    n = shape[0] * shape[1] * shape[2] * shape[3]
+    flat = _with_non_finite(_gradient_like(n, 3)) if non_finite else _gradient_like(n, 3)
+    x = flat.view(shape).contiguous(memory_format=torch.channels_last)
     key = fp4.Fp4Stream(1).next_key()
     for kind in fp4.KINDS:
-        got = fp4.fp4_round(x, kind, stochastic=True, key=key)
-        assert got.is_contiguous(memory_format=torch.channels_last)
-        assert same_values(got.contiguous(), fp4.fp4_round(x, kind, stochastic=True, key=key, compiled=False)
-                           .contiguous())
-    got = bs.block_round(x, "e4m3", "mx32")
-    assert same_values(got.contiguous(), bs.block_round(x, "e4m3", "mx32", compiled=False).contiguous())
+        for counts in (False, True):
+            got = fp4.fp4_round(x, kind, stochastic=True, key=key, counts=counts)
+            want = fp4.fp4_round(x, kind, stochastic=True, key=key, counts=counts, compiled=False)
+            g, w = (got[0], want[0]) if counts else (got, want)
+            assert g.is_contiguous(memory_format=torch.channels_last)
+            assert same_values(g.contiguous(), w.contiguous()), kind
+            assert not counts or same_values(tuple(got[1:]), tuple(want[1:])), kind
+    for counts in (False, True):
+        got = bs.block_round(x, "e4m3", "mx32", counts=counts)
+        want = bs.block_round(x, "e4m3", "mx32", counts=counts, compiled=False)
+        g, w = (got[0], want[0]) if counts else (got, want)
+        assert g.is_contiguous(memory_format=torch.channels_last)
+        assert same_values(g.contiguous(), w.contiguous())
+        assert not counts or same_values(tuple(got[1:]), tuple(want[1:]))
+
+
+def test_the_input_is_never_written_and_grad_is_not_recorded():
+    x = (_gradient_like(32 * 40, 6).view(4, 10, 4, 8).contiguous(memory_format=torch.channels_last)
+         .requires_grad_())
+    before = x.detach().clone()
+    for y in (bs.block_round(x, "e4m3", "mx32"), fp4.fp4_round(x, "nvfp4", stochastic=True,
+                                                                 key=fp4.Fp4Stream(2).next_key())):
+        assert torch.equal(x.detach(), before) and not y.requires_grad and y.grad_fn is None
 
 
 def test_turned_off_by_the_environment(monkeypatch):
