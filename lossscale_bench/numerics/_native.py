@@ -1,5 +1,6 @@
-"""The fp8 round trip and the telemetry's census as small C functions, built once with the system's C compiler and called
-through ctypes: the CPU emulation's cheapest path for the calls a training step makes.
+"""The fp8 round trip, the block-scaled round trips (MX32, E2M1, MXFP4, NVFP4) and the telemetry's census as small
+C functions, built once with the system's C compiler and called through ctypes: the CPU emulation's cheapest path
+for the calls a training step makes.
 
 Why, measured (issue 28, docs/benchmarks.md "What is left of an element row's cost"): a step of the
 default study's E4M3 rows makes ~33 rounding calls, and the Inductor kernel they used cost ~195 us
@@ -10,11 +11,18 @@ scalar loop and a load. A C loop over the same arithmetic has none of that: ``me
 vectorise, and a ctypes call costs a few microseconds (and releases the GIL, as autograd's worker
 thread wants).
 
+The block round trips (``lsb_block_round``, issues 28 and 32) add what the torch kernels spent most on:
+a channels_last gradient was copied into the blocks' logical order and back around each call; the C
+loop transposes it in 16x16 tiles into a per-thread buffer instead (one image at a time where no block
+straddles two), and pads a ragged last block inside. Measured in docs/benchmarks.md.
+
 Why it is safe to prefer it: the function is the same arithmetic as ``fp8._bits_fused`` (the
 "exact fp32 split" in fp8's module doc), with integer compares for the NaN test and no
 floating-point contraction or fast-math (``-ffp-contract=off``: a compiler may otherwise fuse the
 multiply that builds the magic number into the addition; it would be exact here, but nothing is
-left to chance). ``-fno-trapping-math`` only lets the compiler compute both sides of a select
+left to chance); the block loops are the same arithmetic as the torch kernels of ``block_scaling`` and
+``fp4``, op for op in fp32, checked the same way per configuration (``block_scaling.NativeBlock``).
+``-fno-trapping-math`` only lets the compiler compute both sides of a select
 (floating-point exception flags, which nothing here reads, are the only thing it may change): without
 it gcc keeps the stochastic rounding's ``floorf`` and conversions behind branches and does not
 vectorise that loop (``-fopt-info-vec``: "control flow in loop"). ``fp8`` runs each (format, saturate) variant on the probe values and uses it only

@@ -63,8 +63,11 @@ One more edge: with ``ceil``, ``even``, ``rceil`` and the amax scalings, an elem
 of fp32's largest value that product is 2^128, which is inf in fp32. Dequantised values are
 therefore clamped to +-FLT_MAX, so a finite block never produces inf: only NaN/inf inputs do.
 
-Cost: vectorised ops on a ``[n_blocks, block]`` view, compiled lazily by Inductor like the fp8
-kernels (``LSBENCH_NO_COMPILE=1`` or a compiler failure falls back to the same code in eager).
+Cost: on the CPU, MX32 runs as a C loop (:class:`NativeBlock`, :mod:`._native`) over the tensor as it
+lies, contiguous or channels_last, checked bit for bit against the eager kernel on the probe before
+first use; elsewhere (CUDA, tiles and tensor scales, ``LSBENCH_NO_NATIVE=1``, no C compiler) vectorised
+ops on a ``[n_blocks, block]`` view, compiled lazily by Inductor like the fp8 kernels
+(``LSBENCH_NO_COMPILE=1`` or a compiler failure falls back to the same code in eager).
 """
 
 from __future__ import annotations
@@ -383,7 +386,8 @@ def block_round(x: torch.Tensor, fmt: str = "e4m3", granularity: str = "mx32", *
     tile128 only (``pow2`` None: True for tile128, False for tensor). ``counts``: also return
     :class:`FlushSaturate` counts (flush and saturation judged in the scaled domain the cast
     saw). ``compiled``: False runs the eager kernel; True the compiled one (unless
-    ``LSBENCH_NO_COMPILE=1`` or compiling failed, then eager); None: compiled where possible.
+    ``LSBENCH_NO_COMPILE=1`` or compiling failed, then eager); None: for mx32 on the CPU the C loop
+    (:class:`NativeBlock`) where it is available, else compiled where possible; the same values.
     Blocks of fewer than 2 (tensors of fewer than 2 elements) always run eager. fp16/bf16
     inputs are computed in fp32 and rounded back to their dtype.
     """

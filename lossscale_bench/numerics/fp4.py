@@ -35,8 +35,8 @@ in the scaled domain) up to the random numbers' resolution: 24 bits, a bias of a
 ``2^-24 * (hi - lo)`` per element. FP4 training recipes round gradients stochastically (NVIDIA
 above; MXFP4 training, arXiv 2502.20586) because rounding to nearest biases the small
 contributions of a sum to zero. The random numbers are a counter-based hash of the element's
-index and a 64-bit key, computed inside the kernel: the same key gives the same values compiled
-or eager, on any device, and nothing touches torch's global generator (a stochastic row draws
+index and a 64-bit key, computed inside the kernel: the same key gives the same values compiled,
+eager or in the C loop, on any device, and nothing touches torch's global generator (a stochastic row draws
 no numbers that would shift its seed's data order against a nearest row's).
 :class:`Fp4Stream` hands out one key per call from the trial's seed.
 
@@ -279,7 +279,8 @@ def fp4_round(x: torch.Tensor, kind: str = "nvfp4", *, stochastic: bool = False,
     the elements with the 0-d int64 ``key`` (:class:`Fp4Stream`; required then). ``mode``: the
     MXFP4 shared-exponent rounding (``floor`` is the spec). ``weight``: NVFP4's 16x16 tiles.
     ``counts``: also return :class:`~.block_scaling.FlushSaturate` counts, flush and saturation
-    judged in the scaled domain the E2M1 cast saw. ``compiled`` as in ``block_round``."""
+    judged in the scaled domain the E2M1 cast saw. ``compiled`` as in ``block_round``; None (the default)
+    on the CPU runs the C loop (:class:`~.block_scaling.NativeBlock`) where it is available, same values."""
     if kind not in KINDS:
         raise ValueError(f"unknown FP4 format {kind!r}; allowed: {', '.join(KINDS)}")
     if kind == "mxfp4" and mode not in MX_MODES:
