@@ -10,6 +10,13 @@ eager bit-level kernel, and two references: an fp32 multiply and torch's fp16 ro
 vectorised ATen kernels). Tenth-percentile of ``--calls`` timed calls each, one thread.
 
     .venv/bin/python benchmarks/rounding_call_cost.py
+    .venv/bin/python benchmarks/rounding_call_cost.py --blocks
+
+``--blocks``: the block-scaled round trips instead (issues 28 and 32), on channels_last gradients of
+a batch of 8 (the CPU layout of every conv's), as ``block_round``/``fp4_round`` are called by a step:
+MX32 E4M3 without and with the telemetry's counts, and NVFP4, MXFP4 and plain E2M1 with stochastic
+rounding, each with the C loop (``numerics/_native.py``) and with it turned off (the Inductor kernel
+after flattening into logical order, as before).
 """
 import argparse
 import os
@@ -35,11 +42,42 @@ def tenth_percentile_us(fn, calls: int) -> float:
     return times[len(times) // 10] * 1e6
 
 
+#: [channels, height, width] of channels_last gradients, batch 8: 4096 to 1.2 M elements
+BLOCK_SHAPES = ((16, 8, 4), (32, 16, 16), (32, 32, 36), (64, 48, 48))
+
+
+def blocks(calls: int) -> None:
+    from lossscale_bench.numerics import block_scaling, fp4
+
+    key = fp4.Fp4Stream(1).next_key()
+    kinds = {"MX32 E4M3": lambda x: block_scaling.block_round(x, "e4m3", "mx32"),
+             "MX32 E4M3 + counts": lambda x: block_scaling.block_round(x, "e4m3", "mx32", counts=True),
+             "NVFP4, stochastic": lambda x: fp4.fp4_round(x, "nvfp4", stochastic=True, key=key),
+             "MXFP4, stochastic": lambda x: fp4.fp4_round(x, "mxfp4", stochastic=True, key=key),
+             "E2M1, stochastic": lambda x: fp4.fp4_round(x, "e2m1", stochastic=True, key=key)}
+    print("| elements | " + " | ".join(f"{k}: C loop (us) | {k}: C off (us)" for k in kinds) + " |")
+    print("|---|" + "---|---|" * len(kinds))
+    for c, h, w in BLOCK_SHAPES:
+        x = (torch.randn(8, c, h, w, generator=torch.Generator().manual_seed(0)) * 0.01).contiguous(
+            memory_format=torch.channels_last)
+        cols = []
+        for fn in kinds.values():
+            for off in ("", "1"):
+                os.environ["LSBENCH_NO_NATIVE"] = off
+                cols.append(tenth_percentile_us(lambda: fn(x), calls))
+        os.environ.pop("LSBENCH_NO_NATIVE")
+        print(f"| {x.numel()} | " + " | ".join(f"{v:.0f}" for v in cols) + " |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--calls", type=int, default=200)
+    ap.add_argument("--blocks", action="store_true", help="the block-scaled round trips instead (module doc)")
     args = ap.parse_args()
     torch.set_num_threads(1)
+    if args.blocks:
+        blocks(args.calls)
+        return
     kernel = fp8.compiled_kernel("bits", fp8.SPECS["e4m3"], True)
     native = fp8.native_kernel(fp8.SPECS["e4m3"], True)
 
