@@ -8,7 +8,7 @@ from torch import nn
 
 from lossscale_bench.formats import E4M3
 from lossscale_bench.scaling import build_scaler
-from lossscale_bench.scaling.saturation import SaturationLossScaler
+from lossscale_bench.scaling.saturation import SaturationLossScaler, saturation_counts
 
 
 def _step(scaler, grads):
@@ -57,3 +57,19 @@ def test_state_round_trip_and_entry_builds_it_with_the_precision_format():
 def test_bad_options_are_refused(bad):
     with pytest.raises(ValueError):
         SaturationLossScaler(**bad)
+
+
+@pytest.mark.parametrize("limit", [448.0, 57344.0, 65504.0, 6.0])
+def test_saturation_counts_are_the_eager_expression(limit):
+    # the census kernel's "past the maximum" against the fp32 value just below the limit: exactly |g| >= limit
+    # or NaN, on every layout the parameters come in; fp16 gradients keep the eager expression
+    below = torch.nextafter(torch.tensor(limit), torch.tensor(0.0)).item()
+    edge = torch.tensor([limit, -limit, below, -below, limit * 2, 0.0, -0.0, float("nan"), float("inf"),
+                         -float("inf"), 1e-30, 1.0])
+    g = torch.Generator().manual_seed(1)
+    grads = [edge, torch.randn(8, 16, 3, 3, generator=g).mul(limit).contiguous(memory_format=torch.channels_last),
+             torch.randn(64, 48, generator=g).mul(limit).t(), torch.randn(5, generator=g).mul(limit).half(),
+             (torch.randn(300_000, generator=g) * limit)]
+    want = sum(int((~(x.abs() < limit)).sum()) for x in grads)
+    got = saturation_counts(grads, limit)
+    assert got.tolist() == [float(want), float(sum(x.numel() for x in grads))]
