@@ -221,45 +221,31 @@ static inline __attribute__((always_inline)) void block_pass(
     }
 }
 
-/* dst[c * HW + p] = src[p * C + c] for c < C, p < HW (one image, channels_last to logical order), in 16x16
-   tiles: each tile reads 16 runs of 16 floats and writes 16 runs of 16 floats. */
-static void to_logical(const float *restrict src, float *restrict dst, int64_t C, int64_t HW) {
+/* dst[c * dc + p * dp] = src[c * sc + p * sp] for c < C, p < HW, in 16x16 tiles (each tile reads 16 runs of 16
+   floats and writes 16 runs of 16 floats): one image between channels_last (c stride 1, p stride C) and logical
+   order (c stride HW, p stride 1). Always inlined with its strides' two patterns, so each is its own loop. */
+static inline __attribute__((always_inline)) void copy_tiles(const float *restrict src, float *restrict dst,
+                                                           int64_t C, int64_t HW, int64_t sc, int64_t sp,
+                                                           int64_t dc, int64_t dp) {
     for (int64_t p0 = 0; p0 < HW; p0 += 16) {
         const int64_t pn = HW - p0 < 16 ? HW - p0 : 16;
         for (int64_t c0 = 0; c0 < C; c0 += 16) {
             const int64_t cn = C - c0 < 16 ? C - c0 : 16;
-            if (pn == 16 && cn == 16) {
-                float tile[16][16];
-                for (int i = 0; i < 16; i++)
-                    for (int j = 0; j < 16; j++) tile[j][i] = src[(p0 + i) * C + c0 + j];
-                for (int j = 0; j < 16; j++)
-                    for (int i = 0; i < 16; i++) dst[(c0 + j) * HW + p0 + i] = tile[j][i];
-            } else {
-                for (int64_t i = 0; i < pn; i++)
-                    for (int64_t j = 0; j < cn; j++) dst[(c0 + j) * HW + p0 + i] = src[(p0 + i) * C + c0 + j];
-            }
+            float tile[16][16];
+            for (int64_t i = 0; i < pn; i++)
+                for (int64_t j = 0; j < cn; j++) tile[j][i] = src[(c0 + j) * sc + (p0 + i) * sp];
+            for (int64_t j = 0; j < cn; j++)
+                for (int64_t i = 0; i < pn; i++) dst[(c0 + j) * dc + (p0 + i) * dp] = tile[j][i];
         }
     }
 }
 
-/* the inverse: dst[p * C + c] = src[c * HW + p] */
+static void to_logical(const float *restrict src, float *restrict dst, int64_t C, int64_t HW) {
+    copy_tiles(src, dst, C, HW, 1, C, HW, 1);
+}
+
 static void from_logical(const float *restrict src, float *restrict dst, int64_t C, int64_t HW) {
-    for (int64_t p0 = 0; p0 < HW; p0 += 16) {
-        const int64_t pn = HW - p0 < 16 ? HW - p0 : 16;
-        for (int64_t c0 = 0; c0 < C; c0 += 16) {
-            const int64_t cn = C - c0 < 16 ? C - c0 : 16;
-            if (pn == 16 && cn == 16) {
-                float tile[16][16];
-                for (int j = 0; j < 16; j++)
-                    for (int i = 0; i < 16; i++) tile[i][j] = src[(c0 + j) * HW + p0 + i];
-                for (int i = 0; i < 16; i++)
-                    for (int j = 0; j < 16; j++) dst[(p0 + i) * C + c0 + j] = tile[i][j];
-            } else {
-                for (int64_t i = 0; i < pn; i++)
-                    for (int64_t j = 0; j < cn; j++) dst[(p0 + i) * C + c0 + j] = src[(c0 + j) * HW + p0 + i];
-            }
-        }
-    }
+    copy_tiles(src, dst, C, HW, HW, 1, 1, C);
 }
 
 /* the per-thread buffer of the channels_last path, grown as needed and kept (a trial's largest gradient) */
@@ -469,3 +455,43 @@ def library() -> ctypes.CDLL | None:
                 warnings.warn(f"lossscale_bench.numerics: the C rounding kernel is not available ({_failed}); "
                               "using the compiled torch kernel (same results)", RuntimeWarning, stacklevel=3)
     return _lib
+
+
+class ProbeChecked:
+    """A C function of the library that is used only once it matched its eager torch kernel on the probe
+    values (``fp8.NativeKernel``, ``block_scaling.NativeBlock``): built, loaded and checked on the first
+    ``ready()``, and never again after a failure (``broken`` says why; a warning said it once)."""
+
+    #: the library's function
+    function = ""
+
+    def __init__(self) -> None:
+        self._fn = None
+        #: why the C function is not used (no library, or it differed on the probe); None while it works or untried
+        self.broken: str | None = None
+
+    def describe(self) -> str:
+        """What the warning calls it."""
+        return self.function
+
+    def matches_probe(self) -> bool:
+        """Run ``self._fn`` on the probe values and compare with the eager kernel, bit for bit."""
+        raise NotImplementedError
+
+    def ready(self) -> bool:
+        if self._fn is not None:
+            return True
+        if self.broken is not None:
+            return False
+        lib = library()
+        if lib is None:
+            self.broken = failure()
+            return False
+        self._fn = getattr(lib, self.function)
+        if not self.matches_probe():
+            self._fn = None
+            self.broken = "differs from the eager kernel on the probe values"
+            warnings.warn(f"lossscale_bench.numerics: the C {self.describe()} {self.broken}; using the compiled "
+                          "torch kernel (same results)", RuntimeWarning, stacklevel=3)
+            return False
+        return True

@@ -78,10 +78,8 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-import warnings
-
 from ._compile import LazyCompiled, same_values
-from ._native import disabled as native_disabled, failure as native_failure, library as native_library
+from ._native import ProbeChecked, disabled as native_disabled
 from .fp8 import E4M3, E5M2, Fp8Spec, _bits_fused, _fastest_eager, _native_fits, is_channels_last
 
 GRANULARITIES = ("tensor", "tile128", "mx32")
@@ -230,7 +228,7 @@ def _amax_core(x1, block: int, elem: ElementFormat, pow2: bool, amax_floor: floa
     return out2.view(-1), *_counts(x2, out2, scaled, amax <= _F32_MAX, elem)
 
 
-class NativeBlock:
+class NativeBlock(ProbeChecked):
     """A block round trip as the C loop ``lsb_block_round`` (:mod:`._native`), for one configuration,
     checked bit for bit (values and counts) against its eager torch kernel on the probe before first use.
 
@@ -245,20 +243,25 @@ class NativeBlock:
     ``stochastic``: stochastic E2M1 elements with the call's key (:mod:`.fp4`)."""
 
     _MODES = {"": 0, "floor": 0, "ceil": 1, "even": 2, "rceil": 3}
+    function = "lsb_block_round"
 
     def __init__(self, kind: int, block: int, mode: str, spec: Fp8Spec, stochastic: bool, with_counts: bool,
                  eager, probe: tuple) -> None:
+        super().__init__()
         self.kind = kind
         self._args = (block, kind, self._MODES[mode], spec.mbits, spec.emin, spec.emax, spec.max, spec.max_bits,
                       spec.nan_bits, int(stochastic))
         self.with_counts = with_counts
         self._eager, self._probe = eager, probe
-        self._fn = None
-        #: why the C loop is not used (no library, or it differed on the probe); None while it works or untried
-        self.broken: str | None = None
+
+    def describe(self) -> str:
+        return f"block rounding {self._args}"
+
+    def matches_probe(self) -> bool:
+        return same_values(self(*self._probe), self._eager(*self._probe))
 
     def __call__(self, x: torch.Tensor, key: torch.Tensor | None = None):
-        """``x``: fp32 on the CPU, contiguous or channels_last (:func:`takes`)."""
+        """``x``: fp32 on the CPU, contiguous or channels_last (:func:`native_takes`)."""
         y = torch.empty_like(x)
         counts = torch.zeros(3, dtype=torch.int64) if self.with_counts else None
         cl = self.kind != 0 and is_channels_last(x)
@@ -267,24 +270,6 @@ class NativeBlock:
                     int(key) if key is not None else 0, counts.data_ptr() if counts is not None else None):
             raise MemoryError(f"the C block rounding could not allocate {2 * 4 * x.numel()} bytes")
         return (y, *counts.unbind()) if counts is not None else y
-
-    def ready(self) -> bool:
-        if self._fn is not None:
-            return True
-        if self.broken is not None:
-            return False
-        lib = native_library()
-        if lib is None:
-            self.broken = native_failure()
-            return False
-        self._fn = lib.lsb_block_round
-        if not same_values(self(*self._probe), self._eager(*self._probe)):
-            self._fn = None
-            self.broken = "differs from the eager kernel on the probe values"
-            warnings.warn(f"lossscale_bench.numerics: the C block rounding {self._args} {self.broken}; using the "
-                          "compiled torch kernel (same results)", RuntimeWarning, stacklevel=3)
-            return False
-        return True
 
 
 _NATIVE_BLOCKS: dict[tuple, NativeBlock] = {}

@@ -69,13 +69,12 @@ torch's cast directly, so it is never rounded twice.
 from __future__ import annotations
 
 import struct
-import warnings
 from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
 
-from ._native import disabled as native_disabled, failure as native_failure, library as native_library
+from ._native import ProbeChecked, disabled as native_disabled
 from ._compile import LazyCompiled, same_values
 
 _SIGN = -(2 ** 31)            # int32 with only the sign bit set (0x80000000)
@@ -272,43 +271,27 @@ def compiled_kernel(kind: str, spec: Fp8Spec, saturate: bool) -> LazyCompiled:
     return k
 
 
-class NativeKernel:
+class NativeKernel(ProbeChecked):
     """The C rounding for one format and overflow rule, probe-checked before its first use.
 
     ``__call__`` takes a CPU fp32 tensor that is dense in memory (contiguous or channels_last) and
     returns a new one with the same shape and strides: the loop runs over memory order, which an
     element-wise rounding does not mind, so no flattening or copying back is needed."""
 
+    function = "lsb_round_fp8"
+
     def __init__(self, spec: Fp8Spec, saturate: bool) -> None:
+        super().__init__()
         self.spec, self.saturate = spec, saturate
         over = spec.max_bits if saturate else (_F32_INF_BITS if spec.has_inf else spec.nan_bits)
         self._args = (spec.mbits, spec.emin, spec.emax, spec.max, over, spec.nan_bits)
-        self._fn = None
-        #: why the kernel is not used (a failed build or probe), None while it works or was never tried
-        self.broken: str | None = None
 
-    def ready(self) -> bool:
-        """Built, loaded and bit for bit equal to the eager kernel on ``PROBE`` (checked once)."""
-        if self._fn is not None:
-            return True
-        if self.broken is not None:
-            return False
-        lib = native_library()
-        if lib is None:
-            self.broken = native_failure()
-            return False
-        fn = lib.lsb_round_fp8
-        got = torch.empty_like(PROBE)
-        fn(PROBE.data_ptr(), got.data_ptr(), PROBE.numel(), *self._args)
-        want = _kernel(_fastest_eager(self.spec), self.spec, self.saturate)(PROBE)
-        if not same_values(got, want):
-            self.broken = "differs from the eager kernel on the probe values"
-            warnings.warn(f"lossscale_bench.numerics: the C rounding kernel for {self.spec.name} "
-                          f"({'saturating' if self.saturate else 'non-saturating'}) {self.broken}; "
-                          "using the compiled torch kernel (same results)", RuntimeWarning, stacklevel=3)
-            return False
-        self._fn = fn
-        return True
+    def describe(self) -> str:
+        return f"rounding kernel for {self.spec.name} ({'saturating' if self.saturate else 'non-saturating'})"
+
+    def matches_probe(self) -> bool:
+        """Bit for bit equal to the eager kernel on ``PROBE``."""
+        return same_values(self(PROBE), _kernel(_fastest_eager(self.spec), self.spec, self.saturate)(PROBE))
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         y = torch.empty_like(x)
