@@ -221,6 +221,28 @@ static inline __attribute__((always_inline)) void block_pass(
     }
 }
 
+/* One tile of copy_tiles (below): in the tile's p range of in and c range of jn, read along the source's unit
+   stride and write along the destination's; inlined with constant counts for full tiles, so those unroll. */
+static inline __attribute__((always_inline)) void one_tile(const float *restrict src, float *restrict dst,
+                                                         int64_t sc, int64_t sp, int64_t dc, int64_t dp,
+                                                         int64_t c0, int64_t p0, int64_t in, int64_t jn) {
+    float tile[16][16];
+    if (sc == 1) {
+        for (int64_t i = 0; i < in; i++)
+            for (int64_t j = 0; j < jn; j++) tile[j][i] = src[(c0 + j) + (p0 + i) * sp];
+    } else {
+        for (int64_t j = 0; j < jn; j++)
+            for (int64_t i = 0; i < in; i++) tile[j][i] = src[(c0 + j) * sc + (p0 + i) * sp];
+    }
+    if (dp == 1) {
+        for (int64_t j = 0; j < jn; j++)
+            for (int64_t i = 0; i < in; i++) dst[(c0 + j) * dc + (p0 + i)] = tile[j][i];
+    } else {
+        for (int64_t i = 0; i < in; i++)
+            for (int64_t j = 0; j < jn; j++) dst[(c0 + j) * dc + (p0 + i) * dp] = tile[j][i];
+    }
+}
+
 /* dst[c * dc + p * dp] = src[c * sc + p * sp] for c < C, p < HW, in 16x16 tiles (each tile reads 16 runs of 16
    floats and writes 16 runs of 16 floats): one image between channels_last (c stride 1, p stride C) and logical
    order (c stride HW, p stride 1). Always inlined with its strides' two patterns, so each is its own loop. */
@@ -231,11 +253,8 @@ static inline __attribute__((always_inline)) void copy_tiles(const float *restri
         const int64_t pn = HW - p0 < 16 ? HW - p0 : 16;
         for (int64_t c0 = 0; c0 < C; c0 += 16) {
             const int64_t cn = C - c0 < 16 ? C - c0 : 16;
-            float tile[16][16];
-            for (int64_t i = 0; i < pn; i++)
-                for (int64_t j = 0; j < cn; j++) tile[j][i] = src[(c0 + j) * sc + (p0 + i) * sp];
-            for (int64_t j = 0; j < cn; j++)
-                for (int64_t i = 0; i < pn; i++) dst[(c0 + j) * dc + (p0 + i) * dp] = tile[j][i];
+            if (pn == 16 && cn == 16) one_tile(src, dst, sc, sp, dc, dp, c0, p0, 16, 16);
+            else one_tile(src, dst, sc, sp, dc, dp, c0, p0, pn, cn);
         }
     }
 }
