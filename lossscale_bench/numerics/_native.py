@@ -353,6 +353,17 @@ int32_t lsb_block_round(const float *restrict x, float *restrict y, int64_t nume
     return 0;
 }
 
+/* max |x[i]| as fp32 bits: the max of the bit patterns without the sign (the same order as the values for
+   non-negative floats; a NaN's bits are above inf's, so any NaN gives a NaN): an integer reduction. */
+uint32_t lsb_max_abs_bits(const float *restrict x, int64_t n) {
+    uint32_t mb = 0;
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t a = f2u(x[i]) & 0x7fffffffu;
+        mb = a > mb ? a : mb;
+    }
+    return mb;
+}
+
 /* out = [non-zero, non-zero below min_normal, non-zero at or below flush, non-zero not at or below maxv]:
    census.py's expression, with C's comparisons (false for NaN, except !=), so NaN counts as past maxv. */
 void lsb_census(const float *restrict x, int64_t n, float min_normal, float flush, float maxv, int64_t *out) {
@@ -464,6 +475,9 @@ def library() -> ctypes.CDLL | None:
                               ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int32, ctypes.c_int32,
                               ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, ctypes.c_float, ctypes.c_uint32,
                               ctypes.c_uint32, ctypes.c_int32, ctypes.c_uint64, ctypes.c_void_p]
+                m = lib.lsb_max_abs_bits
+                m.restype = ctypes.c_uint32
+                m.argtypes = [ctypes.c_void_p, ctypes.c_int64]
                 c = lib.lsb_census
                 c.restype = None
                 c.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_float, ctypes.c_float,

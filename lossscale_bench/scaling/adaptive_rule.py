@@ -50,6 +50,7 @@ import math
 import torch
 
 from ..formats import FP16, FloatFormat
+from ..numerics.amax import max_abs
 
 __all__ = ["approx_range_scale", "approx_range_scale_tensor", "unbounded_scale_tensor", "bound_scale_tensor",
            "branch_target_scale", "backward_fan_in", "underflow_k", "output_scale_tensor", "U_MIN", "U_MAX",
@@ -146,11 +147,9 @@ def output_scale_tensor(grad: torch.Tensor, *, lognormal: bool = False, n_uf_thr
 
 
 def _max_abs(t: torch.Tensor) -> torch.Tensor:
-    """``max|t|`` as a 0-d fp32 tensor, one pass (aminmax; CPU's inf-norm reduction is far slower)."""
-    if t.numel() == 0:
-        return torch.zeros((), dtype=_F32, device=t.device)
-    lo, hi = torch.aminmax(t.detach())
-    return torch.maximum(lo.abs(), hi.abs()).to(_F32)
+    """``max|t|`` as a 0-d fp32 tensor, one pass (:func:`lossscale_bench.numerics.amax.max_abs`: a C loop on
+    the CPU, else aminmax; CPU's inf-norm reduction is far slower)."""
+    return max_abs(t)
 
 
 def _floor_pow2(s: torch.Tensor) -> torch.Tensor:
