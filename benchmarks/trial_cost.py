@@ -149,9 +149,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1, help="torch threads (a demo trial runs with 1)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--trees", nargs="+", type=Path, default=[ROOT],
-                    help="checkouts to time side by side, each row alternating between them (e.g. a "
-                         "`git worktree` of the previous commit, then this one); ratios are to the first "
-                         "tree's first row")
+                    help="checkouts to time side by side, each row alternating between them, their order "
+                         "reversed every other repeat (e.g. a `git worktree` of the previous commit, then this "
+                         "one); ratios are to the first tree's first row")
     args = ap.parse_args()
     sys.path.insert(0, str(ROOT))
     from lossscale_bench.study import load_study
@@ -163,7 +163,11 @@ def main() -> None:
     results: dict[tuple[int, int], list[dict]] = {k: [] for k in keys}
     t_all = time.perf_counter()
     for rep in range(args.repeats):
-        order = keys[rep % len(keys):] + keys[:rep % len(keys)]
+        # rows rotated, and the trees' order within a row reversed every other repeat: the tree timed first
+        # in a pair came out faster in both orders on the 2-core machine (docs/benchmarks.md), so with
+        # several trees use an even number of repeats
+        trees = list(range(len(args.trees)))[::-1 if rep % 2 else 1]
+        order = [(t, r) for r in rows[rep % len(rows):] + rows[:rep % len(rows)] for t in trees]
         for t, r in order:
             results[t, r].append(run_row(args.study, r, args.iterations, args.threads, args.seed, args.trees[t]))
             print(f"  repeat {rep + 1}, {args.trees[t]}, row {r}: {results[t, r][-1]['label']}", file=sys.stderr,
