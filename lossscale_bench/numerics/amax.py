@@ -17,7 +17,7 @@ import torch
 
 from ._compile import same_values
 from ._native import ProbeChecked, disabled as native_disabled
-from .fp8 import _native_fits, is_channels_last
+from .block_scaling import native_takes
 
 _F32 = torch.float32
 #: finite values across the range, signed zeros, subnormals, an inf and a NaN, in blocks that the probe
@@ -55,7 +55,6 @@ def max_abs(t: torch.Tensor) -> torch.Tensor:
     if t.numel() == 0:
         return torch.zeros((), dtype=_F32, device=t.device)
     x = t.detach()
-    if (x.dtype == _F32 and (x.is_contiguous() or is_channels_last(x)) and _native_fits(x)
-            and not native_disabled() and _LOOP.ready()):
+    if native_takes(x) and not native_disabled() and _LOOP.ready():
         return _LOOP(x)
     return _torch_max_abs(x)

@@ -235,8 +235,9 @@ class NativeBlock(ProbeChecked):
     Why (issue 28): the compiled kernels cost ~0.2 ms of Python and Dynamo per call before they touch an
     element, and a block-scaled row makes ~33 calls a step; and a channels_last gradient (every conv's, on
     the CPU) was copied into logical order for its blocks and back, two passes over memory that cost more
-    than the rounding. The C loop takes the tensor as it lies (contiguous, or channels_last: it gathers each
-    chunk of blocks in logical order and scatters the results back; a ragged last block is padded inside),
+    than the rounding. The C loop takes the tensor as it lies (contiguous, or channels_last: it transposes
+    each image into logical order in 16x16 tiles in a per-thread buffer and back; a ragged last block is
+    padded inside),
     and returns a new tensor with the same shape and strides, plus the counts where asked: what the torch
     kernel returns for the flattened, padded tensor, undone. ``kind``: 0 no scale (element-wise, memory
     order), 1 a power-of-two scale per ``block`` (MX, ``mode``), 2 NVFP4's two-level scale.
