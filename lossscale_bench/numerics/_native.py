@@ -12,9 +12,13 @@ vectorise, and a ctypes call costs a few microseconds (and releases the GIL, as 
 thread wants).
 
 The block round trips (``lsb_block_round``, issues 28 and 32) add what the torch kernels spent most on:
-a channels_last gradient was copied into the blocks' logical order and back around each call; the C
-loop transposes it in 16x16 tiles into a per-thread buffer instead (one image at a time where no block
-straddles two), and pads a ragged last block inside. Measured in docs/benchmarks.md.
+a channels_last gradient was copied into the blocks' logical order and back around each call. The C loop
+reads it as it lies where every block stays inside one (image, channel) plane (H*W a multiple of the block:
+every large activation gradient of the SSD models): a block is then one float in each of `block` rows of C
+floats, so all C channels' blocks are reduced, scaled and rounded together along the unit stride (2-3x
+cheaper than the transposes, seventh session). Elsewhere (weight gradients' 3x3 planes, odd map sizes) it
+transposes each image into logical order in 16x16 tiles in a per-thread buffer (one image at a time where no
+block straddles two), and pads a ragged last block inside. Measured in docs/benchmarks.md.
 
 Why it is safe to prefer it: the function is the same arithmetic as ``fp8._bits_fused`` (the
 "exact fp32 split" in fp8's module doc), with integer compares for the NaN test and no
@@ -101,7 +105,9 @@ static inline uint32_t mix32(uint32_t h) {
 }
 
 /* fp4.py's _e2m1_stochastic for the element of flat index i: q is E2M1's spacing around |v| (its
-   exponent clamped to [0, 2], times 2^(1 - 23)), so |v| / q, its floor and the fraction are exact. */
+   exponent clamped to [0, 2], times 2^(1 - 23)), so |v| / q, its floor and the fraction are exact. q is 0.5, 1
+   or 2, so |v| / q is computed as |v| times 1/q (exact, from the exponent's bits): the same correctly rounded
+   value as the division, without a divide per element. */
 static inline float e2m1_stochastic(float v, uint32_t i, uint32_t khi, uint32_t klo) {
     uint32_t h = mix32((i ^ khi) + klo);
     float u = (float)(int32_t)(h >> 8) * 0x1p-24f;  /* < 2^24: a signed conversion, which vectorises */
@@ -110,7 +116,7 @@ static inline float e2m1_stochastic(float v, uint32_t i, uint32_t khi, uint32_t 
     e = e < (127u << 23) ? (127u << 23) : e;
     e = e > (129u << 23) ? (129u << 23) : e;
     float q = (u2f(e) * 0x1p22f) * 0x1p-23f;
-    float t = a / q;
+    float t = a * u2f((255u << 23) - e);  /* a / q: 1/q = 2 / 2^(e's exponent) */
     float f = floorf(t);
     float r = (f + (float)((t - f) > u)) * q;
     r = r > 6.0f ? 6.0f : r;
@@ -137,6 +143,76 @@ static inline int32_t mx_exp(float amax, int32_t mode, int32_t mbits, int32_t em
     return e < -127 ? -127 : (e > 127 ? 127 : e);
 }
 
+/* The scale of one block (kinds 1 and 2) whose largest |x| has the bit pattern mb: enc takes its elements into the
+   element format's range, dec brings them back; ok: the block (kind 2: the tensor) is finite, else every output
+   is NaN; sat: whether its elements past maxv count as saturated (kind 2: not where the E4M3 scale underflowed). */
+typedef struct { float enc, dec; int32_t ok, sat; } bscale;
+
+static inline __attribute__((always_inline)) bscale block_scale(uint32_t mb, const int kind, int32_t mode,
+                                                              int32_t mbits, int32_t emax, float maxv, float s_enc,
+                                                              int tensor_ok) {
+    const float fmax = 0x1.fffffep127f;
+    bscale b = {1.0f, 1.0f, 1, 1};
+    const float amax = u2f(mb);
+    if (kind == 1) {
+        int32_t e = mx_exp(amax, mode, mbits, emax, maxv);
+        b.ok = b.sat = (int32_t)(mb < 0x7f800000u);
+        b.enc = exp2i(-e);
+        b.dec = exp2i(e);
+    } else if (kind == 2) {
+        float d = (amax / 6.0f) * s_enc;
+        d = d > fmax ? fmax : d;
+        b.dec = u2f(round_bits(f2u(d) & 0x7fffffffu, 121u << 23, 135u << 23, (float)(1u << 20), 448.0f,
+                               0x43e00000u, 0x7fffffffu));  /* E4M3, saturating */
+        b.enc = s_enc / b.dec;
+        b.enc = b.enc > fmax ? fmax : b.enc;
+        b.ok = tensor_ok;
+        b.sat = tensor_ok & (int32_t)(b.dec > 0.0f);  /* no &&: branch-free, so the loops over blocks vectorise */
+    }
+    return b;
+}
+
+/* One element of a block round trip: v scaled by enc (kinds 1, 2), rounded (round_bits, or stochastic E2M1 with
+   the element's flat logical index i), brought back by dec (and the tensor scale s_enc, kind 2); NaN where the
+   block is not ok. */
+static inline __attribute__((always_inline)) float block_elem(
+        float v, float enc, float dec, int32_t ok, const int kind, const int stochastic, uint32_t i, uint32_t khi,
+        uint32_t klo, uint32_t lo, uint32_t hi, float k, float maxv, uint32_t max_bits, uint32_t nan_bits,
+        float s_enc) {
+    const float fmax = 0x1.fffffep127f;
+    float s = kind == 0 ? v : v * enc;
+    float r;
+    if (stochastic) {
+        r = e2m1_stochastic(s, i, khi, klo);
+    } else {
+        uint32_t u = f2u(s);
+        r = u2f(round_bits(u & 0x7fffffffu, lo, hi, k, maxv, max_bits, nan_bits) | (u & 0x80000000u));
+    }
+    float o;
+    if (kind == 1) {
+        o = r * dec;
+        o = o > fmax ? fmax : (o < -fmax ? -fmax : o);
+    } else if (kind == 2) {
+        o = (r * dec) / s_enc;
+    } else {
+        o = r;
+    }
+    if (kind != 0) o = ok ? o : NAN;  /* a block (kind 2: tensor) holding NaN or inf: all NaN */
+    return o;
+}
+
+/* The counts of one element (input v, output o): finite non-zero input, of those one that came out 0, past maxv
+   in the scaled domain (kind 0: inf too; kinds 1 and 2: where the block's sat says so). */
+#define COUNT_ELEM(V, O, ENC, SAT) do { \
+        const float v_ = (V); \
+        const float a_ = u2f(f2u(v_) & 0x7fffffffu); \
+        const int32_t z_ = (a_ != 0.0f) & (a_ <= 0x1.fffffep127f); \
+        bnz += z_; \
+        bfl += z_ & ((O) == 0.0f); \
+        const float sa_ = kind == 0 ? a_ : u2f(f2u(v_ * (ENC)) & 0x7fffffffu); \
+        bsat += kind == 0 ? ((sa_ > maxv) & (v_ == v_)) : ((sa_ > maxv) & (SAT)); \
+    } while (0)
+
 /* One pass of lsb_block_round (below) over n elements in whole blocks (kind 0: any n), the first of which
    has the flat index i0; kind, stochastic and counting fixed: always inlined with constant arguments, so
    each combination gets its own branch-free, vectorisable loops. Adds its counts to acc. */
@@ -147,14 +223,12 @@ static inline __attribute__((always_inline)) void block_pass(
         const int counting, int64_t *restrict acc) {
     const uint32_t lo = (uint32_t)(emin + 127) << 23, hi = (uint32_t)(emax + 127) << 23;
     const float k = (float)(1u << (23 - mbits));
-    const float fmax = 0x1.fffffep127f;
     if (kind == 0) block = 4096;  /* no scale: chunks only for the counters; NaN stays per element */
     for (int64_t b0 = 0; b0 < n; b0 += block) {
         const float *restrict xb = x + b0;
         float *restrict yb = y + b0;
         const int32_t len = (int32_t)(n - b0 < block ? n - b0 : block);
-        float amax = 0.0f;
-        int ok = 1;
+        bscale bs = {1.0f, 1.0f, 1, 1};
         if (kind != 0) {
             /* the max of |x| as the max of its bit patterns (the same order for non-negative floats, NaN's
                above inf's): an integer reduction, which vectorises */
@@ -163,63 +237,62 @@ static inline __attribute__((always_inline)) void block_pass(
                 uint32_t a = f2u(xb[j]) & 0x7fffffffu;
                 mb = a > mb ? a : mb;
             }
-            ok = mb < 0x7f800000u;
-            amax = u2f(mb);
+            bs = block_scale(mb, kind, mode, mbits, emax, maxv, s_enc, tensor_ok);
         }
-        float enc = 1.0f, dec = 1.0f;
-        int count_sat = ok;
-        if (kind == 1) {
-            int32_t e = mx_exp(amax, mode, mbits, emax, maxv);
-            enc = exp2i(-e);
-            dec = exp2i(e);
-        } else if (kind == 2) {
-            ok = tensor_ok;
-            float d = (amax / 6.0f) * s_enc;
-            d = d > fmax ? fmax : d;
-            dec = u2f(round_bits(f2u(d) & 0x7fffffffu, 121u << 23, 135u << 23, (float)(1u << 20), 448.0f,
-                                 0x43e00000u, 0x7fffffffu));  /* E4M3, saturating */
-            enc = s_enc / dec;
-            enc = enc > fmax ? fmax : enc;
-            count_sat = ok && dec > 0.0f;
-        }
-        const float bad = ok ? 0.0f : NAN;
-        for (int32_t j = 0; j < len; j++) {
-            float v = xb[j];
-            float s = kind == 0 ? v : v * enc;
-            float r;
-            if (stochastic) {
-                r = e2m1_stochastic(s, i0 + (uint32_t)b0 + (uint32_t)j, khi, klo);
-            } else {
-                uint32_t u = f2u(s);
-                r = u2f(round_bits(u & 0x7fffffffu, lo, hi, k, maxv, max_bits, nan_bits) | (u & 0x80000000u));
-            }
-            float o;
-            if (kind == 1) {
-                o = r * dec;
-                o = o > fmax ? fmax : (o < -fmax ? -fmax : o);
-            } else if (kind == 2) {
-                o = (r * dec) / s_enc;
-            } else {
-                o = r;
-            }
-            if (kind != 0) o = ok ? o : bad;  /* a block (kind 2: tensor) holding NaN or inf: all NaN */
-            yb[j] = o;
-        }
+        for (int32_t j = 0; j < len; j++)
+            yb[j] = block_elem(xb[j], bs.enc, bs.dec, bs.ok, kind, stochastic, i0 + (uint32_t)b0 + (uint32_t)j, khi,
+                               klo, lo, hi, k, maxv, max_bits, nan_bits, s_enc);
         if (counting) {  /* in a loop of their own: one loop doing both does not vectorise */
             int32_t bnz = 0, bfl = 0, bsat = 0;
-            for (int32_t j = 0; j < len; j++) {
-                float v = xb[j];
-                float a = u2f(f2u(v) & 0x7fffffffu);
-                int32_t z = (a != 0.0f) & (a <= fmax);
-                bnz += z;
-                bfl += z & (yb[j] == 0.0f);
-                float sa = kind == 0 ? a : u2f(f2u(v * enc) & 0x7fffffffu);
-                bsat += kind == 0 ? ((sa > maxv) & (v == v)) : ((sa > maxv) & count_sat);
-            }
+            for (int32_t j = 0; j < len; j++) COUNT_ELEM(xb[j], yb[j], bs.enc, bs.sat);
             acc[0] += bnz; acc[1] += bfl; acc[2] += bsat;
         }
     }
 }
+
+/* The channels_last pass of lsb_block_round (kinds 1 and 2) where no block leaves its (image, channel) plane:
+   H*W a multiple of block. The block of logical elements (n, c, p0 .. p0 + block - 1), p = h*W + w, is one
+   float in each of `block` memory rows of C floats, so the blocks of all C channels are reduced, scaled and
+   rounded together, row by row along the unit stride: no transposes. Scratch: 5 arrays of C. Same arithmetic,
+   element for element, as block_pass on the logical order (the stochastic index is the logical one). */
+static inline __attribute__((always_inline)) void column_pass(
+        const float *restrict x, float *restrict y, int64_t N, int64_t C, int64_t HW, int64_t block,
+        const int kind, int32_t mode, int32_t mbits, int32_t emin, int32_t emax, float maxv, uint32_t max_bits,
+        uint32_t nan_bits, const int stochastic, uint32_t khi, uint32_t klo, float s_enc, int tensor_ok,
+        const int counting, int64_t *restrict acc, uint32_t *restrict mb, float *restrict enc,
+        float *restrict dec, int32_t *restrict ok, int32_t *restrict sat) {
+    const uint32_t lo = (uint32_t)(emin + 127) << 23, hi = (uint32_t)(emax + 127) << 23;
+    const float k = (float)(1u << (23 - mbits));
+    for (int64_t n = 0; n < N; n++) {
+        for (int64_t p0 = 0; p0 < HW; p0 += block) {
+            const float *restrict xr = x + (n * HW + p0) * C;
+            float *restrict yr = y + (n * HW + p0) * C;
+            for (int64_t c = 0; c < C; c++) mb[c] = 0;
+            for (int64_t j = 0; j < block; j++)
+                for (int64_t c = 0; c < C; c++) {
+                    uint32_t a = f2u(xr[j * C + c]) & 0x7fffffffu;
+                    mb[c] = a > mb[c] ? a : mb[c];
+                }
+            for (int64_t c = 0; c < C; c++) {
+                bscale bs = block_scale(mb[c], kind, mode, mbits, emax, maxv, s_enc, tensor_ok);
+                enc[c] = bs.enc; dec[c] = bs.dec; ok[c] = bs.ok; sat[c] = bs.sat;
+            }
+            const uint32_t base = (uint32_t)(n * C * HW + p0);
+            for (int64_t j = 0; j < block; j++)
+                for (int64_t c = 0; c < C; c++)
+                    yr[j * C + c] = block_elem(xr[j * C + c], enc[c], dec[c], ok[c], kind, stochastic,
+                                               base + (uint32_t)(c * HW) + (uint32_t)j, khi, klo, lo, hi, k, maxv,
+                                               max_bits, nan_bits, s_enc);
+            if (counting) {
+                int32_t bnz = 0, bfl = 0, bsat = 0;
+                for (int64_t j = 0; j < block; j++)
+                    for (int64_t c = 0; c < C; c++) COUNT_ELEM(xr[j * C + c], yr[j * C + c], enc[c], sat[c]);
+                acc[0] += bnz; acc[1] += bfl; acc[2] += bsat;
+            }
+        }
+    }
+}
+#undef COUNT_ELEM
 
 /* One tile of copy_tiles (below): in the tile's p range of in and c range of jn, read along the source's unit
    stride and write along the destination's; inlined with constant counts for full tiles, so those unroll. */
@@ -328,6 +401,22 @@ int32_t lsb_block_round(const float *restrict x, float *restrict y, int64_t nume
             RUN(bx, by, block, (uint32_t)whole);
             for (int64_t i = whole; i < numel; i++) y[i] = by[i - whole];
         }
+    } else if ((H * W) % block == 0) {  /* channels_last, every block inside one (image, channel) plane */
+        const int64_t N = numel / (C * H * W);
+        char *scratch = (char *)malloc((size_t)C * 20);
+        if (!scratch) return 1;
+        uint32_t *mb = (uint32_t *)scratch;
+        float *enc = (float *)(scratch + 4 * C), *dec = (float *)(scratch + 8 * C);
+        int32_t *okv = (int32_t *)(scratch + 12 * C), *satv = (int32_t *)(scratch + 16 * C);
+#define COL(K, S, Q) column_pass(x, y, N, C, H * W, block, K, mode, mbits, emin, emax, maxv, max_bits, nan_bits, S, \
+                                 khi, klo, s_enc, tensor_ok, Q, acc, mb, enc, dec, okv, satv)
+#define COL_BY_COUNT(K, S) do { if (counts) COL(K, S, 1); else COL(K, S, 0); } while (0)
+#define COL_BY_ROUNDING(K) do { if (stochastic) COL_BY_COUNT(K, 1); else COL_BY_COUNT(K, 0); } while (0)
+        if (kind == 1) COL_BY_ROUNDING(1); else COL_BY_ROUNDING(2);
+#undef COL_BY_ROUNDING
+#undef COL_BY_COUNT
+#undef COL
+        free(scratch);
     } else {
         /* channels_last [N, C, H, W]: logical index ((n*C + c)*H*W + p) sits at (n*H*W + p)*C + c in memory.
            Transposed into logical order in 16x16 tiles (to_logical), rounded there, and transposed back, in a

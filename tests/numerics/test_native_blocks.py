@@ -48,8 +48,15 @@ def _same(a, b) -> bool:
     return same_values(tuple(a) if isinstance(a, tuple) else a, tuple(b) if isinstance(b, tuple) else b)
 
 
-INPUTS = {"wide": lambda: _gradient_like(32 * 97 + 11, 1), "non-finite": lambda: _with_non_finite(
-    _gradient_like(32 * 20, 2)), "tiny": lambda: _tiny(32 * 8 + 3)}
+def _moderate(n: int, seed: int) -> torch.Tensor:
+    """_gradient_like without fp32's maxima: NVFP4's tensor scale then leaves the blocks' scales in E4M3's
+    range (with a maximum in the tensor every other block rounds to 0, whatever the element rounding)."""
+    x = _gradient_like(n, seed)
+    return torch.where(x.abs() < 2.0 ** 64, x, torch.full_like(x, 3.0e4))
+
+
+INPUTS = {"wide": lambda: _gradient_like(32 * 97 + 11, 1), "moderate": lambda: _moderate(32 * 97 + 11, 1),
+          "non-finite": lambda: _with_non_finite(_gradient_like(32 * 20, 2)), "tiny": lambda: _tiny(32 * 8 + 3)}
 
 
 @pytest.mark.parametrize("fmt,mode,counts", list(itertools.product(["e4m3", "e5m2", "fp16"], bs.MX_MODES,
@@ -81,13 +88,19 @@ def test_fp4_c_loop_equals_the_eager_kernel(kind, mode, stochastic, counts, weig
     assert bs._NATIVE_BLOCKS[("fp4", kind, block, mode if kind == "mxfp4" else "", stochastic, counts)]._fn is not None
 
 
-@pytest.mark.parametrize("shape", [(2, 16, 5, 7), (3, 13, 11, 9), (1, 3, 40, 41)])
-@pytest.mark.parametrize("non_finite", [False, True])
-def test_a_channels_last_gradient_rounds_the_same_and_keeps_its_layout(shape, non_finite):
-    # blocks in logical order gathered from channels_last memory: several 2048-element chunks, a ragged last
-    # block, blocks that span rows and channels; stochastic rounding indexed by the logical position
+# H*W not a multiple of the block (the tile transposes: blocks that span rows and channels, a ragged last
+# block), a multiple of 16 only (NVFP4 by columns, MX by tiles), and of 32 (every block format by columns)
+CL_SHAPES = [(2, 16, 5, 7), (3, 13, 11, 9), (1, 3, 40, 41), (2, 7, 4, 4), (3, 5, 4, 8), (2, 19, 8, 12)]
+
+
+@pytest.mark.parametrize("shape", CL_SHAPES)
+@pytest.mark.parametrize("values", ["wide", "moderate", "non-finite"])
+def test_a_channels_last_gradient_rounds_the_same_and_keeps_its_layout(shape, values):
+    # blocks in logical order gathered from channels_last memory; stochastic rounding indexed by the
+    # logical position
     n = shape[0] * shape[1] * shape[2] * shape[3]
-    flat = _with_non_finite(_gradient_like(n, 3)) if non_finite else _gradient_like(n, 3)
+    flat = {"wide": _gradient_like, "moderate": _moderate}.get(values, lambda n, s: _with_non_finite(
+        _gradient_like(n, s)))(n, 3)
     x = flat.view(shape).contiguous(memory_format=torch.channels_last)
     key = fp4.Fp4Stream(1).next_key()
     for kind in fp4.KINDS:
@@ -105,6 +118,31 @@ def test_a_channels_last_gradient_rounds_the_same_and_keeps_its_layout(shape, no
         assert g.is_contiguous(memory_format=torch.channels_last)
         assert same_values(g.contiguous(), w.contiguous())
         assert not counts or same_values(tuple(got[1:]), tuple(want[1:]))
+
+
+@pytest.mark.parametrize("shape", [(2, 7, 4, 4), (2, 19, 8, 12)])
+def test_channels_last_by_columns_every_mode_and_nearest_rounding(shape):
+    # the column pass (H*W a multiple of the block) with every MX scale mode, and nearest rounding
+    n = shape[0] * shape[1] * shape[2] * shape[3]
+    x = _with_non_finite(_gradient_like(n, 4)).view(shape).contiguous(memory_format=torch.channels_last)
+    m = _moderate(n, 4).view(shape).contiguous(memory_format=torch.channels_last)
+    for rounding in (False, True):  # NVFP4 on moderate values (module doc of _moderate), both roundings
+        kw = dict(stochastic=rounding, key=fp4.Fp4Stream(2).next_key(), counts=True)
+        got, want = fp4.fp4_round(m, "nvfp4", **kw), fp4.fp4_round(m, "nvfp4", compiled=False, **kw)
+        assert same_values(got[0].contiguous(), want[0].contiguous()) and same_values(got[1:], want[1:])
+    for mode in bs.MX_MODES:
+        for fmt in ("e4m3", "e5m2"):
+            got = bs.block_round(x, fmt, "mx32", mode=mode, counts=True)
+            want = bs.block_round(x, fmt, "mx32", mode=mode, counts=True, compiled=False)
+            assert same_values(got[0].contiguous(), want[0].contiguous()), (fmt, mode)
+            assert same_values(tuple(got[1:]), tuple(want[1:])), (fmt, mode)
+        got = fp4.fp4_round(x, "mxfp4", mode=mode, counts=True)
+        want = fp4.fp4_round(x, "mxfp4", mode=mode, counts=True, compiled=False)
+        assert same_values(got[0].contiguous(), want[0].contiguous()) and same_values(got[1:], want[1:]), mode
+    got = fp4.fp4_round(_tiny(n).view(shape).contiguous(memory_format=torch.channels_last), "nvfp4", counts=True)
+    want = fp4.fp4_round(_tiny(n).view(shape).contiguous(memory_format=torch.channels_last), "nvfp4",
+                         counts=True, compiled=False)
+    assert same_values(got[0].contiguous(), want[0].contiguous()) and same_values(got[1:], want[1:])
 
 
 def test_the_input_is_never_written_and_grad_is_not_recorded():
