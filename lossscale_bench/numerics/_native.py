@@ -214,37 +214,63 @@ static inline __attribute__((always_inline)) float block_elem(
     } while (0)
 
 /* One pass of lsb_block_round (below) over n elements in whole blocks (kind 0: any n), the first of which
-   has the flat index i0; kind, stochastic and counting fixed: always inlined with constant arguments, so
-   each combination gets its own branch-free, vectorisable loops. Adds its counts to acc. */
+   has the flat index i0; kind, stochastic, counting and (16 or 32) block fixed: always inlined with constant
+   arguments, so each combination gets its own branch-free, vectorisable loops. Adds its counts to acc.
+   Kinds 1 and 2 take up to 64 blocks at a time, each step one loop over them (their maxima; their scales,
+   vectorised across blocks; their elements), rather than a block's scalar scale between short loops. */
 static inline __attribute__((always_inline)) void block_pass(
-        const float *restrict x, float *restrict y, int64_t n, int64_t block, const int kind, int32_t mode,
+        const float *restrict x, float *restrict y, int64_t n, const int64_t block, const int kind, int32_t mode,
         int32_t mbits, int32_t emin, int32_t emax, float maxv, uint32_t max_bits, uint32_t nan_bits,
         const int stochastic, uint32_t khi, uint32_t klo, uint32_t i0, float s_enc, int tensor_ok,
         const int counting, int64_t *restrict acc) {
     const uint32_t lo = (uint32_t)(emin + 127) << 23, hi = (uint32_t)(emax + 127) << 23;
     const float k = (float)(1u << (23 - mbits));
-    if (kind == 0) block = 4096;  /* no scale: chunks only for the counters; NaN stays per element */
-    for (int64_t b0 = 0; b0 < n; b0 += block) {
-        const float *restrict xb = x + b0;
-        float *restrict yb = y + b0;
-        const int32_t len = (int32_t)(n - b0 < block ? n - b0 : block);
-        bscale bs = {1.0f, 1.0f, 1, 1};
-        if (kind != 0) {
+    if (kind == 0) {  /* no scale: chunks only for the counters; NaN stays per element */
+        for (int64_t b0 = 0; b0 < n; b0 += 4096) {
+            const float *restrict xb = x + b0;
+            float *restrict yb = y + b0;
+            const int32_t len = (int32_t)(n - b0 < 4096 ? n - b0 : 4096);
+            for (int32_t j = 0; j < len; j++)
+                yb[j] = block_elem(xb[j], 1.0f, 1.0f, 1, kind, stochastic, i0 + (uint32_t)b0 + (uint32_t)j, khi, klo,
+                                   lo, hi, k, maxv, max_bits, nan_bits, s_enc);
+            if (counting) {  /* in a loop of their own: one loop doing both does not vectorise */
+                int32_t bnz = 0, bfl = 0, bsat = 0;
+                for (int32_t j = 0; j < len; j++) COUNT_ELEM(xb[j], yb[j], 1.0f, 1);
+                acc[0] += bnz; acc[1] += bfl; acc[2] += bsat;
+            }
+        }
+        return;
+    }
+    uint32_t mb[64];
+    float enc[64], dec[64];
+    int32_t ok[64], sat[64];
+    for (int64_t g0 = 0; g0 < n; g0 += 64 * block) {
+        const float *restrict xg = x + g0;
+        float *restrict yg = y + g0;
+        const int64_t nb = (n - g0) / block < 64 ? (n - g0) / block : 64;
+        for (int64_t g = 0; g < nb; g++) {
             /* the max of |x| as the max of its bit patterns (the same order for non-negative floats, NaN's
                above inf's): an integer reduction, which vectorises */
-            uint32_t mb = 0;
-            for (int32_t j = 0; j < len; j++) {
-                uint32_t a = f2u(xb[j]) & 0x7fffffffu;
-                mb = a > mb ? a : mb;
+            uint32_t m = 0;
+            for (int64_t j = 0; j < block; j++) {
+                uint32_t a = f2u(xg[g * block + j]) & 0x7fffffffu;
+                m = a > m ? a : m;
             }
-            bs = block_scale(mb, kind, mode, mbits, emax, maxv, s_enc, tensor_ok);
+            mb[g] = m;
         }
-        for (int32_t j = 0; j < len; j++)
-            yb[j] = block_elem(xb[j], bs.enc, bs.dec, bs.ok, kind, stochastic, i0 + (uint32_t)b0 + (uint32_t)j, khi,
-                               klo, lo, hi, k, maxv, max_bits, nan_bits, s_enc);
-        if (counting) {  /* in a loop of their own: one loop doing both does not vectorise */
+        for (int64_t g = 0; g < nb; g++) {
+            bscale bs = block_scale(mb[g], kind, mode, mbits, emax, maxv, s_enc, tensor_ok);
+            enc[g] = bs.enc; dec[g] = bs.dec; ok[g] = bs.ok; sat[g] = bs.sat;
+        }
+        for (int64_t g = 0; g < nb; g++)
+            for (int64_t j = 0; j < block; j++)
+                yg[g * block + j] = block_elem(xg[g * block + j], enc[g], dec[g], ok[g], kind, stochastic,
+                                               i0 + (uint32_t)(g0 + g * block + j), khi, klo, lo, hi, k, maxv,
+                                               max_bits, nan_bits, s_enc);
+        if (counting) {
             int32_t bnz = 0, bfl = 0, bsat = 0;
-            for (int32_t j = 0; j < len; j++) COUNT_ELEM(xb[j], yb[j], bs.enc, bs.sat);
+            for (int64_t g = 0; g < nb; g++)
+                for (int64_t j = 0; j < block; j++) COUNT_ELEM(xg[g * block + j], yg[g * block + j], enc[g], sat[g]);
             acc[0] += bnz; acc[1] += bfl; acc[2] += bsat;
         }
     }
@@ -322,6 +348,11 @@ static inline __attribute__((always_inline)) void one_tile(const float *restrict
 static inline __attribute__((always_inline)) void copy_tiles(const float *restrict src, float *restrict dst,
                                                            int64_t C, int64_t HW, int64_t sc, int64_t sp,
                                                            int64_t dc, int64_t dp) {
+    if (HW < 16) {  /* a plane smaller than a tile (a 3x3 weight gradient's): one pass, channels innermost */
+        for (int64_t p = 0; p < HW; p++)
+            for (int64_t c = 0; c < C; c++) dst[c * dc + p * dp] = src[c * sc + p * sp];
+        return;
+    }
     for (int64_t p0 = 0; p0 < HW; p0 += 16) {
         const int64_t pn = HW - p0 < 16 ? HW - p0 : 16;
         for (int64_t c0 = 0; c0 < C; c0 += 16) {
@@ -384,8 +415,11 @@ int32_t lsb_block_round(const float *restrict x, float *restrict y, int64_t nume
             s_enc = s_enc > 0x1.fffffep127f ? 0x1.fffffep127f : s_enc;
         }
     }
-#define PASS(X, Y, N, I0, K, S, Q) block_pass(X, Y, N, block, K, mode, mbits, emin, emax, maxv, max_bits, nan_bits, \
-                                              S, khi, klo, I0, s_enc, tensor_ok, Q, acc)
+#define PASS_B(X, Y, N, I0, K, S, Q, B) block_pass(X, Y, N, B, K, mode, mbits, emin, emax, maxv, max_bits, \
+                                                   nan_bits, S, khi, klo, I0, s_enc, tensor_ok, Q, acc)
+#define PASS(X, Y, N, I0, K, S, Q) do { if (K != 0 && block == 16) PASS_B(X, Y, N, I0, K, S, Q, 16); \
+                                        else if (K != 0 && block == 32) PASS_B(X, Y, N, I0, K, S, Q, 32); \
+                                        else PASS_B(X, Y, N, I0, K, S, Q, block); } while (0)
 #define BY_COUNT(X, Y, N, I0, K, S) do { if (counts) PASS(X, Y, N, I0, K, S, 1); else PASS(X, Y, N, I0, K, S, 0); } while (0)
 #define BY_ROUNDING(X, Y, N, I0, K) do { if (stochastic) BY_COUNT(X, Y, N, I0, K, 1); else BY_COUNT(X, Y, N, I0, K, 0); } while (0)
 #define RUN(X, Y, N, I0) do { if (kind == 0) BY_ROUNDING(X, Y, N, I0, 0); else if (kind == 1) BY_ROUNDING(X, Y, N, I0, 1); \
@@ -438,6 +472,7 @@ int32_t lsb_block_round(const float *restrict x, float *restrict y, int64_t nume
 #undef BY_ROUNDING
 #undef BY_COUNT
 #undef PASS
+#undef PASS_B
     if (counts) { counts[0] = acc[0]; counts[1] = acc[1]; counts[2] = acc[2]; }
     return 0;
 }

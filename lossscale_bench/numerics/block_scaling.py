@@ -262,8 +262,9 @@ class NativeBlock(ProbeChecked):
         """The probe as it is and without its values past 2^64 (NVFP4's tensor scale follows the largest
         value: with fp32's max in the tensor every other block's E4M3 scale underflows and every other
         output is 0, so the probe alone would not see the elements' rounding); each flat and (scaled kinds)
-        as channels_last [n, 8, 4, 8] images: H*W = 32, so 16- and 32-element blocks take the loop's
-        channels_last pass by columns, which must agree too."""
+        as channels_last [n, 8, 4, 8] and [n, 32, 2, 4] images: H*W = 32 takes the loop's channels_last pass
+        by columns for 16- and 32-element blocks, H*W = 8 its transposes of planes smaller than a tile
+        (a 3x3 weight gradient's), which must agree too."""
         x, *rest = self._probe
         for v in (x, torch.where(x.abs() < 2.0 ** 64, x, torch.zeros_like(x))):
             want = self._eager(v, *rest)
@@ -271,10 +272,11 @@ class NativeBlock(ProbeChecked):
                 return False
             if self.kind == 0 or v.numel() % 256:
                 continue
-            got = self(v.view(-1, 8, 4, 8).contiguous(memory_format=torch.channels_last), *rest)
-            got = (got[0].contiguous().view(-1), *got[1:]) if isinstance(got, tuple) else got.contiguous().view(-1)
-            if not same_values(got, want):
-                return False
+            for shape in ((8, 4, 8), (32, 2, 4)):
+                got = self(v.view(-1, *shape).contiguous(memory_format=torch.channels_last), *rest)
+                got = (got[0].contiguous().view(-1), *got[1:]) if isinstance(got, tuple) else got.contiguous().view(-1)
+                if not same_values(got, want):
+                    return False
         return True
 
     def __call__(self, x: torch.Tensor, key: torch.Tensor | None = None):

@@ -89,8 +89,10 @@ def test_fp4_c_loop_equals_the_eager_kernel(kind, mode, stochastic, counts, weig
 
 
 # H*W not a multiple of the block (the tile transposes: blocks that span rows and channels, a ragged last
-# block), a multiple of 16 only (NVFP4 by columns, MX by tiles), and of 32 (every block format by columns)
-CL_SHAPES = [(2, 16, 5, 7), (3, 13, 11, 9), (1, 3, 40, 41), (2, 7, 4, 4), (3, 5, 4, 8), (2, 19, 8, 12)]
+# block), planes smaller than a tile (a 3x3 weight gradient's, 2x2), a multiple of 16 only (NVFP4 by columns,
+# MX by tiles), and of 32 (every block format by columns)
+CL_SHAPES = [(2, 16, 5, 7), (3, 13, 11, 9), (1, 3, 40, 41), (20, 7, 3, 3), (5, 24, 2, 2), (2, 7, 4, 4),
+             (3, 5, 4, 8), (2, 19, 8, 12)]
 
 
 @pytest.mark.parametrize("shape", CL_SHAPES)
