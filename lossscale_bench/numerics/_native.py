@@ -172,6 +172,17 @@ static inline __attribute__((always_inline)) bscale block_scale(uint32_t mb, con
     return b;
 }
 
+/* block_scale of nb blocks, whose maxima are mb, into arrays: one loop over the blocks, which vectorises. */
+static inline __attribute__((always_inline)) void block_scales(
+        const uint32_t *restrict mb, int64_t nb, const int kind, int32_t mode, int32_t mbits, int32_t emax, float maxv,
+        float s_enc, int tensor_ok, float *restrict enc, float *restrict dec, int32_t *restrict ok,
+        int32_t *restrict sat) {
+    for (int64_t g = 0; g < nb; g++) {
+        bscale bs = block_scale(mb[g], kind, mode, mbits, emax, maxv, s_enc, tensor_ok);
+        enc[g] = bs.enc; dec[g] = bs.dec; ok[g] = bs.ok; sat[g] = bs.sat;
+    }
+}
+
 /* One element of a block round trip: v scaled by enc (kinds 1, 2), rounded (round_bits, or stochastic E2M1 with
    the element's flat logical index i), brought back by dec (and the tensor scale s_enc, kind 2); NaN where the
    block is not ok. */
@@ -258,10 +269,7 @@ static inline __attribute__((always_inline)) void block_pass(
             }
             mb[g] = m;
         }
-        for (int64_t g = 0; g < nb; g++) {
-            bscale bs = block_scale(mb[g], kind, mode, mbits, emax, maxv, s_enc, tensor_ok);
-            enc[g] = bs.enc; dec[g] = bs.dec; ok[g] = bs.ok; sat[g] = bs.sat;
-        }
+        block_scales(mb, nb, kind, mode, mbits, emax, maxv, s_enc, tensor_ok, enc, dec, ok, sat);
         for (int64_t g = 0; g < nb; g++)
             for (int64_t j = 0; j < block; j++)
                 yg[g * block + j] = block_elem(xg[g * block + j], enc[g], dec[g], ok[g], kind, stochastic,
@@ -299,10 +307,7 @@ static inline __attribute__((always_inline)) void column_pass(
                     uint32_t a = f2u(xr[j * C + c]) & 0x7fffffffu;
                     mb[c] = a > mb[c] ? a : mb[c];
                 }
-            for (int64_t c = 0; c < C; c++) {
-                bscale bs = block_scale(mb[c], kind, mode, mbits, emax, maxv, s_enc, tensor_ok);
-                enc[c] = bs.enc; dec[c] = bs.dec; ok[c] = bs.ok; sat[c] = bs.sat;
-            }
+            block_scales(mb, C, kind, mode, mbits, emax, maxv, s_enc, tensor_ok, enc, dec, ok, sat);
             const uint32_t base = (uint32_t)(n * C * HW + p0);
             for (int64_t j = 0; j < block; j++)
                 for (int64_t c = 0; c < C; c++)
