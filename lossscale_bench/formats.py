@@ -58,6 +58,19 @@ class FloatFormat:
         (stochastic MXFP4): those are rounded one tensor at a time."""
         return 1 if self.elementwise else None
 
+    def next_key(self):
+        """The random key the next :meth:`round` call draws (None: this format draws none). A caller that
+        rounds later than it would have (:meth:`round_each_`) draws it at the time, so the stream, and
+        every value, is the same as with a call per tensor."""
+        return None
+
+    def round_each_(self, tensors: list[torch.Tensor], keys: list) -> None:
+        """Round each tensor in place, tensor ``i`` as :meth:`round` would with ``keys[i]`` (from
+        :meth:`next_key`): the parameter gradients of a format that cannot round them concatenated
+        (``concat_block`` None), one backward's worth at a time. A format may do it with less dispatch."""
+        for t in tensors:
+            t.copy_(self.round(t))
+
     @property
     def u_min(self) -> float:
         """Lower end of the range the adaptive rule keeps gradients in (``get_range(dtype)[0]``)."""
@@ -209,8 +222,18 @@ class Fp4Format(FloatFormat):
     def round(self, t: torch.Tensor) -> torch.Tensor:
         from .numerics.fp4 import fp4_round
 
-        key = self.stream.next_key() if self.stochastic else None
-        return fp4_round(t, self.kind, stochastic=self.stochastic, key=key, mode=self.mode, weight=self.weight)
+        return fp4_round(t, self.kind, stochastic=self.stochastic, key=self.next_key(), mode=self.mode,
+                         weight=self.weight)
+
+    def next_key(self):
+        return self.stream.next_key() if self.stochastic else None
+
+    def round_each_(self, tensors: list[torch.Tensor], keys: list) -> None:
+        """:meth:`FloatFormat.round_each_` through ``fp4_round_each_``: the C loop looked up once for all
+        tensors, ~50 us a tensor less dispatch than a ``round`` each (issue 32 item 4), same values."""
+        from .numerics.fp4 import fp4_round_each_
+
+        fp4_round_each_(tensors, keys, self.kind, stochastic=self.stochastic, mode=self.mode, weight=self.weight)
 
     def census(self, g: torch.Tensor) -> torch.Tensor:
         if self.kind == "e2m1":

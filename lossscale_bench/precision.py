@@ -146,32 +146,38 @@ def install_emulation(model: nn.Module, forward_format: FloatFormat | None, grad
 
     observers: list = []
     pending: list[torch.Tensor] = []
+    keys: list = []
 
     def round_pending() -> None:
-        params = [p for p in pending if p.grad is not None]
+        drawn = keys[:] if grad_format.concat_block is None else [None] * len(pending)
+        params = [(p, k) for p, k in zip(pending, drawn) if p.grad is not None]
         pending.clear()
+        keys.clear()
         for observe in observers:
-            for p in params:
+            for p, _ in params:
                 observe(p, p.grad)
+        grads = [p.grad for p, _ in params]
         if grad_format.elementwise:
-            round_grads_(grad_format, [p.grad for p in params])
+            round_grads_(grad_format, grads)
+        elif grad_format.concat_block is not None:
+            round_block_grads_(grad_format, grads)
         else:
-            round_block_grads_(grad_format, [p.grad for p in params])
+            grad_format.round_each_(grads, [k for _, k in params])
 
     def grad_hook(p: torch.Tensor) -> None:
         if p.grad is None:
             return
-        if grad_format.concat_block is None:
-            for observe in observers:
-                observe(p, p.grad)
-            p.grad.copy_(grad_format.round(p.grad))
-            return
-        # formats that allow it (element-wise, mx32 blocks): every parameter gradient of this backward in
-        # one rounding call at its end (round_grads_, round_block_grads_), instead of one compiled-kernel
-        # call (~0.2 ms of dispatch, and for blocks a layout copy) per parameter
+        # every parameter gradient of this backward rounded at its end: in one call where the format
+        # allows it (element-wise, mx32 blocks: round_grads_, round_block_grads_) instead of one
+        # kernel call (~0.2 ms of dispatch, and for blocks a layout copy) per parameter; else one tensor
+        # at a time through the format's round_each_, with the random key each would have drawn here
+        # (drawn now, between the activation gradients' roundings, so the stream and the values are
+        # those of a rounding per parameter)
         if not pending:
             torch.autograd.Variable._execution_engine.queue_callback(round_pending)
         pending.append(p)
+        if grad_format.concat_block is None:
+            keys.append(grad_format.next_key())
 
     if round_param_grads:
         for p in model.parameters():

@@ -186,3 +186,56 @@ def test_stochastic_rounding_is_seeded_by_the_trial(tmp_path, monkeypatch):
     assert a == b and a != c and a[0] == c[0]  # the first loss comes before any gradient is rounded
     near0, near1 = (losses(s, f"n{s}", "fp8-e4m3-emulated") for s in (0, 1))
     assert near0 == near1  # the control: without stochastic rounding the trial seed changes nothing here
+
+
+@pytest.mark.parametrize("kind", ["nvfp4", "mxfp4"])
+@pytest.mark.parametrize("stochastic", [True, False])
+def test_parameter_gradients_rounded_at_the_end_of_backward_as_one_call_each_would(kind, stochastic):
+    # The parameter gradients of a per-tensor FP4 format are rounded together when the backward ends
+    # (Fp4Format.round_each_), with the keys drawn where a rounding per parameter drew them, between the
+    # activation gradients' roundings. The reference rounds each parameter at its own hook, from a stream
+    # with the same seed: every gradient must come out the same, bit for bit.
+    from lossscale_bench.formats import fp4_format
+    from lossscale_bench.precision import install_emulation
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(),
+                          nn.Conv2d(32, 8, 1), nn.Flatten(), nn.Linear(8 * 8 * 8, 5))
+    ref = type(model)(*[m for m in __import__("copy").deepcopy(model)])
+    x = torch.randn(4, 3, 8, 8).contiguous(memory_format=torch.channels_last)
+    model, ref = model.to(memory_format=torch.channels_last), ref.to(memory_format=torch.channels_last)
+
+    new_fmt = fp4_format(kind, stochastic=stochastic, seed=7)
+    install_emulation(model, E4M3, new_fmt)
+    model(x).square().sum().backward()
+
+    ref_fmt = fp4_format(kind, stochastic=stochastic, seed=7)
+    install_emulation(ref, E4M3, ref_fmt, round_param_grads=False)
+    def round_now(p):
+        p.grad.copy_(ref_fmt.round(p.grad))
+
+    for p in ref.parameters():
+        p.register_post_accumulate_grad_hook(round_now)
+    ref(x).square().sum().backward()
+
+    assert not stochastic or new_fmt.stream.calls == ref_fmt.stream.calls > 8
+    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+        assert torch.equal(p.grad.view(torch.int32), q.grad.view(torch.int32)), name
+        assert p.grad.abs().max() > 0, name
+
+
+def test_round_each_is_round_per_tensor_with_its_key():
+    from lossscale_bench.formats import fp4_format
+
+    g = torch.Generator().manual_seed(3)
+    shapes = [(16, 8, 3, 3), (40,), (7, 5), (4, 16, 4, 4), (3, 5, 2, 3)]
+    for kind in ("nvfp4", "mxfp4"):
+        ts = [torch.randn(s, generator=g) * 10.0 ** torch.randint(-3, 3, (), generator=g).item() for s in shapes]
+        ts[0] = ts[0].contiguous(memory_format=torch.channels_last)
+        ts[3] = ts[3].contiguous(memory_format=torch.channels_last)
+        a, b = fp4_format(kind, stochastic=True, seed=1), fp4_format(kind, stochastic=True, seed=1)
+        want = [b.round(t) for t in ts]
+        got = [t.clone() for t in ts]
+        a.round_each_(got, [a.next_key() for _ in got])
+        for w, r in zip(want, got):
+            assert torch.equal(w.view(torch.int32), r.view(torch.int32)) and w.stride() == r.stride()

@@ -298,9 +298,7 @@ def fp4_round(x: torch.Tensor, kind: str = "nvfp4", *, stochastic: bool = False,
     seed = key if key is not None else PROBE[1]
 
     def c_loop() -> NativeBlock | None:
-        return native_block(("fp4", kind, block, mode, stochastic, counts),
-                            lambda: NativeBlock(("e2m1", "mxfp4", "nvfp4").index(kind), block, mode, E2M1, stochastic,
-                                                counts, k.eager, PROBE))
+        return _c_loop(kind, block, mode, stochastic, counts)
 
     if compiled is None and not weight and native_takes(x) and (nk := c_loop()) is not None:
         res = nk(x.detach(), seed)  # the tensor as it lies: no flattening, padding or layout copies
@@ -319,6 +317,31 @@ def fp4_round(x: torch.Tensor, kind: str = "nvfp4", *, stochastic: bool = False,
     if is_channels_last(x) and not out.is_contiguous(memory_format=torch.channels_last):  # its layout back
         out = out.contiguous(memory_format=torch.channels_last)
     return (out, extra) if counts else out
+
+
+def _c_loop(kind: str, block: int, mode: str, stochastic: bool, counts: bool) -> NativeBlock | None:
+    """The probe-checked C loop of one FP4 configuration (``mode`` "" but for MXFP4), or None."""
+    return native_block(("fp4", kind, block, mode, stochastic, counts),
+                        lambda: NativeBlock(("e2m1", "mxfp4", "nvfp4").index(kind), block, mode, E2M1, stochastic,
+                                            counts, _kernel(kind, block, mode, stochastic, counts).eager, PROBE))
+
+
+def fp4_round_each_(xs: list[torch.Tensor], keys: list, kind: str = "nvfp4", *, stochastic: bool = False,
+                    mode: str = "floor", weight: bool = False) -> None:
+    """``x.copy_(fp4_round(x, kind, key=keys[i], ...))`` for every ``xs[i]``, the same values, with the C
+    loop looked up once: what a backward's parameter gradients cost in dispatch (``fp4_round``'s checks
+    and lookups, ~40 us a call) is paid once, not per tensor. Tensors the loop does not take go through
+    ``fp4_round``."""
+    nk = None
+    if not weight and xs and (kind in KINDS) and (kind != "mxfp4" or mode in MX_MODES):
+        nk = _c_loop(kind, _BLOCK[kind], mode if kind == "mxfp4" else "", stochastic, False)
+    for x, key in zip(xs, keys):
+        if stochastic and key is None:
+            raise ValueError("stochastic rounding needs a key (Fp4Stream.next_key())")
+        if nk is not None and x.numel() and native_takes(x):
+            x.copy_(nk(x.detach(), key if key is not None else PROBE[1]))
+        else:
+            x.copy_(fp4_round(x, kind, stochastic=stochastic, key=key, mode=mode, weight=weight))
 
 
 def round_e2m1(x: torch.Tensor, stochastic: bool = False, key: torch.Tensor | None = None) -> torch.Tensor:

@@ -1,0 +1,122 @@
+"""Each row's cost per image against the first row's, with the rows' iterations interleaved in one process.
+
+Why (issues 28 and 32): ``trial_cost.py`` times each row in a process of its own, one after another, so a
+row's ratio carries whatever the machine did between the two processes: on this 2-vCPU VM one run's
+ratio moved by about ±0.07, and two trees' identical FP32 rows once came out 12 % apart
+(docs/benchmarks.md). Targets like "≤ 1.3× FP32" cannot be decided that way. Here every row is built
+with the trial's own parts (:func:`lossscale_bench.trial.setup.build_parts` and
+:func:`lossscale_bench.trial.runner._trainer`: its data, precision, scaler and telemetry hooks, exactly
+as ``trial_cost.py`` builds them) in one process, and one iteration of each row runs in turn (the batch
+fetch, every hook and the training step, as ``Trainer.run`` does), the rows' order rotating every round.
+Drift and background load then hit every row alike, and each ratio comes with a 95 % interval: a
+percentile bootstrap over rounds (seeded) of the ratio of mean iteration times.
+
+What it does not time: process start, build, the first ``--warmup`` iterations (first calls, compiles),
+evaluation and MLflow writes (``trial_cost.py`` does). The rows share the process's caches, which each
+pays about alike.
+
+    .venv/bin/python benchmarks/step_ratio.py --study studies/methods_fp4.yaml --rows 0 1 7 11
+    .venv/bin/python benchmarks/step_ratio.py --rows 0 1 4 5 6 7 8     # the default study's rows
+
+Prints a markdown table for docs/benchmarks.md, with the CPU model and its vector extensions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def build(study: str, row: int, seed: int, threads: int):
+    """A trial's trainer for one row of ``study`` (seed ``seed``), its evaluation switched off."""
+    from lossscale_bench.data.dali import make_batches
+    from lossscale_bench.sink import MemorySink
+    from lossscale_bench.study import load_study
+    from lossscale_bench.trial import runner, setup
+
+    cfg = [t for t in load_study(study).trials() if t.seed == seed][row]
+    d = cfg.to_dict()
+    d["schedule"] = {**d["schedule"], "iterations": 10 ** 9}
+    d["eval"] = {**d["eval"], "every": None}
+    cfg = runner._as_config(d)
+    sink = MemorySink()
+    tmp = Path(tempfile.mkdtemp())
+    parts = setup.build_parts(cfg, sink, tmp, threads)
+    trainer = runner._trainer(cfg, parts, sink, tmp, tmp / "ck.pt", 10 ** 9, 0, None)
+    trainer.batches = iter(make_batches(cfg, parts.train_ds, 0))
+    for h in trainer.hooks:
+        h.before_train(trainer)
+    return cfg.label, cfg.batch_size, trainer
+
+
+def one_iteration(trainer) -> float:
+    """Seconds for one iteration as ``Trainer.run`` runs it: the next batch, the hooks, the step."""
+    t0 = time.perf_counter()
+    _, images, targets = next(trainer.batches)
+    for h in trainer.hooks:
+        h.before_step(trainer, trainer.state.step + 1)
+    record = trainer.train_step(images, targets)
+    for h in trainer.hooks:
+        h.after_step(trainer, record)
+    return time.perf_counter() - t0
+
+
+def ratio_interval(row: list[float], base: list[float], n: int = 2000, seed: int = 0) -> tuple[float, float, float]:
+    """``mean(row) / mean(base)`` over paired rounds, and its 95 % percentile bootstrap interval."""
+    rng = random.Random(seed)
+    k = len(row)
+    point = statistics.fmean(row) / statistics.fmean(base)
+    boots = []
+    for _ in range(n):
+        idx = [rng.randrange(k) for _ in range(k)]
+        boots.append(sum(row[i] for i in idx) / sum(base[i] for i in idx))
+    boots.sort()
+    return point, boots[int(0.025 * n)], boots[int(0.975 * n) - 1]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--study", default=str(ROOT / "studies" / "smoke.yaml"))
+    ap.add_argument("--rows", type=int, nargs="+", default=[0, 1], help="row indices; the first is the reference")
+    ap.add_argument("--iterations", type=int, default=150, help="timed iterations per row")
+    ap.add_argument("--warmup", type=int, default=10, help="untimed iterations per row first")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (a study trial runs with 1)")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+
+    import torch
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from trial_cost import cpu_description
+
+    torch.set_num_threads(args.threads)
+    t_start = time.perf_counter()
+    rows = [build(args.study, r, args.seed, args.threads) for r in args.rows]
+    times: list[list[float]] = [[] for _ in rows]
+    for rnd in range(args.warmup + args.iterations):
+        shift = rnd % len(rows)
+        for i in list(range(shift, len(rows))) + list(range(shift)):
+            dt = one_iteration(rows[i][2])
+            if rnd >= args.warmup:
+                times[i].append(dt)
+    base = times[0]
+    print(f"{cpu_description()}; torch threads {args.threads}; {args.study}, seed {args.seed}; "
+          f"{args.iterations} timed iterations per row after {args.warmup}, interleaved; "
+          f"{time.perf_counter() - t_start:.0f} s in all\n")
+    print("| row | iteration mean (ms) | iteration median (ms) | per image vs first row [95 % interval] |")
+    print("|---|---|---|---|")
+    for (label, batch, _), t in zip(rows, times):
+        r, lo, hi = ratio_interval([a / batch for a in t], [b / rows[0][1] for b in base])
+        print(f"| {label} | {1000 * statistics.fmean(t):.1f} | {1000 * statistics.median(t):.1f} | "
+              f"{r:.3f}× [{lo:.3f}, {hi:.3f}] |")
+
+
+if __name__ == "__main__":
+    main()
