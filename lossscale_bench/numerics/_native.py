@@ -15,7 +15,7 @@ The block round trips (``lsb_block_round``, issues 28 and 32) add what the torch
 a channels_last gradient was copied into the blocks' logical order and back around each call. The C loop
 reads it as it lies where every block stays inside one (image, channel) plane (H*W a multiple of the block:
 every large activation gradient of the SSD models): a block is then one float in each of `block` rows of C
-floats, so all C channels' blocks are reduced, scaled and rounded together along the unit stride (2-3x
+floats, so all C channels' blocks are reduced, scaled and rounded together along the unit stride (~1.5x
 cheaper than the transposes, seventh session). Elsewhere (weight gradients' 3x3 planes, odd map sizes) it
 transposes each image into logical order in 16x16 tiles in a per-thread buffer (one image at a time where no
 block straddles two), and pads a ragged last block inside. Measured in docs/benchmarks.md.
