@@ -57,7 +57,8 @@ def build(study: str, row: int, seed: int, threads: int):
 
 
 def one_iteration(trainer) -> float:
-    """Seconds for one iteration as ``Trainer.run`` runs it: the next batch, the hooks, the step."""
+    """Seconds for one iteration as ``Trainer.run`` runs it: the next batch, the hooks, the step (its loop
+    body, copied rather than called, so that the script times commits from before it too)."""
     t0 = time.perf_counter()
     _, images, targets = next(trainer.batches)
     for h in trainer.hooks:
