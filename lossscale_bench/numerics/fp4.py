@@ -297,17 +297,16 @@ def fp4_round(x: torch.Tensor, kind: str = "nvfp4", *, stochastic: bool = False,
     k = _kernel(kind, block, mode, stochastic, counts)
     seed = key if key is not None else PROBE[1]
 
-    def c_loop() -> NativeBlock | None:
-        return _c_loop(kind, block, mode, stochastic, counts)
-
-    if compiled is None and not weight and native_takes(x) and (nk := c_loop()) is not None:
+    if (compiled is None and not weight and native_takes(x)
+            and (nk := _c_loop(kind, block, mode, stochastic, counts)) is not None):
         res = nk(x.detach(), seed)  # the tensor as it lies: no flattening, padding or layout copies
         return (res[0], FlushSaturate(*res[1:])) if counts else res
     x1, lay = _flatten(x, block, weight)
     seed = seed.to(x1.device)
     # Dynamo specialises sizes 0 and 1: a single block runs eager instead of a second graph
     small = x1.numel() < 2 * block
-    nk = c_loop() if compiled is None and native_takes(x1) else None  # NVFP4's 16x16 weight tiles, laid out
+    # NVFP4's 16x16 weight tiles, laid out
+    nk = _c_loop(kind, block, mode, stochastic, counts) if compiled is None and native_takes(x1) else None
     if nk is not None:
         res = nk(x1, seed)
     else:
