@@ -53,17 +53,23 @@ def _grads(m: nn.Module, x, w, b, g_in, g_w, need_x: bool):
                                                    list(m.padding), list(m.dilation), False, [0, 0], m.groups, mask)
     if g_in is g_w:
         return conv_bwd(g_in, [need_x, True, b is not None])
-    dx, _, db = conv_bwd(g_in, [need_x, False, b is not None])
+    # the bias gradient as a sum, not from the dgrad call: oneDNN computes a bias gradient with its
+    # weight-gradient kernel, so asking the dgrad call for it cost a second wgrad's time (~3 ms of ~6 on
+    # ssd_tiny's largest layers; docs/benchmarks.md). The sum adds in another order than oneDNN's: the
+    # bias gradient's last bits differ from before (a new run of a Hadamard row gives other digits).
+    dx = conv_bwd(g_in, [need_x, False, False])[0] if need_x else None
+    db = g_in.sum((0, 2, 3)) if b is not None else None
     return dx, conv_bwd(g_w, [False, True, False])[1], db
 
 
-def _tokens_last(g: torch.Tensor, conv: bool) -> tuple[torch.Tensor, callable]:
-    """``g`` as ``[channels, tokens]`` (the wgrad product's reduction runs over the tokens) and the inverse."""
+def _tokens_first(g: torch.Tensor, conv: bool) -> tuple[torch.Tensor, callable]:
+    """``g`` as ``[tokens, channels]`` (the wgrad product's reduction runs over the tokens) and the inverse;
+    a view of a channels_last conv gradient or a linear's, whose memory is already in that order."""
     if conv:
         n, c, h, w = g.shape
-        return g.transpose(0, 1).reshape(c, -1), lambda t: t.reshape(c, n, h, w).transpose(0, 1)
+        return g.permute(0, 2, 3, 1).reshape(-1, c), lambda t: t.reshape(n, h, w, c).permute(0, 3, 1, 2)
     shape = g.shape
-    return g.reshape(-1, shape[-1]).T, lambda t: t.T.reshape(shape)
+    return g.reshape(-1, shape[-1]), lambda t: t.reshape(shape)
 
 
 class _Fp4Layer(torch.autograd.Function):
@@ -83,8 +89,8 @@ class _Fp4Layer(torch.autograd.Function):
         g_in = g if bwd is None else bwd.round(g)
         g_w = g_in
         if ctx.hadamard:
-            g2, back = _tokens_last(g, isinstance(ctx.m, nn.Conv2d))
-            g_w = back(hadamard_round(g2, (lambda t: t) if bwd is None else bwd.round)).contiguous()
+            rows, back = _tokens_first(g, isinstance(ctx.m, nn.Conv2d))
+            g_w = back(hadamard_round(rows, (lambda t: t) if bwd is None else bwd.round))
         dx, dw, db = _grads(ctx.m, x, wq, b, g_in, g_w, ctx.needs_input_grad[1])
         return None, dx, dw, db, None, None, None, None, None
 

@@ -98,22 +98,61 @@ def test_block_format_telemetry_counts_in_the_scaled_domain():
     assert nv.stream.calls == calls  # the census draws no random numbers
 
 
-def test_hadamard_round_is_orthogonal_and_moves_only_the_weight_gradient():
-    assert torch.equal(H16 @ H16.T, torch.eye(16))
-    g = torch.randn(6, 40)
-    assert torch.allclose(hadamard_round(g, lambda t: t), g, atol=1e-6)
+def _hadamard_by_channel(g2: torch.Tensor, round_fn) -> torch.Tensor:
+    """The transform written out per channel (``g2``: ``[channels, tokens]``): every group of 16 tokens
+    ``t = H v``, rounded as one ``[channels, padded tokens]`` matrix, then ``H^T t``."""
+    c, k = g2.shape
+    pad = -k % 16
+    x = torch.cat([g2, torch.zeros(c, pad)], 1)
+    t = torch.stack([torch.cat([H16 @ x[i, j:j + 16] for j in range(0, k + pad, 16)]) for i in range(c)])
+    q = round_fn(t)
+    back = torch.stack([torch.cat([H16.T @ q[i, j:j + 16] for j in range(0, k + pad, 16)]) for i in range(c)])
+    return back[:, :k]
 
+
+@pytest.mark.parametrize("tokens,channels", [(64, 16), (72, 12), (40, 6), (16, 1)])
+def test_hadamard_round_is_the_per_channel_transform(tokens, channels):
+    # Integer inputs keep every sum of the transform exact (entries +-1/4), whatever order a matrix product
+    # adds in, so the comparison can be bit for bit; the rounding sees the [channels, tokens] matrix (its
+    # logical order: NVFP4 blocks of 16 along the tokens, the stochastic draws of that matrix).
+    assert torch.equal(H16 @ H16.T, torch.eye(16))
+    g2 = torch.randint(-64, 65, (channels, tokens)).float()
+    seen = []
+
+    def identity(t):
+        seen.append(t.reshape(channels, -1).clone() if t.dim() == 2 else t[0, :, 0, :].clone())
+        return t
+
+    assert torch.equal(hadamard_round(g2.T.contiguous(), identity), g2.T)
+    _hadamard_by_channel(g2, identity)
+    assert torch.equal(seen[0], seen[1])
+    key = torch.tensor(11)
+    want = _hadamard_by_channel(g2, lambda t: fp4_round(t, "nvfp4", stochastic=True, key=key))
+    got = hadamard_round(g2.T.contiguous(), lambda t: fp4_round(t, "nvfp4", stochastic=True, key=key))
+    # the inverse adds rounded values of any size: its sums may round, to within the largest value's ulps
+    assert torch.allclose(got.T, want, rtol=0, atol=1e-6 * want.abs().max().item())
+    assert not torch.equal(got.T, g2)
+
+
+@pytest.mark.parametrize("layer", ["linear", "conv"])
+def test_hadamard_moves_only_the_weight_gradient(layer):
     def grads(hadamard):
         torch.manual_seed(0)
-        lin = nn.Linear(16, 8)
+        if layer == "linear":
+            mod, x = nn.Linear(16, 8), torch.randn(64, 16, requires_grad=True)
+        else:
+            mod = nn.Conv2d(4, 8, 3, padding=1).to(memory_format=torch.channels_last)
+            x = torch.randn(2, 4, 6, 6).contiguous(memory_format=torch.channels_last).requires_grad_()
         p = get_precision("e4m3fwd-nvfp4grad-emulated", fp4_rounding="nearest", wgrad_hadamard=hadamard)
-        p.prepare(lin)
-        x = torch.randn(64, 16, requires_grad=True)
-        (lin(x) * torch.linspace(-3, 3, 8)).pow(3).sum().backward()
-        return x.grad, lin.weight.grad, lin.bias.grad
+        p.prepare(mod)
+        weights = torch.linspace(-3, 3, 8).reshape(8, *([1, 1] if layer == "conv" else []))
+        (mod(x) * weights).pow(3).sum().backward()
+        return x.grad, mod.weight.grad, mod.bias.grad
 
     (dx0, dw0, db0), (dx1, dw1, db1) = grads(False), grads(True)
-    assert torch.equal(dx0, dx1) and torch.equal(db0, db1) and not torch.equal(dw0, dw1)
+    assert torch.equal(dx0, dx1) and not torch.equal(dw0, dw1)
+    # a conv's bias gradient is a sum of the same rounded gradient, in another order than oneDNN's
+    assert torch.equal(db0, db1) if layer == "linear" else torch.allclose(db0, db1, rtol=1e-5, atol=0)
 
 
 def test_nvfp4_forward_rounds_the_weights_in_16x16_tiles():

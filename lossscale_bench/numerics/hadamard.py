@@ -41,15 +41,25 @@ def _matrix() -> torch.Tensor:
 H16 = _matrix()
 
 
-def hadamard_round(g2: torch.Tensor, round_fn: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
-    """``H^T round_fn(H g)`` along dimension 1 of the 2-D ``g2`` (``[channels, tokens]``), in groups
-    of 16 tokens (a ragged last group is zero-padded for the transform and the padding dropped).
-    ``round_fn`` sees the transformed ``[channels, padded tokens]`` tensor, so its blocks of 16 run
-    along the tokens, as NVFP4's columnwise quantisation of the wgrad operand does."""
-    c, k = g2.shape
+def hadamard_round(rows: torch.Tensor, round_fn: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """``H^T round_fn(H g)`` over groups of 16 consecutive rows of ``rows`` (``[tokens, channels]``; a
+    ragged last group is zero-padded for the transform and the padding dropped).
+
+    ``round_fn`` sees the transformed gradient as a ``[1, channels, 1, padded tokens]`` channels_last
+    tensor: its logical order is ``[channels, tokens]``, so its blocks of 16 run along the tokens, as
+    NVFP4's columnwise quantisation of the wgrad operand does, and its draws are those of the
+    ``[channels, tokens]`` matrix. Why tokens-major (issue 32 item 4): a conv's gradient is channels_last
+    and a linear's is ``[tokens, channels]`` already, so neither the transform, the rounding (its C loop
+    reads channels_last blocks by columns) nor the inverse copies it into another order; the two
+    products are batched ``16x16 @ 16xC`` matrix products, each entry the same 16 terms as the
+    channels-major form's (on this machine the same bits, tests/test_precision_fp4.py)."""
+    k, c = rows.shape
     pad = -k % SIZE
-    x = F.pad(g2.float(), (0, pad)) if pad else g2.float()
+    x = rows.float()
+    if pad:
+        x = F.pad(x, (0, 0, 0, pad))
     h = H16.to(x.device)
-    t = (x.reshape(c, -1, SIZE) @ h.T).reshape(c, k + pad)
-    back = (round_fn(t).reshape(c, -1, SIZE) @ h).reshape(c, k + pad)
-    return back[:, :k].to(g2.dtype)
+    t = torch.matmul(h, x.reshape(-1, SIZE, c))  # [groups, 16, channels]
+    q = round_fn(t.reshape(1, 1, k + pad, c).permute(0, 3, 1, 2))
+    back = torch.matmul(h.T, q.permute(0, 2, 3, 1).reshape(-1, SIZE, c))
+    return back.reshape(k + pad, c)[:k].to(rows.dtype)
