@@ -11,10 +11,17 @@ backward computes both products from it. Two parts of NVIDIA's NVFP4 recipe need
   recipe tiles weights 16x16); the weight gradient reaches the fp32 weight unchanged (a
   straight-through estimate, as real FP4 training does).
 
-:class:`_Fp4Layer` does this for ``Conv2d`` (zero padding, numeric ``padding``) and ``Linear``:
-the module's own forward result is reused when the weight is not rounded (its graph is dropped),
-recomputed from the rounded weight when it is, and its backward calls the two products itself.
-Other layers (ConvTranspose2d, ``padding="same"``) keep the plain rounding (:func:`supported`).
+:class:`_Fp4Layer` does this for ``Conv2d`` (zero padding, numeric ``padding``) and ``Linear``: the
+module's own forward result is reused (its graph is dropped; with NVFP4 weights the module computed it
+with :func:`round_weight`'s weight in the parameter's place), and its backward calls the two products
+itself. Other layers (ConvTranspose2d, ``padding="same"``) keep the plain rounding (:func:`supported`).
+
+A per-layer loss scaler (adaptive, layer-wise dynamic, amax) scales the input gradient of each layer
+inside that layer's backward; here that backward is :class:`_Fp4Layer`'s, so the node follows the
+scalers' protocol (:mod:`lossscale_bench.scaling.adaptive_layers`): it names its module
+(``ctx.layer_module``), takes the layer input as its first input, and computes the input gradient with
+the weight ``ctx.input_grad_weight(ctx, g, w)`` returns when a scaler has set that attribute. Without it
+the scalers found no layer in a split model and silently scaled nothing.
 """
 
 from __future__ import annotations
@@ -33,12 +40,6 @@ def supported(m: nn.Module) -> bool:
     if isinstance(m, nn.Linear):
         return True
     return (type(m) is nn.Conv2d and m.padding_mode == "zeros" and not isinstance(m.padding, str))
-
-
-def _forward(m: nn.Module, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
-    if isinstance(m, nn.Linear):
-        return F.linear(x, w, b)
-    return F.conv2d(x, w, b, m.stride, m.padding, m.dilation, m.groups)
 
 
 def _grads(m: nn.Module, x, w, b, g_in, g_w, need_x: bool):
@@ -73,13 +74,15 @@ def _tokens_first(g: torch.Tensor, conv: bool) -> tuple[torch.Tensor, callable]:
 
 
 class _Fp4Layer(torch.autograd.Function):
+    """``x`` comes first so that the node's edge 0 is the layer input, as for the per-layer scalers' own
+    layer Functions (module doc: "A per-layer loss scaler")."""
+
     @staticmethod
-    def forward(ctx, y, x, w, b, m, fwd, bwd, weight_fmt, hadamard):  # type: ignore[override]
-        wq = w if weight_fmt is None else weight_fmt.round(w)
-        if weight_fmt is not None:
-            y = _forward(m, x, wq, b)
-        ctx.save_for_backward(x, wq, b)
+    def forward(ctx, x, y, w, b, wq, m, fwd, bwd, hadamard):  # type: ignore[override]
+        ctx.save_for_backward(x, w if wq is None else wq, b)
         ctx.m, ctx.bwd, ctx.hadamard = m, bwd, hadamard
+        #: the module whose backward this node computes (the per-layer scalers' protocol, module doc)
+        ctx.layer_module = m
         return not_a_view(y if fwd is None else fwd.round(y), y)  # a view would break in-place ops after the layer
 
     @staticmethod
@@ -91,11 +94,23 @@ class _Fp4Layer(torch.autograd.Function):
         if ctx.hadamard:
             rows, back = _tokens_first(g, isinstance(ctx.m, nn.Conv2d))
             g_w = back(hadamard_round(rows, (lambda t: t) if bwd is None else bwd.round))
-        dx, dw, db = _grads(ctx.m, x, wq, b, g_in, g_w, ctx.needs_input_grad[1])
-        return None, dx, dw, db, None, None, None, None, None
+        scale_hook = getattr(ctx, "input_grad_weight", None)
+        w_dx = wq if scale_hook is None else scale_hook(ctx, g_in, wq)
+        dx, dw, db = _grads(ctx.m, x, w_dx, b, g_in, g_w, ctx.needs_input_grad[0])
+        return dx, None, dw, db, None, None, None, None, None
+
+
+def round_weight(m: nn.Module, weight_fmt: FloatFormat) -> torch.Tensor:
+    """``m.weight`` rounded to ``weight_fmt`` (no graph: the weight gradient reaches the fp32 weight
+    unchanged, :class:`_Fp4Layer`), for the forward product: :func:`lossscale_bench.precision.install_emulation`
+    puts it in place of the weight for the duration of the module's forward, so the product is computed
+    once, with it."""
+    with torch.no_grad():
+        return weight_fmt.round(m.weight.detach())
 
 
 def fp4_layer(m: nn.Module, x: torch.Tensor, y: torch.Tensor, fwd: FloatFormat | None, bwd: FloatFormat | None,
-              weight_fmt: FloatFormat | None, hadamard: bool) -> torch.Tensor:
-    """The layer output ``y = m(x)`` replaced by one whose backward splits as the module doc says."""
-    return _Fp4Layer.apply(y.detach(), x, m.weight, m.bias, m, fwd, bwd, weight_fmt, hadamard)
+              wq: torch.Tensor | None, hadamard: bool) -> torch.Tensor:
+    """The layer output ``y = m(x)`` replaced by one whose backward splits as the module doc says; ``wq``:
+    the rounded weight ``y`` was computed with (:func:`round_weight`), or None for the weight itself."""
+    return _Fp4Layer.apply(x, y.detach(), m.weight, m.bias, wq, m, fwd, bwd, hadamard)

@@ -47,7 +47,7 @@ import torch
 from torch import nn
 
 from .formats import E4M3_NAN, FORMATS, FP16, FloatFormat, block_scaled, fp4_format, Fp4Format
-from .fp4_layers import fp4_layer, supported
+from .fp4_layers import fp4_layer, round_weight, supported
 from .numerics.fp8 import is_channels_last
 from .numerics.fp8 import not_a_view as _not_a_view
 from .registry import PRECISIONS
@@ -134,15 +134,36 @@ def install_emulation(model: nn.Module, forward_format: FloatFormat | None, grad
             return round_through(output, forward_format, grad_format)
         return output
 
+    #: module -> (its weight parameter, the rounded weight standing in for it during the module's forward)
+    swapped: dict[nn.Module, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def weight_hook(module, inputs):
+        # the forward product computed once, with the rounded weight in the parameter's place (a forward
+        # hook that recomputed it cost a second product per layer: issue 32 item 4); the split hook puts
+        # the parameter back, also when the forward raised (always_call)
+        param = module._parameters["weight"]
+        wq = round_weight(module, weight_format)
+        swapped[module] = (param, wq)
+        module._parameters["weight"] = wq
+
     def split_hook(module, inputs, output):  # fp4_layers: the weight rounded, or the wgrad path transformed
+        wq = None
+        if module in swapped:
+            param, wq = swapped.pop(module)
+            module._parameters["weight"] = param
         if isinstance(output, torch.Tensor) and output.is_floating_point():
-            return fp4_layer(module, inputs[0], output, forward_format, grad_format, weight_format, wgrad_hadamard)
+            return fp4_layer(module, inputs[0], output, forward_format, grad_format, wq, wgrad_hadamard)
         return out_hook(module, inputs, output)
 
     split = weight_format is not None or wgrad_hadamard
     for m in model.modules():
         if isinstance(m, EMULATED_LAYERS):
-            handles.append(m.register_forward_hook(split_hook if split and supported(m) else out_hook))
+            if split and supported(m):
+                if weight_format is not None:
+                    handles.append(m.register_forward_pre_hook(weight_hook))
+                handles.append(m.register_forward_hook(split_hook, always_call=True))
+            else:
+                handles.append(m.register_forward_hook(out_hook))
 
     observers: list = []
     pending: list[torch.Tensor] = []

@@ -168,6 +168,67 @@ def test_nvfp4_forward_rounds_the_weights_in_16x16_tiles():
     assert x.grad is not None and conv.weight.grad is not None and torch.isfinite(conv.weight.grad).all()
 
 
+def _split_net():
+    torch.manual_seed(3)
+    return nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 16, 3, padding=1), nn.ReLU(),
+                         nn.Flatten(), nn.Linear(16 * 8 * 8, 4)).to(memory_format=torch.channels_last)
+
+
+def _input_grad(precision, entry, scale_fn=None, **opts):
+    """The model input's gradient (as the loss scales carry it) and the scaler, after one backward."""
+    from lossscale_bench.scaling import build_scaler
+    from lossscale_bench.scaling.adaptive import AdaptiveLossScaler
+
+    net = _split_net()
+    p = get_precision(precision, **opts)
+    scaler = (AdaptiveLossScaler(net, scale_fn=scale_fn) if scale_fn else
+              build_scaler(entry, model=net, grad_format=p.grad_format))
+    p.prepare(net)
+    x = torch.randn(2, 3, 8, 8).contiguous(memory_format=torch.channels_last).requires_grad_()
+    scaler.scale(net(x).pow(2).mean() * 1e3).backward()
+    return x.grad, scaler
+
+
+@pytest.mark.parametrize("entry", [{"method": "adaptive"}, {"method": "layerwise_dynamic", "init_scale": 4.0},
+                                   {"method": "amax", "recipe": "current", "margin": 1}])
+def test_per_layer_scalers_scale_the_split_layers(entry):
+    # The Hadamard transform's layers compute their backward in fp4_layers: a per-layer scaler must still
+    # find them (it found none, and scaled nothing) and fold its factor into the input-gradient product,
+    # which the transform does not touch: the input gradient and every layer's scale are those of the
+    # same precision without the transform (nearest rounding: the transform's extra draws cannot differ).
+    plain, s0 = _input_grad("e4m3fwd-nvfp4grad-emulated", entry, fp4_rounding="nearest")
+    split, s1 = _input_grad("e4m3fwd-nvfp4grad-emulated", entry, fp4_rounding="nearest", wgrad_hadamard=True)
+    assert s1._last_plan["layers"] == s0._last_plan["layers"] == 3
+    assert torch.equal(plain, split)
+    assert [r["scale"] for r in s0.layer_table()] == [r["scale"] for r in s1.layer_table()]
+
+
+@pytest.mark.parametrize("opts", [{"wgrad_hadamard": True}, {}])
+def test_per_layer_factors_reach_the_input_gradient_through_nvfp4_weights(opts):
+    # NVFP4 forward values and weights (the recipe's precision) split every layer: a factor of 4 per layer
+    # must multiply the input gradient by 4 per layer above it, exactly (NVFP4 rounding has a per-tensor
+    # scale: a power of two passes through it unchanged)
+    one, _ = _input_grad("nvfp4fwd-nvfp4grad-emulated", None, scale_fn=lambda *a: 1.0, fp4_rounding="nearest", **opts)
+    four, s = _input_grad("nvfp4fwd-nvfp4grad-emulated", None, scale_fn=lambda *a: 4.0, fp4_rounding="nearest", **opts)
+    assert s._last_plan["layers"] == 3 and one.abs().max() > 0
+    assert torch.equal(four, one * 4.0 ** 3)
+
+
+def test_nvfp4_weights_computed_once_and_the_parameter_always_put_back(monkeypatch):
+    conv = nn.Conv2d(4, 20, 3, padding=1)
+    param = conv.weight
+    get_precision("nvfp4fwd-nvfp4grad-emulated").prepare(conv)
+    calls = []
+    real = F.conv2d
+    monkeypatch.setattr(F, "conv2d", lambda x, w, *a: calls.append(w) or real(x, w, *a))
+    conv(torch.randn(2, 4, 6, 6, requires_grad=True)).sum().backward()
+    assert len(calls) == 1 and torch.equal(calls[0], fp4_round(param.detach(), "nvfp4", weight=True))
+    assert conv.weight is param and conv.weight.grad is not None and list(conv.parameters())[0] is param
+    with pytest.raises(RuntimeError):
+        conv(torch.randn(2, 3, 6, 6))  # wrong channel count: the forward raises with the rounded weight in place
+    assert conv.weight is param and isinstance(conv.weight, nn.Parameter)
+
+
 def test_probe_sees_fp4_gradients_before_rounding():
     torch.manual_seed(2)
     model = nn.Sequential(nn.Linear(16, 16), nn.Linear(16, 1))

@@ -244,6 +244,21 @@ def _point_hook(info: _PointInfo):
 _SCALING_NODE_TYPES = (_AdaConv2d._backward_cls, _AdaLinear._backward_cls,  # type: ignore[attr-defined]
                        _AdaCast._backward_cls)  # type: ignore[attr-defined]
 
+
+def is_scaling_node(node: Any) -> bool:
+    """Whether the backward ``node`` scales the gradient it sends upstream: our layer Functions and output
+    points, or another autograd Function that computes an attached layer's backward itself.
+
+    That other Function (the FP4 emulation's split backward, :mod:`lossscale_bench.fp4_layers`) follows a
+    protocol, so that this package never imports it: it names its module as ``ctx.layer_module``, takes the
+    layer input as its first input (the edge that carries the layer's new scale), and computes the input
+    gradient with the weight ``ctx.input_grad_weight(ctx, g, w)`` returns once :meth:`_Iteration.install`
+    has set that attribute (:func:`_input_grad_weight`: ``s * w``)."""
+    if isinstance(node, _SCALING_NODE_TYPES):
+        return True
+    module = getattr(node, "layer_module", None)
+    return module is not None and _ATTACHED.get(module) is not None
+
 #: module -> _LayerInfo of the scaler attached to it (a copied module is not in here: it runs unpatched)
 _ATTACHED: "weakref.WeakKeyDictionary[nn.Module, _LayerInfo]" = weakref.WeakKeyDictionary()
 
@@ -327,11 +342,14 @@ class _Iteration:
         later backward passes of the step convert their gradients to it.
         """
         self.handles.append(root.register_prehook(self.on_backward_start))
+        for node, in_id, out_id in plan.layers:
+            node._ada = (self, in_id, out_id)
+            if not isinstance(node, _SCALING_NODE_TYPES):  # another Function's layer (is_scaling_node)
+                node.info = _ATTACHED[node.layer_module]
+                node.input_grad_weight = _input_grad_weight
         #: (layer info, id of the scale arriving, id of the scale it sends upstream): per-layer scalers
         #: built on this machinery (the layer-wise dynamic one) read which parameters carry which layer's scale
         self.layer_ids = [(getattr(node, "info", None), in_id, out_id) for node, in_id, out_id in plan.layers]
-        for node, in_id, out_id in plan.layers:
-            node._ada = (self, in_id, out_id)
         consumers: dict[int, tuple[Any, list[tuple[int, int, int]]]] = {}
         for spec in plan.merges:
             mi = len(self.merges)

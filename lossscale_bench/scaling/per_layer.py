@@ -38,7 +38,7 @@ from torch import nn
 from ..formats import FP16, FloatFormat
 from ..registry import LAYER_SCALE_SUFFIX
 from ._graph import ROOT_SCALE_ID, analyse
-from .adaptive_layers import _ATTACHED, _SCALING_NODE_TYPES, _is_ours, _Iteration, _LayerInfo, _PatchedForward
+from .adaptive_layers import _ATTACHED, _is_ours, _Iteration, _LayerInfo, _PatchedForward, is_scaling_node
 from .base import LossScaler, all_reduce_flag, unscale_group_
 
 __all__ = ["PerLayerLossScaler", "PointLossScaler", "LOSS_POINT"]
@@ -150,7 +150,7 @@ class PerLayerLossScaler(LossScaler):
         root = scaled.grad_fn
         if root is None:
             return scaled
-        plan = analyse(root, lambda n: isinstance(n, _SCALING_NODE_TYPES))
+        plan = analyse(root, is_scaling_node)
         recompute = self._iteration_recomputes()
         it = _Iteration(self, plan.n_ids, torch.full((), self.init_scale, dtype=_F32, device=loss.device), recompute)
         it.install(root, plan, self._carried, self.unscale_in_backward)
