@@ -30,7 +30,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ._graph import ROOT_SCALE_ID
-from .adaptive_rule import _max_abs, backward_fan_in, branch_target_scale
+from ..numerics.amax import max_abs_value
+from .adaptive_rule import _max_abs, backward_fan_in, branch_target_scale, branch_target_scale_host
 
 _F32 = torch.float32
 
@@ -416,15 +417,24 @@ class _Iteration:
             m.order = []
 
     def _combine(self, m: _Merge) -> torch.Tensor | None:
-        scales = torch.stack([self.vals[sid] for sid in m.ids])
+        scale_ts = [self.vals[sid] for sid in m.ids]
         live = [(m.stash[k], self.vals[m.ids[k]]) for k in m.order if m.stash[k] is not None]
         if not live:
-            self.vals[m.out_id] = scales.amax()
+            self.vals[m.out_id] = torch.stack(scale_ts).amax()
             return None
         # every branch scale is a candidate, also those of branches whose gradient is None (zero)
-        zero = torch.zeros((), dtype=_F32, device=scales.device)
-        max_abs = torch.stack([zero if g is None else _max_abs(g) for g in m.stash])
-        t = branch_target_scale(max_abs, scales, self.scaler.grad_format.u_max)
+        u_max = self.scaler.grad_format.u_max
+        t = None
+        if all(s.device.type == "cpu" and s.dtype == _F32 for s in scale_ts):
+            # on the host: the same decision, without ~20 ops on 0-d tensors (branch_target_scale_host)
+            best = branch_target_scale_host([0.0 if g is None else max_abs_value(g) for g in m.stash],
+                                            [s.item() for s in scale_ts], u_max)
+            t = None if best is None else scale_ts[best]
+        if t is None:
+            scales = torch.stack(scale_ts)
+            zero = torch.zeros((), dtype=_F32, device=scales.device)
+            max_abs = torch.stack([zero if g is None else _max_abs(g) for g in m.stash])
+            t = branch_target_scale(max_abs, scales, u_max)
         self.vals[m.out_id] = t
         dtype = functools.reduce(torch.promote_types, (g.dtype for g, _ in live))
         total = None

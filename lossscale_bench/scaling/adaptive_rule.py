@@ -44,6 +44,7 @@ sqrt(2) * erfinv(2T - 1))`` (the T-quantile of a lognormal ``|g|`` moved to ``u_
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import math
 
@@ -219,3 +220,33 @@ def branch_target_scale(max_abs: torch.Tensor, scales: torch.Tensor, u_max: floa
     halved = torch.maximum(mn * torch.exp2(-j), torch.full_like(mn, MIN_BRANCH_SCALE))
     fallback = torch.where(mn >= MIN_BRANCH_SCALE, halved, mn)
     return torch.where(fits.any(), best, fallback)
+
+
+def _f32(x: float) -> float:
+    """``x`` rounded to fp32 (overflow to inf, as an fp32 operation would): one fp32 product or quotient
+    computed in fp64 and rounded once is the fp32 result exactly (53 >= 2 * 24 + 2 bits)."""
+    return ctypes.c_float(x).value
+
+
+def branch_target_scale_host(max_abs: list[float], scales: list[float], u_max: float = U_MAX) -> int | None:
+    """:func:`branch_target_scale` on the host: the index of the branch whose scale is ``t``, or None
+    where the tensor version must decide (no branch fits, a NaN, a scale that is not positive).
+
+    Why (issue 28): on the CPU the tensor version is ~15 ops on 0-d tensors at ~3-8 us of dispatch
+    each, for a few float operations; the values are fp32 values and every operation here is one fp32
+    operation (:func:`_f32`), so where it answers it answers what the tensor version does
+    (tests/scaling/test_adaptive.py checks both on random and edge values)."""
+    m = None
+    for a, s in zip(max_abs, scales):
+        if not s > 0.0:
+            return None
+        q = _f32(a / s)
+        if q != q:
+            return None
+        m = q if m is None or q > m else m
+    best = None
+    limit = _f32(u_max)  # the tensor version compares in fp32
+    for i, s in enumerate(scales):
+        if _f32(m * s) < limit and (best is None or s > scales[best]):
+            best = i
+    return best

@@ -30,8 +30,10 @@ def test_the_loop_gives_the_torch_expression(case, monkeypatch):
     want = amax._torch_max_abs(x)
     assert same_values(amax.max_abs(x), want)
     assert amax.max_abs(x).shape == () and amax.max_abs(x).dtype == torch.float32
+    assert same_values(torch.tensor(amax.max_abs_value(x)), want)  # the host's copy: the same value
     monkeypatch.setenv(_native.NO_NATIVE_ENV, "1")  # the torch path gives the same
     assert same_values(amax.max_abs(x), want)
+    assert same_values(torch.tensor(amax.max_abs_value(x)), want)
 
 
 def test_the_loop_runs_for_a_dense_fp32_tensor_and_an_empty_one_is_zero(monkeypatch):
@@ -41,4 +43,4 @@ def test_the_loop_runs_for_a_dense_fp32_tensor_and_an_empty_one_is_zero(monkeypa
     amax.max_abs(CASES["channels_last"])
     amax.max_abs(CASES["strided"])  # not dense: torch's
     assert len(calls) == 1
-    assert amax.max_abs(torch.empty(0)).item() == 0.0
+    assert amax.max_abs(torch.empty(0)).item() == 0.0 and amax.max_abs_value(torch.empty(0)) == 0.0

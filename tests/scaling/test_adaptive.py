@@ -24,6 +24,7 @@ from lossscale_bench.scaling import build_scaler
 from lossscale_bench.scaling.adaptive import (U_MAX, U_MIN, AdaptiveLossScaler, approx_range_scale,
                                               approx_range_scale_tensor, backward_fan_in, branch_target_scale,
                                               underflow_k)
+from lossscale_bench.scaling.adaptive_rule import branch_target_scale_host
 from lossscale_bench.scaling.fixed import FixedLossScaler
 
 K = math.sqrt(2.0) * float(torch.special.erfinv(torch.tensor(1e-3, dtype=torch.float64)))
@@ -143,6 +144,44 @@ def test_branch_target_scale():
     assert float(t(torch.tensor([1e6, 1.0]), torch.tensor([1.0, 2.0]))) == 0.125
     # all-zero branches: the largest scale
     assert float(t(torch.tensor([0.0, 0.0]), torch.tensor([1.0, 8.0]))) == 8.0
+
+
+def _host_cases():
+    """(max_abs, scales, u_max): the cases above, edges (zero, inf, NaN, fp32 overflow of m * s, a product
+    at u_max exactly, ties, subnormals, scales that are not powers of two) and random fp32 values."""
+    inf, nan = float("inf"), float("nan")
+    cases = [([1.0, 1.0], [4.0, 16.0], 65504.0), ([60000.0, 10.0], [2.0, 16.0], 65504.0),
+             ([1e5, 1.0], [1.0, 4.0], 65504.0), ([0.0, 0.0], [1.0, 8.0], 65504.0), ([inf, 1.0], [1.0, 2.0], 448.0),
+             ([nan, 1.0], [1.0, 2.0], 448.0), ([3e38, 1.0], [2.0 ** -100, 2.0 ** 100], 448.0),
+             ([448.0, 0.0], [1.0, 2.0], 448.0), ([224.0, 0.0], [1.0, 2.0], 448.0), ([1.0, 1.0, 1.0], [8.0, 8.0, 2.0], 6.0),
+             ([2.0 ** -149, 1e-40], [2.0 ** -126, 3.0], 448.0), ([0.3, 0.7], [1.5, 0.1], 6.0), ([1.0, 2.0], [0.0, 1.0], 6.0),
+             # fp32 rounding decides: 149.33333 * 3 is 447.99998 exactly but 448.0 in fp32; 447.99997 / 3 * 3
+             ([149.3333282470703, 0.0], [1.0, 3.0], 448.0), ([447.9999694824219, 0.0], [3.0, 3.0], 448.0)]
+    gen = torch.Generator().manual_seed(5)
+    for _ in range(3000):
+        n = int(torch.randint(2, 5, (), generator=gen))
+        a = (torch.randn(n, generator=gen) * 2.0 ** torch.randint(-30, 30, (n,), generator=gen).float()).abs()
+        scales = 2.0 ** torch.randint(-10, 20, (n,), generator=gen).float()
+        if torch.rand((), generator=gen) < 0.3:
+            scales = scales * torch.rand(n, generator=gen)  # not powers of two
+        cases.append((a.tolist(), scales.tolist(), [65504.0, 448.0, 57344.0, 6.0][int(torch.randint(4, (), generator=gen))]))
+    return cases
+
+
+def test_branch_target_scale_host_is_the_tensor_version():
+    # where the host version answers, it answers exactly what the tensor version computes; where it does
+    # not (no branch fits, NaN), the merge runs the tensor version
+    answered = 0
+    for a, s, u in _host_cases():
+        want = float(branch_target_scale(torch.tensor(a), torch.tensor(s), u))
+        i = branch_target_scale_host([float(torch.tensor(v)) for v in a], [float(torch.tensor(v)) for v in s], u)
+        if i is None:
+            fits = (torch.tensor(a) / torch.tensor(s)).amax() * torch.tensor(s) < u
+            assert not fits.any() or not all(v > 0 for v in s)
+            continue
+        answered += 1
+        assert float(torch.tensor(s)[i]) == want, (a, s, u)
+    assert answered > 1000
 
 
 # ---------------------------------------------------------------------------
