@@ -67,6 +67,9 @@ class LayerwiseDynamicLossScaler(PointLossScaler):
         self.min_scale = float(torch.finfo(_F32).tiny) if min_scale is None else float(min_scale)
         self.max_scale = float(torch.finfo(_F32).max) if max_scale is None else float(max_scale)
         self._scales = [float(init_scale)] * len(self.points)
+        #: ``self._scales`` as 0-d tensors on the gradients' device, and the (device, scales) they were made of
+        self._scale_t: tuple[torch.Tensor, ...] = ()
+        self._scale_key: tuple | None = None
         self._trackers = [0] * len(self.points)
         #: per-point overflow flags (device) of the step in flight, set by unscale_
         self._point_flags: torch.Tensor | None = None
@@ -75,8 +78,13 @@ class LayerwiseDynamicLossScaler(PointLossScaler):
 
     # -- the rule ------------------------------------------------------------------
     def point_scale(self, k: int, grad: torch.Tensor, incoming: torch.Tensor, from_loss: bool) -> torch.Tensor:
-        """Point ``k``'s own dynamic scale, set by :meth:`update` from its overflows."""
-        return torch.full((), self._scales[k], dtype=_F32, device=grad.device)
+        """Point ``k``'s own dynamic scale, set by :meth:`update` from its overflows (the 0-d tensors are made
+        once per set of scales and device, not with a ``torch.full`` per layer and step: issue 28)."""
+        key = (grad.device, *self._scales)
+        if self._scale_key != key:
+            self._scale_t = torch.tensor(self._scales, dtype=_F32, device=grad.device).unbind()
+            self._scale_key = key
+        return self._scale_t[k]
 
     def _points_of(self, it, cache: dict):
         """``resolve(sid)``: the points whose scale source ``sid`` is (a merge: every branch's), per iteration."""
