@@ -17,6 +17,7 @@ pays about alike.
 
     .venv/bin/python benchmarks/step_ratio.py --study studies/methods_fp4.yaml --rows 0 1 7 11
     .venv/bin/python benchmarks/step_ratio.py --rows 0 1 4 5 6 7 8     # the default study's rows
+    .venv/bin/python benchmarks/step_ratio.py --rows 0 4 5 6 --precision fp32   # the per-layer machinery alone
 
 Prints a markdown table for docs/benchmarks.md, with the CPU model and its vector extensions.
 """
@@ -34,8 +35,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def build(study: str, row: int, seed: int, threads: int):
-    """A trial's trainer for one row of ``study`` (seed ``seed``), its evaluation switched off."""
+def build(study: str, row: int, seed: int, threads: int, precision: str | None = None):
+    """A trial's trainer for one row of ``study`` (seed ``seed``), its evaluation switched off; ``precision``
+    in place of the row's own (fp32: what a scaler's machinery costs without any rounding)."""
     from lossscale_bench.data.dali import make_batches
     from lossscale_bench.sink import MemorySink
     from lossscale_bench.study import load_study
@@ -45,6 +47,9 @@ def build(study: str, row: int, seed: int, threads: int):
     d = cfg.to_dict()
     d["schedule"] = {**d["schedule"], "iterations": 10 ** 9}
     d["eval"] = {**d["eval"], "every": None}
+    if precision is not None:
+        d["precision"] = precision
+        d["label"] = f"{d['label']} [{precision}]"
     cfg = runner._as_config(d)
     sink = MemorySink()
     tmp = Path(tempfile.mkdtemp())
@@ -90,6 +95,8 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=10, help="untimed iterations per row first")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (a study trial runs with 1)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--precision", help="every row in this precision instead of its own (fp32: the scalers' "
+                                        "machinery alone, no rounding)")
     args = ap.parse_args()
 
     import torch
@@ -99,7 +106,7 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     t_start = time.perf_counter()
-    rows = [build(args.study, r, args.seed, args.threads) for r in args.rows]
+    rows = [build(args.study, r, args.seed, args.threads, args.precision) for r in args.rows]
     times: list[list[float]] = [[] for _ in rows]
     for rnd in range(args.warmup + args.iterations):
         shift = rnd % len(rows)

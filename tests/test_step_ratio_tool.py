@@ -31,3 +31,9 @@ def test_two_rows_interleaved_through_the_trials_parts(monkeypatch, capsys):
     assert [r.split(" | ")[0] for r in rows] == ["| FP32 baseline", "| E4M3: no loss scale"]
     assert "1.000× [1.000, 1.000]" in rows[0]
     assert "3 timed iterations per row after 1, interleaved" in out
+
+
+def test_precision_replaces_every_rows_own():
+    label, _, trainer = step_ratio.build(str(step_ratio.ROOT / "studies" / "smoke.yaml"), 4, 0, 1, "fp32")
+    assert label == "E4M3: layer-wise dynamic (fairscale) [fp32]"
+    assert type(trainer.scaler).__name__ == "LayerwiseDynamicLossScaler" and trainer.precision.name == "fp32"
