@@ -19,7 +19,8 @@ pays about alike.
     .venv/bin/python benchmarks/step_ratio.py --rows 0 1 4 5 6 7 8     # the default study's rows
     .venv/bin/python benchmarks/step_ratio.py --rows 0 4 5 6 --precision fp32   # the per-layer machinery alone
 
-Prints a markdown table for docs/benchmarks.md, with the CPU model and its vector extensions.
+Prints a markdown table for docs/benchmarks.md, with the CPU model and its vector extensions, and what the
+study's logged steps (every ``log_every``-th: the telemetry census, the metrics) cost over the others.
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ def build(study: str, row: int, seed: int, threads: int, precision: str | None =
     trainer.batches = iter(make_batches(cfg, parts.train_ds, 0))
     for h in trainer.hooks:
         h.before_train(trainer)
-    return cfg.label, cfg.batch_size, trainer
+    return cfg.label, cfg.batch_size, trainer, cfg.log_every
 
 
 def one_iteration(trainer) -> float:
@@ -108,22 +109,38 @@ def main() -> None:
     t_start = time.perf_counter()
     rows = [build(args.study, r, args.seed, args.threads, args.precision) for r in args.rows]
     times: list[list[float]] = [[] for _ in rows]
+    logged: list[list[bool]] = [[] for _ in rows]  # the step logs (telemetry census, metrics): step % log_every == 0
     for rnd in range(args.warmup + args.iterations):
         shift = rnd % len(rows)
         for i in list(range(shift, len(rows))) + list(range(shift)):
+            step = rows[i][2].state.step + 1
             dt = one_iteration(rows[i][2])
             if rnd >= args.warmup:
                 times[i].append(dt)
+                logged[i].append(step % rows[i][3] == 0)
     base = times[0]
     print(f"{cpu_description()}; torch threads {args.threads}; {args.study}, seed {args.seed}; "
           f"{args.iterations} timed iterations per row after {args.warmup}, interleaved; "
           f"{time.perf_counter() - t_start:.0f} s in all\n")
-    print("| row | iteration mean (ms) | iteration median (ms) | per image vs first row [95 % interval] |")
-    print("|---|---|---|---|")
-    for (label, batch, _), t in zip(rows, times):
+    print("| row | iteration mean (ms) | iteration median (ms) | per image vs first row [95 % interval] "
+          "| logged / other steps (ms) | logging, share of the mean step |")
+    print("|---|---|---|---|---|---|")
+    for (label, batch, _, log_every), t, lg in zip(rows, times, logged):
         r, lo, hi = ratio_interval([a / batch for a in t], [b / rows[0][1] for b in base])
         print(f"| {label} | {1000 * statistics.fmean(t):.1f} | {1000 * statistics.median(t):.1f} | "
-              f"{r:.3f}× [{lo:.3f}, {hi:.3f}] |")
+              f"{r:.3f}× [{lo:.3f}, {hi:.3f}] | {logging_cost(t, lg, log_every)} |")
+
+
+def logging_cost(times: list[float], logged: list[bool], log_every: int) -> str:
+    """``logged / other (ms) | share``: what a logged step costs over the others, spread over ``log_every``
+    steps, as a share of the mean step (issue 28: telemetry at the study's ``log_every`` <= 5 % of a step)."""
+    on = [t for t, flag in zip(times, logged) if flag]
+    off = [t for t, flag in zip(times, logged) if not flag]
+    if not on or not off:
+        return "– | –"
+    extra = (statistics.fmean(on) - statistics.fmean(off)) / log_every
+    return (f"{1000 * statistics.fmean(on):.1f} / {1000 * statistics.fmean(off):.1f} | "
+            f"{100 * extra / statistics.fmean(times):.1f} %")
 
 
 if __name__ == "__main__":

@@ -34,6 +34,13 @@ def test_two_rows_interleaved_through_the_trials_parts(monkeypatch, capsys):
 
 
 def test_precision_replaces_every_rows_own():
-    label, _, trainer = step_ratio.build(str(step_ratio.ROOT / "studies" / "smoke.yaml"), 4, 0, 1, "fp32")
+    label, _, trainer, log_every = step_ratio.build(str(step_ratio.ROOT / "studies" / "smoke.yaml"), 4, 0, 1, "fp32")
     assert label == "E4M3: layer-wise dynamic (fairscale) [fp32]"
     assert type(trainer.scaler).__name__ == "LayerwiseDynamicLossScaler" and trainer.precision.name == "fp32"
+    assert log_every == 10
+
+
+def test_logging_cost_is_the_logged_steps_extra_spread_over_log_every():
+    times = [0.1] * 9 + [0.2]  # one logged step in ten costs 100 ms more: 10 ms a step, of a 110-ms mean
+    assert step_ratio.logging_cost(times, [False] * 9 + [True], 10) == "200.0 / 100.0 | 9.1 %"
+    assert step_ratio.logging_cost(times, [False] * 10, 10) == "– | –"
