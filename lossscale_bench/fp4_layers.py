@@ -105,8 +105,7 @@ def round_weight(m: nn.Module, weight_fmt: FloatFormat) -> torch.Tensor:
     unchanged, :class:`_Fp4Layer`), for the forward product: :func:`lossscale_bench.precision.install_emulation`
     puts it in place of the weight for the duration of the module's forward, so the product is computed
     once, with it."""
-    with torch.no_grad():
-        return weight_fmt.round(m.weight.detach())
+    return weight_fmt.round(m.weight.detach())
 
 
 def fp4_layer(m: nn.Module, x: torch.Tensor, y: torch.Tensor, fwd: FloatFormat | None, bwd: FloatFormat | None,

@@ -57,14 +57,16 @@ _LOOP = _MaxAbsLoop()
 _BITS, _BITS_I = struct.Struct("<f"), struct.Struct("<i")
 
 
+def _loop_takes(x: torch.Tensor) -> bool:
+    return native_takes(x) and not native_disabled() and _LOOP.ready()
+
+
 def max_abs(t: torch.Tensor) -> torch.Tensor:
     """``max |t|`` as a 0-d fp32 tensor on ``t``'s device (0 for an empty tensor)."""
     if t.numel() == 0:
         return torch.zeros((), dtype=_F32, device=t.device)
     x = t.detach()
-    if native_takes(x) and not native_disabled() and _LOOP.ready():
-        return _LOOP(x)
-    return _torch_max_abs(x)
+    return _LOOP(x) if _loop_takes(x) else _torch_max_abs(x)
 
 
 def max_abs_value(t: torch.Tensor) -> float:
@@ -73,6 +75,4 @@ def max_abs_value(t: torch.Tensor) -> float:
     if t.numel() == 0:
         return 0.0
     x = t.detach()
-    if native_takes(x) and not native_disabled() and _LOOP.ready():
-        return _LOOP.value(x)
-    return float(_torch_max_abs(x))
+    return _LOOP.value(x) if _loop_takes(x) else float(_torch_max_abs(x))

@@ -260,6 +260,7 @@ def is_scaling_node(node: Any) -> bool:
     module = getattr(node, "layer_module", None)
     return module is not None and _ATTACHED.get(module) is not None
 
+
 #: module -> _LayerInfo of the scaler attached to it (a copied module is not in here: it runs unpatched)
 _ATTACHED: "weakref.WeakKeyDictionary[nn.Module, _LayerInfo]" = weakref.WeakKeyDictionary()
 
