@@ -8,6 +8,7 @@ import os
 import torch
 
 from .base import Backend
+from .host_memory import keep_freed_memory
 
 
 class CPUBackend(Backend):
@@ -26,6 +27,9 @@ class CPUBackend(Backend):
         # NHWC too: an ssd_tiny training step took 59 ms in NCHW and 38 ms in NHWC, side by
         # side (docs/benchmarks.md). Values differ from NCHW only by float reordering.
         self.channels_last = bool(channels_last)
+        # glibc otherwise hands a step's freed memory back to the kernel and the next step faults it in
+        # again: 4-15 ms of a 35-60 ms ssd_tiny step (host_memory's doc); the same values
+        self.keeps_freed_memory = keep_freed_memory()
 
     def prepare_model(self, model: torch.nn.Module) -> torch.nn.Module:
         model = model.to(self.device)
@@ -42,7 +46,11 @@ class CPUBackend(Backend):
         try:
             import resource
 
-            return {"host_max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0}
+            use = resource.getrusage(resource.RUSAGE_SELF)
+            # the process's minor page faults so far (imports and build included), and whether
+            # host_memory's setting was in force: a trial's own evidence that its steps stopped faulting
+            return {"host_max_rss_mb": use.ru_maxrss / 1024.0, "host_minor_faults": float(use.ru_minflt),
+                    "host_freed_memory_kept": float(self.keeps_freed_memory)}
         except Exception:  # noqa: BLE001 - not on every platform
             return {}
 
