@@ -19,6 +19,13 @@ others are listed in :mod:`.adaptive`)
   holds for the population std numpy uses); one reduction instead of two.
 * ``2**floor(log2(s))`` is taken with ``frexp`` (exact), because fp32 ``log2``
   rounds values just below a power of two up to it.
+* Step 6's ``max(|g_max W_max|, |g_min W_min|, |g_max W_min|, |g_min W_max|)`` is computed as
+  ``max|g| * max|W|``: the same fp32 value, because rounding a product is symmetric in sign and
+  monotonic in each factor's magnitude, so the largest rounded product is the rounded product of the
+  largest magnitudes. Where an inf meets a zero the two forms can differ (NaN or inf), but both are
+  non-finite and the scale is 1 either way (the next point). ``max|x|`` is one pass of a C loop on the
+  CPU (:func:`lossscale_bench.numerics.amax.max_abs`), where ``torch.aminmax`` took ~1 ms on the
+  largest ssd_tiny gradient (issue 28).
 * Non-finite statistics (an inf/NaN gradient) give an unbounded scale of 1
   instead of raising; the non-finite gradient then skips the step as usual and
   does not poison the scale stored for ``update_every`` reuse.
@@ -102,11 +109,8 @@ def unbounded_scale_tensor(grad: torch.Tensor, weight: torch.Tensor, *, n_uf_thr
     rms_g = torch.linalg.vector_norm(g, dtype=_F32) / math.sqrt(g.numel())
     rms_w = torch.linalg.vector_norm(w, dtype=_F32) / math.sqrt(w.numel())
     sigma_o = rms_g * rms_w * math.sqrt(0.5 * fan_in)  # step 3
-    # step 6's operands: signed extremes of the raw tensors
-    g_min, g_max = torch.aminmax(g)
-    w_min, w_max = torch.aminmax(w)
-    g_min, g_max, w_min, w_max = (v.to(_F32) for v in (g_min, g_max, w_min, w_max))
-    o_max = torch.stack([g_max * w_max, g_min * w_min, g_max * w_min, g_min * w_max]).abs().amax()
+    # step 6's operand, the largest |product| of the signed extremes, as max|g| * max|w| (module doc)
+    o_max = _max_abs(g) * _max_abs(w)
     # step 5: underflow scale, never below 1
     s = (u_min / (underflow_k(n_uf_threshold) * sigma_o)).clamp(min=1.0)
     # step 6: overflow cap

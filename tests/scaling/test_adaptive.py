@@ -23,7 +23,7 @@ from lossscale_bench.scaling import adaptive_layers
 from lossscale_bench.scaling import build_scaler
 from lossscale_bench.scaling.adaptive import (U_MAX, U_MIN, AdaptiveLossScaler, approx_range_scale,
                                               approx_range_scale_tensor, backward_fan_in, branch_target_scale,
-                                              underflow_k)
+                                              underflow_k, unbounded_scale_tensor)
 from lossscale_bench.scaling.adaptive_rule import branch_target_scale_host
 from lossscale_bench.scaling.fixed import FixedLossScaler
 
@@ -124,6 +124,49 @@ def test_tensor_variant_matches_and_stays_on_device():
     assert float(t) == approx_range_scale(g, w, 4.0)
     # fp16 gradients give the same statistics (computed in fp32)
     assert float(approx_range_scale_tensor(g.half(), w)) == approx_range_scale(g.half().float(), w)
+
+
+def _unbounded_with_signed_extremes(g, w, fan_in, u_min=U_MIN, u_max=U_MAX, t=1e-3):
+    """Steps 1-6 as ADAPTIVE.md writes step 6: the largest |product| of the four signed extremes."""
+    rms_g = torch.linalg.vector_norm(g, dtype=torch.float32) / math.sqrt(g.numel())
+    rms_w = torch.linalg.vector_norm(w, dtype=torch.float32) / math.sqrt(w.numel())
+    sigma_o = rms_g * rms_w * math.sqrt(0.5 * fan_in)
+    (g_lo, g_hi), (w_lo, w_hi) = torch.aminmax(g), torch.aminmax(w)
+    o_max = torch.stack([g_hi * w_hi, g_lo * w_lo, g_hi * w_lo, g_lo * w_hi]).abs().amax()
+    under, cap = (u_min / (K * sigma_o)).clamp(min=1.0), (u_max / fan_in) / o_max
+    ok = (sigma_o > 0) & torch.isfinite(sigma_o) & torch.isfinite(o_max)
+    return torch.where(ok, torch.minimum(under, cap), torch.ones_like(cap)), bool(ok & (cap < under))
+
+
+def test_overflow_operand_as_max_abs_product_is_the_signed_extremes_bit_for_bit():
+    # the rule computes step 6 as max|g| * max|W| (one pass each); the four signed products give the same
+    # fp32 value: on random signs and magnitudes that put the overflow cap in force, subnormals, zeros,
+    # and non-finite gradients or weights (the scale is 1 there either way)
+    gen = torch.Generator().manual_seed(11)
+    capped = 0
+    for case in range(600):
+        g = torch.randn(3, 8, 5, 5, generator=gen) * 10.0 ** float(torch.randint(-40, 5, (), generator=gen))
+        w = torch.randn(8, 4, 3, 3, generator=gen) * 10.0 ** float(torch.randint(-3, 3, (), generator=gen))
+        if case % 3 == 0:  # one sign only, or a lone large element of either sign
+            g = g.abs() * (-1 if case % 2 else 1)
+        if case % 5 == 0:
+            g.view(-1)[case % g.numel()] = float(torch.randn((), generator=gen)) * 1e4
+        if case % 7 == 0:
+            w = w.abs()
+        fan_in = backward_fan_in(w)
+        want, cap_active = _unbounded_with_signed_extremes(g, w, fan_in)
+        got = unbounded_scale_tensor(g, w)
+        assert got.view(torch.int32) == want.view(torch.int32), (case, float(got), float(want))
+        capped += cap_active
+    edge = [(torch.zeros(2, 8, 3, 3), torch.ones(8, 2, 3, 3)), (torch.full((2, 8, 3, 3), 2.0 ** -149), -torch.ones(8, 2, 3, 3)),
+            (torch.tensor([[float("inf"), -1.0]]).expand(8, 2).reshape(2, 8), torch.zeros(8, 3)),
+            (torch.tensor([[-float("inf"), 5.0]]).expand(8, 2).reshape(2, 8), torch.tensor([[0.0], [2.0]]).expand(2, 3).repeat(4, 1)),
+            (torch.tensor([[float("nan"), 1.0]]).expand(8, 2).reshape(2, 8), torch.ones(8, 3)),
+            (torch.full((2, 8), 1e-3), torch.tensor([[float("inf")], [0.0]]).expand(2, 3).repeat(4, 1))]
+    for g, w in edge:
+        want, got = _unbounded_with_signed_extremes(g, w, backward_fan_in(w))[0], unbounded_scale_tensor(g, w)
+        assert got.view(torch.int32) == want.view(torch.int32), (g, w, float(got), float(want))
+    assert capped > 60, capped  # the cap decides ~1 case in 6 here
 
 
 def test_non_finite_statistics_give_one():
