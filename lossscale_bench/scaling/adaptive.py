@@ -32,8 +32,8 @@ from ..formats import FP16, FloatFormat
 from .adaptive_layers import _Iteration, _LayerInfo, _point_hook, _PointInfo
 # rule names this module does not use are re-exported: tests and callers import them from here
 from .adaptive_rule import (MIN_BRANCH_SCALE, U_MAX, U_MIN, approx_range_scale, approx_range_scale_tensor,
-                            backward_fan_in, bound_scale_tensor, branch_target_scale, output_scale_tensor,
-                            unbounded_scale_tensor, underflow_k)
+                            backward_fan_in, bound_scale_host, bound_scale_tensor, branch_target_scale,
+                            output_scale_tensor, unbounded_scale_host, unbounded_scale_tensor, underflow_k)
 from .per_layer import PerLayerLossScaler
 
 __all__ = ["AdaptiveLossScaler", "approx_range_scale", "approx_range_scale_tensor", "unbounded_scale_tensor",
@@ -177,10 +177,17 @@ class AdaptiveLossScaler(PerLayerLossScaler):
         else:
             recompute = it.recompute
         unb = info.last_unbounded
+        # on the CPU the rule's scalar steps run on the host (adaptive_rule.unbounded_scale_host: the same
+        # values, without ~20 dispatches of 0-d tensor ops a layer); elsewhere they stay on the device
+        host = g.device.type == "cpu" and (w is None or w.device.type == "cpu")
         if recompute or unb is None:
             if getattr(info, "is_point", False):
                 unb = output_scale_tensor(g, lognormal=info.lognormal, n_uf_threshold=self.n_uf_threshold,
                                           u_min=self.grad_format.u_min, u_max=self.grad_format.u_max)
+            elif host:
+                unb = torch.tensor(unbounded_scale_host(g, w, n_uf_threshold=self.n_uf_threshold, fan_in=info.fan_in,
+                                                        u_min=self.grad_format.u_min, u_max=self.grad_format.u_max),
+                                   dtype=_F32)
             else:
                 unb = unbounded_scale_tensor(g, w, n_uf_threshold=self.n_uf_threshold, fan_in=info.fan_in,
                                              u_min=self.grad_format.u_min, u_max=self.grad_format.u_max)
@@ -188,6 +195,10 @@ class AdaptiveLossScaler(PerLayerLossScaler):
             self.stat_computations += 1
         elif unb.device != g.device:
             unb = info.last_unbounded = unb.to(g.device)
+        if host and prev.device.type == "cpu":
+            return torch.tensor(bound_scale_host(float(unb), float(prev), scale_upper_bound=self.scale_upper_bound,
+                                                 accum_upper_bound=self.accum_upper_bound,
+                                                 power_of_two=self.power_of_two), dtype=_F32)
         return bound_scale_tensor(unb, prev, scale_upper_bound=self.scale_upper_bound,
                                   accum_upper_bound=self.accum_upper_bound, power_of_two=self.power_of_two)
 

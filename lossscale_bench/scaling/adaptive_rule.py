@@ -58,11 +58,11 @@ import math
 import torch
 
 from ..formats import FP16, FloatFormat
-from ..numerics.amax import max_abs
+from ..numerics.amax import max_abs, max_abs_value
 
 __all__ = ["approx_range_scale", "approx_range_scale_tensor", "unbounded_scale_tensor", "bound_scale_tensor",
            "branch_target_scale", "backward_fan_in", "underflow_k", "output_scale_tensor", "U_MIN", "U_MAX",
-           "MIN_BRANCH_SCALE"]
+           "MIN_BRANCH_SCALE", "unbounded_scale_host", "bound_scale_host"]
 
 #: fp16's smallest subnormal, as the reference uses it (the default ``u_min``; other gradient
 #: formats bring their own, see ``AdaptiveLossScaler(grad_format=...)``)
@@ -230,6 +230,54 @@ def _f32(x: float) -> float:
     """``x`` rounded to fp32 (overflow to inf, as an fp32 operation would): one fp32 product or quotient
     computed in fp64 and rounded once is the fp32 result exactly (53 >= 2 * 24 + 2 bits)."""
     return ctypes.c_float(x).value
+
+
+def _recip(x: float) -> float:
+    """``Tensor.reciprocal`` of an fp32 value (``+-0 -> +-inf``): what ``float / tensor`` computes first."""
+    return math.copysign(math.inf, x) if x == 0.0 else _f32(1.0 / x)
+
+
+def _fmin(a: float, b: float) -> float:
+    """``torch.minimum``: NaN if either is NaN."""
+    return a if a != a else (b if b != b or b < a else a)
+
+
+def unbounded_scale_host(grad: torch.Tensor, weight: torch.Tensor, *, n_uf_threshold: float = 1e-3,
+                         fan_in: int | None = None, u_min: float = U_MIN, u_max: float = U_MAX) -> float:
+    """:func:`unbounded_scale_tensor` for CPU tensors, its statistics read to the host and the rest computed
+    there: the same value, as a Python float.
+
+    Why (issue 28): after the three reductions the tensor version is ~15 operations on 0-d tensors at
+    ~3-8 us of dispatch each, per layer and step (~1.3 ms of an ssd_tiny step); here each is one fp32
+    operation on floats (:func:`_f32`), in the tensor version's order, with its hidden steps spelt out:
+    ``float / tensor`` is ``tensor.reciprocal() * float`` (``torch/_tensor.py``), a Python constant is
+    rounded to fp32 where it meets a tensor, and ``clamp``/``minimum`` keep a NaN
+    (tests/scaling/test_adaptive.py compares the two on random and edge values, bit for bit)."""
+    if fan_in is None:
+        fan_in = backward_fan_in(weight)
+    g, w = grad.detach(), weight.detach()
+    if g.numel() == 0 or w.numel() == 0:
+        return 1.0
+    rms_g = _f32(float(torch.linalg.vector_norm(g, dtype=_F32)) / _f32(math.sqrt(g.numel())))
+    rms_w = _f32(float(torch.linalg.vector_norm(w, dtype=_F32)) / _f32(math.sqrt(w.numel())))
+    sigma_o = _f32(_f32(rms_g * rms_w) * _f32(math.sqrt(0.5 * fan_in)))
+    o_max = _f32(max_abs_value(g) * max_abs_value(w))
+    if not (sigma_o > 0.0 and math.isfinite(sigma_o) and math.isfinite(o_max)):
+        return 1.0
+    s = _f32(_recip(_f32(_f32(underflow_k(n_uf_threshold)) * sigma_o)) * _f32(u_min))
+    s = max(s, 1.0)  # s is not NaN here: sigma_o is finite and positive
+    return _fmin(s, _f32(_recip(o_max) * _f32(u_max / fan_in)))
+
+
+def bound_scale_host(unbounded: float, prev_scale: float = 1.0, *, scale_upper_bound: float = 16.0,
+                     accum_upper_bound: float = 1024.0, power_of_two: bool = True) -> float:
+    """:func:`bound_scale_tensor` on fp32 values held as floats (:func:`unbounded_scale_host`'s reasons and
+    checks): steps 7-9, the same value, the fp16 storage by torch's own conversion."""
+    s = _fmin(unbounded, _f32(_recip(prev_scale) * _f32(accum_upper_bound)))
+    s = s if s != s else min(s, _f32(scale_upper_bound))
+    if power_of_two and s > 0.0 and math.isfinite(s):
+        s = math.ldexp(1.0, math.frexp(s)[1] - 1)
+    return float(torch.tensor(s, dtype=torch.float16))
 
 
 def branch_target_scale_host(max_abs: list[float], scales: list[float], u_max: float = U_MAX) -> int | None:

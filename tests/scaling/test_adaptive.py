@@ -24,7 +24,8 @@ from lossscale_bench.scaling import build_scaler
 from lossscale_bench.scaling.adaptive import (U_MAX, U_MIN, AdaptiveLossScaler, approx_range_scale,
                                               approx_range_scale_tensor, backward_fan_in, branch_target_scale,
                                               underflow_k, unbounded_scale_tensor)
-from lossscale_bench.scaling.adaptive_rule import branch_target_scale_host
+from lossscale_bench.scaling.adaptive_rule import (bound_scale_host, bound_scale_tensor, branch_target_scale_host,
+                                                   unbounded_scale_host)
 from lossscale_bench.scaling.fixed import FixedLossScaler
 
 K = math.sqrt(2.0) * float(torch.special.erfinv(torch.tensor(1e-3, dtype=torch.float64)))
@@ -167,6 +168,47 @@ def test_overflow_operand_as_max_abs_product_is_the_signed_extremes_bit_for_bit(
         want, got = _unbounded_with_signed_extremes(g, w, backward_fan_in(w))[0], unbounded_scale_tensor(g, w)
         assert got.view(torch.int32) == want.view(torch.int32), (g, w, float(got), float(want))
     assert capped > 60, capped  # the cap decides ~1 case in 6 here
+
+
+def _same_fp32(host: float, tensor: torch.Tensor) -> bool:
+    return bool(torch.tensor(host, dtype=torch.float32).view(torch.int32) == tensor.view(torch.int32))
+
+
+def test_the_host_rule_is_the_tensor_rule_bit_for_bit():
+    # unbounded_scale_host / bound_scale_host (the CPU path) against the tensor versions: random magnitudes
+    # over the fp32 range (sigma_o subnormal to huge), four gradient formats' ranges, thresholds, previous
+    # scales (powers of two, arbitrary, 0, inf) and bounds, with and without power-of-two rounding
+    rng, gen = random.Random(1), torch.Generator().manual_seed(5)
+    seen = {"under": 0, "cap": 0, "one": 0, "accum": 0, "upper": 0}
+    for case in range(1500):
+        shape = rng.choice([(2, 8, 5, 5), (3, 16), (1, 4, 3, 3)])
+        g = torch.randn(shape, generator=gen) * 10.0 ** rng.uniform(-45, 6)
+        w = torch.randn((shape[1], 3, 3, 3) if len(shape) == 4 else (shape[1], 5), generator=gen) * 10.0 ** rng.uniform(-4, 3)
+        u_min, u_max = rng.choice([(U_MIN, U_MAX), (2.0 ** -9, 448.0), (2.0 ** -16, 57344.0), (0.5, 6.0)])
+        t = rng.choice([1e-3, 1e-2, 0.3])
+        want = unbounded_scale_tensor(g, w, n_uf_threshold=t, u_min=u_min, u_max=u_max)
+        assert _same_fp32(unbounded_scale_host(g, w, n_uf_threshold=t, u_min=u_min, u_max=u_max), want), case
+        o_max = float(g.abs().max() * w.abs().max())
+        u, cap = float(want), (u_max / backward_fan_in(w)) / o_max if o_max else math.inf
+        seen["one" if u == 1.0 else ("cap" if math.isclose(u, cap, rel_tol=1e-5) else "under")] += 1
+        for prev in (1.0, 2.0 ** rng.randint(-20, 20), rng.uniform(0.01, 5000.0), 0.0, math.inf):
+            prev = float(torch.tensor(prev, dtype=torch.float32))
+            sub, acc = rng.choice([(16.0, 1024.0), (1e9, 1e9), (2.0, 3.0)])
+            for p2 in (True, False):
+                b = bound_scale_tensor(want, torch.tensor(prev), scale_upper_bound=sub, accum_upper_bound=acc,
+                                       power_of_two=p2)
+                assert _same_fp32(bound_scale_host(u, prev, scale_upper_bound=sub, accum_upper_bound=acc,
+                                                   power_of_two=p2), b), (case, u, prev, sub, acc, p2)
+            seen["accum"] += acc / prev < min(u, sub) if prev > 0 else 0
+            seen["upper"] += sub < min(u, acc / prev) if prev > 0 else 0
+    assert min(seen.values()) > 50, seen
+    # all-zero, NaN and inf gradients, inf and zero weights, empty tensors: 1 (or the tensor version's value)
+    for g, w in [(torch.zeros(2, 8, 3, 3), torch.ones(8, 2, 3, 3)), (torch.full((2, 8), float("nan")), torch.ones(8, 3)),
+                 (torch.tensor([[float("inf"), 1.0]]).repeat(1, 4), torch.ones(8, 3)),
+                 (torch.full((2, 8), 1e-3), torch.tensor([[float("inf")], [0.0]]).repeat(4, 3)),
+                 (torch.full((2, 8), 1e-3), torch.zeros(8, 3)), (torch.full((2, 8), 2.0 ** -149), torch.ones(8, 3)),
+                 (torch.empty(0, 8), torch.ones(8, 3))]:
+        assert _same_fp32(unbounded_scale_host(g, w), unbounded_scale_tensor(g, w)), (g, w)
 
 
 def test_non_finite_statistics_give_one():
