@@ -9,7 +9,10 @@ this machine, the nearest one CPU gets to what capping an AVX-512 machine at AVX
 
     .venv/bin/python benchmarks/repeatable_cost.py --rounds 3 --steps 30 --warmup 5
 
-Prints a markdown table (docs/benchmarks.md "Repeatable across CPUs").
+Prints a markdown table (docs/benchmarks.md "Repeatable across CPUs"), with each setting's final weights as
+a SHA-256 prefix (one value when every round agreed): the pinned setting's value, for the same ``--steps``
+and ``--warmup``, is what another x86 machine with AVX2 must print too (the switch's promise), so the table
+doubles as a check across machines.
 """
 
 from __future__ import annotations
@@ -49,7 +52,12 @@ for i in range(warmup + steps):
     tr.train_step(images, targets)
     if i >= warmup:
         times.append(time.perf_counter() - t0)
-print(json.dumps({"median_s": statistics.median(times), "capability": torch.backends.cpu.get_cpu_capability()}))
+import hashlib
+h = hashlib.sha256()
+for k, v in tr.model.state_dict().items():
+    h.update(k.encode()); h.update(v.detach().contiguous().numpy().tobytes())
+print(json.dumps({"median_s": statistics.median(times), "capability": torch.backends.cpu.get_cpu_capability(),
+                  "weights": h.hexdigest()[:16]}))
 """
 
 
@@ -70,22 +78,25 @@ def main() -> None:
     args = ap.parse_args()
     per: dict[str, list[float]] = {name: [] for name in SETTINGS}
     levels: dict[str, str] = {}
+    weights: dict[str, set[str]] = {name: set() for name in SETTINGS}
     for r in range(args.rounds):
         for name, env in SETTINGS.items():
             res = run_one(env, args.steps, args.warmup)
             per[name].append(res["median_s"])
             levels[name] = res["capability"]
+            weights[name].add(res["weights"])
             print(f"round {r + 1}: {name}: {res['median_s'] * 1000:.1f} ms", file=sys.stderr, flush=True)
     base = statistics.median(per["unpinned"])
     print(f"ssd_tiny fp32, batch 8, 128 px, 1 thread; {args.rounds} alternating rounds of {args.steps} timed "
           f"steps after {args.warmup} warm-up, one fresh process each")
     print()
-    print("| setting | ATen level | median step per round (ms) | median of rounds (ms) | ratio to unpinned |")
-    print("|---|---|---|---|---|")
+    print("| setting | ATen level | median step per round (ms) | median of rounds (ms) | ratio to unpinned "
+          "| final weights (SHA-256, 16 hex) |")
+    print("|---|---|---|---|---|---|")
     for name, ts in per.items():
         med = statistics.median(ts)
         print(f"| {name} | {levels[name]} | {', '.join(f'{t * 1000:.1f}' for t in ts)} | {med * 1000:.1f} | "
-              f"{med / base:.3f} |")
+              f"{med / base:.3f} | {' / '.join(sorted(weights[name]))} |")
 
 
 if __name__ == "__main__":
