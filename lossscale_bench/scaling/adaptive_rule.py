@@ -51,7 +51,6 @@ sqrt(2) * erfinv(2T - 1))`` (the T-quantile of a lognormal ``|g|`` moved to ``u_
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import math
 
@@ -59,6 +58,7 @@ import torch
 
 from ..formats import FP16, FloatFormat
 from ..numerics.amax import max_abs, max_abs_value
+from .host_fp32 import f32 as _f32, fmin as _fmin, recip as _recip
 
 __all__ = ["approx_range_scale", "approx_range_scale_tensor", "unbounded_scale_tensor", "bound_scale_tensor",
            "branch_target_scale", "backward_fan_in", "underflow_k", "output_scale_tensor", "U_MIN", "U_MAX",
@@ -226,22 +226,6 @@ def branch_target_scale(max_abs: torch.Tensor, scales: torch.Tensor, u_max: floa
     return torch.where(fits.any(), best, fallback)
 
 
-def _f32(x: float) -> float:
-    """``x`` rounded to fp32 (overflow to inf, as an fp32 operation would): one fp32 product or quotient
-    computed in fp64 and rounded once is the fp32 result exactly (53 >= 2 * 24 + 2 bits)."""
-    return ctypes.c_float(x).value
-
-
-def _recip(x: float) -> float:
-    """``Tensor.reciprocal`` of an fp32 value (``+-0 -> +-inf``): what ``float / tensor`` computes first."""
-    return math.copysign(math.inf, x) if x == 0.0 else _f32(1.0 / x)
-
-
-def _fmin(a: float, b: float) -> float:
-    """``torch.minimum``: NaN if either is NaN."""
-    return a if a != a else (b if b != b or b < a else a)
-
-
 def unbounded_scale_host(grad: torch.Tensor, weight: torch.Tensor, *, n_uf_threshold: float = 1e-3,
                          fan_in: int | None = None, u_min: float = U_MIN, u_max: float = U_MAX) -> float:
     """:func:`unbounded_scale_tensor` for CPU tensors, its statistics read to the host and the rest computed
@@ -249,7 +233,7 @@ def unbounded_scale_host(grad: torch.Tensor, weight: torch.Tensor, *, n_uf_thres
 
     Why (issue 28): after the three reductions the tensor version is ~15 operations on 0-d tensors at
     ~3-8 us of dispatch each, per layer and step (~1.3 ms of an ssd_tiny step); here each is one fp32
-    operation on floats (:func:`_f32`), in the tensor version's order, with its hidden steps spelt out:
+    operation on floats (:func:`.host_fp32.f32`), in the tensor version's order, with its hidden steps spelt out:
     ``float / tensor`` is ``tensor.reciprocal() * float`` (``torch/_tensor.py``), a Python constant is
     rounded to fp32 where it meets a tensor, and ``clamp``/``minimum`` keep a NaN
     (tests/scaling/test_adaptive.py compares the two on random and edge values, bit for bit)."""
@@ -286,7 +270,7 @@ def branch_target_scale_host(max_abs: list[float], scales: list[float], u_max: f
 
     Why (issue 28): on the CPU the tensor version is ~15 ops on 0-d tensors at ~3-8 us of dispatch
     each, for a few float operations; the values are fp32 values and every operation here is one fp32
-    operation (:func:`_f32`), so where it answers it answers what the tensor version does
+    operation (:func:`.host_fp32.f32`), so where it answers it answers what the tensor version does
     (tests/scaling/test_adaptive.py checks both on random and edge values)."""
     m = None
     for a, s in zip(max_abs, scales):

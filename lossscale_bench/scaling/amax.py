@@ -45,17 +45,20 @@ sums over a batch may exceed the format's maximum, which ``margin`` prevents.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
 from torch import nn
 
 from ..formats import FP16, FloatFormat
+from ..numerics.amax import max_abs_value
 from .adaptive_rule import _max_abs
+from .host_fp32 import f32, floor_pow2_log2, recip
 from .base import all_reduce_flag
 from .per_layer import LOSS_POINT, PointLossScaler
 
-__all__ = ["AmaxLossScaler", "scale_from_amax", "RECIPES", "LOSS_POINT"]
+__all__ = ["AmaxLossScaler", "scale_from_amax", "scale_from_amax_host", "RECIPES", "LOSS_POINT"]
 
 _F32 = torch.float32
 RECIPES = ("current", "delayed")
@@ -71,11 +74,25 @@ def scale_from_amax(amax: torch.Tensor, prev: torch.Tensor, fmax: float, margin:
     return torch.where(ok, sf, prev)
 
 
+def scale_from_amax_host(amax: float, prev: float, fmax: float, margin: float, power_of_two: bool) -> float:
+    """:func:`scale_from_amax` on fp32 values held as floats, for the CPU (:mod:`.host_fp32`): the same value,
+    each tensor operation one rounded float operation (``fmax / amax`` is ``reciprocal(amax) * fmax``)."""
+    if not (amax > 0.0 and math.isfinite(amax)):
+        return prev
+    sf = f32(f32(recip(amax) * f32(fmax)) / f32(2.0 ** margin))
+    if not (sf > 0.0 and math.isfinite(sf)):
+        return prev
+    return floor_pow2_log2(sf) if power_of_two else sf
+
+
 class AmaxLossScaler(PointLossScaler):
     """A scale per scaling point from the gradient's amax (see module doc)."""
 
     method = "amax"
     metric_prefix = "amax_"
+    #: on the CPU, the rule's arithmetic on the host (:meth:`_point_scale_host`; the tests switch it off to
+    #: compare it with the tensor path, which runs on every other device)
+    host_rule = True
 
     def __init__(self, model: nn.Module, recipe: str = "delayed", history: int = 1024, margin: float = 0.0,
                  power_of_two: bool = True, init_scale: float = 1.0, *, grad_format: FloatFormat = FP16,
@@ -118,6 +135,8 @@ class AmaxLossScaler(PointLossScaler):
     def point_scale(self, k: int, grad: torch.Tensor, incoming: torch.Tensor, from_loss: bool) -> torch.Tensor:
         """TE's scale from point ``k``'s amax (this one or the history's); records the arriving amax."""
         self._ensure(grad.device)
+        if self.host_rule and self._scales.device.type == grad.device.type == incoming.device.type == "cpu":
+            return self._point_scale_host(k, grad, float(incoming), from_loss)
         prev = incoming.to(device=self._scales.device, dtype=_F32)
         a = _max_abs(grad).to(self._scales.device, _F32) / prev
         a = torch.where(torch.isfinite(a), a, torch.zeros_like(a))  # a non-finite amax is not recorded
@@ -128,6 +147,23 @@ class AmaxLossScaler(PointLossScaler):
         s = scale_from_amax(amax, self._scales[k], self.fmax, self.margin, self.power_of_two)
         self._scales[k] = s
         return s
+
+    def _point_scale_host(self, k: int, grad: torch.Tensor, prev: float, from_loss: bool) -> torch.Tensor:
+        """:meth:`point_scale` with its arithmetic on the host (CPU state): the same values and writes."""
+        a_raw = max_abs_value(grad)
+        if prev == 0.0:  # the fp32 quotient by zero (Python's raises)
+            a = math.nan if a_raw == 0.0 or a_raw != a_raw else math.inf
+        else:
+            a = f32(a_raw / prev)
+        a = a if math.isfinite(a) else 0.0  # a non-finite amax is not recorded
+        self._now[k] = a
+        if from_loss:
+            now0 = float(self._now[0])
+            self._now[0] = now0 if now0 >= a else a  # both finite: torch.maximum
+        amax = a if self.recipe == "current" else float(self._hist_max[k])
+        s = scale_from_amax_host(amax, float(self._scales[k]), self.fmax, self.margin, self.power_of_two)
+        self._scales[k] = s
+        return torch.tensor(s, dtype=_F32)
 
     def update(self) -> None:
         measured = self._now is not None and self._scales is not None

@@ -18,7 +18,7 @@ from lossscale_bench.formats import E5M2, FP16
 from lossscale_bench.models import build_model
 from lossscale_bench.precision import get_precision
 from lossscale_bench.scaling import build_scaler
-from lossscale_bench.scaling.amax import LOSS_POINT, AmaxLossScaler, scale_from_amax
+from lossscale_bench.scaling.amax import LOSS_POINT, AmaxLossScaler, scale_from_amax, scale_from_amax_host
 
 
 
@@ -52,6 +52,63 @@ def test_scale_from_amax_is_tes_formula():
     assert float(scale_from_amax(t(3.0), t(7.0), E5M2.max, 2, True)) == 4096.0  # 57344 / 3 / 4 = 4778.7
     for bad in (0.0, math.inf, math.nan):
         assert float(scale_from_amax(t(bad), t(7.0), E5M2.max, 0, True)) == 7.0
+
+
+def test_the_host_formula_is_the_tensor_formula_bit_for_bit():
+    # amaxes over the fp32 range (subnormals and values just below fmax / 2**k included), four formats'
+    # maxima, margins 0-8 (and a fractional one), power of two on and off, and the values TE keeps prev for
+    import random
+
+    rng = random.Random(7)
+    amaxes = [float(torch.tensor(10.0 ** rng.uniform(-44, 38))) for _ in range(3000)]
+    # fmax / 2**k and its fp32 neighbours: scales at and just below or above a power of two, where torch's
+    # log2 rounds (a floor taken from frexp alone differs there)
+    for m in (448.0, E5M2.max, FP16.max, 6.0):
+        for k in range(-20, 40):
+            bits = int(torch.tensor(m / 2.0 ** k, dtype=torch.float32).view(torch.int32))
+            amaxes += [float(torch.tensor(b, dtype=torch.int32).view(torch.float32)) for b in range(bits - 3, bits + 4)]
+    amaxes += [0.0, math.inf, math.nan, 2.0 ** -149, 3.4e38]
+    n = 0
+    for a in amaxes:
+        for fmax in (448.0, E5M2.max, FP16.max, 6.0):
+            margin = rng.choice([0.0, 0.0, 1.0, 3.0, 8.0, 0.5])
+            for p2 in (True, False):
+                want = scale_from_amax(torch.tensor(a), torch.tensor(7.0), fmax, margin, p2)
+                got = scale_from_amax_host(float(torch.tensor(a)), 7.0, fmax, margin, p2)
+                assert torch.tensor(got, dtype=torch.float32).view(torch.int32) == want.view(torch.int32), \
+                    (a, fmax, margin, p2, got, float(want))
+                n += 1
+    assert n > 30000
+
+
+@pytest.mark.parametrize("recipe,margin", [("current", 1.0), ("delayed", 8.0)])
+def test_the_host_rule_trains_what_the_tensor_rule_trains(monkeypatch, recipe, margin):
+    # on the CPU point_scale does its arithmetic on the host; with it switched off it runs the tensor
+    # path other devices run: the same scales, gradients and weights after steps of E4M3 training
+    def run(host: bool):
+        monkeypatch.setattr(AmaxLossScaler, "host_rule", host)
+        torch.manual_seed(0)
+        model = build_model("ssd_tiny", num_classes=4, image_size=64, width=8)
+        prec = get_precision("fp8-e4m3-emulated")
+        prec.prepare(model)
+        scaler = build_scaler({"method": "amax", "recipe": recipe, "margin": margin, "history": 3}, model,
+                              grad_format=prec.grad_format)
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        g = torch.Generator().manual_seed(1)
+        scales = []
+        for step in range(4):
+            images = [torch.rand(3, 64, 64, generator=g) * (4.0 ** step) for _ in range(2)]
+            targets = [{"boxes": torch.tensor([[5.0, 6.0, 40.0, 50.0]]), "labels": torch.tensor([1])}] * 2
+            opt.zero_grad(set_to_none=True)
+            scaler.scale(sum(model(images, targets).values())).backward()
+            scaler.step(opt)
+            scales.append(dict(scaler.point_scales()))
+            scaler.update()
+        return scales, torch.cat([p.detach().flatten() for p in model.parameters()])
+
+    (s_host, w_host), (s_tensor, w_tensor) = run(True), run(False)
+    assert s_host == s_tensor and len({v for d in s_host for v in d.values()}) > 3
+    assert torch.equal(w_host, w_tensor)
 
 
 def _chain():
