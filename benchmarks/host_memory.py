@@ -6,7 +6,7 @@ share a process as ``step_ratio.py``'s rows do. Each round starts one child per 
 glibc's defaults; unset: the trial's setting), in alternating order, and every child builds the row with the
 trial's own parts (``step_ratio.build``), runs ``--warmup`` iterations, then times ``--iterations`` and reads
 its own ``getrusage``: minor page faults and system time per iteration, and the peak resident size.
-The ratio's 95 % interval is a percentile bootstrap over rounds.
+The ratio's 95 % interval is ``step_ratio.ratio_interval``'s, a percentile bootstrap over rounds.
 
     .venv/bin/python benchmarks/host_memory.py --rows 0 1 2 6 8 --rounds 3
     .venv/bin/python benchmarks/host_memory.py --study benchmarks/fp4_precisions.yaml --rows 0 5 8
@@ -23,6 +23,9 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from step_ratio import ratio_interval  # noqa: E402  (torch-free; the paired interval the other tables use)
+
 ARMS = ("system", "kept")
 
 
@@ -33,7 +36,6 @@ def child(study: str, row: int, warmup: int, iterations: int) -> dict:
 
     import torch
 
-    sys.path.insert(0, str(ROOT / "benchmarks"))
     from step_ratio import build, one_iteration
 
     from lossscale_bench.backends.host_memory import keep_freed_memory
@@ -65,17 +67,6 @@ def run_arm(arm: str, args, row: int) -> dict:
     return res
 
 
-def interval(kept: list[float], system: list[float], n: int = 2000, seed: int = 0) -> tuple[float, float, float]:
-    """``mean(kept) / mean(system)`` over paired rounds and its 95 % percentile bootstrap interval."""
-    import random
-
-    rng = random.Random(seed)
-    k = len(kept)
-    boots = sorted(sum(kept[i] for i in idx) / sum(system[i] for i in idx)
-                   for idx in ([rng.randrange(k) for _ in range(k)] for _ in range(n)))
-    return statistics.fmean(kept) / statistics.fmean(system), boots[int(0.025 * n)], boots[int(0.975 * n) - 1]
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--study", default=str(ROOT / "studies" / "smoke.yaml"))
@@ -89,7 +80,6 @@ def main() -> None:
         print(json.dumps(child(args.study, args.rows[0], args.warmup, args.iterations)))
         return
 
-    sys.path.insert(0, str(ROOT / "benchmarks"))
     from trial_cost import cpu_description
 
     results = {(row, arm): [] for row in args.rows for arm in ARMS}
@@ -104,7 +94,7 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|")
     for row in args.rows:
         s, k = results[(row, "system")], results[(row, "kept")]
-        r, lo, hi = interval([x["ms"] for x in k], [x["ms"] for x in s])
+        r, lo, hi = ratio_interval([x["ms"] for x in k], [x["ms"] for x in s])
 
         def mean(xs, key):
             return statistics.fmean(x[key] for x in xs)

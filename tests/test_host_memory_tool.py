@@ -15,9 +15,9 @@ _spec.loader.exec_module(host_memory_tool)
 
 
 def test_the_ratio_is_kept_over_defaults_paired_by_round():
-    r, lo, hi = host_memory_tool.interval([1.0, 2.0, 3.0], [2.0, 4.0, 6.0])
+    r, lo, hi = host_memory_tool.ratio_interval([1.0, 2.0, 3.0], [2.0, 4.0, 6.0])
     assert (r, lo, hi) == (0.5, 0.5, 0.5)
-    r, lo, hi = host_memory_tool.interval([1.0, 3.0, 2.0, 2.5], [2.0, 2.0, 2.0, 2.0])
+    r, lo, hi = host_memory_tool.ratio_interval([1.0, 3.0, 2.0, 2.5], [2.0, 2.0, 2.0, 2.0])
     assert lo < r < hi
 
 
