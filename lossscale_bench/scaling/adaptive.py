@@ -180,14 +180,15 @@ class AdaptiveLossScaler(PerLayerLossScaler):
         # on the CPU the rule's scalar steps run on the host (adaptive_rule.unbounded_scale_host: the same
         # values, without ~20 dispatches of 0-d tensor ops a layer); elsewhere they stay on the device
         host = g.device.type == "cpu" and (w is None or w.device.type == "cpu")
+        u = None  # the unbounded scale as a float, where the host computed it
         if recompute or unb is None:
             if getattr(info, "is_point", False):
                 unb = output_scale_tensor(g, lognormal=info.lognormal, n_uf_threshold=self.n_uf_threshold,
                                           u_min=self.grad_format.u_min, u_max=self.grad_format.u_max)
             elif host:
-                unb = torch.tensor(unbounded_scale_host(g, w, n_uf_threshold=self.n_uf_threshold, fan_in=info.fan_in,
-                                                        u_min=self.grad_format.u_min, u_max=self.grad_format.u_max),
-                                   dtype=_F32)
+                u = unbounded_scale_host(g, w, n_uf_threshold=self.n_uf_threshold, fan_in=info.fan_in,
+                                         u_min=self.grad_format.u_min, u_max=self.grad_format.u_max)
+                unb = torch.tensor(u, dtype=_F32)
             else:
                 unb = unbounded_scale_tensor(g, w, n_uf_threshold=self.n_uf_threshold, fan_in=info.fan_in,
                                              u_min=self.grad_format.u_min, u_max=self.grad_format.u_max)
@@ -196,7 +197,7 @@ class AdaptiveLossScaler(PerLayerLossScaler):
         elif unb.device != g.device:
             unb = info.last_unbounded = unb.to(g.device)
         if host and prev.device.type == "cpu":
-            return torch.tensor(bound_scale_host(float(unb), float(prev), scale_upper_bound=self.scale_upper_bound,
+            return torch.tensor(bound_scale_host(float(unb) if u is None else u, float(prev), scale_upper_bound=self.scale_upper_bound,
                                                  accum_upper_bound=self.accum_upper_bound,
                                                  power_of_two=self.power_of_two), dtype=_F32)
         return bound_scale_tensor(unb, prev, scale_upper_bound=self.scale_upper_bound,
