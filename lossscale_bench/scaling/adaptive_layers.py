@@ -31,7 +31,8 @@ from torch import nn
 
 from ._graph import ROOT_SCALE_ID
 from ..numerics.amax import max_abs_value
-from .adaptive_rule import _max_abs, backward_fan_in, branch_target_scale, branch_target_scale_host
+from .adaptive_rule import (_max_abs, backward_fan_in, branch_fallback_scale_host, branch_target_scale,
+                            branch_target_scale_host)
 
 _F32 = torch.float32
 
@@ -428,9 +429,15 @@ class _Iteration:
         t = None
         if all(s.device.type == "cpu" and s.dtype == _F32 for s in scale_ts):
             # on the host: the same decision, without ~20 ops on 0-d tensors (branch_target_scale_host)
-            best = branch_target_scale_host([0.0 if g is None else max_abs_value(g) for g in m.stash],
-                                            [s.item() for s in scale_ts], u_max)
-            t = None if best is None else scale_ts[best]
+            max_abs = [0.0 if g is None else max_abs_value(g) for g in m.stash]
+            scales = [s.item() for s in scale_ts]
+            best = branch_target_scale_host(max_abs, scales, u_max)
+            if best is not None:
+                t = scale_ts[best]
+            else:  # no branch fits (or a NaN): the fallback's value, also on the host where it can be
+                value = branch_fallback_scale_host(max_abs, scales, u_max)
+                if value is not None:
+                    t = torch.tensor(value, dtype=_F32)
         if t is None:
             scales = torch.stack(scale_ts)
             zero = torch.zeros((), dtype=_F32, device=scales.device)

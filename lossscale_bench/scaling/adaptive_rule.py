@@ -58,11 +58,12 @@ import torch
 
 from ..formats import FP16, FloatFormat
 from ..numerics.amax import max_abs, max_abs_value
-from .host_fp32 import f32 as _f32, fmin as _fmin, recip as _recip
+from .host_fp32 import f32 as _f32, floor_log2 as _floor_log2, fmin as _fmin, recip as _recip
 
 __all__ = ["approx_range_scale", "approx_range_scale_tensor", "unbounded_scale_tensor", "bound_scale_tensor",
            "branch_target_scale", "backward_fan_in", "underflow_k", "output_scale_tensor", "U_MIN", "U_MAX",
-           "MIN_BRANCH_SCALE", "unbounded_scale_host", "bound_scale_host"]
+           "MIN_BRANCH_SCALE", "unbounded_scale_host", "bound_scale_host", "branch_target_scale_host",
+           "branch_fallback_scale_host"]
 
 #: fp16's smallest subnormal, as the reference uses it (the default ``u_min``; other gradient
 #: formats bring their own, see ``AdaptiveLossScaler(grad_format=...)``)
@@ -286,3 +287,34 @@ def branch_target_scale_host(max_abs: list[float], scales: list[float], u_max: f
         if _f32(m * s) < limit and (best is None or s > scales[best]):
             best = i
     return best
+
+
+def branch_fallback_scale_host(max_abs: list[float], scales: list[float], u_max: float = U_MAX) -> float | None:
+    """:func:`branch_target_scale`'s value where no branch scale fits (``min(scales)`` halved until
+    ``m * t < u_max``, not below :data:`MIN_BRANCH_SCALE`), on the host; None where torch must decide (a scale
+    that is not positive and finite, a halving by more than 2**-100, where ``exp2`` could underflow).
+
+    Why (issue 28): with E4M3 gradients (u_max 448) no branch fits at about one merge a step of the
+    default study's layer-wise dynamic rows, and the tensor version cost ~0.33 ms there. The same fp32
+    operations in the same order: ``mn * m / u_max`` (the Python constant rounded to fp32), ``floor(log2)``
+    (:func:`.host_fp32.floor_log2`), ``+ 1``, ``clamp(min=1)`` (a value below 1, -inf and a non-finite
+    one give 1), ``mn * exp2(-j)``; a NaN ``max|g|`` makes ``m`` NaN, as ``amax`` propagates it."""
+    if not scales or not all(s > 0.0 and math.isfinite(s) for s in scales):
+        return None
+    m = None
+    for a, s in zip(max_abs, scales):
+        q = _f32(a / s)
+        if q != q:
+            m = q
+            break
+        m = q if m is None or q > m else m
+    mn = min(scales)
+    if not mn >= MIN_BRANCH_SCALE:
+        return mn
+    x = _f32(_f32(mn * m) / _f32(u_max))
+    j = 1.0
+    if x == x and x >= 1.0 and math.isfinite(x):  # below 1 the floor is <= -1, and j clamps to 1
+        j = _floor_log2(x) + 1.0
+    if j > 100.0:
+        return None
+    return max(_f32(mn * 2.0 ** -j), MIN_BRANCH_SCALE)

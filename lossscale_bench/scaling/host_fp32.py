@@ -17,7 +17,7 @@ import math
 
 import torch
 
-__all__ = ["f32", "recip", "fmin", "floor_pow2_log2"]
+__all__ = ["f32", "recip", "fmin", "floor_log2", "floor_pow2_log2"]
 
 
 def f32(x: float) -> float:
@@ -38,6 +38,15 @@ def fmin(a: float, b: float) -> float:
 
 #: a value whose significand lies this close below 2 (or is exactly 1) is decided by torch itself
 _NEAR_POWER = 2.0 - 2.0 ** -12
+
+
+def floor_log2(x: float) -> float:
+    """``torch.floor(torch.log2(t))`` of a 0-d fp32 tensor ``t`` holding ``x`` (finite, > 0), as a float:
+    ``frexp``'s exponent, except near a power of two, where torch decides (:func:`floor_pow2_log2`'s reasons)."""
+    m, e = math.frexp(x)
+    if m == 0.5 or 2.0 * m > _NEAR_POWER:
+        return float(torch.floor(torch.log2(torch.tensor(x, dtype=torch.float32))))
+    return float(e - 1)
 
 
 def floor_pow2_log2(x: float) -> float:

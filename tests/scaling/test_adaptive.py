@@ -24,7 +24,8 @@ from lossscale_bench.scaling import build_scaler
 from lossscale_bench.scaling.adaptive import (U_MAX, U_MIN, AdaptiveLossScaler, approx_range_scale,
                                               approx_range_scale_tensor, backward_fan_in, branch_target_scale,
                                               underflow_k, unbounded_scale_tensor)
-from lossscale_bench.scaling.adaptive_rule import (bound_scale_host, bound_scale_tensor, branch_target_scale_host,
+from lossscale_bench.scaling.adaptive_rule import (bound_scale_host, bound_scale_tensor, branch_fallback_scale_host,
+                                                   branch_target_scale_host,
                                                    unbounded_scale_host)
 from lossscale_bench.scaling.fixed import FixedLossScaler
 
@@ -253,20 +254,52 @@ def _host_cases():
     return cases
 
 
+def _fallback_cases():
+    """Cases where no branch fits: ``mn * m / u_max`` at and next to powers of two (where fp32 ``log2`` may
+    round up), below 1, inf and NaN maxima, the smallest scale at and below 1/8, halvings past 2**-100."""
+    inf, nan = float("inf"), float("nan")
+    cases = [([1e5, 1.0], [1.0, 4.0], 65504.0), ([1e6, 1.0], [1.0, 2.0], 65504.0), ([inf, 1.0], [1.0, 2.0], 448.0),
+             ([nan, 1.0], [1.0, 2.0], 448.0), ([1.0, nan], [0.1, 2.0], 448.0), ([500.0, 0.0], [0.125, 2.0], 448.0),
+             ([500.0, 0.0], [0.0625, 2.0], 448.0), ([3e38, 1.0], [2.0 ** 60, 2.0 ** 100], 448.0),
+             ([3e38, 3e38], [3e38, 1e38], 6.0), ([1e30, 1.0], [2.0 ** 90, 2.0 ** 91], 448.0)]
+    for k in range(1, 24):  # mn * m / u_max = x next to 2**k, with mn = 2**24 so that the halving shows
+        for ulps in (-3, -2, -1, 0, 1, 2):
+            x = torch.tensor(2.0 ** k, dtype=torch.float32)
+            for _ in range(abs(ulps)):
+                x = torch.nextafter(x, torch.tensor(0.0 if ulps < 0 else float("inf")))
+            for u in (448.0, 65504.0):
+                cases.append(([float(x) * u, 0.0], [2.0 ** 24, 2.0 ** 26], u))
+    gen = torch.Generator().manual_seed(6)
+    for _ in range(2000):
+        n = int(torch.randint(2, 5, (), generator=gen))
+        a = (torch.randn(n, generator=gen) * 2.0 ** torch.randint(0, 40, (n,), generator=gen).float()).abs()
+        scales = 2.0 ** torch.randint(-5, 20, (n,), generator=gen).float()
+        if torch.rand((), generator=gen) < 0.3:
+            scales = scales * torch.rand(n, generator=gen)
+        cases.append((a.tolist(), scales.tolist(), [65504.0, 448.0, 57344.0, 6.0][int(torch.randint(4, (), generator=gen))]))
+    return cases
+
+
 def test_branch_target_scale_host_is_the_tensor_version():
-    # where the host version answers, it answers exactly what the tensor version computes; where it does
-    # not (no branch fits, NaN), the merge runs the tensor version
-    answered = 0
-    for a, s, u in _host_cases():
+    # where the host version answers, it answers exactly what the tensor version computes; where no branch
+    # fits (or a max is NaN), the host fallback gives the tensor version's value; where neither answers, the
+    # merge runs the tensor version
+    answered = fallbacks = 0
+    for a, s, u in _host_cases() + _fallback_cases():
         want = float(branch_target_scale(torch.tensor(a), torch.tensor(s), u))
-        i = branch_target_scale_host([float(torch.tensor(v)) for v in a], [float(torch.tensor(v)) for v in s], u)
+        a32, s32 = [float(torch.tensor(v)) for v in a], [float(torch.tensor(v)) for v in s]
+        i = branch_target_scale_host(a32, s32, u)
         if i is None:
             fits = (torch.tensor(a) / torch.tensor(s)).amax() * torch.tensor(s) < u
             assert not fits.any() or not all(v > 0 for v in s)
+            value = branch_fallback_scale_host(a32, s32, u)
+            if value is not None:
+                fallbacks += 1
+                assert value == want or (value != value and want != want), (a, s, u, value, want)
             continue
         answered += 1
         assert float(torch.tensor(s)[i]) == want, (a, s, u)
-    assert answered > 1000
+    assert answered > 1000 and fallbacks > 1000
 
 
 # ---------------------------------------------------------------------------
