@@ -58,23 +58,31 @@ def analyse(root: Any, is_scaling: Callable[[Any], bool]) -> GraphPlan:
     For a scaling node only edge 0 (the layer input) carries the layer's new
     scale; its other edges (weight, bias) carry the scale that arrived at it.
     """
+    # one pass over the graph, keeping each node's next_functions (reading it builds a tuple each time)
     nodes: list[Any] = [root]
+    nexts: list[Any] = [None]
     index: dict[int, int] = {id(root): 0}
     consumers: list[list[tuple[int, int]]] = [[]]
     stack = [0]
     while stack:
         i = stack.pop()
-        for j, (nxt, _) in enumerate(nodes[i].next_functions):
-            if nxt is None:
-                continue
-            k = index.get(id(nxt))
-            if k is None:
-                k = len(nodes)
-                index[id(nxt)] = k
-                nodes.append(nxt)
-                consumers.append([])
-                stack.append(k)
-            consumers[k].append((i, j))
+        nf = nodes[i].next_functions
+        nexts[i] = nf
+        j = 0
+        for nxt, _ in nf:
+            if nxt is not None:
+                key = id(nxt)
+                k = index.get(key)
+                if k is None:
+                    k = len(nodes)
+                    index[key] = k
+                    nodes.append(nxt)
+                    nexts.append(None)
+                    consumers.append([(i, j)])
+                    stack.append(k)
+                else:
+                    consumers[k].append((i, j))
+            j += 1
 
     n = len(nodes)
     scaling = [is_scaling(nd) for nd in nodes]
@@ -92,26 +100,29 @@ def analyse(root: Any, is_scaling: Callable[[Any], bool]) -> GraphPlan:
         node = nodes[i]
         if i != 0:
             edges = consumers[i]
-            ids = [out_id[c] if (scaling[c] and j == 0) else scale_in[c] for c, j in edges]
-            first = ids[0]
-            if all(x == first for x in ids):
-                scale_in[i] = first
+            if len(edges) == 1:  # most nodes: one consumer, nothing to merge
+                c, j = edges[0]
+                scale_in[i] = out_id[c] if (j == 0 and scaling[c]) else scale_in[c]
             else:
-                spec = MergeSpec(next_id, [(nodes[c], j, sid) for (c, j), sid in zip(edges, ids)])
-                next_id += 1
-                merges.append(spec)
-                scale_in[i] = spec.out_id
+                ids = [out_id[c] if (scaling[c] and j == 0) else scale_in[c] for c, j in edges]
+                first = ids[0]
+                if all(x == first for x in ids):
+                    scale_in[i] = first
+                else:
+                    spec = MergeSpec(next_id, [(nodes[c], j, sid) for (c, j), sid in zip(edges, ids)])
+                    next_id += 1
+                    merges.append(spec)
+                    scale_in[i] = spec.out_id
         if scaling[i]:
             out_id[i] = next_id
             next_id += 1
             layers.append((node, scale_in[i], out_id[i]))
         elif type(node).__name__ == "AccumulateGrad":
             leaves.append((node, node.variable, scale_in[i]))
-        for nxt, _ in node.next_functions:
-            if nxt is None:
-                continue
-            k = index[id(nxt)]
-            pending[k] -= 1
-            if pending[k] == 0:
-                queue.append(k)
+        for nxt, _ in nexts[i]:
+            if nxt is not None:
+                k = index[id(nxt)]
+                pending[k] -= 1
+                if pending[k] == 0:
+                    queue.append(k)
     return GraphPlan(n_ids=next_id, layers=layers, merges=merges, leaves=leaves, n_nodes=n)

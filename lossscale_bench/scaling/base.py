@@ -10,9 +10,12 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+import math
 from typing import Any, Callable, Iterable
 
 import torch
+
+from .host_fp32 import recip
 
 
 @dataclass(frozen=True)
@@ -41,6 +44,12 @@ def unscale_group_(grads: list, scale, found: torch.Tensor) -> None:
     device = found.device
     if scale is None:
         inv = torch.ones(1, dtype=torch.float32, device=device)
+    elif device.type == "cpu" and scale.device.type == "cpu" and scale.dtype == torch.float32:
+        # the same fp32 reciprocal and flag on the host: 2 dispatches instead of 6 per group (issue 28)
+        v = recip(scale.item())
+        if not math.isfinite(v):
+            found.add_(1.0)
+        inv = torch.full((1,), v, dtype=torch.float32)
     else:
         inv = torch.reciprocal(scale.to(device=device, dtype=torch.float32)).reshape(1)
         found.add_((~torch.isfinite(inv)).to(torch.float32))

@@ -83,3 +83,26 @@ def test_a_rule_left_unwritten_is_refused_and_leaves_the_model_alone():
     assert all("forward" not in mod.__dict__ for mod in model.modules())
     with pytest.raises(ValueError, match="needs the model"):
         _Fixed(None)
+
+
+@pytest.mark.parametrize("scale", [1.0, 3.0, 2.0 ** 20, 2.0 ** -130, 1e-45, 0.0, -0.0, float("inf"), float("nan"), 0.1])
+def test_unscale_group_on_the_host_is_the_tensor_path(scale):
+    # the CPU path computes the reciprocal and its flag on the host (issue 28); a 0-d float64 scale takes the
+    # tensor path, whose reciprocal of the same fp32 value must give the same gradients and flag
+    from lossscale_bench.scaling.base import unscale_group_
+
+    gen = torch.Generator().manual_seed(1)
+    base = [torch.randn(5, 3, generator=gen) * 1e3, torch.randn(7, generator=gen)]
+    base[1][2] = float("inf") if scale == 3.0 else base[1][2]
+    results = []
+    for s in (torch.tensor(scale, dtype=torch.float32), torch.tensor(scale, dtype=torch.float32).double()):
+        grads, found = [g.clone() for g in base], torch.zeros(1)
+        unscale_group_(grads, s, found)
+        results.append((grads, float(found)))
+    (host, host_found), (tensor, tensor_found) = results
+    assert host_found == tensor_found
+    # flagged: a non-finite gradient (planted for 3.0) or a reciprocal that is not finite in fp32 (0, 2**-130, NaN)
+    expect_bad = scale == 3.0 or scale == 0.0 or scale != scale or abs(scale) < 2.0 ** -128
+    assert host_found == (1.0 if expect_bad else 0.0)
+    for a, b in zip(host, tensor):
+        assert torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num(), b.nan_to_num())
