@@ -115,9 +115,20 @@ class AmaxLossScaler(PointLossScaler):
         self._hist: torch.Tensor | None = None       # (history, n) true amaxes, newest first; 0 = none
         self._now: torch.Tensor | None = None        # (n,) this step's true amaxes (0 = not measured)
         self._hist_max: torch.Tensor | None = None   # (n,) max over the history window, once per step
+        #: on the CPU with the host rule: (scales, hist_max, now) as float lists during a backward, written back
+        #: to the tensors by :meth:`_flush_host` (a write or read of one element of a tensor is a dispatch)
+        self._host: tuple[list[float], list[float], list[float]] | None = None
         self._n = n
         self._loss_scale = float(init_scale)
         self._pending_state: dict[str, Any] | None = None
+
+    def _flush_host(self) -> None:
+        """Write the host lists back to the device state (before anything reads or writes the tensors)."""
+        if self._host is not None:
+            scales, _, now = self._host
+            self._host = None
+            self._scales.copy_(torch.tensor(scales, dtype=_F32))
+            self._now.copy_(torch.tensor(now, dtype=_F32))
 
     def _ensure(self, device: torch.device) -> None:
         if self._scales is None:
@@ -137,6 +148,7 @@ class AmaxLossScaler(PointLossScaler):
         self._ensure(grad.device)
         if self.host_rule and self._scales.device.type == grad.device.type == incoming.device.type == "cpu":
             return self._point_scale_host(k, grad, float(incoming), from_loss)
+        self._flush_host()
         prev = incoming.to(device=self._scales.device, dtype=_F32)
         a = _max_abs(grad).to(self._scales.device, _F32) / prev
         a = torch.where(torch.isfinite(a), a, torch.zeros_like(a))  # a non-finite amax is not recorded
@@ -156,17 +168,20 @@ class AmaxLossScaler(PointLossScaler):
         else:
             a = f32(a_raw / prev)
         a = a if math.isfinite(a) else 0.0  # a non-finite amax is not recorded
-        self._now[k] = a
+        if self._host is None:
+            self._host = (self._scales.tolist(), self._hist_max.tolist(), self._now.tolist())
+        scales, hist_max, now = self._host
+        now[k] = a
         if from_loss:
-            now0 = float(self._now[0])
-            self._now[0] = now0 if now0 >= a else a  # both finite: torch.maximum
-        amax = a if self.recipe == "current" else float(self._hist_max[k])
-        s = scale_from_amax_host(amax, float(self._scales[k]), self.fmax, self.margin, self.power_of_two)
-        self._scales[k] = s
+            now[0] = now[0] if now[0] >= a else a  # both finite: torch.maximum
+        amax = a if self.recipe == "current" else hist_max[k]
+        s = scale_from_amax_host(amax, scales[k], self.fmax, self.margin, self.power_of_two)
+        scales[k] = s
         return torch.tensor(s, dtype=_F32)
 
     def update(self) -> None:
         measured = self._now is not None and self._scales is not None
+        self._flush_host()
         super().update()
         if not measured:
             return
@@ -178,7 +193,11 @@ class AmaxLossScaler(PointLossScaler):
         self._now = None
         self._hist_max = self._hist.amax(0)
         amax = self._hist[0, 0] if self.recipe == "current" else self._hist_max[0]
-        self._scales[0] = scale_from_amax(amax, self._scales[0], self.fmax, self.margin, self.power_of_two)
+        if self.host_rule and self._scales.device.type == "cpu":
+            self._scales[0] = scale_from_amax_host(float(amax), float(self._scales[0]), self.fmax, self.margin,
+                                                   self.power_of_two)
+        else:
+            self._scales[0] = scale_from_amax(amax, self._scales[0], self.fmax, self.margin, self.power_of_two)
         self._loss_scale = float(self._scales[0])
         self.init_scale = self._loss_scale
 
@@ -187,11 +206,13 @@ class AmaxLossScaler(PointLossScaler):
 
     # -- introspection -------------------------------------------------------------
     def point_scales(self) -> dict[str, float]:
+        self._flush_host()
         if self._scales is None:
             return {p: (self._loss_scale if k == 0 else 1.0) for k, p in enumerate(self.points)}
         return dict(zip(self.points, self._scales.tolist()))
 
     def layer_table(self) -> list[dict[str, Any]]:
+        self._flush_host()
         rows = super().layer_table()
         last = [0.0] * self._n if self._hist is None else self._hist[0].tolist()
         for row, k in zip(rows, range(1, self._n)):
@@ -201,6 +222,7 @@ class AmaxLossScaler(PointLossScaler):
     def state_dict(self) -> dict[str, Any]:
         state = {"method": self.method, "iteration": self._iter, "recipe": self.recipe, "history": self.history,
                  "loss_scale": self._loss_scale, "points": list(self.points)}
+        self._flush_host()
         if self._scales is not None:
             state["scales"] = self._scales.cpu().tolist()
             state["amax_history"] = self._hist.cpu().tolist()
@@ -220,6 +242,7 @@ class AmaxLossScaler(PointLossScaler):
         self._hist_max = self._hist.amax(0)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._flush_host()
         self._iter = int(state.get("iteration", 0))
         self._loss_scale = float(state["loss_scale"])
         self.init_scale = self._loss_scale
