@@ -440,6 +440,42 @@ int32_t lsb_block_round(const float *restrict x, float *restrict y, int64_t nume
             RUN(bx, by, block, (uint32_t)whole);
             for (int64_t i = whole; i < numel; i++) y[i] = by[i - whole];
         }
+    } else if (cl >= 2) {
+        /* NVFP4's weight tiles (block 256): the weight as its [O, K] matrix, K = C*H*W in logical order
+           (cl 2: stored contiguous; cl 3: a channels_last [O, C, H, W], column c*HW + p at p*C + c), cut into
+           16x16 tiles zero-padded at the edges, the tiles one after another in row-major tile order (fp4.py's
+           _flatten with weight=True): gathered into the per-thread buffer, rounded there, scattered back. */
+        const int64_t HW = H * W, K = C * HW, O = numel / K, TR = (O + 15) / 16, TC = (K + 15) / 16;
+        const int64_t total = TR * TC * 256;
+        if (!grow(2 * total)) return 1;
+        float *t = buf, *u = buf + total;
+        for (int64_t pass = 0; pass < 2; pass++) {
+            if (pass == 1) RUN(t, u, total, 0u);
+            for (int64_t tc = 0; tc < TC; tc++) {
+                int64_t off[16];  /* the memory offset of each of the tile column's 16 columns within a row */
+                const int64_t bn = K - tc * 16 < 16 ? K - tc * 16 : 16;
+                for (int64_t b = 0; b < bn; b++) {
+                    const int64_t col = tc * 16 + b;
+                    off[b] = cl == 2 ? col : (col % HW) * C + col / HW;
+                }
+                for (int64_t tr = 0; tr < TR; tr++) {
+                    float *restrict tt = (pass == 0 ? t : u) + (tr * TC + tc) * 256;
+                    for (int64_t a = 0; a < 16; a++) {
+                        const int64_t row = tr * 16 + a;
+                        if (row >= O) {
+                            if (pass == 0) for (int64_t b = 0; b < 16; b++) tt[a * 16 + b] = 0.0f;
+                            continue;
+                        }
+                        if (pass == 0) {
+                            for (int64_t b = 0; b < bn; b++) tt[a * 16 + b] = x[row * K + off[b]];
+                            for (int64_t b = bn; b < 16; b++) tt[a * 16 + b] = 0.0f;
+                        } else {
+                            for (int64_t b = 0; b < bn; b++) y[row * K + off[b]] = tt[a * 16 + b];
+                        }
+                    }
+                }
+            }
+        }
     } else if ((H * W) % block == 0) {  /* channels_last, every block inside one (image, channel) plane */
         const int64_t N = numel / (C * H * W);
         char *scratch = (char *)malloc((size_t)C * 20);

@@ -290,6 +290,20 @@ class NativeBlock(ProbeChecked):
             raise MemoryError(f"the C block rounding could not allocate {2 * 4 * x.numel()} bytes")
         return (y, *counts.unbind()) if counts is not None else y
 
+    def weight_tiles(self, w: torch.Tensor, key: torch.Tensor | None = None):
+        """NVFP4's 16x16 weight tiles of a 2-D or 4-D ``w`` (fp32 CPU, contiguous or channels_last) as it lies:
+        what the configuration (block 256, kind 2) returns for ``fp4._flatten(w, 256, weight=True)``, undone,
+        without the layout copies around it (issue 32: ~130 us a weight a step). fp4.py checks it against that
+        path on its own probe before using it."""
+        y = torch.empty_like(w)
+        counts = torch.zeros(3, dtype=torch.int64) if self.with_counts else None
+        cl = w.dim() == 4 and is_channels_last(w) and not w.is_contiguous()
+        c, h, wd = (w.shape[1], w.shape[2], w.shape[3]) if w.dim() == 4 else (w.shape[1], 1, 1)
+        if self._fn(w.data_ptr(), y.data_ptr(), w.numel(), 3 if cl else 2, c, h, wd, *self._args,
+                    int(key) if key is not None else 0, counts.data_ptr() if counts is not None else None):
+            raise MemoryError(f"the C block rounding could not allocate {2 * 4 * w.numel()} bytes")
+        return (y, *counts.unbind()) if counts is not None else y
+
 
 _NATIVE_BLOCKS: dict[tuple, NativeBlock] = {}
 

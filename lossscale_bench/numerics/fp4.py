@@ -63,12 +63,13 @@ torchao 0.18 (``torchao.prototype.mx_formats``) implements both block formats; t
 
 from __future__ import annotations
 
+import warnings
 from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 
-from ._compile import LazyCompiled
+from ._compile import LazyCompiled, same_values
 from .block_scaling import (ElementFormat, FlushSaturate, MX_MODES, NativeBlock, _exp2i, mx_exponent, native_block,
                             native_takes)
 from .fp8 import E4M3, Fp8Spec, _bits_eager, _bits_fused, _magic, is_channels_last, memory_order_flat
@@ -301,6 +302,10 @@ def fp4_round(x: torch.Tensor, kind: str = "nvfp4", *, stochastic: bool = False,
             and (nk := _c_loop(kind, block, mode, stochastic, counts)) is not None):
         res = nk(x.detach(), seed)  # the tensor as it lies: no flattening, padding or layout copies
         return (res[0], FlushSaturate(*res[1:])) if counts else res
+    if (weight and compiled is None and x.dim() in (2, 4) and native_takes(x)
+            and (nk := _c_loop(kind, block, mode, stochastic, counts)) is not None and _weight_tiles_ok(nk)):
+        res = nk.weight_tiles(x.detach(), seed)  # the tiles gathered and scattered in C: no layout copies
+        return (res[0], FlushSaturate(*res[1:])) if counts else res
     x1, lay = _flatten(x, block, weight)
     seed = seed.to(x1.device)
     # Dynamo specialises sizes 0 and 1: a single block runs eager instead of a second graph
@@ -316,6 +321,39 @@ def fp4_round(x: torch.Tensor, kind: str = "nvfp4", *, stochastic: bool = False,
     if is_channels_last(x) and not out.is_contiguous(memory_format=torch.channels_last):  # its layout back
         out = out.contiguous(memory_format=torch.channels_last)
     return (out, extra) if counts else out
+
+
+#: id(NativeBlock) -> whether its weight_tiles matched the flattening path on the probe weights
+_WEIGHT_TILES_OK: dict[int, bool] = {}
+
+
+def _weight_tiles_ok(nk: NativeBlock) -> bool:
+    """Whether ``nk.weight_tiles`` gives what the layout path (``_flatten``, the same C loop, ``_unflatten``)
+    gives, bit for bit with its counts, on weights made of the probe values: 2-D and 4-D, contiguous and
+    channels_last, sizes that are and are not multiples of 16. Checked once per configuration; a failure
+    warns once and keeps the layout path."""
+    ok = _WEIGHT_TILES_OK.get(id(nk))
+    if ok is None:
+        x, key = PROBE
+        v = torch.cat([x, torch.where(x.abs() < 2.0 ** 64, x, torch.zeros_like(x))])
+        ok = True
+        for shape in ((20, 3, 3, 3), (16, 8, 2, 2), (33, 5, 1, 3), (17, 29), (32, 16)):
+            n = 1
+            for d in shape:
+                n *= d
+            w = v.repeat(n // v.numel() + 1)[:n].reshape(shape)
+            for layout in ((w, w.contiguous(memory_format=torch.channels_last)) if w.dim() == 4 else (w,)):
+                got = nk.weight_tiles(layout, key)
+                x1, lay = _flatten(layout, 256, True)
+                res = nk(x1, key)
+                want = (_unflatten(res[0], lay), *res[1:]) if isinstance(res, tuple) else _unflatten(res, lay)
+                pairs = zip(got, want) if isinstance(got, tuple) else [(got, want)]
+                ok = ok and all(a.shape == b.shape and same_values(a.contiguous(), b.contiguous()) for a, b in pairs)
+        _WEIGHT_TILES_OK[id(nk)] = ok
+        if not ok:
+            warnings.warn("lossscale_bench.numerics: the C NVFP4 weight tiles differ from the layout path on the "
+                          "probe weights; using the layout path (same results)", RuntimeWarning, stacklevel=3)
+    return ok
 
 
 def _c_loop(kind: str, block: int, mode: str, stochastic: bool, counts: bool) -> NativeBlock | None:

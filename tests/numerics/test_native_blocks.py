@@ -174,3 +174,46 @@ def test_a_loop_that_fails_its_probe_is_not_used_and_says_why():
         assert not k.ready()
     assert "differs from the eager kernel on the probe" in k.broken
     assert any("C block rounding" in str(m.message) for m in w)
+
+
+# NVFP4's 16x16 weight tiles gathered and scattered in C (NativeBlock.weight_tiles): 2-D and 4-D, contiguous and
+# channels_last, ragged in either tile dimension or not, a 1x1 conv (both layouts at once)
+WEIGHT_SHAPES = [(20, 7, 3, 3), (64, 64, 3, 3), (16, 8, 1, 1), (33, 5, 1, 3), (17, 29), (32, 48), (3, 2, 5, 5)]
+
+
+@pytest.mark.parametrize("shape", WEIGHT_SHAPES)
+@pytest.mark.parametrize("stochastic,counts", [(False, False), (False, True), (True, True)])
+def test_weight_tiles_in_c_equal_the_eager_kernel_and_keep_the_layout(monkeypatch, shape, stochastic, counts):
+    n = 1
+    for d in shape:
+        n *= d
+    w = _with_non_finite(_gradient_like(max(n, 256), 8))[:n].view(shape) if n >= 256 else _gradient_like(n, 8).view(shape)
+    key = fp4.Fp4Stream(3).next_key()
+    fp4.fp4_round(w, "nvfp4", stochastic=stochastic, key=key, weight=True, counts=counts)  # its probe check first
+    ran = []
+    real = bs.NativeBlock.weight_tiles
+    monkeypatch.setattr(bs.NativeBlock, "weight_tiles", lambda self, *a: ran.append(1) or real(self, *a))
+    for x in ((w, w.contiguous(memory_format=torch.channels_last)) if w.dim() == 4 else (w,)):
+        kw = dict(stochastic=stochastic, key=key, weight=True, counts=counts)
+        got, want = fp4.fp4_round(x, "nvfp4", **kw), fp4.fp4_round(x, "nvfp4", compiled=False, **kw)
+        g, v = (got[0], want[0]) if counts else (got, want)
+        assert g.stride() == x.stride() and same_values(g.contiguous(), v.contiguous())
+        assert not counts or same_values(tuple(got[1:]), tuple(want[1:]))
+    assert len(ran) == (2 if w.dim() == 4 else 1), "the C weight tiles did not run"
+
+
+def test_weight_tiles_that_differ_on_their_probe_are_not_used(monkeypatch):
+    # a real fault in the gather (the tiles taken column-major) must be caught by fp4's probe check, warned
+    # about once, and leave the layout path's values
+    real = bs.NativeBlock.weight_tiles
+    monkeypatch.setattr(bs.NativeBlock, "weight_tiles", lambda self, w, key=None: real(self, w.t().contiguous().t()
+                                                                                         if w.dim() == 2 else
+                                                                                         w.transpose(2, 3), key))
+    monkeypatch.setattr(fp4, "_WEIGHT_TILES_OK", {})
+    w = _gradient_like(17 * 29, 9).view(17, 29)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = fp4.fp4_round(w, "nvfp4", weight=True)
+    assert any("weight tiles differ" in str(m.message) for m in caught)
+    assert same_values(got, fp4.fp4_round(w, "nvfp4", weight=True, compiled=False))
+    assert list(fp4._WEIGHT_TILES_OK.values()) == [False]
