@@ -483,14 +483,24 @@ int32_t lsb_block_round(const float *restrict x, float *restrict y, int64_t nume
         uint32_t *mb = (uint32_t *)scratch;
         float *enc = (float *)(scratch + 4 * C), *dec = (float *)(scratch + 8 * C);
         int32_t *okv = (int32_t *)(scratch + 12 * C), *satv = (int32_t *)(scratch + 16 * C);
-#define COL(K, S, Q) column_pass(x, y, N, C, H * W, block, K, mode, mbits, emin, emax, maxv, max_bits, nan_bits, S, \
-                                 khi, klo, s_enc, tensor_ok, Q, acc, mb, enc, dec, okv, satv)
-#define COL_BY_COUNT(K, S) do { if (counts) COL(K, S, 1); else COL(K, S, 0); } while (0)
+#define COL_AT(K, S, Q, CC, BB) column_pass(x, y, N, CC, H * W, BB, K, mode, mbits, emin, emax, maxv, max_bits, \
+                                           nan_bits, S, khi, klo, s_enc, tensor_ok, Q, acc, mb, enc, dec, okv, satv)
+/* the model's usual channel counts and the two block sizes as constants: the loops over a row of C floats and
+   over a block then unroll and vectorise without remainders (same arithmetic, element for element) */
+#define COL(K, S, Q) do { if (block == 16 && C == 16) COL_AT(K, S, Q, 16, 16); \
+                          else if (block == 16 && C == 32) COL_AT(K, S, Q, 32, 16); \
+                          else if (block == 16 && C == 64) COL_AT(K, S, Q, 64, 16); \
+                          else if (block == 32 && C == 16) COL_AT(K, S, Q, 16, 32); \
+                          else if (block == 32 && C == 32) COL_AT(K, S, Q, 32, 32); \
+                          else if (block == 32 && C == 64) COL_AT(K, S, Q, 64, 32); \
+                          else COL_AT(K, S, Q, C, block); } while (0)
+#define COL_BY_COUNT(K, S) do { if (counts) COL_AT(K, S, 1, C, block); else COL(K, S, 0); } while (0)
 #define COL_BY_ROUNDING(K) do { if (stochastic) COL_BY_COUNT(K, 1); else COL_BY_COUNT(K, 0); } while (0)
         if (kind == 1) COL_BY_ROUNDING(1); else COL_BY_ROUNDING(2);
 #undef COL_BY_ROUNDING
 #undef COL_BY_COUNT
 #undef COL
+#undef COL_AT
         free(scratch);
     } else {
         /* channels_last [N, C, H, W]: logical index ((n*C + c)*H*W + p) sits at (n*H*W + p)*C + c in memory.

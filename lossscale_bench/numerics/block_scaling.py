@@ -264,7 +264,8 @@ class NativeBlock(ProbeChecked):
         output is 0, so the probe alone would not see the elements' rounding); each flat and (scaled kinds)
         as channels_last [n, 8, 4, 8] and [n, 32, 2, 4] images: H*W = 32 takes the loop's channels_last pass
         by columns for 16- and 32-element blocks, H*W = 8 its transposes of planes smaller than a tile
-        (a 3x3 weight gradient's), which must agree too."""
+        (a 3x3 weight gradient's), which must agree too; and [1, 16|32|64, 4, 8] images of the probe repeated,
+        the by-columns pass the loop compiles for those channel counts (issue 32)."""
         x, *rest = self._probe
         for v in (x, torch.where(x.abs() < 2.0 ** 64, x, torch.zeros_like(x))):
             want = self._eager(v, *rest)
@@ -272,10 +273,15 @@ class NativeBlock(ProbeChecked):
                 return False
             if self.kind == 0 or v.numel() % 256:
                 continue
-            for shape in ((8, 4, 8), (32, 2, 4)):
-                got = self(v.view(-1, *shape).contiguous(memory_format=torch.channels_last), *rest)
+            # [16|32|64, 4, 8]: the by-columns pass with the channel counts the loop has as constants (the probe
+            # repeated to fill one image; its blocks then repeat too, and so does the tensor's amax)
+            for shape in ((8, 4, 8), (32, 2, 4), (16, 4, 8), (32, 4, 8), (64, 4, 8)):
+                reps = max(1, shape[0] * shape[1] * shape[2] // v.numel())
+                vv = v.repeat(reps)
+                ref = want if reps == 1 else self._eager(vv, *rest)
+                got = self(vv.view(-1, *shape).contiguous(memory_format=torch.channels_last), *rest)
                 got = (got[0].contiguous().view(-1), *got[1:]) if isinstance(got, tuple) else got.contiguous().view(-1)
-                if not same_values(got, want):
+                if not same_values(got, ref):
                     return False
         return True
 

@@ -90,9 +90,11 @@ def test_fp4_c_loop_equals_the_eager_kernel(kind, mode, stochastic, counts, weig
 
 # H*W not a multiple of the block (the tile transposes: blocks that span rows and channels, a ragged last
 # block), planes smaller than a tile (a 3x3 weight gradient's, 2x2), a multiple of 16 only (NVFP4 by columns,
-# MX by tiles), and of 32 (every block format by columns)
+# MX by tiles), and of 32 (every block format by columns), with other channel counts and with 16, 32, 64
 CL_SHAPES = [(2, 16, 5, 7), (3, 13, 11, 9), (1, 3, 40, 41), (20, 7, 3, 3), (5, 24, 2, 2), (2, 7, 4, 4),
-             (3, 5, 4, 8), (2, 19, 8, 12)]
+             (3, 5, 4, 8), (2, 19, 8, 12),
+             # by columns with the channel counts the loop has as constants (16, 32, 64), for both block sizes
+             (2, 16, 4, 8), (1, 32, 8, 8), (2, 64, 4, 4), (1, 64, 8, 4), (3, 16, 6, 16), (1, 32, 2, 16)]
 
 
 @pytest.mark.parametrize("shape", CL_SHAPES)
