@@ -109,8 +109,13 @@ def cmd_run(args) -> int:
         _print_table(study.trials())
         _print_notices(study, sys.stdout)
         return 0
+    from .backends.host_memory import setting_problem
     from .study.paths import check_paths
 
+    problem = setting_problem()  # the trials read it: a misspelt value would silently keep the default
+    if problem:
+        print(f"lsbench: error: {problem}", file=sys.stderr)
+        return EXIT_USAGE
     check_paths(study)  # missing data or weights: one line now, not a failed trial each after Ray started
     if not args.no_report:  # written after the last trial: found unwritable now, not after hours of training
         from .writable import folder_problem

@@ -79,6 +79,17 @@ def test_unwritable_reports_dir_is_refused_before_any_trial(tmp_path):
         assert not (tmp_path / "runs").exists()  # nothing trained, no store made
 
 
+def test_a_misspelt_malloc_setting_is_refused_before_any_trial(tmp_path):
+    """LSBENCH_MALLOC=sytem used to keep the default without a word (the ninth session's note)."""
+    f = write_study(tmp_path, schedule={"iterations": 4, "lr": 0.01, "warmup_iterations": 2})
+    r = lsbench("run", f, "--executor", "local", "--runs-dir", tmp_path / "runs", cwd=tmp_path, timeout=180,
+                env={"LSBENCH_MALLOC": "sytem"})
+    assert r.returncode == 2, (r.stdout[-1500:], r.stderr[-2000:])
+    assert r.stderr.strip() == ("lsbench: error: LSBENCH_MALLOC='sytem' in the environment: allowed: 'system' "
+                                "(glibc's malloc defaults) or 'kept' (freed memory kept, the default; also when unset)")
+    assert not (tmp_path / "runs").exists()  # nothing trained, no store made
+
+
 @pytest.mark.parametrize("port", ["70000", "-1", "0"])
 def test_ui_refuses_a_port_outside_1_to_65535_at_once(tmp_path, port):
     r = _run("ui", "--runs-dir", str(tmp_path / "runs"), f"--port={port}", cwd=tmp_path)

@@ -31,6 +31,21 @@ TRIM_THRESHOLD = 1 << 30
 
 _applied: bool | None = None
 
+#: the environment variable that chooses, and its values: unset, empty or "kept" (the settings above, the
+#: default) and "system" (glibc's own defaults)
+MALLOC_ENV = "LSBENCH_MALLOC"
+MALLOC_VALUES = ("", "kept", "system")
+
+
+def setting_problem() -> str | None:
+    """What is wrong with ``LSBENCH_MALLOC`` in the environment, in one line, or None: a misspelt ``system``
+    must not silently keep the default (``lsbench run`` refuses it before any trial starts)."""
+    value = os.environ.get(MALLOC_ENV, "")
+    if value.strip().lower() in MALLOC_VALUES:
+        return None
+    return (f"{MALLOC_ENV}={value!r} in the environment: allowed: 'system' (glibc's malloc defaults) or 'kept' "
+            f"(freed memory kept, the default; also when unset)")
+
 
 def keep_freed_memory() -> bool:
     """Apply the two settings once per process (module doc); whether they are in force. False where the C
@@ -42,7 +57,7 @@ def keep_freed_memory() -> bool:
 
 
 def _apply() -> bool:
-    if os.environ.get("LSBENCH_MALLOC", "").strip().lower() == "system":
+    if os.environ.get(MALLOC_ENV, "").strip().lower() == "system":
         return False
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         return False

@@ -80,3 +80,19 @@ def test_the_cpu_backend_applies_them_and_reports_faults_with_the_peak_size():
     stats = backend.memory_stats()
     assert stats["host_freed_memory_kept"] == 1.0
     assert stats["host_minor_faults"] > 0 and stats["host_max_rss_mb"] > 0
+
+
+@pytest.mark.parametrize("value,ok", [(None, True), ("", True), ("system", True), (" System ", True), ("kept", True),
+                                      ("sytem", False), ("off", False), ("0", False)])
+def test_malloc_setting_values(monkeypatch, value, ok):
+    # every value but the three is refused in one line naming the variable and what it takes
+    from lossscale_bench.backends.host_memory import MALLOC_ENV, setting_problem
+
+    if value is None:
+        monkeypatch.delenv(MALLOC_ENV, raising=False)
+    else:
+        monkeypatch.setenv(MALLOC_ENV, value)
+    problem = setting_problem()
+    assert (problem is None) == ok
+    assert ok or (problem.startswith(f"LSBENCH_MALLOC={value!r} in the environment: allowed: 'system'")
+                  and "\n" not in problem)
