@@ -187,3 +187,26 @@ def test_keeping_the_top_100_per_image_and_category_changes_no_ap(val_ds):
     ref = _pycocotools_stats(coco, dets)
     got = evaluate_detections(coco, dets)
     assert ref[0] > 0 and (got["map"], got["map_50"], got["map_75"]) == (ref[0], ref[1], ref[2])
+
+
+def test_evaluate_coco_scores_what_evaluate_detections_scores(val_ds):
+    # evaluate_coco skips evaluate_detections' normalising copy (its detections are plain Python values already,
+    # issue 28): the same numbers as the public path on the same predictions, for an untrained SSD (~200
+    # detections an image)
+    from lossscale_bench.evaluation.predict import predictions
+    from lossscale_bench.models import build_model
+
+    torch.manual_seed(3)
+    model = build_model("ssd_tiny", num_classes=val_ds.num_classes + 1, image_size=64, width=8)
+    got = evaluate_coco(model, val_ds, batch_size=4)
+    dets, ids = [], []
+    for target, out in predictions(model, val_ds, batch_size=4):
+        ids.append(int(target["image_id"]))
+        b = out["boxes"]
+        for box, label, score in zip(torch.cat([b[:, :2], b[:, 2:] - b[:, :2]], 1).tolist(), out["labels"].tolist(),
+                                     out["scores"].tolist()):
+            if val_ds.label_to_cat.get(int(label)) is not None:
+                dets.append({"image_id": ids[-1], "category_id": val_ds.label_to_cat[int(label)], "bbox": box,
+                             "score": score})
+    want = evaluate_detections(val_ds.coco, dets, img_ids=ids)
+    assert got == want and got["num_detections"] > 0
