@@ -29,6 +29,12 @@ class Sink:
     def flush(self) -> None:
         """Deliver whatever is buffered."""
 
+    def flush_when_due(self) -> None:
+        """A point where what is buffered may be delivered (the metrics hook's every ``log_every`` steps, an
+        evaluation); a sink whose deliveries cost the trial time may wait for a later one
+        (``orchestration.tune_sink.TuneSink``). Here: :meth:`flush`."""
+        self.flush()
+
 
 class MemorySink(Sink):
     """Keeps everything in lists; for tests and for reading back a trial's history."""

@@ -83,7 +83,11 @@ class MetricsHook(Hook):
         if s % self.log_every == 0 or s == trainer.iterations:
             self._drain()
         if s % self.log_every == 0:
-            self.flush(trainer)
+            self._drain()
+            if self._buf:
+                self.sink.metrics(self._buf)
+                self._buf = []
+            self.sink.flush_when_due()  # a sink may hold it for a later report (tune_sink.REPORT_INTERVAL_S)
 
     def _drain(self) -> None:
         """Read the pending steps' losses (one transfer) and queue every pending metric."""
@@ -292,7 +296,7 @@ class EvalHook(Hook):
         step = trainer.state.step
         self.best_map = max(self.best_map, res.get("map", float("-inf")))
         self.sink.metrics([(k, float(v), step) for k, v in res.items() if k in ("map", "map_50")])
-        self.sink.flush()
+        self.sink.flush_when_due()
         if self.on_eval:
             self.on_eval(step, res)
         return res

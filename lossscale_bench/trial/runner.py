@@ -165,8 +165,14 @@ def _trainer(cfg, parts: TrialParts, sink: Sink, trial_dir: Path, ckpt_path: Pat
                       grad_sync=grad_sync, sync_every=cfg.log_every)  # losses read a window at a time
     if rank == 0:
         every = checkpoint_every or eval_every or max(1, iterations // 10)
-        trainer.hooks.append(CheckpointHook(ckpt_path, every,
-                                            lambda: capture(trainer, cfg.trial_id, eval_hook.best_map)))
+
+        def state() -> dict:
+            # what was logged up to the checkpoint is delivered before the checkpoint exists: a sink may hold
+            # reports back (TuneSink), and a trial resumed from this checkpoint does not recompute those steps
+            sink.flush()
+            return capture(trainer, cfg.trial_id, eval_hook.best_map)
+
+        trainer.hooks.append(CheckpointHook(ckpt_path, every, state))
     return trainer
 
 

@@ -208,3 +208,40 @@ def test_trial_in_a_reused_worker_matches_a_fresh_process(tmp_path):
     assert len(reused[0]) == 8
     assert reused[0] == fresh[0]
     assert reused[1] == fresh[1]
+
+
+class _HoldingSink(MemorySink):
+    """A sink that delivers only on an explicit flush (as TuneSink does between its reports): what it has
+    delivered is what a driver would have, were the trial killed now."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.delivered: list[tuple[str, float, int]] = []
+
+    def flush(self):
+        super().flush()
+        self.delivered = list(self.items)
+
+    def flush_when_due(self):
+        pass  # never due: only explicit flushes deliver
+
+
+def test_every_step_before_a_checkpoint_is_delivered_before_the_checkpoint_is_written(tmp_path, monkeypatch):
+    # a trial resumed from a checkpoint recomputes only the steps after it, so a sink that holds reports back
+    # (TuneSink) must have delivered everything logged up to it by then (issue 28: reports every few seconds)
+    from lossscale_bench.engine import hooks
+
+    sink, seen = _HoldingSink(), []
+    real_save = hooks.atomic_torch_save
+
+    def save(obj, path):
+        seen.append((obj["step"] if "step" in obj else obj["state"]["step"],
+                     max((s for k, _, s in sink.delivered if k == "loss"), default=0)))
+        real_save(obj, path)
+
+    monkeypatch.setattr(hooks, "atomic_torch_save", save)
+    out = run_trial(_cfg(iterations=12), sink=sink, trial_dir=tmp_path, checkpoint_every=4)
+    assert out.status == "finished", out.error
+    assert [step for step, _ in seen] == [4, 8, 12]
+    assert all(delivered == step for step, delivered in seen), seen
+    assert [s for k, _, s in sink.delivered if k == "loss"] == list(range(1, 13))  # the trial's end delivers all
