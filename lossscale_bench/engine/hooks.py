@@ -80,14 +80,11 @@ class MetricsHook(Hook):
         else:
             items.append(("loss_scale", float(record.result.scale), s))
         self._pending.append((record, items))
-        if s % self.log_every == 0 or s == trainer.iterations:
-            self._drain()
         if s % self.log_every == 0:
-            self._drain()
-            if self._buf:
-                self.sink.metrics(self._buf)
-                self._buf = []
+            self._deliver()
             self.sink.flush_when_due()  # a sink may hold it for a later report (tune_sink.REPORT_INTERVAL_S)
+        elif s == trainer.iterations:
+            self._drain()
 
     def _drain(self) -> None:
         """Read the pending steps' losses (one transfer) and queue every pending metric."""
@@ -100,11 +97,15 @@ class MetricsHook(Hook):
             self._buf.extend((f"loss_{k}", v, s) for k, v in record.parts.items())
         self._pending = []
 
-    def flush(self, trainer=None) -> None:
+    def _deliver(self) -> None:
+        """Hand every pending and queued metric to the sink."""
         self._drain()
         if self._buf:
             self.sink.metrics(self._buf)
             self._buf = []
+
+    def flush(self, trainer=None) -> None:
+        self._deliver()
         self.sink.flush()
 
     def after_train(self, trainer) -> None:

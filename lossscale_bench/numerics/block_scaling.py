@@ -287,11 +287,15 @@ class NativeBlock(ProbeChecked):
 
     def __call__(self, x: torch.Tensor, key: torch.Tensor | None = None):
         """``x``: fp32 on the CPU, contiguous or channels_last (:func:`native_takes`)."""
-        y = torch.empty_like(x)
-        counts = torch.zeros(3, dtype=torch.int64) if self.with_counts else None
         cl = self.kind != 0 and is_channels_last(x)
         _, c, h, w = x.shape if cl else (0, 1, 1, 1)
-        if self._fn(x.data_ptr(), y.data_ptr(), x.numel(), int(cl), c, h, w, *self._args,
+        return self._run(x, int(cl), c, h, w, key)
+
+    def _run(self, x: torch.Tensor, layout: int, c: int, h: int, w: int, key: torch.Tensor | None):
+        """``lsb_block_round`` on ``x`` with its layout code (0 dense, 1 channels_last, 2/3 weight tiles)."""
+        y = torch.empty_like(x)
+        counts = torch.zeros(3, dtype=torch.int64) if self.with_counts else None
+        if self._fn(x.data_ptr(), y.data_ptr(), x.numel(), layout, c, h, w, *self._args,
                     int(key) if key is not None else 0, counts.data_ptr() if counts is not None else None):
             raise MemoryError(f"the C block rounding could not allocate {2 * 4 * x.numel()} bytes")
         return (y, *counts.unbind()) if counts is not None else y
@@ -301,14 +305,8 @@ class NativeBlock(ProbeChecked):
         what the configuration (block 256, kind 2) returns for ``fp4._flatten(w, 256, weight=True)``, undone,
         without the layout copies around it (issue 32: ~130 us a weight a step). fp4.py checks it against that
         path on its own probe before using it."""
-        y = torch.empty_like(w)
-        counts = torch.zeros(3, dtype=torch.int64) if self.with_counts else None
-        cl = w.dim() == 4 and is_channels_last(w) and not w.is_contiguous()
         c, h, wd = (w.shape[1], w.shape[2], w.shape[3]) if w.dim() == 4 else (w.shape[1], 1, 1)
-        if self._fn(w.data_ptr(), y.data_ptr(), w.numel(), 3 if cl else 2, c, h, wd, *self._args,
-                    int(key) if key is not None else 0, counts.data_ptr() if counts is not None else None):
-            raise MemoryError(f"the C block rounding could not allocate {2 * 4 * w.numel()} bytes")
-        return (y, *counts.unbind()) if counts is not None else y
+        return self._run(w, 3 if is_channels_last(w) else 2, c, h, wd, key)
 
 
 _NATIVE_BLOCKS: dict[tuple, NativeBlock] = {}

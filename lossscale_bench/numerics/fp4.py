@@ -63,6 +63,7 @@ torchao 0.18 (``torchao.prototype.mx_formats``) implements both block formats; t
 
 from __future__ import annotations
 
+import math
 import warnings
 from typing import NamedTuple
 
@@ -338,9 +339,7 @@ def _weight_tiles_ok(nk: NativeBlock) -> bool:
         v = torch.cat([x, torch.where(x.abs() < 2.0 ** 64, x, torch.zeros_like(x))])
         ok = True
         for shape in ((20, 3, 3, 3), (16, 8, 2, 2), (33, 5, 1, 3), (17, 29), (32, 16)):
-            n = 1
-            for d in shape:
-                n *= d
+            n = math.prod(shape)
             w = v.repeat(n // v.numel() + 1)[:n].reshape(shape)
             for layout in ((w, w.contiguous(memory_format=torch.channels_last)) if w.dim() == 4 else (w,)):
                 got = nk.weight_tiles(layout, key)

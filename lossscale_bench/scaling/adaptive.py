@@ -197,9 +197,9 @@ class AdaptiveLossScaler(PerLayerLossScaler):
         elif unb.device != g.device:
             unb = info.last_unbounded = unb.to(g.device)
         if host and prev.device.type == "cpu":
-            return torch.tensor(bound_scale_host(float(unb) if u is None else u, float(prev), scale_upper_bound=self.scale_upper_bound,
-                                                 accum_upper_bound=self.accum_upper_bound,
-                                                 power_of_two=self.power_of_two), dtype=_F32)
+            s = bound_scale_host(float(unb) if u is None else u, float(prev), scale_upper_bound=self.scale_upper_bound,
+                                 accum_upper_bound=self.accum_upper_bound, power_of_two=self.power_of_two)
+            return torch.tensor(s, dtype=_F32)
         return bound_scale_tensor(unb, prev, scale_upper_bound=self.scale_upper_bound,
                                   accum_upper_bound=self.accum_upper_bound, power_of_two=self.power_of_two)
 

@@ -265,6 +265,18 @@ def bound_scale_host(unbounded: float, prev_scale: float = 1.0, *, scale_upper_b
     return float(torch.tensor(s, dtype=torch.float16))
 
 
+def _branch_max(max_abs: list[float], scales: list[float]) -> float | None:
+    """``(max_abs / scales).amax()`` in fp32, as :func:`branch_target_scale` takes it: NaN as soon as a quotient
+    is NaN (``amax`` propagates it); None for no branches."""
+    m = None
+    for a, s in zip(max_abs, scales):
+        q = _f32(a / s)
+        if q != q:
+            return q
+        m = q if m is None or q > m else m
+    return m
+
+
 def branch_target_scale_host(max_abs: list[float], scales: list[float], u_max: float = U_MAX) -> int | None:
     """:func:`branch_target_scale` on the host: the index of the branch whose scale is ``t``, or None
     where the tensor version must decide (no branch fits, a NaN, a scale that is not positive).
@@ -273,14 +285,11 @@ def branch_target_scale_host(max_abs: list[float], scales: list[float], u_max: f
     each, for a few float operations; the values are fp32 values and every operation here is one fp32
     operation (:func:`.host_fp32.f32`), so where it answers it answers what the tensor version does
     (tests/scaling/test_adaptive.py checks both on random and edge values)."""
-    m = None
-    for a, s in zip(max_abs, scales):
-        if not s > 0.0:
-            return None
-        q = _f32(a / s)
-        if q != q:
-            return None
-        m = q if m is None or q > m else m
+    if not all(s > 0.0 for s in scales):
+        return None
+    m = _branch_max(max_abs, scales)
+    if m != m:  # NaN (None, for no branches, compares equal)
+        return None
     best = None
     limit = _f32(u_max)  # the tensor version compares in fp32
     for i, s in enumerate(scales):
@@ -301,13 +310,7 @@ def branch_fallback_scale_host(max_abs: list[float], scales: list[float], u_max:
     one give 1), ``mn * exp2(-j)``; a NaN ``max|g|`` makes ``m`` NaN, as ``amax`` propagates it."""
     if not scales or not all(s > 0.0 and math.isfinite(s) for s in scales):
         return None
-    m = None
-    for a, s in zip(max_abs, scales):
-        q = _f32(a / s)
-        if q != q:
-            m = q
-            break
-        m = q if m is None or q > m else m
+    m = _branch_max(max_abs, scales)
     mn = min(scales)
     if not mn >= MIN_BRANCH_SCALE:
         return mn

@@ -55,8 +55,6 @@ def floor_pow2_log2(x: float) -> float:
     Mathematically ``2**floor(log2 x)``, which ``frexp`` gives exactly. torch's fp32 ``log2`` can round a
     value just below a power of two up to it (then the floor is one higher) and need not be correctly
     rounded, so the two can differ only where ``x`` is within a few ulps of a power of two in log terms:
-    there (a significand within 2**-12 below 2, or exactly 1), torch computes it, for the same value."""
-    m, e = math.frexp(x)  # x = m * 2**e, 0.5 <= m < 1
-    if m == 0.5 or 2.0 * m > _NEAR_POWER:
-        return float(torch.exp2(torch.floor(torch.log2(torch.tensor(x, dtype=torch.float32)))))
-    return f32(math.ldexp(1.0, e - 1))
+    there (a significand within 2**-12 below 2, or exactly 1), torch computes the floor (:func:`floor_log2`);
+    ``exp2`` of that integer is a power of two, exact in fp32 down to its subnormals."""
+    return f32(math.ldexp(1.0, int(floor_log2(x))))
