@@ -1,6 +1,6 @@
-"""The fp8 round trip, the block-scaled round trips (MX32, E2M1, MXFP4, NVFP4) and the telemetry's census as small
-C functions, built once with the system's C compiler and called through ctypes: the CPU emulation's cheapest path
-for the calls a training step makes.
+"""The fp8 round trip, the block-scaled round trips (MX32, E2M1, MXFP4, NVFP4), the telemetry's census and the 16x16
+Hadamard transform's sums (``hadamard.py``) as small C functions, built once with the system's C compiler and
+called through ctypes: the CPU emulation's cheapest path for the calls a training step makes.
 
 Why, measured (issue 28, docs/benchmarks.md "What is left of an element row's cost"): a step of the
 default study's E4M3 rows makes ~33 rounding calls, and the Inductor kernel they used cost ~195 us

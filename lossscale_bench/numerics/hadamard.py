@@ -18,8 +18,8 @@ A matrix product leaves its order to the BLAS: on the CPU measured MKL summed in
 columns but not for 5-7 (tests/numerics/test_hadamard.py), and cuBLAS has its own. Written out, the
 transform gives the same values on any device and BLAS. On the CPU a C loop computes it
 (``lsb_hadamard16``, :mod:`._native`, checked against the torch code on probe values before use) at ~2x
-a 1-thread MKL product's speed, ~4x fewer operations than the torch code: the transform's sign structure
-turns its products into one multiply a row and additions (docs/benchmarks.md, "The Hadamard transform in C").
+a 1-thread MKL product's speed: the transform's sign structure turns its 16 products a value into one
+multiply a row and additions (docs/benchmarks.md, "The Hadamard transform in C").
 """
 
 from __future__ import annotations
