@@ -15,7 +15,7 @@ The emulation applies it to the gradient only: the weight gradient is computed f
 **The sums, defined** (issue 32): each transformed value is the sum of the 16 fp32 products
 ``h[i][j] * x[j]``, added in the order ``j = 0..15`` to a +0, each addition rounded (:func:`products`).
 A matrix product leaves its order to the BLAS: on the CPU measured MKL summed in that order for 8 or more
-columns but not for 5-7 (tests/numerics/test_hadamard.py), and cuBLAS has its own. Written out, the
+columns but not for 5-7 (docs/benchmarks.md, "The Hadamard transform in C"), and cuBLAS has its own. Written out, the
 transform gives the same values on any device and BLAS. On the CPU a C loop computes it
 (``lsb_hadamard16``, :mod:`._native`, checked against the torch code on probe values before use) at ~2x
 a 1-thread MKL product's speed: the transform's sign structure turns its 16 products a value into one
