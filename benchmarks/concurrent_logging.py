@@ -62,7 +62,7 @@ def run(trials: int = 8, seconds: float = 20.0, workdir: str | None = None) -> d
     result = StudyResult(study="concurrency", tracking_uri=uri)
     progress = Progress(trials, 0, trials, quiet=True)
     funnel = MlflowFunnel(tracker, run_ids, labels, result, progress, iters)
-    ray.init(num_cpus=trials, include_dashboard=False, log_to_driver=False, logging_level="WARNING")
+    ray.init(address="local", num_cpus=trials, include_dashboard=False, log_to_driver=False, logging_level="WARNING")
     t0 = time.time()
     try:
         specs = [{"cfg": {"trial_id": f"t{i}"}, "seconds": seconds} for i in range(trials)]

@@ -157,7 +157,11 @@ def test_two_worker_trial_matches_one_worker_and_logs_one_run(tmp_path):
     from lossscale_bench.orchestration.study_runner import run_study
 
     runs = tmp_path / "runs"
-    ray.init(num_cpus=3, include_dashboard=False, log_to_driver=False, configure_logging=True,
+    # address="local": a Ray of its own. Without an address ray.init() joins the head of a ray.cluster_utils
+    # Cluster that another test process has running (test_placement.py's, when make test's -n 2 runs them at
+    # the same time) and refuses num_cpus: "When connecting to an existing cluster, num_cpus and num_gpus
+    # must not be provided" (reproduced with a Cluster held by a second process; "local" then starts its own)
+    ray.init(address="local", num_cpus=3, include_dashboard=False, log_to_driver=False, configure_logging=True,
              logging_level="WARNING")
     try:
         results = {}
