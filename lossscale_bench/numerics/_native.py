@@ -560,9 +560,10 @@ uint32_t lsb_max_abs_bits(const float *restrict x, int64_t n) {
    ragged last group past `rows` read as +0 (the zero padding); out has `out_rows` rows (`rows` rounded up to
    16 for the transform, `rows` for the inverse, which drops the padding).
 
-   Full groups of 16 columns take a path with the same values and ~4x fewer operations, where h = diag(a) W
-   diag(b) / 4 (W the 16x16 Sylvester-Hadamard matrix, a and b signs: the random Hadamard transform and its
-   transpose both are): fl(h x) = a W fl(b x) (a sign flip is exact and rounding to nearest is symmetric), so
+   Where h = diag(a) W diag(b) / 4 (W the 16x16 Sylvester-Hadamard matrix, a and b signs: the random Hadamard
+   transform and its transpose both are), every 16 x 16 chunk (a ragged one through a zero-padded tile) takes a
+   path with the same values and no multiply a term: fl(h x) = a W fl(b x / 4) (a sign flip is exact and
+   rounding to nearest is symmetric), so
    each sum is a times the sum of +-q_j, q_j = fl((b_j / 4) x_j), computed once a row, with W's signs written
    into the code (additions and subtractions, the 16 sums in registers); + 0.0f turns the -0 that a = -1 can
    give into the +0 of the sum from +0, which never yields -0. */

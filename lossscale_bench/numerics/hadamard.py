@@ -17,9 +17,11 @@ The emulation applies it to the gradient only: the weight gradient is computed f
 A matrix product leaves its order to the BLAS: on the CPU measured MKL summed in that order for 8 or more
 columns but not for 5-7 (docs/benchmarks.md, "The Hadamard transform in C"), and cuBLAS has its own. Written out, the
 transform gives the same values on any device and BLAS. On the CPU a C loop computes it
-(``lsb_hadamard16``, :mod:`._native`, checked against the torch code on probe values before use) at ~2x
+(``lsb_hadamard16``, :mod:`._native`, checked against the torch code on probe values before use) at ~3x
 a 1-thread MKL product's speed: the transform's sign structure turns its 16 products a value into one
-multiply a row and additions (docs/benchmarks.md, "The Hadamard transform in C").
+multiply a row and additions. The torch code, a multiply and an addition a term over the whole tensor, is
+~6x slower than that product on the CPU (where no C loop runs: no compiler, ``LSBENCH_NO_NATIVE=1``);
+``benchmarks/hadamard_speed.py`` and docs/benchmarks.md, "The Hadamard transform in C".
 """
 
 from __future__ import annotations
@@ -50,6 +52,8 @@ def _matrix() -> torch.Tensor:
 
 #: the transform (rows: D W / 4), orthogonal: ``H @ H.T`` is the identity up to fp32 rounding (exactly)
 H16 = _matrix()
+#: its inverse, stored contiguous (the C loop reads it row by row; made once, not at every call)
+H16_T = H16.T.contiguous()
 
 
 def _products_torch(h: torch.Tensor, x: torch.Tensor, out_rows: int) -> torch.Tensor:
@@ -76,7 +80,7 @@ class NativeHadamard(ProbeChecked):
     def matches_probe(self) -> bool:
         x = _probe()
         other = torch.arange(256, dtype=torch.float32).reshape(16, 16).sin()  # no sign structure: the plain loop
-        for h in (H16, H16.T.contiguous(), other):
+        for h in (H16, H16_T, other):
             for k, c in ((48, 16), (40, 6), (37, 40), (16, 1)):
                 xs = x[:k * c].reshape(k, c).clone()
                 xs[16:32] = 0.0  # a group of zeros: sums of +0, whatever the row's sign
@@ -133,4 +137,4 @@ def hadamard_round(rows: torch.Tensor, round_fn: Callable[[torch.Tensor], torch.
     padded = k + -k % SIZE
     t = products(H16, rows, padded)
     q = round_fn(t.reshape(1, 1, padded, c).permute(0, 3, 1, 2))
-    return products(H16.T, q.permute(0, 2, 3, 1).reshape(padded, c), k).to(rows.dtype)
+    return products(H16_T, q.permute(0, 2, 3, 1).reshape(padded, c), k).to(rows.dtype)
