@@ -283,6 +283,24 @@ class Precision:
     #: the Hadamard transform of the weight-gradient product's gradient input (fp4_layers)
     wgrad_hadamard: bool = False
 
+    def state_dict(self) -> dict[str, dict]:
+        """What a resumed trial needs of the precision: the position of each stochastic-rounding stream,
+        by the role of the format that draws from it (empty where nothing is rounded stochastically)."""
+        return {role: stream.state_dict() for role, stream in self._streams()}
+
+    def load_state_dict(self, state: dict[str, dict]) -> None:
+        """Move the streams to the positions :meth:`state_dict` gave (a role missing in ``state``, as in
+        checkpoints written before the streams were saved, keeps its stream where it is)."""
+        for role, stream in self._streams():
+            if role in state:
+                stream.load_state_dict(state[role])
+
+    def _streams(self):
+        for role in ("forward_format", "grad_format", "weight_format"):
+            stream = getattr(getattr(self, role), "stream", None)
+            if stream is not None:
+                yield role, stream
+
     @property
     def rounds_after_unscale(self) -> bool:
         """Whether the loop must unscale every step and then call :meth:`round_unscaled_grads`."""

@@ -219,10 +219,10 @@ class Trainer:
     # -- the loop ---------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """Everything a resume needs of the loop: weights, optimizer, lr schedule, scaler (per-layer
-        state too), the counters, and each hook's own state (by hook class name)."""
+        state too), the precision's random streams, the counters, and each hook's own state (by hook class name)."""
         return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
                 "scheduler": self.scheduler.state_dict(), "scaler": self.scaler.state_dict(),
-                "step": self.state.step, "skipped_steps": self.state.skipped_steps,
+                "precision": self.precision.state_dict(), "step": self.state.step, "skipped_steps": self.state.skipped_steps,
                 "overflow_steps": self.state.overflow_steps, "images_seen": self.state.images_seen,
                 "hooks": {type(h).__name__: st for h in self.hooks if (st := h.state_dict())}}
 
@@ -231,6 +231,7 @@ class Trainer:
         self.optimizer.load_state_dict(ck["optimizer"])
         self.scheduler.load_state_dict(ck["scheduler"])
         self.scaler.load_state_dict(ck["scaler"])
+        self.precision.load_state_dict(ck.get("precision", {}))
         self.state.step, self.state.skipped_steps, self.state.overflow_steps, self.state.images_seen = (
             ck["step"], ck["skipped_steps"], ck["overflow_steps"], ck["images_seen"])
         for h in self.hooks:

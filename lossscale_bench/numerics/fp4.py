@@ -93,12 +93,24 @@ class Fp4Stream:
     """Keys for the stochastic rounding, one per call: ``seed`` (the trial's) and a call counter.
 
     Reproducible because a trial's calls come in the same order every run (one autograd thread on
-    the CPU). Not saved in checkpoints: a resumed trial draws a different (equally random) stream.
+    the CPU). Its position is part of a trial's checkpoint (:meth:`state_dict`), so a resumed trial
+    draws the keys the uninterrupted one drew.
     """
 
     def __init__(self, seed: int = 0) -> None:
         self.seed = int(seed)
         self.calls = 0
+
+    def state_dict(self) -> dict[str, int]:
+        """The stream's seed and position."""
+        return {"seed": self.seed, "calls": self.calls}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """Continue from ``state``; a stream of another seed is refused (it would be another trial's)."""
+        if int(state["seed"]) != self.seed:
+            raise ValueError(f"stochastic-rounding stream of seed {state['seed']} cannot continue a stream of "
+                             f"seed {self.seed}")
+        self.calls = int(state["calls"])
 
     def next_key(self) -> torch.Tensor:
         self.calls += 1
