@@ -44,7 +44,7 @@ from torch.utils.data import Dataset
 from ..registry import VOC_CLASSES
 from ..dataset_files.annotations import Drops, size_mismatch
 from ..dataset_files.voc_xml import parse_voc
-from ..dataset_files.voc_layout import (annotation_file, image_candidates, read_split_ids, required_paths, resolve_devkit,
+from ..dataset_files.voc_layout import (annotation_file, image_candidates, required_paths, resolve_devkit, side_ids,
                                 split_list, split_names, voc_sources)
 from .coco import DataNotFound, require_ground_truth
 from .transforms import PixelCache, flip_decision, hflip
@@ -104,9 +104,14 @@ class VOCDetection(Dataset):
             if not names:
                 raise ValueError(f"empty split name {split!r}")
             for name in names:
-                self._read_split(year_dir, name, max_images)
-                if max_images is not None and len(self._records) >= int(max_images):
-                    break
+                if not split_list(year_dir, name).is_file():
+                    raise DataNotFound(f"VOC split list not found: {split_list(year_dir, name)}")
+        for year_dir, _, img_id in side_ids(self.sources):  # an image listed twice: AnnotationError
+            if max_images is not None and len(self._records) >= int(max_images):
+                break
+            rec = self._parse(year_dir, Path(annotation_file(year_dir, img_id)), img_id)
+            if not (self.train and len(rec["labels"]) == 0):
+                self._records.append(rec)
         self.image_ids = list(range(len(self._records)))
         self._pixels = PixelCache()  # decoded once per process while the budget lasts: transforms.PixelCache
 
@@ -131,18 +136,6 @@ class VOCDetection(Dataset):
         return self._drops.total - sum(self._drops.unknown_names.values())
 
     # ------------------------------------------------------------------
-    def _read_split(self, year_dir: Path, split: str, max_images) -> None:
-        list_file = split_list(year_dir, split)
-        if not list_file.is_file():
-            raise DataNotFound(f"VOC split list not found: {list_file}")
-        for img_id in read_split_ids(list_file):
-            if max_images is not None and len(self._records) >= int(max_images):
-                return
-            rec = self._parse(year_dir, Path(annotation_file(year_dir, img_id)), img_id)
-            if self.train and len(rec["labels"]) == 0:
-                continue
-            self._records.append(rec)
-
     def _parse(self, year_dir: Path, xml_path: Path, img_id: str) -> dict:
         if not xml_path.is_file():
             raise DataNotFound(f"VOC annotation not found: {xml_path}")

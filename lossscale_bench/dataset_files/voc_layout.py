@@ -25,8 +25,10 @@ import os
 from pathlib import Path
 from typing import Iterator
 
+from .annotations import AnnotationError
+
 __all__ = ["IMAGE_EXTS", "split_names", "resolve_devkit", "voc_sources", "split_list", "annotation_file",
-           "image_candidates", "read_split_ids", "required_paths"]
+           "image_candidates", "read_split_ids", "split_id_lines", "side_ids", "required_paths"]
 
 #: the image file extensions looked for, in order (``<id>.jpg`` first, as the devkit has it)
 IMAGE_EXTS = (".jpg", ".jpeg", ".png", ".JPG", ".JPEG", ".PNG", ".bmp")
@@ -79,10 +81,41 @@ def image_candidates(year_dir, img_id: str, file_name: str | None = None) -> Ite
         yield os.path.join(img_dir, f"{img_id}{ext}")
 
 
+def split_id_lines(list_file) -> list[tuple[int, str]]:
+    """``(line number, image id)`` of a split list: the first word of each non-blank line (a UTF-8 byte
+    order mark at the start of the file is not part of the first id)."""
+    with open(list_file, encoding="utf-8-sig", errors="surrogateescape") as f:
+        return [(n, line.split()[0]) for n, line in enumerate(f, start=1) if line.strip()]
+
+
 def read_split_ids(list_file) -> list[str]:
     """The image ids of a split list: the first word of each non-blank line."""
-    with open(list_file, encoding="utf-8", errors="surrogateescape") as f:
-        return [line.split()[0] for line in f if line.strip()]
+    return [img_id for _, img_id in split_id_lines(list_file)]
+
+
+def side_ids(sources) -> Iterator[tuple[Path, Path, str]]:
+    """``(year dir, list file, image id)`` of every image one side of a study reads (its ``(year dir,
+    split)`` sources, a split joining lists with ``+``), in list order.
+
+    An image listed twice on one side, in one list or in two lists it joins, is refused with an
+    :class:`~.annotations.AnnotationError` naming both lines: listed twice for evaluation, its ground
+    truth would count twice in the mAP (a different number, silently); for training, it would be seen
+    twice as often as the others.
+    """
+    seen: dict[tuple[str, str], tuple[Path, int]] = {}
+    for year_dir, split in sources:
+        for name in split_names(split):
+            list_file = split_list(year_dir, name)
+            for line, img_id in split_id_lines(list_file):
+                key = (str(Path(year_dir)), img_id)
+                if key in seen:
+                    first_file, first_line = seen[key]
+                    where = f"line {first_line}" if first_file == list_file else f"{first_file} line {first_line}"
+                    raise AnnotationError(list_file, f"line {line}",
+                                          f"image id {img_id!r} is listed twice (first at {where}); list each "
+                                          f"image once", reason="duplicate_id", droppable=False)
+                seen[key] = (list_file, line)
+                yield Path(year_dir), list_file, img_id
 
 
 def required_paths(cfg: dict) -> list[tuple[Path, str]]:

@@ -25,7 +25,7 @@ from ..dataset_files.annotations import DROP_HINT, AnnotationError, Drops
 from ..dataset_files.coco_json import index_coco, load_coco_json
 from .errors import StudyError
 from ..dataset_files.voc_xml import parse_voc
-from ..dataset_files.voc_layout import annotation_file, read_split_ids, split_list, split_names, voc_sources
+from ..dataset_files.voc_layout import annotation_file, side_ids, split_list, split_names, voc_sources
 
 __all__ = ["data_problems"]
 
@@ -60,19 +60,20 @@ def _bad_annotations(drops: Drops, policy: str, src: str) -> None:
 def _voc_side(sources, labels: dict, drops: Drops, max_images, src: str, field: str) -> tuple[int, int, str]:
     """``(images, objects that are not difficult among the first max_images, lists read)`` of one side."""
     images = objects = 0
-    lists = []
-    for year_dir, split in sources:
-        for name in split_names(split):
-            list_file = split_list(year_dir, name)
-            lists.append(str(list_file))
-            for img_id in read_split_ids(list_file):
-                xml = annotation_file(year_dir, img_id)
-                if not os.path.isfile(xml):
-                    raise StudyError(src, field, f"{list_file} lists {img_id!r}, but {xml} is not there")
-                rec = parse_voc(xml, labels, drops)
-                images += 1
-                if max_images is None or images <= max_images:
-                    objects += sum(1 for _, _, difficult in rec["objects"] if not difficult)
+    lists = [str(split_list(year_dir, name)) for year_dir, split in sources for name in split_names(split)]
+    try:
+        for year_dir, list_file, img_id in side_ids(sources):
+            xml = annotation_file(year_dir, img_id)
+            if not os.path.isfile(xml):
+                raise StudyError(src, field, f"{list_file} lists {img_id!r}, but {xml} is not there")
+            rec = parse_voc(xml, labels, drops)
+            images += 1
+            if max_images is None or images <= max_images:
+                objects += sum(1 for _, _, difficult in rec["objects"] if not difficult)
+    except AnnotationError as exc:
+        if exc.reason != "duplicate_id":
+            raise
+        raise StudyError(src, field, str(exc)) from None
     return images, objects, " + ".join(lists)
 
 
