@@ -1,11 +1,11 @@
-# Two entry points for a fresh machine with Python 3.11 and pip:
+# Two entry points for a fresh machine with Python 3.11 (what the tests run on; the package declares >= 3.10) and pip:
 #   make demo   creates .venv, installs, runs the embedded smoke study, prints the report
-#   make test   creates .venv, installs, runs the test suite
+#   make test   creates .venv, installs, runs the test suite and builds the docs site (make docs)
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   ?= .venv
 BIN     = $(VENV)/bin
 
-.PHONY: demo test install test-xla clean gpu-check gpu-check-smoke gpu-wheels
+.PHONY: demo test docs install test-xla clean gpu-check gpu-check-smoke gpu-wheels
 
 install: $(VENV)/.installed
 
@@ -22,6 +22,11 @@ demo: install
 # CI has 2 cores and much of the suite waits on Ray and MLflow process starts
 test: install
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile
+	$(MAKE) docs
+
+# the documentation site, offline (no web fonts or CDN), every link and anchor checked
+docs: install
+	$(BIN)/mkdocs build --strict --site-dir build/site
 
 # torch_xla 2.9.0 links against torch 2.9.0 exactly, so it gets a venv of its own (not part of CI).
 XLA_VENV ?= .venv-xla
@@ -34,7 +39,7 @@ test-xla:
 	PJRT_DEVICE=CPU $(XLA_VENV)/bin/python -m pytest -q tests/backends/test_xla.py -k "not launcher"
 	PJRT_DEVICE=CPU $(XLA_VENV)/bin/python -m pytest -q tests/backends/test_xla.py -k launcher
 
-# GPU check (issue 13, docs/benchmarks.md "GPU check"). The GPU machine has no venv: run with its system
+# GPU check (docs/development/gpu-check.md). The GPU machine has no venv: run with its system
 # python and the repository on the path, i.e. `PYTHONPATH=. python3 benchmarks/gpu_check.py`, <= 8 min on one
 # H100; writes $(GPU_CHECK_OUT)/gpu_check.{json,md} and prints the markdown. Needs torch, torchvision, numpy,
 # Pillow (pycocotools optional: mAP); no Ray, MLflow or pydantic.
@@ -46,7 +51,7 @@ gpu-check:
 gpu-check-smoke: install
 	PYTHONPATH=. $(BIN)/python benchmarks/gpu_check.py --cpu-smoke --out $(GPU_CHECK_OUT)_smoke
 
-# Wheels for a GPU machine without a package registry (issue 20): what `lsbench run --executor local` and
+# Wheels for a GPU machine without a package registry: what `lsbench run --executor local` and
 # `lsbench report` need beyond what the GPU machine has (Python 3.12 with torch, torchvision, numpy, scipy,
 # pandas, matplotlib, pyyaml, tabulate), at the versions of this venv, for Python 3.12, with their
 # dependencies, less the wheels the GPU machine has anyway. Ray is left out (about 70 MiB; the local executor
