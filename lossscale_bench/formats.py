@@ -19,7 +19,7 @@ from typing import Callable
 
 import torch
 
-from .float_ranges import RANGES
+from .core.float_ranges import RANGES
 
 
 @dataclass(frozen=True)
@@ -109,7 +109,7 @@ class FloatFormat:
                 "saturate_above": self.max}
 
 
-#: the ranges come from :mod:`lossscale_bench.float_ranges` (torch-free: validation bounds options by them)
+#: the ranges come from :mod:`lossscale_bench.core.float_ranges` (torch-free: validation bounds options by them)
 FP16 = FloatFormat("fp16", torch.float16, **RANGES["fp16"].fields(), reference_u_min=6.0e-8)
 def _round_e4m3(t: torch.Tensor) -> torch.Tensor:
     from .numerics.fp8 import round_e4m3

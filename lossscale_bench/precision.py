@@ -50,7 +50,7 @@ from .formats import E4M3_NAN, FORMATS, FP16, FloatFormat, block_scaled, fp4_for
 from .fp4_layers import fp4_layer, round_weight, supported
 from .numerics.fp8 import is_channels_last
 from .numerics.fp8 import not_a_view as _not_a_view
-from .registry import PRECISIONS
+from .core.registry import PRECISIONS
 from .study.precisions import PRECISION_OPTIONS, PRECISION_SPECS
 
 #: layer types whose outputs (and the gradients arriving at them) are rounded

@@ -16,7 +16,7 @@ from lossscale_bench.formats import E4M3, Fp4Format
 from lossscale_bench.numerics.fp4 import fp4_round
 from lossscale_bench.numerics.hadamard import H16, hadamard_round
 from lossscale_bench.precision import get_precision
-from lossscale_bench.sink import MemorySink
+from lossscale_bench.engine.sink import MemorySink
 from lossscale_bench.study import StudyError, load_study_text
 from lossscale_bench.study.precisions import PRECISION_OPTIONS, PRECISION_SPECS
 from lossscale_bench.telemetry import UnderflowProbe

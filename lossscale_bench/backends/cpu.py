@@ -55,6 +55,6 @@ class CPUBackend(Backend):
             return {}
 
     def describe(self) -> str:
-        from ..portable import describe
+        from ..core.portable import describe
 
         return f"cpu ({torch.get_num_threads()} threads, {os.cpu_count()} cores, {describe()})"

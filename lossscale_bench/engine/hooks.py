@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 import torch
 
-from ..sink import Sink
+from .sink import Sink
 from .loop import StepRecord, StopTraining, read_records
 
 

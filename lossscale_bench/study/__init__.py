@@ -29,7 +29,7 @@ from __future__ import annotations
 # besides __all__, the names the single module this package replaced offered stay importable from
 # here: the registry's names (MODEL_VERSIONS is the very dict trial ids read), the concrete models
 # and the trial-id helpers
-from ..registry import (BACKEND_NAMES, DATASET_NAMES, DYNAMIC_STYLES, EVAL_METRICS, MODEL_NAMES, MODEL_VERSIONS,
+from ..core.registry import (BACKEND_NAMES, DATASET_NAMES, DYNAMIC_STYLES, EVAL_METRICS, MODEL_NAMES, MODEL_VERSIONS,
                         PRECISIONS, SCALING_METHODS, VOC_CLASSES)  # noqa: F401
 try:
     from .errors import StudyError

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..float_ranges import RANGES
-from ..registry import PRECISIONS
+from ..core.float_ranges import RANGES
+from ..core.registry import PRECISIONS
 
 #: autocast dtype name -> the format autocast computes in (the ones torch's autocast offers)
 AUTOCAST_FORMATS = {"float16": "fp16", "bfloat16": "bf16"}

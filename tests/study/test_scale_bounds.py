@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 
 from helpers import lsbench, one_entry_study
-from lossscale_bench.float_ranges import FP32
+from lossscale_bench.core.float_ranges import FP32
 from lossscale_bench.study import StudyError, load_study_text
 from lossscale_bench.study.methods.amax import max_margin
 

@@ -16,7 +16,7 @@ from typing import Annotated, Union
 
 from pydantic import Discriminator
 
-from ...registry import SCALING_METHODS
+from ...core.registry import SCALING_METHODS
 from ..precisions import PRECISION_OPTIONS, precision_option_words
 from .base import COMMON_KEYS, Fail, MethodEntry, ResourcesOverride
 

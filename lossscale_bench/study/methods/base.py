@@ -18,7 +18,7 @@ from typing import Any, Callable, ClassVar, Optional
 
 from pydantic import BaseModel, create_model
 
-from ...registry import BACKEND_NAMES, MODEL_NAMES, PRECISIONS
+from ...core.registry import BACKEND_NAMES, MODEL_NAMES, PRECISIONS
 from ..errors import _fmt_num
 from ..fields import _STRICT, Bool, Label, PosFloat, PosInt, _choice
 from ..precisions import PRECISION_OPTIONS
