@@ -46,7 +46,7 @@ __version__ = "0.1.0"
 LAYERS = (
     ("schema", ("core", "dataset_files",
                 "study")),
-    ("components", ("formats", "numerics", "fp4_layers", "data", "models", "precision", "scaling", "backends", "telemetry",
+    ("components", ("numerics", "data", "models", "precision", "scaling", "backends",
                     "evaluation")),
     ("engine", ("engine",)),
     ("trial", ("trial",)),

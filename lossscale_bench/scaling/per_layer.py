@@ -35,7 +35,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..formats import FP16, FloatFormat
+from ..precision.formats import FP16, FloatFormat
 from ..core.registry import LAYER_SCALE_SUFFIX
 from ._graph import ROOT_SCALE_ID, analyse
 from .adaptive_layers import _ATTACHED, _is_ours, _Iteration, _LayerInfo, _PatchedForward, is_scaling_node

@@ -41,7 +41,7 @@ try:
     from .trial_config import TrialConfig
 except ImportError as _exc:
     # The schema needs pydantic; the plain tables (``precisions``) do not. The bare GPU machine that
-    # runs benchmarks/gpu_check.py has no pydantic, and precision.py reads the precision table.
+    # runs benchmarks/gpu_check.py has no pydantic, and precision/runtime.py reads the precision table.
     if _exc.name != "pydantic" and "pydantic" not in str(_exc):
         raise
 

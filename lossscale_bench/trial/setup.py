@@ -73,7 +73,7 @@ def build_parts(cfg, sink: Sink, trial_dir: Path, threads, rank: int = 0) -> Tri
     from ..precision import get_precision
     from ..study.precisions import PRECISION_OPTIONS
     from ..scaling import build_scaler
-    from ..telemetry import LayerHistory, UnderflowProbe
+    from ..precision.telemetry import LayerHistory, UnderflowProbe
 
     backend = seeded_backend(cfg, threads)
     opts = dict(cfg.model_options)

@@ -102,7 +102,7 @@ def test_max_margin_is_where_the_scalers_target_leaves_the_format(fmt):
     smallest subnormal) with an fp32 scale above 0; one more and it does not."""
     import torch
 
-    from lossscale_bench.formats import FORMATS
+    from lossscale_bench.precision.formats import FORMATS
     from lossscale_bench.scaling.amax import scale_from_amax
 
     f = FORMATS[fmt]
