@@ -430,7 +430,7 @@ def _probe_rates(model, backend, precision_name: str, batches: list,
     took longer than a 54 s share, so a deadline counted from the start covered one batch). The caller
     compares runs over the same batches, so it passes the others the count the first one did."""
     from lossscale_bench.precision import get_precision
-    from lossscale_bench.telemetry import UnderflowProbe
+    from lossscale_bench.precision.telemetry import UnderflowProbe
 
     precision = get_precision(precision_name)
     handle = precision.prepare(model)

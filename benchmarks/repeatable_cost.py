@@ -1,6 +1,6 @@
 """What ``resources: {repeatable: true}`` costs: ssd_tiny fp32 step time with and without the pins.
 
-The pins are environment variables read when torch starts (lossscale_bench/portable.py), so each
+The pins are environment variables read when torch starts (lossscale_bench/core/portable.py), so each
 setting runs in a fresh process; the settings alternate, round after round, so a shared machine's
 load hits each alike. Per round and setting: the median of ``--steps`` timed steps after
 ``--warmup``, one torch thread (a demo trial's). Besides the switch's own pins (AVX2), the lowest
@@ -27,7 +27,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
-from lossscale_bench.portable import PORTABLE_ENV  # noqa: E402  (torch-free)
+from lossscale_bench.core.portable import PORTABLE_ENV  # noqa: E402  (torch-free)
 
 SETTINGS = {
     "unpinned": {},

@@ -24,7 +24,7 @@ import time
 
 import torch
 
-from lossscale_bench.formats import E4M3
+from lossscale_bench.precision.formats import E4M3
 from lossscale_bench.numerics import fp8
 
 SIZES = (64, 4096, 65536, 294912, 2097152)

@@ -40,7 +40,7 @@ def build(study: str, row: int, seed: int, threads: int, precision: str | None =
     """A trial's trainer for one row of ``study`` (seed ``seed``), its evaluation switched off; ``precision``
     in place of the row's own (fp32: what a scaler's machinery costs without any rounding)."""
     from lossscale_bench.data.dali import make_batches
-    from lossscale_bench.sink import MemorySink
+    from lossscale_bench.engine.sink import MemorySink
     from lossscale_bench.study import load_study
     from lossscale_bench.trial import runner, setup
 

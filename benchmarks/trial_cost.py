@@ -52,7 +52,7 @@ t_imported0 = time.time()
 import torch
 from pathlib import Path
 from lossscale_bench.study import load_study
-from lossscale_bench.sink import MemorySink
+from lossscale_bench.engine.sink import MemorySink
 from lossscale_bench.trial import setup, runner
 from lossscale_bench.data.dali import make_batches
 t_imported = time.time()

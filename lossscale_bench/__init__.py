@@ -44,9 +44,9 @@ __version__ = "0.1.0"
 
 #: (layer name, top-level modules/packages in it); ``name*`` matches a prefix
 LAYERS = (
-    ("schema", ("exit_codes", "float_ranges", "portable", "registry", "sink", "wording", "writable", "dataset_files",
+    ("schema", ("core", "dataset_files",
                 "study")),
-    ("components", ("formats", "numerics", "fp4_layers", "data", "models", "precision", "scaling", "backends", "telemetry",
+    ("components", ("numerics", "data", "models", "precision", "scaling", "backends",
                     "evaluation")),
     ("engine", ("engine",)),
     ("trial", ("trial",)),

@@ -4,7 +4,7 @@ User errors (a bad study file, missing data, an absent backend, an unknown
 study in the report) print one line naming the file/field/path and exit
 with code 2; anything else is a bug and keeps its traceback.
 
-Exit codes: ``exit_codes.py`` (what each means, beside its number) and README "Exit codes".
+Exit codes: ``core/exit_codes.py`` (what each means, beside its number) and README "Exit codes".
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import os
 import sys
 from pathlib import Path
 
-from .exit_codes import EXIT_OK, EXIT_SIGINT, EXIT_SIGPIPE, EXIT_SIGTERM, EXIT_STORE, EXIT_TRIALS_FAILED, EXIT_USAGE
+from .core.exit_codes import EXIT_OK, EXIT_SIGINT, EXIT_SIGPIPE, EXIT_SIGTERM, EXIT_STORE, EXIT_TRIALS_FAILED, EXIT_USAGE
 
 
 def embedded_study() -> Path:
@@ -30,7 +30,7 @@ USER_ERRORS = (("lossscale_bench.study", "StudyError"), ("lossscale_bench.data.c
                ("lossscale_bench.report.runs", "ReportError"),
                ("lossscale_bench.orchestration.cluster", "ClusterUnavailable"),
                ("lossscale_bench.orchestration.runs_lock", "RunsFolderBusy"),
-               ("lossscale_bench.tracking.store", "StoreMissing"), ("lossscale_bench.portable", "PinConflict"))
+               ("lossscale_bench.tracking.store", "StoreMissing"), ("lossscale_bench.core.portable", "PinConflict"))
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
@@ -100,8 +100,8 @@ def cmd_run(args) -> int:
 
     path = args.file or str(embedded_study())
     study = load_study(path, allow_large_grid=args.allow_large_grid)
-    if study.resources.repeatable and not args.dry_run:  # before anything imports torch (portable.py says why)
-        from .portable import pin
+    if study.resources.repeatable and not args.dry_run:  # before anything imports torch (core/portable.py says why)
+        from .core.portable import pin
 
         pin()
     if args.dry_run:
@@ -118,7 +118,7 @@ def cmd_run(args) -> int:
         return EXIT_USAGE
     check_paths(study)  # missing data or weights: one line now, not a failed trial each after Ray started
     if not args.no_report:  # written after the last trial: found unwritable now, not after hours of training
-        from .writable import folder_problem
+        from .core.writable import folder_problem
 
         problem = folder_problem(args.reports_dir)
         if problem:

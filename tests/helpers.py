@@ -130,7 +130,7 @@ def crash_and_resume(cfg, tmp_path: Path, monkeypatch, *, crash_at_step: int = 5
     import torch
 
     from lossscale_bench.engine import loop
-    from lossscale_bench.sink import MemorySink
+    from lossscale_bench.engine.sink import MemorySink
     from lossscale_bench.trial import run_trial
 
     def run(where):

@@ -9,12 +9,12 @@ import pytest
 import torch
 from torch import nn
 
-from lossscale_bench.formats import E4M3, E4M3_NAN, BlockScaledFormat
+from lossscale_bench.precision.formats import E4M3, E4M3_NAN, BlockScaledFormat
 from lossscale_bench.precision import get_precision
 from lossscale_bench.scaling import build_scaler
 from helpers import one_entry_study
 from lossscale_bench.study import StudyError, load_study_text
-from lossscale_bench.telemetry import UnderflowProbe
+from lossscale_bench.precision.telemetry import UnderflowProbe
 
 
 def test_e4m3_gradient_flush_point_and_saturation():
@@ -96,7 +96,7 @@ def test_probe_counts_parameter_gradients_before_the_emulation_rounds_them():
     (model(torch.ones(64, 4)) * 1e-3).sum().backward()  # 64e-3 per weight: neither flushed nor saturated
     rates = probe.read()["0"]
     assert rates["param_saturate_rate"] == 0.0 and rates["param_flush_rate"] == 0.0
-    from lossscale_bench.telemetry import summarize
+    from lossscale_bench.precision.telemetry import summarize
 
     assert summarize({"0": rates})["param_saturate_rate_max"] == 0.0
 

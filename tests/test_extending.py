@@ -40,7 +40,7 @@ def _recipe_blocks() -> list[tuple[str, str]]:
 
 
 def _append_name(registry: Path, tuple_name: str, name: str) -> None:
-    """Step "its name, appended to <tuple> in lossscale_bench/registry.py"."""
+    """Step "its name, appended to <tuple> in lossscale_bench/core/registry.py"."""
     text = registry.read_text()
     new, n = re.subn(rf"^({tuple_name} = \(.*?)\)", rf'\1, "{name}")', text, count=1, flags=re.M | re.S)
     assert n == 1, tuple_name
@@ -65,8 +65,8 @@ def _extended_package(where: Path) -> tuple[str, str]:
             if "/study/methods/" in path:
                 method = re.search(r'method: Literal\["([^"]+)"\]', code).group(1)
     assert method and precision, "the README shows a method and a precision"
-    _append_name(pkg / "registry.py", "SCALING_METHODS", method)
-    _append_name(pkg / "registry.py", "PRECISIONS", precision)
+    _append_name(pkg / "core/registry.py", "SCALING_METHODS", method)
+    _append_name(pkg / "core/registry.py", "PRECISIONS", precision)
     return method, precision
 
 

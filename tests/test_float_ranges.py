@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lossscale_bench.float_ranges import FP32, RANGES
-from lossscale_bench.formats import FORMATS
+from lossscale_bench.core.float_ranges import FP32, RANGES
+from lossscale_bench.precision.formats import FORMATS
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16, "e4m3": torch.float8_e4m3fn,
           "e5m2": torch.float8_e5m2}

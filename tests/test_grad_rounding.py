@@ -1,4 +1,4 @@
-"""``grad_rounding``: when an emulated precision rounds parameter gradients (precision.py's module doc).
+"""``grad_rounding``: when an emulated precision rounds parameter gradients (precision/runtime.py's module doc).
 
 before_unscale (PyTorch AMP's order, the default): rounded at scale P, unscaled in fp32.
 after_unscale (Chainer's): unscaled, then rounded. They differ exactly where a gradient fits the

@@ -16,7 +16,7 @@ from lossscale_bench.engine.hooks import Hook
 from lossscale_bench.engine.loop import StopTraining
 from lossscale_bench.precision import get_precision
 from lossscale_bench.scaling.fixed import NoLossScaler
-from lossscale_bench.sink import MemorySink
+from lossscale_bench.engine.sink import MemorySink
 
 
 class _Toy(nn.Module):

@@ -1,4 +1,4 @@
-"""The repeatability switch: a study's ``resources: {repeatable: true}`` (lossscale_bench/portable.py).
+"""The repeatability switch: a study's ``resources: {repeatable: true}`` (lossscale_bench/core/portable.py).
 
 What these tests can show on one machine (an AVX2 CPU without AVX-512, where they were written):
 - each thing the switch pins decides the numbers: a fresh process with ATen at ``default`` instead
@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from helpers import lsbench, study_yaml, write_study
-from lossscale_bench.portable import PORTABLE_ENV, PinConflict, pin, require_pinned
+from lossscale_bench.core.portable import PORTABLE_ENV, PinConflict, pin, require_pinned
 from lossscale_bench.study import StudyError, load_study_text
 
 CLEAN_ENV = {k: "" for k in PORTABLE_ENV}  # a test's child starts without the caps, whatever the shell set
@@ -77,7 +77,7 @@ _TRAIN = textwrap.dedent("""
     import hashlib, json, sys, tempfile
     from pathlib import Path
     import torch
-    from lossscale_bench.sink import MemorySink
+    from lossscale_bench.engine.sink import MemorySink
     from lossscale_bench.study import load_study_text
     from lossscale_bench.trial import runner, setup
     from lossscale_bench.data.dali import make_batches

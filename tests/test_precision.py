@@ -98,8 +98,8 @@ def test_round_grads_together_equals_one_call_per_tensor(fmt_name):
     """round_grads_ rounds many gradients in one call; each must come out bit for bit as its own
     ``fmt.round`` gives it, layout kept: channels_last, plain, a non-contiguous view, another dtype,
     values that flush, saturate or overflow."""
-    from lossscale_bench.formats import FORMATS
-    from lossscale_bench.precision import round_grads_
+    from lossscale_bench.precision.formats import FORMATS
+    from lossscale_bench.precision.grad_rounding import round_grads_
 
     fmt = FORMATS[fmt_name]
     g = torch.Generator().manual_seed(3)
@@ -180,7 +180,7 @@ def test_emulation_allows_in_place_ops_after_rounded_layers(layout):
 def test_an_emulated_precision_may_leave_either_direction_in_fp32():
     """Issue 30: a precision entry with ``forward_format`` None ("fp32") validated and then failed every
     trial in the round-through; either format may be None, and that direction is then exactly fp32."""
-    from lossscale_bench.formats import E4M3
+    from lossscale_bench.precision.formats import E4M3
     from lossscale_bench.precision import Precision
 
     torch.manual_seed(0)
@@ -211,8 +211,8 @@ def test_round_block_grads_together_equals_one_call_per_tensor(element, mode):
     """mx32 parameter gradients rounded in one call, each tensor zero-padded to whole blocks: bit for bit
     each tensor's own ``fmt.round``, layout kept, whatever the tails (sizes not a multiple of 32, a
     1-element tensor), a NaN confined to its own tensor's block, another dtype grouped apart."""
-    from lossscale_bench.formats import FORMATS, block_scaled
-    from lossscale_bench.precision import round_block_grads_
+    from lossscale_bench.precision.formats import FORMATS, block_scaled
+    from lossscale_bench.precision.grad_rounding import round_block_grads_
 
     fmt = block_scaled(FORMATS[element], "mx32", mode)
     assert fmt.concat_block == 32 and block_scaled(FORMATS[element], "tile128").concat_block is None
@@ -235,8 +235,8 @@ def test_round_block_grads_together_equals_one_call_per_tensor(element, mode):
 
 
 def test_round_block_grads_refuses_a_format_whose_scale_spans_the_tensor():
-    from lossscale_bench.formats import FORMATS, block_scaled
-    from lossscale_bench.precision import round_block_grads_
+    from lossscale_bench.precision.formats import FORMATS, block_scaled
+    from lossscale_bench.precision.grad_rounding import round_block_grads_
 
     with pytest.raises(ValueError, match="one tensor at a time"):
         round_block_grads_(block_scaled(FORMATS["e4m3"], "tensor"), [torch.ones(3)])
@@ -246,7 +246,7 @@ def test_mx32_parameter_gradients_are_rounded_in_one_call_at_the_end_of_backward
     """With mx32 gradients the parameter gradients go through round_block_grads_ (one block_round
     call for all of them): each must be its own accumulated gradient rounded alone, and the
     telemetry's observer must still see every one unrounded."""
-    from lossscale_bench.formats import E4M3, block_scaled
+    from lossscale_bench.precision.formats import E4M3, block_scaled
     from lossscale_bench.numerics import block_scaling
 
     fmt = block_scaled(E4M3, "mx32", "ceil")

@@ -12,14 +12,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from helpers import one_entry_study, study_yaml
-from lossscale_bench.formats import E4M3, Fp4Format
+from lossscale_bench.precision.formats import E4M3, Fp4Format
 from lossscale_bench.numerics.fp4 import fp4_round
 from lossscale_bench.numerics.hadamard import H16, hadamard_round
 from lossscale_bench.precision import get_precision
-from lossscale_bench.sink import MemorySink
+from lossscale_bench.engine.sink import MemorySink
 from lossscale_bench.study import StudyError, load_study_text
 from lossscale_bench.study.precisions import PRECISION_OPTIONS, PRECISION_SPECS
-from lossscale_bench.telemetry import UnderflowProbe
+from lossscale_bench.precision.telemetry import UnderflowProbe
 from lossscale_bench.trial import run_trial
 
 FP4 = [n for n, s in PRECISION_SPECS.items() if s.grad_format == "e2m1"]
@@ -295,7 +295,7 @@ def test_parameter_gradients_rounded_at_the_end_of_backward_as_one_call_each_wou
     # (Fp4Format.round_each_), with the keys drawn where a rounding per parameter drew them, between the
     # activation gradients' roundings. The reference rounds each parameter at its own hook, from a stream
     # with the same seed: every gradient must come out the same, bit for bit.
-    from lossscale_bench.formats import fp4_format
+    from lossscale_bench.precision.formats import fp4_format
     from lossscale_bench.precision import install_emulation
 
     torch.manual_seed(0)
@@ -325,7 +325,7 @@ def test_parameter_gradients_rounded_at_the_end_of_backward_as_one_call_each_wou
 
 
 def test_round_each_is_round_per_tensor_with_its_key():
-    from lossscale_bench.formats import fp4_format
+    from lossscale_bench.precision.formats import fp4_format
 
     g = torch.Generator().manual_seed(3)
     shapes = [(16, 8, 3, 3), (40,), (7, 5), (4, 16, 4, 4), (3, 5, 2, 3)]

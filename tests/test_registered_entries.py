@@ -15,7 +15,7 @@ import math
 import pytest
 
 from helpers import study_yaml
-from lossscale_bench.registry import LAYER_SCALE_SUFFIX, PRECISIONS, SCALING_METHODS
+from lossscale_bench.core.registry import LAYER_SCALE_SUFFIX, PRECISIONS, SCALING_METHODS
 from lossscale_bench.study import load_study_text
 from lossscale_bench.study.methods import ENTRIES
 from lossscale_bench.study.precisions import PRECISION_SPECS
@@ -27,7 +27,7 @@ STEPS = 3
 
 
 def _trial(tmp_path, precision: str, entry: str):
-    from lossscale_bench.sink import MemorySink
+    from lossscale_bench.engine.sink import MemorySink
     from lossscale_bench.trial import run_trial
 
     cfg = load_study_text(study_yaml(precision=precision, scaling=[entry], log_every=1,

@@ -12,7 +12,7 @@ from lossscale_bench.engine import DivergenceHook, MetricsHook, Trainer, TrialDi
 from lossscale_bench.engine.hooks import SCALE_FLOOR
 from lossscale_bench.precision import get_precision
 from lossscale_bench.scaling import build_scaler
-from lossscale_bench.sink import MemorySink
+from lossscale_bench.engine.sink import MemorySink
 
 
 class _InfGrad(torch.autograd.Function):

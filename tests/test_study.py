@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from lossscale_bench.registry import BACKEND_NAMES, DATASET_NAMES, MODEL_NAMES, PRECISIONS, SCALING_METHODS
+from lossscale_bench.core.registry import BACKEND_NAMES, DATASET_NAMES, MODEL_NAMES, PRECISIONS, SCALING_METHODS
 from lossscale_bench.orchestration.placement import placement_text
 from lossscale_bench.study import (
     StudyError,

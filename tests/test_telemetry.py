@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from lossscale_bench.precision import install_fp16_emulation
-from lossscale_bench.telemetry import LayerHistory, UnderflowProbe, summarize
+from lossscale_bench.precision.telemetry import LayerHistory, UnderflowProbe, summarize
 
 
 def _net():
@@ -58,7 +58,7 @@ def test_compiled_census_counts_like_the_eager_expression(native, monkeypatch):
     LSBENCH_NO_NATIVE Inductor's) against the same counts written as eager ops, for each gradient
     format's thresholds, on random tensors of several layouts and on the edge values (the
     thresholds themselves, inf, NaN, -0.0)."""
-    from lossscale_bench.formats import FORMATS
+    from lossscale_bench.precision.formats import FORMATS
 
     if native == "compiled":
         monkeypatch.setenv("LSBENCH_NO_NATIVE", "1")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from lossscale_bench.writable import folder_problem
+from lossscale_bench.core.writable import folder_problem
 
 
 def test_a_folder_that_can_be_written_or_made(tmp_path):

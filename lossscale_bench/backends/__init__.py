@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..registry import BACKEND_NAMES
+from ..core.registry import BACKEND_NAMES
 from .base import Backend, BackendUnavailable
 
 # Ray resource each backend's trial asks for (None: CPU only), known without importing vendors.

@@ -1,5 +1,5 @@
 """CPU backend: the test and demo machine. fp16 autocast works but is ~45x slower than fp32,
-so CPU studies use ``fp16-emulated`` (see precision.py)."""
+so CPU studies use ``fp16-emulated`` (see precision/runtime.py)."""
 
 from __future__ import annotations
 
@@ -55,6 +55,6 @@ class CPUBackend(Backend):
             return {}
 
     def describe(self) -> str:
-        from ..portable import describe
+        from ..core.portable import describe
 
         return f"cpu ({torch.get_num_threads()} threads, {os.cpu_count()} cores, {describe()})"

@@ -41,7 +41,7 @@ import torch
 from PIL import Image
 from torch.utils.data import Dataset
 
-from ..registry import VOC_CLASSES
+from ..core.registry import VOC_CLASSES
 from ..dataset_files.annotations import Drops, size_mismatch
 from ..dataset_files.voc_xml import parse_voc
 from ..dataset_files.voc_layout import (annotation_file, image_candidates, required_paths, resolve_devkit, side_ids,

@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 
-from ..wording import suggest as _suggest
+from ..core.wording import suggest as _suggest
 
 __all__ = ["BAD_ANNOTATIONS", "AnnotationError", "Drops", "DROP_HINT", "number", "unknown_class_problem", "finite",
            "outside", "size_mismatch"]

@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ..writable import folder_problem
+from ..core.writable import folder_problem
 
 __all__ = ["GENERATOR_VERSION", "default_root", "dataset_dirname", "cache_root", "cache_problem"]
 

@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 import torch
 
-from ..sink import Sink
+from .sink import Sink
 from .loop import StepRecord, StopTraining, read_records
 
 
@@ -361,7 +361,7 @@ class TelemetryHook(Hook):
         if not self.probe.armed:
             return
         self.probe.disarm()
-        from ..telemetry import summarize
+        from ..precision.telemetry import summarize
 
         self.last_rates = self.probe.read()
         self.sink.metrics([(k, v, record.step) for k, v in summarize(self.last_rates).items()])

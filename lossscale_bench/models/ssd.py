@@ -23,7 +23,7 @@ from torchvision.models.vgg import make_layers as make_vgg_layers
 from torchvision.models.detection.anchor_utils import DefaultBoxGenerator
 from torchvision.models.detection.ssd import SSD, SSDFeatureExtractorVGG, _vgg_extractor
 
-from ..registry import MODEL_NAMES
+from ..core.registry import MODEL_NAMES
 
 # torchvision's SSD300 VGG normalisation: inputs in [0, 1] become 0..255 minus the mean.
 _VGG_MEAN = [0.48235, 0.45882, 0.40784]

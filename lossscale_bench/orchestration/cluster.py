@@ -121,7 +121,7 @@ def connect_ray(address: str | None, num_cpus: int | None, quiet: bool, env_vars
     """Join ``address`` (else ``$RAY_ADDRESS``) or start a local Ray; True if this call started it.
 
     An address is probed first (:func:`probe_address`); a join that fails says why in one line.
-    ``env_vars`` (a repeatable study's kernel pins, portable.py) must be in every worker before it
+    ``env_vars`` (a repeatable study's kernel pins, core/portable.py) must be in every worker before it
     starts. A local Ray inherits them: they are set in this process's environment first, and its
     raylet and workers are its children. A joined cluster's nodes do not inherit it, so there they
     go in the job's ``runtime_env``. Not for the local Ray too: a job ``runtime_env`` makes Ray start

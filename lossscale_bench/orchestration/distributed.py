@@ -57,7 +57,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from ..sink import Sink
+from ..engine.sink import Sink
 
 #: torch.distributed backend per lossscale_bench backend
 PROCESS_GROUP = {"cpu": "gloo", "cuda": "nccl", "hpu": "hccl", "xla": "xla"}

@@ -69,7 +69,7 @@ def run_study(study, *, runs_dir: str | Path = "runs", tracking_uri: str | None 
     if executor not in ("ray", "local"):
         raise ValueError(f"unknown executor {executor!r}; allowed: ray, local")
     if study.resources.repeatable:  # first: the local executor trains here, and data prep imports torch
-        from ..portable import pin
+        from ..core.portable import pin
 
         pin()
     from ..tracking.store import check_scheme, resolve_tracking_uri, sqlite_path
@@ -161,9 +161,9 @@ class _StudyRun:
 
     def _join_cluster(self, guard: SignalsRaise) -> None:
         """The cluster before any run is opened: one that cannot run the study leaves no RUNNING run."""
-        from ..portable import PORTABLE_ENV
+        from ..core.portable import PORTABLE_ENV
 
-        # a repeatable study's pins reach every worker, a joined cluster's too (portable.py)
+        # a repeatable study's pins reach every worker, a joined cluster's too (core/portable.py)
         self.ray_started = connect_ray(self.opts.address, self.opts.num_cpus, self.opts.quiet,
                                        env_vars=PORTABLE_ENV if self.study.resources.repeatable else None)
         guard.install()  # ray.init put its own SIGTERM handler (sys.exit) in place

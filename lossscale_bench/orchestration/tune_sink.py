@@ -12,7 +12,7 @@ import json
 import time
 from typing import Callable
 
-from ..sink import Sink
+from ..engine.sink import Sink
 
 #: the least time between two reports made at :meth:`TuneSink.flush_when_due` points. Why: Ray's function
 #: trainable reports synchronously (the training thread waits until the driver has run the result's callbacks,

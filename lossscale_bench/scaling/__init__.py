@@ -55,7 +55,7 @@ def _recipe_without_pydantic(entry: dict[str, Any]) -> tuple[str, dict, bool, bo
 def build_scaler(entry: dict[str, Any], model=None, grad_format=None) -> LossScaler:
     """Build the scaler for a scaling entry (``{"method": ..., **options}``).
 
-    ``grad_format`` is the precision's gradient format (:mod:`lossscale_bench.formats`); the
+    ``grad_format`` is the precision's gradient format (:mod:`lossscale_bench.precision.formats`); the
     per-layer rules keep gradients inside its range (None: fp16, the methods' own format).
     """
     try:

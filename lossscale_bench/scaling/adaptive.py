@@ -28,7 +28,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from ..formats import FP16, FloatFormat
+from ..precision.formats import FP16, FloatFormat
 from .adaptive_layers import _Iteration, _LayerInfo, _point_hook, _PointInfo
 # rule names this module does not use are re-exported: tests and callers import them from here
 from .adaptive_rule import (MIN_BRANCH_SCALE, U_MAX, U_MIN, approx_range_scale, approx_range_scale_tensor,
@@ -90,7 +90,7 @@ class AdaptiveLossScaler(PerLayerLossScaler):
     ``unscale_in_backward`` (None: only for a model wrapped in DDP), ``scale_fn``
     (test hook: ``fn(layer_name, grad, weight, prev_scale) -> scale`` replaces
     steps 1-9), ``layer_types`` (a subset of Conv2d/Linear to scale), ``grad_format`` (the
-    gradients' format, :mod:`lossscale_bench.formats`; fp16 by default, E5M2 under
+    gradients' format, :mod:`lossscale_bench.precision.formats`; fp16 by default, E5M2 under
     ``fp8-emulated``: ``u_min``/``u_max`` of steps 5-6 and of branch merges come from it, as the
     reference's ``get_range(dtype)``), ``output_scaling`` (add the reference's later head-output and
     L2Norm-input scaling points; module doc), ``update_count`` (``"steps"``: ``update_every`` counts

@@ -270,7 +270,7 @@ def is_scaling_node(node: Any) -> bool:
     """Whether the backward ``node`` scales the gradient it sends upstream: our layer Functions and output
     points, or another autograd Function that computes an attached layer's backward itself.
 
-    That other Function (the FP4 emulation's split backward, :mod:`lossscale_bench.fp4_layers`) follows a
+    That other Function (the FP4 emulation's split backward, :mod:`lossscale_bench.precision.fp4_layers`) follows a
     protocol, so that this package never imports it: it names its module as ``ctx.layer_module``, takes the
     layer input as its first input (the edge that carries the layer's new scale), and computes the input
     gradient with the weight ``ctx.input_grad_weight(ctx, g, w)`` returns once :meth:`_Iteration.install`

@@ -56,7 +56,7 @@ import math
 
 import torch
 
-from ..formats import FP16, FloatFormat
+from ..precision.formats import FP16, FloatFormat
 from ..numerics.amax import max_abs, max_abs_value
 from .host_fp32 import f32 as _f32, floor_log2 as _floor_log2, fmin as _fmin, recip as _recip
 

@@ -11,7 +11,7 @@ Transformer Engine scales every FP8 tensor by ``(fp8_max / amax) / 2**margin``
   scale is 1, as in TE.
 
 ``fp8_max`` is the largest finite value of the precision's gradient format
-(:mod:`lossscale_bench.formats`: 57344 for E5M2 under ``fp8-emulated``,
+(:mod:`lossscale_bench.precision.formats`: 57344 for E5M2 under ``fp8-emulated``,
 65504 for fp16). ``power_of_two`` rounds each scale down to a power of two, as
 TE's power-of-two scale option does, so scaling and unscaling are exact.
 
@@ -51,7 +51,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..formats import FP16, FloatFormat
+from ..precision.formats import FP16, FloatFormat
 from ..numerics.amax import max_abs_value
 from .adaptive_rule import _max_abs
 from .host_fp32 import f32, floor_pow2_log2, recip

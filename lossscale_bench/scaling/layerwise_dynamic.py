@@ -37,7 +37,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..formats import FP16, FloatFormat
+from ..precision.formats import FP16, FloatFormat
 from ._graph import ROOT_SCALE_ID
 from .base import all_reduce_flag, unscale_group_
 from .per_layer import LOSS_POINT, PointLossScaler

@@ -20,7 +20,7 @@ What every per-layer scaler logs (its :attr:`~PerLayerLossScaler.metric_prefix` 
 ``<prefix>scale_log2_min|median|max`` (the log2 of the factors the layers applied, last step),
 ``<prefix>accum_scale_log2_min|max`` and ``<prefix>merge_points``; a point scaler adds
 ``<prefix>point_scale_log2_min|median|max``. ``lsbench report --telemetry`` shows a method's layer
-scales from the metric ending in :data:`~lossscale_bench.registry.LAYER_SCALE_SUFFIX`, so a
+scales from the metric ending in :data:`~lossscale_bench.core.registry.LAYER_SCALE_SUFFIX`, so a
 subclass shows them there with no edit to the report.
 """
 
@@ -35,8 +35,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..formats import FP16, FloatFormat
-from ..registry import LAYER_SCALE_SUFFIX
+from ..precision.formats import FP16, FloatFormat
+from ..core.registry import LAYER_SCALE_SUFFIX
 from ._graph import ROOT_SCALE_ID, analyse
 from .adaptive_layers import _ATTACHED, _is_ours, _Iteration, _LayerInfo, _PatchedForward, is_scaling_node
 from .base import LossScaler, all_reduce_flag, unscale_group_

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from ..formats import FP16, FloatFormat
+from ..precision.formats import FP16, FloatFormat
 from ..numerics.census import census
 from ..numerics.fp8 import memory_order_flat
 from .base import LossScaler, _grads

@@ -29,7 +29,7 @@ from __future__ import annotations
 # besides __all__, the names the single module this package replaced offered stay importable from
 # here: the registry's names (MODEL_VERSIONS is the very dict trial ids read), the concrete models
 # and the trial-id helpers
-from ..registry import (BACKEND_NAMES, DATASET_NAMES, DYNAMIC_STYLES, EVAL_METRICS, MODEL_NAMES, MODEL_VERSIONS,
+from ..core.registry import (BACKEND_NAMES, DATASET_NAMES, DYNAMIC_STYLES, EVAL_METRICS, MODEL_NAMES, MODEL_VERSIONS,
                         PRECISIONS, SCALING_METHODS, VOC_CLASSES)  # noqa: F401
 try:
     from .errors import StudyError
@@ -41,7 +41,7 @@ try:
     from .trial_config import TrialConfig
 except ImportError as _exc:
     # The schema needs pydantic; the plain tables (``precisions``) do not. The bare GPU machine that
-    # runs benchmarks/gpu_check.py has no pydantic, and precision.py reads the precision table.
+    # runs benchmarks/gpu_check.py has no pydantic, and precision/runtime.py reads the precision table.
     if _exc.name != "pydantic" and "pydantic" not in str(_exc):
         raise
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ..wording import suggest
+from ..core.wording import suggest
 
 if TYPE_CHECKING:  # imported where used: the data layer reads annotations through this module, and the
     # GPU check (no pydantic there) builds datasets

@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal, Optional
 
 from pydantic import AfterValidator, BeforeValidator, ConfigDict, Field, StrictBool, ValidationError, ValidationInfo, WrapValidator
 
-from ..float_ranges import FP32
+from ..core.float_ranges import FP32
 from .as_written import AsWritten
 from .errors import _err, _fmt_num, _show, _suggest
 

@@ -12,7 +12,7 @@ import hashlib
 import re
 from typing import Any, Callable, Iterable, Optional
 
-from .. import registry
+from ..core import registry
 from .fingerprint import canonical_json, trial_fingerprint
 from .methods import default_label, scaling_tag
 

@@ -37,7 +37,7 @@ from typing import Any, Optional
 import yaml
 from pydantic import ValidationError
 
-from ..registry import DATASET_NAMES, SCALING_METHODS
+from ..core.registry import DATASET_NAMES, SCALING_METHODS
 from .as_written import TEXT_KEYS, AsWritten
 from .errors import ERROR_TYPE, StudyError, _show, _suggest
 from .fields import _DEFAULT_SOURCE, NOT_BLANK

@@ -1,10 +1,10 @@
 """The precisions a study may name, each described once (torch-free).
 
 An entry says what a trial in that precision does with numbers: the autocast dtype (by
-name), the formats (:mod:`lossscale_bench.formats`, by name) its forward values and its
+name), the formats (:mod:`lossscale_bench.precision.formats`, by name) its forward values and its
 gradients are rounded to, whether it is a CPU emulation, whether a loss scale has anything
 to rescue, Transformer Engine's name for the recipe where there is one, and the report's
-note under a table of its rows. ``lossscale_bench.precision`` builds the runtime object
+note under a table of its rows. ``lossscale_bench.precision.runtime`` builds the runtime object
 from it, the schema reads which precisions are emulated, and the report its note; a new
 precision is one entry here and its name in ``registry.PRECISIONS``.
 
@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..float_ranges import RANGES
-from ..registry import PRECISIONS
+from ..core.float_ranges import RANGES
+from ..core.registry import PRECISIONS
 
 #: autocast dtype name -> the format autocast computes in (the ones torch's autocast offers)
 AUTOCAST_FORMATS = {"float16": "fp16", "bfloat16": "bf16"}

@@ -1,7 +1,7 @@
 """The study's ``resources`` section: where and with what its trials run.
 
 Its own module since ``repeatable`` joined it (schema.py was past its size). ``repeatable: true``
-pins the CPU kernels of every process that trains (:mod:`lossscale_bench.portable` says which and
+pins the CPU kernels of every process that trains (:mod:`lossscale_bench.core.portable` says which and
 why), so that a trial gives the same numbers bit for bit on any x86 machine with AVX2. It is
 study-wide, not a scaling entry's (an entry's ``resources`` has no such key): the pins are
 environment variables read when torch is first imported, and one Ray job (one study) has one
@@ -17,7 +17,7 @@ from typing import Optional
 
 from pydantic import BaseModel, ValidationInfo, model_validator
 
-from ..registry import BACKEND_NAMES
+from ..core.registry import BACKEND_NAMES
 from .errors import StudyError
 from .fields import _STRICT, Bool, PosFloat, PosInt, _choice, _ctx_source
 
@@ -31,7 +31,7 @@ class Resources(BaseModel):
     #: cuda only: torch.compile the backbone and heads (backends/cuda.py). Off by default and not
     #: in the trial id, as channels_last: the same training, other kernels
     compile: Optional[Bool] = None
-    #: cpu only, study-wide: pin torch's, oneDNN's and MKL's CPU kernels at AVX2 (portable.py); in
+    #: cpu only, study-wide: pin torch's, oneDNN's and MKL's CPU kernels at AVX2 (core/portable.py); in
     #: the trial id when true
     repeatable: Optional[Bool] = None
 

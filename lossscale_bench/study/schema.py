@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal, Optional, Union
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, ValidationInfo, field_validator, \
     model_serializer, model_validator
 
-from ..registry import BACKEND_NAMES, DATASET_NAMES, EVAL_METRICS, MODEL_NAMES, PRECISIONS, VOC_CLASSES
+from ..core.registry import BACKEND_NAMES, DATASET_NAMES, EVAL_METRICS, MODEL_NAMES, PRECISIONS, VOC_CLASSES
 from ..dataset_files.annotations import BAD_ANNOTATIONS
 from .as_written import AsWritten
 from .errors import StudyError, _err, _fmt_num, _show

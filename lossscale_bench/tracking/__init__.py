@@ -13,7 +13,7 @@ and stops ``mlflow server`` for ``lsbench ui``.
 
 It sits in the orchestration layer (``lossscale_bench.LAYERS``): the study
 runner and the CLI use it; the trial and the engine never do (they report
-through ``lossscale_bench.sink``). MLflow is imported inside functions only,
+through ``lossscale_bench.engine.sink``). MLflow is imported inside functions only,
 so importing this package stays instant. The names below are what callers
 (cli, tests, benchmarks) use; code inside the package imports the modules.
 """

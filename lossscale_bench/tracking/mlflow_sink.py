@@ -1,6 +1,6 @@
 """The sink of a trial run in this process (``executor="local"``): it writes straight to MLflow.
 
-Why it is not beside ``Sink`` in ``lossscale_bench.sink``: the interface sits in
+Why it is not beside ``Sink`` in ``lossscale_bench.engine.sink``: the interface sits in
 the schema layer because the trial and the engine report through it, while
 this implementation needs a :class:`~.tracker.Tracker`, i.e. MLflow. Each sink
 lives with what it writes to: this one with the tracker, ``TuneSink`` with the
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..sink import Sink
+from ..engine.sink import Sink
 
 if TYPE_CHECKING:
     from .tracker import Tracker

@@ -12,7 +12,7 @@ import os
 import sys
 from pathlib import Path
 
-from ..exit_codes import EXIT_SIGINT, EXIT_SIGTERM, EXIT_USAGE
+from ..core.exit_codes import EXIT_SIGINT, EXIT_SIGTERM, EXIT_USAGE
 
 
 def port_problem(host: str, port: int) -> str | None:

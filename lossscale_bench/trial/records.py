@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..sink import Sink
+from ..engine.sink import Sink
 
 
 def data_report(train_ds, val_ds) -> dict[str, Any]:

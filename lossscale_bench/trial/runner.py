@@ -21,7 +21,7 @@ import time
 import traceback
 from pathlib import Path
 
-from ..sink import Sink
+from ..engine.sink import Sink
 from .checkpoint import atomic_done, capture, resume
 from .outcome import TrialOutcome, failure_text
 from .records import write_layer_table

@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..sink import Sink
+from ..engine.sink import Sink
 from .records import data_report
 
 
@@ -49,11 +49,11 @@ def make_evaluator(metric: str, model, val_ds, backend, precision, max_images=No
 def seeded_backend(cfg, threads):
     """The trial's backend, with every RNG (torch, Python, numpy) seeded from the trial's seed (its
     ``init`` stream: the initial weights are drawn from these right after). A ``repeatable`` trial
-    first checks that its process runs the pinned CPU kernels (portable.py)."""
+    first checks that its process runs the pinned CPU kernels (core/portable.py)."""
     from ..backends import get_backend
 
     if cfg.resources.get("repeatable"):  # before any kernel runs: a trial that cannot keep the promise fails now
-        from ..portable import require_pinned
+        from ..core.portable import require_pinned
 
         require_pinned()
     backend = get_backend(cfg.resources.get("backend", "cpu"), threads=threads,
@@ -73,7 +73,7 @@ def build_parts(cfg, sink: Sink, trial_dir: Path, threads, rank: int = 0) -> Tri
     from ..precision import get_precision
     from ..study.precisions import PRECISION_OPTIONS
     from ..scaling import build_scaler
-    from ..telemetry import LayerHistory, UnderflowProbe
+    from ..precision.telemetry import LayerHistory, UnderflowProbe
 
     backend = seeded_backend(cfg, threads)
     opts = dict(cfg.model_options)

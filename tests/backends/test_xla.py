@@ -71,7 +71,7 @@ def test_backend_device_autocast_and_optimizer_step():
 def test_short_ssd_tiny_bf16_trial_on_the_xla_cpu_device(tmp_path):
     import math
 
-    from lossscale_bench.sink import MemorySink
+    from lossscale_bench.engine.sink import MemorySink
     from lossscale_bench.study import load_study_text
     from lossscale_bench.trial import run_trial
 

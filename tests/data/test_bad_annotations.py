@@ -17,7 +17,7 @@ from helpers import coco_from_synthetic, tiny_data_study
 from lossscale_bench.cli import main
 from lossscale_bench.data import build_datasets
 from lossscale_bench.data.voc import VOCDetection, make_tiny_voc
-from lossscale_bench.sink import MemorySink
+from lossscale_bench.engine.sink import MemorySink
 from lossscale_bench.study import load_study_text
 from lossscale_bench.dataset_files.annotations import AnnotationError
 from lossscale_bench.trial import run_trial

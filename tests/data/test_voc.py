@@ -168,7 +168,7 @@ def test_numpy_free_targets_collate_with_the_loader(tmp_path):
 
 def test_a_voc_format_folder_trains_through_run_trial(tmp_path):
     """Given only its root and class list, a VOC-format data set trains and is scored with the VOC07 metric."""
-    from lossscale_bench.sink import MemorySink
+    from lossscale_bench.engine.sink import MemorySink
     from lossscale_bench.study import load_study_text
     from lossscale_bench.trial import run_trial
 

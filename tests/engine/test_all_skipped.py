@@ -14,7 +14,7 @@ from lossscale_bench.backends import get_backend
 from lossscale_bench.engine import DivergenceHook, MetricsHook, Trainer, TrialDiverged
 from lossscale_bench.precision import get_precision
 from lossscale_bench.scaling import build_scaler
-from lossscale_bench.sink import MemorySink
+from lossscale_bench.engine.sink import MemorySink
 from test_scale_collapse import _AlwaysOverflows, _batches
 
 

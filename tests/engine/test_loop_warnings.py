@@ -7,7 +7,7 @@ import warnings
 
 from helpers import study_yaml
 
-from lossscale_bench.sink import MemorySink
+from lossscale_bench.engine.sink import MemorySink
 from lossscale_bench.study import load_study_text
 from lossscale_bench.trial import run_trial
 

@@ -114,7 +114,7 @@ def test_e2m1_matches_the_definition_on_random_and_tiny_values(compiled):
 
 
 def test_e2m1_range_is_the_one_validation_uses():
-    from lossscale_bench.float_ranges import RANGES
+    from lossscale_bench.core.float_ranges import RANGES
 
     r = RANGES["e2m1"]
     assert (r.max, r.min_normal, r.min_subnormal) == (max(GRID), 1.0, min(v for v in GRID if v > 0))

@@ -98,7 +98,7 @@ def test_layer_heatmaps_from_csv(tmp_path):
 
 def test_layers_csv_matches_telemetry(tmp_path):
     """The test CSVs have the columns the trial's LayerHistory writes (blank scales for non-adaptive)."""
-    from lossscale_bench.telemetry import LayerHistory
+    from lossscale_bench.precision.telemetry import LayerHistory
 
     assert LayerHistory.FIELDS == FIELDS
     h = LayerHistory(tmp_path / "layers_history.csv")

@@ -14,7 +14,7 @@ import pytest
 import torch
 from torch import nn
 
-from lossscale_bench.formats import E5M2, FP16
+from lossscale_bench.precision.formats import E5M2, FP16
 from lossscale_bench.models import build_model
 from lossscale_bench.precision import get_precision
 from lossscale_bench.scaling import build_scaler

@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch import nn
 
-from lossscale_bench.registry import LAYER_SCALE_SUFFIX
+from lossscale_bench.core.registry import LAYER_SCALE_SUFFIX
 from lossscale_bench.scaling.per_layer import LOSS_POINT, PerLayerLossScaler, PointLossScaler
 
 #: a different power of two per point (the loss first), so a misplaced scale shows

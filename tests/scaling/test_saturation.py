@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from lossscale_bench.formats import E4M3
+from lossscale_bench.precision.formats import E4M3
 from lossscale_bench.scaling import build_scaler
 from lossscale_bench.scaling.saturation import SaturationLossScaler, saturation_counts
 

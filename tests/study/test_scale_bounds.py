@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 
 from helpers import lsbench, one_entry_study
-from lossscale_bench.float_ranges import FP32
+from lossscale_bench.core.float_ranges import FP32
 from lossscale_bench.study import StudyError, load_study_text
 from lossscale_bench.study.methods.amax import max_margin
 
@@ -102,7 +102,7 @@ def test_max_margin_is_where_the_scalers_target_leaves_the_format(fmt):
     smallest subnormal) with an fp32 scale above 0; one more and it does not."""
     import torch
 
-    from lossscale_bench.formats import FORMATS
+    from lossscale_bench.precision.formats import FORMATS
     from lossscale_bench.scaling.amax import scale_from_amax
 
     f = FORMATS[fmt]

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from helpers import lsbench, study_yaml, write_study
-from lossscale_bench.sink import MemorySink
+from lossscale_bench.engine.sink import MemorySink
 from lossscale_bench.study import StudyError, load_study_text
 
 

@@ -121,7 +121,7 @@ def test_diverged_step_is_a_step_of_the_logged_metric_history(store):
 def test_diverged_step_without_an_applied_overflow_is_the_first_non_finite_loss(tmp_path):
     """A skipping scaler never applies a non-finite gradient: the first NaN loss (a skipped step)
     is the step named."""
-    from lossscale_bench.sink import MemorySink
+    from lossscale_bench.engine.sink import MemorySink
     from lossscale_bench.trial import run_trial
 
     text = STUDY.replace("lr: 0.01, warmup_iterations: 2", "lr: 1.0e+6, warmup_iterations: 0")
@@ -283,7 +283,7 @@ def test_non_finite_weights_at_the_end_or_policy_continue(tmp_path, iterations, 
     """One iteration: the only loss is finite, but its update was non-finite, so the weights
     are: diverged at step 1, no mAP. ``on_divergence: continue`` keeps its meaning: the trial
     is ``diverged`` and still evaluated to a final mAP."""
-    from lossscale_bench.sink import MemorySink
+    from lossscale_bench.engine.sink import MemorySink
     from lossscale_bench.trial import run_trial
 
     text = TAIL_NAN.replace("iterations: 3", f"iterations: {iterations}") + f"on_divergence: {policy}\n"

@@ -226,7 +226,7 @@ def test_full_store_disk_says_disk_full_and_keeps_what_was_logged(study_store, t
 
 def test_trial_on_a_full_disk_says_disk_full(tmp_path):
     """A real ENOSPC: the trial's telemetry table is written through /dev/full, as on a full disk."""
-    from lossscale_bench.sink import MemorySink
+    from lossscale_bench.engine.sink import MemorySink
     from lossscale_bench.study import load_study_text
     from lossscale_bench.trial import failure_text, run_trial
 

@@ -10,7 +10,7 @@ import textwrap
 import pytest
 
 from helpers import crash_and_resume, study_yaml
-from lossscale_bench.sink import MemorySink
+from lossscale_bench.engine.sink import MemorySink
 from lossscale_bench.study import load_study_text
 from lossscale_bench.trial import run_trial
 
@@ -105,7 +105,7 @@ def test_full_disk_while_checkpointing_fails_the_trial_with_the_os_error(tmp_pat
     code = textwrap.dedent(f"""
         import resource, signal, sys
         sys.path.insert(0, {str(tmp_path)!r})
-        from lossscale_bench.sink import MemorySink
+        from lossscale_bench.engine.sink import MemorySink
         from lossscale_bench.study import load_study_text
         from lossscale_bench.trial import run_trial
         from lossscale_bench.data.synthetic import ensure_synthetic
@@ -169,7 +169,7 @@ _FRESH = textwrap.dedent("""
     import json, sys
     sys.path.insert(0, sys.argv[2])
     from helpers import study_yaml
-    from lossscale_bench.sink import MemorySink
+    from lossscale_bench.engine.sink import MemorySink
     from lossscale_bench.study import load_study_text
     from lossscale_bench.trial import run_trial
     cfg = load_study_text(sys.argv[1]).trials()[0]

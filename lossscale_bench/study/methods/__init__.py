@@ -16,7 +16,7 @@ from typing import Annotated, Union
 
 from pydantic import Discriminator
 
-from ...registry import SCALING_METHODS
+from ...core.registry import SCALING_METHODS
 from ..precisions import PRECISION_OPTIONS, precision_option_words
 from .base import COMMON_KEYS, Fail, MethodEntry, ResourcesOverride
 
@@ -43,7 +43,7 @@ def default_label(scaling: dict, precision: str) -> str:
 
     Common options that make a row of their own are said after the method's words.
     """
-    if scaling.get("grad_rounding") == "after_unscale":  # Chainer's order (precision.py): its own row
+    if scaling.get("grad_rounding") == "after_unscale":  # Chainer's order (precision/runtime.py): its own row
         rest = {k: v for k, v in scaling.items() if k != "grad_rounding"}
         return f"{default_label(rest, precision)} (grads rounded after unscale)"
     blocks = scaling.get("grad_blocks")

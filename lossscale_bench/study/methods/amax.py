@@ -6,8 +6,8 @@ from __future__ import annotations
 import math
 from typing import Literal, Optional
 
-from ...float_ranges import FP32, RANGES
-from ...registry import AMAX_RECIPES
+from ...core.float_ranges import FP32, RANGES
+from ...core.registry import AMAX_RECIPES
 from ..fields import Bool, NonNegInt, PosInt, Scale, _choice
 from ..precisions import scaler_grad_format
 from .base import Fail, MethodEntry, differs, num

@@ -18,7 +18,7 @@ from typing import Any, Callable, ClassVar, Optional
 
 from pydantic import BaseModel, create_model
 
-from ...registry import BACKEND_NAMES, MODEL_NAMES, PRECISIONS
+from ...core.registry import BACKEND_NAMES, MODEL_NAMES, PRECISIONS
 from ..errors import _fmt_num
 from ..fields import _STRICT, Bool, Label, PosFloat, PosInt, _choice
 from ..precisions import PRECISION_OPTIONS
@@ -106,7 +106,7 @@ class MethodEntry(_PrecisionOptionFields):
     #: the report's reference row (its test of every other row); not in the trial id
     baseline: Bool = False
     #: emulated precisions: parameter gradients rounded before (default, PyTorch AMP) or after
-    #: unscaling (Chainer's order); precision.py's module doc. A trial option, so it lives here.
+    #: unscaling (Chainer's order); precision/runtime.py's module doc. A trial option, so it lives here.
     grad_rounding: Optional[_choice("grad_rounding", ("before_unscale", "after_unscale"))] = None  # type: ignore
     #: E4M3 gradients only: an overflow saturates to +-448 (torch's cast, TE) or becomes NaN (OCP's
     #: non-saturating conversion), which overflow-driven scalers can see

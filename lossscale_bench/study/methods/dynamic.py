@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Literal, Optional
 
-from ...registry import DYNAMIC_STYLES
+from ...core.registry import DYNAMIC_STYLES
 from ..fields import Bool, PosInt, Scale, _choice
 from .base import Fail, MethodEntry, differs, num
 

@@ -2,8 +2,8 @@
 
 Why a module of its own: validation (``lsbench validate``, the study layer) must bound
 the scale-like options of a study file by fp32's range and by the precision's gradient
-format, and it never imports torch (it stays instant). :mod:`lossscale_bench.formats`
-builds its torch-facing :class:`~lossscale_bench.formats.FloatFormat` from these same
+format, and it never imports torch (it stays instant). :mod:`lossscale_bench.precision.formats`
+builds its torch-facing :class:`~lossscale_bench.precision.formats.FloatFormat` from these same
 numbers, so a range is written once, here; ``tests/test_formats.py`` checks each
 against ``torch.finfo``.
 """
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class FloatRange:
-    #: the name :mod:`lossscale_bench.formats` and the precisions know the format by
+    #: the name :mod:`lossscale_bench.precision.formats` and the precisions know the format by
     name: str
     #: largest finite value
     max: float

@@ -5,9 +5,9 @@ and the driver is the single MLflow writer (SQLite allows one writer at a
 time). Run in-process, the sink writes to MLflow directly. Tests use
 ``MemorySink``.
 
-Why only the interface (and ``MemorySink``) is here, in the schema layer: the
-trial and the engine report through it and may import nothing above them. The
-sinks that write somewhere live with what they write to, a layer up:
+Why only the interface (and ``MemorySink``) is here, in the engine package: the
+engine and the trial report through it and may import nothing above them. The
+sinks that write somewhere live with what they write to, a floor up:
 ``orchestration.tune_sink.TuneSink`` (Ray) and ``tracking.mlflow_sink.MlflowSink``.
 """
 

@@ -31,8 +31,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from .formats import FloatFormat
-from .numerics.fp8 import not_a_view
-from .numerics.hadamard import hadamard_round
+from ..numerics.fp8 import not_a_view
+from ..numerics.hadamard import hadamard_round
 
 
 def supported(m: nn.Module) -> bool:
@@ -102,7 +102,7 @@ class _Fp4Layer(torch.autograd.Function):
 
 def round_weight(m: nn.Module, weight_fmt: FloatFormat) -> torch.Tensor:
     """``m.weight`` rounded to ``weight_fmt`` (no graph: the weight gradient reaches the fp32 weight
-    unchanged, :class:`_Fp4Layer`), for the forward product: :func:`lossscale_bench.precision.install_emulation`
+    unchanged, :class:`_Fp4Layer`), for the forward product: :func:`lossscale_bench.precision.layers.install_emulation`
     puts it in place of the weight for the duration of the module's forward, so the product is computed
     once, with it."""
     return weight_fmt.round(m.weight.detach())

@@ -6,7 +6,7 @@ non-zero in fp32, those that would be subnormal in the precision's gradient
 format (fp16: |g| < 2**-14, losing precision; E5M2 the same; E4M3 2**-6), those that
 would flush to zero (fp16: |g| <= 2**-25; E5M2: |g| <= 2**-17; E4M3 2**-10) and
 those past the format's maximum (saturated to it, or overflowed to inf/NaN), the
-thresholds read from the format (:mod:`lossscale_bench.formats`; a block-scaled
+thresholds read from the format (:mod:`lossscale_bench.precision.formats`; a block-scaled
 format counts from its own round trip, per block). Exact zeros are
 not counted: SSD heads' gradients are mostly exact zeros from hard-negative
 mining (FIELD-NOTES). The gradient is seen before fp16-emulated rounding (the
@@ -18,7 +18,7 @@ Parameter gradients of the same layers (weight and bias) are counted too, as
 position, so it can saturate where no activation gradient does (a per-layer scale
 that puts the largest activation gradient near the format's maximum). An emulated
 precision hands them over just before it rounds them
-(:meth:`lossscale_bench.precision.EmulationHandle.observe_param_grads`), so they
+(:meth:`lossscale_bench.precision.layers.EmulationHandle.observe_param_grads`), so they
 carry the loss scale, as the rounding sees them; without an emulation the probe hooks
 the accumulated gradients itself. With ``grad_rounding: after_unscale`` they are
 rounded later, unscaled, and are not counted.
@@ -37,7 +37,7 @@ import torch
 from torch import nn
 
 from .formats import FP16, FloatFormat
-from .precision import EMULATED_LAYERS
+from .layers import EMULATED_LAYERS
 
 FP16_MIN_NORMAL = FP16.min_normal
 FP16_FLUSH = FP16.flush_threshold  # at or below half the smallest subnormal, fp16 rounding gives 0
@@ -50,7 +50,7 @@ PARAM_RATES = ("param_flush_rate", "param_saturate_rate")
 class UnderflowProbe:
     def __init__(self, model: nn.Module, layer_types=EMULATED_LAYERS, fmt: FloatFormat = FP16,
                  emulation=None, param_grads: bool = True) -> None:
-        """``emulation``: the precision's :class:`~lossscale_bench.precision.EmulationHandle`, if any;
+        """``emulation``: the precision's :class:`~lossscale_bench.precision.layers.EmulationHandle`, if any;
         ``param_grads=False`` counts activation gradients only."""
         #: the format whose thresholds are counted against (the precision's gradient format)
         self.format = fmt

@@ -19,7 +19,7 @@ from typing import Callable
 
 import torch
 
-from .float_ranges import RANGES
+from ..core.float_ranges import RANGES
 
 
 @dataclass(frozen=True)
@@ -98,7 +98,7 @@ class FloatFormat:
         """``[non-zero, subnormal, flushed, saturated]`` element counts of ``g`` in this format, on
         the device: flushed = non-zero that round to 0, saturated = past ``max`` (clipped to it,
         or inf/NaN: an overflow), counted among the non-zero. Thresholds, not a round trip: cheap."""
-        from .numerics.census import census
+        from ..numerics.census import census
 
         return census(g, self.min_normal, self.flush_threshold, self.max)
 
@@ -109,16 +109,16 @@ class FloatFormat:
                 "saturate_above": self.max}
 
 
-#: the ranges come from :mod:`lossscale_bench.float_ranges` (torch-free: validation bounds options by them)
+#: the ranges come from :mod:`lossscale_bench.core.float_ranges` (torch-free: validation bounds options by them)
 FP16 = FloatFormat("fp16", torch.float16, **RANGES["fp16"].fields(), reference_u_min=6.0e-8)
 def _round_e4m3(t: torch.Tensor) -> torch.Tensor:
-    from .numerics.fp8 import round_e4m3
+    from ..numerics.fp8 import round_e4m3
 
     return round_e4m3(t, saturate=True)
 
 
 def _round_e4m3_nan(t: torch.Tensor) -> torch.Tensor:
-    from .numerics.fp8 import round_e4m3
+    from ..numerics.fp8 import round_e4m3
 
     return round_e4m3(t, saturate=False)
 
@@ -136,7 +136,7 @@ E5M2 = FloatFormat("e5m2", torch.float8_e5m2, **RANGES["e5m2"].fields())
 BF16 = FloatFormat("bf16", torch.bfloat16, **RANGES["bf16"].fields())
 
 def _round_e2m1(t: torch.Tensor) -> torch.Tensor:
-    from .numerics.fp4 import round_e2m1
+    from ..numerics.fp4 import round_e2m1
 
     return round_e2m1(t)
 
@@ -166,7 +166,7 @@ class BlockScaledFormat(FloatFormat):
     mode: str = "ceil"
 
     def round(self, t: torch.Tensor) -> torch.Tensor:
-        from .numerics.block_scaling import block_round
+        from ..numerics.block_scaling import block_round
 
         return block_round(t, self.element, self.granularity, **self._mode_kw())
 
@@ -177,7 +177,7 @@ class BlockScaledFormat(FloatFormat):
         return 32 if self.granularity == "mx32" else None
 
     def census(self, g: torch.Tensor) -> torch.Tensor:
-        from .numerics.block_scaling import block_round
+        from ..numerics.block_scaling import block_round
 
         _, c = block_round(g.detach(), self.element, self.granularity, counts=True, **self._mode_kw())
         return torch.stack([c.nonzero, torch.full_like(c.nonzero, -1), c.flushed, c.saturated])
@@ -220,7 +220,7 @@ class Fp4Format(FloatFormat):
     stream: object = field(default=None, compare=False, repr=False)
 
     def round(self, t: torch.Tensor) -> torch.Tensor:
-        from .numerics.fp4 import fp4_round
+        from ..numerics.fp4 import fp4_round
 
         return fp4_round(t, self.kind, stochastic=self.stochastic, key=self.next_key(), mode=self.mode,
                          weight=self.weight)
@@ -231,14 +231,14 @@ class Fp4Format(FloatFormat):
     def round_each_(self, tensors: list[torch.Tensor], keys: list) -> None:
         """:meth:`FloatFormat.round_each_` through ``fp4_round_each_``: the C loop looked up once for all
         tensors, ~50 us a tensor less dispatch than a ``round`` each (issue 32 item 4), same values."""
-        from .numerics.fp4 import fp4_round_each_
+        from ..numerics.fp4 import fp4_round_each_
 
         fp4_round_each_(tensors, keys, self.kind, stochastic=self.stochastic, mode=self.mode, weight=self.weight)
 
     def census(self, g: torch.Tensor) -> torch.Tensor:
         if self.kind == "e2m1":
             return super().census(g)
-        from .numerics.fp4 import fp4_round
+        from ..numerics.fp4 import fp4_round
 
         _, c = fp4_round(g.detach(), self.kind, mode=self.mode, weight=self.weight, counts=True)
         return torch.stack([c.nonzero, torch.full_like(c.nonzero, -1), c.flushed, c.saturated])
@@ -252,7 +252,7 @@ def fp4_format(kind: str, stochastic: bool = False, mode: str = "floor", weight:
                seed: int = 0) -> Fp4Format:
     """An FP4 format (``kind`` ``e2m1``, ``nvfp4``, ``mxfp4``), named after what it is
     (``nvfp4-sr``, ``mxfp4-ceil``, ``nvfp4-w16x16``); stochastic ones draw from a stream seeded by ``seed``."""
-    from .numerics.fp4 import Fp4Stream
+    from ..numerics.fp4 import Fp4Stream
 
     name = kind + ("-w16x16" if weight else "") + (f"-{mode}" if kind == "mxfp4" else "") + ("-sr" if stochastic else "")
     return Fp4Format(name, E2M1.dtype, **RANGES["e2m1"].fields(), saturates=True, overflow="saturate",
