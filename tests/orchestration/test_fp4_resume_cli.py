@@ -22,7 +22,7 @@ from helpers import study_yaml
 ROWS = [f"{{method: fixed, scale: 1024, precision: e4m3fwd-{g}grad-emulated, label: {g}}}"
         for g in ("e2m1", "nvfp4", "mxfp4")]
 STUDY = study_yaml(name="fp4resume", precision="e4m3fwd-nvfp4grad-emulated", scaling=ROWS,
-                   schedule={"iterations": 60, "lr": 0.01, "warmup_iterations": 4},
+                   schedule={"iterations": 40, "lr": 0.01, "warmup_iterations": 4},
                    eval={"every": 20, "metric": "coco", "max_images": 4}, log_every=1)
 
 
@@ -76,7 +76,7 @@ def reference(tmp_path_factory) -> dict:
     r = subprocess.run(_cmd(study, tmp / "runs", "local"), cwd=tmp, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     hist = _histories(tmp / "runs")
-    assert len(hist) == 3 and all(len(h["loss"]) == 60 for h in hist.values())
+    assert len(hist) == 3 and all(len(h["loss"]) == 40 for h in hist.values())
     return hist
 
 
