@@ -26,7 +26,7 @@ test: install
 
 # the documentation site, offline (no web fonts or CDN), every link and anchor checked
 docs: install
-	$(BIN)/mkdocs build --strict --site-dir build/site
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir build/site
 
 # torch_xla 2.9.0 links against torch 2.9.0 exactly, so it gets a venv of its own (not part of CI).
 XLA_VENV ?= .venv-xla

@@ -1,9 +1,10 @@
-"""README "Adding a method or a precision", done as written: a new per-layer method and a new
-precision in a copy of the package, run through ``lsbench run`` and ``lsbench report --telemetry``.
+"""The recipe page (docs/development/extending.md, linked from the README), done as written: a new
+per-layer method and a new precision in a copy of the package, run through ``lsbench run`` and
+``lsbench report --telemetry``.
 
-Why a copy and the README's own code blocks: the claim is that a method is its scaler file, its
+Why a copy and the page's own code blocks: the claim is that a method is its scaler file, its
 entry and its registry name, and a precision its table entry and its registry name, with no other
-edit. The test makes exactly those edits (the files are the README's blocks, verbatim; the names are
+edit. The test makes exactly those edits (the files are the page's blocks, verbatim; the names are
 appended to the registry's tuples) in a copy of ``lossscale_bench`` and runs the real CLI on it in a
 fresh interpreter, so a recipe that misses a step, or code that still names the shipped methods or
 precisions somewhere, fails here. The copy is deleted with ``tmp_path``.
@@ -23,13 +24,12 @@ import pytest
 from helpers import study_yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-SECTION = "## Adding a method or a precision"
+RECIPE = ROOT / "docs" / "development" / "extending.md"
 
 
 def _recipe_blocks() -> list[tuple[str, str]]:
-    """(path, code) of every python block of the README's recipe; ``path`` is its first line's comment."""
-    text = (ROOT / "README.md").read_text()
-    section = text.split(SECTION, 1)[1].split("\n## ", 1)[0]
+    """(path, code) of every python block of the recipe page; ``path`` is its first line's comment."""
+    section = RECIPE.read_text()
     blocks = []
     for block in re.findall(r"```python\n(.*?)```", section, flags=re.S):
         lines = [line[3:] if line.startswith("   ") else line for line in block.splitlines()]  # list indent
@@ -48,7 +48,7 @@ def _append_name(registry: Path, tuple_name: str, name: str) -> None:
 
 
 def _extended_package(where: Path) -> tuple[str, str]:
-    """A copy of the package under ``where`` with the README's method and precision; their names."""
+    """A copy of the package under ``where`` with the recipe's method and precision; their names."""
     pkg = where / "lossscale_bench"
     shutil.copytree(ROOT / "lossscale_bench", pkg, ignore=shutil.ignore_patterns("__pycache__"))
     method = precision = None
@@ -64,7 +64,7 @@ def _extended_package(where: Path) -> tuple[str, str]:
             target.write_text(code)
             if "/study/methods/" in path:
                 method = re.search(r'method: Literal\["([^"]+)"\]', code).group(1)
-    assert method and precision, "the README shows a method and a precision"
+    assert method and precision, "the recipe shows a method and a precision"
     _append_name(pkg / "core/registry.py", "SCALING_METHODS", method)
     _append_name(pkg / "core/registry.py", "PRECISIONS", precision)
     return method, precision
