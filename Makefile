@@ -5,7 +5,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   ?= .venv
 BIN     = $(VENV)/bin
 
-.PHONY: demo test docs install test-xla clean gpu-check gpu-check-smoke gpu-wheels
+.PHONY: demo test docs lint install test-xla clean gpu-check gpu-check-smoke gpu-wheels
 
 install: $(VENV)/.installed
 
@@ -23,6 +23,12 @@ demo: install
 test: install
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile
 	$(MAKE) docs
+
+# ruff (pyproject.toml [tool.ruff]): the rules, then the formatting, over everything that is Python
+LINTED = lossscale_bench tests benchmarks tools
+lint: install
+	$(BIN)/ruff check $(LINTED)
+	$(BIN)/ruff format --check $(LINTED)
 
 # the documentation site, offline (no web fonts or CDN), every link and anchor checked
 docs: install
