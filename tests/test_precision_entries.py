@@ -2,11 +2,12 @@
 
 Why: a precision is one table entry (``study/precisions.py``) and its name in ``registry.PRECISIONS``
 (README "Adding a method or a precision"). An entry that names E4M3 gradients where E5M2 was meant
-(its name and note saying E5M2) trains, logs and reports like a correct one: only the values tell.
-So, for each registered precision (from the registry: a new entry is covered with no edit here):
+(its name and note saying E5M2) trains, logs and reports like a correct one, so the trial tests
+cannot tell. For each registered precision (from the registry: a new entry is covered with no edit
+here):
 
 * its words (name and note; the Transformer Engine recipe where it gives one) name exactly the
-  formats its fields name: the filed mistake is a field that disagrees with what the entry says;
+  formats its fields name: that mistake is a field disagreeing with what the entry says;
 * a forward and backward of a small conv net under the precision captures what it computes: every
   conv/linear output, the gradients arriving at them, the parameter gradients (and, for NVFP4 forward
   values, the rounded weights); every captured element must be representable in the format the entry
@@ -16,7 +17,8 @@ Representability is judged by references of this file's own (torch's dtype casts
 block scales searched for), never by the package's rounding, so a format that rounds to another one
 is caught too. A direction the entry leaves in fp32 is checked as fp32: its values are not all
 fp16 or bf16 values. The precisions computed under autocast (mixed16, bf16) install nothing: what they
-claim is the autocast dtype, and their layer outputs and gradients are checked in it the same way.
+claim is the autocast dtype, and their layer outputs and gradients are checked in it the same way
+(the parameter gradients too: autocast computes them in its dtype, the fp32 weights receive them cast).
 The checks are shown to fail on a wrong entry and on a wrong format, registered here for one test.
 """
 
