@@ -298,7 +298,7 @@ def test_an_entry_whose_fields_name_other_formats_than_it_says_is_caught(monkeyp
 @pytest.mark.parametrize("precision, fmt, rounds, problem", [
     ("fp8-emulated", "e5m2", "e4m3", "are not e5m2 values"),
     ("fp8-e4m3-emulated", "e4m3", "e5m2", "every element is a e5m2 value"),
-])
+], ids=["e5m2-rounding-e4m3", "e4m3-rounding-e5m2"])
 def test_a_format_that_rounds_to_another_is_caught(monkeypatch, precision, fmt, rounds, problem):
     """The format table's entry ``fmt`` rounding as ``rounds`` does: the entry is right, the values are not."""
     from lossscale_bench.precision.formats import FORMATS
