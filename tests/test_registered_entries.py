@@ -5,7 +5,11 @@ are the only place a method or a precision is described (README "Adding a method
 These tests take their lists from there, so a new method or precision is exercised the day it is
 registered: a short trial (the tiny synthetic SSD, 3 steps) through ``run_trial`` must not fail, must
 log its loss scale every step and, for a per-layer method, the layer-scale metric ``lsbench report
---telemetry`` reads. What the method computes is its own test's business (tests/scaling/).
+--telemetry`` reads. Each method trains in two precisions: a scaled emulation with fp16's range, and
+E4M3 gradients, whose 448 maximum saturates instead of overflowing (a scaler that waits for an
+overflow sees none; finishing or diverging is a result there, an error is not). What the method
+computes is its own test's business (tests/scaling/); that each precision rounds to the formats its
+entry names is tests/test_precision_entries.py's.
 """
 
 from __future__ import annotations
@@ -23,6 +27,9 @@ from lossscale_bench.study.precisions import PRECISION_SPECS
 #: the precision the methods are tried in: the first emulated one whose gradients need a loss scale
 #: (CPU-speed, and every method then has overflow and underflow to act on)
 SCALED_EMULATION = next(n for n, s in PRECISION_SPECS.items() if s.emulated and s.needs_scaler)
+#: the emulation with E4M3 gradients, element-wise (no block scale)
+E4M3_GRADS = next(n for n, s in PRECISION_SPECS.items()
+                  if s.emulated and s.grad_format == "e4m3" and not s.grad_scaling)
 STEPS = 3
 
 
@@ -42,9 +49,10 @@ def _trial(tmp_path, precision: str, entry: str):
     return sink
 
 
+@pytest.mark.parametrize("precision", [SCALED_EMULATION, E4M3_GRADS])
 @pytest.mark.parametrize("method", SCALING_METHODS)
-def test_every_method_trains_at_its_defaults(tmp_path, method):
-    sink = _trial(tmp_path, SCALED_EMULATION, f"{{method: {method}}}")
+def test_every_method_trains_at_its_defaults(tmp_path, method, precision):
+    sink = _trial(tmp_path, precision, f"{{method: {method}}}")
     layer_scales = {k for k, _, _ in sink.items if k.endswith(LAYER_SCALE_SUFFIX)}
     if ENTRIES[method].per_layer:  # what report --telemetry shows as the row's layer scale
         assert layer_scales, f"{method} logs no metric ending in {LAYER_SCALE_SUFFIX}"
