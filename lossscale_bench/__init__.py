@@ -16,7 +16,9 @@ there is no circle). Where new code goes:
    grid and trial ids; no torch), ``writable`` (can a folder be written:
    the data cache and the reports folder, checked before a study trains), ``wording`` (message helpers),
    ``dataset_files`` (how VOC/COCO annotations and layouts are read and where the synthetic set is
-   cached: below both ``study`` and ``data``, which read the same files by the same rules).
+   cached: below both ``study`` and ``data``, which read the same files by the same rules), ``env_vars``
+   (every ``LSBENCH_*`` variable, described) and ``logged_names`` (every logged metric and tag, described):
+   the tables the reference pages are generated from.
 1. ``components``: ``formats`` (number formats), ``fp4_layers`` (the FP4 emulation's split backward), ``data``, ``models``, ``precision`` (a new precision),
    ``scaling`` (a new loss scaler), ``backends`` (a new device),
    ``telemetry``, ``evaluation``. They know the schema's names, not each other's
@@ -45,7 +47,7 @@ __version__ = "0.1.0"
 #: (layer name, top-level modules/packages in it); ``name*`` matches a prefix
 LAYERS = (
     ("schema", ("exit_codes", "float_ranges", "portable", "registry", "sink", "wording", "writable", "dataset_files",
-                "study")),
+                "study", "env_vars", "logged_names")),
     ("components", ("formats", "numerics", "fp4_layers", "data", "models", "precision", "scaling", "backends", "telemetry",
                     "evaluation")),
     ("engine", ("engine",)),
