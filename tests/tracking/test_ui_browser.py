@@ -25,6 +25,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -72,21 +73,18 @@ class _Browser:
     def __init__(self, profile: Path) -> None:
         to_browser_r, self._w = os.pipe()
         self._r, from_browser_w = os.pipe()
-        # Chromium reads commands on fd 3 and writes replies on fd 4: the ends are moved above 9 first, so
-        # that putting one on 3 never overwrites the other, then copied onto 3 and 4 in the child. Not
-        # close_fds: it would close 3 and 4 after preexec_fn; Python's own descriptors are not inherited
-        # anyway (PEP 446), so only 0-4 reach the browser
+        # Chromium reads commands on fd 3 and writes replies on fd 4. A small Python launcher puts the pipe's
+        # ends there and execs the browser (no preexec_fn: unsafe beside the test's reader thread); the ends
+        # are moved above 9 first, so that putting one on 3 never overwrites the other
         to_browser_r, from_browser_w = (_above(fd, 10) for fd in (to_browser_r, from_browser_w))
-
-        def onto_3_and_4():
-            os.dup2(to_browser_r, 3)
-            os.dup2(from_browser_w, 4)
-
-        cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-dev-shm-usage",
+        launcher = ("import os, sys; r, w = int(sys.argv[1]), int(sys.argv[2]); os.dup2(r, 3); os.dup2(w, 4); "
+                    "os.close(r); os.close(w); os.execv(sys.argv[3], sys.argv[3:])")
+        cmd = [sys.executable, "-c", launcher, str(to_browser_r), str(from_browser_w), CHROMIUM, "--headless",
+               "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-dev-shm-usage",
                "--disable-background-networking", "--disable-component-update", "--disable-sync",
                "--disable-extensions", "--mute-audio", "--window-size=1600,1000", f"--user-data-dir={profile}",
                "--remote-debugging-pipe", "about:blank"]
-        self.proc = subprocess.Popen(cmd, close_fds=False, preexec_fn=onto_3_and_4, stdin=subprocess.DEVNULL,
+        self.proc = subprocess.Popen(cmd, pass_fds=(to_browser_r, from_browser_w), stdin=subprocess.DEVNULL,
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
                                      env={**os.environ, "HOME": str(profile)})
         os.close(to_browser_r)
@@ -172,10 +170,16 @@ def ui(tmp_path_factory):
                                "--port", str(port)], stdout=subprocess.PIPE, stderr=log, text=True,
                               start_new_session=True)
     try:
-        # lsbench ui prints its address, then one line per study: "  uicheck: <runs table link>"
-        lines = [server.stdout.readline() for _ in range(2)]
-        view = lines[1].split(": ", 1)[1].strip()
-        assert lines[1].strip().startswith(f"{STUDY}:") and view.startswith(f"http://127.0.0.1:{port}/"), lines
+        # lsbench ui prints its address, then one line per study: "  uicheck: <runs table link>" (read in a
+        # thread: a missing line must fail the test, not block it)
+        lines: list[str] = []
+        threading.Thread(target=lambda: lines.extend(server.stdout), daemon=True).start()
+        deadline = time.monotonic() + SERVER_START_S
+        while len(lines) < 2 and server.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.5)
+        link = lines[1].strip() if len(lines) > 1 else ""
+        assert link.startswith(f"{STUDY}: http://127.0.0.1:{port}/"), (lines, (tmp / "ui.log").read_text()[-3000:])
+        view = link.split(": ", 1)[1]
         deadline = time.monotonic() + SERVER_START_S
         while True:
             try:
