@@ -7,21 +7,16 @@ Layers. Each module imports only from its own layer or the layers below it
 (``tests/test_layers.py`` reads the import graph and checks this, and that
 there is no circle). Where new code goes:
 
-0. ``schema``: ``registry`` (allowed names), ``exit_codes`` (the CLI's exit codes), ``float_ranges`` (the
-   number formats' ranges, torch-free, so validation can bound scale options; ``formats`` builds on them),
-   ``sink`` (the interface a trial reports through, and ``MemorySink``; here
-   because ``trial`` and ``engine`` report through it; the sinks that write
-   somewhere live with what they write to: ``tracking.mlflow_sink``,
-   ``orchestration.tune_sink``), ``study`` (the study-file schema, loading,
-   grid and trial ids; no torch), ``writable`` (can a folder be written:
-   the data cache and the reports folder, checked before a study trains), ``wording`` (message helpers),
-   ``dataset_files`` (how VOC/COCO annotations and layouts are read and where the synthetic set is
-   cached: below both ``study`` and ``data``, which read the same files by the same rules).
-1. ``components``: ``formats`` (number formats), ``fp4_layers`` (the FP4 emulation's split backward), ``data``, ``models``, ``precision`` (a new precision),
-   ``scaling`` (a new loss scaler), ``backends`` (a new device),
-   ``telemetry``, ``evaluation``. They know the schema's names, not each other's
-   internals, and nothing about the loop.
-2. ``engine``: the training loop and its hooks. It knows only interfaces:
+0. ``schema``: ``core`` (allowed names, exit codes, number-format ranges, message helpers, the
+   writable-folder check, the CPU pins, and the tables of ``LSBENCH_*`` variables and logged names the
+   reference pages are generated from), ``dataset_files`` (how VOC/COCO annotations and layouts are
+   read: below both ``study`` and ``data``, which read the same files by the same rules), ``study``
+   (the study-file schema, loading, grid and trial ids; no torch).
+1. ``components``: ``numerics`` (the rounding kernels), ``precision`` (number formats, the emulation,
+   a new precision), ``data``, ``models``, ``scaling`` (a new loss scaler), ``backends`` (a new device),
+   ``evaluation``. They know the schema's names, not each other's internals, and nothing about the loop.
+2. ``engine``: the training loop, its hooks and ``sink`` (the interface a trial reports through). It
+   knows only interfaces:
    ``LossScaler``, ``Backend``, ``Precision``, and the replica-sync object the
    launcher hands it (``grad_sync(params)``, ``grad_sync.mean(t)``).
 3. ``trial``: one trial, built from its ``TrialConfig``; no Ray, no MLflow.

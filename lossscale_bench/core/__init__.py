@@ -7,6 +7,8 @@
 * :mod:`.wording`: one-line message helpers (``did you mean``).
 * :mod:`.writable`: whether a folder can be written, checked before a study trains.
 * :mod:`.portable`: the environment pins that make CPU kernels repeatable across x86 machines.
+* :mod:`.env_vars`: every ``LSBENCH_*`` environment variable the package reads, described.
+* :mod:`.logged_names`: every metric and tag a trial or study logs, described.
 
 Nothing here imports torch, Ray or MLflow, nor any other package of ``lossscale_bench``.
 """

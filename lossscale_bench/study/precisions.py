@@ -51,6 +51,8 @@ class PrecisionSpec:
     forward_scaling: str | None = None
     #: the :data:`PRECISION_OPTIONS` a study row in this precision may set
     options: tuple[str, ...] = ()
+    #: what the precision is, for readers (the reference pages); an emulation's ``note`` says it there
+    doc: str | None = None
 
     def __post_init__(self) -> None:
         """Refuse, when the table is imported, an entry that would fail every trial or say what a
@@ -133,9 +135,11 @@ def _fp4(name: str, forward: str, grads: str) -> PrecisionSpec:
 
 
 _SPECS = (
-    PrecisionSpec("fp32"),
-    PrecisionSpec("mixed16", autocast="float16", forward_format="fp16", grad_format="fp16", needs_scaler=True),
-    PrecisionSpec("bf16", autocast="bfloat16", forward_format="bf16", grad_format="bf16"),
+    PrecisionSpec("fp32", doc="full fp32 training: nothing is rounded (the baseline rows)."),
+    PrecisionSpec("mixed16", autocast="float16", forward_format="fp16", grad_format="fp16", needs_scaler=True,
+                  doc="real fp16 mixed precision: torch.autocast in float16 on the device, fp32 weights."),
+    PrecisionSpec("bf16", autocast="bfloat16", forward_format="bf16", grad_format="bf16",
+                  doc="real bf16 mixed precision: torch.autocast in bfloat16 on the device, fp32 weights."),
     PrecisionSpec("fp16-emulated", forward_format="fp16", grad_format="fp16", emulated=True, needs_scaler=True,
                   note="these numbers come from the CPU fp16 emulation (compute in fp32, fp16 rounding of layer "
                        "outputs and gradients), not real fp16."),

@@ -27,7 +27,7 @@ StreamSeed = Annotated[Union[Literal["trial"], int, None], BeforeValidator(_stre
 
 
 class SeedStreams(BaseModel):
-    """Which random streams follow the trial's seed, each on its own (issue 27: where seed noise
+    """Which random streams follow the trial's seed, each on its own (to find where seed noise
     comes from). ``init``: the initial weights (torch, Python and numpy RNGs before the model is
     built); ``data``: the order of the training batches and their flips; ``val``: the synthetic
     validation set (generated from that seed, as the dataset's own ``seed`` generates it).
