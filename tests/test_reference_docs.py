@@ -84,7 +84,7 @@ def test_the_cli_page_has_every_subcommand_and_option(generated):
 
 
 def test_the_names_page_has_every_method_and_precision_with_options(generated):
-    from lossscale_bench.registry import MODEL_NAMES, PRECISIONS, SCALING_METHODS
+    from lossscale_bench.core.registry import MODEL_NAMES, PRECISIONS, SCALING_METHODS
     from lossscale_bench.study.methods import ENTRIES
     from lossscale_bench.study.precisions import PRECISION_OPTIONS
 
@@ -113,7 +113,7 @@ def test_the_study_page_has_every_key(generated):
 
 
 def test_exit_codes_and_environment_pages(generated):
-    from lossscale_bench import exit_codes
+    from lossscale_bench.core import exit_codes
 
     text = (generated / "exit-codes.md").read_text(encoding="utf-8")
     for name in dir(exit_codes):
@@ -161,7 +161,7 @@ METRIC_STUDY = study_yaml(name="names", precision="fp16-emulated", scaling=[
 
 def test_every_metric_and_tag_a_trial_logs_has_an_entry(tmp_path):
     from lossscale_bench.core.logged_names import METRICS, TAGS, entry_for
-    from lossscale_bench.sink import MemorySink
+    from lossscale_bench.engine.sink import MemorySink
     from lossscale_bench.study import load_study_text
     from lossscale_bench.trial import run_trial
 

@@ -311,7 +311,7 @@ def environment_page() -> str:
         raise SystemExit("gen_reference: the package reads " + ", ".join(missing) + " with no description in "
                          "lossscale_bench/core/env_vars.py ENV_VARS: add one")
     rows = [[code(n), ENV_VARS[n], ", ".join(code(f) for f in read.get(n, []))] for n in sorted(ENV_VARS)]
-    return page("Environment variables", "Every `LSBENCH_*` variable the package reads (`lossscale_bench/"
+    return page("Environment variables", "Every `LSBENCH_*` variable the package reads (`lossscale_bench/core/"
                 "env_vars.py`). Variables of the libraries (`MLFLOW_TRACKING_URI`, `RAY_ADDRESS`, "
                 "`CUDA_VISIBLE_DEVICES`, "
                 "...) keep their own meaning.", table(["Variable", "What it does", "Named in"], rows))
@@ -344,7 +344,7 @@ def metrics_page() -> str:
                 "## Run tags\n\n" + table(["Tag", "What it holds"], [[code(k), v] for k, v in sorted(TAGS.items())]),
                 "## Experiment tags\n\n" + table(["Tag", "What it holds"],
                                                 [[code(k), v] for k, v in sorted(EXPERIMENT_TAGS.items())])]
-    return page("Logged metrics and tags", "What a study writes to its MLflow store (`lossscale_bench/"
+    return page("Logged metrics and tags", "What a study writes to its MLflow store (`lossscale_bench/core/"
                 "logged_names.py`). mAP is stored as a fraction (0.512) and shown in percent by the reports. A "
                 "part in angle brackets stands for one of the values it lists (`<mean,max>`) or for any text.",
                 *sections)
