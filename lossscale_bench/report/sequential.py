@@ -173,23 +173,22 @@ def z_boundaries(fractions: Sequence[float], alpha: float, spending: str = "obf"
     return list(_z_boundaries(fr, float(alpha), spending))
 
 
-@lru_cache(maxsize=16)
-def _null_t(sizes: tuple[int, ...]):
-    """Paired t statistics at the looks of standard normal differences, and of their negatives: (2·paths × looks).
+@lru_cache(maxsize=4)
+def _null_t(maximum: int):
+    """Paired t statistics of seeded standard normal differences after 2, 3, ..., ``maximum`` of them: (paths × n−1).
 
     Under no difference the sequence of t statistics does not depend on the
-    spread, so these paths stand for every study with these looks.  Seeded:
-    the boundaries are the same every time they are computed.
+    spread, so these paths stand for every study; used with both signs.  One
+    draw per ``maximum``: the boundaries of the first looks of a plan are the
+    same whichever later looks follow, and the same every time they are computed.
     """
     import numpy as np
 
-    d = np.random.default_rng(_NULL_SEED).standard_normal((_NULL_PATHS, sizes[-1]))
-    n = np.asarray(sizes)
-    s1 = np.cumsum(d, axis=1)[:, n - 1]
-    s2 = np.cumsum(d * d, axis=1)[:, n - 1]
-    mean = s1 / n
-    t = mean / np.sqrt((s2 - n * mean * mean) / (n - 1) / n)
-    return np.concatenate([t, -t])
+    d = np.random.default_rng(_NULL_SEED).standard_normal((_NULL_PATHS, maximum))
+    n = np.arange(2, maximum + 1)
+    mean = np.cumsum(d, axis=1)[:, 1:] / n
+    ss = np.cumsum(d * d, axis=1)[:, 1:] - n * mean * mean
+    return mean / np.sqrt(ss / (n - 1) / n)
 
 
 @lru_cache(maxsize=1024)
@@ -200,7 +199,8 @@ def _t_boundaries(sizes: tuple[int, ...], maximum: int, alpha: float, spending: 
     zs = z_boundaries([n / maximum for n in sizes], alpha, spending)
     nominal = [float(special.stdtrit(n - 1, special.ndtr(z))) if math.isfinite(z) else math.inf
                for z, n in zip(zs, sizes)]
-    paths = _null_t(sizes)
+    half = _null_t(maximum)[:, [n - 2 for n in sizes]]
+    paths = np.concatenate([half, -half])
     total = paths.shape[0]
     alive = np.ones(total, dtype=bool)
     out: list[float] = []
@@ -227,7 +227,7 @@ def t_boundaries(sizes: Sequence[int], maximum: int, alpha: float, spending: str
 
     The first look's is exact: Student's t on n − 1 degrees of freedom at the
     level spent there.  Each later one is the value that the t statistic of
-    the still-running null paths (:func:`_null_t`, seeded normal differences)
+    the still-running null paths (seeded normal differences)
     reaches with the probability that look spends, less one binomial
     standard error (so the chance of ever crossing is at most ``alpha``
     within the simulation's error, which is about √(alpha/400000) ≈ 4e-4 at
