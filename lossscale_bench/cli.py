@@ -125,16 +125,24 @@ def cmd_run(args) -> int:
             print(f"lsbench: error: --reports-dir {args.reports_dir} {problem}; the report is written there "
                   "after the trials: pass a folder that can be written, or --no-report", file=sys.stderr)
             return EXIT_USAGE
+    import functools
     import signal
 
     from .orchestration import Interrupted, run_study
     from .report.plots import run_plots
 
+    run = functools.partial(run_study, study, runs_dir=args.runs_dir, tracking_uri=args.tracking_uri,
+                            max_concurrent=args.max_concurrent, address=args.address, num_cpus=args.num_cpus,
+                            executor=args.executor, quiet=args.quiet, trial_plots=run_plots,
+                            check_resources=not args.no_resource_check, wait=args.wait)
+    looks = None
     try:
-        result = run_study(study, runs_dir=args.runs_dir, tracking_uri=args.tracking_uri,
-                           max_concurrent=args.max_concurrent, address=args.address, num_cpus=args.num_cpus,
-                           executor=args.executor, quiet=args.quiet, trial_plots=run_plots,
-                           check_resources=not args.no_resource_check, wait=args.wait)
+        if study.seed_plan is None:
+            result = run()
+        else:  # seeds added in rounds until each comparison is decided
+            from .seed_rounds import run_in_rounds
+
+            result, looks = run_in_rounds(study, run)
     except Interrupted as exc:
         print(f"lsbench: interrupted by {exc}: {exc.killed} unfinished trial run(s) marked KILLED; "
               f"the same command resumes them", file=sys.stderr)
@@ -150,6 +158,12 @@ def cmd_run(args) -> int:
         print()
         print(text)
         print(f"(written to {out})")
+    if looks is not None:
+        from .report.sequential import method_text
+        from .seed_rounds import looks_text
+
+        print(f"\nseeds added until decided ({method_text()}):")
+        print("\n".join(looks_text(looks)))
     # scripts and schedulers branch on the code: a failed trial is not a success (diverged is a result)
     return EXIT_TRIALS_FAILED if counts.get("failed") else EXIT_OK
 
