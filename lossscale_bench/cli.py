@@ -107,6 +107,10 @@ def cmd_run(args) -> int:
     if args.dry_run:
         print(f"study {study.name!r} from {path}")
         _print_table(study.trials())
+        if study.seed_plan is not None:
+            from .study.seed_plan import plan_text
+
+            print(f"(the first round: {plan_text(study.seed_plan)})")
         _print_notices(study, sys.stdout)
         return 0
     from .backends.host_memory import setting_problem
@@ -141,8 +145,10 @@ def cmd_run(args) -> int:
             result = run()
         else:  # seeds added in rounds until each comparison is decided
             from .seed_rounds import run_in_rounds
+            from .tracking.store import resolve_tracking_uri
 
-            result, looks = run_in_rounds(study, run)
+            uri = resolve_tracking_uri(args.tracking_uri, Path(args.runs_dir).expanduser().resolve())
+            result, looks = run_in_rounds(study, run, tracking_uri=uri)
     except Interrupted as exc:
         print(f"lsbench: interrupted by {exc}: {exc.killed} unfinished trial run(s) marked KILLED; "
               f"the same command resumes them", file=sys.stderr)
@@ -212,7 +218,9 @@ def cmd_report(args) -> int:
             return EXIT_USAGE
         args.study = study.name
         margin = study.report.equivalence_margin if margin is None else margin
-        trial_ids = {t.trial_id for t in study.trials()}  # the file's trials, not every run of its name
+        from .study.seed_plan import planned_trials
+
+        trial_ids = {t.trial_id for t in planned_trials(study)}  # the file's trials, not every run of its name
     else:
         trial_ids = None
     uri = open_store(resolve_tracking_uri(args.tracking_uri, args.runs_dir), create=False)

@@ -36,9 +36,10 @@ def look_at_store(uri: str, study, *, all_pairs: bool = False):
     """
     from .report import load_runs, summarize
     from .report.seed_looks import seed_looks
+    from .study.seed_plan import planned_trials
 
     plan = study.seed_plan
-    ids = {t.trial_id for t in _all_trials(study)}
+    ids = {t.trial_id for t in planned_trials(study)}
     runs = load_runs(uri, study.name)
     runs = runs[runs["trial_id"].isin(ids)]
     done: dict[tuple, set] = {}
@@ -48,11 +49,6 @@ def look_at_store(uri: str, study, *, all_pairs: bool = False):
     summary = summarize(runs, "final_map", study.report.equivalence_margin, values=True)
     decisions = seed_looks(summary, done, plan.looks(), margin=study.report.equivalence_margin, all_pairs=all_pairs)
     return decisions, done
-
-
-def _all_trials(study) -> list:
-    """Every trial the plan may train: seeds 0 .. max−1 of every row (the same ids as a list of those seeds)."""
-    return study.model_copy(update={"seeds": list(range(study.seed_plan.max))}).trials()
 
 
 def looks_text(decisions) -> list[str]:
@@ -78,23 +74,51 @@ def _record(uri: str, study, decisions, round_no: int) -> None:
             f"{TAG_PREFIX}plan": f"start={plan.start} step={plan.step} max={plan.max} until={plan.until}",
             f"{TAG_PREFIX}round": str(round_no)}
     for r in decisions.itertuples():
-        tags[f"{TAG_PREFIX}pair.{r.model}.b{r.batch_size}.row{r.row_a}-row{r.row_b}"] = r.verdict
+        tags[f"{TAG_PREFIX}pair.{r.model}.b{r.batch_size}.row{r.row_a}-row{r.row_b}"] = \
+            f"{r.label_a} vs {r.label_b}: {r.verdict}"
     for key, value in tags.items():
         client.set_tag(parents[0].info.run_id, key, value)
 
 
-def run_in_rounds(study, run: Callable[..., Any], *, all_pairs: bool = False,
+def _stored_start(study, uri: str, trials) -> dict[tuple, int]:
+    """Each row's seeds for the first round: ``start``, or the planned look it reached in the store already
+    (a resumed or rerun study starts where it was, and its counts cover every trial it trained)."""
+    from .report import ReportError
+    from .report.seed_looks import reached
+    from .tracking.store import sqlite_path
+
+    plan = study.seed_plan
+    target = {(t.model, t.batch_size, t.row): plan.start for t in trials}
+    db = sqlite_path(uri)
+    if db is not None and not db.is_file():  # a first run: the runner creates the store, under its lock
+        return target
+    try:
+        _, done = look_at_store(uri, study)
+    except ReportError:  # no store or no such study yet: a first run
+        return target
+    for (_, model, bs, row), seeds in done.items():
+        if (model, bs, row) in target:
+            target[(model, bs, row)] = max(target[(model, bs, row)], reached(seeds, plan.looks()))
+    return target
+
+
+def run_in_rounds(study, run: Callable[..., Any], *, tracking_uri: str, all_pairs: bool = False,
                   say: Callable[[str], None] = print):
     """Run ``study``'s seed plan: ``run(trials=...)`` (``run_study`` with the caller's options) per round.
+
+    ``tracking_uri``: the store ``run`` writes to, read before the first round
+    (a study already in it starts at the looks its rows reached).
 
     Returns (the last round's result, the decisions).  Stops when no open pair
     can get another seed (all decided or at ``max``), or after a round that
     left a wanted trial without a result (failed: the next ``lsbench run``
     retries it, and the looks wait for it).
     """
+    from .study.seed_plan import planned_trials
+
     plan = study.seed_plan
-    trials = _all_trials(study)
-    target = {(t.model, t.batch_size, t.row): plan.start for t in trials}
+    trials = planned_trials(study)
+    target = _stored_start(study, tracking_uri, trials)
     round_no = 0
     while True:
         round_no += 1

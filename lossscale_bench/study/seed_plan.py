@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict
 
 from .errors import StudyError, _show
 
-__all__ = ["SeedPlan", "split_seed_plan"]
+__all__ = ["SeedPlan", "plan_text", "planned_trials", "split_seed_plan"]
 
 _KEYS = ("start", "step", "max", "until")
 _UNTIL = ("decided",)
@@ -78,3 +78,16 @@ def split_seed_plan(data: Any, source: str) -> Any:
     if until not in _UNTIL:
         raise StudyError(source, "seeds.until", f"unknown value {_show(until)}", ", ".join(_UNTIL))
     return {**data, "seeds": list(range(start)), "seed_plan": SeedPlan(start=start, step=step, max=top, until=until)}
+
+
+def planned_trials(study) -> list:
+    """Every trial the study may train: its seeds' trials, or with a plan seeds 0 .. max−1 of every row."""
+    if study.seed_plan is None:
+        return study.trials()
+    return study.model_copy(update={"seeds": list(range(study.seed_plan.max))}).trials()
+
+
+def plan_text(plan: SeedPlan) -> str:
+    """``seeds 0-2 of every row first, then 3 more at a time for the rows of undecided comparisons, up to 18``."""
+    return (f"seeds 0-{plan.start - 1} of every row first, then {plan.step} more at a time for the rows of "
+            f"undecided comparisons, up to {plan.max}")
