@@ -22,8 +22,8 @@ __all__ = ["SeedPlan", "plan_text", "planned_trials", "split_seed_plan"]
 
 _KEYS = ("start", "step", "max", "until")
 _UNTIL = ("decided",)
-#: a plan beyond this many seeds a row is almost always a typo
-_MAX_SEEDS = 1000
+#: most seeds a row may get: beyond it a plan is almost always a typo (and its boundaries' simulation grows)
+_MAX_SEEDS = 100
 
 
 class SeedPlan(BaseModel):

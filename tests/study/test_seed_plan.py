@@ -24,6 +24,7 @@ def test_a_plan_trains_its_first_seeds_with_the_list_forms_ids():
     ({"start": 1, "step": 3, "max": 18}, "seeds.start", "integers 2 <= x"),
     ({"start": 3, "step": 0, "max": 18}, "seeds.step", "integers 1 <= x"),
     ({"start": 6, "step": 3, "max": 4}, "seeds.max", "below seeds.start"),
+    ({"start": 3, "step": 3, "max": 101}, "seeds.max", "integers 2 <= x <= 100"),
     ({"start": 3, "step": 3}, "seeds.max", "missing"),
     ({"start": 3, "step": 3, "max": 9, "until": "forever"}, "seeds.until", "decided"),
     ({"start": 3, "step": 3, "max": 9, "every": 2}, "seeds.every", "unknown key"),
