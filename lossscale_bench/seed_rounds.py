@@ -27,7 +27,7 @@ TAG_PREFIX = "lsbench.seeds."
 _DONE = ("finished", "diverged")
 
 
-def look_at_store(uri: str, study, *, all_pairs: bool = False):
+def look_at_store(uri: str, study):
     """(decisions, done): the pairs' verdicts from the store (:func:`.report.seed_looks.seed_looks`) and
     (setting_id, model, batch_size, row) -> the seeds of that row that finished or diverged.
 
@@ -47,7 +47,8 @@ def look_at_store(uri: str, study, *, all_pairs: bool = False):
         if r.status in _DONE:
             done.setdefault((r.setting_id, r.model, r.batch_size, r.row), set()).add(int(r.seed))
     summary = summarize(runs, "final_map", study.report.equivalence_margin, values=True)
-    decisions = seed_looks(summary, done, plan.looks(), margin=study.report.equivalence_margin, all_pairs=all_pairs)
+    decisions = seed_looks(summary, done, plan.looks(), margin=study.report.equivalence_margin,
+                           all_pairs=plan.pairs == "all")
     return decisions, done
 
 
@@ -71,7 +72,7 @@ def _record(uri: str, study, decisions, round_no: int) -> None:
         return
     plan = study.seed_plan
     tags = {f"{TAG_PREFIX}method": method_text(),
-            f"{TAG_PREFIX}plan": f"start={plan.start} step={plan.step} max={plan.max} until={plan.until}",
+            f"{TAG_PREFIX}plan": f"start={plan.start} step={plan.step} max={plan.max} until={plan.until} pairs={plan.pairs}",
             f"{TAG_PREFIX}round": str(round_no)}
     for r in decisions.itertuples():
         tags[f"{TAG_PREFIX}pair.{r.model}.b{r.batch_size}.row{r.row_a}-row{r.row_b}"] = \
@@ -102,8 +103,7 @@ def _stored_start(study, uri: str, trials) -> dict[tuple, int]:
     return target
 
 
-def run_in_rounds(study, run: Callable[..., Any], *, tracking_uri: str, all_pairs: bool = False,
-                  say: Callable[[str], None] = print):
+def run_in_rounds(study, run: Callable[..., Any], *, tracking_uri: str, say: Callable[[str], None] = print):
     """Run ``study``'s seed plan: ``run(trials=...)`` (``run_study`` with the caller's options) per round.
 
     ``tracking_uri``: the store ``run`` writes to, read before the first round
@@ -124,7 +124,7 @@ def run_in_rounds(study, run: Callable[..., Any], *, tracking_uri: str, all_pair
         round_no += 1
         batch = [t for t in trials if t.seed < target[(t.model, t.batch_size, t.row)]]
         result = run(trials=batch)
-        decisions, done = look_at_store(result.tracking_uri, study, all_pairs=all_pairs)
+        decisions, done = look_at_store(result.tracking_uri, study)
         _record(result.tracking_uri, study, decisions, round_no)
         from .report.seed_looks import rows_to_grow
 

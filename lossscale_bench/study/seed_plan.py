@@ -7,6 +7,11 @@ decided, up to ``max`` seeds (``lossscale_bench.seed_rounds``; the statistics
 in ``lossscale_bench.report.sequential``).  In a validated study ``seeds`` is
 the first round's list and ``seed_plan`` the plan: a seed's trial id is the
 same in both forms, so a list study's seeds count as a plan's and back.
+
+``pairs: baseline`` (the default) decides each row against its table's
+baseline row, as the report's ``vs baseline`` column; ``pairs: all`` every
+pair of rows, as ``lsbench report --compare``.  It is part of the file, not a
+flag, so that a resumed study looks at the same comparisons.
 """
 
 from __future__ import annotations
@@ -20,14 +25,18 @@ from .errors import StudyError, _show
 
 __all__ = ["SeedPlan", "plan_text", "planned_trials", "split_seed_plan"]
 
-_KEYS = ("start", "step", "max", "until")
+_KEYS = ("start", "step", "max", "until", "pairs")
 _UNTIL = ("decided",)
+#: which comparisons decide: each row against the table's baseline (the report's column), or every pair
+#: of rows (``lsbench report --compare``)
+_PAIRS = ("baseline", "all")
 #: most seeds a row may get: beyond it a plan is almost always a typo (and its boundaries' simulation grows)
 _MAX_SEEDS = 100
 
 
 class SeedPlan(BaseModel):
-    """A validated plan: looks after ``start``, ``start + step``, ... seeds, the last at ``max``."""
+    """A validated plan: looks after ``start``, ``start + step``, ... seeds, the last at ``max``; ``pairs``:
+    ``baseline`` or ``all``."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -35,6 +44,7 @@ class SeedPlan(BaseModel):
     step: int
     max: int
     until: str = "decided"
+    pairs: str = "baseline"
 
     def looks(self) -> list[int]:
         """The numbers of seeds a row is looked at (the last is ``max``)."""
@@ -77,7 +87,11 @@ def split_seed_plan(data: Any, source: str) -> Any:
     until = plan.get("until", "decided")
     if until not in _UNTIL:
         raise StudyError(source, "seeds.until", f"unknown value {_show(until)}", ", ".join(_UNTIL))
-    return {**data, "seeds": list(range(start)), "seed_plan": SeedPlan(start=start, step=step, max=top, until=until)}
+    pairs = plan.get("pairs", "baseline")
+    if pairs not in _PAIRS:
+        raise StudyError(source, "seeds.pairs", f"unknown value {_show(pairs)}", ", ".join(_PAIRS))
+    return {**data, "seeds": list(range(start)),
+            "seed_plan": SeedPlan(start=start, step=step, max=top, until=until, pairs=pairs)}
 
 
 def planned_trials(study) -> list:

@@ -17,7 +17,9 @@ def test_a_plan_trains_its_first_seeds_with_the_list_forms_ids():
     assert [t.trial_id for t in planned.trials()] == [t.trial_id for t in listed.trials()]
     # until may be left out; a step that does not land on max still ends there
     plan = load_study_text(study_yaml(seeds={"start": 2, "step": 5, "max": 9})).seed_plan
-    assert plan.until == "decided" and plan.looks() == [2, 7, 9]
+    assert plan.until == "decided" and plan.looks() == [2, 7, 9] and plan.pairs == "baseline"
+    every = load_study_text(study_yaml(seeds={"start": 3, "step": 3, "max": 9, "pairs": "all"})).seed_plan
+    assert every.pairs == "all"
 
 
 @pytest.mark.parametrize("seeds, path, words", [
@@ -28,6 +30,7 @@ def test_a_plan_trains_its_first_seeds_with_the_list_forms_ids():
     ({"start": 3, "step": 3}, "seeds.max", "missing"),
     ({"start": 3, "step": 3, "max": 9, "until": "forever"}, "seeds.until", "decided"),
     ({"start": 3, "step": 3, "max": 9, "every": 2}, "seeds.every", "unknown key"),
+    ({"start": 3, "step": 3, "max": 9, "pairs": "some"}, "seeds.pairs", "baseline, all"),
     ({"start": "three", "step": 3, "max": 9}, "seeds.start", "expected an integer"),
 ])
 def test_a_bad_plan_is_one_line_naming_the_key(seeds, path, words):
