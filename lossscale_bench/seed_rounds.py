@@ -72,7 +72,8 @@ def _record(uri: str, study, decisions, round_no: int) -> None:
         return
     plan = study.seed_plan
     tags = {f"{TAG_PREFIX}method": method_text(),
-            f"{TAG_PREFIX}plan": f"start={plan.start} step={plan.step} max={plan.max} until={plan.until} pairs={plan.pairs}",
+            f"{TAG_PREFIX}plan": (f"start={plan.start} step={plan.step} max={plan.max} until={plan.until} "
+                                  f"pairs={plan.pairs}"),
             f"{TAG_PREFIX}round": str(round_no)}
     for r in decisions.itertuples():
         tags[f"{TAG_PREFIX}pair.{r.model}.b{r.batch_size}.row{r.row_a}-row{r.row_b}"] = \
