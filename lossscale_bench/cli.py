@@ -168,7 +168,7 @@ def cmd_run(args) -> int:
         from .report.sequential import method_text
         from .seed_rounds import looks_text
 
-        print(f"\nseeds added until decided ({method_text()}):")
+        print(f"\nseeds added until decided ({method_text(study.seed_plan.spending)}):")
         print("\n".join(looks_text(looks)))
     # scripts and schedulers branch on the code: a failed trial is not a success (diverged is a result)
     return EXIT_TRIALS_FAILED if counts.get("failed") else EXIT_OK

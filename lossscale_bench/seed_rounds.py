@@ -48,7 +48,7 @@ def look_at_store(uri: str, study):
             done.setdefault((r.setting_id, r.model, r.batch_size, r.row), set()).add(int(r.seed))
     summary = summarize(runs, "final_map", study.report.equivalence_margin, values=True)
     decisions = seed_looks(summary, done, plan.looks(), margin=study.report.equivalence_margin,
-                           all_pairs=plan.pairs == "all")
+                           all_pairs=plan.pairs == "all", spending=plan.spending)
     return decisions, done
 
 
@@ -71,9 +71,9 @@ def _record(uri: str, study, decisions, round_no: int) -> None:
     if not parents:
         return
     plan = study.seed_plan
-    tags = {f"{TAG_PREFIX}method": method_text(),
+    tags = {f"{TAG_PREFIX}method": method_text(plan.spending),
             f"{TAG_PREFIX}plan": (f"start={plan.start} step={plan.step} max={plan.max} until={plan.until} "
-                                  f"pairs={plan.pairs}"),
+                                  f"pairs={plan.pairs} spending={plan.spending}"),
             f"{TAG_PREFIX}round": str(round_no)}
     for r in decisions.itertuples():
         tags[f"{TAG_PREFIX}pair.{r.model}.b{r.batch_size}.row{r.row_a}-row{r.row_b}"] = \

@@ -46,7 +46,7 @@ def test_seeds_in_rounds_until_decided_then_a_rerun_trains_nothing(tmp_path):
     exp = client.get_experiment_by_name("rounds")
     parent = client.search_runs([exp.experiment_id], "tags.`lsbench.role` = 'study'")[0]
     tags = parent.data.tags
-    assert tags[f"{TAG_PREFIX}plan"] == "start=2 step=1 max=4 until=decided pairs=baseline"
+    assert tags[f"{TAG_PREFIX}plan"] == "start=2 step=1 max=4 until=decided pairs=baseline spending=obf"
     assert "Lan-DeMets" in tags[f"{TAG_PREFIX}method"]
     pair_tags = {k: v for k, v in tags.items() if k.startswith(f"{TAG_PREFIX}pair.")}
     assert len(pair_tags) == 1

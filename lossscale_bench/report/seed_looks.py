@@ -70,7 +70,7 @@ def _look_stats(a: Mapping, b: Mapping, upto: int) -> tuple[int, float, float]:
 
 
 def _table(g: pd.DataFrame, stage: Mapping, looks: list[int], maximum: int, margin: float, alpha: float,
-           all_pairs: bool) -> list[dict]:
+           all_pairs: bool, spending: str) -> list[dict]:
     pairs = _pairs(g, all_pairs)
     state = {p: {"outcome": "continue", "history": [], "p": math.nan, "diff": math.nan} for p in pairs}
     for s in looks:
@@ -86,8 +86,8 @@ def _table(g: pd.DataFrame, stage: Mapping, looks: list[int], maximum: int, marg
             t_abs = abs(mean) / se if se > 0 else (math.inf if mean else 0.0)
             h.append((n, t_abs))
             sizes = [k for k, _ in h]
-            state[p].update(p=sequential_p([t for _, t in h], sizes, maximum), diff=mean)
-            equivalent[p] = abs(mean) + t_boundaries(sizes, maximum, alpha)[-1] * se <= margin
+            state[p].update(p=sequential_p([t for _, t in h], sizes, maximum, spending), diff=mean)
+            equivalent[p] = abs(mean) + t_boundaries(sizes, maximum, alpha, spending)[-1] * se <= margin
         corrected = dict(zip(pairs, holm([state[p]["p"] for p in pairs], alpha)))
         for p, inside in equivalent.items():
             st = state[p]
@@ -115,21 +115,22 @@ def _table(g: pd.DataFrame, stage: Mapping, looks: list[int], maximum: int, marg
 
 
 def seed_looks(summary: pd.DataFrame, done: Mapping, looks: list[int], *, margin: float, alpha: float = ALPHA,
-               all_pairs: bool = False) -> pd.DataFrame:
+               all_pairs: bool = False, spending: str = "obf") -> pd.DataFrame:
     """The pairs' decisions (:data:`LOOK_COLUMNS`) after the rounds in the store.
 
     ``summary``: ``summarize(runs, values=True)`` of the study's mAP (higher is
     better; values are fractions, ``diff`` is shown in points).  ``done``:
     (setting_id, model, batch_size, row) -> the seeds of that row that finished
     or diverged; a row has reached the largest planned look (``looks``, the
-    last the plan's ``max``) whose seeds all did.  ``margin`` in mAP points.
+    last the plan's ``max``) whose seeds all did.  ``margin`` in mAP points;
+    ``spending``: the alpha-spending function (:data:`.sequential.SPENDING`).
     """
     out: list[dict] = []
     keys = ["setting_id", "model", "batch_size"]
     for _, g in summary.groupby(keys, dropna=False, sort=False):
         stage = {i: reached(done.get((g.at[i, "setting_id"], g.at[i, "model"], g.at[i, "batch_size"], g.at[i, "row"]),
                                      set()), looks) for i in g.index}
-        out += _table(g, stage, looks, looks[-1], margin / PERCENT, alpha, all_pairs)
+        out += _table(g, stage, looks, looks[-1], margin / PERCENT, alpha, all_pairs, spending)
     return pd.DataFrame(out, columns=LOOK_COLUMNS)
 
 

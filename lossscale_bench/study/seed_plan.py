@@ -10,8 +10,12 @@ same in both forms, so a list study's seeds count as a plan's and back.
 
 ``pairs: baseline`` (the default) decides each row against its table's
 baseline row, as the report's ``vs baseline`` column; ``pairs: all`` every
-pair of rows, as ``lsbench report --compare``.  It is part of the file, not a
-flag, so that a resumed study looks at the same comparisons.
+pair of rows, as ``lsbench report --compare``.  ``spending: obf`` (the
+default, O'Brien–Fleming type: almost nothing spent at the first looks, so
+even a large difference waits for the second look, and the last look is
+nearly the fixed-n test) or ``pocock`` (Pocock type: early looks decide large
+differences, the last needs more).  Both are part of the file, not flags, so
+that a resumed study looks at the same comparisons in the same way.
 """
 
 from __future__ import annotations
@@ -25,18 +29,20 @@ from .errors import StudyError, _show
 
 __all__ = ["SeedPlan", "plan_text", "planned_trials", "split_seed_plan"]
 
-_KEYS = ("start", "step", "max", "until", "pairs")
+_KEYS = ("start", "step", "max", "until", "pairs", "spending")
 _UNTIL = ("decided",)
 #: which comparisons decide: each row against the table's baseline (the report's column), or every pair
 #: of rows (``lsbench report --compare``)
 _PAIRS = ("baseline", "all")
+#: the alpha-spending functions (lossscale_bench.report.sequential.SPENDING; the study layer does not import it)
+_SPENDING = ("obf", "pocock")
 #: most seeds a row may get: beyond it a plan is almost always a typo (and its boundaries' simulation grows)
 _MAX_SEEDS = 100
 
 
 class SeedPlan(BaseModel):
     """A validated plan: looks after ``start``, ``start + step``, ... seeds, the last at ``max``; ``pairs``:
-    ``baseline`` or ``all``."""
+    ``baseline`` or ``all``; ``spending``: ``obf`` or ``pocock``."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -45,6 +51,7 @@ class SeedPlan(BaseModel):
     max: int
     until: str = "decided"
     pairs: str = "baseline"
+    spending: str = "obf"
 
     def looks(self) -> list[int]:
         """The numbers of seeds a row is looked at (the last is ``max``)."""
@@ -90,8 +97,11 @@ def split_seed_plan(data: Any, source: str) -> Any:
     pairs = plan.get("pairs", "baseline")
     if pairs not in _PAIRS:
         raise StudyError(source, "seeds.pairs", f"unknown value {_show(pairs)}", ", ".join(_PAIRS))
+    spending = plan.get("spending", "obf")
+    if spending not in _SPENDING:
+        raise StudyError(source, "seeds.spending", f"unknown value {_show(spending)}", ", ".join(_SPENDING))
     return {**data, "seeds": list(range(start)),
-            "seed_plan": SeedPlan(start=start, step=step, max=top, until=until, pairs=pairs)}
+            "seed_plan": SeedPlan(start=start, step=step, max=top, until=until, pairs=pairs, spending=spending)}
 
 
 def planned_trials(study) -> list:

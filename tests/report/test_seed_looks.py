@@ -75,3 +75,13 @@ def test_without_a_baseline_every_pair_is_looked_at():
     rows = {"a": BASE[:3], "b": BASE[:3], "c": BASE[:3]}
     d = seed_looks(_summary(rows, baseline="none"), _done(rows), [3, 6], margin=1.0)
     assert len(d) == 3
+
+
+def test_pocock_spending_decides_a_large_difference_at_the_first_look_where_obrien_fleming_waits():
+    # five points ahead on three seeds, spread 0.5: t = 17 on 2 df; the O'Brien-Fleming-type first look of
+    # 3, 6, 9 asks for t ~ 100 (it spends almost nothing), the Pocock type for t ~ 9
+    rows = {"fp32": BASE[:3], "good": [BASE[0] + 0.050, BASE[1] + 0.055, BASE[2] + 0.045]}
+    obf = seed_looks(_summary(rows), _done(rows), [3, 6, 9], margin=1.0)
+    pocock = seed_looks(_summary(rows), _done(rows), [3, 6, 9], margin=1.0, spending="pocock")
+    assert obf.iloc[0].outcome == "continue"
+    assert (pocock.iloc[0].outcome, pocock.iloc[0].looks, pocock.iloc[0].n) == ("better", 1, 3)

@@ -143,3 +143,11 @@ def test_run_rule_stops_at_the_first_deciding_look():
                   [3.0, -3.0, 1.0, -2.0, 2.5, -1.0]])  # neither
     outcome, used, sign = run_rule(d, sizes, 1.0, [4.3, 2.6], [2.9, 2.0])
     assert outcome.tolist() == [1, 2, 3] and used.tolist() == [3, 3, 6] and sign[0] == 1.0
+
+
+@pytest.mark.parametrize("sd", SDS)
+def test_pocock_spending_holds_the_same_rates(sd):
+    sizes = look_sizes(3, 3, 18)
+    kw = {"sizes": sizes, "maximum": 18, "margin": MARGIN, "reps": REPS, "alpha": ALPHA, "spending": "pocock"}
+    assert simulate(0.0, sd, seed=11, **kw)["different"] <= ALPHA + MC
+    assert simulate(MARGIN, sd, seed=12, **kw)["equivalent"] <= ALPHA + MC

@@ -19,7 +19,9 @@ def test_a_plan_trains_its_first_seeds_with_the_list_forms_ids():
     plan = load_study_text(study_yaml(seeds={"start": 2, "step": 5, "max": 9})).seed_plan
     assert plan.until == "decided" and plan.looks() == [2, 7, 9] and plan.pairs == "baseline"
     every = load_study_text(study_yaml(seeds={"start": 3, "step": 3, "max": 9, "pairs": "all"})).seed_plan
-    assert every.pairs == "all"
+    assert every.pairs == "all" and every.spending == "obf"
+    pocock = load_study_text(study_yaml(seeds={"start": 3, "step": 3, "max": 9, "spending": "pocock"}))
+    assert pocock.seed_plan.spending == "pocock"
 
 
 @pytest.mark.parametrize("seeds, path, words", [
@@ -31,6 +33,7 @@ def test_a_plan_trains_its_first_seeds_with_the_list_forms_ids():
     ({"start": 3, "step": 3, "max": 9, "until": "forever"}, "seeds.until", "decided"),
     ({"start": 3, "step": 3, "max": 9, "every": 2}, "seeds.every", "unknown key"),
     ({"start": 3, "step": 3, "max": 9, "pairs": "some"}, "seeds.pairs", "baseline, all"),
+    ({"start": 3, "step": 3, "max": 9, "spending": "linear"}, "seeds.spending", "obf, pocock"),
     ({"start": "three", "step": 3, "max": 9}, "seeds.start", "expected an integer"),
 ])
 def test_a_bad_plan_is_one_line_naming_the_key(seeds, path, words):
