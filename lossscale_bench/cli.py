@@ -107,6 +107,10 @@ def cmd_run(args) -> int:
     if args.dry_run:
         print(f"study {study.name!r} from {path}")
         _print_table(study.trials())
+        if study.seed_plan is not None:
+            from .study.seed_plan import plan_text
+
+            print(f"(the first round: {plan_text(study.seed_plan)})")
         _print_notices(study, sys.stdout)
         return 0
     from .backends.host_memory import setting_problem
@@ -125,16 +129,26 @@ def cmd_run(args) -> int:
             print(f"lsbench: error: --reports-dir {args.reports_dir} {problem}; the report is written there "
                   "after the trials: pass a folder that can be written, or --no-report", file=sys.stderr)
             return EXIT_USAGE
+    import functools
     import signal
 
     from .orchestration import Interrupted, run_study
     from .report.plots import run_plots
 
+    run = functools.partial(run_study, study, runs_dir=args.runs_dir, tracking_uri=args.tracking_uri,
+                            max_concurrent=args.max_concurrent, address=args.address, num_cpus=args.num_cpus,
+                            executor=args.executor, quiet=args.quiet, trial_plots=run_plots,
+                            check_resources=not args.no_resource_check, wait=args.wait)
+    looks = None
     try:
-        result = run_study(study, runs_dir=args.runs_dir, tracking_uri=args.tracking_uri,
-                           max_concurrent=args.max_concurrent, address=args.address, num_cpus=args.num_cpus,
-                           executor=args.executor, quiet=args.quiet, trial_plots=run_plots,
-                           check_resources=not args.no_resource_check, wait=args.wait)
+        if study.seed_plan is None:
+            result = run()
+        else:  # seeds added in rounds until each comparison is decided
+            from .seed_rounds import run_in_rounds
+            from .tracking.store import resolve_tracking_uri
+
+            uri = resolve_tracking_uri(args.tracking_uri, Path(args.runs_dir).expanduser().resolve())
+            result, looks = run_in_rounds(study, run, tracking_uri=uri)
     except Interrupted as exc:
         print(f"lsbench: interrupted by {exc}: {exc.killed} unfinished trial run(s) marked KILLED; "
               f"the same command resumes them", file=sys.stderr)
@@ -150,6 +164,12 @@ def cmd_run(args) -> int:
         print()
         print(text)
         print(f"(written to {out})")
+    if looks is not None:
+        from .report.sequential import method_text
+        from .seed_rounds import looks_text
+
+        print(f"\nseeds added until decided ({method_text(study.seed_plan.spending)}):")
+        print("\n".join(looks_text(looks)))
     # scripts and schedulers branch on the code: a failed trial is not a success (diverged is a result)
     return EXIT_TRIALS_FAILED if counts.get("failed") else EXIT_OK
 
@@ -198,7 +218,9 @@ def cmd_report(args) -> int:
             return EXIT_USAGE
         args.study = study.name
         margin = study.report.equivalence_margin if margin is None else margin
-        trial_ids = {t.trial_id for t in study.trials()}  # the file's trials, not every run of its name
+        from .study.seed_plan import planned_trials
+
+        trial_ids = {t.trial_id for t in planned_trials(study)}  # the file's trials, not every run of its name
     else:
         trial_ids = None
     uri = open_store(resolve_tracking_uri(args.tracking_uri, args.runs_dir), create=False)

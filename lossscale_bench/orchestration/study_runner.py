@@ -45,12 +45,14 @@ class _Options:
     stream: Any
     trial_plots: Any
     check_resources: bool
+    #: the trials to run instead of all the study's (a round of a seed plan); None: study.trials()
+    trials: Any = None
 
 
 def run_study(study, *, runs_dir: str | Path = "runs", tracking_uri: str | None = None,
               max_concurrent: int | None = None, address: str | None = None, num_cpus: int | None = None,
               executor: str = "ray", quiet: bool = False, stream=None, trial_plots=None,
-              check_resources: bool = True, wait: bool = False) -> StudyResult:
+              check_resources: bool = True, wait: bool = False, trials=None) -> StudyResult:
     """Run every trial of ``study`` that has not finished or diverged yet.
 
     ``trial_plots(client, run_id, out_dir)``, if given, draws each finished trial's plots from
@@ -61,6 +63,9 @@ def run_study(study, *, runs_dir: str | Path = "runs", tracking_uri: str | None 
     ``LSBENCH_SKIP_RESOURCE_CHECK=1`` skips it), before any MLflow run is opened.
     SIGINT/SIGTERM (main thread only) end the open runs as KILLED and raise
     :class:`.signals.Interrupted`; the same call again resumes.
+
+    ``trials``: run these of the study's trials (and count only these) instead of all of them:
+    a round of a study whose seeds are added until decided.
 
     The whole call holds the runs folder's lock (:mod:`.runs_lock`): a second runner on the
     same folder or SQLite store raises :class:`.runs_lock.RunsFolderBusy`, or with ``wait=True``
@@ -78,7 +83,8 @@ def run_study(study, *, runs_dir: str | Path = "runs", tracking_uri: str | None 
     runs_dir = Path(runs_dir).expanduser().resolve()
     uri = resolve_tracking_uri(tracking_uri, runs_dir)
     check_scheme(uri)  # foo:// is refused before the runs folder (and its lock file) is created
-    opts = _Options(max_concurrent, address, num_cpus, executor, quiet, stream, trial_plots, check_resources)
+    opts = _Options(max_concurrent, address, num_cpus, executor, quiet, stream, trial_plots, check_resources,
+                    None if trials is None else list(trials))
     with runs_lock(runs_dir, sqlite_path(uri), study.name, wait=wait, stream=stream):
         return _run_locked(study, runs_dir, uri, opts)
 
@@ -120,7 +126,7 @@ class _StudyRun:
         self.study, self.uri, self.opts = study, uri, opts
         self.artifact_root = runs_dir / "artifacts"
         self.sdir = study_dir(runs_dir, study.name)
-        self.trials = study.trials()
+        self.trials = study.trials() if opts.trials is None else opts.trials
         self.result = StudyResult(study=study.name, tracking_uri=uri)
         self.tracker: Tracker | None = None
         self.parent: str | None = None

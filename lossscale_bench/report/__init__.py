@@ -17,9 +17,12 @@ The modules, imports only ever pointing down::
       ├─ plots        study and trial plots (imported when drawn)
       │    └─ draw    matplotlib: data in, PNG out
       ├─ compare      compare_rows(): pairs of rows, Holm, ranking with letter groups
+      ├─ seed_section a seed-plan study's looks, from its parent run's tags (markdown)
       └─ summary      summarize(), verdicts; re-exports runs
            ├─ runs    load_runs(): the MLflow store contract
            └─ stats   t-tests, TOST, P(>), Holm (scipy, statsmodels)
+    seed_looks        seed_looks(): a seed-plan study's verdicts after its rounds
+      └─ sequential   group-sequential t-test and TOST: boundaries, repeated p-values, the rule simulated
     metric_names      the metrics a report can show, their headers and unit (no pandas)
 
 The store contract is described in :mod:`lossscale_bench.report.runs`, the

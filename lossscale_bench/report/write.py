@@ -138,6 +138,10 @@ def write_report(
         text = render(runs, fmt, metric, images={title: png for _, title, png in pictures}, margin=margin)
     else:
         text = render(runs, fmt, metric, margin=margin)
+        if fmt == "markdown" and study:  # a study whose seeds were added until decided: its verdicts
+            from .seed_section import seed_section
+
+            text += seed_section(tracking_uri, study)
         if fmt == "markdown" and pictures:
             section, files = _markdown_plots(path, pictures)
             text += section

@@ -221,7 +221,7 @@ def _path_text(loc: list) -> str:
 
 def _allowed_keys(parent: list, tag) -> list[str]:
     if not parent:
-        return [k for k in Study.model_fields if k != "source"]
+        return [k for k in Study.model_fields if k not in ("source", "seed_plan")]
     if tag and tag[0] == "scaling":
         return scaling_keys(tag[1])
     if tag and tag[0] == "dataset":
@@ -305,7 +305,7 @@ def load_study_text(text: str, source: str = _DEFAULT_SOURCE, *, base_dir: str |
                          f" {_show(raw)}")
     raw = _str_keys(raw)
     if "source" in raw:
-        keys = [k for k in Study.model_fields if k != "source"]
+        keys = [k for k in Study.model_fields if k not in ("source", "seed_plan")]
         raise StudyError(source, "source", "unknown key (set by the loader, not the file)", ", ".join(keys))
     if base_dir is None:
         base_dir = os.path.dirname(os.path.abspath(source)) if not source.startswith("<") else os.getcwd()

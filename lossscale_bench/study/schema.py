@@ -23,6 +23,7 @@ from .grid import expand
 from .methods import ScalingEntry, default_label
 from .precisions import EMULATED_PRECISIONS, FP8_GRAD_PRECISIONS, PRECISION_SPECS, precision_option_problems
 from .resources import Resources, check_repeatable
+from .seed_plan import SeedPlan, split_seed_plan
 from .seed_streams import SeedStreams
 from .trial_config import TrialConfig
 
@@ -370,8 +371,15 @@ class Study(BaseModel):
     report: _section(ReportSpec) = Field(default_factory=ReportSpec)  # type: ignore[valid-type]
     #: which random streams follow the seed (SeedStreams); part of the id only where not the default
     seed_streams: _section(SeedStreams) = Field(default_factory=SeedStreams)  # type: ignore[valid-type]
+    #: ``seeds`` in plan form (:mod:`.seed_plan`): seeds added until decided; None for the list form
+    seed_plan: Optional[SeedPlan] = None
     #: the file it came from; set by the loader, not a key of the YAML schema
     source: str = _DEFAULT_SOURCE
+
+    @model_validator(mode="before")
+    @classmethod
+    def _seeds_as_plan(cls, data: Any, info: ValidationInfo):
+        return split_seed_plan(data, _ctx_source(info))
 
     # -- cross-field checks (run after every field is valid) -----------------
 

@@ -1,0 +1,143 @@
+"""``lsbench run`` for a study whose seeds are added until each comparison is decided.
+
+A study with ``seeds: {start, step, max, until: decided}`` (:mod:`.study.seed_plan`)
+is run in rounds: seeds 0 .. start−1 of every row, then a look at the store
+(:func:`.report.seed_looks.seed_looks`: the pairs' group-sequential verdicts),
+then the next ``step`` seeds only for the rows of the pairs still open, and so
+on until every pair is decided or has reached ``max``.  Each round is one
+:func:`.orchestration.run_study` call over the trials wanted so far, so
+resume is the runner's own (finished and diverged trials are not run again),
+and since the verdicts are replayed from the stored values, an interrupted
+study resumes with the same decisions and a decided study's rerun trains
+nothing.  After every look the verdicts are written as tags on the study's
+parent run (:data:`TAG_PREFIX`), for a reader of the store.
+
+Above both the runner and the report in the import order: it uses both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["TAG_PREFIX", "look_at_store", "looks_text", "run_in_rounds"]
+
+#: the parent run's tags: ``<prefix>method``, ``<prefix>plan``, ``<prefix>round``, and one per pair
+TAG_PREFIX = "lsbench.seeds."
+_DONE = ("finished", "diverged")
+
+
+def look_at_store(uri: str, study):
+    """(decisions, done): the pairs' verdicts from the store (:func:`.report.seed_looks.seed_looks`) and
+    (setting_id, model, batch_size, row) -> the seeds of that row that finished or diverged.
+
+    Only the runs of this study file's trials (seeds below the plan's ``max``) count:
+    an earlier version of the file under the same name keeps its own runs apart.
+    """
+    from .report import load_runs, summarize
+    from .report.seed_looks import seed_looks
+    from .study.seed_plan import planned_trials
+
+    plan = study.seed_plan
+    ids = {t.trial_id for t in planned_trials(study)}
+    runs = load_runs(uri, study.name)
+    runs = runs[runs["trial_id"].isin(ids)]
+    done: dict[tuple, set] = {}
+    for r in runs.itertuples():
+        if r.status in _DONE:
+            done.setdefault((r.setting_id, r.model, r.batch_size, r.row), set()).add(int(r.seed))
+    summary = summarize(runs, "final_map", study.report.equivalence_margin, values=True)
+    decisions = seed_looks(summary, done, plan.looks(), margin=study.report.equivalence_margin,
+                           all_pairs=plan.pairs == "all", spending=plan.spending)
+    return decisions, done
+
+
+def looks_text(decisions) -> list[str]:
+    """One line per pair: ``ssd_tiny b8: x128 vs fp32: equivalent (2 looks, n=6)``."""
+    return [f"{r.model} b{r.batch_size}: {r.label_a} vs {r.label_b}: {r.verdict}" for r in decisions.itertuples()]
+
+
+def _record(uri: str, study, decisions, round_no: int) -> None:
+    """The verdicts as tags on the study's parent run (replaced at every look)."""
+    from mlflow import MlflowClient
+
+    from .report.sequential import method_text
+
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name(study.name)
+    if exp is None:
+        return
+    parents = client.search_runs([exp.experiment_id], filter_string="tags.`lsbench.role` = 'study'", max_results=1)
+    if not parents:
+        return
+    plan = study.seed_plan
+    tags = {f"{TAG_PREFIX}method": method_text(plan.spending),
+            f"{TAG_PREFIX}plan": (f"start={plan.start} step={plan.step} max={plan.max} until={plan.until} "
+                                  f"pairs={plan.pairs} spending={plan.spending}"),
+            f"{TAG_PREFIX}round": str(round_no)}
+    for r in decisions.itertuples():
+        tags[f"{TAG_PREFIX}pair.{r.model}.b{r.batch_size}.row{r.row_a}-row{r.row_b}"] = \
+            f"{r.label_a} vs {r.label_b}: {r.verdict}"
+    for key, value in tags.items():
+        client.set_tag(parents[0].info.run_id, key, value)
+
+
+def _stored_start(study, uri: str, trials) -> dict[tuple, int]:
+    """Each row's seeds for the first round: ``start``, or the planned look it reached in the store already
+    (a resumed or rerun study starts where it was, and its counts cover every trial it trained)."""
+    from .report import ReportError
+    from .report.seed_looks import reached
+    from .tracking.store import sqlite_path
+
+    plan = study.seed_plan
+    target = {(t.model, t.batch_size, t.row): plan.start for t in trials}
+    db = sqlite_path(uri)
+    if db is not None and not db.is_file():  # a first run: the runner creates the store, under its lock
+        return target
+    try:
+        _, done = look_at_store(uri, study)
+    except ReportError:  # no store or no such study yet: a first run
+        return target
+    for (_, model, bs, row), seeds in done.items():
+        if (model, bs, row) in target:
+            target[(model, bs, row)] = max(target[(model, bs, row)], reached(seeds, plan.looks()))
+    return target
+
+
+def run_in_rounds(study, run: Callable[..., Any], *, tracking_uri: str, say: Callable[[str], None] = print):
+    """Run ``study``'s seed plan: ``run(trials=...)`` (``run_study`` with the caller's options) per round.
+
+    ``tracking_uri``: the store ``run`` writes to, read before the first round
+    (a study already in it starts at the looks its rows reached).
+
+    Returns (the last round's result, the decisions).  Stops when no open pair
+    can get another seed (all decided or at ``max``), or after a round that
+    left a wanted trial without a result (failed: the next ``lsbench run``
+    retries it, and the looks wait for it).
+    """
+    from .study.seed_plan import planned_trials
+
+    plan = study.seed_plan
+    trials = planned_trials(study)
+    target = _stored_start(study, tracking_uri, trials)
+    round_no = 0
+    while True:
+        round_no += 1
+        batch = [t for t in trials if t.seed < target[(t.model, t.batch_size, t.row)]]
+        result = run(trials=batch)
+        decisions, done = look_at_store(result.tracking_uri, study)
+        _record(result.tracking_uri, study, decisions, round_no)
+        from .report.seed_looks import rows_to_grow
+
+        grown = dict(target)
+        for (_, model, bs, row), n in rows_to_grow(decisions, done, plan.looks()).items():
+            if (model, bs, row) in grown:
+                grown[(model, bs, row)] = max(grown[(model, bs, row)], n)
+        have = {(m, b, r, s) for (_, m, b, r), seeds in done.items() for s in seeds}
+        missing = sum((t.model, t.batch_size, t.row, t.seed) not in have for t in batch)
+        open_pairs = int((decisions["outcome"] == "continue").sum())
+        say(f"seeds round {round_no}: {len(batch)} trials so far, {open_pairs} pair(s) still open"
+            + (f", {missing} trial(s) without a result (run again to retry)" if missing else ""))
+        if grown == target or missing:
+            return result, decisions
+        target = grown
