@@ -32,7 +32,8 @@ there is no circle). Where new code goes:
    rerun's clean record), ``mlflow_sink``.
 5. ``reporting``: the ``report`` package (runs -> summary -> one renderer per
    format, plots; a new report format goes in ``report/renderers``).
-6. ``cli``: ``lsbench`` commands.
+6. ``cli``: ``lsbench`` commands, and ``seed_rounds`` (``lsbench run`` of a study whose seeds are added
+   until its comparisons are decided: it drives the runner and reads the report's verdicts).
 """
 
 __version__ = "0.1.0"
@@ -47,5 +48,5 @@ LAYERS = (
     ("trial", ("trial",)),
     ("orchestration", ("orchestration", "tracking")),
     ("reporting", ("report",)),
-    ("cli", ("cli", "__main__")),
+    ("cli", ("cli", "__main__", "seed_rounds")),
 )

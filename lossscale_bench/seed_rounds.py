@@ -59,17 +59,9 @@ def looks_text(decisions) -> list[str]:
 
 def _record(uri: str, study, decisions, round_no: int) -> None:
     """The verdicts as tags on the study's parent run (replaced at every look)."""
-    from mlflow import MlflowClient
-
     from .report.sequential import method_text
+    from .tracking import set_study_tags
 
-    client = MlflowClient(uri)
-    exp = client.get_experiment_by_name(study.name)
-    if exp is None:
-        return
-    parents = client.search_runs([exp.experiment_id], filter_string="tags.`lsbench.role` = 'study'", max_results=1)
-    if not parents:
-        return
     plan = study.seed_plan
     tags = {f"{TAG_PREFIX}method": method_text(plan.spending),
             f"{TAG_PREFIX}plan": (f"start={plan.start} step={plan.step} max={plan.max} until={plan.until} "
@@ -78,8 +70,7 @@ def _record(uri: str, study, decisions, round_no: int) -> None:
     for r in decisions.itertuples():
         tags[f"{TAG_PREFIX}pair.{r.model}.b{r.batch_size}.row{r.row_a}-row{r.row_b}"] = \
             f"{r.label_a} vs {r.label_b}: {r.verdict}"
-    for key, value in tags.items():
-        client.set_tag(parents[0].info.run_id, key, value)
+    set_study_tags(uri, study.name, tags)
 
 
 def _stored_start(study, uri: str, trials) -> dict[tuple, int]:

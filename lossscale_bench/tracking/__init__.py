@@ -29,8 +29,8 @@ from .store import (
     sqlite_path,
     store_error,
 )
-from .tracker import TERMINAL, Tracker, study_view_urls
+from .tracker import TERMINAL, Tracker, set_study_tags, study_view_urls
 
 __all__ = ["MlflowSink", "StoreError", "StoreMissing", "TERMINAL", "Tracker", "default_tracking_uri",
            "open_store", "relative_artifact_location", "resolve_tracking_uri", "sqlite_path", "store_error",
-           "study_view_urls"]
+           "set_study_tags", "study_view_urls"]

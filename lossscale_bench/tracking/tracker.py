@@ -376,3 +376,20 @@ def study_view_urls(uri: str, base_url: str) -> list[tuple[str, str]]:
                 pass
             out.append((name, view_url(base_url, exp.experiment_id)))
     return out
+
+
+def set_study_tags(uri: str, study_name: str, tags: dict[str, str]) -> bool:
+    """Set ``tags`` on the parent run of study ``study_name`` in the store at ``uri`` (replacing those of the
+    same key); False when the store holds no such study yet."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name(study_name)
+    if exp is None:
+        return False
+    parents = client.search_runs([exp.experiment_id], filter_string="tags.`lsbench.role` = 'study'", max_results=1)
+    if not parents:
+        return False
+    for key, value in tags.items():
+        client.set_tag(parents[0].info.run_id, key, value)
+    return True
