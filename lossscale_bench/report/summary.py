@@ -23,7 +23,7 @@ one-sided tests put the difference inside the study's equivalence margin (mAP
 points, ``report.equivalence_margin``, default 1.0), else ``inconclusive
 (p=0.42)`` with the seeds it would take to resolve; or ``too few seeds`` when
 either side has fewer than two values.  Every tested row also gets P(row >
-baseline) with a bootstrap interval.  Diverged, failed and running seeds are left out of
+baseline), paired with an exact binomial interval.  Diverged, failed and running seeds are left out of
 the test (the cell says ``k/n diverged``): a diverged seed has no mAP to
 compare, and inventing one (0, say) would turn "diverges sometimes" into a
 p-value about accuracy.  A row with no value at all says ``no values``.
@@ -122,6 +122,8 @@ SUMMARY_COLUMNS = [
     "diff_ci_high",
     "half_width",
     "tost_p",
+    "tost_ci_low",
+    "tost_ci_high",
     "margin",
     "seeds_needed",
     "p_better",
@@ -159,8 +161,9 @@ def summarize(df: pd.DataFrame, metric: str = "final_map", margin: float = DEFAU
     ``p_value``, ``diff`` (row mean − baseline mean, the metric's unit),
     ``diff_ci_low``/``_high`` (95% CI) and its ``half_width``, ``tost_p`` at
     ``margin`` (the metric's unit; the argument ``margin`` is in the unit the
-    tables show, mAP points), ``seeds_needed`` for a half-width of ``margin``
-    and ``p_better`` (P(row better than baseline)) with its interval, from
+    tables show, mAP points) with the 90% interval it decides on
+    (``tost_ci_low``/``_high``), ``seeds_needed`` for a half-width of
+    ``margin`` and ``p_better`` (P(row better than baseline)) with its interval, from
     :func:`lossscale_bench.report.stats.compare_cells`.
 
     ``setting`` names the table's study setting when the study has several
@@ -393,8 +396,8 @@ def _add_verdicts(out: pd.DataFrame, higher: bool, margin: float, shown_scale: f
     a comparison with an arbitrary row would look like a finding.
     """
     out = out.copy()
-    numbers = ("p_value", "diff", "diff_ci_low", "diff_ci_high", "half_width", "tost_p", "margin", "seeds_needed",
-               "p_better", "p_better_low", "p_better_high")
+    numbers = ("p_value", "diff", "diff_ci_low", "diff_ci_high", "half_width", "tost_p", "tost_ci_low", "tost_ci_high",
+               "margin", "seeds_needed", "p_better", "p_better_low", "p_better_high")
     for c in numbers:
         out[c] = math.nan
     for c in ("baseline_label", "outcome", "test", "verdict"):

@@ -157,7 +157,8 @@ def test_compare_in_every_format():
     i = md.index("### s: SSD-tiny batch 8")
     table = [[c.strip() for c in x.split("|")[1:-1]] for x in md if x.startswith("|")]
     assert table[0] == ["A", "B", "Δ A − B [95% CI]", "P(A > B) [95%]", "Verdict"]
-    assert table[2] == ["FP32", "x128 †", "-0.30 [-0.80, +0.20]", "0.00 [0.00, 0.00]",
+    # equivalent: the 90% interval TOST decided on (test_stats.py), and 0 wins in 3: [0, 0.71]
+    assert table[2] == ["FP32", "x128 †", "-0.30, 90% CI [-0.64, +0.04]", "0.00 [0.00, 0.71]",
                         "equivalent (±1.0, paired TOST p=0.013)"]
     assert table[3][:2] == ["FP32", "adaptive †"] and table[3][4].endswith("; ±1.0 needs ~17 seeds")
     assert table[5] == ["Rank", "Loss scale", "Validation mAP", "Group"]
@@ -233,9 +234,9 @@ def test_cli_report_prints_the_new_verdicts(ranked_store, tmp_path):
     assert r.returncode == 0, r.stderr
     # worked out by hand in test_stats.py (the same seed values)
     assert _cells(r.stdout, "SSD-tiny", "loss scale (128) †")[-1] == \
-        "equivalent (±1.0, paired TOST p=0.013), Δ +0.30 [-0.20, +0.80], P(>)=1.00 [1.00, 1.00]"
+        "equivalent (±1.0, paired TOST p=0.013), Δ +0.30, 90% CI [-0.04, +0.64], P(>)=1.00 [0.29, 1.00]"
     assert _cells(r.stdout, "SSD-tiny", "adaptive †")[-1] == \
-        "inconclusive (paired, p=0.89), Δ +0.17 [-4.54, +4.87], P(>)=0.67 [0.00, 1.00]; ±1.0 needs ~17 seeds"
+        "inconclusive (paired, p=0.89), Δ +0.17 [-4.54, +4.87], P(>)=0.67 [0.09, 0.99]; ±1.0 needs ~17 seeds"
     assert _cells(r.stdout, "SSD-tiny", "saturation-aware dynamic †")[-1].startswith(
         "worse than baseline (paired, p=0.031)")
     assert _cells(r.stdout, "SSD-tiny", "amax (margin=1) †")[-1] == "no values"
@@ -256,7 +257,7 @@ def test_cli_compare_holm_and_ranking(ranked_store, tmp_path):
     # correction over the table's 10 pairs
     assert raw[pairs.index((0, 3))] == pytest.approx(0.030548, abs=1e-6) and by_hand[(0, 3)] > 0.05
     cells = _cells(r.stdout, "FP32 baseline", "saturation-aware dynamic †")
-    assert cells[2] == "+1.13 [+0.26, +2.01]" and cells[3] == "1.00 [1.00, 1.00]"
+    assert cells[2] == "+1.13 [+0.26, +2.01]" and cells[3] == "1.00 [0.29, 1.00]"
     holm_text = f"{by_hand[(0, 3)]:.2g}"
     assert cells[4] == f"inconclusive (paired, p=0.031, Holm p={holm_text}); Δ too close to ±1.0 to show equivalence"
     assert _cells(r.stdout, "FP32 baseline", "loss scale (128) †")[4] == "equivalent (±1.0, paired TOST p=0.013)"
