@@ -98,3 +98,24 @@ def test_unpaired_p_better_has_no_interval():
     assert r["test"] == "welch" and r["p_better"] == 0.0
     assert math.isnan(r["p_better_low"]) and math.isnan(r["p_better_high"])
     assert _vs(render(runs, "markdown"), "other").endswith("P(>)=0.00")
+
+
+def test_a_baseline_without_values_says_so_in_every_row():
+    # seeds 0, 1; the baseline diverged on both: the other rows have two values each, and every one of them used
+    # to read "too few seeds", blaming their own seeds
+    runs = _runs({"base": {0: "diverged", 1: "diverged"}, "a": {0: 0.40, 1: 0.42}, "b": {0: 0.41, 1: 0.43}},
+                 "base")
+    s = summarize(runs)
+    for label in ("a", "b"):
+        r = _row(s, label)
+        assert r["verdict"] == "baseline has no values (2 diverged, 0 failed)"
+        assert r["outcome"] == "no baseline values" and math.isnan(r["p_value"])
+    assert _row(s, "base")["verdict"] == "baseline"
+    md = render(runs, "markdown")
+    assert _vs(md, "a") == _vs(md, "b") == "baseline has no values (2 diverged, 0 failed)"
+    assert "too few seeds" not in _vs(md, "a")
+    # failed on every seed, and one failed, one still running: the counts say which
+    runs = _runs({"base": {0: "failed", 1: "failed"}, "a": {0: 0.40, 1: 0.42}}, "base")
+    assert _row(summarize(runs), "a")["verdict"] == "baseline has no values (0 diverged, 2 failed)"
+    runs = _runs({"base": {0: "failed", 1: "running"}, "a": {0: 0.40, 1: 0.42}}, "base")
+    assert _row(summarize(runs), "a")["verdict"] == "baseline has no values (0 diverged, 1 failed, 1 running)"
