@@ -14,6 +14,7 @@ import os
 import sys
 from pathlib import Path
 
+from .registry import EQUIVALENCE_MARGIN_RANGE
 from .exit_codes import EXIT_OK, EXIT_SIGINT, EXIT_SIGPIPE, EXIT_SIGTERM, EXIT_STORE, EXIT_TRIALS_FAILED, EXIT_USAGE
 
 
@@ -155,11 +156,13 @@ def cmd_run(args) -> int:
 
 
 def _margin_flag(text: str | None) -> float | None:
-    """``--margin``: a finite number of mAP points > 0, or None (not given); anything else is ValueError."""
+    """``--margin``: a number of mAP points in ``EQUIVALENCE_MARGIN_RANGE``, or None (not given); anything
+    else is ValueError."""
     if text is None:
         return None
     value = float(text)  # ValueError for 'abc'
-    if not 0 < value < float("inf"):  # also refuses nan
+    lo, hi = EQUIVALENCE_MARGIN_RANGE
+    if not lo <= value <= hi:  # also refuses nan
         raise ValueError(text)
     return value
 
@@ -185,8 +188,9 @@ def cmd_report(args) -> int:
     try:
         margin = _margin_flag(args.margin)
     except ValueError:
-        print(f"lsbench: error: --margin {args.margin}: the equivalence margin is a number of mAP points > 0 "
-              "(e.g. 1.0)", file=sys.stderr)
+        lo, hi = EQUIVALENCE_MARGIN_RANGE
+        print(f"lsbench: error: --margin {args.margin}: the equivalence margin is a number of mAP points from "
+              f"{lo:g} to {hi:g} (e.g. 1.0)", file=sys.stderr)
         return EXIT_USAGE
     if args.file:
         from .study import load_study

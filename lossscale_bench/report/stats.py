@@ -149,9 +149,10 @@ def seeds_needed(margin: float, alpha: float = ALPHA, *, var_diff: float | None 
         return 2.0
     # t > z, so the normal approximation's n is a lower bound: start there and step up
     z = float(stats.norm.ppf(1.0 - alpha / 2.0))
-    start = z * z * total / margin ** 2
-    if start > MAX_SEEDS:
+    root = z * math.sqrt(total) / margin  # (not z²·total/margin²: margin² over- or underflows at the extremes)
+    if not root * root <= MAX_SEEDS:  # also inf
         return math.inf
+    start = root * root
     n = max(2, math.ceil(start))
     while n <= MAX_SEEDS:
         if float(stats.t.ppf(1.0 - alpha / 2.0, df(n))) * math.sqrt(total / n) <= margin:

@@ -18,6 +18,7 @@ from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..registry import EQUIVALENCE_MARGIN_RANGE
 from .metric_names import check_metric
 from .renderers import FORMATS, render, render_compare
 from .runs import ReportError, load_runs
@@ -64,9 +65,13 @@ def _markdown_plots(path: Path, pictures: list[tuple[str, str, bytes]]) -> tuple
 
 
 def check_margin(margin) -> float:
-    """The equivalence margin (mAP points) if it is a finite number > 0, else a one-line :class:`ReportError`."""
-    if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not math.isfinite(margin) or margin <= 0:
-        raise ReportError(f"equivalence margin {margin!r}: a number of mAP points > 0 (e.g. {DEFAULT_MARGIN})")
+    """The equivalence margin (mAP points) if it is a number in ``EQUIVALENCE_MARGIN_RANGE``, else a
+    one-line :class:`ReportError` (outside it the statistics underflow or overflow, and past 100 mAP
+    points any two rows would be equivalent)."""
+    lo, hi = EQUIVALENCE_MARGIN_RANGE
+    if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not lo <= margin <= hi:
+        raise ReportError(f"equivalence margin {margin!r}: a number of mAP points from {lo:g} to {hi:g} "
+                          f"(e.g. {DEFAULT_MARGIN})")
     return float(margin)
 
 

@@ -16,7 +16,7 @@ from helpers import lsbench
 from test_report import _add_trial
 from test_stats import ADAPTIVE, FP32, X128
 
-from lossscale_bench.report import compare_rows, letter_groups, render_compare, summarize, write_report
+from lossscale_bench.report import ReportError, compare_rows, letter_groups, render_compare, summarize, write_report
 
 
 def _runs(rows: dict[str, dict[int, float] | str], study: str = "s", bs: int = 8) -> pd.DataFrame:
@@ -296,13 +296,24 @@ def test_cli_margin_from_the_study_file_and_the_flag(ranked_store, tmp_path):
     assert "inconclusive (paired, p=0.12, Holm p=" in line and r"\pm$0.5" in r.stdout
 
 
+@pytest.mark.parametrize("margin", ["1e-300", "1e308"])
+def test_an_extreme_margin_is_one_line_not_a_traceback(ranked_store, tmp_path, margin):
+    """Found only once the statistics ran: ZeroDivisionError (1e-300) or OverflowError (1e308), exit 1."""
+    for extra in ((), ("--compare",)):
+        r = lsbench("report", "--tracking-uri", ranked_store, "--study", RANKED, "--no-plots", "--out", "-",
+                    "--margin", margin, *extra, cwd=tmp_path)
+        assert r.returncode == 2 and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+        assert r.stderr.startswith(f"lsbench: error: --margin {margin}: ")
+    with pytest.raises(ReportError, match=r"equivalence margin 1e-300: a number of mAP points from 1e-06 to 100"):
+        write_report(ranked_store, study=RANKED, out="-", plots=False, margin=1e-300)
+
+
 def test_write_report_compare_paths(ranked_store, tmp_path):
     text, path = write_report(ranked_store, study=RANKED, fmt="html", compare=True, reports_dir=tmp_path)
     assert path == tmp_path / f"{RANKED}_compare.html" and path.read_text(encoding="utf-8") == text
     assert "<caption>Ranking</caption>" in text and "<img" not in text  # no plots
     text, path = write_report(ranked_store, fmt="markdown", compare=True, out=f"{tmp_path}/d/")
     assert path == tmp_path / "d" / "all_compare.md"
-    from lossscale_bench.report import ReportError
 
     for bad in (0, -1.0, math.nan, math.inf, "1"):
         with pytest.raises(ReportError, match="equivalence margin"):

@@ -144,6 +144,8 @@ def test_seeds_needed_by_hand():
     assert seeds_needed(1.0, var_diff=1e-6) == 2
     # past MAX_SEEDS: infinite, not a loop
     assert math.isinf(seeds_needed(1e-6, var_diff=1.0))
+    # margins whose square under- or overflows: no ZeroDivisionError or OverflowError
+    assert math.isinf(seeds_needed(1e-302, var_diff=1e-4)) and seeds_needed(1e306, var_diff=1e-4) == 2
 
 
 def test_p_better_counts_ties_as_one_half():
