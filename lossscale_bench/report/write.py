@@ -12,7 +12,6 @@ html embeds the plots in the page; markdown links PNG files written beside it.
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Collection, Mapping
 from pathlib import Path

@@ -89,6 +89,7 @@ def test_p_better_from_three_seeds_is_never_a_zero_width_interval():
     assert (pairs["p_better_high"] - pairs["p_better_low"]).min() == pytest.approx(1 - 0.2924, abs=1e-4)
     cmp = render_compare_markdown(runs)
     assert "[0.00, 0.00]" not in cmp and "[1.00, 1.00]" not in cmp and "bootstrap" not in cmp
+    assert "Clopper–Pearson" in cmp and "better/worse: Holm p < 0.05." in cmp
 
 
 def test_unpaired_p_better_has_no_interval():
