@@ -180,6 +180,7 @@ def cmd_report(args) -> int:
     if args.telemetry and args.compare:
         print("lsbench: error: --telemetry and --compare are two different reports; give one", file=sys.stderr)
         return EXIT_USAGE
+    format_given = args.format is not None
     try:
         args.format = resolve_format(args.format, args.out)
     except ValueError as e:
@@ -207,7 +208,7 @@ def cmd_report(args) -> int:
         trial_ids = None
     uri = open_store(resolve_tracking_uri(args.tracking_uri, args.runs_dir), create=False)
     if args.telemetry:
-        return _telemetry_report(uri, args)
+        return _telemetry_report(uri, args, format_given)
     from .report.stats import DEFAULT_MARGIN
 
     text, out = write_report(uri, study=args.study, fmt=args.format, out=args.out, metric=args.metric,
@@ -224,23 +225,22 @@ def cmd_report(args) -> int:
     return 0
 
 
-def _telemetry_report(uri: str, args) -> int:
-    """``report --telemetry``: per-row flush, saturation, scales and skipped steps (markdown only)."""
-    from .report.telemetry_summary import render_telemetry_markdown, telemetry_rows
+def _telemetry_report(uri: str, args, format_given: bool) -> int:
+    """``report --telemetry``: per-row flush, saturation, scales and skipped steps (markdown only).
+
+    ``format_given``: ``--format`` was on the command line (else the format came from ``--out``'s name)."""
+    from .report.write import write_telemetry_report
 
     if args.format != "markdown":
-        print("lsbench: error: --telemetry: the telemetry table is markdown only (drop --format)", file=sys.stderr)
+        why = (f"drop --format {args.format}" if format_given else
+               f"--out {args.out} names a {args.format} file: give an --out ending in .md, a folder, or -")
+        print(f"lsbench: error: --telemetry: the telemetry table is markdown only; {why}", file=sys.stderr)
         return EXIT_USAGE
-    text = render_telemetry_markdown(telemetry_rows(uri, args.study))
-    if args.out and args.out != "-":
-        out = Path(args.out)
-        if out.is_dir() or args.out.endswith("/"):
-            out = out / f"{args.study or 'all'}_telemetry.md"
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(text, encoding="utf-8")
-        print(out)
-    else:
+    text, out = write_telemetry_report(uri, study=args.study, out=args.out)
+    if out is None:
         sys.stdout.write(text)
+    else:
+        print(out)
     return EXIT_OK
 
 

@@ -27,7 +27,7 @@ from .summary import summarize
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["write_report", "check_margin"]
+__all__ = ["write_report", "write_telemetry_report", "check_margin"]
 
 
 def _plot_list(tracking_uri: str, study: str | None, runs: pd.DataFrame, metric: str) -> list:
@@ -148,6 +148,22 @@ def write_report(
     if to_stdout:
         return text, None
     return text, _write(path, text, files)
+
+
+def write_telemetry_report(tracking_uri: str, *, study: str | None = None,
+                           out: str | Path | None = None) -> tuple[str, Path | None]:
+    """``lsbench report --telemetry``: the telemetry table (markdown), written as :func:`write_report` writes.
+
+    ``out`` None or ``-``: nothing is written (path None, the caller prints the text); a folder (or a name
+    ending in ``/``): ``<study or 'all'>_telemetry.md`` inside it. A place that cannot be written is a
+    one-line :class:`ReportError`, as for the tables.
+    """
+    from .telemetry_summary import render_telemetry_markdown, telemetry_rows
+
+    text = render_telemetry_markdown(telemetry_rows(tracking_uri, study))
+    if out is None or str(out) == "-":
+        return text, None
+    return text, _write(_report_path(out, ".", f"{study or 'all'}_telemetry.md"), text, [])
 
 
 def _only_listed(runs, trial_ids: set[str]):
