@@ -180,6 +180,12 @@ def cmd_report(args) -> int:
     if args.telemetry and args.compare:
         print("lsbench: error: --telemetry and --compare are two different reports; give one", file=sys.stderr)
         return EXIT_USAGE
+    if args.telemetry and (args.metric is not None or args.margin is not None):
+        given = " and ".join(f for f, v in (("--metric", args.metric), ("--margin", args.margin)) if v is not None)
+        print(f"lsbench: error: --telemetry: the telemetry table has no mAP column and no verdicts, so {given} "
+              f"would change nothing in it; drop {'them' if ' and ' in given else 'it'}, or leave out --telemetry "
+              "for the mAP tables", file=sys.stderr)
+        return EXIT_USAGE
     format_given = args.format is not None
     try:
         args.format = resolve_format(args.format, args.out)
@@ -211,7 +217,7 @@ def cmd_report(args) -> int:
         return _telemetry_report(uri, args, format_given)
     from .report.stats import DEFAULT_MARGIN
 
-    text, out = write_report(uri, study=args.study, fmt=args.format, out=args.out, metric=args.metric,
+    text, out = write_report(uri, study=args.study, fmt=args.format, out=args.out, metric=args.metric or "final_map",
                              reports_dir=args.reports_dir, plots=not args.no_plots,
                              margin=DEFAULT_MARGIN if margin is None else margin, compare=args.compare,
                              trial_ids=trial_ids)
@@ -294,7 +300,7 @@ def _report_parser(sub, store_args) -> None:
                          "(default: reports/<study>.<ext>)")
     from .report.metric_names import REPORT_METRICS  # names only: no pandas, --help stays instant
 
-    sp.add_argument("--metric", default="final_map", choices=tuple(REPORT_METRICS),
+    sp.add_argument("--metric", default=None, choices=tuple(REPORT_METRICS),
                     help="final_map (default: mAP at the last evaluation), final_map_50 (mAP@0.5) "
                          "or best_map (the best evaluation's); shown in percent")
     sp.add_argument("--reports-dir", default="reports")

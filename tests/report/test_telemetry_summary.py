@@ -71,6 +71,19 @@ def test_cli_out_the_format_it_names_and_a_place_it_cannot_write(store, tmp_path
     assert "| x128 |" in (tmp_path / "d" / "tele_telemetry.md").read_text(encoding="utf-8")
 
 
+def test_cli_telemetry_refuses_metric_and_margin(store):
+    runs, _ = store
+    # --metric and --margin say nothing about the telemetry table: refused, not silently ignored
+    for flags, named in ((("--metric", "best_map"), "--metric would change nothing in it; drop it"),
+                         (("--margin", "2"), "--margin would change nothing in it; drop it"),
+                         (("--metric", "best_map", "--margin", "2"),
+                          "--metric and --margin would change nothing in it; drop them")):
+        r = lsbench("report", "--runs-dir", runs, "--study", "tele", "--telemetry", "--out", "-", *flags)
+        assert r.returncode == 2 and r.stdout == ""
+        assert r.stderr.strip() == (f"lsbench: error: --telemetry: the telemetry table has no mAP column and no "
+                                    f"verdicts, so {named}, or leave out --telemetry for the mAP tables")
+
+
 def test_a_step_logged_twice_counts_once():
     """Stores written before reruns kept repeated steps out hold a failed attempt's steps after its
     checkpoint twice; the mean over the history counts each step once (its last point)."""
