@@ -277,7 +277,8 @@ def noise_verdict(a: Sequence[float], b: Sequence[float], *, margin: float, alph
 
     Returns a dict:
 
-    * ``n``, ``n_baseline``, ``mean``, ``mean_baseline``, ``test`` (``welch``);
+    * ``n``, ``n_baseline``, ``mean``, ``mean_baseline``, ``test``: ``welch``, or empty where no
+      test ran (too few seeds, no values, no seed variance: a csv row must not name a test that was not run);
     * ``diff`` = mean(a) − mean(b), ``diff_ci_low``/``diff_ci_high``: its
       ``1 - alpha`` confidence interval, ``half_width`` = ``t.ppf(1 - alpha/2, df)``
       times the Welch standard error; ``df``: Welch–Satterthwaite degrees of freedom;
@@ -301,7 +302,7 @@ def noise_verdict(a: Sequence[float], b: Sequence[float], *, margin: float, alph
     _check_margin(margin)
     a = [float(v) for v in a]
     b = [float(v) for v in b]
-    out = {"n": len(a), "n_baseline": len(b), "test": "welch", "margin": margin, **dict.fromkeys(_NUMBERS, math.nan)}
+    out = {"n": len(a), "n_baseline": len(b), "test": "", "margin": margin, **dict.fromkeys(_NUMBERS, math.nan)}
     if a:
         out["mean"] = _mean_var(a)[0]
     if b:
@@ -326,9 +327,9 @@ def noise_verdict(a: Sequence[float], b: Sequence[float], *, margin: float, alph
         warnings.simplefilter("ignore", RuntimeWarning)
         res = stats.ttest_ind(a, b, equal_var=False)
     df = se2 ** 2 / (sa ** 2 / (len(a) - 1) + sb ** 2 / (len(b) - 1))
-    return {**out, **_result(a, b, paired=False, alpha=alpha, higher_is_better=higher_is_better, margin=margin,
-                             shown_scale=shown_scale, t_result=res, df=df, se=math.sqrt(se2),
-                             var_kw={"var_a": va, "var_b": vb})}
+    return {**out, "test": "welch",
+            **_result(a, b, paired=False, alpha=alpha, higher_is_better=higher_is_better, margin=margin,
+                      shown_scale=shown_scale, t_result=res, df=df, se=math.sqrt(se2), var_kw={"var_a": va, "var_b": vb})}
 
 
 def paired_verdict(a: Mapping, b: Mapping, *, margin: float, alpha: float = ALPHA, higher_is_better: bool = True,
@@ -336,7 +337,7 @@ def paired_verdict(a: Mapping, b: Mapping, *, margin: float, alpha: float = ALPH
     """Compare a row with the baseline seed by seed: ``a``/``b`` map seed -> value.
 
     Uses the seeds both have (``n`` of them). Same keys and meaning as
-    :func:`noise_verdict`, with ``test``: ``paired``, the t-test
+    :func:`noise_verdict`, with ``test``: ``paired`` (where it ran), the t-test
     ``scipy.stats.ttest_rel`` and its interval on n−1 degrees of freedom,
     ``ttost_paired`` and P(>) over seeds. Fewer than two common seeds:
     ``too few seeds``; identical per-seed differences: ``no seed variance``.
@@ -346,7 +347,7 @@ def paired_verdict(a: Mapping, b: Mapping, *, margin: float, alpha: float = ALPH
     x = [float(a[k]) for k in common]
     y = [float(b[k]) for k in common]
     d = [u - v for u, v in zip(x, y)]
-    out = {"n": len(common), "n_baseline": len(common), "test": "paired", "margin": margin,
+    out = {"n": len(common), "n_baseline": len(common), "test": "", "margin": margin,
            **dict.fromkeys(_NUMBERS, math.nan)}
     if common:
         out.update(mean=_mean_var(x)[0], mean_baseline=_mean_var(y)[0], diff=_mean_var(d)[0])
@@ -362,9 +363,10 @@ def paired_verdict(a: Mapping, b: Mapping, *, margin: float, alpha: float = ALPH
     from scipy import stats
 
     res = stats.ttest_rel(x, y)
-    return {**out, **_result(x, y, paired=True, alpha=alpha, higher_is_better=higher_is_better, margin=margin,
-                             shown_scale=shown_scale, t_result=res, df=len(d) - 1.0, se=math.sqrt(vd / len(d)),
-                             var_kw={"var_diff": vd})}
+    return {**out, "test": "paired",
+            **_result(x, y, paired=True, alpha=alpha, higher_is_better=higher_is_better, margin=margin,
+                      shown_scale=shown_scale, t_result=res, df=len(d) - 1.0, se=math.sqrt(vd / len(d)),
+                      var_kw={"var_diff": vd})}
 
 
 def can_pair(a_by_seed: Mapping, n_a: int, b_by_seed: Mapping, n_b: int) -> bool:

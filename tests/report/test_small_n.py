@@ -7,6 +7,7 @@ own columns are tested in test_report.py); numbers are worked out by hand beside
 
 from __future__ import annotations
 
+import io
 import math
 
 import pandas as pd
@@ -114,9 +115,27 @@ def test_a_baseline_without_values_says_so_in_every_row():
     assert _row(s, "base")["verdict"] == "baseline"
     md = render(runs, "markdown")
     assert _vs(md, "a") == _vs(md, "b") == "baseline has no values (2 diverged, 0 failed)"
-    assert "too few seeds" not in _vs(md, "a")
+    assert "too few seeds" not in _vs(md, "a") and (s["test"] == "").all()
     # failed on every seed, and one failed, one still running: the counts say which
     runs = _runs({"base": {0: "failed", 1: "failed"}, "a": {0: 0.40, 1: 0.42}}, "base")
     assert _row(summarize(runs), "a")["verdict"] == "baseline has no values (0 diverged, 2 failed)"
     runs = _runs({"base": {0: "failed", 1: "running"}, "a": {0: 0.40, 1: 0.42}}, "base")
     assert _row(summarize(runs), "a")["verdict"] == "baseline has no values (0 diverged, 1 failed, 1 running)"
+
+
+def test_a_row_no_test_ran_on_names_no_test():
+    # one seed a side: too few seeds for any test; the csv's test column said "welch"
+    runs = _runs({"base": {0: 0.50}, "one": {0: 0.40}, "none": {0: "failed"}, "flat": {0: 0.45}}, "base")
+    s = summarize(runs)
+    assert _row(s, "one")["verdict"] == "too few seeds" and _row(s, "one")["test"] == ""
+    assert _row(s, "none")["verdict"] == "no values" and _row(s, "none")["test"] == ""
+    back = pd.read_csv(io.StringIO(render(runs, "csv")))
+    assert back["test"].isna().all()
+    # no spread on either side: no t statistic, no test named either
+    runs = _runs({"base": {0: 0.50, 1: 0.50}, "flat": {2: 0.45, 3: 0.45}}, "base")
+    flat = _row(summarize(runs), "flat")
+    assert flat["verdict"] == "no seed variance" and flat["test"] == ""
+    # where a test ran, it is named
+    runs = _runs({"base": {0: 0.50, 1: 0.51}, "two": {0: 0.40, 1: 0.42}, "other": {2: 0.40, 3: 0.43}}, "base")
+    s = summarize(runs)
+    assert (_row(s, "two")["test"], _row(s, "other")["test"]) == ("paired", "welch")
