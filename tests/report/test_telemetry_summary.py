@@ -52,13 +52,17 @@ def test_cli_prints_it_and_refuses_other_formats(store):
     assert r.stderr.strip() == "lsbench: error: --telemetry: the telemetry table is markdown only; drop --format csv"
 
 
-def test_cli_out_the_format_it_names_and_a_place_it_cannot_write(store, tmp_path):
+def test_cli_out_naming_another_format_says_so(store, tmp_path):
     runs, _ = store
     # no --format given: the .csv of --out said it, and "drop --format" pointed at nothing to drop
     r = lsbench("report", "--runs-dir", runs, "--study", "tele", "--telemetry", "--out", str(tmp_path / "t.csv"))
     assert r.returncode == 2 and r.stdout == ""
     assert r.stderr.strip() == (f"lsbench: error: --telemetry: the telemetry table is markdown only; --out "
                                 f"{tmp_path / 't.csv'} names a csv file: give an --out ending in .md, a folder, or -")
+
+
+def test_cli_out_to_a_place_it_cannot_write_is_one_line(store, tmp_path):
+    runs, _ = store
     # a parent that is a file: one line naming the path, exit 2, as the tables' report (a traceback before)
     (tmp_path / "afile").write_text("x")
     for out in (tmp_path / "afile" / "t.md", f"{tmp_path / 'afile' / 'sub'}/"):
