@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 from .core.exit_codes import EXIT_OK, EXIT_SIGINT, EXIT_SIGPIPE, EXIT_SIGTERM, EXIT_STORE, EXIT_TRIALS_FAILED, EXIT_USAGE
+from .core.registry import EQUIVALENCE_MARGIN_RANGE
 
 
 def embedded_study() -> Path:
@@ -175,11 +176,13 @@ def cmd_run(args) -> int:
 
 
 def _margin_flag(text: str | None) -> float | None:
-    """``--margin``: a finite number of mAP points > 0, or None (not given); anything else is ValueError."""
+    """``--margin``: a number of mAP points in ``EQUIVALENCE_MARGIN_RANGE``, or None (not given); anything
+    else is ValueError."""
     if text is None:
         return None
     value = float(text)  # ValueError for 'abc'
-    if not 0 < value < float("inf"):  # also refuses nan
+    lo, hi = EQUIVALENCE_MARGIN_RANGE
+    if not lo <= value <= hi:  # also refuses nan
         raise ValueError(text)
     return value
 
@@ -197,6 +200,13 @@ def cmd_report(args) -> int:
     if args.telemetry and args.compare:
         print("lsbench: error: --telemetry and --compare are two different reports; give one", file=sys.stderr)
         return EXIT_USAGE
+    if args.telemetry and (args.metric is not None or args.margin is not None):
+        given = " and ".join(f for f, v in (("--metric", args.metric), ("--margin", args.margin)) if v is not None)
+        print(f"lsbench: error: --telemetry: the telemetry table has no mAP column and no verdicts, so {given} "
+              f"would change nothing in it; drop {'them' if ' and ' in given else 'it'}, or leave out --telemetry "
+              "for the mAP tables", file=sys.stderr)
+        return EXIT_USAGE
+    format_given = args.format is not None
     try:
         args.format = resolve_format(args.format, args.out)
     except ValueError as e:
@@ -205,8 +215,9 @@ def cmd_report(args) -> int:
     try:
         margin = _margin_flag(args.margin)
     except ValueError:
-        print(f"lsbench: error: --margin {args.margin}: the equivalence margin is a number of mAP points > 0 "
-              "(e.g. 1.0)", file=sys.stderr)
+        lo, hi = EQUIVALENCE_MARGIN_RANGE
+        print(f"lsbench: error: --margin {args.margin}: the equivalence margin is a number of mAP points from "
+              f"{lo:g} to {hi:g} (e.g. 1.0)", file=sys.stderr)
         return EXIT_USAGE
     if args.file:
         from .study import load_study
@@ -225,10 +236,10 @@ def cmd_report(args) -> int:
         trial_ids = None
     uri = open_store(resolve_tracking_uri(args.tracking_uri, args.runs_dir), create=False)
     if args.telemetry:
-        return _telemetry_report(uri, args)
+        return _telemetry_report(uri, args, format_given)
     from .report.stats import DEFAULT_MARGIN
 
-    text, out = write_report(uri, study=args.study, fmt=args.format, out=args.out, metric=args.metric,
+    text, out = write_report(uri, study=args.study, fmt=args.format, out=args.out, metric=args.metric or "final_map",
                              reports_dir=args.reports_dir, plots=not args.no_plots,
                              margin=DEFAULT_MARGIN if margin is None else margin, compare=args.compare,
                              trial_ids=trial_ids)
@@ -242,23 +253,22 @@ def cmd_report(args) -> int:
     return 0
 
 
-def _telemetry_report(uri: str, args) -> int:
-    """``report --telemetry``: per-row flush, saturation, scales and skipped steps (markdown only)."""
-    from .report.telemetry_summary import render_telemetry_markdown, telemetry_rows
+def _telemetry_report(uri: str, args, format_given: bool) -> int:
+    """``report --telemetry``: per-row flush, saturation, scales and skipped steps (markdown only).
+
+    ``format_given``: ``--format`` was on the command line (else the format came from ``--out``'s name)."""
+    from .report.write import write_telemetry_report
 
     if args.format != "markdown":
-        print("lsbench: error: --telemetry: the telemetry table is markdown only (drop --format)", file=sys.stderr)
+        why = (f"drop --format {args.format}" if format_given else
+               f"--out {args.out} names a {args.format} file: give an --out ending in .md, a folder, or -")
+        print(f"lsbench: error: --telemetry: the telemetry table is markdown only; {why}", file=sys.stderr)
         return EXIT_USAGE
-    text = render_telemetry_markdown(telemetry_rows(uri, args.study))
-    if args.out and args.out != "-":
-        out = Path(args.out)
-        if out.is_dir() or args.out.endswith("/"):
-            out = out / f"{args.study or 'all'}_telemetry.md"
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(text, encoding="utf-8")
-        print(out)
-    else:
+    text, out = write_telemetry_report(uri, study=args.study, out=args.out)
+    if out is None:
         sys.stdout.write(text)
+    else:
+        print(out)
     return EXIT_OK
 
 
@@ -312,7 +322,7 @@ def _report_parser(sub, store_args) -> None:
                          "(default: reports/<study>.<ext>)")
     from .report.metric_names import REPORT_METRICS  # names only: no pandas, --help stays instant
 
-    sp.add_argument("--metric", default="final_map", choices=tuple(REPORT_METRICS),
+    sp.add_argument("--metric", default=None, choices=tuple(REPORT_METRICS),
                     help="final_map (default: mAP at the last evaluation), final_map_50 (mAP@0.5) "
                          "or best_map (the best evaluation's); shown in percent")
     sp.add_argument("--reports-dir", default="reports")

@@ -126,13 +126,14 @@ def test_mixed_backend_dry_run_shows_each_trials_placement():
     assert "CPU:0.25 + 1×{CPU:4, TPU:8}" in r.stdout  # one TPU worker drives 8 chips (torch_xla.launch)
 
 
-@pytest.mark.parametrize("margin", ["-1", "0", "abc", "nan", "inf", "1,0"])
+@pytest.mark.parametrize("margin", ["-1", "0", "abc", "nan", "inf", "1,0", "1e-300", "1e-7", "1e308", "100.5"])
 def test_report_refuses_a_bad_margin_at_once(tmp_path, margin):
-    """Refused before the store is opened: one line naming the flag and what it allows, exit 2."""
+    """Refused before the store is opened: one line naming the flag and what it allows, exit 2. Outside
+    [1e-6, 100] mAP points the statistics divided by zero (1e-300) or overflowed (1e308)."""
     r = _run("report", "--runs-dir", str(tmp_path / "runs"), f"--margin={margin}", cwd=tmp_path)
     assert r.returncode == 2 and r.stdout == ""
     assert r.stderr.strip() == (f"lsbench: error: --margin {margin}: the equivalence margin is a number of mAP "
-                                "points > 0 (e.g. 1.0)")
+                                "points from 1e-06 to 100 (e.g. 1.0)")
 
 
 def test_report_refuses_a_bad_margin_in_the_study_file_and_mixed_reports(tmp_path):
@@ -141,7 +142,8 @@ def test_report_refuses_a_bad_margin_in_the_study_file_and_mixed_reports(tmp_pat
                  "schedule: {iterations: 10, lr: 0.001}\nreport: {equivalence_margin: -0.5}\n")
     r = _run("report", str(f), "--runs-dir", str(tmp_path / "runs"), cwd=tmp_path)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
-    assert str(f) in r.stderr and "report.equivalence_margin: -0.5 is out of range; allowed: numbers > 0" in r.stderr
+    assert str(f) in r.stderr and "report.equivalence_margin: -0.5 is out of range; allowed: numbers 1e-06 <= x <= 100" \
+        in r.stderr
     f.write_text(f.read_text().replace("-0.5", "0.5"))
     r = _run("report", str(f), "--study", "other", "--runs-dir", str(tmp_path / "runs"), cwd=tmp_path)
     assert r.returncode == 2

@@ -25,6 +25,12 @@ EVAL_METRICS = ("coco", "voc07", "voc")
 # the first name in sorted order, the points'. Here because both sides read it and neither imports the other.
 LAYER_SCALE_SUFFIX = "scale_log2_median"
 
+# The equivalence margins (mAP points) a report can test at: ``report.equivalence_margin`` in a study file,
+# ``lsbench report --margin``. mAP lies in [0, 100] points, so a wider margin calls any two rows equivalent, and
+# below a millionth of a point no run-to-run difference is resolved (the statistics' numbers would underflow).
+# Here because the study file's checks and the report both read it and neither imports the other.
+EQUIVALENCE_MARGIN_RANGE = (1e-6, 100.0)
+
 # Bumped when a model's architecture or initialisation changes what it trains to, so that
 # trial ids (and with them resume and the report) never mix results of the old and new model.
 # ssd_tiny 2: BatchNorm after every backbone conv (docs/toy_model.md).

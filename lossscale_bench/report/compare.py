@@ -40,7 +40,8 @@ _TABLE = ["table", "study", "setting", "setting_id", "model", "model_name", "bat
 #: one line per pair of rows of one table; numbers in the metric's unit (fractions for mAP)
 PAIR_COLUMNS = _TABLE + [
     "row_a", "label_a", "precision_a", "row_b", "label_b", "precision_b", "test", "n_a", "n_b", "mean_a", "mean_b",
-    "diff", "diff_ci_low", "diff_ci_high", "half_width", "p_value", "p_holm", "tost_p", "margin", "seeds_needed",
+    "diff", "diff_ci_low", "diff_ci_high", "half_width", "p_value", "p_holm", "tost_p", "tost_ci_low", "tost_ci_high",
+    "margin", "seeds_needed",
     "p_better", "p_better_low", "p_better_high", "outcome", "verdict",
 ]
 #: one line per row with a value, best first
@@ -119,8 +120,9 @@ def _table_pairs(g: pd.DataFrame, labels: dict, margin: float, scale: float, hig
             "row_a": a["row"], "label_a": labels[i], "precision_a": a["precision"],
             "row_b": b["row"], "label_b": labels[j], "precision_b": b["precision"],
             "test": v["test"], "n_a": v["n"], "n_b": v["n_baseline"], "mean_a": v["mean"], "mean_b": v["mean_baseline"],
-            **{c: v[c] for c in ("diff", "diff_ci_low", "diff_ci_high", "half_width", "p_value", "tost_p", "margin",
-                                 "seeds_needed", "p_better", "p_better_low", "p_better_high")},
+            **{c: v[c] for c in ("diff", "diff_ci_low", "diff_ci_high", "half_width", "p_value", "tost_p",
+                                 "tost_ci_low", "tost_ci_high", "margin", "seeds_needed", "p_better", "p_better_low",
+                                 "p_better_high")},
             "p_holm": p_holm, "outcome": outcome,
             "verdict": _pair_verdict(outcome, v, p_holm, margin * scale, alpha),
             "_a": i, "_b": j,

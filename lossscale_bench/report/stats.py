@@ -12,7 +12,8 @@ A row is compared with another (the table's baseline, or every other row for
   are ~0.2).  Otherwise Welch's t-test (``ttest_ind(equal_var=False)``: a
   loss-scaling method may change the spread between seeds, not only the mean).
   The difference of means gets its 95% interval on the same degrees of freedom
-  (paired: n−1; Welch: Welch–Satterthwaite).
+  (paired: n−1; Welch: Welch–Satterthwaite), and its 90% interval, the one the
+  equivalence test decides on (below).
 * **or the same within a margin?** "No difference shown" is two answers that
   matter apart: the rows are equivalent within a margin a reader cares about,
   or there are too few seeds to say.  Two one-sided tests (TOST, statsmodels'
@@ -23,11 +24,16 @@ A row is compared with another (the table's baseline, or every other row for
   roughly how many seeds would bring it to ±m if the spread stayed as observed
   (:func:`seeds_needed`): what "inconclusive" would cost to resolve.
 * **how often does it win?** P(row > other): paired, the share of seeds on
-  which the row is ahead (ties count one half); unpaired, the Mann–Whitney
-  probability U/(n·m) over all pairs of values; with a 95% bootstrap interval
-  (``scipy.stats.bootstrap``, seeded: a report printed twice is the same).
-  It says what a t-test's mean hides: a row that wins on every seed by a little
-  and one that wins big on one seed and loses on two.
+  which the row is ahead (ties count one half), with an exact binomial
+  (Clopper–Pearson) 95% interval for the chance of winning on a seed: each
+  seed is an independent trial, so k wins in n is a binomial count, and the
+  interval is never of zero width (0 wins in 3: [0, 0.71]).  Unpaired, the
+  Mann–Whitney probability U/(n·m) over all pairs of values, without an
+  interval: the n·m pairs share their values, no exact interval exists, and a
+  bootstrap over a handful of values that agree gives [1, 1], a certainty
+  three seeds do not have.  It says what a t-test's mean hides: a row that
+  wins on every seed by a little and one that wins big on one seed and loses
+  on two.
 * **many pairs at once**: Holm's correction (statsmodels ``multipletests``) over
   the pairs of one table (:func:`holm`), used by :mod:`.compare`.
 
@@ -44,22 +50,18 @@ this module (and the report, and ``lsbench --help``) stays cheap.
 
 from __future__ import annotations
 
-import inspect
 import math
 import warnings
 from collections.abc import Mapping, Sequence
 
 __all__ = ["ALPHA", "DEFAULT_MARGIN", "noise_verdict", "paired_verdict", "compare_cells", "can_pair", "decide",
-           "holm", "seeds_needed", "prob_better", "tost_p", "format_p", "format_margin"]
+           "holm", "seeds_needed", "prob_better", "clopper_pearson", "tost_p", "format_p", "format_margin"]
 
 #: significance level of the verdicts
 ALPHA = 0.05
 #: equivalence margin in the unit the tables show (mAP points): the study file's
 #: ``report.equivalence_margin`` default (lossscale_bench.study.schema.ReportSpec)
 DEFAULT_MARGIN = 1.0
-#: bootstrap resamples and seed for the P(>) interval: seeded, so the report is reproducible
-BOOTSTRAP_RESAMPLES = 9999
-BOOTSTRAP_SEED = 0
 #: seeds_needed gives up (inf) beyond this many seeds
 MAX_SEEDS = 100_000
 
@@ -147,9 +149,10 @@ def seeds_needed(margin: float, alpha: float = ALPHA, *, var_diff: float | None 
         return 2.0
     # t > z, so the normal approximation's n is a lower bound: start there and step up
     z = float(stats.norm.ppf(1.0 - alpha / 2.0))
-    start = z * z * total / margin ** 2
-    if start > MAX_SEEDS:
+    root = z * math.sqrt(total) / margin  # (not z²·total/margin²: margin² over- or underflows at the extremes)
+    if not root * root <= MAX_SEEDS:  # also inf
         return math.inf
+    start = root * root
     n = max(2, math.ceil(start))
     while n <= MAX_SEEDS:
         if float(stats.t.ppf(1.0 - alpha / 2.0, df(n))) * math.sqrt(total / n) <= margin:
@@ -158,40 +161,37 @@ def seeds_needed(margin: float, alpha: float = ALPHA, *, var_diff: float | None 
     return math.inf
 
 
-def _bootstrap_interval(data: tuple, statistic, confidence: float, seed: int, n_resamples: int) -> tuple[float, float]:
-    """``scipy.stats.bootstrap``: BCa, or the percentile interval where BCa is degenerate (NaN).
+def clopper_pearson(k: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
+    """The exact binomial (Clopper–Pearson) interval for a chance seen ``k`` times in ``n``.
 
-    A statistic that takes a few values (P(>) on 3 seeds is 0, 1/3, 2/3 or 1)
-    often leaves BCa's bias correction undefined; the percentile interval is
-    then what the resamples say.  Each method starts from the same seeded
-    generator, so the interval is the same every time the report is printed.
+    Beta quantiles, ``confidence`` central: low = Beta(alpha/2; k, n−k+1) (0 when k = 0), high =
+    Beta(1 − alpha/2; k+1, n−k) (1 when k = n); statsmodels' ``proportion_confint(method='beta')``.
+    0 in 3: [0, 0.708]; 3 in 3: [0.292, 1]. Never of zero width for n ≥ 1.
     """
-    import numpy as np
     from scipy import stats
 
-    rng_arg = "rng" if "rng" in inspect.signature(stats.bootstrap).parameters else "random_state"
-    for method in ("BCa", "percentile"):
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # DegenerateDataWarning: handled by the fallback
-            res = stats.bootstrap(data, statistic, n_resamples=n_resamples, vectorized=True,
-                                  confidence_level=confidence, method=method,
-                                  **{rng_arg: np.random.default_rng(seed)})
-        lo, hi = float(res.confidence_interval.low), float(res.confidence_interval.high)
-        if math.isfinite(lo) and math.isfinite(hi):
-            return lo, hi
-    return math.nan, math.nan
+    if not 0 <= k <= n or n < 1:
+        raise ValueError(f"clopper_pearson: need 0 <= k <= n and n >= 1, got k={k}, n={n}")
+    tail = (1.0 - confidence) / 2.0
+    low = 0.0 if k == 0 else float(stats.beta.ppf(tail, k, n - k + 1))
+    high = 1.0 if k == n else float(stats.beta.ppf(1.0 - tail, k + 1, n - k))
+    return low, high
 
 
 def prob_better(x: Sequence[float], y: Sequence[float], *, paired: bool, higher_is_better: bool = True,
-                confidence: float = 0.95, seed: int = BOOTSTRAP_SEED,
-                n_resamples: int = BOOTSTRAP_RESAMPLES) -> tuple[float, float, float]:
+                confidence: float = 0.95) -> tuple[float, float, float]:
     """(P(x better than y), interval low, high).
 
     Paired (``x[i]``, ``y[i]`` the same seed): the share of seeds on which x is
-    ahead, ties one half; the interval resamples seeds.  Unpaired: the
-    Mann–Whitney probability U/(n·m) (``scipy.stats.mannwhitneyu``'s U of x:
-    pairs of values in which x is ahead, ties one half), resampling each side.
-    "Better" is higher unless ``higher_is_better`` is false.
+    ahead, ties one half, with the :func:`clopper_pearson` interval of the
+    chance that x is ahead on a seed.  A tie could have gone either way, so
+    with ties the interval runs from the low end for the strict wins to the
+    high end for wins and ties together (without ties: the exact interval
+    itself).  Unpaired: the Mann–Whitney probability U/(n·m)
+    (``scipy.stats.mannwhitneyu``'s U of x: pairs of values in which x is
+    ahead, ties one half), interval NaN (the pairs are not independent
+    trials; see the module docstring).  "Better" is higher unless
+    ``higher_is_better`` is false.
     """
     import numpy as np
     from scipy import stats
@@ -200,20 +200,14 @@ def prob_better(x: Sequence[float], y: Sequence[float], *, paired: bool, higher_
     x, y = sign * np.asarray(x, dtype=float), sign * np.asarray(y, dtype=float)
     if paired:
         d = x - y
-        wins = (d > 0).astype(float) + 0.5 * (d == 0)
-
-        def share(w, axis=-1):
-            return np.mean(w, axis=axis)
-
-        return (float(wins.mean()), *_bootstrap_interval((wins,), share, confidence, seed, n_resamples))
-
-    def u_share(a, b, axis=-1):
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)  # all values tied: U is defined, its p is not
-            u = stats.mannwhitneyu(a, b, axis=axis, method="asymptotic").statistic
-        return u / (a.shape[axis] * b.shape[axis])
-
-    return (float(u_share(x, y)), *_bootstrap_interval((x, y), u_share, confidence, seed, n_resamples))
+        n, wins, ties = len(d), int((d > 0).sum()), int((d == 0).sum())
+        low = clopper_pearson(wins, n, confidence)[0]
+        high = clopper_pearson(wins + ties, n, confidence)[1]
+        return (wins + 0.5 * ties) / n, low, high
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # all values tied: U is defined, its p is not
+        u = stats.mannwhitneyu(x, y, method="asymptotic").statistic
+    return float(u) / (len(x) * len(y)), math.nan, math.nan
 
 
 def holm(pvalues: Sequence[float], alpha: float = ALPHA) -> list[float]:
@@ -250,7 +244,7 @@ def _verdict_text(outcome: str, p: float, tost: float, paired: bool, shown_margi
 
 
 _NUMBERS = ("mean", "mean_baseline", "diff", "diff_ci_low", "diff_ci_high", "half_width", "df", "t", "p_value",
-            "tost_p", "seeds_needed", "p_better", "p_better_low", "p_better_high")
+            "tost_p", "tost_ci_low", "tost_ci_high", "seeds_needed", "p_better", "p_better_low", "p_better_high")
 
 
 def _result(x: Sequence[float], y: Sequence[float], *, paired: bool, alpha: float, higher_is_better: bool,
@@ -260,11 +254,13 @@ def _result(x: Sequence[float], y: Sequence[float], *, paired: bool, alpha: floa
 
     diff = _mean_var(x)[0] - _mean_var(y)[0]
     half = float(stats.t.ppf(1.0 - alpha / 2.0, df)) * se
+    half_tost = float(stats.t.ppf(1.0 - alpha, df)) * se  # the 1 − 2·alpha interval TOST decides on
     p, tost = float(t_result.pvalue), tost_p(x, y, margin, paired)
     pb, pb_lo, pb_hi = prob_better(x, y, paired=paired, higher_is_better=higher_is_better)
     outcome = decide(p, tost, diff, alpha, higher_is_better)
     return {"t": float(t_result.statistic), "p_value": p, "df": float(df), "diff": diff,
             "diff_ci_low": diff - half, "diff_ci_high": diff + half, "half_width": half, "tost_p": tost,
+            "tost_ci_low": diff - half_tost, "tost_ci_high": diff + half_tost,
             "seeds_needed": seeds_needed(margin, alpha, **var_kw), "p_better": pb, "p_better_low": pb_lo,
             "p_better_high": pb_hi, "outcome": outcome,
             "verdict": _verdict_text(outcome, p, tost, paired, margin * shown_scale, alpha)}
@@ -281,14 +277,16 @@ def noise_verdict(a: Sequence[float], b: Sequence[float], *, margin: float, alph
 
     Returns a dict:
 
-    * ``n``, ``n_baseline``, ``mean``, ``mean_baseline``, ``test`` (``welch``);
+    * ``n``, ``n_baseline``, ``mean``, ``mean_baseline``, ``test``: ``welch``, or empty where no
+      test ran (too few seeds, no values, no seed variance: a csv row must not name a test that was not run);
     * ``diff`` = mean(a) − mean(b), ``diff_ci_low``/``diff_ci_high``: its
       ``1 - alpha`` confidence interval, ``half_width`` = ``t.ppf(1 - alpha/2, df)``
       times the Welch standard error; ``df``: Welch–Satterthwaite degrees of freedom;
     * ``t``, ``p_value``: ``scipy.stats.ttest_ind(a, b, equal_var=False)``;
-    * ``margin`` (the values' unit), ``tost_p``: :func:`tost_p`; ``seeds_needed``:
-      :func:`seeds_needed` (seeds per row);
-    * ``p_better``, ``p_better_low``, ``p_better_high``: :func:`prob_better`;
+    * ``margin`` (the values' unit), ``tost_p``: :func:`tost_p`, and ``tost_ci_low``/``tost_ci_high``:
+      the ``1 - 2·alpha`` (90%) interval of ``diff`` it decides on (inside ±margin exactly when
+      ``tost_p`` < alpha); ``seeds_needed``: :func:`seeds_needed` (seeds per row);
+    * ``p_better``, ``p_better_low``, ``p_better_high``: :func:`prob_better` (no interval unpaired);
     * ``outcome``: ``worse`` | ``better`` | ``equivalent`` | ``inconclusive`` |
       ``too few`` | ``no values`` | ``no variance``; ``verdict``: the text the
       report shows, e.g. ``worse than baseline (p=0.003)``, ``equivalent (±1.0,
@@ -304,7 +302,7 @@ def noise_verdict(a: Sequence[float], b: Sequence[float], *, margin: float, alph
     _check_margin(margin)
     a = [float(v) for v in a]
     b = [float(v) for v in b]
-    out = {"n": len(a), "n_baseline": len(b), "test": "welch", "margin": margin, **dict.fromkeys(_NUMBERS, math.nan)}
+    out = {"n": len(a), "n_baseline": len(b), "test": "", "margin": margin, **dict.fromkeys(_NUMBERS, math.nan)}
     if a:
         out["mean"] = _mean_var(a)[0]
     if b:
@@ -329,9 +327,9 @@ def noise_verdict(a: Sequence[float], b: Sequence[float], *, margin: float, alph
         warnings.simplefilter("ignore", RuntimeWarning)
         res = stats.ttest_ind(a, b, equal_var=False)
     df = se2 ** 2 / (sa ** 2 / (len(a) - 1) + sb ** 2 / (len(b) - 1))
-    return {**out, **_result(a, b, paired=False, alpha=alpha, higher_is_better=higher_is_better, margin=margin,
-                             shown_scale=shown_scale, t_result=res, df=df, se=math.sqrt(se2),
-                             var_kw={"var_a": va, "var_b": vb})}
+    return {**out, "test": "welch",
+            **_result(a, b, paired=False, alpha=alpha, higher_is_better=higher_is_better, margin=margin,
+                      shown_scale=shown_scale, t_result=res, df=df, se=math.sqrt(se2), var_kw={"var_a": va, "var_b": vb})}
 
 
 def paired_verdict(a: Mapping, b: Mapping, *, margin: float, alpha: float = ALPHA, higher_is_better: bool = True,
@@ -339,7 +337,7 @@ def paired_verdict(a: Mapping, b: Mapping, *, margin: float, alpha: float = ALPH
     """Compare a row with the baseline seed by seed: ``a``/``b`` map seed -> value.
 
     Uses the seeds both have (``n`` of them). Same keys and meaning as
-    :func:`noise_verdict`, with ``test``: ``paired``, the t-test
+    :func:`noise_verdict`, with ``test``: ``paired`` (where it ran), the t-test
     ``scipy.stats.ttest_rel`` and its interval on n−1 degrees of freedom,
     ``ttost_paired`` and P(>) over seeds. Fewer than two common seeds:
     ``too few seeds``; identical per-seed differences: ``no seed variance``.
@@ -349,7 +347,7 @@ def paired_verdict(a: Mapping, b: Mapping, *, margin: float, alpha: float = ALPH
     x = [float(a[k]) for k in common]
     y = [float(b[k]) for k in common]
     d = [u - v for u, v in zip(x, y)]
-    out = {"n": len(common), "n_baseline": len(common), "test": "paired", "margin": margin,
+    out = {"n": len(common), "n_baseline": len(common), "test": "", "margin": margin,
            **dict.fromkeys(_NUMBERS, math.nan)}
     if common:
         out.update(mean=_mean_var(x)[0], mean_baseline=_mean_var(y)[0], diff=_mean_var(d)[0])
@@ -365,9 +363,10 @@ def paired_verdict(a: Mapping, b: Mapping, *, margin: float, alpha: float = ALPH
     from scipy import stats
 
     res = stats.ttest_rel(x, y)
-    return {**out, **_result(x, y, paired=True, alpha=alpha, higher_is_better=higher_is_better, margin=margin,
-                             shown_scale=shown_scale, t_result=res, df=len(d) - 1.0, se=math.sqrt(vd / len(d)),
-                             var_kw={"var_diff": vd})}
+    return {**out, "test": "paired",
+            **_result(x, y, paired=True, alpha=alpha, higher_is_better=higher_is_better, margin=margin,
+                      shown_scale=shown_scale, t_result=res, df=len(d) - 1.0, se=math.sqrt(vd / len(d)),
+                      var_kw={"var_diff": vd})}
 
 
 def can_pair(a_by_seed: Mapping, n_a: int, b_by_seed: Mapping, n_b: int) -> bool:

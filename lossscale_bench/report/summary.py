@@ -23,10 +23,12 @@ one-sided tests put the difference inside the study's equivalence margin (mAP
 points, ``report.equivalence_margin``, default 1.0), else ``inconclusive
 (p=0.42)`` with the seeds it would take to resolve; or ``too few seeds`` when
 either side has fewer than two values.  Every tested row also gets P(row >
-baseline) with a bootstrap interval.  Diverged, failed and running seeds are left out of
+baseline), paired with an exact binomial interval.  Diverged, failed and running seeds are left out of
 the test (the cell says ``k/n diverged``): a diverged seed has no mAP to
 compare, and inventing one (0, say) would turn "diverges sometimes" into a
-p-value about accuracy.  A row with no value at all says ``no values``.
+p-value about accuracy.  A row with no value at all says ``no values``; when the
+baseline has none, every other row says ``baseline has no values (2 diverged, 0
+failed)``.
 
 Configurations.  Seeds are pooled only within one configuration (a run's
 ``config_id``: its trial identity without the seed, :mod:`lossscale_bench.study.configs`).
@@ -122,6 +124,8 @@ SUMMARY_COLUMNS = [
     "diff_ci_high",
     "half_width",
     "tost_p",
+    "tost_ci_low",
+    "tost_ci_high",
     "margin",
     "seeds_needed",
     "p_better",
@@ -159,8 +163,9 @@ def summarize(df: pd.DataFrame, metric: str = "final_map", margin: float = DEFAU
     ``p_value``, ``diff`` (row mean − baseline mean, the metric's unit),
     ``diff_ci_low``/``_high`` (95% CI) and its ``half_width``, ``tost_p`` at
     ``margin`` (the metric's unit; the argument ``margin`` is in the unit the
-    tables show, mAP points), ``seeds_needed`` for a half-width of ``margin``
-    and ``p_better`` (P(row better than baseline)) with its interval, from
+    tables show, mAP points) with the 90% interval it decides on
+    (``tost_ci_low``/``_high``), ``seeds_needed`` for a half-width of
+    ``margin`` and ``p_better`` (P(row better than baseline)) with its interval, from
     :func:`lossscale_bench.report.stats.compare_cells`.
 
     ``setting`` names the table's study setting when the study has several
@@ -385,16 +390,31 @@ def _baseline_index(table: pd.DataFrame):
     return fp32[0] if len(fp32) else None
 
 
+#: the ``outcome`` of a row whose table's baseline has no value to compare with
+NO_BASELINE = "no baseline values"
+
+
+def _no_baseline_text(counts: dict[str, int]) -> str:
+    """``baseline has no values (2 diverged, 0 failed)``: why no row of the table could be compared; runs
+    still to come (running, pending, interrupted) are named where there are any."""
+    parts = [f"{counts['diverged']} diverged", f"{counts['failed']} failed"]
+    parts += [f"{counts[s]} {s}" for s in ("running", "pending", "interrupted") if counts[s]]
+    return f"baseline has no values ({', '.join(parts)})"
+
+
 def _add_verdicts(out: pd.DataFrame, higher: bool, margin: float, shown_scale: float) -> pd.DataFrame:
     """``baseline``, ``baseline_label`` and the comparison's numbers and ``verdict`` per row.
 
     ``margin`` is in the metric's unit, ``shown_scale`` turns it into the tables' (percent).
     Tables without a baseline row get no verdicts (empty strings, NaN numbers):
-    a comparison with an arbitrary row would look like a finding.
+    a comparison with an arbitrary row would look like a finding.  A baseline
+    row with no value (every seed diverged, failed or not yet run) cannot be
+    compared with: every other row says so (:func:`_no_baseline_text`), not
+    "too few seeds", which would blame the row's own seeds.
     """
     out = out.copy()
-    numbers = ("p_value", "diff", "diff_ci_low", "diff_ci_high", "half_width", "tost_p", "margin", "seeds_needed",
-               "p_better", "p_better_low", "p_better_high")
+    numbers = ("p_value", "diff", "diff_ci_low", "diff_ci_high", "half_width", "tost_p", "tost_ci_low", "tost_ci_high",
+               "margin", "seeds_needed", "p_better", "p_better_low", "p_better_high")
     for c in numbers:
         out[c] = math.nan
     for c in ("baseline_label", "outcome", "test", "verdict"):
@@ -405,11 +425,15 @@ def _add_verdicts(out: pd.DataFrame, higher: bool, margin: float, shown_scale: f
         if b is None:
             continue
         base_label = str(out.at[b, "label"])
+        empty = _no_baseline_text(out.at[b, "_counts"]) if not out.at[b, "_vals"] else ""
         for i in g.index:
             out.at[i, "baseline_label"] = base_label
             if i == b:
                 out.at[i, "baseline"] = True
                 out.at[i, "verdict"] = "baseline"
+                continue
+            if empty:
+                out.at[i, "outcome"], out.at[i, "verdict"] = NO_BASELINE, empty
                 continue
             v = compare_cells(out.at[i, "_vals"], out.at[i, "_by_seed"], out.at[b, "_vals"], out.at[b, "_by_seed"],
                               margin=margin, alpha=ALPHA, higher_is_better=higher, shown_scale=shown_scale)

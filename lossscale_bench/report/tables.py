@@ -21,7 +21,8 @@ from .summary import (ALPHA, DEFAULT_MARGIN, EMULATED_SUFFIX, STATUSES, _is_map_
 
 from ..study.precisions import PRECISION_SPECS
 
-__all__ = ["HEADERS", "VS_HEADER", "SEEDS_NOTE", "EMULATED_MARK", "EMULATION_NOTES", "TableStudy"]
+__all__ = ["HEADERS", "VS_HEADER", "SEEDS_NOTE", "EMULATED_MARK", "EMULATION_NOTES", "TableStudy", "TOST_CI_NOTE",
+           "P_BETTER_NOTE", "interval_text"]
 
 _EVAL_METRIC_NAMES = {
     "coco": "COCO mAP@[.5:.95]",
@@ -82,14 +83,24 @@ def _verdict_note(metric: str, margin: float = DEFAULT_MARGIN) -> str:
         "`lsbench report --margin`. "
         "When both rows finished the same seeds (a seed fixes the initial weights and the batches), a paired "
         "t-test of the per-seed differences (marked paired); otherwise Welch's t-test (unequal variances). "
-        "n is the number of seeds that finished with a value; fewer than 2 on either side: too few seeds. "
+        "n is the number of seeds that finished with a value; fewer than 2 on either side: too few seeds; "
+        "none in the baseline row: baseline has no values (its seeds counted by status). "
         "Diverged, failed and running seeds are left out of the test (the cell counts them). "
         f"Δ: row mean − baseline mean ({unit}) with its 95% confidence interval "
-        "(paired: n−1 degrees of freedom; Welch: Welch–Satterthwaite). "
-        f"{_P_SYMBOL}: the probability that the row beats the baseline, paired: the share of seeds on which it "
-        "does (ties count one half); Welch: the Mann–Whitney probability U/(n·m) over all pairs of values; "
-        "with a 95% bootstrap interval (BCa, percentile where BCa is degenerate; seeded)."
+        "(paired: n−1 degrees of freedom; Welch: Welch–Satterthwaite); "
+        f"{TOST_CI_NOTE} "
+        f"{_P_SYMBOL}: the probability that the row beats the baseline, {P_BETTER_NOTE}"
     )
+
+
+#: how an equivalent row's interval reads (the main tables and ``--compare``)
+TOST_CI_NOTE = ("on an equivalent row, the 90% interval the two one-sided tests decided on, marked 90% CI: it "
+                "lies inside the margin, where the 95% interval may not.")
+#: how P(>) and its interval are computed (the main tables and ``--compare``, after "P(A > B): ")
+P_BETTER_NOTE = ("paired: the share of seeds on which it does (ties count one half), with an exact binomial "
+                 "(Clopper–Pearson) 95% interval for the chance of winning on a seed (a tie counted either way); "
+                 "Welch: the Mann–Whitney probability U/(n·m) over all pairs of values, without an interval "
+                 "(the pairs share their values, and no exact interval exists).")
 
 
 _P_SYMBOL = "P(>)"
@@ -134,15 +145,27 @@ def _p_better_text(p: float, lo: float, hi: float, symbol: str = _P_SYMBOL) -> s
         f" [{lo:.2f}, {hi:.2f}]" if not (math.isnan(lo) or math.isnan(hi)) else "")
 
 
+def interval_text(r, k: float) -> str:
+    """``+0.30 [-0.20, +0.80]`` (the 95% interval), or on an equivalent row the interval TOST decided on,
+    ``+0.30, 90% CI [-0.04, +0.64]`` (:data:`TOST_CI_NOTE`); ``k`` scales to the tables' unit."""
+    diff = _number(r, "diff")
+    lo, hi = _number(r, "diff_ci_low"), _number(r, "diff_ci_high")
+    mark = ""
+    t_lo, t_hi = _number(r, "tost_ci_low"), _number(r, "tost_ci_high")
+    if _text(r.get("outcome")) == "equivalent" and not (math.isnan(t_lo) or math.isnan(t_hi)):
+        lo, hi, mark = t_lo, t_hi, ", 90% CI"
+    return f"{diff * k:+.2f}" + ("" if math.isnan(lo) else f"{mark} [{lo * k:+.2f}, {hi * k:+.2f}]")
+
+
 def _vs_text(r, metric: str) -> str:
-    """The ``vs baseline`` cell: the verdict, Δ with its CI and P(>) where a test was run, and for
-    an inconclusive row the seeds it would take."""
+    """The ``vs baseline`` cell: the verdict, Δ with its CI (:func:`interval_text`) and P(>) where a
+    test was run, and for an inconclusive row the seeds it would take."""
     verdict = _text(r.get("verdict"))
     p, diff, lo, hi = (_number(r, c) for c in ("p_value", "diff", "diff_ci_low", "diff_ci_high"))
     if not verdict or any(math.isnan(v) for v in (p, diff, lo, hi)):
         return verdict
     k = _scale(metric)
-    text = f"{verdict}, Δ {diff * k:+.2f} [{lo * k:+.2f}, {hi * k:+.2f}]"
+    text = f"{verdict}, Δ {interval_text(r, k)}"
     pb = _p_better_text(*(_number(r, c) for c in ("p_better", "p_better_low", "p_better_high")))
     text += f", {pb}" if pb else ""
     margin = _number(r, "margin")

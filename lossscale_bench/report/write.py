@@ -12,12 +12,12 @@ html embeds the plots in the page; markdown links PNG files written beside it.
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..core.registry import EQUIVALENCE_MARGIN_RANGE
 from .metric_names import check_metric
 from .renderers import FORMATS, render, render_compare
 from .runs import ReportError, load_runs
@@ -27,7 +27,7 @@ from .summary import summarize
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["write_report", "check_margin"]
+__all__ = ["write_report", "write_telemetry_report", "check_margin"]
 
 
 def _plot_list(tracking_uri: str, study: str | None, runs: pd.DataFrame, metric: str) -> list:
@@ -64,9 +64,13 @@ def _markdown_plots(path: Path, pictures: list[tuple[str, str, bytes]]) -> tuple
 
 
 def check_margin(margin) -> float:
-    """The equivalence margin (mAP points) if it is a finite number > 0, else a one-line :class:`ReportError`."""
-    if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not math.isfinite(margin) or margin <= 0:
-        raise ReportError(f"equivalence margin {margin!r}: a number of mAP points > 0 (e.g. {DEFAULT_MARGIN})")
+    """The equivalence margin (mAP points) if it is a number in ``EQUIVALENCE_MARGIN_RANGE``, else a
+    one-line :class:`ReportError` (outside it the statistics underflow or overflow, and past 100 mAP
+    points any two rows would be equivalent)."""
+    lo, hi = EQUIVALENCE_MARGIN_RANGE
+    if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not lo <= margin <= hi:
+        raise ReportError(f"equivalence margin {margin!r}: a number of mAP points from {lo:g} to {hi:g} "
+                          f"(e.g. {DEFAULT_MARGIN})")
     return float(margin)
 
 
@@ -148,6 +152,22 @@ def write_report(
     if to_stdout:
         return text, None
     return text, _write(path, text, files)
+
+
+def write_telemetry_report(tracking_uri: str, *, study: str | None = None,
+                           out: str | Path | None = None) -> tuple[str, Path | None]:
+    """``lsbench report --telemetry``: the telemetry table (markdown), written as :func:`write_report` writes.
+
+    ``out`` None or ``-``: nothing is written (path None, the caller prints the text); a folder (or a name
+    ending in ``/``): ``<study or 'all'>_telemetry.md`` inside it. A place that cannot be written is a
+    one-line :class:`ReportError`, as for the tables.
+    """
+    from .telemetry_summary import render_telemetry_markdown, telemetry_rows
+
+    text = render_telemetry_markdown(telemetry_rows(tracking_uri, study))
+    if out is None or str(out) == "-":
+        return text, None
+    return text, _write(_report_path(out, ".", f"{study or 'all'}_telemetry.md"), text, [])
 
 
 def _only_listed(runs, trial_ids: set[str]):

@@ -352,7 +352,7 @@ def _check_grid_size(study: Study) -> None:
                            many(len(study.scaling), "scaling entry", "scaling entries"),
                            many(len(set(study.seeds)), "seed", "seeds")])
         raise StudyError(study.source, "", f"the grid has {n} trials ({axes}), more than {MAX_GRID_TRIALS}; "
-                         f"if that is meant, pass --allow-large-grid (allow_large_grid=True)")
+                         "if that is meant, pass --allow-large-grid")  # Python: load_study(..., allow_large_grid=True)
 
 
 def load_study(path: str | os.PathLike, *, allow_large_grid: bool = False) -> Study:

@@ -13,7 +13,8 @@ from typing import Annotated, Any, Literal, Optional, Union
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, ValidationInfo, field_validator, \
     model_serializer, model_validator
 
-from ..core.registry import BACKEND_NAMES, DATASET_NAMES, EVAL_METRICS, MODEL_NAMES, PRECISIONS, VOC_CLASSES
+from ..core.registry import (BACKEND_NAMES, DATASET_NAMES, EQUIVALENCE_MARGIN_RANGE, EVAL_METRICS, MODEL_NAMES,
+                             PRECISIONS, VOC_CLASSES)
 from ..dataset_files.annotations import BAD_ANNOTATIONS
 from .as_written import AsWritten
 from .errors import StudyError, _err, _fmt_num, _show
@@ -219,7 +220,8 @@ class ReportSpec(BaseModel):
 
     #: mAP points: a row whose two one-sided tests put its difference from another inside
     #: ±equivalence_margin is "equivalent"; the report's default (report/stats.py DEFAULT_MARGIN)
-    equivalence_margin: PosFloat = 1.0  # type: ignore[valid-type]
+    equivalence_margin: _number("float", ge=EQUIVALENCE_MARGIN_RANGE[0], le=EQUIVALENCE_MARGIN_RANGE[1],  # type: ignore[valid-type]
+                                why="mAP points; mAP lies in 0-100") = 1.0
 
 
 _SECTION_MODELS: dict[str, type[BaseModel]] = {

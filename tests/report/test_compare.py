@@ -16,7 +16,7 @@ from helpers import lsbench
 from test_report import _add_trial
 from test_stats import ADAPTIVE, FP32, X128
 
-from lossscale_bench.report import compare_rows, letter_groups, render_compare, summarize, write_report
+from lossscale_bench.report import ReportError, compare_rows, letter_groups, render_compare, summarize, write_report
 
 
 def _runs(rows: dict[str, dict[int, float] | str], study: str = "s", bs: int = 8) -> pd.DataFrame:
@@ -157,7 +157,8 @@ def test_compare_in_every_format():
     i = md.index("### s: SSD-tiny batch 8")
     table = [[c.strip() for c in x.split("|")[1:-1]] for x in md if x.startswith("|")]
     assert table[0] == ["A", "B", "Δ A − B [95% CI]", "P(A > B) [95%]", "Verdict"]
-    assert table[2] == ["FP32", "x128 †", "-0.30 [-0.80, +0.20]", "0.00 [0.00, 0.00]",
+    # equivalent: the 90% interval TOST decided on (test_stats.py), and 0 wins in 3: [0, 0.71]
+    assert table[2] == ["FP32", "x128 †", "-0.30, 90% CI [-0.64, +0.04]", "0.00 [0.00, 0.71]",
                         "equivalent (±1.0, paired TOST p=0.013)"]
     assert table[3][:2] == ["FP32", "adaptive †"] and table[3][4].endswith("; ±1.0 needs ~17 seeds")
     assert table[5] == ["Rank", "Loss scale", "Validation mAP", "Group"]
@@ -233,9 +234,9 @@ def test_cli_report_prints_the_new_verdicts(ranked_store, tmp_path):
     assert r.returncode == 0, r.stderr
     # worked out by hand in test_stats.py (the same seed values)
     assert _cells(r.stdout, "SSD-tiny", "loss scale (128) †")[-1] == \
-        "equivalent (±1.0, paired TOST p=0.013), Δ +0.30 [-0.20, +0.80], P(>)=1.00 [1.00, 1.00]"
+        "equivalent (±1.0, paired TOST p=0.013), Δ +0.30, 90% CI [-0.04, +0.64], P(>)=1.00 [0.29, 1.00]"
     assert _cells(r.stdout, "SSD-tiny", "adaptive †")[-1] == \
-        "inconclusive (paired, p=0.89), Δ +0.17 [-4.54, +4.87], P(>)=0.67 [0.00, 1.00]; ±1.0 needs ~17 seeds"
+        "inconclusive (paired, p=0.89), Δ +0.17 [-4.54, +4.87], P(>)=0.67 [0.09, 0.99]; ±1.0 needs ~17 seeds"
     assert _cells(r.stdout, "SSD-tiny", "saturation-aware dynamic †")[-1].startswith(
         "worse than baseline (paired, p=0.031)")
     assert _cells(r.stdout, "SSD-tiny", "amax (margin=1) †")[-1] == "no values"
@@ -256,7 +257,7 @@ def test_cli_compare_holm_and_ranking(ranked_store, tmp_path):
     # correction over the table's 10 pairs
     assert raw[pairs.index((0, 3))] == pytest.approx(0.030548, abs=1e-6) and by_hand[(0, 3)] > 0.05
     cells = _cells(r.stdout, "FP32 baseline", "saturation-aware dynamic †")
-    assert cells[2] == "+1.13 [+0.26, +2.01]" and cells[3] == "1.00 [1.00, 1.00]"
+    assert cells[2] == "+1.13 [+0.26, +2.01]" and cells[3] == "1.00 [0.29, 1.00]"
     holm_text = f"{by_hand[(0, 3)]:.2g}"
     assert cells[4] == f"inconclusive (paired, p=0.031, Holm p={holm_text}); Δ too close to ±1.0 to show equivalence"
     assert _cells(r.stdout, "FP32 baseline", "loss scale (128) †")[4] == "equivalent (±1.0, paired TOST p=0.013)"
@@ -295,13 +296,24 @@ def test_cli_margin_from_the_study_file_and_the_flag(ranked_store, tmp_path):
     assert "inconclusive (paired, p=0.12, Holm p=" in line and r"\pm$0.5" in r.stdout
 
 
+@pytest.mark.parametrize("margin", ["1e-300", "1e308"])
+def test_an_extreme_margin_is_one_line_not_a_traceback(ranked_store, tmp_path, margin):
+    """Found only once the statistics ran: ZeroDivisionError (1e-300) or OverflowError (1e308), exit 1."""
+    for extra in ((), ("--compare",)):
+        r = lsbench("report", "--tracking-uri", ranked_store, "--study", RANKED, "--no-plots", "--out", "-",
+                    "--margin", margin, *extra, cwd=tmp_path)
+        assert r.returncode == 2 and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+        assert r.stderr.startswith(f"lsbench: error: --margin {margin}: ")
+    with pytest.raises(ReportError, match=r"equivalence margin 1e-300: a number of mAP points from 1e-06 to 100"):
+        write_report(ranked_store, study=RANKED, out="-", plots=False, margin=1e-300)
+
+
 def test_write_report_compare_paths(ranked_store, tmp_path):
     text, path = write_report(ranked_store, study=RANKED, fmt="html", compare=True, reports_dir=tmp_path)
     assert path == tmp_path / f"{RANKED}_compare.html" and path.read_text(encoding="utf-8") == text
     assert "<caption>Ranking</caption>" in text and "<img" not in text  # no plots
     text, path = write_report(ranked_store, fmt="markdown", compare=True, out=f"{tmp_path}/d/")
     assert path == tmp_path / "d" / "all_compare.md"
-    from lossscale_bench.report import ReportError
 
     for bad in (0, -1.0, math.nan, math.inf, "1"):
         with pytest.raises(ReportError, match="equivalence margin"):

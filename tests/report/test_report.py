@@ -107,11 +107,11 @@ FP32_B8_VALS, DYN_VALS = {0: 0.7894, 1: 0.7900}, {0: 0.7800, 1: 0.7820}
 # scipy.stats.ttest_rel(DYN, FP32): p = 0.0511, mean difference -0.0087, 95% CI [-0.017594, +0.000194]
 # (Welch's test on the same values, what the report printed before pairing: p = 0.0543, [-1.80, +0.06]).
 # Not significant, and not equivalent at ±1.0 point: TOST needs the 90% interval, -0.87 ± 6.31 · 0.07 =
-# [-1.31, -0.43], inside ±1.0; it is not: inconclusive. dynamic is under FP32 on both seeds: P(>) = 0/2, and
-# every bootstrap resample of two losses is 0: [0.00, 0.00]. The per-seed differences -0.94, -0.80 points have
+# [-1.31, -0.43], inside ±1.0; it is not: inconclusive. dynamic is under FP32 on both seeds: P(>) = 0/2, whose
+# exact (Clopper-Pearson) interval is [0, 1 − √0.025] = [0.00, 0.84]. The per-seed differences -0.94, -0.80 points have
 # sd 0.099, so 2 seeds already give a 95% half-width of 12.71 · 0.099 / √2 = 0.89 < 1.0: the interval is
 # narrow enough, Δ sits too close to -1.0 for the tests to show equivalence.
-DYN_VS = ("inconclusive (paired, p=0.051), Δ -0.87 [-1.76, +0.02], P(>)=0.00 [0.00, 0.00]; "
+DYN_VS = ("inconclusive (paired, p=0.051), Δ -0.87 [-1.76, +0.02], P(>)=0.00 [0.00, 0.84]; "
           "Δ too close to ±1.0 to show equivalence")
 
 
@@ -286,11 +286,12 @@ def test_csv_parse_back(runs):
     p, d, lo, hi = _scipy_test(DYN_VALS, FP32_B8_VALS, paired=True)
     assert dyn["test"] == "paired" and dyn["verdict"] == "inconclusive (paired, p=0.051)"
     assert dyn["outcome"] == "inconclusive" and dyn["margin_pct"] == pytest.approx(1.0)
-    assert (dyn["p_better"], dyn["p_better_low"], dyn["p_better_high"], dyn["seeds_needed"]) == (0, 0, 0, 2)
+    assert (dyn["p_better"], dyn["p_better_low"], dyn["seeds_needed"]) == (0, 0, 2)
+    assert dyn["p_better_high"] == pytest.approx(1 - math.sqrt(0.025))
     assert dyn["p_value"] == pytest.approx(p, rel=1e-9) and dyn["diff_pct"] == pytest.approx(100 * d)
     assert (dyn["diff_ci_low_pct"], dyn["diff_ci_high_pct"]) == (pytest.approx(100 * lo), pytest.approx(100 * hi))
-    # one seed: Welch's fallback (too few seeds); the baseline row and tables without one: no test
-    assert back.loc[(back["batch_size"] == 8) & back["row"].isin([1, 2]), "test"].eq("welch").all()
+    # one seed (too few seeds), the baseline row and tables without one: no test ran, none named
+    assert back.loc[(back["batch_size"] == 8) & back["row"].isin([1, 2]), "test"].isna().all()
     assert back.loc[back["baseline"] | (back["batch_size"] == 32), "test"].isna().all()
     assert report.SUMMARY_COLUMNS.index("test") == report.SUMMARY_COLUMNS.index("verdict") - 1
     assert back.loc[back["batch_size"] == 32, "verdict"].isna().all()  # no baseline there
@@ -306,7 +307,7 @@ def test_latex_escaping(runs):
     assert r"SSD512 & FP32 baseline & 8 & 78.97 $\pm$ 0.04 (n=2) & baseline \\" in tex
     assert r"SSD512 & adaptive$^\dagger$ & 8 & \textbf{79.27} & too few seeds \\" in tex
     assert r"SSD512 & adaptive$^\dagger$ & 32 & \textbf{80.30} \\" in tex
-    assert r"inconclusive (paired, p=0.051), $\Delta$ -0.87 [-1.76, +0.02], P(\textgreater{})=0.00 [0.00, 0.00]; " \
+    assert r"inconclusive (paired, p=0.051), $\Delta$ -0.87 [-1.76, +0.02], P(\textgreater{})=0.00 [0.00, 0.84]; " \
            r"$\Delta$ too close to $\pm$1.0 to show equivalence \\" in tex
     assert r"\caption{ssd512\_emu: SSD512 batch 8}" in tex
     assert r"\texttt{final\_map}, \%" in tex
@@ -488,16 +489,17 @@ def test_same_seeds_are_paired_other_seeds_fall_back_to_welch(stats_store):
         return next(x for x in md if f"| {label} †" in x).strip("|").split("|")[-1].strip()
 
     base = _by_seed(BASE_VALS)
-    # every value of "other seeds" is under every baseline value: U = 0 of 3·3 pairs, in every resample too
+    # every value of "other seeds" is under every baseline value: U = 0 of 3·3 pairs (unpaired: no interval)
     assert vs_column("other seeds") == _vs_cell("worse than baseline", SHIFTED_VALS, base, paired=False,
-                                                tail=", P(>)=0.00 [0.00, 0.00]")
+                                                tail=", P(>)=0.00")
+    # close is under the baseline on all 3 seeds: 0 in 3, Clopper-Pearson [0, 1 − 0.025^(1/3)] = [0, 0.71]
     assert vs_column("close") == _vs_cell("worse than baseline", _by_seed(CLOSE_VALS), base, paired=True,
-                                          tail=", P(>)=0.00 [0.00, 0.00]")
+                                          tail=", P(>)=0.00 [0.00, 0.71]")
     # partial (47, 52) against (50, 51, 49): 52 beats all three, 47 none: U = 3 of 6, P = 0.50; Welch's
     # half-width with equal n, sd 3.54 and 1.00 points: t(0.975, df(n))·√((12.5 + 1)/n) <= 1.0 first at
     # n = 54, where df = 13.5²·53/(12.5² + 1²) = 61.4 and t = 1.9993: 1.9993·√(13.5/54) = 0.9997 (n = 53: 1.009)
     assert vs_column("partial") == _vs_cell("inconclusive", PARTIAL_VALS, base, paired=False,
-                                            tail=", P(>)=0.50 [0.00, 1.00]; ±1.0 needs ~54 seeds per row")
+                                            tail=", P(>)=0.50; ±1.0 needs ~54 seeds per row")
 
 
 def test_baseline_true_picks_a_non_fp32_row(stats_store):
@@ -521,10 +523,10 @@ def test_verdict_column_and_notes_in_every_format(stats_store):
     assert md.count("| vs baseline") == 2
     bad_line = next(line for line in md.splitlines() if "| bad †" in line)
     # scipy.stats.ttest_rel on the same numbers: p = 0.00022, 95% CI of the difference [-0.4148, -0.3652]
-    # bad is under the baseline on every seed: P(>) = 0/3, and 0 in every bootstrap resample
+    # bad is under the baseline on every seed: P(>) = 0/3, Clopper-Pearson [0, 0.71]
     bad_vs = _vs_cell("worse than baseline", _by_seed(BAD_VALS), _by_seed(BASE_VALS), paired=True,
-                      tail=", P(>)=0.00 [0.00, 0.00]")
-    assert bad_vs == "worse than baseline (paired, p<0.001), Δ -39.00 [-41.48, -36.52], P(>)=0.00 [0.00, 0.00]"
+                      tail=", P(>)=0.00 [0.00, 0.71]")
+    assert bad_vs == "worse than baseline (paired, p<0.001), Δ -39.00 [-41.48, -36.52], P(>)=0.00 [0.00, 0.71]"
     assert bad_line.split("|")[-2].strip() == bad_vs
     assert report.SEEDS_NOTE in md and report._verdict_note("final_map", 1.0) in md
     assert "alpha 0.05" in md and "left out of the test" in md
@@ -556,8 +558,9 @@ def test_one_seed_study_says_too_few_seeds_and_no_seeds_note(stats_store):
     md = render(runs, "markdown")
     assert "Several seeds" not in md and "± " not in md and "(n=" not in md
     assert "| SSD512 | adaptive      | 4          | 45.00          | too few seeds |" in md.splitlines()
-    # one common seed is too few to pair: Welch's fallback says it
-    assert s["test"].tolist() == ["", "welch"]
+    # one common seed is too few to pair, and one value a side too few for Welch's test: no test ran, and the
+    # test column says none (it said "welch")
+    assert s["test"].tolist() == ["", ""]
     # the column is there, so is its explanation
     assert "vs baseline: the row's seed values against the baseline row's" in md
     assert report._verdict_note("final_map", 1.0) in md

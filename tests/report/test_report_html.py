@@ -47,7 +47,7 @@ def _dynamic_vs() -> str:
     baseline's seeds, so the report pairs them: ttest_rel([0.32, 0.325], [0.30, 0.31]) gives p = 0.090,
     mean difference +0.0175, 95% CI [-0.0143, +0.0493]. Not equivalent at ±1.0 point either: the 90%
     interval, 1.75 ± t(0.95, 1) · 0.354/√2 = 1.75 ± 1.58, reaches past +1.0: inconclusive. dynamic is ahead on
-    both seeds: P(>) = 1, in every resample too. The differences' sd, 0.354 points, gives a 95% half-width of
+    both seeds: P(>) = 1, 2 wins in 2, with the exact interval [√0.025, 1] = [0.16, 1]. The differences' sd, 0.354 points, gives a 95% half-width of
     12.71 · 0.354/√2 = 3.18 at 2 seeds and 4.30 · 0.354/√3 = 0.88 at 3: ~3 seeds for ±1.0."""
     from scipy import stats
 
@@ -56,7 +56,7 @@ def _dynamic_vs() -> str:
     assert 0.05 < ref.pvalue < 0.095  # two significant digits, within noise
     diff = 100 * (0.32 + 0.325 - 0.30 - 0.31) / 2
     return (f"inconclusive (paired, p={ref.pvalue:.2g}), Δ {diff:+.2f} [{100 * ci.low:+.2f}, {100 * ci.high:+.2f}], "
-            "P(>)=1.00 [1.00, 1.00]; ±1.0 needs ~3 seeds")
+            "P(>)=1.00 [0.16, 1.00]; ±1.0 needs ~3 seeds")
 
 
 # plot_store.STUDY: FP32 baseline seeds 0, 1 = 0.30, 0.31; adaptive 0.33, 0.34 (the same +3 points on both
@@ -66,7 +66,7 @@ EXPECTED_ROWS = [
     ["SSD-tiny", "FP32 baseline", "4", "30.50 ± 0.71 (n=2)", "baseline"],
     ["SSD-tiny", "adaptive", "4", "33.50 ± 0.71 (n=2)", "no seed variance"],
     ["SSD-tiny", "loss scale (dynamic, interval=10)", "4", "32.25 ± 0.35 (n=2, 1/3 diverged)",
-     "inconclusive (paired, p=0.09), Δ +1.75 [-1.43, +4.93], P(>)=1.00 [1.00, 1.00]; ±1.0 needs ~3 seeds"],
+     "inconclusive (paired, p=0.09), Δ +1.75 [-1.43, +4.93], P(>)=1.00 [0.16, 1.00]; ±1.0 needs ~3 seeds"],
     ["SSD-tiny", "no loss scale", "4", "diverged", "no values"],
     ["SSD-tiny", "loss scale (8)", "4", "failed", "no values"],
 ]

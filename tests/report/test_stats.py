@@ -14,8 +14,8 @@ import warnings
 import pytest
 
 from lossscale_bench import report
-from lossscale_bench.report.stats import (compare_cells, decide, format_margin, format_p, holm, noise_verdict,
-                                          paired_verdict, prob_better, seeds_needed, tost_p)
+from lossscale_bench.report.stats import (clopper_pearson, compare_cells, decide, format_margin, format_p, holm,
+                                          noise_verdict, paired_verdict, prob_better, seeds_needed, tost_p)
 
 M = 0.01  # the default margin, 1.0 mAP point, in the stored unit
 BASE_VALS, BAD_VALS, OK_VALS = [0.50, 0.51, 0.49], [0.10, 0.12, 0.11], [0.505, 0.49, 0.51]
@@ -52,7 +52,13 @@ def test_tost_says_equivalent_within_the_margin():
     assert v["p_value"] == pytest.approx(0.1217, abs=1e-4) and v["outcome"] == "equivalent"
     assert v["verdict"] == "equivalent (±1.0, paired TOST p=0.013)"
     assert v["half_width"] == pytest.approx(0.004968, abs=1e-6) and v["seeds_needed"] == 3
-    assert (v["p_better"], v["p_better_low"], v["p_better_high"]) == (1.0, 1.0, 1.0)  # ahead on every seed
+    # ahead on every seed: 3 wins in 3, whose exact interval is [0.025^(1/3), 1] = [0.292, 1], not [1, 1]
+    assert (v["p_better"], v["p_better_high"]) == (1.0, 1.0)
+    assert v["p_better_low"] == pytest.approx(0.025 ** (1 / 3)) == pytest.approx(0.2924, abs=1e-4)
+    # the 90% interval TOST decided on: 0.3 ± t(0.95, 2) · 0.11547 = 0.3 ± 2.920 · 0.11547 = [-0.037, +0.637],
+    # inside ±1.0, while the 95% one, 0.3 ± 0.497, is the wider [-0.197, +0.797]
+    assert (v["tost_ci_low"] * 100, v["tost_ci_high"] * 100) == (pytest.approx(-0.0372, abs=1e-3),
+                                                                 pytest.approx(0.6372, abs=1e-3))
     assert v["margin"] == M
     # a tighter margin is not shown: the 90% interval 0.3 ± 2.920 · 0.11547 = [-0.04, +0.64] leaves ±0.5
     tight = paired_verdict(X128, FP32, margin=0.005, shown_scale=100)
@@ -72,7 +78,44 @@ def test_tost_says_inconclusive_and_how_many_seeds_it_would_take():
     assert v["seeds_needed"] == 17
     assert v["half_width"] == pytest.approx(0.04702, abs=1e-5)  # 4.303 · 1.0929 points
     assert v["p_better"] == pytest.approx(2 / 3)
-    assert 0.0 <= v["p_better_low"] <= v["p_better"] <= v["p_better_high"] <= 1.0
+    # 2 wins in 3: Clopper-Pearson [Beta(0.025; 2, 2), Beta(0.975; 3, 1)] = [0.0943, 0.9916]
+    assert (v["p_better_low"], v["p_better_high"]) == (pytest.approx(0.09430, abs=1e-4),
+                                                       pytest.approx(0.99160, abs=1e-4))
+
+
+def test_clopper_pearson_by_hand_and_against_statsmodels_and_scipy():
+    """The exact binomial interval: k = 0 and k = n in closed form, the rest against two libraries."""
+    from scipy import stats
+    from statsmodels.stats.proportion import proportion_confint
+
+    # 0 in n: [0, 1 − (alpha/2)^(1/n)]; n in n: [(alpha/2)^(1/n), 1]. 0/3 = [0, 0.708], 3/3 = [0.292, 1]
+    lo, hi = clopper_pearson(0, 3)
+    assert lo == 0.0 and hi == pytest.approx(1 - 0.025 ** (1 / 3)) == pytest.approx(0.7076, abs=1e-4)
+    lo, hi = clopper_pearson(3, 3)
+    assert hi == 1.0 and lo == pytest.approx(0.025 ** (1 / 3)) == pytest.approx(0.2924, abs=1e-4)
+    # 1 in 2 (by hand: [1 − √0.975, √0.975] = [0.0126, 0.9874])
+    lo, hi = clopper_pearson(1, 2)
+    assert (lo, hi) == (pytest.approx(1 - math.sqrt(0.975)), pytest.approx(math.sqrt(0.975)))
+    for k, n in ((0, 1), (1, 1), (0, 2), (1, 3), (2, 3), (4, 10), (7, 12), (12, 12)):
+        got = clopper_pearson(k, n)
+        assert got == pytest.approx(proportion_confint(k, n, alpha=0.05, method="beta"), abs=1e-12)
+        ci = stats.binomtest(k, n).proportion_ci(confidence_level=0.95, method="exact")
+        assert got == pytest.approx((ci.low, ci.high), abs=1e-12)
+        assert got[1] - got[0] > 0.2  # a dozen seeds at most: never a zero-width interval
+    with pytest.raises(ValueError):
+        clopper_pearson(4, 3)
+
+
+def test_p_better_intervals_never_claim_certainty_from_a_few_seeds():
+    # behind on every one of 3 seeds: P(>) = 0 with [0, 0.708], not [0, 0] (the bootstrap's)
+    p, lo, hi = prob_better([0.1, 0.2, 0.3], [0.5, 0.6, 0.7], paired=True)
+    assert (p, lo) == (0.0, 0.0) and hi == pytest.approx(0.7076, abs=1e-4)
+    # a tie could go either way: 1 win, 1 tie, 1 loss: low end of 1/3, high end of 2/3
+    p, lo, hi = prob_better([0.5, 0.6, 0.7], [0.5, 0.5, 0.8], paired=True)
+    assert p == 0.5 and (lo, hi) == (clopper_pearson(1, 3)[0], clopper_pearson(2, 3)[1])
+    # unpaired: U/(n·m) without an interval (no exact one exists; a bootstrap over 3 values says [1, 1])
+    p, lo, hi = prob_better([0.6, 0.7, 0.8], [0.1, 0.2, 0.3], paired=False)
+    assert p == 1.0 and math.isnan(lo) and math.isnan(hi)
 
 
 def test_welch_tost_is_the_larger_of_two_one_sided_welch_tests():
@@ -101,9 +144,11 @@ def test_seeds_needed_by_hand():
     assert seeds_needed(1.0, var_diff=1e-6) == 2
     # past MAX_SEEDS: infinite, not a loop
     assert math.isinf(seeds_needed(1e-6, var_diff=1.0))
+    # margins whose square under- or overflows: no ZeroDivisionError or OverflowError
+    assert math.isinf(seeds_needed(1e-302, var_diff=1e-4)) and seeds_needed(1e306, var_diff=1e-4) == 2
 
 
-def test_p_better_counts_ties_as_one_half_and_is_reproducible():
+def test_p_better_counts_ties_as_one_half():
     from scipy import stats
 
     # paired: seed 0 tied (1/2), seed 1 ahead (1), seed 2 behind (0): 1.5/3
@@ -112,12 +157,11 @@ def test_p_better_counts_ties_as_one_half_and_is_reproducible():
     x, y = [1.0, 2.0, 3.0], [2.0, 2.0, 0.0]
     p, lo, hi = prob_better(x, y, paired=False)
     assert p == pytest.approx(6 / 9) == stats.mannwhitneyu(x, y).statistic / 9
-    assert 0.0 <= lo <= p <= hi <= 1.0 and (lo, hi) != (p, p)
-    assert prob_better(x, y, paired=False) == (p, lo, hi)  # seeded: the same interval every time
+    assert math.isnan(lo) and math.isnan(hi)
     # lower is better (a loss): the same values read the other way
     assert prob_better(x, y, paired=False, higher_is_better=False)[0] == pytest.approx(3 / 9)
-    # ahead on every seed: every resample says 1 (BCa is degenerate there; the percentile interval is [1, 1])
-    assert prob_better([0.6, 0.7, 0.8], [0.5, 0.5, 0.5], paired=True) == (1.0, 1.0, 1.0)
+    # ahead on every seed: 3 in 3, [0.292, 1]
+    assert prob_better([0.6, 0.7, 0.8], [0.5, 0.5, 0.5], paired=True) == (1.0, pytest.approx(0.2924, abs=1e-4), 1.0)
 
 
 def test_holm_by_hand():

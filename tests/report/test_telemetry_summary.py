@@ -48,7 +48,44 @@ def test_cli_prints_it_and_refuses_other_formats(store):
     r = lsbench("report", "--runs-dir", runs, "--study", "tele", "--telemetry")
     assert r.returncode == 0 and "| unscaled | fp8-e4m3-emulated | 2 |" in r.stdout, r.stderr[-2000:]
     r = lsbench("report", "--runs-dir", runs, "--study", "tele", "--telemetry", "--format", "csv")
-    assert r.returncode == 2 and "markdown only" in r.stderr
+    assert r.returncode == 2
+    assert r.stderr.strip() == "lsbench: error: --telemetry: the telemetry table is markdown only; drop --format csv"
+
+
+def test_cli_out_naming_another_format_says_so(store, tmp_path):
+    runs, _ = store
+    # no --format given: the .csv of --out said it, and "drop --format" pointed at nothing to drop
+    r = lsbench("report", "--runs-dir", runs, "--study", "tele", "--telemetry", "--out", str(tmp_path / "t.csv"))
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.strip() == (f"lsbench: error: --telemetry: the telemetry table is markdown only; --out "
+                                f"{tmp_path / 't.csv'} names a csv file: give an --out ending in .md, a folder, or -")
+
+
+def test_cli_out_to_a_place_it_cannot_write_is_one_line(store, tmp_path):
+    runs, _ = store
+    # a parent that is a file: one line naming the path, exit 2, as the tables' report (a traceback before)
+    (tmp_path / "afile").write_text("x")
+    for out in (tmp_path / "afile" / "t.md", f"{tmp_path / 'afile' / 'sub'}/"):
+        r = lsbench("report", "--runs-dir", runs, "--study", "tele", "--telemetry", "--out", str(out))
+        assert r.returncode == 2 and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+        assert r.stderr.startswith(f"lsbench: error: cannot write report to {tmp_path / 'afile'}")
+    # a folder: <study>_telemetry.md inside it, its path printed
+    r = lsbench("report", "--runs-dir", runs, "--study", "tele", "--telemetry", "--out", f"{tmp_path / 'd'}/")
+    assert r.returncode == 0 and r.stdout.strip() == str(tmp_path / "d" / "tele_telemetry.md")
+    assert "| x128 |" in (tmp_path / "d" / "tele_telemetry.md").read_text(encoding="utf-8")
+
+
+def test_cli_telemetry_refuses_metric_and_margin(store):
+    runs, _ = store
+    # --metric and --margin say nothing about the telemetry table: refused, not silently ignored
+    for flags, named in ((("--metric", "best_map"), "--metric would change nothing in it; drop it"),
+                         (("--margin", "2"), "--margin would change nothing in it; drop it"),
+                         (("--metric", "best_map", "--margin", "2"),
+                          "--metric and --margin would change nothing in it; drop them")):
+        r = lsbench("report", "--runs-dir", runs, "--study", "tele", "--telemetry", "--out", "-", *flags)
+        assert r.returncode == 2 and r.stdout == ""
+        assert r.stderr.strip() == (f"lsbench: error: --telemetry: the telemetry table has no mAP column and no "
+                                    f"verdicts, so {named}, or leave out --telemetry for the mAP tables")
 
 
 def test_a_step_logged_twice_counts_once():

@@ -175,6 +175,7 @@ def test_20000_seed_grid_needs_the_flag(tmp_path):
     for cmd in (["validate", f], ["run", f, "--dry-run"], ["run", f]):
         r = _cli(*cmd, cwd=tmp_path)
         _one_line_exit_2(r, f, "40000 trials", "20000 seeds", f"more than {MAX_GRID_TRIALS}", "--allow-large-grid")
+        assert "allow_large_grid" not in r.stderr  # the Python keyword is no command-line option
         assert r.seconds < 30
     assert not (tmp_path / "runs").exists()  # nothing started
 

@@ -49,6 +49,18 @@ REFUSED = [
     ("{method: amax, margin: 128}", "bf16", "margin", "2**128 is past fp32's largest value",
      "integers 0 <= x <= 127"),
     ("{method: amax, margin: 40}", "fp32", "margin", "(fp16 gradients)", "integers 0 <= x <= 39"),
+    # plain E2M1: 6 / 2**4 is below its one subnormal, 0.5
+    ("{method: amax, margin: 4}", "e4m3fwd-e2m1grad-emulated", "margin",
+     "4 is out of range for e4m3fwd-e2m1grad-emulated (e2m1 gradients): the largest gradient would be put at "
+     "6 / 2**4, below e2m1's smallest subnormal (0.5)", "integers 0 <= x <= 3"),
+    # NVFP4 and MXFP4 scale each block to the format's maximum: only fp32 bounds the margin (the E2M1 reason was
+    # given for these too, with a bound of 3)
+    ("{method: amax, margin: 128}", "e4m3fwd-nvfp4grad-emulated", "margin",
+     "128 is out of range for e4m3fwd-nvfp4grad-emulated (nvfp4 gradients): 2**128 is past fp32's largest value",
+     "integers 0 <= x <= 127"),
+    ("{method: amax, margin: 128}", "nvfp4fwd-mxfp4grad-emulated", "margin",
+     "128 is out of range for nvfp4fwd-mxfp4grad-emulated (mxfp4 gradients): 2**128 is past fp32's largest value",
+     "integers 0 <= x <= 127"),
 ]
 
 
@@ -82,6 +94,11 @@ def test_lsbench_validate_refuses_each_out_of_range_scale_in_one_line(tmp_path):
     ("{method: amax, margin: 17, grad_blocks: mx32}", "fp8-e4m3-emulated"),
     ("{method: amax, margin: 127}", "bf16"),
     ("{method: amax, margin: 8}", "mixed16"),
+    ("{method: amax, margin: 3}", "e4m3fwd-e2m1grad-emulated"),
+    ("{method: amax, recipe: current, margin: 4}", "e4m3fwd-nvfp4grad-emulated"),
+    ("{method: amax, margin: 127}", "nvfp4fwd-nvfp4grad-emulated"),
+    ("{method: amax, recipe: current, margin: 4}", "e4m3fwd-mxfp4grad-emulated"),
+    ("{method: amax, margin: 127}", "nvfp4fwd-mxfp4grad-emulated"),
 ])
 def test_the_edges_of_each_range_pass(entry, precision):
     load_study_text(one_entry_study(entry, precision), source="x.yaml")
@@ -115,3 +132,23 @@ def test_max_margin_is_where_the_scalers_target_leaves_the_format(fmt):
     top = max_margin(fmt)
     assert target(top) >= f.min_subnormal
     assert target(top + 1) < f.min_subnormal
+
+
+@pytest.mark.parametrize("kind", ["nvfp4", "mxfp4"])
+def test_block_scaled_fp4_keeps_the_largest_gradient_up_to_fp32s_bound(kind):
+    """NVFP4 and MXFP4 put each block's largest element at the format's maximum: a gradient of amax 1,
+    scaled by the amax rule at the bound (127), rounds to itself; one more and no scale is computed."""
+    import torch
+
+    from lossscale_bench.numerics.fp4 import fp4_round
+    from lossscale_bench.scaling.amax import scale_from_amax
+
+    one, prev = torch.ones(()), torch.full((), -1.0)
+    top = max_margin("e2m1", block_scaled=True)
+    assert top == 127 and max_margin("e2m1") == 3
+    for margin in (4, top):
+        s = scale_from_amax(one, prev, 6.0, margin, power_of_two=False)
+        g = torch.tensor([1.0, 0.5, 0.25, 0.125] * 8) * s
+        q = fp4_round(g, kind)
+        assert float(q[0]) == pytest.approx(float(s), rel=1e-6) and bool((q != 0).all())
+    assert float(scale_from_amax(one, prev, 6.0, top + 1, power_of_two=False)) == -1.0  # prev kept: no scale

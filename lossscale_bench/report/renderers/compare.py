@@ -18,8 +18,8 @@ from ..compare import PAIR_COLUMNS, RANK_COLUMNS, compare_rows
 from ..metric_names import value_header
 from ..stats import ALPHA, format_margin
 from ..summary import _higher_is_better, _scale, is_emulated
-from ..tables import (EMULATED_MARK, TableStudy, _emulation_notes, _heading, _margin_text, _metric_description,
-                      _needs_text, _p_better_text, _text)
+from ..tables import (EMULATED_MARK, P_BETTER_NOTE, TOST_CI_NOTE, TableStudy, _emulation_notes, _heading,
+                      interval_text, _margin_text, _metric_description, _needs_text, _p_better_text, _text)
 from .csv import PERCENT_COLUMNS, to_csv
 from .html import _HTML_STYLE, _md_inline_to_html
 from .latex import _md_inline_to_latex, latex_escape
@@ -48,10 +48,7 @@ def _label(label, precision) -> str:
 
 
 def _delta_text(r, k: float) -> str:
-    d, lo, hi = r["diff"], r["diff_ci_low"], r["diff_ci_high"]
-    if math.isnan(d):
-        return ""
-    return f"{d * k:+.2f}" + ("" if math.isnan(lo) else f" [{lo * k:+.2f}, {hi * k:+.2f}]")
+    return "" if math.isnan(r["diff"]) else interval_text(r, k)
 
 
 def _pair_row(r, metric: str) -> list[str]:
@@ -84,16 +81,15 @@ def _compare_notes(summary: pd.DataFrame, metric: str, margin: float) -> list[st
     lines = [
         _metric_description(metric, summary["eval_metric"].dropna().tolist(), best=False),
         f"Pairwise: every two rows of a table that finished with a value, A before B in the study's row order; "
-        f"Δ = A − B ({unit}) with its 95% interval: a paired t-test of the per-seed differences when both rows "
-        "finished the same seeds (marked paired: a seed fixes the initial weights and the batches), else Welch's "
-        f"t-test. The p-values are Holm-corrected over the pairs of the table: better/worse: Holm p < {ALPHA:g}. "
+        f"Δ = A − B ({unit}) with its 95% interval ({TOST_CI_NOTE[:-1]}): a paired t-test of the per-seed "
+        "differences when both rows finished the same seeds (marked paired: a seed fixes the initial weights and "
+        "the batches), else Welch's t-test. The p-values are Holm-corrected over the pairs of the table: "
+        f"better/worse: Holm p < {ALPHA:g}. "
         f"Otherwise, equivalent: the 95% two one-sided tests put the difference inside {m} (each pair's own "
         "test, not corrected); inconclusive: neither a difference nor equivalence shown at this n (the raw p "
         f"beside Holm's), with roughly how many seeds would bring the 95% interval to {m} if the spread stayed "
         f"as observed. The margin is the study's `report: {{equivalence_margin: {format_margin(margin)}}}` or "
-        f"`lsbench report --margin`. P(A {sym} B): paired, the share of seeds on which A is ahead (ties count "
-        "one half); Welch: the Mann–Whitney probability U/(n·m) over all pairs of values; with a 95% bootstrap "
-        "interval (BCa, percentile where BCa is degenerate; seeded).",
+        f"`lsbench report --margin`. P(A {sym} B): the probability that A beats B, {P_BETTER_NOTE}",
         "Ranking: rows by mean, best first, with the seeds' mean ± sample std (n); rows that share a letter "
         "cannot be told apart after Holm, rows with no letter in common are significantly different "
         "(a compact letter display).",

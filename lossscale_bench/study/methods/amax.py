@@ -9,24 +9,29 @@ from typing import Literal, Optional
 from ...core.float_ranges import FP32, RANGES
 from ...core.registry import AMAX_RECIPES
 from ..fields import Bool, NonNegInt, PosInt, Scale, _choice
-from ..precisions import scaler_grad_format
+from ..precisions import PRECISION_SPECS, scaler_grad_format
 from .base import Fail, MethodEntry, differs, num
 
 #: Transformer Engine's DelayedScaling defaults
 DEFAULTS = {"recipe": "delayed", "history": 1024, "margin": 0, "power_of_two": True, "init_scale": 1.0}
 
 
-def max_margin(grad_format: str) -> int:
+def max_margin(grad_format: str, block_scaled: bool = False) -> int:
     """The largest ``margin`` that means what it says with ``grad_format`` gradients.
 
     The scale puts a layer's largest gradient at ``fmax / 2**margin``: below the format's smallest
     subnormal that target is nothing the format holds (every gradient flushes), and the rule
     computes ``(fmax / amax) / 2**margin`` in fp32, where ``2**margin`` past fp32's largest value
     makes every scale 0 (the scaler then keeps the scale it had: 1, "no loss scale" under an amax
-    label). fp16: 39, E5M2: 31, E4M3: 17, bf16: 127.
+    label). fp16: 39, E5M2: 31, E4M3: 17, bf16: 127, plain E2M1: 3.
+
+    ``block_scaled``: the gradients are rounded with a scale per block (NVFP4, MXFP4), which puts each
+    block's largest element at the format's maximum whatever the loss scale, so the element format's
+    range does not bound the margin; fp32's does (127: a gradient of amax 1 at margin 127 still rounds
+    to itself in both, tests/study/test_scale_bounds.py).
     """
-    fmt = RANGES[grad_format]
-    return math.floor(min(fmt.log2_span(), math.log2(FP32.max)))
+    top = math.log2(FP32.max)
+    return math.floor(top if block_scaled else min(RANGES[grad_format].log2_span(), top))
 
 
 class AmaxScaling(MethodEntry):
@@ -51,14 +56,16 @@ class AmaxScaling(MethodEntry):
         if self.history is not None and self.recipe != "delayed":
             fail(".history", f"only meaningful with recipe: delayed (this entry has recipe: {self.recipe})")
         fmt = scaler_grad_format(precision)
-        top = max_margin(fmt)
+        blocks = PRECISION_SPECS[precision].grad_scaling  # nvfp4, mxfp4: a scale per block; None: the format alone
+        top = max_margin(fmt, block_scaled=blocks is not None)
         if self.margin > top:
             if self.margin > math.log2(FP32.max):
                 why = f"2**{self.margin} is past fp32's largest value, so every scale would be 0 and stay at init_scale"
             else:
                 why = (f"the largest gradient would be put at {num(RANGES[fmt].max)} / 2**{self.margin}, below "
                        f"{fmt}'s smallest subnormal ({num(RANGES[fmt].min_subnormal)}): every gradient would flush")
-            fail(".margin", f"{self.margin} is out of range for {precision} ({fmt} gradients): {why}",
+            grads = f"{blocks} gradients" if blocks else f"{fmt} gradients"
+            fail(".margin", f"{self.margin} is out of range for {precision} ({grads}): {why}",
                  f"integers 0 <= x <= {top}")
 
     @classmethod
