@@ -272,7 +272,7 @@ def test_voc_paths_agree_with_the_voc_loader(tmp_path):
     make_tiny_voc(devkit / "VOC2012", {"trainval": 2}, classes=("cat", "dog"))
     voc0712 = load_study_text(BASE.replace("{name: synthetic}", f"{{name: voc0712, root: {devkit}}}"))
     voc = load_study_text(BASE.replace("{name: synthetic}", f"{{name: voc, root: {devkit / 'VOC2012'}, "
-                                       "classes: [cat, dog], train_split: trainval+train, val_split: val}"))
+                                       "classes: [cat, dog], train_split: train+val, val_split: val}"))
     assert path_problems(voc0712) == [] and path_problems(voc) == []
     for study, victim in ((voc0712, devkit / "VOC2012" / "JPEGImages"),
                           (voc0712, devkit / "VOC2007" / "ImageSets" / "Main" / "test.txt"),
