@@ -7,7 +7,7 @@
 * :mod:`.fp4`: E2M1 alone, NVFP4 and MXFP4 round trips, to nearest or stochastic (seeded,
   reproducible), compiled the same way; :mod:`.hadamard`: the 16x16 random Hadamard transform.
 * :mod:`.census` and :mod:`.amax`: the telemetry's element counts and a gradient's ``max |x|``.
-* :mod:`._native`: the CPU's fastest path for all of these, small C loops built once per machine and
+* :mod:`.native`: the CPU's fastest path for all of these, small C loops built once per machine and
   checked bit for bit against the torch kernels before use (``LSBENCH_NO_NATIVE=1`` turns them off).
 
 torchao is not needed; the tests compare against it when it is installed.

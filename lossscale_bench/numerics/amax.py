@@ -4,7 +4,7 @@ Why a module of its own (issue 28): the amax scaler (margin 1, the default study
 amax of the gradient arriving at each of its 15 scaling points on every step, and adaptive reads
 it per layer. ``torch.aminmax`` plus two ``abs`` and a ``maximum`` cost ~0.3 ms a call at the
 step's sizes on one thread (cProfile of the amax row: ~4 ms a step); the C loop of
-:mod:`._native` (``lsb_max_abs_bits``: an integer max over the bit patterns, which vectorises)
+:mod:`.native` (``lsb_max_abs_bits``: an integer max over the bit patterns, which vectorises)
 does the same in one pass. Same value as the torch expression (a NaN anywhere gives NaN, an inf
 gives inf; ``-0.0`` gives ``+0.0``), checked on the probe values before first use; anything the
 loop does not take (CUDA, other dtypes, strided tensors, large tensors with several torch
@@ -18,7 +18,7 @@ import struct
 import torch
 
 from ._compile import same_values
-from ._native import ProbeChecked, disabled as native_disabled
+from .native import ProbeChecked, disabled as native_disabled
 from .block_scaling import native_takes
 
 _F32 = torch.float32

@@ -63,7 +63,7 @@ One more edge: with ``ceil``, ``even``, ``rceil`` and the amax scalings, an elem
 of fp32's largest value that product is 2^128, which is inf in fp32. Dequantised values are
 therefore clamped to +-FLT_MAX, so a finite block never produces inf: only NaN/inf inputs do.
 
-Cost: on the CPU, MX32 runs as a C loop (:class:`NativeBlock`, :mod:`._native`) over the tensor as it
+Cost: on the CPU, MX32 runs as a C loop (:class:`NativeBlock`, :mod:`.native`) over the tensor as it
 lies, contiguous or channels_last, checked bit for bit against the eager kernel on the probe before
 first use; elsewhere (CUDA, tiles and tensor scales, ``LSBENCH_NO_NATIVE=1``, no C compiler) vectorised
 ops on a ``[n_blocks, block]`` view, compiled lazily by Inductor like the fp8 kernels
@@ -79,7 +79,7 @@ import torch
 import torch.nn.functional as F
 
 from ._compile import LazyCompiled, same_values
-from ._native import ProbeChecked, disabled as native_disabled
+from .native import ProbeChecked, disabled as native_disabled
 from .fp8 import E4M3, E5M2, Fp8Spec, _bits_fused, _fastest_eager, _native_fits, is_channels_last
 
 GRANULARITIES = ("tensor", "tile128", "mx32")
@@ -229,7 +229,7 @@ def _amax_core(x1, block: int, elem: ElementFormat, pow2: bool, amax_floor: floa
 
 
 class NativeBlock(ProbeChecked):
-    """A block round trip as the C loop ``lsb_block_round`` (:mod:`._native`), for one configuration,
+    """A block round trip as the C loop ``lsb_block_round`` (:mod:`.native`), for one configuration,
     checked bit for bit (values and counts) against its eager torch kernel on the probe before first use.
 
     Why (issue 28): the compiled kernels cost ~0.2 ms of Python and Dynamo per call before they touch an

@@ -10,7 +10,7 @@ reductions. Same values as the eager expression (integer counts; the probe and t
 it, NaN and inf included), through :class:`~._compile.LazyCompiled`'s fallback when compiling is
 off or fails.
 
-On the CPU the same counts come first from a C loop (:mod:`._native`, ``lsb_census``), for the
+On the CPU the same counts come first from a C loop (:mod:`.native`, ``lsb_census``), for the
 reason the fp8 rounding does: a compiled call's dispatch (~100-200 us) is more than the loop's work
 at most of a step's sizes, and below ``COMPILED_FROM`` elements the eager expression's dozen op
 calls cost as much. It is checked on the probe values against the eager expression before its
@@ -23,7 +23,7 @@ import warnings
 
 import torch
 
-from ._native import disabled as native_disabled, library as native_library
+from .native import disabled as native_disabled, library as native_library
 from ._compile import LazyCompiled, same_values
 from .fp8 import _native_fits, is_channels_last, memory_order_flat
 

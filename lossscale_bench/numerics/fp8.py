@@ -51,7 +51,7 @@ Implementations (``impl``)
   (``LSBENCH_NO_COMPILE=1``) or fails: ``"bits"`` for E4M3, ``"cast"`` for E5M2 (torch's E5M2
   cast is already vectorised).
 * ``"native"``: the bit-level rounding as a C loop built with the system compiler and called through
-  ctypes (``_native``: no Dynamo, no flattening of a dense tensor; CPU only; raises when it cannot
+  ctypes (:mod:`.native`: no Dynamo, no flattening of a dense tensor; CPU only; raises when it cannot
   be built or failed its probe).
 * ``"bits"``: the bit-level rounding above in eager torch ops.
 * ``"bits_compiled"``: the same, fused by Inductor.
@@ -74,7 +74,7 @@ from typing import Callable
 
 import torch
 
-from ._native import ProbeChecked, disabled as native_disabled
+from .native import ProbeChecked, disabled as native_disabled
 from ._compile import LazyCompiled, same_values
 
 _SIGN = -(2 ** 31)            # int32 with only the sign bit set (0x80000000)

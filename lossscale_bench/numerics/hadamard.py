@@ -17,7 +17,7 @@ The emulation applies it to the gradient only: the weight gradient is computed f
 A matrix product leaves its order to the BLAS: on the CPU measured MKL summed in that order for 8 or more
 columns but not for 5-7 (docs/benchmarks.md, "The Hadamard transform in C"), and cuBLAS has its own. Written out, the
 transform gives the same values on any device and BLAS. On the CPU a C loop computes it
-(``lsb_hadamard16``, :mod:`._native`, checked against the torch code on probe values before use) at ~3x
+(``lsb_hadamard16``, :mod:`.native`, checked against the torch code on probe values before use) at ~3x
 a 1-thread MKL product's speed: the transform's sign structure turns its 16 products a value into one
 multiply a row and additions. The torch code, a multiply and an addition a term over the whole tensor, is
 ~6x slower than that product on the CPU (where no C loop runs: no compiler, ``LSBENCH_NO_NATIVE=1``);
@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from ._compile import same_values
-from ._native import ProbeChecked, disabled as native_disabled
+from .native import ProbeChecked, disabled as native_disabled
 from .fp4 import uniform
 
 SIZE = 16

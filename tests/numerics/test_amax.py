@@ -4,10 +4,10 @@ meet: signed zeros, subnormals, inf, NaN, layouts the loop takes and those it le
 import pytest
 import torch
 
-from lossscale_bench.numerics import _native, amax
+from lossscale_bench.numerics import native, amax
 from lossscale_bench.numerics._compile import same_values
 
-pytestmark = pytest.mark.skipif(_native.library() is None, reason=f"no C kernel here: {_native.failure()}")
+pytestmark = pytest.mark.skipif(native.library() is None, reason=f"no C kernel here: {native.failure()}")
 
 G = torch.Generator().manual_seed(0)
 CASES = {
@@ -31,7 +31,7 @@ def test_the_loop_gives_the_torch_expression(case, monkeypatch):
     assert same_values(amax.max_abs(x), want)
     assert amax.max_abs(x).shape == () and amax.max_abs(x).dtype == torch.float32
     assert same_values(torch.tensor(amax.max_abs_value(x)), want)  # the host's copy: the same value
-    monkeypatch.setenv(_native.NO_NATIVE_ENV, "1")  # the torch path gives the same
+    monkeypatch.setenv(native.NO_NATIVE_ENV, "1")  # the torch path gives the same
     assert same_values(amax.max_abs(x), want)
     assert same_values(torch.tensor(amax.max_abs_value(x)), want)
 

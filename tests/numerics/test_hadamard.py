@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lossscale_bench.numerics import _native, hadamard
+from lossscale_bench.numerics import native, hadamard
 from lossscale_bench.numerics._compile import same_values
 from lossscale_bench.numerics.hadamard import H16, NativeHadamard, hadamard_round, products
 
@@ -48,8 +48,8 @@ def _values(k: int, c: int, seed: int, specials: bool = True) -> torch.Tensor:
 @pytest.fixture
 def native_ready():
     """Skips where there is no C loop to test (turned off, no compiler); a loop that failed its probe fails."""
-    if _native.disabled() or _native.library() is None:
-        pytest.skip(f"no C library here ({_native.failure() or 'turned off'})")
+    if native.disabled() or native.library() is None:
+        pytest.skip(f"no C library here ({native.failure() or 'turned off'})")
     assert hadamard._NATIVE.ready(), hadamard._NATIVE.broken
 
 
@@ -86,7 +86,7 @@ def test_the_c_loop_matches_the_torch_code_on_model_shapes(k, c, native_ready, m
 
 
 def test_turned_off_by_the_environment_gives_the_torch_code(monkeypatch):
-    monkeypatch.setenv(_native.NO_NATIVE_ENV, "1")
+    monkeypatch.setenv(native.NO_NATIVE_ENV, "1")
     monkeypatch.setattr(NativeHadamard, "__call__", lambda *a: pytest.fail("the C loop ran while turned off"))
     x = _values(40, 6, seed=1)
     assert same_values(products(H16, x, 48), _written_out(H16, x, 48))

@@ -1,4 +1,4 @@
-"""The C rounding kernel (numerics/_native.py, fp8.NativeKernel): the same bits as torch's cast and the
+"""The C rounding kernel (numerics/native.py, fp8.NativeKernel): the same bits as torch's cast and the
 other implementations, on dense layouts without flattening, checked by its probe before use, built once
 per machine, and out of the way whenever it is turned off or cannot be built.
 
@@ -13,10 +13,10 @@ import warnings
 import pytest
 import torch
 
-from lossscale_bench.numerics import _native, fp8
+from lossscale_bench.numerics import native, fp8
 from lossscale_bench.numerics._compile import same_values
 
-pytestmark = pytest.mark.skipif(_native.library() is None, reason=f"no C kernel here: {_native.failure()}")
+pytestmark = pytest.mark.skipif(native.library() is None, reason=f"no C kernel here: {native.failure()}")
 
 
 def _every_fp32_pattern_sample(n=1 << 20, seed=0):
@@ -72,11 +72,11 @@ def test_a_kernel_that_fails_its_probe_is_not_used_and_says_why():
 
 
 def test_turned_off_by_the_environment(monkeypatch):
-    monkeypatch.setenv(_native.NO_NATIVE_ENV, "1")
+    monkeypatch.setenv(native.NO_NATIVE_ENV, "1")
     assert fp8.native_kernel(fp8.E4M3, True) is None
     x = torch.randn(1000) * 0.01
     assert same_values(fp8.round_fp8(x, "e4m3"), fp8.round_fp8(x, "e4m3", impl="bits"))
-    monkeypatch.delenv(_native.NO_NATIVE_ENV)
+    monkeypatch.delenv(native.NO_NATIVE_ENV)
     monkeypatch.setenv("LSBENCH_NO_COMPILE", "1")
     assert fp8.native_kernel(fp8.E4M3, True) is None
 
@@ -99,29 +99,29 @@ def test_native_refuses_what_it_cannot_round():
 
 
 def test_built_once_per_cache_and_a_failing_compiler_is_an_error_that_names_it(tmp_path, monkeypatch):
-    monkeypatch.setenv(_native.CACHE_ENV, str(tmp_path))
-    cc = _native._compiler()
-    first = _native._build(cc)
+    monkeypatch.setenv(native.CACHE_ENV, str(tmp_path))
+    cc = native._compiler()
+    first = native._build(cc)
     stamp = first.stat().st_mtime_ns
-    assert _native._build(cc) == first and first.stat().st_mtime_ns == stamp
+    assert native._build(cc) == first and first.stat().st_mtime_ns == stamp
     assert [p.name for p in tmp_path.iterdir()] == [first.name]  # no temporary files left behind
     with pytest.raises(RuntimeError, match="false failed"):
-        _native._build("/bin/false")
+        native._build("/bin/false")
 
 
 def test_no_compiler_means_a_warning_and_the_torch_kernels_with_the_same_values(tmp_path):
     """In a fresh process with no compiler to be found: one warning, and every rounding as before."""
     code = ("import warnings, torch\n"
-            "from lossscale_bench.numerics import fp8, _native\n"
+            "from lossscale_bench.numerics import fp8, native\n"
             "x = torch.randn(5000) * 0.01\n"
             "with warnings.catch_warnings(record=True) as w:\n"
             "    warnings.simplefilter('always')\n"
             "    y = fp8.round_fp8(x, 'e4m3')\n"
-            "assert _native.library() is None and 'no C compiler' in _native.failure(), _native.failure()\n"
+            "assert native.library() is None and 'no C compiler' in native.failure(), native.failure()\n"
             "assert sum('C rounding kernel is not available' in str(m.message) for m in w) == 1\n"
             "assert torch.equal(y, x.to(torch.float8_e4m3fn).float())\n"
             "print('ok')\n")
-    env = dict(os.environ, PATH=str(tmp_path), CC="", **{_native.CACHE_ENV: str(tmp_path / "cache")})
+    env = dict(os.environ, PATH=str(tmp_path), CC="", **{native.CACHE_ENV: str(tmp_path / "cache")})
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-2000:]
 
@@ -145,6 +145,6 @@ def test_the_census_loop_counts_like_the_eager_expression_and_steps_aside_after_
 def test_a_cache_folder_that_cannot_be_made_falls_back_to_the_temporary_folder(tmp_path, monkeypatch):
     blocker = tmp_path / "a_file"
     blocker.write_text("")
-    monkeypatch.setenv(_native.CACHE_ENV, str(blocker / "native"))  # a folder inside a file: mkdir fails
-    built = _native._build(_native._compiler())
+    monkeypatch.setenv(native.CACHE_ENV, str(blocker / "native"))  # a folder inside a file: mkdir fails
+    built = native._build(native._compiler())
     assert built.is_file() and built.parent.name == "lossscale_bench_native"

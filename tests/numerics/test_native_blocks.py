@@ -1,4 +1,4 @@
-"""The C block round trips (numerics/_native.py ``lsb_block_round``, block_scaling.NativeBlock): MX32 with
+"""The C block round trips (numerics/native.py ``lsb_block_round``, block_scaling.NativeBlock): MX32 with
 every element format and scale mode, and the FP4 formats (plain E2M1, MXFP4, NVFP4 in 1x16 blocks and
 16x16 weight tiles, nearest and stochastic), value for value and count for count against the eager torch
 kernels, which test_block_scaling.py and test_fp4.py check against the formats' definitions.
@@ -13,10 +13,10 @@ import warnings
 import pytest
 import torch
 
-from lossscale_bench.numerics import _native, block_scaling as bs, fp4
+from lossscale_bench.numerics import native, block_scaling as bs, fp4
 from lossscale_bench.numerics._compile import same_values
 
-pytestmark = pytest.mark.skipif(_native.library() is None, reason=f"no C kernel here: {_native.failure()}")
+pytestmark = pytest.mark.skipif(native.library() is None, reason=f"no C kernel here: {native.failure()}")
 
 F32_MAX = torch.finfo(torch.float32).max
 
@@ -161,7 +161,7 @@ def test_the_input_is_never_written_and_grad_is_not_recorded():
 def test_turned_off_by_the_environment(monkeypatch):
     x = _gradient_like(640, 4)
     bs.block_round(x, "e4m3", "mx32")
-    monkeypatch.setenv(_native.NO_NATIVE_ENV, "1")
+    monkeypatch.setenv(native.NO_NATIVE_ENV, "1")
     assert bs.native_block(("mx32", "e4m3", "floor", False), lambda: None) is None
     monkeypatch.setattr(bs.NativeBlock, "__call__", lambda *a: pytest.fail("the C loop ran while turned off"))
     assert same_values(bs.block_round(x, "e4m3", "mx32"), bs.block_round(x, "e4m3", "mx32", compiled=False))
