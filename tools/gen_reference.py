@@ -167,7 +167,7 @@ def field_rows(cls, prefix: str, keys: list[str] | None = None, skip=(), doc_pre
 
 
 def study_page() -> str:
-    top = field_rows(Study, "", skip=("source",))
+    top = field_rows(Study, "", skip=("source", "seed_plan"))
     sections = ["## Top-level keys\n\nA list key may be written as one value "
                 "(`seeds: 0` is `seeds: [0]`); a section left empty (`eval:`) takes its defaults.\n\n"
                 + table(["Key", "Type", "Default", "Allowed", "What it is"], top)]
@@ -176,6 +176,12 @@ def study_page() -> str:
         if name in ("dataset", "scaling", "source") or not models:
             continue
         cls = models[0]
+        if name == "seed_plan":  # not a key of its own: the plan form of `seeds`
+            sections.append("## seeds (plan form)\n\n`seeds: {start: 3, step: 3, max: 18}` instead of a list: seeds "
+                            "are added, in rounds, to the rows whose comparisons are not decided yet (reports and "
+                            "verdicts, in the guide).\n\n"
+                            + table(["Key", "Type", "Default", "Allowed", "What it is"], field_rows(cls, "seeds.")))
+            continue
         intro = cell(paragraph(cls.__doc__)) if cls.__doc__ and cls.__module__.startswith("lossscale_bench") \
             else ""
         sections.append(f"## {name}\n\n" + (intro + "\n\n" if intro not in ("", "—") else "")
