@@ -196,7 +196,9 @@ class _StudyRun:
 
         trials, skipped, opts = self.trials, self.result.skipped, self.opts
         cpus_per_trial = max(1.0, float(trials[0].resources.get("cpus_per_trial", 1)))
-        concurrency = opts.max_concurrent or max(1, int((opts.num_cpus or os.cpu_count() or 1) // cpus_per_trial))
+        # the ETA divides by it: the local executor runs one trial at a time, whatever the CPUs
+        concurrency = 1 if opts.executor == "local" else (
+            opts.max_concurrent or max(1, int((opts.num_cpus or os.cpu_count() or 1) // cpus_per_trial)))
         progress = Progress(len(trials), len(skipped), concurrency, opts.quiet, opts.stream)
         if skipped:
             progress.line(f"{len(skipped)} of {len(trials)} trials already finished or diverged: not run again")
