@@ -84,7 +84,7 @@ def cmd_validate(args) -> int:
             if not args.schema_only:  # what `run` would refuse in this shell (another machine has its own)
                 problems += environment_problems(study)
         except StudyError as exc:
-            problems = [exc]
+            problems = list(getattr(exc, "problems", [exc]))  # every problem in the file, one line each
         if problems:
             failed += 1
             for exc in problems:
