@@ -315,6 +315,9 @@ def _report_parser(sub, store_args) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="lsbench", description="Mixed-precision loss-scaling studies of SSD detectors")
+    from . import __version__
+
+    p.add_argument("--version", action="version", version=f"lsbench {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
 
     def store_args(sp):

@@ -80,8 +80,9 @@ def image_candidates(year_dir, img_id: str, file_name: str | None = None) -> Ite
 
 
 def read_split_ids(list_file) -> list[str]:
-    """The image ids of a split list: the first word of each non-blank line."""
-    with open(list_file, encoding="utf-8", errors="surrogateescape") as f:
+    """The image ids of a split list: the first word of each non-blank line. A byte-order mark
+    (an editor's UTF-8 signature) is not part of the first id: it named no file and no error said so."""
+    with open(list_file, encoding="utf-8-sig", errors="surrogateescape") as f:
         return [line.split()[0] for line in f if line.strip()]
 
 
