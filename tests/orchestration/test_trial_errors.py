@@ -141,3 +141,35 @@ def test_the_local_executors_eta_counts_one_trial_at_a_time(tmp_path):
         progress.durations, progress.status = [60.0], {"a": "finished"}
         if executor == "local":  # 1 of 2 done in a minute: one more minute to go
             assert "ETA ~1.0 min" in progress._summary()
+
+
+class _ReaderLeft:
+    """Standard output whose reader went away after the first trial (``lsbench run | head -3``)."""
+
+    def __init__(self) -> None:
+        self.lines = 0
+
+    def write(self, text: str) -> None:
+        if "start" in text and self.lines:
+            raise BrokenPipeError(32, "Broken pipe")
+        self.lines += text.count("\n")
+
+    def flush(self) -> None:
+        pass
+
+
+def test_a_study_stopped_by_an_error_leaves_no_run_running(tmp_path):
+    """An error in the driver between two trials (here the console's reader left) ends the trial
+    that ran as it ended, the one that had not started KILLED (resumable) and the parent FAILED;
+    nothing stays RUNNING in the store (it did, tagged pending, forever)."""
+    from lossscale_bench.orchestration import run_study
+    from lossscale_bench.study import load_study_text
+
+    study = load_study_text(study_yaml(**TWO_ROWS))
+    runs = tmp_path / "runs"
+    with pytest.raises(BrokenPipeError):
+        run_study(study, runs_dir=runs, executor="local", stream=_ReaderLeft())
+    stored = _runs(runs, "prep")
+    assert sorted((r.info.status, r.data.tags["lsbench.status"]) for r in stored.values()) == [
+        ("FAILED", "failed"), ("FINISHED", "finished"), ("KILLED", "interrupted")], stored
+    assert "BrokenPipeError" in stored["study"].data.tags["lsbench.error"]
