@@ -68,9 +68,11 @@ def cmd_validate(args) -> int:
     """Check every file given (a bad one does not hide the next) and every path each study names.
 
     One ``ok`` line (and the grid) per good file on stdout, one ``lsbench: error:`` line per problem on
-    stderr; exit 2 after the last file if any had a problem. ``--schema-only`` skips the path checks:
+    stderr; exit 2 after the last file if any had a problem. The environment switches are checked too
+    (:mod:`.orchestration.environment`). ``--schema-only`` skips the path and environment checks:
     a study meant for another machine (its data and weights are there, not here).
     """
+    from .orchestration.environment import environment_problems
     from .study import StudyError, load_study
     from .study.paths import path_problems
 
@@ -80,8 +82,10 @@ def cmd_validate(args) -> int:
             study = load_study(f, allow_large_grid=args.allow_large_grid)
             problems = [] if args.schema_only else path_problems(study)
             paths_missing += bool(problems)
+            if not args.schema_only:  # what `run` would refuse in this shell (another machine has its own)
+                problems += environment_problems(study)
         except StudyError as exc:
-            problems = [exc]
+            problems = list(getattr(exc, "problems", [exc]))  # every problem in the file, one line each
         if problems:
             failed += 1
             for exc in problems:
@@ -114,12 +118,13 @@ def cmd_run(args) -> int:
             print(f"(the first round: {plan_text(study.seed_plan)})")
         _print_notices(study, sys.stdout)
         return 0
-    from .backends.host_memory import setting_problem
+    from .orchestration.environment import environment_problems
     from .study.paths import check_paths
 
-    problem = setting_problem()  # the trials read it: a misspelt value would silently keep the default
-    if problem:
+    problems = environment_problems()  # the trials read them: a misspelt value would silently mean another
+    for problem in problems:
         print(f"lsbench: error: {problem}", file=sys.stderr)
+    if problems:
         return EXIT_USAGE
     check_paths(study)  # missing data or weights: one line now, not a failed trial each after Ray started
     if not args.no_report:  # written after the last trial: found unwritable now, not after hours of training
@@ -342,6 +347,9 @@ def _report_parser(sub, store_args) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="lsbench", description="Mixed-precision loss-scaling studies of SSD detectors")
+    from . import __version__
+
+    p.add_argument("--version", action="version", version=f"lsbench {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
 
     def store_args(sp):

@@ -310,11 +310,21 @@ def test_grid_expansion_and_overrides():
     assert len({t.trial_id for t in trials}) == len(trials)
 
 
-def test_duplicates_collapse_keep_first():
+def test_an_entry_that_repeats_another_is_refused_naming_both():
+    """Two entries giving the same trials merged without a word, the second's label gone from
+    every table; a seed listed twice ran once. Both refused, every repeat one line."""
     text = BASE.replace("scale: 128}", "scale: 128}\n  - {method: fixed, scale: 128.0, label: again}\n  - adaptive")
-    trials = load_study_text(text).trials()
-    assert [t.label for t in trials] == ["no loss scale", "loss scale (128)", "adaptive"]
-    assert [t.row for t in trials] == [0, 1, 3]
+    with pytest.raises(StudyError) as err:
+        load_study_text(text + "seeds: [0, 1, 0]\n")
+    assert [str(p) for p in err.value.problems] == [
+        "<string>: seeds[2]: seed 0 is already seeds[0]; a seed listed twice would run once; allowed: each seed once",
+        "<string>: scaling[2]: gives the same trials as scaling[1] (the same method and options); it would merge "
+        "into scaling[1] and its label vanish; allowed: entries that differ in an option: remove one, or change one"]
+    # an entry that shares only some of its trials with another adds the others: kept, the shared ones collapse
+    text = BASE.replace("batch_size: 8", "batch_size: [8, 16]").replace(
+        "scale: 128}", "scale: 128, batch_size: 8}\n  - {method: fixed, scale: 128, label: again}")
+    assert [(t.label, t.batch_size) for t in load_study_text(text).trials() if t.scaling["method"] == "fixed"] == [
+        ("loss scale (128)", 8), ("again", 16)]
     text = BASE.replace("model: ssd_tiny", "model: [ssd_tiny, ssd_tiny]")
     assert len(load_study_text(text).trials()) == 2
 
@@ -529,10 +539,11 @@ def test_baseline_is_a_report_setting_not_part_of_the_trial_id():
 
 
 def test_baseline_on_a_collapsed_duplicate_marks_the_trial_it_collapsed_into():
-    text = BASE.replace("  - none", "  - {method: fixed, scale: 128}").replace(
+    text = BASE.replace("batch_size: 8", "batch_size: [8, 16]").replace(
+        "  - none", "  - {method: fixed, scale: 128, batch_size: 8}").replace(
         "scale: 128}\nschedule", "scale: 128, label: same, baseline: true}\nschedule")
-    (t,) = load_study_text(text).trials()
-    assert t.baseline and t.row == 0
+    t, other = load_study_text(text).trials()
+    assert t.baseline and t.row == 0 and t.batch_size == 8 and other.baseline and other.batch_size == 16
 
 
 def test_trial_id_ignores_machine_specific_roots(tmp_path):

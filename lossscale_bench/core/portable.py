@@ -41,6 +41,31 @@ from collections.abc import Mapping, MutableMapping
 PORTABLE_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_CBWR": "AVX2"}
 #: what ``torch.backends.cpu.get_cpu_capability()`` reports in a pinned process
 PINNED_CAPABILITY = "AVX2"
+#: the variables their library compares case-sensitively: ATen takes ``avx2`` and ignores ``AVX2``
+#: (with a warning of its own, and runs its widest kernels); oneDNN and MKL take either spelling
+EXACT_CASE = ("ATEN_CPU_CAPABILITY",)
+
+
+def _matches(key: str, have: str, want: str) -> bool:
+    return have == want if key in EXACT_CASE else have.lower() == want.lower()
+
+
+def pin_problems(environ: Mapping[str, str] | None = None) -> list[str]:
+    """One line for each pin the environment already sets otherwise than a repeatable study needs
+    (as the library reads it: ``ATEN_CPU_CAPABILITY=AVX2`` is ignored by torch); ``[]`` when none."""
+    env = os.environ if environ is None else environ
+    out = []
+    for key, value in PORTABLE_ENV.items():
+        have = env.get(key)
+        if not have or _matches(key, have, value):
+            continue
+        if key in EXACT_CASE and have.lower() == value.lower():
+            why = (f"torch reads {key} in lower case only and ignores {have!r} (it would run its widest "
+                   f"kernels): set {key}={value} or unset it")
+        else:
+            why = "unset it (or drop repeatable) and run again"
+        out.append(f"resources.repeatable pins {key}={value}, but the environment sets {key}={have}: {why}")
+    return out
 
 
 class PinConflict(Exception):
@@ -53,10 +78,9 @@ def pin(environ: MutableMapping[str, str] | None = None) -> dict[str, str]:
     A variable already set to another value is a :class:`PinConflict` (one line naming it): a study
     that promises AVX2 numbers must not train at whatever level the shell happened to say."""
     env = os.environ if environ is None else environ
-    for key, value in PORTABLE_ENV.items():
-        if env.get(key) and env[key].lower() != value.lower():
-            raise PinConflict(f"resources.repeatable pins {key}={value}, but the environment sets "
-                              f"{key}={env[key]}: unset it (or drop repeatable) and run again")
+    problems = pin_problems(env)
+    if problems:
+        raise PinConflict(problems[0])
     done = {k: v for k, v in PORTABLE_ENV.items() if not env.get(k)}
     env.update(done)
     return done
@@ -68,7 +92,10 @@ def require_pinned(environ: Mapping[str, str] | None = None) -> None:
     import torch
 
     env = os.environ if environ is None else environ
-    missing = [k for k, v in PORTABLE_ENV.items() if (env.get(k) or "").lower() != v.lower()]
+    wrong = pin_problems(env)
+    if wrong:  # the one reason that applies: a value set otherwise (not one of the causes below)
+        raise RuntimeError(f"{wrong[0]}; this trial would not give the repeatable numbers")
+    missing = [k for k in PORTABLE_ENV if not env.get(k)]
     have = torch.backends.cpu.get_cpu_capability()
     if missing or have != PINNED_CAPABILITY:
         why = (f"{', '.join(missing)} not set to the pinned value in this process (a Ray cluster that ignores the "

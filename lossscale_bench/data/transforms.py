@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import io
 import os
-import warnings
+import sys
 
 import numpy as np
 import torch
@@ -43,7 +43,7 @@ def read_image(path, size: tuple[int, int] | None = None) -> "torch.Tensor":
     stored one's (a tool that showed the photo upright, as browsers and CVAT do): then the pixels are
     rotated to match. Rotations by 180 degrees and mirrors keep the size, cannot be told apart, and stay
     as stored. A JPEG whose end is missing is decoded as libjpeg does (the missing blocks grey) with a
-    warning naming it, not refused: a photo short of its last bytes (the kangaroo set's 00090.jpg, whose
+    note naming it (once per process), not refused: a photo short of its last bytes (the kangaroo set's 00090.jpg, whose
     last 16x16 block is all it lacks) would otherwise fail the whole trial.
     """
     return pixels_to_float(read_pixels(path, size))
@@ -64,9 +64,23 @@ def read_pixels(path, size: tuple[int, int] | None = None) -> "torch.Tensor":
     except (OSError, SyntaxError, ValueError) as exc:
         raise CorruptImage(f"corrupt or unreadable image {path}: {type(exc).__name__}: {exc}") from None
     if truncated:
-        warnings.warn(f"{path}: the JPEG file is truncated (its end is missing); decoded with the missing blocks "
-                      "grey, as libjpeg does", stacklevel=2)
+        _note_truncated(path)
     return pixels
+
+
+#: the truncated images already named in this process (a trial reads each image every epoch)
+_NOTED: set[str] = set()
+
+
+def _note_truncated(path) -> None:
+    """One ``lsbench: note:`` line on stderr per truncated image and process, as the CLI writes its
+    notes (it was a Python ``UserWarning`` with the source line under it, on every read)."""
+    key = str(path)
+    if key in _NOTED:
+        return
+    _NOTED.add(key)
+    print(f"lsbench: note: {path}: the JPEG file is truncated (its end is missing); decoded with the missing "
+          "blocks grey, as libjpeg does", file=sys.stderr, flush=True)
 
 
 class PixelCache:

@@ -12,6 +12,7 @@ above ``trial``, beside ``tracking``):
 - ``cluster``: joining ``--address`` and refusing a cluster that can never run the study.
 - ``placement``: resource arithmetic (no Ray). ``tune_sink``: the sink of a trial inside Tune.
 - ``runs_lock``: one runner per runs folder and SQLite store (an OS file lock).
+- ``environment``: the environment switches a run reads, refused before training when misspelt.
 - ``distributed``: multi-device trials (Ray Train); ``replica_sync``: its ``grad_sync``.
 
 Ray and MLflow are imported inside functions (``funnel`` only ever lazily, by

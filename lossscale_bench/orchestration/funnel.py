@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from ray.tune import Callback
 
-from .outcomes import StudyResult, record_end, record_failure
+from .outcomes import StudyResult, begin_trial, record_end, record_failure
 from .progress import Progress
 
 if TYPE_CHECKING:
@@ -45,13 +45,15 @@ class MlflowFunnel(Callback):
 
     ``run_ids``, ``labels`` and ``iterations`` are keyed by trial id; outcomes go
     into ``study_result``, lines to ``progress``; ``trial_plots`` draws a finished
-    trial's plots (see :func:`.outcomes.log_trial_plots`).
+    trial's plots (see :func:`.outcomes.log_trial_plots`); ``continued``: the trials whose stored runs are
+    taken up again as each starts (:func:`.outcomes.begin_trial`).
     """
 
     def __init__(self, tracker: Tracker, run_ids: dict[str, str], labels: dict[str, str],
                  study_result: StudyResult, progress: Progress, iterations: dict[str, int],
-                 trial_plots=None) -> None:
+                 trial_plots=None, continued: dict[str, tuple] | None = None) -> None:
         super().__init__()
+        self.continued = {} if continued is None else continued
         self.tracker, self.run_ids, self.labels = tracker, run_ids, labels
         self.study_result, self.progress, self.iterations = study_result, progress, iterations
         self.trial_plots = trial_plots
@@ -61,6 +63,7 @@ class MlflowFunnel(Callback):
 
     def on_trial_start(self, iteration, trials, trial, **info):
         tid = self._tid(trial)
+        begin_trial(self.tracker, self.continued, tid)
         self.progress.start(tid, self.labels[tid])
 
     def on_trial_result(self, iteration, trials, trial, result, **info):

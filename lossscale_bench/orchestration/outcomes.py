@@ -48,6 +48,14 @@ def log_trial_plots(tracker: Tracker, run_id: str, out_dir: Path, draw=None) -> 
         tracker.set_tags(run_id, {"lsbench.plot_error": f"{type(exc).__name__}: {exc}"[:500]})
 
 
+def begin_trial(tracker: Tracker, continued: dict[str, tuple], tid: str) -> None:
+    """A trial starts: a run it already had (``continued``: trial id -> (config, stored run)) is
+    taken up again now (:meth:`.Tracker.continue_trial_run`), once, and not when the study
+    opened its runs, so a study that stops before this trial runs leaves its earlier result."""
+    if tid in continued:
+        tracker.continue_trial_run(*continued.pop(tid))
+
+
 def record_end(tracker: Tracker, result: StudyResult, progress: Progress, tid: str, label: str, run_id: str,
                outcome: dict, plots_dir: Path | None, draw=None) -> None:
     """A trial delivered its outcome: keep it, log its plots (when it has a folder), end its run, say so."""

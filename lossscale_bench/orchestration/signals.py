@@ -51,11 +51,16 @@ class SignalsRaise:
         self.active = threading.current_thread() is threading.main_thread()
         #: the first signal received (Ray may re-raise it as a plain KeyboardInterrupt or a SystemError)
         self.received: int | None = None
+        #: how many runs the first signal's handling marked KILLED: a second signal (Ctrl-C twice) that
+        #: cuts the Ray shutdown short raises an :class:`Interrupted` of its own, which must say the same
+        self.killed = 0
 
     def _raise(self, signum, frame):
         if self.received is None:
             self.received = int(signum)
-        raise Interrupted(signum)
+        stop = Interrupted(signum)
+        stop.killed = self.killed
+        raise stop
 
     def install(self) -> None:
         if self.active:

@@ -22,7 +22,7 @@ from typing import Any
 from ..tracking.mlflow_sink import MlflowSink
 from ..tracking.tracker import TERMINAL, Tracker
 from .cluster import check_feasible, cluster_nodes, connect_ray, resource_check_skipped
-from .outcomes import StudyResult, record_end
+from .outcomes import StudyResult, begin_trial, record_end, record_failure
 from .placement import threads_of
 from .progress import Progress
 from .signals import SignalsRaise
@@ -102,9 +102,10 @@ def _run_locked(study, runs_dir: Path, uri: str, opts: _Options) -> StudyResult:
     except BaseException as exc:
         stop = guard.interruption(exc)
         if stop is None:
+            run.end_crashed(exc)
             raise
         guard.hold()
-        stop.killed = run.end_interrupted()
+        stop.killed = guard.killed = run.end_interrupted()
         guard.install()  # a second signal may cut the Ray shutdown short
         if stop is exc:
             raise
@@ -131,6 +132,9 @@ class _StudyRun:
         self.tracker: Tracker | None = None
         self.parent: str | None = None
         self.run_ids: dict[str, str] = {}
+        #: trial id -> (config, stored run) of the pending trials that have a run already: taken up
+        #: again only when the trial starts (:func:`.outcomes.begin_trial`)
+        self.continued: dict[str, tuple] = {}
         self.todo: list = []
         self.relabelled: list[tuple[str, str]] = []
         self.ray_started = False
@@ -185,8 +189,12 @@ class _StudyRun:
         self.tracker.sync_baseline_tags(self.trials, existing)
         self.relabelled = self.tracker.sync_labels(self.trials, existing)
         for cfg in self.todo:
-            self.run_ids[cfg.trial_id] = self.tracker.ensure_trial_run(exp_id, self.parent, cfg,
-                                                                       existing.get(cfg.trial_id))
+            run = existing.get(cfg.trial_id)
+            if run is None:
+                self.run_ids[cfg.trial_id] = self.tracker.ensure_trial_run(exp_id, self.parent, cfg)
+            else:  # its earlier result (failed, interrupted) stays as it is until the trial starts again
+                self.run_ids[cfg.trial_id] = run.info.run_id
+                self.continued[cfg.trial_id] = (cfg, run)
 
     def _progress(self, existing: dict[str, Any]) -> Progress:
         """The console's progress, after saying what is not run again and whether the study file changed."""
@@ -194,7 +202,9 @@ class _StudyRun:
 
         trials, skipped, opts = self.trials, self.result.skipped, self.opts
         cpus_per_trial = max(1.0, float(trials[0].resources.get("cpus_per_trial", 1)))
-        concurrency = opts.max_concurrent or max(1, int((opts.num_cpus or os.cpu_count() or 1) // cpus_per_trial))
+        # the ETA divides by it: the local executor runs one trial at a time, whatever the CPUs
+        concurrency = 1 if opts.executor == "local" else (
+            opts.max_concurrent or max(1, int((opts.num_cpus or os.cpu_count() or 1) // cpus_per_trial)))
         progress = Progress(len(trials), len(skipped), concurrency, opts.quiet, opts.stream)
         if skipped:
             progress.line(f"{len(skipped)} of {len(trials)} trials already finished or diverged: not run again")
@@ -209,27 +219,53 @@ class _StudyRun:
     def _run_trials(self, progress: Progress) -> None:
         """The pending trials on the chosen executor; Tune (and so Ray) is imported only for ``ray``."""
         if self.opts.executor == "local":
-            _run_local(self.todo, self.tracker, self.run_ids, self.sdir, self.result, progress, self.opts.trial_plots)
+            _run_local(self.todo, self.tracker, self.run_ids, self.continued, self.sdir, self.result, progress,
+                       self.opts.trial_plots)
             return
         from .tune_runner import run_tune
 
         labels = {cfg.trial_id: cfg.label for cfg in self.trials}
-        run_tune(self.study, self.todo, self.tracker, self.run_ids, labels, self.sdir, self.result, progress,
-                 self.opts.max_concurrent, self.opts.trial_plots)
+        run_tune(self.study, self.todo, self.tracker, self.run_ids, self.continued, labels, self.sdir, self.result,
+                 progress, self.opts.max_concurrent, self.opts.trial_plots)
 
     def end_interrupted(self) -> int:
         """After a signal: close this invocation's open runs (if any were opened); how many were KILLED."""
         if self.tracker is None or self.parent is None:
             return 0
-        return _end_interrupted(self.tracker, self.parent, {cfg.trial_id for cfg in self.todo})
+        killed = _close_open_runs(self.tracker, self.parent, {cfg.trial_id for cfg in self.todo}, self.result)
+        self.tracker.end_interrupted(self.parent)
+        return killed
+
+    def end_crashed(self, exc: BaseException) -> None:
+        """After an error that stopped the study (a store fault, a bug): no run is left RUNNING.
+
+        A trial that had started ends failed with the error; one that had not ends KILLED
+        (resumable, as after a signal); the parent ends FAILED. An earlier invocation's
+        result is not touched (:attr:`continued`). A second error while closing (the store
+        is what failed) leaves the first to be reported.
+        """
+        if self.tracker is None or self.parent is None:
+            return
+        from ..trial.outcome import failure_text
+
+        error = f"the study stopped: {failure_text(exc)}"
+        try:
+            _close_open_runs(self.tracker, self.parent, {cfg.trial_id for cfg in self.todo}, self.result, error)
+            self.tracker.set_tags(self.parent, {"lsbench.status": "failed", "lsbench.error": error[:5000]})
+            self.tracker.client.set_terminated(self.parent, status="FAILED")
+        except Exception:  # noqa: BLE001 - the error that stopped the study is the one to report
+            pass
 
 
-def _end_interrupted(tracker: Tracker, parent: str, trial_ids: set[str]) -> int:
-    """End this invocation's still-RUNNING trial runs, and the parent, as KILLED; return how many trials.
+def _close_open_runs(tracker: Tracker, parent: str, trial_ids: set[str], result: StudyResult,
+                     error: str | None = None) -> int:
+    """End this invocation's still-RUNNING trial runs; return how many were marked KILLED.
 
-    Tagged ``lsbench.status=interrupted`` (not TERMINAL), so the next run of the
-    study re-runs them from their checkpoints. A run whose outcome already arrived
-    (status tag finished/diverged) but was not closed yet is closed as that outcome.
+    A run whose outcome already arrived (status tag finished/diverged) but was not closed
+    yet is closed as that outcome. With ``error`` (the study stopped on an error) a trial
+    that had started ends failed with it. Every other run ends KILLED, tagged
+    ``lsbench.status=interrupted`` (not TERMINAL): the next run of the study re-runs it
+    from its checkpoint.
     """
     killed = 0
     for tid, run in tracker.trial_runs(tracker.client.get_run(parent).info.experiment_id).items():
@@ -239,19 +275,21 @@ def _end_interrupted(tracker: Tracker, parent: str, trial_ids: set[str]) -> int:
         status = run.data.tags.get("lsbench.status")
         if status in TERMINAL:
             tracker.end_trial(rid, status)
+        elif error is not None and status == "running":
+            record_failure(tracker, result, tid, rid, error)
         else:
             tracker.end_interrupted(rid)
             killed += 1
-    tracker.end_interrupted(parent)
     return killed
 
 
-def _run_local(todo, tracker: Tracker, run_ids: dict[str, str], sdir: Path, result: StudyResult, progress: Progress,
-               trial_plots=None) -> None:
+def _run_local(todo, tracker: Tracker, run_ids: dict[str, str], continued: dict[str, tuple], sdir: Path,
+               result: StudyResult, progress: Progress, trial_plots=None) -> None:
     """Trials one after another in this process (debugging; no Ray)."""
     from ..trial import run_trial
 
     for cfg in todo:
+        begin_trial(tracker, continued, cfg.trial_id)
         progress.start(cfg.trial_id, cfg.label)
         sink = MlflowSink(tracker, run_ids[cfg.trial_id])
         tdir = sdir / "trials" / cfg.trial_id

@@ -70,9 +70,11 @@ def _trial_specs(todo, sdir) -> list[dict]:
     return specs
 
 
-def run_tune(study, todo, tracker: Tracker, run_ids: dict[str, str], labels: dict[str, str], sdir,
-             result: StudyResult, progress: Progress, max_concurrent: int | None, trial_plots=None) -> None:
-    """The trials as one Tune run on the cluster :func:`.cluster.connect_ray` joined."""
+def run_tune(study, todo, tracker: Tracker, run_ids: dict[str, str], continued: dict[str, tuple],
+             labels: dict[str, str], sdir, result: StudyResult, progress: Progress, max_concurrent: int | None,
+             trial_plots=None) -> None:
+    """The trials as one Tune run on the cluster :func:`.cluster.connect_ray` joined; ``continued``:
+    the trials whose stored runs are taken up again as each starts (:func:`.outcomes.begin_trial`)."""
     import ray
     from ray import tune
 
@@ -85,7 +87,7 @@ def run_tune(study, todo, tracker: Tracker, run_ids: dict[str, str], labels: dic
 
         max_concurrent = tune_concurrency([c.resources for c in todo], ray.cluster_resources())
     funnel = MlflowFunnel(tracker, run_ids, labels, result, progress,
-                          {c.trial_id: int(c.schedule["iterations"]) for c in todo}, trial_plots)
+                          {c.trial_id: int(c.schedule["iterations"]) for c in todo}, trial_plots, continued)
     # Tune's own result files are off (TUNE_DISABLE_AUTO_CALLBACK_LOGGERS): MLflow holds the results,
     # so its end-of-run complaint that they are missing is noise.
     import logging

@@ -6,7 +6,8 @@ Why before: an empty evaluation split, or one without objects, trained for hours
 and exit 2 now, not a result. The rules are the loaders' own (:mod:`..dataset_files.voc_xml`,
 :mod:`..dataset_files.coco_json`), so what passes here loads in the trial.
 
-What is read: every annotation XML of a VOC study's training and evaluation splits (VOC07+12:
+What is read: every annotation XML of a VOC study's training and evaluation splits, and whether each
+image they list is there (a missing JPEG failed the trial after training had started) (VOC07+12:
 21.5k small files, 1.3 s on 2 busy cores, ``docs/benchmarks.md``), and a COCO study's evaluation JSON
 (``instances_val2017.json``: 25 MB). Not the COCO training JSON (0.45 GB, half a minute to
 parse): the loader applies the same rules to it and a trial fails with the line naming the
@@ -25,7 +26,7 @@ from ..dataset_files.annotations import DROP_HINT, AnnotationError, Drops
 from ..dataset_files.coco_json import index_coco, load_coco_json
 from .errors import StudyError
 from ..dataset_files.voc_xml import parse_voc
-from ..dataset_files.voc_layout import annotation_file, side_ids, split_list, split_names, voc_sources
+from ..dataset_files.voc_layout import annotation_file, image_candidates, side_ids, split_list, split_names, voc_sources
 
 __all__ = ["data_problems"]
 
@@ -67,6 +68,10 @@ def _voc_side(sources, labels: dict, drops: Drops, max_images, src: str, field: 
             if not os.path.isfile(xml):
                 raise StudyError(src, field, f"{list_file} lists {img_id!r}, but {xml} is not there")
             rec = parse_voc(xml, labels, drops)
+            if not any(os.path.isfile(p) for p in image_candidates(year_dir, img_id, rec["file_name"])):
+                raise StudyError(src, field, f"{list_file} line {_line_of(list_file, img_id)} lists "
+                                 f"{img_id!r}, but its image is not there: "
+                                 f"{next(image_candidates(year_dir, img_id))}")
             images += 1
             if max_images is None or images <= max_images:
                 objects += sum(1 for _, _, difficult in rec["objects"] if not difficult)
@@ -75,6 +80,12 @@ def _voc_side(sources, labels: dict, drops: Drops, max_images, src: str, field: 
             raise
         raise StudyError(src, field, str(exc)) from None
     return images, objects, " + ".join(lists)
+
+
+def _line_of(list_file, img_id: str) -> int:
+    """The line of ``list_file`` that names ``img_id`` first (for the error; read again only then)."""
+    with open(list_file, encoding="utf-8-sig", errors="surrogateescape") as f:
+        return next((n for n, line in enumerate(f, 1) if line.split()[:1] == [img_id]), 0)
 
 
 def _check_voc(cfg: dict, max_images, src: str) -> None:

@@ -19,7 +19,8 @@ class StudyError(Exception):
 
     Attributes: ``file``, ``path`` (field path such as ``scaling[2].scale``,
     or ``line 3, column 5`` for YAML syntax, or ``""``), ``problem`` and
-    ``allowed`` (``None`` when there is no set or range to name).
+    ``allowed`` (``None`` when there is no set or range to name); ``problems``:
+    every problem found in the file, this one first (``str(e)`` names only it).
     """
 
     def __init__(self, file: str, path: str, problem: str, allowed: str | None = None) -> None:
@@ -35,6 +36,15 @@ class StudyError(Exception):
         if self.allowed:
             msg += f"; allowed: {self.allowed}"
         super().__init__(msg)
+        #: every problem found in the file, this one first (``lsbench validate`` prints one line each)
+        self.problems: list[StudyError] = [self]
+
+    @classmethod
+    def of(cls, problems: list[StudyError]) -> StudyError:
+        """The first of ``problems`` (at least one), carrying them all as its ``problems``."""
+        first = problems[0]
+        first.problems = list(problems)
+        return first
 
 
 def _one_line(text: str) -> str:

@@ -240,9 +240,19 @@ _TYPE_ALLOWED = {"bool_type": "true, false"}
 
 
 def _convert(source: str, exc: ValidationError, raw: Any) -> StudyError:
+    """Every problem pydantic found, one :class:`StudyError` each, as the first one's ``problems``.
+
+    In the file's order. An unknown key usually explains a 'missing' one beside it (a typo): a
+    missing key in a mapping that has an unknown one is not reported on its own."""
     errors = exc.errors(include_url=False)
-    # an unknown key usually explains a 'missing' one (a typo): report it first
-    first = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
+    typo_in = {tuple(e["loc"][:-1]) for e in errors if e["type"] == "extra_forbidden"}
+    errors = [e for e in errors if not (e["type"] == "missing" and tuple(e["loc"][:-1]) in typo_in)]
+    found = list({str(p): p for p in (_convert_one(source, e, raw) for e in errors)}.values())
+    return StudyError.of(found)
+
+
+def _convert_one(source: str, first: dict, raw: Any) -> StudyError:
+    """One pydantic error worded for the user."""
     loc, tag = _clean_loc(tuple(first["loc"]), raw)
     etype = first["type"]
     ctx = first.get("ctx") or {}
@@ -314,9 +324,46 @@ def load_study_text(text: str, source: str = _DEFAULT_SOURCE, *, base_dir: str |
         study = Study.model_validate(data, context={"source": source, "base_dir": str(base_dir)})
     except ValidationError as exc:
         raise _convert(source, exc, raw) from None
+    repeats = _repeats(study)
+    if repeats:
+        raise StudyError.of(repeats)
     if not allow_large_grid:
         _check_grid_size(study)
     return study
+
+
+def _entry_points(study: Study, entry) -> set:
+    """The grid points (model, batch size, precision, options, resources) a scaling entry gives."""
+    base_res = study.resources.model_dump(mode="json")
+    ov = entry.overrides()
+    res = {**base_res, **(entry.resources.given() if entry.resources is not None else {})}
+    return {(ov.get("model", model), ov.get("batch_size", bs), ov.get("precision", study.precision),
+             repr(sorted(entry.normalized().items())), repr(sorted(res.items())))
+            for model in study.model for bs in study.batch_size}
+
+
+def _repeats(study: Study) -> list[StudyError]:
+    """A seed listed twice, and a scaling entry whose every trial an earlier entry already gives.
+
+    Both were merged without a word: the seed ran once, and the second entry's trials were the
+    first's, so its label vanished from every table. An entry that shares only some of its
+    trials with another (an override equal to one value of an axis) stays: it adds the others.
+    """
+    out = []
+    first_at: dict[int, int] = {}
+    for i, seed in enumerate(study.seeds):
+        j = first_at.setdefault(seed, i)
+        if j != i:
+            out.append(StudyError(study.source, f"seeds[{i}]", f"seed {seed} is already seeds[{j}]; a seed "
+                                  "listed twice would run once", "each seed once"))
+    points = [_entry_points(study, e) for e in study.scaling]
+    for k, mine in enumerate(points):
+        j = next((i for i in range(k) if mine <= points[i]), None)
+        if j is not None:
+            out.append(StudyError(study.source, f"scaling[{k}]", f"gives the same trials as scaling[{j}] (the "
+                                  f"same method and options); it would merge into scaling[{j}] and its label "
+                                  "vanish", "entries that differ in an option: remove one, or change one"))
+    return out
 
 
 def grid_size(study: Study) -> int:

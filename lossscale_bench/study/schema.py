@@ -389,8 +389,10 @@ class Study(BaseModel):
     def _combinations(self, info: ValidationInfo):
         src = _ctx_source(info) if getattr(info, "context", None) else self.source
 
+        found: list[StudyError] = []  # every problem, one line each (lsbench validate prints them all)
+
         def fail(path, problem, allowed=None):
-            raise StudyError(src, path, problem, allowed)
+            found.append(StudyError(src, path, problem, allowed))
 
         if self.seed_streams.val is not None and self.dataset.name != "synthetic":
             fail("seed_streams.val", f"a validation set from a seed needs the synthetic dataset, not "
@@ -442,6 +444,8 @@ class Study(BaseModel):
         _unique_labels(self, fail)
         _check_grad_rounding(self, fail)
         _check_method_options(self, fail)
+        if found:
+            raise StudyError.of(list({str(p): p for p in found}.values()))
         return self
 
     def trials(self) -> list[TrialConfig]:

@@ -226,15 +226,7 @@ class Tracker:
         """
         baseline = _bool_tag(getattr(cfg, "baseline", False))
         if existing is not None:
-            run_id = existing.info.run_id
-            name = base_run_name(cfg.label, cfg.trial_id)
-            if existing.info.status != "RUNNING" or existing.info.run_name != name:
-                # a re-run of a failed trial drops its "[failed] " name until it ends again
-                _retry(self.client.update_run, run_id, status="RUNNING", name=name)
-            if existing.data.tags.get("lsbench.baseline") != baseline:
-                self.set_tags(run_id, {"lsbench.baseline": baseline})
-            self.begin_attempt(run_id)
-            return run_id
+            return self.continue_trial_run(cfg, existing)
         tags = {"mlflow.parentRunId": parent_run_id, "lsbench.role": "trial", "lsbench.study": cfg.study,
                 "lsbench.trial_id": cfg.trial_id, "lsbench.status": "pending", "lsbench.label": cfg.label,
                 "lsbench.row": str(cfg.row), "lsbench.precision": cfg.precision,
@@ -249,6 +241,24 @@ class Tracker:
         params = [Param(k, str(v)[:500]) for k, v in cfg.flat_params().items()]
         for i in range(0, len(params), 100):
             _retry(self.client.log_batch, run_id, params=params[i:i + 100])
+        return run_id
+
+    def continue_trial_run(self, cfg, existing) -> str:
+        """An existing trial run taken up again as the trial starts: RUNNING, its current name and
+        baseline, a new attempt (:meth:`begin_attempt`); returns its run id.
+
+        Called when the trial starts, not when the study opens its runs: a study that stops
+        before the trial runs leaves its earlier result (failed, interrupted) as it was.
+        """
+        run_id = existing.info.run_id
+        name = base_run_name(cfg.label, cfg.trial_id)
+        if existing.info.status != "RUNNING" or existing.info.run_name != name:
+            # a re-run of a failed trial drops its "[failed] " name until it ends again
+            _retry(self.client.update_run, run_id, status="RUNNING", name=name)
+        baseline = _bool_tag(getattr(cfg, "baseline", False))
+        if existing.data.tags.get("lsbench.baseline") != baseline:
+            self.set_tags(run_id, {"lsbench.baseline": baseline})
+        self.begin_attempt(run_id)
         return run_id
 
     def begin_attempt(self, run_id: str) -> None:

@@ -54,13 +54,12 @@ def run_trial(cfg, *, sink: Sink, trial_dir: str | Path, threads: int | None = N
     trial_dir = ckpt_dir if rank == 0 else ckpt_dir / f"rank{rank}"
     if rank != 0:
         sink = Sink()
-    trial_dir.mkdir(parents=True, exist_ok=True)
-    set_aside_error(trial_dir)
-    # Which process runs the trial right now (for operators, and the worker-fault test).
-    (trial_dir / "pid").write_text(str(os.getpid()))
     outcome = TrialOutcome(trial_id=cfg.trial_id, status="failed")
     sink.tags({"lsbench.status": "running"})
     try:
+        # inside the try: a folder that cannot be written is this trial's failure, one line, and
+        # under Ray not a dead process that is retried (the same error would come back)
+        _prepare_folder(trial_dir)
         _train(cfg, sink, trial_dir, threads, checkpoint_every, outcome, rank, world_size, grad_sync, ckpt_dir)
     except Exception as exc:  # noqa: BLE001 - a failed trial is data, the study goes on
         if getattr(exc, "stops_study", False):
@@ -82,6 +81,14 @@ def run_trial(cfg, *, sink: Sink, trial_dir: str | Path, threads: int | None = N
             sink.tags({"lsbench.status": "failed", "lsbench.error": outcome.error[:5000]})
     sink.flush()
     return outcome
+
+
+def _prepare_folder(trial_dir: Path) -> None:
+    """The trial's folder, an earlier attempt's error set aside, and the ``pid`` file naming which
+    process runs the trial right now (for operators, and the worker-fault test)."""
+    trial_dir.mkdir(parents=True, exist_ok=True)
+    set_aside_error(trial_dir)
+    (trial_dir / "pid").write_text(str(os.getpid()))
 
 
 def set_aside_error(trial_dir: Path) -> Path | None:
