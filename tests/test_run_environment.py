@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from helpers import library_lines, lsbench, study_yaml
 
-from lossscale_bench.portable import PORTABLE_ENV
+from lossscale_bench.core.portable import PORTABLE_ENV
 
 CLEAN = {k: "" for k in PORTABLE_ENV} | {"LSBENCH_NO_NATIVE": "", "LSBENCH_NO_COMPILE": "", "LSBENCH_MALLOC": ""}
 
@@ -31,7 +31,7 @@ def test_upper_case_aten_capability_is_refused_with_its_own_reason(tmp_path):
 def test_the_pins_in_a_process_are_checked_as_torch_reads_them():
     import pytest
 
-    from lossscale_bench.portable import PinConflict, pin, pin_problems, require_pinned
+    from lossscale_bench.core.portable import PinConflict, pin, pin_problems, require_pinned
 
     assert pin_problems({**PORTABLE_ENV, "ONEDNN_MAX_CPU_ISA": "avx2"}) == []  # oneDNN takes either case
     with pytest.raises(PinConflict, match="lower case only"):

@@ -24,7 +24,7 @@ _OFF = ("", "0", "false", "no", "off")
 
 def environment_problems(study=None) -> list[str]:
     """One line per switch in ``os.environ`` set to a value its reader does not take; with a
-    ``repeatable`` study, also each CPU pin set otherwise (:func:`lossscale_bench.portable.pin_problems`)."""
+    ``repeatable`` study, also each CPU pin set otherwise (:func:`lossscale_bench.core.portable.pin_problems`)."""
     out = []
     if os.environ.get("LSBENCH_MALLOC", "").strip():
         from ..backends.host_memory import setting_problem
@@ -38,7 +38,7 @@ def environment_problems(study=None) -> list[str]:
             out.append(f"{name}={value!r} in the environment: allowed: 1, true, yes, on (turns {what} off) "
                        f"or 0, false, no, off, empty or unset (on, the default)")
     if study is not None and study.resources.repeatable:
-        from ..portable import pin_problems
+        from ..core.portable import pin_problems
 
         out += pin_problems()
     return out
