@@ -20,7 +20,6 @@ absolute times are inflated, the ratio less so. The load average is printed with
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import sys
@@ -29,7 +28,8 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import Report, parser  # noqa: E402
 
 from lossscale_bench.data import build_datasets  # noqa: E402
 from lossscale_bench.evaluation.coco import evaluate_detections, pycocotools_box_stats  # noqa: E402
@@ -62,8 +62,7 @@ def detections(coco, per_image: tuple[int, int], seed: int) -> list[dict]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--repeat", type=int, default=3)
+    ap = parser(__doc__, repeats=3, repeats_flags=("--repeat",), repeats_help="interleaved repeats")
     ap.add_argument("--per-image", type=int, nargs=2, default=(100, 200), metavar=("MIN", "MAX"))
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
@@ -74,15 +73,16 @@ def main(argv=None) -> int:
     _, val, _ = build_datasets(cfg)
     coco = val.coco
     dets = detections(coco, tuple(args.per_image), args.seed)
-    print(f"val set: {len(coco.imgs)} images, {len(coco.anns)} objects, {len(coco.cats)} classes "
-          f"({cfg['image_size']} px); {len(dets)} detections ({len(dets) / len(coco.imgs):.0f} per image)")
-    print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} at the start")
+    rep = Report.from_args(args)
+    rep.note(f"val set: {len(coco.imgs)} images, {len(coco.anns)} objects, {len(coco.cats)} classes "
+             f"({cfg['image_size']} px); {len(dets)} detections ({len(dets) / len(coco.imgs):.0f} per image)")
+    rep.note(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} at the start")
 
     stats_ref = pycocotools_box_stats(coco, [dict(d) for d in dets])
     stats_fast = coco_box_stats(coco, dets)
     same = np.array_equal(stats_ref, stats_fast)
-    print(f"12 stats bit for bit equal: {same}  (AP {stats_fast[0]:.4f}, AP50 {stats_fast[1]:.4f}, "
-          f"AR100 {stats_fast[8]:.4f})")
+    rep.note(f"12 stats bit for bit equal: {same}  (AP {stats_fast[0]:.4f}, AP50 {stats_fast[1]:.4f}, "
+             f"AR100 {stats_fast[8]:.4f})")
 
     # what a trial pays: evaluate_detections (its dict normalisation and top-100 cut are common to both)
     times = {"pycocotools": [], "fast_coco": []}
@@ -90,7 +90,7 @@ def main(argv=None) -> int:
     # the scoring alone: pycocotools_box_stats (loadRes writes into the dicts: copies made beforehand)
     # against coco_box_stats on the same list
     alone = {"pycocotools": [], "fast_coco": []}
-    for _ in range(args.repeat):
+    for _ in range(args.repeats):
         for name, ref in (("pycocotools", True), ("fast_coco", False)):
             t0 = time.perf_counter()
             r = evaluate_detections(coco, dets, reference=ref)
@@ -105,17 +105,18 @@ def main(argv=None) -> int:
         alone["fast_coco"].append(time.perf_counter() - t0)
         same = same and np.array_equal(s_ref, s_fast) and np.array_equal(s_ref, stats_ref)
     same = same and all(r == results["pycocotools"][0] for rs in results.values() for r in rs)
-    for title, tab in ((f"evaluate_detections (reference=True / default), {args.repeat} interleaved repeats (s):",
-                        times),
-                       ("the scoring alone: pycocotools_box_stats / coco_box_stats (s):", alone)):
-        print(title)
-        for name, ts in tab.items():
-            print(f"  {name:12s} median {statistics.median(ts):7.3f}  min {min(ts):7.3f}  "
-                  f"[{', '.join(f'{t:.3f}' for t in ts)}]")
+    rows = []
+    for what, tab in (("evaluate_detections (reference=True / default)", times),
+                      ("the scoring alone: pycocotools_box_stats / coco_box_stats", alone)):
         ratio = statistics.median(tab["pycocotools"]) / statistics.median(tab["fast_coco"])
-        print(f"  ratio pycocotools / fast_coco (medians): {ratio:.1f}x")
-    print(f"stats and results equal in every repeat: {same}")
-    print(f"load average {os.getloadavg()[0]:.2f} at the end")
+        rows += [[what, name, f"{statistics.median(ts):.3f}", f"{min(ts):.3f}", ", ".join(f"{t:.3f}" for t in ts),
+                  f"{ratio:.1f}x" if name == "pycocotools" else ""] for name, ts in tab.items()]
+    rep.note("")
+    rep.table(["what", "side", "median (s)", "min (s)", f"{args.repeats} interleaved repeats (s)",
+               "ratio pycocotools / fast_coco (medians)"], rows, name="times")
+    rep.note(f"\nstats and results equal in every repeat: {same}")
+    rep.note(f"load average {os.getloadavg()[0]:.2f} at the end")
+    rep.finish()
     return 0 if same else 1
 
 
