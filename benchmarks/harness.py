@@ -38,8 +38,8 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
-__all__ = ["HERE", "ROOT", "ORDERS", "Report", "child_json", "cpu_description", "interleave", "markdown_table",
-           "order", "parser", "percentile", "ratio_interval", "summary", "time_calls"]
+__all__ = ["HERE", "ORDERS", "ROOT", "Report", "child_json", "cpu_description", "format_cell", "interleave",
+           "markdown_table", "order", "parser", "percentile", "ratio_interval", "summary", "time_calls"]
 
 #: this folder, and the repository root above it
 HERE = Path(__file__).resolve().parent
@@ -176,7 +176,8 @@ def parser(doc: str | None, *, repeats: int | None = None, repeats_flags: Iterab
     return ap
 
 
-def _cell(v: object, float_fmt: str) -> str:
+def format_cell(v: object, float_fmt: str = "{:.3f}") -> str:
+    """A table cell: None as "–", booleans as yes/no, floats with ``float_fmt``, anything else as ``str``."""
     if v is None:
         return "–"
     if isinstance(v, bool):
@@ -190,7 +191,7 @@ def markdown_table(header: Sequence[str], rows: Iterable[Sequence], float_fmt: s
     """A markdown table: cells as given when they are strings (format numbers where you know their
     precision), floats with ``float_fmt``, None as "–", booleans as yes/no."""
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(_cell(v, float_fmt) for v in r) + " |" for r in rows]
+    lines += ["| " + " | ".join(format_cell(v, float_fmt) for v in r) + " |" for r in rows]
     return "\n".join(lines)
 
 
