@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import re
 import shlex
 import sys
 import time
@@ -58,7 +59,7 @@ from gpu_sections.short_run import section_e  # noqa: E402
 from gpu_sections.throughput import section_b  # noqa: E402
 
 # a skipped first step (overflow at scale 65536) makes torch warn that the lr schedule stepped first
-warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step()` before")
+warnings.filterwarnings("ignore", message=re.escape("Detected call of `lr_scheduler.step()` before"))
 
 #: section key -> function of (the whole config, the section's own config, the output folder)
 SECTIONS = {"a": lambda cfg, sc, out: section_a(cfg, sc), "b": lambda cfg, sc, out: section_b(cfg, sc),
