@@ -63,7 +63,8 @@ def main() -> None:
                      f"{row['round']:.0f}"])
     rep.table(["gradient [tokens, channels]", "calls a step", "matmul (before), µs", "products (C), µs",
                "torch code, µs", "NVFP4 rounding of H g, µs"], rows, name="shapes")
-    rep.note(f"\nA step (both directions of every transform; the rounding once): matmul {total['matmul'] / 1e3:.2f} ms, "
+    rep.note("\nA step (both directions of every transform; the rounding once): "
+             f"matmul {total['matmul'] / 1e3:.2f} ms, "
              f"products {total['C'] / 1e3:.2f} ms, torch code {total['torch'] / 1e3:.2f} ms; "
              f"the added NVFP4 rounding {total['round'] / 1e3:.2f} ms")
     rep.finish()

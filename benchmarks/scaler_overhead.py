@@ -112,8 +112,8 @@ def main() -> None:
     for model in args.models:
         med = measure(model, args.steps, args.warmup, precision, args.device)
         base = med["dynamic (interval 10)"]
-        rows += [[f"{model} (batch {SIZES[model][1]}, {SIZES[model][0]} px)", name, f"{t * 1000:.1f}", f"{t / base:.3f}"]
-                 for name, t in med.items()]
+        rows += [[f"{model} (batch {SIZES[model][1]}, {SIZES[model][0]} px)", name, f"{t * 1000:.1f}",
+                  f"{t / base:.3f}"] for name, t in med.items()]
     rep.table(["model", "method", "median step (ms)", "ratio to dynamic"], rows, name="methods")
     rep.finish()
 
