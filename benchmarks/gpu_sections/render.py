@@ -7,10 +7,6 @@ from harness import format_cell, markdown_table
 __all__ = ["render_markdown"]
 
 
-def _f(x, fmt="{:.3f}"):
-    return format_cell(x, fmt)
-
-
 def _table(header: list[str], rows: list[list]) -> list[str]:
     return markdown_table(header, rows).split("\n")
 
@@ -124,14 +120,14 @@ def _render_probe(L: list, d: dict | None) -> None:
     L.append("")
     L += _table(["layer", "subnormal emu", "subnormal real", "flush emu", "flush real (implied)", "|Δ flush|",
                  "subnormal fp8-emu", "flush fp8-emu"],
-                [[r["layer"]] + [_f(r.get(k), "{:.4f}") for k in
+                [[r["layer"]] + [format_cell(r.get(k), "{:.4f}") for k in
                                  ("underflow_emulated", "underflow_real", "flush_emulated", "flush_real_implied",
                                   "abs_diff_flush", "underflow_fp8_emulated", "flush_fp8_emulated")]
                  for r in d["layers"]])
-    L += ["", f"Agreement: max |Δ flush| {_f(d['max_abs_diff_flush'], '{:.4f}')}, "
-          f"mean {_f(d['mean_abs_diff_flush'], '{:.4f}')}; "
-          f"max |Δ subnormal| {_f(d['max_abs_diff_underflow'], '{:.4f}')}. Whole model: real fp16 flushed "
-          f"{_f(d['overall']['flush_real_implied'], '{:.4f}')} of the non-zero gradient elements, the "
-          f"emulation {_f(d['overall']['flush_emulated'], '{:.4f}')}."
+    L += ["", f"Agreement: max |Δ flush| {format_cell(d['max_abs_diff_flush'], '{:.4f}')}, "
+          f"mean {format_cell(d['mean_abs_diff_flush'], '{:.4f}')}; "
+          f"max |Δ subnormal| {format_cell(d['max_abs_diff_underflow'], '{:.4f}')}. Whole model: real fp16 flushed "
+          f"{format_cell(d['overall']['flush_real_implied'], '{:.4f}')} of the non-zero gradient elements, the "
+          f"emulation {format_cell(d['overall']['flush_emulated'], '{:.4f}')}."
           + (f" Not run (time budget): {', '.join(d['skipped'])}." if d["skipped"] else ""), ""]
 
