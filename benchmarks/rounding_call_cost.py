@@ -3,7 +3,7 @@
 The default study's E4M3 rows pay, on every step, ~33 rounding calls (each conv/linear output in the
 forward and its gradient in the backward, plus one for all parameter gradients). This times, per
 tensor size, the call a step makes (``E4M3.round``: the format's rounder and ``round_fp8``'s checks,
-then the C kernel of ``numerics/_native.py`` where it builds), the same call with the C kernel turned
+then the C kernel of ``numerics/native.py`` where it builds), the same call with the C kernel turned
 off (``LSBENCH_NO_NATIVE=1``: ``round_fp8``'s flattening, ``LazyCompiled``'s dispatch, Dynamo and
 Inductor's kernel, as before issue 28's C kernel), each kernel called directly (C, Inductor), the
 eager bit-level kernel, and two references: an fp32 multiply and torch's fp16 round trip (both
@@ -15,7 +15,7 @@ vectorised ATen kernels). Tenth-percentile of ``--calls`` timed calls each, one 
 ``--blocks``: the block-scaled round trips instead (issues 28 and 32), on channels_last gradients of
 a batch of 8 (the CPU layout of every conv's), as ``block_round``/``fp4_round`` are called by a step:
 MX32 E4M3 without and with the telemetry's counts, and NVFP4, MXFP4 and plain E2M1 with stochastic
-rounding, each with the C loop (``numerics/_native.py``) and with it turned off (the Inductor kernel
+rounding, each with the C loop (``numerics/native.py``) and with it turned off (the Inductor kernel
 after flattening into logical order, as before).
 """
 import os
