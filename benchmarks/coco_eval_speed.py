@@ -22,7 +22,6 @@ absolute times are inflated, the ratio less so. The load average is printed with
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import io
 import os
@@ -33,7 +32,8 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import Report, parser  # noqa: E402
 
 from lossscale_bench.data import build_datasets  # noqa: E402
 from lossscale_bench.evaluation.coco import evaluate_detections, pycocotools_box_stats  # noqa: E402
@@ -83,8 +83,7 @@ def faster_coco_eval_stats(coco, dets: list[dict]):
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--repeat", type=int, default=3)
+    ap = parser(__doc__, repeats=3, repeats_flags=("--repeat",), repeats_help="interleaved repeats")
     ap.add_argument("--per-image", type=int, nargs=2, default=(100, 200), metavar=("MIN", "MAX"))
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
@@ -95,15 +94,16 @@ def main(argv=None) -> int:
     _, val, _ = build_datasets(cfg)
     coco = val.coco
     dets = detections(coco, tuple(args.per_image), args.seed)
-    print(f"val set: {len(coco.imgs)} images, {len(coco.anns)} objects, {len(coco.cats)} classes "
-          f"({cfg['image_size']} px); {len(dets)} detections ({len(dets) / len(coco.imgs):.0f} per image)")
-    print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} at the start")
+    rep = Report.from_args(args)
+    rep.note(f"val set: {len(coco.imgs)} images, {len(coco.anns)} objects, {len(coco.cats)} classes "
+             f"({cfg['image_size']} px); {len(dets)} detections ({len(dets) / len(coco.imgs):.0f} per image)")
+    rep.note(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} at the start")
 
     stats_ref = pycocotools_box_stats(coco, [dict(d) for d in dets])
     stats_fast = coco_box_stats(coco, dets)
     same = np.array_equal(stats_ref, stats_fast)
-    print(f"12 stats bit for bit equal: {same}  (AP {stats_fast[0]:.4f}, AP50 {stats_fast[1]:.4f}, "
-          f"AR100 {stats_fast[8]:.4f})")
+    rep.note(f"12 stats bit for bit equal: {same}  (AP {stats_fast[0]:.4f}, AP50 {stats_fast[1]:.4f}, "
+             f"AR100 {stats_fast[8]:.4f})")
 
     # what a trial pays: evaluate_detections (its dict normalisation and top-100 cut are common to both)
     times = {"pycocotools": [], "fast_coco": []}
@@ -114,7 +114,7 @@ def main(argv=None) -> int:
     fce_same = True
     if faster_coco_eval_stats(coco, dets[:1]) is not None:
         alone["faster-coco-eval"] = []
-    for _ in range(args.repeat):
+    for _ in range(args.repeats):
         for name, ref in (("pycocotools", True), ("fast_coco", False)):
             t0 = time.perf_counter()
             r = evaluate_detections(coco, dets, reference=ref)
@@ -134,20 +134,20 @@ def main(argv=None) -> int:
             fce_same = fce_same and np.array_equal(s_fce, s_ref)
         same = same and np.array_equal(s_ref, s_fast) and np.array_equal(s_ref, stats_ref)
     same = same and all(r == results["pycocotools"][0] for rs in results.values() for r in rs)
-    for title, tab in ((f"evaluate_detections (reference=True / default), {args.repeat} interleaved repeats (s):",
-                        times),
-                       ("the scoring alone: pycocotools_box_stats / coco_box_stats (s):", alone)):
-        print(title)
-        for name, ts in tab.items():
-            print(f"  {name:16s} median {statistics.median(ts):7.3f}  min {min(ts):7.3f}  "
-                  f"[{', '.join(f'{t:.3f}' for t in ts)}]")
-        for other in [n for n in tab if n != "fast_coco"]:
-            ratio = statistics.median(tab[other]) / statistics.median(tab["fast_coco"])
-            print(f"  ratio {other} / fast_coco (medians): {ratio:.1f}x")
-    print(f"stats and results equal in every repeat: {same}")
+    rows = []
+    for what, tab in (("evaluate_detections (reference=True / default)", times),
+                      ("the scoring alone: pycocotools_box_stats / coco_box_stats", alone)):
+        base = statistics.median(tab["fast_coco"])
+        rows += [[what, name, f"{statistics.median(ts):.3f}", f"{min(ts):.3f}", ", ".join(f"{t:.3f}" for t in ts),
+                  "" if name == "fast_coco" else f"{statistics.median(ts) / base:.1f}x"] for name, ts in tab.items()]
+    rep.note("")
+    rep.table(["what", "side", "median (s)", "min (s)", f"{args.repeats} interleaved repeats (s)",
+               "ratio to fast_coco (medians)"], rows, name="times")
+    rep.note(f"\nstats and results equal in every repeat: {same}")
     if "faster-coco-eval" in alone:
-        print(f"faster-coco-eval's 12 stats bit for bit pycocotools' in every repeat: {fce_same}")
-    print(f"load average {os.getloadavg()[0]:.2f} at the end")
+        rep.note(f"faster-coco-eval's 12 stats bit for bit pycocotools' in every repeat: {fce_same}")
+    rep.note(f"load average {os.getloadavg()[0]:.2f} at the end")
+    rep.finish()
     return 0 if same else 1
 
 

@@ -12,13 +12,14 @@ The CI test (tests/orchestration/test_concurrency.py) runs the same code for a s
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import Report, parser  # noqa: E402
 
 KEYS = ("loss", "loss_scale", "lr")
 
@@ -84,11 +85,18 @@ def run(trials: int = 8, seconds: float = 20.0, workdir: str | None = None) -> d
             "statuses": sorted({o["status"] for o in result.outcomes.values()})}
 
 
-if __name__ == "__main__":
-    ap = argparse.ArgumentParser()
+def main() -> int:
+    ap = parser(__doc__)
     ap.add_argument("--trials", type=int, default=8)
     ap.add_argument("--seconds", type=float, default=300)
     args = ap.parse_args()
     out = run(args.trials, args.seconds)
-    print(json.dumps(out, indent=2))
-    sys.exit(0 if out["expected_points"] == out["stored_points"] else 1)
+    rep = Report.from_args(args)
+    rep.data.update(out)
+    rep.table(list(out), [[", ".join(v) if isinstance(v, list) else v for v in out.values()]], name="run")
+    rep.finish()
+    return 0 if out["expected_points"] == out["stored_points"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -15,9 +15,12 @@ dynamic scalers lose less on the photos than on the synthetic shapes).
 
 from __future__ import annotations
 
-import argparse
 import statistics
+import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import Report, markdown_table, parser  # noqa: E402
 
 
 def curves(runs_dirs: list[Path], metric: str, study: str | None = None, by_row: bool = False,
@@ -61,24 +64,29 @@ def _windowed(values: dict[int, float], window: int | None) -> dict[int, float]:
     return {s: statistics.fmean(vs) for s, vs in sorted(bins.items())}
 
 
-def table(cols: dict[str, dict[int, float]], percent: bool = True) -> str:
+def table_rows(cols: dict[str, dict[int, float]], percent: bool = True) -> tuple[list[str], list[list[str]]]:
+    """The header and rows of :func:`table`."""
     def fmt(v: float) -> str:
         return f"{100 * v:.1f}" if percent else f"{v:.4g}"
 
     steps = sorted({s for c in cols.values() for s in c})
     names = list(cols)
-    lines = ["| step | " + " | ".join(names) + " | mean (n) |", "|---" * (len(names) + 2) + "|"]
+    rows = []
     for s in steps:
         vals = [cols[n].get(s) for n in names]
         have = [v for v in vals if v is not None]
-        cells = ["" if v is None else fmt(v) for v in vals]
         mean = f"{fmt(statistics.fmean(have))} ({len(have)})" if have else ""
-        lines.append(f"| {s} | " + " | ".join(cells) + f" | {mean} |")
-    return "\n".join(lines)
+        rows.append([s] + ["" if v is None else fmt(v) for v in vals] + [mean])
+    return ["step", *names, "mean (n)"], rows
+
+
+def table(cols: dict[str, dict[int, float]], percent: bool = True) -> str:
+    """Steps down, trials (or rows) across, and the mean over those with a value at the step."""
+    return markdown_table(*table_rows(cols, percent))
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = parser(__doc__)
     ap.add_argument("runs_dirs", nargs="+", type=Path)
     ap.add_argument("--metric", default="map", help="the MLflow metric (default: map, the evaluation's mAP)")
     ap.add_argument("--study", help="only this study's trials (its name; default: every study in the stores)")
@@ -94,8 +102,11 @@ def main(argv=None) -> int:
     cols = curves(a.runs_dirs, a.metric, a.study, by_row=a.by_row, window=a.window)
     unit = "as logged" if a.raw else "in percent"
     over = f", averaged over windows of {a.window} steps (keyed by the window's end)" if a.window else ""
-    print(table(cols, percent=not a.raw) + f"\n\n{a.metric} {unit}{over}; the mean over the "
-          f"{'rows' if a.by_row else 'trials'} with a value at that step.")
+    rep = Report.from_args(a)
+    rep.table(*table_rows(cols, percent=not a.raw), name=a.metric)
+    rep.note(f"\n{a.metric} {unit}{over}; the mean over the {'rows' if a.by_row else 'trials'} with a value at "
+             "that step.")
+    rep.finish()
     return 0
 
 

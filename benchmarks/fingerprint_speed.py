@@ -18,7 +18,6 @@ Generating takes ~10 s; ``--dir`` keeps the tree, and a later run with the same 
 
 from __future__ import annotations
 
-import argparse
 import os
 import random
 import statistics
@@ -27,7 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import Report, parser, time_calls  # noqa: E402
 
 from lossscale_bench.study import load_study_text  # noqa: E402
 from lossscale_bench.study.data_check import data_problems  # noqa: E402
@@ -104,38 +104,37 @@ def _timed(fn, repeat: int, before=None) -> tuple[float, float]:
     for _ in range(repeat):
         if before:
             before()
-        t0, c0 = time.perf_counter(), time.process_time()
-        fn()
-        wall.append(time.perf_counter() - t0)
+        c0 = time.process_time()
+        wall += time_calls(fn, 1)
         cpu.append(time.process_time() - c0)
     return statistics.median(wall), statistics.median(cpu)
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = parser(__doc__, repeats=3, repeats_flags=("--repeat",), repeats_help="runs of each measurement")
     ap.add_argument("--dir", default=None, help="where the tree is (kept); default: a temporary folder")
-    ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args()
     base = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="lsbench-fp-"))
     devkit = base / "VOCdevkit"
     t0 = time.perf_counter()
     files = generate(devkit)
-    print(f"tree: {devkit} ({len(files)} files read; ready in {time.perf_counter() - t0:.1f} s)")
+    rep = Report.from_args(args)
+    rep.note(f"tree: {devkit} ({len(files)} files read; ready in {time.perf_counter() - t0:.1f} s)")
     cfg = {"name": "voc0712", "root": str(base)}
     study = load_study_text(f"name: b\ndataset: {{name: voc0712, root: {base}}}\nmodel: [ssd300_vgg16]\n"
                             "batch_size: [8]\nprecision: fp32\nscaling: [{method: none}]\n"
                             "schedule: {iterations: 10, lr: 0.001}\neval: {metric: voc07}\n")
-    rows = [("fingerprint, warm page cache", _timed(lambda: data_fingerprint(cfg), args.repeat)),
-            ("fingerprint, cold (files evicted)", _timed(lambda: data_fingerprint(cfg), args.repeat,
+    rows = [("fingerprint, warm page cache", _timed(lambda: data_fingerprint(cfg), args.repeats)),
+            ("fingerprint, cold (files evicted)", _timed(lambda: data_fingerprint(cfg), args.repeats,
                                                           lambda: evict(files))),
-            ("old size-only pass (2 stat per id), warm", _timed(lambda: stat_only(devkit), args.repeat)),
-            ("data check (validate/run), warm", _timed(lambda: data_problems(study), args.repeat))]
+            ("old size-only pass (2 stat per id), warm", _timed(lambda: stat_only(devkit), args.repeats)),
+            ("data check (validate/run), warm", _timed(lambda: data_problems(study), args.repeats))]
     assert data_problems(study) == [], data_problems(study)
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    print(f"\n{os.cpu_count()} cores, load average {load:.1f} at the end")
-    print(f"\n| what ({args.repeat} runs, median) | wall (s) | CPU (s) |\n|---|---|---|")
-    for name, (wall, cpu) in rows:
-        print(f"| {name} | {wall:.2f} | {cpu:.2f} |")
+    rep.note(f"\n{os.cpu_count()} cores, load average {load:.1f} at the end\n")
+    rep.table([f"what ({args.repeats} runs, median)", "wall (s)", "CPU (s)"],
+              [[name, f"{wall:.2f}", f"{cpu:.2f}"] for name, (wall, cpu) in rows], name="times")
+    rep.finish()
 
 
 if __name__ == "__main__":

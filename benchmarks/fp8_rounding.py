@@ -17,17 +17,18 @@ gradient shapes.
 
 from __future__ import annotations
 
-import argparse
 import math
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import Report, interleave, parser  # noqa: E402
+
 from lossscale_bench.numerics.block_scaling import block_round  # noqa: E402
 from lossscale_bench.numerics.fp8 import E4M3, compiled_kernel, round_fp8  # noqa: E402
 
@@ -111,9 +112,8 @@ def graphs_for_twenty_shapes() -> int:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = parser(__doc__, repeats=50, repeats_flags=("--rounds",), repeats_help="rounds, one call of each row a round")
     ap.add_argument("--numel", type=int, default=2 ** 21)
-    ap.add_argument("--rounds", type=int, default=50)
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -123,25 +123,27 @@ def main() -> None:
     table = rows(x)
     for fn in table.values():     # warm-up: compile every kernel, fill caches
         fn()
-    times: dict[str, list[float]] = {k: [] for k in table}
-    for _ in range(args.rounds):
-        for name, fn in table.items():
+
+    def timed(fn):
+        def run(rnd: int) -> float:
             t0 = time.perf_counter()
             fn()
-            times[name].append(time.perf_counter() - t0)
+            return time.perf_counter() - t0
+        return run
+
+    times = interleave({name: timed(fn) for name, fn in table.items()}, args.repeats, how="fixed")
     med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), {args.numel:,} fp32 elements, "
-          f"median of {args.rounds} interleaved rounds")
-    print()
-    print("| operation | median (ms) | min (ms) | x fp32 multiply | x E4M3 eager cast |")
-    print("|---|---|---|---|---|")
+    rep = Report.from_args(args)
+    rep.note(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), {args.numel:,} fp32 elements, "
+             f"median of {args.repeats} interleaved rounds\n")
     base, cast = med["fp32 multiply (reference)"], med["E4M3, eager torch cast"]
-    for name, m in med.items():
-        print(f"| {name} | {m:.2f} | {min(times[name]) * 1e3:.2f} | {m / base:.1f} | {m / cast:.2f} |")
-    print()
-    for name, s in compile_s:
-        print(f"first call (compile, or load from Inductor's cache) of {name}: {s:.1f} s")
-    print(f"Inductor graphs of the E4M3 kernel after 20 more gradient shapes: {graphs_for_twenty_shapes()}")
+    rep.table(["operation", "median (ms)", "min (ms)", "x fp32 multiply", "x E4M3 eager cast"],
+              [[name, f"{m:.2f}", f"{min(times[name]) * 1e3:.2f}", f"{m / base:.1f}", f"{m / cast:.2f}"]
+               for name, m in med.items()], name="kernels")
+    rep.note("\n" + "\n".join(f"first call (compile, or load from Inductor's cache) of {name}: {s:.1f} s"
+                               for name, s in compile_s))
+    rep.note(f"Inductor graphs of the E4M3 kernel after 20 more gradient shapes: {graphs_for_twenty_shapes()}")
+    rep.finish()
 
 
 if __name__ == "__main__":

@@ -11,11 +11,14 @@ memory setting (freed memory kept).
 
     .venv/bin/python benchmarks/hadamard_speed.py
 """
-import argparse
-import time
+import sys
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import Report, parser, time_calls  # noqa: E402
 
 from lossscale_bench.backends.host_memory import keep_freed_memory
 from lossscale_bench.numerics import hadamard
@@ -28,44 +31,43 @@ STEP_SHAPES = {(73728, 16): 1, (18432, 32): 1, (4608, 32): 1, (1152, 32): 1, (11
 
 
 def best_us(fn, calls: int) -> float:
-    best = float("inf")
-    for _ in range(5):
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        best = min(best, (time.perf_counter() - t0) / calls)
-    return best * 1e6
+    """The best of 5 repeats of ``calls`` calls in a row, per call, in µs."""
+    return min(time_calls(fn, 5, per_call=calls)) * 1e6
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = parser(__doc__)
     ap.add_argument("--calls", type=int, default=50)
     args = ap.parse_args()
     torch.set_num_threads(1)
     keep_freed_memory()
     fmt = get_precision("e4m3fwd-nvfp4grad-emulated", wgrad_hadamard=True).grad_format
     native = hadamard._NATIVE.ready()
-    print(f"C loop: {'used' if native else 'not available (' + str(hadamard._NATIVE.broken) + ')'}\n")
-    print("| gradient [tokens, channels] | calls a step | matmul (before), µs | products (C), µs | torch code, µs "
-          "| NVFP4 rounding of H g, µs |")
-    print("|---|---|---|---|---|---|")
+    rep = Report.from_args(args)
+    rep.note(f"C loop: {'used' if native else 'not available (' + str(hadamard._NATIVE.broken) + ')'}\n")
     total = {"matmul": 0.0, "C": 0.0, "torch": 0.0, "round": 0.0}
+    rows = []
     for (k, c), m in STEP_SHAPES.items():
         x = torch.randn(k, c)
         padded = k + -k % 16
         t = products(H16, x, padded)
         view = t.reshape(1, 1, padded, c).permute(0, 3, 1, 2)
-        row = {"matmul": best_us(lambda: torch.matmul(H16, F.pad(x, (0, 0, 0, padded - k)).reshape(-1, 16, c)),
-                                 args.calls),
-               "C": best_us(lambda: products(H16, x, padded), args.calls),
-               "torch": best_us(lambda: hadamard._products_torch(H16, x, padded), args.calls),
-               "round": best_us(lambda: fmt.round(view), args.calls)}
+        row = {"matmul": best_us(lambda x=x, k=k, c=c, p=padded: torch.matmul(
+                   H16, F.pad(x, (0, 0, 0, p - k)).reshape(-1, 16, c)), args.calls),
+               "C": best_us(lambda x=x, p=padded: products(H16, x, p), args.calls),
+               "torch": best_us(lambda x=x, p=padded: hadamard._products_torch(H16, x, p), args.calls),
+               "round": best_us(lambda v=view: fmt.round(v), args.calls)}
         for key, v in row.items():
             total[key] += m * v * (1 if key == "round" else 2)  # the transforms run both ways
-        print(f"| {k} × {c} | {m} | {row['matmul']:.0f} | {row['C']:.0f} | {row['torch']:.0f} | {row['round']:.0f} |")
-    print(f"\nA step (both directions of every transform; the rounding once): matmul {total['matmul'] / 1e3:.2f} ms, "
-          f"products {total['C'] / 1e3:.2f} ms, torch code {total['torch'] / 1e3:.2f} ms; "
-          f"the added NVFP4 rounding {total['round'] / 1e3:.2f} ms")
+        rows.append([f"{k} × {c}", m, f"{row['matmul']:.0f}", f"{row['C']:.0f}", f"{row['torch']:.0f}",
+                     f"{row['round']:.0f}"])
+    rep.table(["gradient [tokens, channels]", "calls a step", "matmul (before), µs", "products (C), µs",
+               "torch code, µs", "NVFP4 rounding of H g, µs"], rows, name="shapes")
+    rep.note("\nA step (both directions of every transform; the rounding once): "
+             f"matmul {total['matmul'] / 1e3:.2f} ms, "
+             f"products {total['C'] / 1e3:.2f} ms, torch code {total['torch'] / 1e3:.2f} ms; "
+             f"the added NVFP4 rounding {total['round'] / 1e3:.2f} ms")
+    rep.finish()
 
 
 if __name__ == "__main__":

@@ -18,13 +18,11 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "benchmarks"))
-from step_ratio import ratio_interval  # noqa: E402  (torch-free; the paired interval the other tables use)
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import ROOT, Report, child_json, cpu_description, order, parser, ratio_interval  # noqa: E402
 
 ARMS = ("system", "kept")
 
@@ -58,20 +56,17 @@ def run_arm(arm: str, args, row: int) -> dict:
     env.pop("LSBENCH_MALLOC", None)
     if arm == "system":
         env["LSBENCH_MALLOC"] = "system"
-    out = subprocess.run([sys.executable, __file__, "--child", "--study", args.study, "--rows", str(row),
-                          "--warmup", str(args.warmup), "--iterations", str(args.iterations)],
-                         env=env, check=True, capture_output=True, text=True, cwd=ROOT).stdout
-    res = json.loads(out.strip().splitlines()[-1])
+    res = child_json([__file__, "--child", "--study", args.study, "--rows", str(row), "--warmup", str(args.warmup),
+                      "--iterations", str(args.iterations)], env=env, what=f"arm {arm}, row {row}")
     if res["kept"] != (arm == "kept"):
         raise SystemExit(f"arm {arm}: the setting was {'in force' if res['kept'] else 'not in force'}")
     return res
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = parser(__doc__, repeats=3, repeats_flags=("--rounds",), repeats_help="rounds of one child per arm")
     ap.add_argument("--study", default=str(ROOT / "studies" / "smoke.yaml"))
     ap.add_argument("--rows", type=int, nargs="+", default=[0, 1])
-    ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--warmup", type=int, default=15)
     ap.add_argument("--iterations", type=int, default=60)
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -80,27 +75,30 @@ def main() -> None:
         print(json.dumps(child(args.study, args.rows[0], args.warmup, args.iterations)))
         return
 
-    from trial_cost import cpu_description
-
     results = {(row, arm): [] for row in args.rows for arm in ARMS}
-    for rnd in range(args.rounds):
+    for rnd in range(args.repeats):
         for row in args.rows:
-            for arm in (ARMS if rnd % 2 == 0 else ARMS[::-1]):
+            for arm in order(ARMS, rnd, "abba"):
                 results[(row, arm)].append(run_arm(arm, args, row))
-    print(f"{cpu_description()}; one torch thread; {args.study}; {args.rounds} rounds of one child process per "
-          f"arm, {args.iterations} timed iterations each after {args.warmup}\n")
-    print("| row | step, glibc defaults (ms) | step, freed memory kept (ms) | kept / defaults [95 % interval] "
-          "| minor faults a step | system time a step (ms) | peak RSS (MB) |")
-    print("|---|---|---|---|---|---|---|")
+    rep = Report.from_args(args)
+    rep.note(f"{cpu_description()}; one torch thread; {args.study}; {args.repeats} rounds of one child process "
+             f"per arm, {args.iterations} timed iterations each after {args.warmup}\n")
+
+    def mean(xs, key):
+        return statistics.fmean(x[key] for x in xs)
+
+    table = []
     for row in args.rows:
         s, k = results[(row, "system")], results[(row, "kept")]
         r, lo, hi = ratio_interval([x["ms"] for x in k], [x["ms"] for x in s])
-
-        def mean(xs, key):
-            return statistics.fmean(x[key] for x in xs)
-        print(f"| {s[0]['label']} | {mean(s, 'ms'):.1f} | {mean(k, 'ms'):.1f} | {r:.3f} [{lo:.3f}, {hi:.3f}] | "
-              f"{mean(s, 'faults'):.0f} → {mean(k, 'faults'):.0f} | {mean(s, 'sys_ms'):.1f} → {mean(k, 'sys_ms'):.1f} | "
-              f"{mean(s, 'rss_mb'):.0f} → {mean(k, 'rss_mb'):.0f} |")
+        table.append([s[0]["label"], f"{mean(s, 'ms'):.1f}", f"{mean(k, 'ms'):.1f}", f"{r:.3f} [{lo:.3f}, {hi:.3f}]",
+                      f"{mean(s, 'faults'):.0f} → {mean(k, 'faults'):.0f}",
+                      f"{mean(s, 'sys_ms'):.1f} → {mean(k, 'sys_ms'):.1f}",
+                      f"{mean(s, 'rss_mb'):.0f} → {mean(k, 'rss_mb'):.0f}"])
+    rep.table(["row", "step, glibc defaults (ms)", "step, freed memory kept (ms)", "kept / defaults [95 % interval]",
+               "minor faults a step", "system time a step (ms)", "peak RSS (MB)"], table, name="rows")
+    rep.data["results"] = [{"row": row, "arm": arm, "rounds": v} for (row, arm), v in results.items()]
+    rep.finish()
 
 
 if __name__ == "__main__":

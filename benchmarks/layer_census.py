@@ -17,13 +17,15 @@ in a range (to compare the first steps with the last ones). Layers in the order 
 
 from __future__ import annotations
 
-import argparse
 import csv
 import math
 import statistics
 import sys
 from collections import defaultdict
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import Report, markdown_table, parser  # noqa: E402
 
 RATES = ("flush_rate", "underflow_rate", "saturate_rate", "param_flush_rate", "param_saturate_rate")
 
@@ -71,15 +73,13 @@ def census(study_path: str, runs_dir: Path, rate: str, steps) -> tuple[list[str]
 
 
 def table(layers, labels, means) -> str:
-    lines = ["| layer | " + " | ".join(labels) + " |", "|---" * (len(labels) + 1) + "|"]
-    for layer in layers:
-        cells = [("–" if (layer, lab) not in means else f"{100 * means[(layer, lab)]:.2f}") for lab in labels]
-        lines.append(f"| {layer} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    """Layers down, rows across: each rate in percent, "–" where a row has no value for the layer."""
+    return markdown_table(["layer", *labels], [[layer] + [f"{100 * means[(layer, lab)]:.2f}" if (layer, lab) in means
+                                                          else None for lab in labels] for layer in layers])
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = parser(__doc__)
     ap.add_argument("study")
     ap.add_argument("--runs-dir", type=Path, default=Path("runs"))
     ap.add_argument("--rate", choices=RATES, default="flush_rate")
@@ -101,7 +101,11 @@ def main(argv=None) -> int:
         print(f"layer_census: no trial of {a.study} has a layers_history.csv under {a.runs_dir}", file=sys.stderr)
         return 2
     span = f"steps {a.steps[0]}-{a.steps[1]}" if a.steps else "every logged step"
-    print(table(layers, labels, means) + f"\n\n{a.rate} in percent, mean over {span} and the seeds of each row.")
+    rep = Report.from_args(a)
+    rep.table(["layer", *labels], [[layer] + [f"{100 * means[(layer, lab)]:.2f}" if (layer, lab) in means else None
+                                              for lab in labels] for layer in layers], name=a.rate)
+    rep.note(f"\n{a.rate} in percent, mean over {span} and the seeds of each row.")
+    rep.finish()
     return 0
 
 

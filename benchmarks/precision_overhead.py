@@ -17,13 +17,13 @@ by side. Prints a markdown table (paste it into docs/benchmarks.md with the comm
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import Report, parser  # noqa: E402
 from scaler_overhead import SIZES, build, time_interleaved  # noqa: E402
 
 PRECISIONS = ("fp32", "fp16-emulated", "fp8-emulated", "fp8-e4m3-emulated", "fp8-e4m3-emulated+mx32")
@@ -45,7 +45,7 @@ def measure_layouts(model_name: str, steps: int, warmup: int, device: str) -> di
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = parser(__doc__)
     ap.add_argument("--models", nargs="+", default=["ssd_tiny"])
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--warmup", type=int, default=5)
@@ -56,18 +56,19 @@ def main() -> None:
                     help="fp32 and others (name+mx32: block-scaled fp8 gradients; name+hadamard: FP4 wgrad_hadamard)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    print(f"device {args.device}, {args.steps} timed steps after {args.warmup} warm-up, "
-          f"torch {torch.__version__}, {torch.get_num_threads()} threads")
-    print()
+    rep = Report.from_args(args)
+    rep.note(f"device {args.device}, {args.steps} timed steps after {args.warmup} warm-up, "
+             f"torch {torch.__version__}, {torch.get_num_threads()} threads\n")
     measure_fn, header, base = ((measure_layouts, "precision, layout", "fp32, NCHW") if args.layouts
                                 else (lambda *a: measure(*a, precisions=args.precisions), "precision", "fp32"))
-    print(f"| model | {header} | median step (ms) | ratio to {base} |")
-    print("|---|---|---|---|")
+    rows = []
     for model in args.models:
         med = measure_fn(model, args.steps, args.warmup, args.device)
-        for name, t in med.items():
-            print(f"| {model} (batch {SIZES[model][1]}, {SIZES[model][0]} px) | {name} | {t * 1000:.1f} | "
-                  f"{t / med[base]:.3f} |", flush=True)
+        rows += [[f"{model} (batch {SIZES[model][1]}, {SIZES[model][0]} px)", name, f"{t * 1000:.1f}",
+                  f"{t / med[base]:.3f}"] for name, t in med.items()]
+    rep.table(["model", header, "median step (ms)", f"ratio to {base}"], rows, name="precisions")
+    rep.finish()
+
 
 if __name__ == "__main__":
     main()

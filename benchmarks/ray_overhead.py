@@ -9,10 +9,13 @@ two executors is Ray's start-up plus its per-trial scheduling and worker start.
 
 from __future__ import annotations
 
-import argparse
+import sys
 import tempfile
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import Report, parser  # noqa: E402
 
 STUDY = """\
 name: overhead
@@ -54,7 +57,7 @@ def ray_startup(num_cpus: int) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = parser(__doc__)
     ap.add_argument("--trials", type=int, default=8)
     ap.add_argument("--num-cpus", type=int, default=2)
     args = ap.parse_args()
@@ -64,14 +67,15 @@ def main() -> None:
     local = timed("local", args.trials, args.num_cpus)
     ray_t = timed("ray", args.trials, args.num_cpus)
     start = ray_startup(args.num_cpus)
-    print(f"{args.trials} trials, num_cpus {args.num_cpus}")
-    print("| executor | wall (s) | per trial (s) |")
-    print("|---|---|---|")
-    print(f"| in-process (`--executor local`) | {local:.1f} | {local / args.trials:.2f} |")
-    print(f"| Ray Tune | {ray_t:.1f} | {ray_t / args.trials:.2f} |")
-    print(f"\nray.init alone: {start:.1f} s; Ray's extra cost per trial after start-up, "
-          f"(trials one at a time): {(ray_t - start - local) / args.trials:.2f} s "
-          f"(ratio Ray/in-process {ray_t / local:.2f})")
+    rep = Report.from_args(args)
+    rep.note(f"{args.trials} trials, num_cpus {args.num_cpus}")
+    rep.table(["executor", "wall (s)", "per trial (s)"],
+              [["in-process (`--executor local`)", f"{local:.1f}", f"{local / args.trials:.2f}"],
+               ["Ray Tune", f"{ray_t:.1f}", f"{ray_t / args.trials:.2f}"]], name="executors")
+    rep.note(f"\nray.init alone: {start:.1f} s; Ray's extra cost per trial after start-up, "
+             f"(trials one at a time): {(ray_t - start - local) / args.trials:.2f} s "
+             f"(ratio Ray/in-process {ray_t / local:.2f})")
+    rep.finish()
 
 
 if __name__ == "__main__":

@@ -17,16 +17,14 @@ doubles as a check across machines.
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import HERE, ROOT, Report, child_json, order, parser  # noqa: E402
+
 from lossscale_bench.core.portable import PORTABLE_ENV  # noqa: E402  (torch-free)
 
 SETTINGS = {
@@ -41,13 +39,13 @@ import json, statistics, sys, time
 sys.path.insert(0, sys.argv[1])
 import torch
 torch.set_num_threads(1)
-from scaler_overhead import SIZES, build, _batch
+from scaler_overhead import SIZES, build, random_batch
 steps, warmup = int(sys.argv[2]), int(sys.argv[3])
 tr = build("ssd_tiny", {"method": "none"}, "fp32", "cpu")
 size, n = SIZES["ssd_tiny"]
 times = []
 for i in range(warmup + steps):
-    images, targets = _batch(size, n, i)
+    images, targets = random_batch(size, n, i)
     t0 = time.perf_counter()
     tr.train_step(images, targets)
     if i >= warmup:
@@ -64,39 +62,35 @@ print(json.dumps({"median_s": statistics.median(times), "capability": torch.back
 def run_one(env: dict, steps: int, warmup: int) -> dict:
     """One fresh process under ``env`` (the pins cleared first, then set); its median step and ATen level."""
     full = {k: v for k, v in os.environ.items() if k not in PORTABLE_ENV}
-    full.update(env, PYTHONPATH=os.pathsep.join(filter(None, [str(HERE.parent), os.environ.get("PYTHONPATH")])))
-    out = subprocess.run([sys.executable, "-c", _CHILD, str(HERE), str(steps), str(warmup)], env=full,
-                         capture_output=True, text=True, check=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    full.update(env, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    return child_json(["-c", _CHILD, str(HERE), str(steps), str(warmup)], env=full, cwd=Path.cwd(),
+                      what=", ".join(f"{k}={v}" for k, v in env.items()) or "unpinned")
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--rounds", type=int, default=3)
+    ap = parser(__doc__, repeats=3, repeats_flags=("--rounds",), repeats_help="rounds of one fresh process per setting")
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=5)
     args = ap.parse_args()
     per: dict[str, list[float]] = {name: [] for name in SETTINGS}
     levels: dict[str, str] = {}
     weights: dict[str, set[str]] = {name: set() for name in SETTINGS}
-    for r in range(args.rounds):
-        for name, env in SETTINGS.items():
-            res = run_one(env, args.steps, args.warmup)
+    for r in range(args.repeats):
+        for name in order(SETTINGS, r, "fixed"):
+            res = run_one(SETTINGS[name], args.steps, args.warmup)
             per[name].append(res["median_s"])
             levels[name] = res["capability"]
             weights[name].add(res["weights"])
             print(f"round {r + 1}: {name}: {res['median_s'] * 1000:.1f} ms", file=sys.stderr, flush=True)
     base = statistics.median(per["unpinned"])
-    print(f"ssd_tiny fp32, batch 8, 128 px, 1 thread; {args.rounds} alternating rounds of {args.steps} timed "
-          f"steps after {args.warmup} warm-up, one fresh process each")
-    print()
-    print("| setting | ATen level | median step per round (ms) | median of rounds (ms) | ratio to unpinned "
-          "| final weights (SHA-256, 16 hex) |")
-    print("|---|---|---|---|---|---|")
-    for name, ts in per.items():
-        med = statistics.median(ts)
-        print(f"| {name} | {levels[name]} | {', '.join(f'{t * 1000:.1f}' for t in ts)} | {med * 1000:.1f} | "
-              f"{med / base:.3f} | {' / '.join(sorted(weights[name]))} |")
+    rep = Report.from_args(args)
+    rep.note(f"ssd_tiny fp32, batch 8, 128 px, 1 thread; {args.repeats} alternating rounds of {args.steps} timed "
+             f"steps after {args.warmup} warm-up, one fresh process each\n")
+    rows = [[name, levels[name], ", ".join(f"{t * 1000:.1f}" for t in ts), f"{statistics.median(ts) * 1000:.1f}",
+             f"{statistics.median(ts) / base:.3f}", " / ".join(sorted(weights[name]))] for name, ts in per.items()]
+    rep.table(["setting", "ATen level", "median step per round (ms)", "median of rounds (ms)", "ratio to unpinned",
+               "final weights (SHA-256, 16 hex)"], rows, name="settings")
+    rep.finish()
 
 
 if __name__ == "__main__":

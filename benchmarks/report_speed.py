@@ -14,14 +14,14 @@ Filling takes ~3 min on 2 cores (one SQLite commit per MLflow call); pass
 
 from __future__ import annotations
 
-import argparse
 import random
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import Report, parser, time_calls  # noqa: E402
 
 from lossscale_bench.report import FORMATS, load_runs, write_report  # noqa: E402
 
@@ -87,35 +87,43 @@ def fill(uri: str, n_runs: int, steps: int) -> None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = parser(__doc__, repeats=1, repeats_help="timings of each report format after the first call")
     ap.add_argument("--runs", type=int, default=1000)
     ap.add_argument("--steps", type=int, default=50, help="logged steps per run (6 step metrics each)")
     ap.add_argument("--dir", type=Path, default=None,
                     help="where to put the store (default: a temp dir); an existing store there is reused")
     args = ap.parse_args(argv)
 
+    rep = Report.from_args(args)
     root = (args.dir or Path(tempfile.mkdtemp(prefix="report_speed_"))).resolve()
     root.mkdir(parents=True, exist_ok=True)
     uri = f"sqlite:///{root}/mlflow.db"
     if (root / "mlflow.db").exists():
-        print(f"reusing the store at {uri} (delete it to refill)")
+        rep.note(f"reusing the store at {uri} (delete it to refill)")
     else:
         t = time.perf_counter()
         fill(uri, args.runs, args.steps)
-        print(f"filled {args.runs} trial runs ({args.steps} steps each) in {time.perf_counter() - t:.1f} s: {uri}")
+        rep.note(f"filled {args.runs} trial runs ({args.steps} steps each) in {time.perf_counter() - t:.1f} s: {uri}")
 
     t = time.perf_counter()
     df = load_runs(uri, STUDY)  # first call also pays mlflow's import and store start-up
-    print(f"load_runs (first call, incl. mlflow start-up): {time.perf_counter() - t:.2f} s, {len(df)} trials")
-    t = time.perf_counter()
-    load_runs(uri, STUDY)
-    print(f"load_runs (warm): {time.perf_counter() - t:.2f} s")
+    rows = [["load_runs (first call, incl. mlflow start-up)", f"{time.perf_counter() - t:.2f}", f"{len(df)} trials"]]
+    warm = time_calls(lambda: load_runs(uri, STUDY), args.repeats)
+    rows.append(["load_runs (warm)", ", ".join(f"{s:.2f}" for s in warm), ""])
     for plots in (False, True):
         for fmt in FORMATS:
-            t = time.perf_counter()
-            text, path = write_report(uri, study=STUDY, fmt=fmt, reports_dir=root / "reports", plots=plots)
-            print(f"write_report fmt={fmt} plots={plots}: {time.perf_counter() - t:.2f} s -> {path} "
-                  f"({len(text)} chars)")
+            out = {}
+
+            def write(fmt=fmt, plots=plots, out=out):
+                out["text"], out["path"] = write_report(uri, study=STUDY, fmt=fmt, reports_dir=root / "reports",
+                                                        plots=plots)
+
+            ts = time_calls(write, args.repeats)
+            rows.append([f"write_report fmt={fmt} plots={plots}", ", ".join(f"{s:.2f}" for s in ts),
+                         f"{out['path']} ({len(out['text'])} chars)"])
+    rep.note("")
+    rep.table(["what", "seconds", "result"], rows, name="times")
+    rep.finish()
     return 0
 
 

@@ -20,16 +20,13 @@ markdown. With ``--cpu-only`` the CPU side is computed and compared with itself 
 
 from __future__ import annotations
 
-import argparse
 import json
 import platform
 import sys
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import markdown_table, parser  # noqa: E402  (it puts the repository on the path too)
 
 import torch  # noqa: E402
 
@@ -69,7 +66,7 @@ def _finite(fn):
 
 def paths() -> dict:
     """Name -> function of a tensor, every rounding path the comparison covers."""
-    from lossscale_bench import formats
+    from lossscale_bench.precision import formats
     from lossscale_bench.numerics.block_scaling import block_round
     from lossscale_bench.numerics.fp8 import round_fp8
 
@@ -133,21 +130,21 @@ def compare(x: torch.Tensor, device: str, on_row=None) -> list[dict]:
 
 def render(res: dict) -> str:
     meta = res["meta"]
-    lines = [f"Rounding agreement, CPU vs {meta['device_name']} (torch {meta['torch']}, "
-             f"{meta['elements']} elements: {meta['edge_values']} edge values + log-uniform 2^-30..2^20)", "",
-             "| path | elements differing | NaN on CPU | NaN on device | first differences (x: cpu / device) |",
-             "|---|---|---|---|---|"]
+    rows = []
     for r in res["rows"]:
         if "error" in r:
-            lines.append(f"| {r['path']} | error: {r['error']} | | | |")
+            rows.append([r["path"], f"error: {r['error']}", "", "", ""])
             continue
         ex = "; ".join(f"{e['x']:g}: {e['cpu']:g} / {list(e.values())[2]:g}" for e in r["examples"][:3])
-        lines.append(f"| {r['path']} | {r['differ']} | {r['nan_cpu']} | {r['nan_device']} | {ex} |")
-    return "\n".join(lines)
+        rows.append([r["path"], r["differ"], r["nan_cpu"], r["nan_device"], ex])
+    return (f"Rounding agreement, CPU vs {meta['device_name']} (torch {meta['torch']}, "
+            f"{meta['elements']} elements: {meta['edge_values']} edge values + log-uniform 2^-30..2^20)\n\n"
+            + markdown_table(["path", "elements differing", "NaN on CPU", "NaN on device",
+                              "first differences (x: cpu / device)"], rows))
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = parser(__doc__, out=False)
     ap.add_argument("--out", default="runs/rounding", help="output folder")
     ap.add_argument("--cpu-only", action="store_true", help="compare the CPU with itself (smoke run)")
     ap.add_argument("--elements", type=int, default=1 << 20)
@@ -170,7 +167,7 @@ def main(argv=None) -> int:
     save(compare(x, device, on_row=save))
     md = render(res)
     (out / "rounding_agreement.md").write_text(md + "\n")
-    print(md)
+    print(json.dumps(res, indent=1) if args.format == "json" else md)
     return 0
 
 

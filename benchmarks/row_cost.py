@@ -14,10 +14,12 @@ Prints a markdown table for docs/benchmarks.md.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import Report, parser  # noqa: E402
 
 
 def row_rates(db: Path, study: str) -> list[tuple[str, int, float]]:
@@ -42,7 +44,7 @@ def row_rates(db: Path, study: str) -> list[tuple[str, int, float]]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = parser(__doc__)
     ap.add_argument("db", type=Path, help="the study's MLflow SQLite file (runs/mlflow.db)")
     ap.add_argument("study", help="the study's name")
     ap.add_argument("--baseline", default="FP32 baseline", help="the baseline row's label")
@@ -52,10 +54,10 @@ def main(argv=None) -> int:
     if base is None:
         print(f"row_cost: no row labelled {args.baseline!r} in study {args.study!r}", file=sys.stderr)
         return 2
-    print("| row | trials | images/s (median per trial, mean) | cost per image vs FP32 |")
-    print("|---|---|---|---|")
-    for label, n, rate in rates:
-        print(f"| {label} | {n} | {rate:.1f} | {base / rate:.2f}x |")
+    rep = Report.from_args(args)
+    rep.table(["row", "trials", "images/s (median per trial, mean)", "cost per image vs FP32"],
+              [[label, n, f"{rate:.1f}", f"{base / rate:.2f}x"] for label, n, rate in rates], name="rows")
+    rep.finish()
     return 0
 
 

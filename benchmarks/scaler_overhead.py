@@ -12,11 +12,17 @@ Prints a markdown table (paste it into docs/benchmarks.md with the command).
 
 from __future__ import annotations
 
-import argparse
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import Report, interleave, parser  # noqa: E402
+
+__all__ = ["METHODS", "SIZES", "build", "measure", "random_batch", "time_interleaved"]
 
 METHODS = {
     "none": {"method": "none"},
@@ -28,7 +34,8 @@ METHODS = {
 SIZES = {"ssd_tiny": (128, 8), "ssd300_vgg16": (300, 2), "ssd512_vgg16": (512, 1), "ssd300_resnet34": (300, 2)}
 
 
-def _batch(size: int, n: int, seed: int):
+def random_batch(size: int, n: int, seed: int):
+    """``n`` random ``size``-pixel images with one random box each (label 1), fixed by ``seed``."""
     g = torch.Generator().manual_seed(seed)
     images = [torch.rand(3, size, size, generator=g) for _ in range(n)]
     targets = []
@@ -41,6 +48,8 @@ def _batch(size: int, n: int, seed: int):
 
 
 def build(model_name: str, method: dict, precision_name: str, device: str):
+    """A Trainer for ``model_name`` (4 classes, seed 0) with the scaling ``method`` in ``precision_name``
+    (``name+mx32``: block-scaled gradients; ``name+hadamard``: the FP4 option wgrad_hadamard)."""
     from lossscale_bench.backends import get_backend
     from lossscale_bench.engine.loop import Trainer
     from lossscale_bench.engine.schedule import build_optimizer, build_scheduler
@@ -65,26 +74,30 @@ def build(model_name: str, method: dict, precision_name: str, device: str):
 
 
 def time_interleaved(trainers: dict, model_name: str, steps: int, warmup: int) -> dict[str, float]:
-    """Median step time per trainer, steps interleaved round-robin on the same batches."""
+    """Median step time per trainer, steps interleaved round-robin (the same order every round) on the
+    same batches, one batch per round."""
     size, n = SIZES[model_name]
-    times: dict[str, list[float]] = {name: [] for name in trainers}
-    for i in range(warmup + steps):
-        images, targets = _batch(size, n, i)
-        for name, tr in trainers.items():
+    batches = [random_batch(size, n, i) for i in range(warmup + steps)]
+
+    def stepper(tr):
+        def run(rnd: int) -> float:
             t0 = time.perf_counter()
-            tr.train_step(images, targets)
-            if i >= warmup:
-                times[name].append(time.perf_counter() - t0)
+            tr.train_step(*batches[rnd])
+            return time.perf_counter() - t0
+        return run
+
+    times = interleave({name: stepper(tr) for name, tr in trainers.items()}, steps, warmup, how="fixed")
     return {name: statistics.median(t) for name, t in times.items()}
 
 
 def measure(model_name: str, steps: int, warmup: int, precision: str, device: str) -> dict[str, float]:
+    """Median step time of every method of :data:`METHODS` on ``model_name``."""
     trainers = {name: build(model_name, m, precision, device) for name, m in METHODS.items()}
     return time_interleaved(trainers, model_name, steps, warmup)
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = parser(__doc__)
     ap.add_argument("--models", nargs="+", default=["ssd_tiny", "ssd300_vgg16"])
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=2)
@@ -92,17 +105,17 @@ def main() -> None:
     ap.add_argument("--device", default="cpu")
     args = ap.parse_args()
     precision = args.precision or ("mixed16" if args.device == "cuda" else "fp16-emulated")
-    print(f"device {args.device}, precision {precision}, {args.steps} timed steps after {args.warmup} warm-up, "
-          f"torch {torch.__version__}, {torch.get_num_threads()} threads")
-    print()
-    print("| model | method | median step (ms) | ratio to dynamic |")
-    print("|---|---|---|---|")
+    rep = Report.from_args(args)
+    rep.note(f"device {args.device}, precision {precision}, {args.steps} timed steps after {args.warmup} warm-up, "
+             f"torch {torch.__version__}, {torch.get_num_threads()} threads\n")
+    rows = []
     for model in args.models:
         med = measure(model, args.steps, args.warmup, precision, args.device)
         base = med["dynamic (interval 10)"]
-        for name, t in med.items():
-            print(f"| {model} (batch {SIZES[model][1]}, {SIZES[model][0]} px) | {name} | {t * 1000:.1f} | "
-                  f"{t / base:.3f} |", flush=True)
+        rows += [[f"{model} (batch {SIZES[model][1]}, {SIZES[model][0]} px)", name, f"{t * 1000:.1f}",
+                  f"{t / base:.3f}"] for name, t in med.items()]
+    rep.table(["model", "method", "median step (ms)", "ratio to dynamic"], rows, name="methods")
+    rep.finish()
 
 
 if __name__ == "__main__":

@@ -19,18 +19,19 @@ equivalence) are the error rates; the Monte-Carlo standard error of a 5 % rate i
 
 from __future__ import annotations
 
-import argparse
 import math
 import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from lossscale_bench.report.sequential import SPENDING, look_sizes, simulate
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import Report, parser  # noqa: E402
+
+from lossscale_bench.report.sequential import SPENDING, look_sizes, simulate  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = parser(__doc__)
     ap.add_argument("--start", type=int, default=3)
     ap.add_argument("--step", type=int, default=3)
     ap.add_argument("--max", type=int, default=18)
@@ -44,22 +45,25 @@ def main(argv: list[str] | None = None) -> int:
 
     sizes = look_sizes(args.start, args.step, args.max)
     began = time.perf_counter()
-    print(f"looks at {', '.join(map(str, sizes))} seeds; margin ±{args.margin:g}; alpha {args.alpha:g}; "
-          f"{args.spending} spending; {args.reps} comparisons per row\n")
-    print("| paired sd | Δ | different | equivalent | neither at max | mean seeds "
-          "| naive: different | naive: equivalent | naive: mean seeds |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    rep = Report.from_args(args)
+    rep.note(f"looks at {', '.join(map(str, sizes))} seeds; margin ±{args.margin:g}; alpha {args.alpha:g}; "
+             f"{args.spending} spending; {args.reps} comparisons per row\n")
+    rows = []
     for sd in args.sd:
         for k, delta in enumerate(args.delta):
             seed = 1000 * k + round(100 * sd)
             kw = {"sizes": sizes, "maximum": args.max, "margin": args.margin, "reps": args.reps, "seed": seed,
                   "alpha": args.alpha, "spending": args.spending}
             r, n = simulate(delta, sd, **kw), simulate(delta, sd, naive=True, **kw)
-            print(f"| {sd:g} | {delta:+g} | {r['different']:.4f} | {r['equivalent']:.4f} | {r['undecided']:.4f} "
-                  f"| {r['seeds']:.1f} | {n['different']:.4f} | {n['equivalent']:.4f} | {n['seeds']:.1f} |")
+            rows.append([f"{sd:g}", f"{delta:+g}", f"{r['different']:.4f}", f"{r['equivalent']:.4f}",
+                         f"{r['undecided']:.4f}", f"{r['seeds']:.1f}", f"{n['different']:.4f}",
+                         f"{n['equivalent']:.4f}", f"{n['seeds']:.1f}"])
+    rep.table(["paired sd", "Δ", "different", "equivalent", "neither at max", "mean seeds", "naive: different",
+               "naive: equivalent", "naive: mean seeds"], rows, name="rates")
     se = math.sqrt(args.alpha * (1 - args.alpha) / args.reps)
-    print(f"\nMonte-Carlo standard error of a {args.alpha:g} rate over {args.reps} comparisons: {se:.4f}; "
-          f"{time.perf_counter() - began:.1f} s")
+    rep.note(f"\nMonte-Carlo standard error of a {args.alpha:g} rate over {args.reps} comparisons: {se:.4f}; "
+             f"{time.perf_counter() - began:.1f} s")
+    rep.finish()
     return 0
 
 

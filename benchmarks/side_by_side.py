@@ -11,13 +11,13 @@ second study's order.
 """
 from __future__ import annotations
 
-import argparse
 import re
 import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import ROOT, Report, markdown_table, parser  # noqa: E402
 VERDICT = re.compile(r"(?P<word>worse|better|equivalent|inconclusive)[^(]*\((?:paired|Welch)?,? ?p=[^)]*\), "
                      r"Δ (?P<d>[-+][\d.]+) \[(?P<lo>[-+][\d.]+), (?P<hi>[-+][\d.]+)\]")
 
@@ -56,21 +56,27 @@ def final_losses(runs: str, study: str, window: int) -> tuple[dict[str, float], 
 
 def table(sides: list[tuple[str, dict[str, str], dict[str, float], str]], baseline: str = "FP32 baseline") -> str:
     """The markdown table: rows present in every side, in the last side's order."""
+    return markdown_table(*table_rows(sides, baseline))
+
+
+def table_rows(sides: list[tuple[str, dict[str, str], dict[str, float], str]],
+               baseline: str = "FP32 baseline") -> tuple[list[str], list[list[str]]]:
+    """The header and rows of :func:`table`."""
     names = [s[0] for s in sides]
-    head = ([f"{n}: Δ mAP vs FP32 [95 %], verdict" for n in names]
+    head = (["row"] + [f"{n}: Δ mAP vs FP32 [95 %], verdict" for n in names]
             + [f"{n}: training loss, last window (step {s[3]}), vs FP32" for n, s in zip(names, sides)])
-    lines = ["| row | " + " | ".join(head) + " |", "|---|" + "---|" * len(head)]
+    rows = []
     for label in sides[-1][1]:
         if not all(label in s[1] and label in s[2] for s in sides):
             continue
         cells = [s[1][label] for s in sides]
         cells += [f"{s[2][label]:.3f} ({s[2][label] / s[2][baseline] - 1:+.1%})" for s in sides]
-        lines.append(f"| {label} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+        rows.append([label, *cells])
+    return head, rows
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = parser(__doc__)
     ap.add_argument("sides", nargs=6, metavar="RUNS STUDY WINDOW",
                     help="two sides, each a runs folder, a study name and a loss window in steps")
     ap.add_argument("--names", nargs=2, default=["first", "second"])
@@ -79,7 +85,9 @@ def main() -> None:
     for name, (runs, study, window) in zip(args.names, (args.sides[:3], args.sides[3:])):
         losses, step = final_losses(runs, study, int(window))
         sides.append((name, report_verdicts(runs, study), losses, step))
-    print(table(sides))
+    rep = Report.from_args(args)
+    rep.table(*table_rows(sides), name="rows")
+    rep.finish()
 
 
 if __name__ == "__main__":

@@ -25,15 +25,16 @@ study's logged steps (every ``log_every``-th: the telemetry census, the metrics)
 
 from __future__ import annotations
 
-import argparse
-import random
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import ROOT, Report, cpu_description, order, parser, ratio_interval  # noqa: E402
+
+__all__ = ["build", "logging_cost", "one_iteration", "ratio_interval"]
 
 
 def build(study: str, row: int, seed: int, threads: int, precision: str | None = None):
@@ -75,21 +76,8 @@ def one_iteration(trainer) -> float:
     return time.perf_counter() - t0
 
 
-def ratio_interval(row: list[float], base: list[float], n: int = 2000, seed: int = 0) -> tuple[float, float, float]:
-    """``mean(row) / mean(base)`` over paired rounds, and its 95 % percentile bootstrap interval."""
-    rng = random.Random(seed)
-    k = len(row)
-    point = statistics.fmean(row) / statistics.fmean(base)
-    boots = []
-    for _ in range(n):
-        idx = [rng.randrange(k) for _ in range(k)]
-        boots.append(sum(row[i] for i in idx) / sum(base[i] for i in idx))
-    boots.sort()
-    return point, boots[int(0.025 * n)], boots[int(0.975 * n) - 1]
-
-
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = parser(__doc__)
     ap.add_argument("--study", default=str(ROOT / "studies" / "smoke.yaml"))
     ap.add_argument("--rows", type=int, nargs="+", default=[0, 1], help="row indices; the first is the reference")
     ap.add_argument("--iterations", type=int, default=150, help="timed iterations per row")
@@ -102,33 +90,31 @@ def main() -> None:
 
     import torch
 
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    from trial_cost import cpu_description
-
     torch.set_num_threads(args.threads)
     t_start = time.perf_counter()
     rows = [build(args.study, r, args.seed, args.threads, args.precision) for r in args.rows]
     times: list[list[float]] = [[] for _ in rows]
     logged: list[list[bool]] = [[] for _ in rows]  # the step logs (telemetry census, metrics): step % log_every == 0
     for rnd in range(args.warmup + args.iterations):
-        shift = rnd % len(rows)
-        for i in list(range(shift, len(rows))) + list(range(shift)):
+        for i in order(range(len(rows)), rnd, "rotate"):
             step = rows[i][2].state.step + 1
             dt = one_iteration(rows[i][2])
             if rnd >= args.warmup:
                 times[i].append(dt)
                 logged[i].append(step % rows[i][3] == 0)
     base = times[0]
-    print(f"{cpu_description()}; torch threads {args.threads}; {args.study}, seed {args.seed}; "
-          f"{args.iterations} timed iterations per row after {args.warmup}, interleaved; "
-          f"{time.perf_counter() - t_start:.0f} s in all\n")
-    print("| row | iteration mean (ms) | iteration median (ms) | per image vs first row [95 % interval] "
-          "| logged / other steps (ms) | logging, share of the mean step |")
-    print("|---|---|---|---|---|---|")
+    rep = Report.from_args(args)
+    rep.note(f"{cpu_description()}; torch threads {args.threads}; {args.study}, seed {args.seed}; "
+             f"{args.iterations} timed iterations per row after {args.warmup}, interleaved; "
+             f"{time.perf_counter() - t_start:.0f} s in all\n")
+    table = []
     for (label, batch, _, log_every), t, lg in zip(rows, times, logged):
         r, lo, hi = ratio_interval([a / batch for a in t], [b / rows[0][1] for b in base])
-        print(f"| {label} | {1000 * statistics.fmean(t):.1f} | {1000 * statistics.median(t):.1f} | "
-              f"{r:.3f}× [{lo:.3f}, {hi:.3f}] | {logging_cost(t, lg, log_every)} |")
+        table.append([label, f"{1000 * statistics.fmean(t):.1f}", f"{1000 * statistics.median(t):.1f}",
+                      f"{r:.3f}× [{lo:.3f}, {hi:.3f}]", *logging_cost(t, lg, log_every).split(" | ")])
+    rep.table(["row", "iteration mean (ms)", "iteration median (ms)", "per image vs first row [95 % interval]",
+               "logged / other steps (ms)", "logging, share of the mean step"], table, name="rows")
+    rep.finish()
 
 
 def logging_cost(times: list[float], logged: list[bool], log_every: int) -> str:

@@ -20,9 +20,7 @@ which is what ``sync_every`` removes. Prints markdown for docs/benchmarks.md.
 
 from __future__ import annotations
 
-import argparse
 import json
-import statistics
 import sys
 import time
 from itertools import cycle
@@ -30,7 +28,8 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import Report, interleave, parser, summary  # noqa: E402
 
 STEP_VARIANTS = {  # name: (batched_loss, sync_every, foreach SGD)
     "torchvision loss, read every step": (False, 1, False),
@@ -82,23 +81,12 @@ def build_trainer(batched: bool, sync_every: int, foreach: bool, size: int, data
                    batches=cycle(data), iterations=0, hooks=hooks, sync_every=sync_every)
 
 
-def interleaved(runs: dict, repeats: int) -> dict[str, list[float]]:
-    """``runs[name]()`` returns seconds; each repeat calls every run once, order rotated per repeat."""
-    names = list(runs)
-    out: dict[str, list[float]] = {n: [] for n in names}
-    for r in range(repeats):
-        for k in range(len(names)):
-            name = names[(r + k) % len(names)]
-            out[name].append(runs[name]())
-    return out
-
-
 def step_table(repeats: int, steps: int, size: int, batch: int) -> dict[str, list[float]]:
     data = batches(size, batch, 10)
     trainers = {name: build_trainer(*v, size=size, data=data) for name, v in STEP_VARIANTS.items()}
 
     def block(tr):
-        def run() -> float:
+        def run(rnd: int = 0) -> float:
             tr.iterations += steps
             t0 = time.perf_counter()
             tr.run()
@@ -107,7 +95,7 @@ def step_table(repeats: int, steps: int, size: int, batch: int) -> dict[str, lis
 
     for tr in trainers.values():  # warm-up: one window each
         block(tr)()
-    return interleaved({n: block(tr) for n, tr in trainers.items()}, repeats)
+    return interleave({n: block(tr) for n, tr in trainers.items()}, repeats)
 
 
 def loss_table(repeats: int, batch: int) -> dict[str, list[float]]:
@@ -134,7 +122,7 @@ def loss_table(repeats: int, batch: int) -> dict[str, list[float]]:
         logits = torch.randn(batch, a, 21, generator=g).requires_grad_()
         head = {"bbox_regression": reg, "cls_logits": logits}
 
-        def tv(model=model, targets=targets, anchors=anchors, head=head) -> float:
+        def tv(rnd=0, model=model, targets=targets, anchors=anchors, head=head) -> float:
             t0 = time.perf_counter()
             matched = []
             for an, t in zip(anchors, targets):
@@ -145,7 +133,7 @@ def loss_table(repeats: int, batch: int) -> dict[str, list[float]]:
             sum(SSD.compute_loss(model, targets, head, anchors, matched).values()).backward()
             return time.perf_counter() - t0
 
-        def bt(model=model, targets=targets, anchors=anchors, head=head) -> float:
+        def bt(rnd=0, model=model, targets=targets, anchors=anchors, head=head) -> float:
             t0 = time.perf_counter()
             an = torch.stack(anchors)
             boxes, labels, valid = pad_targets(targets, an.device)
@@ -157,30 +145,27 @@ def loss_table(repeats: int, batch: int) -> dict[str, list[float]]:
         runs[f"{name} ({a} anchors), torchvision"] = tv
         runs[f"{name} ({a} anchors), batched"] = bt
         tv(), bt()  # warm-up
-    return interleaved(runs, repeats)
+    return interleave(runs, repeats)
 
 
 def _rows(times: dict[str, list[float]], base_of) -> list[dict]:
     rows = []
     for name, ts in times.items():
-        med = statistics.median(ts)
-        base = statistics.median(times[base_of(name)])
-        rows.append({"variant": name, "median_ms": med * 1e3, "min_ms": min(ts) * 1e3, "max_ms": max(ts) * 1e3,
-                     "ratio": med / base, "repeats": len(ts)})
+        st = summary(ts, 1e3)
+        base = summary(times[base_of(name)], 1e3)["median"]
+        rows.append({"variant": name, "median_ms": st["median"], "min_ms": st["min"], "max_ms": st["max"],
+                     "ratio": st["median"] / base, "repeats": st["n"]})
     return rows
 
 
-def markdown(rows: list[dict], what: str, base: str) -> str:
-    out = [f"| {what} | median (ms) | spread over repeats (ms) | ratio to {base} |", "|---|---|---|---|"]
-    for r in rows:
-        out.append(f"| {r['variant']} | {r['median_ms']:.2f} | {r['min_ms']:.2f}-{r['max_ms']:.2f} | "
-                   f"{r['ratio']:.3f} |")
-    return "\n".join(out)
+def _table(rep: Report, rows: list[dict], what: str, base: str) -> None:
+    rep.table([what, "median (ms)", "spread over repeats (ms)", f"ratio to {base}"],
+              [[r["variant"], f"{r['median_ms']:.2f}", f"{r['min_ms']:.2f}-{r['max_ms']:.2f}", f"{r['ratio']:.3f}"]
+               for r in rows], name=what)
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--repeats", type=int, default=7)
+    ap = parser(__doc__, repeats=7)
     ap.add_argument("--steps", type=int, default=20, help="steps per timed block (a multiple of 10)")
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--image-size", type=int, default=128)
@@ -191,19 +176,22 @@ def main() -> None:
     if args.steps % 10:
         ap.error("--steps must be a multiple of 10 (the read window)")
     torch.set_num_threads(args.threads)
-    print(f"cpu, torch {torch.__version__}, {torch.get_num_threads()} threads, {args.repeats} interleaved repeats, "
-          f"batch {args.batch}")
+    rep = Report.from_args(args)
+    rep.note(f"cpu, torch {torch.__version__}, {torch.get_num_threads()} threads, {args.repeats} interleaved "
+             f"repeats, batch {args.batch}")
     result = {}
     if not args.skip_step:
         first = next(iter(STEP_VARIANTS))
         rows = _rows(step_table(args.repeats, args.steps, args.image_size, args.batch), lambda n: first)
         result["step"] = rows
-        print(f"\nssd_tiny training step ({args.image_size} px, fp32, {args.steps} steps per repeat):\n")
-        print(markdown(rows, "step", "torchvision loss, read every step"), flush=True)
+        rep.note(f"\nssd_tiny training step ({args.image_size} px, fp32, {args.steps} steps per repeat):\n")
+        _table(rep, rows, "step", "torchvision loss, read every step")
     rows = _rows(loss_table(args.repeats, args.batch), lambda n: n.rsplit(", ", 1)[0] + ", torchvision")
     result["loss"] = rows
-    print("\nmatching + multibox loss, forward and backward (21 classes):\n")
-    print(markdown(rows, "default boxes, loss", "torchvision's on the same boxes"))
+    rep.note("\nmatching + multibox loss, forward and backward (21 classes):\n")
+    _table(rep, rows, "default boxes, loss", "torchvision's on the same boxes")
+    rep.data.update(result)
+    rep.finish()
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2))
 

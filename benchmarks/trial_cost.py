@@ -34,17 +34,14 @@ Prints a markdown table for docs/benchmarks.md, with the CPU model and its vecto
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
-import platform
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import ROOT, Report, child_json, cpu_description, order, parser  # noqa: E402
 
 CHILD = r"""
 import json, sys, time, tempfile, statistics
@@ -111,41 +108,19 @@ print(json.dumps({"start": t_imported - args["t_spawn"], "imports": t_imported -
 """
 
 
-def cpu_description() -> str:
-    """CPU model and the vector extensions that decide torch's kernels (AVX2, AVX-512, AMX)."""
-    model, flags = platform.processor() or "unknown CPU", set()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name") and model in ("", "unknown CPU", platform.processor()):
-                model = line.split(":", 1)[1].strip()
-            if line.startswith("flags"):
-                flags = set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    ext = sorted(f for f in flags if f in ("avx2", "fma", "avx512f", "avx512bw", "avx512_bf16", "avx512_fp16",
-                                           "avx512_vnni", "amx_bf16", "amx_tile"))
-    return f"{model}, {os.cpu_count()} CPUs, {' '.join(ext) or 'no AVX2'}"
-
-
 def run_row(study: str, row: int, iterations: int, threads: int, seed: int, tree: Path = ROOT) -> dict:
     """One row in a fresh process whose working directory is ``tree`` (a checkout: its package is
     the one imported, so two commits can be timed side by side)."""
     args = {"study": study, "row": row, "iterations": iterations, "threads": threads, "seed": seed,
             "t_spawn": time.time()}
-    out = subprocess.run([sys.executable, "-c", CHILD, json.dumps(args)], cwd=tree, capture_output=True,
-                         text=True, check=False)
-    lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
-    if out.returncode != 0 or not lines:
-        raise SystemExit(f"row {row} failed:\n{out.stderr[-3000:]}")
-    return json.loads(lines[-1])
+    return child_json(["-c", CHILD, json.dumps(args)], cwd=tree, what=f"row {row}")
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = parser(__doc__, repeats=2)
     ap.add_argument("--study", default=str(ROOT / "studies" / "smoke.yaml"))
     ap.add_argument("--rows", type=int, nargs="*", help="row indices (default: every row)")
     ap.add_argument("--iterations", type=int, default=100)
-    ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--threads", type=int, default=1, help="torch threads (a demo trial runs with 1)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--trees", nargs="+", type=Path, default=[ROOT],
@@ -153,7 +128,6 @@ def main() -> None:
                          "reversed every other repeat (e.g. a `git worktree` of the previous commit, then this "
                          "one); ratios are to the first tree's first row")
     args = ap.parse_args()
-    sys.path.insert(0, str(ROOT))
     from lossscale_bench.study import load_study
 
     study = load_study(args.study)
@@ -162,30 +136,31 @@ def main() -> None:
     keys = [(t, r) for r in rows for t in range(len(args.trees))]
     results: dict[tuple[int, int], list[dict]] = {k: [] for k in keys}
     t_all = time.perf_counter()
-    for rep in range(args.repeats):
+    for rnd in range(args.repeats):
         # rows rotated, and the trees' order within a row reversed every other repeat: the tree timed first
         # in a pair came out faster in both orders on the 2-core machine (docs/benchmarks.md), so with
         # several trees use an even number of repeats
-        trees = list(range(len(args.trees)))[::-1 if rep % 2 else 1]
-        order = [(t, r) for r in rows[rep % len(rows):] + rows[:rep % len(rows)] for t in trees]
-        for t, r in order:
-            results[t, r].append(run_row(args.study, r, args.iterations, args.threads, args.seed, args.trees[t]))
-            print(f"  repeat {rep + 1}, {args.trees[t]}, row {r}: {results[t, r][-1]['label']}", file=sys.stderr,
-                  flush=True)
+        for r in order(rows, rnd, "rotate"):
+            for t in order(range(len(args.trees)), rnd, "abba"):
+                results[t, r].append(run_row(args.study, r, args.iterations, args.threads, args.seed, args.trees[t]))
+                print(f"  repeat {rnd + 1}, {args.trees[t]}, row {r}: {results[t, r][-1]['label']}",
+                      file=sys.stderr, flush=True)
     med = {k: {f: statistics.median(x[f] for x in v) for f in v[0] if isinstance(v[0][f], float)}
            for k, v in results.items()}
     base = med[keys[0]]["step_mean"]
-    print(f"{cpu_description()}; torch threads {args.threads}; {args.iterations} iterations per row, "
-          f"median of {args.repeats} repeats; {time.perf_counter() - t_all:.0f} s in all")
-    print()
-    print("| tree | row | start (s) | build (s) | first step (s) | step median (ms) | logged step (ms) | step mean (ms) "
-          "| per image vs first row | eval (s) | MLflow writes (s) |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    rep = Report.from_args(args)
+    rep.note(f"{cpu_description()}; torch threads {args.threads}; {args.iterations} iterations per row, "
+             f"median of {args.repeats} repeats; {time.perf_counter() - t_all:.0f} s in all\n")
+    table = []
     for t, r in keys:
         m, label = med[t, r], results[t, r][0]["label"]
-        print(f"| {args.trees[t].resolve().name} | {label} | {m['start']:.1f} | {m['build']:.1f} | {m['first']:.1f} | {m['step'] * 1000:.1f} | "
-              f"{m['logged'] * 1000:.1f} | {m['step_mean'] * 1000:.1f} | {m['step_mean'] / base:.2f}× | "
-              f"{m['eval']:.1f} | {m['mlflow']:.2f} |")
+        table.append([args.trees[t].resolve().name, label, f"{m['start']:.1f}", f"{m['build']:.1f}",
+                      f"{m['first']:.1f}", f"{m['step'] * 1000:.1f}", f"{m['logged'] * 1000:.1f}",
+                      f"{m['step_mean'] * 1000:.1f}", f"{m['step_mean'] / base:.2f}×", f"{m['eval']:.1f}",
+                      f"{m['mlflow']:.2f}"])
+    rep.table(["tree", "row", "start (s)", "build (s)", "first step (s)", "step median (ms)", "logged step (ms)",
+               "step mean (ms)", "per image vs first row", "eval (s)", "MLflow writes (s)"], table, name="rows")
+    rep.finish()
 
 
 if __name__ == "__main__":
