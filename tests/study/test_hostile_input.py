@@ -191,12 +191,13 @@ def test_the_grid_limit_is_on_trials_and_the_flag_lifts_it(tmp_path):
 
 
 def test_grid_size_counts_what_expand_builds():
-    """Entries whose overrides make the same trials are one trial, in the count as in the grid."""
+    """An entry whose overrides pin the model and batch size makes one trial a seed, in the count as in the
+    grid (entries that repeat each other, and repeated seeds, are refused: tests/study/test_every_problem.py)."""
     text = BASE.replace("model: [ssd_tiny]", "model: [ssd_tiny, ssd300_vgg16]").replace(
         "batch_size: [2]", "batch_size: [2, 4]").replace(
         "[{method: none}]", "[{method: none, model: ssd_tiny, batch_size: 2, label: pinned}, adaptive, "
-                            "{method: fixed, scale: 8}, {method: fixed, scale: 8, skip_nonfinite: true}]")
-    study = load_study_text(text + "seeds: [0, 1, 1]\n")
+                            "{method: fixed, scale: 8}]")
+    study = load_study_text(text + "seeds: [0, 1]\n")
     assert grid_size(study) == len(study.trials()) == (1 + 4 + 4) * 2
     for f in sorted((REPO / "studies").glob("*.yaml")) + [REPO / "lossscale_bench" / "studies" / "smoke.yaml"]:
         study = load_study(f)
@@ -339,7 +340,6 @@ def test_duplicate_labels_are_refused(tmp_path, scaling, where, label):
 @pytest.mark.parametrize("scaling", [
     "[{method: none, precision: fp32, label: L}, {method: adaptive, label: L}]",  # precision tells them apart
     "[{method: adaptive, label: L}, {method: adaptive, label: L, batch_size: 4}]",  # another table
-    "[{method: fixed, scale: 8}, {method: fixed, scale: 8, skip_nonfinite: true}]",  # the same trials: one row
     "[{method: adaptive, label: L}, {method: adaptive, label: L, model: ssd300_vgg16}]",
 ])
 def test_labels_that_the_report_can_tell_apart_are_fine(scaling):
