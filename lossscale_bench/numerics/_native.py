@@ -57,7 +57,7 @@ import threading
 import warnings
 from pathlib import Path
 
-from ._compile import compile_disabled
+from .lazy_compile import compile_disabled
 
 #: set to 1 to use the Inductor kernel instead of the C one (same values)
 NO_NATIVE_ENV = "LSBENCH_NO_NATIVE"

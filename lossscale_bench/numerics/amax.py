@@ -17,7 +17,7 @@ import struct
 
 import torch
 
-from ._compile import same_values
+from .lazy_compile import same_values
 from ._native import ProbeChecked, disabled as native_disabled
 from .block_scaling import native_takes
 

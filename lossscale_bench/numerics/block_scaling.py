@@ -78,7 +78,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from ._compile import LazyCompiled, same_values
+from .lazy_compile import LazyCompiled, same_values
 from ._native import ProbeChecked, disabled as native_disabled
 from .fp8 import E4M3, E5M2, Fp8Spec, _bits_fused, _fastest_eager, _native_fits, is_channels_last
 

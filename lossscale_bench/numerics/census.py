@@ -24,7 +24,7 @@ import warnings
 import torch
 
 from ._native import disabled as native_disabled, library as native_library
-from ._compile import LazyCompiled, same_values
+from .lazy_compile import LazyCompiled, same_values
 from .fp8 import _native_fits, is_channels_last, memory_order_flat
 
 

@@ -70,7 +70,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from ._compile import LazyCompiled, same_values
+from .lazy_compile import LazyCompiled, same_values
 from .block_scaling import (ElementFormat, FlushSaturate, MX_MODES, NativeBlock, _exp2i, mx_exponent, native_block,
                             native_takes)
 from .fp8 import E4M3, Fp8Spec, _bits_eager, _bits_fused, _magic, is_channels_last, memory_order_flat

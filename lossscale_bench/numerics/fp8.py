@@ -75,7 +75,7 @@ from typing import Callable
 import torch
 
 from ._native import ProbeChecked, disabled as native_disabled
-from ._compile import LazyCompiled, same_values
+from .lazy_compile import LazyCompiled, same_values
 
 _SIGN = -(2 ** 31)            # int32 with only the sign bit set (0x80000000)
 _EXP_MASK = 0x7F800000

@@ -31,7 +31,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from ._compile import same_values
+from .lazy_compile import same_values
 from ._native import ProbeChecked, disabled as native_disabled
 from .fp4 import uniform
 

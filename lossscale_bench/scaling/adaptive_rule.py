@@ -10,7 +10,7 @@ branches (ADAPTIVE.md "Branches"). Everything returns 0-d fp32 tensors on the
 gradient's device and never synchronises with the host, so the rule can run
 inside a backward pass per layer; :func:`approx_range_scale` is the float
 convenience form. The layers, hooks and scaler that apply the rule live in
-:mod:`.adaptive_layers` and :mod:`.adaptive`.
+:mod:`.per_layer.iteration` and :mod:`.adaptive`.
 
 Deviations from the Chainer reference in the rule (ADAPTIVE.md's terms; the
 others are listed in :mod:`.adaptive`)

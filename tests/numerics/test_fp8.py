@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from lossscale_bench.numerics import _compile
-from lossscale_bench.numerics._compile import LazyCompiled
+from lossscale_bench.numerics.lazy_compile import LazyCompiled
 from lossscale_bench.numerics.fp8 import (E4M3, E5M2, IMPLS, compiled_kernel, round_e4m3, round_e5m2,
                                           round_fp8)
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from lossscale_bench.numerics import _native, block_scaling as bs, fp4
-from lossscale_bench.numerics._compile import same_values
+from lossscale_bench.numerics.lazy_compile import same_values
 
 pytestmark = pytest.mark.skipif(_native.library() is None, reason=f"no C kernel here: {_native.failure()}")
 
