@@ -3,54 +3,27 @@
 Heavy dependencies (torch, ray, mlflow) are imported by the modules that need
 them, never here, so that ``lsbench validate`` and ``--help`` stay instant.
 
-Layers. Each module imports only from its own layer or the layers below it
-(``tests/test_layers.py`` reads the import graph and checks this, and that
-there is no circle). Where new code goes:
+Floors. Each module imports only from its own floor or the floors below, with no circle; the floors
+are written once, in ``FLOORS`` of ``tests/test_structure.py``, which checks them on the import graph
+(with the limits on module and function length and on shared underscore names). Bottom to top:
 
-0. ``schema``: ``registry`` (allowed names), ``exit_codes`` (the CLI's exit codes), ``float_ranges`` (the
-   number formats' ranges, torch-free, so validation can bound scale options; ``formats`` builds on them),
-   ``sink`` (the interface a trial reports through, and ``MemorySink``; here
-   because ``trial`` and ``engine`` report through it; the sinks that write
-   somewhere live with what they write to: ``tracking.mlflow_sink``,
-   ``orchestration.tune_sink``), ``study`` (the study-file schema, loading,
-   grid and trial ids; no torch), ``writable`` (can a folder be written:
-   the data cache and the reports folder, checked before a study trains), ``wording`` (message helpers),
-   ``dataset_files`` (how VOC/COCO annotations and layouts are read and where the synthetic set is
-   cached: below both ``study`` and ``data``, which read the same files by the same rules).
-1. ``components``: ``formats`` (number formats), ``fp4_layers`` (the FP4 emulation's split backward), ``data``, ``models``, ``precision`` (a new precision),
-   ``scaling`` (a new loss scaler), ``backends`` (a new device),
-   ``telemetry``, ``evaluation``. They know the schema's names, not each other's
-   internals, and nothing about the loop.
-2. ``engine``: the training loop and its hooks. It knows only interfaces:
-   ``LossScaler``, ``Backend``, ``Precision``, and the replica-sync object the
+1. ``core`` (allowed names, number-format ranges, exit codes, small torch-free helpers) and
+   ``numerics`` (the rounding kernels).
+2. ``dataset_files``: how VOC/COCO annotations and layouts are read and where the synthetic set is
+   cached, below both ``study`` and ``data``, which read the same files by the same rules.
+3. ``study``: the study file (schema, loading, grid, trial ids, the method and precision entries);
+   no torch.
+4. The components a trial is built from: ``precision`` (formats, the emulation, the per-layer
+   census), ``data``, ``models``, ``evaluation``, ``backends``; then ``scaling`` (a new loss scaler;
+   the per-layer methods share ``scaling.per_layer``), which reads the precision's formats.
+5. ``engine``: the training loop, its hooks and the sink a trial reports through. It knows only
+   interfaces: ``LossScaler``, ``Backend``, ``Precision``, ``Sink``, and the replica-sync object the
    launcher hands it (``grad_sync(params)``, ``grad_sync.mean(t)``).
-3. ``trial``: one trial, built from its ``TrialConfig``; no Ray, no MLflow.
-4. ``orchestration``: two packages. ``orchestration/`` runs a study:
-   ``study_runner`` (``run_study``, in-process executor), ``tune_runner`` (Ray Tune),
-   ``funnel`` (the driver's MLflow callback), ``outcomes``, ``progress``,
-   ``signals``, ``cluster`` (joining and checking a Ray cluster), ``placement``
-   (resource arithmetic), ``tune_sink``, ``distributed`` (Ray Train
-   multi-device trials), ``replica_sync`` (what the loop's ``grad_sync`` is).
-   ``tracking/`` is the MLflow store: ``tracker`` (the only MLflow writer),
-   ``store`` (opening a store, its faults, store-relative artifacts),
-   ``run_status`` (how a trial's end shows in the MLflow UI), ``attempts`` (a
-   rerun's clean record), ``mlflow_sink``.
-5. ``reporting``: the ``report`` package (runs -> summary -> one renderer per
-   format, plots; a new report format goes in ``report/renderers``).
-6. ``cli``: ``lsbench`` commands.
+6. ``trial``: one trial, built from its ``TrialConfig``; no Ray, no MLflow.
+7. ``tracking`` (the MLflow store; ``tracker`` is its only writer) and ``orchestration`` (running a
+   study in-process or on Ray).
+8. ``report``: runs -> summary -> one renderer per format, plots.
+9. ``cli``: ``lsbench`` commands.
 """
 
 __version__ = "0.1.0"
-
-#: (layer name, top-level modules/packages in it); ``name*`` matches a prefix
-LAYERS = (
-    ("schema", ("core", "dataset_files",
-                "study")),
-    ("components", ("numerics", "data", "models", "precision", "scaling", "backends",
-                    "evaluation")),
-    ("engine", ("engine",)),
-    ("trial", ("trial",)),
-    ("orchestration", ("orchestration", "tracking")),
-    ("reporting", ("report",)),
-    ("cli", ("cli", "__main__")),
-)
