@@ -80,7 +80,11 @@ import torch.nn.functional as F
 
 from .lazy_compile import LazyCompiled, same_values
 from ._native import ProbeChecked, disabled as native_disabled
-from .fp8 import E4M3, E5M2, Fp8Spec, _bits_fused, _fastest_eager, _native_fits, is_channels_last
+from .fp8 import E4M3, E5M2, Fp8Spec, round_bits_fused, fastest_eager, native_fits, is_channels_last
+
+__all__ = ["ELEMENTS", "FP16", "GRANULARITIES", "MX_MODES", "PROBE", "amax_scale", "block_round",
+           "count_flush_saturate", "ElementFormat", "exp2i", "FlushSaturate", "mx_exponent", "native_block",
+           "native_takes", "NativeBlock"]
 
 GRANULARITIES = ("tensor", "tile128", "mx32")
 MX_MODES = ("floor", "ceil", "even", "rceil")
@@ -141,13 +145,13 @@ def _round_elem(v: torch.Tensor, elem: ElementFormat, eager: bool) -> torch.Tens
     """Saturating cast of scaled values to the element format and back to fp32: the bit-level
     rounding when compiled; eager, the fastest exact eager code (see ``fp8``)."""
     if not eager:
-        return _bits_fused(v, elem.spec, True)
+        return round_bits_fused(v, elem.spec, True)
     if elem.name == "fp16":
         return v.clamp(-elem.max, elem.max).half().float()
-    return _fastest_eager(elem.spec)(v, elem.spec, True)
+    return fastest_eager(elem.spec)(v, elem.spec, True)
 
 
-def _exp2i(e: torch.Tensor) -> torch.Tensor:
+def exp2i(e: torch.Tensor) -> torch.Tensor:
     """``2^e`` as fp32, exactly, for int32 ``e`` in [-127, 127] (``2^-127`` is subnormal)."""
     normal = ((e.clamp(min=-126) + 127) << 23).view(torch.float32)
     return torch.where(e == -127, 2.0 ** -127, normal)
@@ -192,8 +196,8 @@ def _mx_core(x1, elem: ElementFormat, mode: str, with_counts: bool, eager: bool)
     x2 = x1.view(-1, 32)
     amax = x2.abs().amax(dim=1, keepdim=True)
     e = mx_exponent(amax, elem, mode)
-    scaled = x2 * _exp2i(-e)
-    out2 = (_round_elem(scaled, elem, eager) * _exp2i(e)).clamp(-_F32_MAX, _F32_MAX)
+    scaled = x2 * exp2i(-e)
+    out2 = (_round_elem(scaled, elem, eager) * exp2i(e)).clamp(-_F32_MAX, _F32_MAX)
     out2 = out2 * ((amax - amax) + 1.0)  # 1 for a finite block, NaN for a NaN/inf block
     if not with_counts:
         return out2.view(-1)
@@ -326,7 +330,7 @@ def native_block(key: tuple, make) -> NativeBlock | None:
 def native_takes(x: torch.Tensor) -> bool:
     """A tensor the C loop takes as it lies: fp32 on the CPU, contiguous or channels_last, at a size where
     it beats Inductor's parallel kernel (``fp8.NATIVE_SERIAL_MAX``)."""
-    return (x.dtype == torch.float32 and (x.is_contiguous() or is_channels_last(x)) and _native_fits(x)
+    return (x.dtype == torch.float32 and (x.is_contiguous() or is_channels_last(x)) and native_fits(x)
             and x.numel() < 2 ** 31)
 
 

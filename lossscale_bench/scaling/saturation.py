@@ -21,7 +21,7 @@ import torch
 from ..precision.formats import FP16, FloatFormat
 from ..numerics.census import census
 from ..numerics.fp8 import memory_order_flat
-from .base import LossScaler, _grads
+from .base import LossScaler, optimizer_grads
 
 
 class SaturationLossScaler(LossScaler):
@@ -60,7 +60,7 @@ class SaturationLossScaler(LossScaler):
 
     def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
         if not self._unscaled:
-            self._counts = saturation_counts(_grads(optimizer), self.grad_format.max)
+            self._counts = saturation_counts(optimizer_grads(optimizer), self.grad_format.max)
         super().unscale_(optimizer)
 
     def update(self) -> None:

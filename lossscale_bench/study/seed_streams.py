@@ -10,8 +10,8 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, BeforeValidator
 
-from .errors import _err, _show
-from .fields import _STRICT
+from .errors import field_error, show_value
+from .fields import STRICT
 
 
 def _stream_seed(v: Any):
@@ -20,7 +20,7 @@ def _stream_seed(v: Any):
         return v
     if isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2 ** 32:
         return v
-    raise _err(f"{_show(v)} is not a seed", "'trial' (the trial's seed) or an integer 0 to 4294967295")
+    raise field_error(f"{show_value(v)} is not a seed", "'trial' (the trial's seed) or an integer 0 to 4294967295")
 
 
 StreamSeed = Annotated[Union[Literal["trial"], int, None], BeforeValidator(_stream_seed)]
@@ -38,7 +38,7 @@ class SeedStreams(BaseModel):
     a study that leaves this section out keeps its trial ids.
     """
 
-    model_config = _STRICT
+    model_config = STRICT
 
     init: StreamSeed = "trial"
     data: StreamSeed = "trial"
