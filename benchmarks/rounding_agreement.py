@@ -69,7 +69,7 @@ def _finite(fn):
 
 def paths() -> dict:
     """Name -> function of a tensor, every rounding path the comparison covers."""
-    from lossscale_bench import formats
+    from lossscale_bench.precision import formats
     from lossscale_bench.numerics.block_scaling import block_round
     from lossscale_bench.numerics.fp8 import round_fp8
 

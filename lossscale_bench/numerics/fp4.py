@@ -71,8 +71,8 @@ import torch
 import torch.nn.functional as F
 
 from .lazy_compile import LazyCompiled, same_values
-from .block_scaling import (ElementFormat, FlushSaturate, MX_MODES, NativeBlock, exp2i, mx_exponent, native_block,
-                            native_takes)
+from .block_scales import ElementFormat, MX_MODES, exp2i, mx_exponent
+from .block_scaling import FlushSaturate, NativeBlock, native_block, native_takes
 from .fp8 import E4M3, Fp8Spec, round_bits_eager, round_bits_fused, rounding_magic, is_channels_last, memory_order_flat
 
 #: E2M1 described like the fp8 formats, so the bit-level rounding of :mod:`.fp8` applies as it is

@@ -17,7 +17,8 @@ from typing import Any
 
 import torch
 
-from ...numerics.amax import max_abs, max_abs_value
+from ...numerics.amax import max_abs as tensor_max_abs
+from ...numerics.amax import max_abs_value
 from ..adaptive_rule import branch_fallback_scale_host, branch_target_scale, branch_target_scale_host
 from .functions import ATTACHED, SCALING_NODE_TYPES, input_grad_weight, LayerInfo
 from .graph import ROOT_SCALE_ID, GraphPlan
@@ -165,7 +166,7 @@ class Iteration:
         if t is None:
             scales = torch.stack(scale_ts)
             zero = torch.zeros((), dtype=_F32, device=scales.device)
-            max_abs = torch.stack([zero if g is None else max_abs(g) for g in m.stash])
+            max_abs = torch.stack([zero if g is None else tensor_max_abs(g) for g in m.stash])
             t = branch_target_scale(max_abs, scales, u_max)
         self.vals[m.out_id] = t
         dtype = functools.reduce(torch.promote_types, (g.dtype for g, _ in live))
