@@ -7,7 +7,7 @@ Floors. Each module imports only from its own floor or the floors below, with no
 are written once, in ``FLOORS`` of ``tests/test_structure.py``, which checks them on the import graph
 (with the limits on module and function length and on shared underscore names). Bottom to top:
 
-1. ``core`` (allowed names, number-format ranges, exit codes, small torch-free helpers) and
+1. ``core`` (allowed names, number-format ranges, exit codes, small torch-free modules) and
    ``numerics`` (the rounding kernels).
 2. ``dataset_files``: how VOC/COCO annotations and layouts are read and where the synthetic set is
    cached, below both ``study`` and ``data``, which read the same files by the same rules.

@@ -371,7 +371,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 #: library output the CLI turns off (a user's own setting wins): MLflow draws a "Downloading artifacts"
-#: progress bar for every artifact a report or a resumed trial reads, about two per trial (issue 29);
+#: progress bar for every artifact a report or a resumed trial reads, about two per trial;
 #: lsbench prints its own progress. Set before MLflow is imported, and inherited by Ray's local workers.
 QUIET_ENV = {"MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false"}
 

@@ -152,7 +152,7 @@ class NativeBlock(ProbeChecked):
     """A block round trip as the C loop ``lsb_block_round`` (:mod:`._native`), for one configuration,
     checked bit for bit (values and counts) against its eager torch kernel on the probe before first use.
 
-    Why (issue 28): the compiled kernels cost ~0.2 ms of Python and Dynamo per call before they touch an
+    Why: the compiled kernels cost ~0.2 ms of Python and Dynamo per call before they touch an
     element, and a block-scaled row makes ~33 calls a step; and a channels_last gradient (every conv's, on
     the CPU) was copied into logical order for its blocks and back, two passes over memory that cost more
     than the rounding. The C loop takes the tensor as it lies (contiguous, or channels_last: by columns
@@ -185,7 +185,7 @@ class NativeBlock(ProbeChecked):
         as channels_last [n, 8, 4, 8] and [n, 32, 2, 4] images: H*W = 32 takes the loop's channels_last pass
         by columns for 16- and 32-element blocks, H*W = 8 its transposes of planes smaller than a tile
         (a 3x3 weight gradient's), which must agree too; and [1, 16|32|64, 4, 8] images of the probe repeated,
-        the by-columns pass the loop compiles for those channel counts (issue 32)."""
+        the by-columns pass the loop compiles for those channel counts."""
         x, *rest = self._probe
         for v in (x, torch.where(x.abs() < 2.0 ** 64, x, torch.zeros_like(x))):
             want = self._eager(v, *rest)
@@ -223,7 +223,7 @@ class NativeBlock(ProbeChecked):
     def weight_tiles(self, w: torch.Tensor, key: torch.Tensor | None = None):
         """NVFP4's 16x16 weight tiles of a 2-D or 4-D ``w`` (fp32 CPU, contiguous or channels_last) as it lies:
         what the configuration (block 256, kind 2) returns for ``fp4._flatten(w, 256, weight=True)``, undone,
-        without the layout copies around it (issue 32: ~130 us a weight a step). fp4.py checks it against that
+        without the layout copies around it (~130 us a weight a step). fp4.py checks it against that
         path on its own probe before using it."""
         c, h, wd = (w.shape[1], w.shape[2], w.shape[3]) if w.dim() == 4 else (w.shape[1], 1, 1)
         return self._run(w, 3 if is_channels_last(w) else 2, c, h, wd, key)

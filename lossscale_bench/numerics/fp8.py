@@ -429,7 +429,7 @@ def not_a_view(out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     Why: the roundings return a view of their flat result (``reshape``/``permute`` back to the
     input's shape and layout), and autograd forbids modifying a custom Function's view output in
     place, which every in-place ReLU after a rounded conv does (SSD300/SSD512's VGG: "Output 0 of
-    _RoundThrough is a view and is being modified inplace", found on an H200 in issue 20 and
+    _RoundThrough is a view and is being modified inplace", found on an H200 and
     reproduced on the CPU). ``set_`` gives a fresh tensor over the same storage, shape and strides
     that is not recorded as a view; an input returned as it is gets a copy (a no-op rounding)."""
     if out is x:

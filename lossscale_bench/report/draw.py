@@ -54,8 +54,8 @@ def _quiet_numerics(fn):
 
     Why: a diverged or refused run can log a scale near or past float range (1e300 seen in a store);
     ``exp2`` of a mean log2 and matplotlib's autoscaling then overflow to inf, which only means the
-    line leaves the axes. The warnings were the only library lines left on the terminal after a run
-    (issue 29); the figure is the same with or without them."""
+    line leaves the axes. The warnings were the only library lines left on the terminal after a run;
+    the figure is the same with or without them."""
     import functools
     import warnings
 

@@ -48,7 +48,7 @@ def unscale_group_(grads: list, scale, found: torch.Tensor) -> None:
     if scale is None:
         inv = torch.ones(1, dtype=torch.float32, device=device)
     elif device.type == "cpu" and scale.device.type == "cpu" and scale.dtype == torch.float32:
-        # the same fp32 reciprocal and flag on the host: 2 dispatches instead of 6 per group (issue 28)
+        # the same fp32 reciprocal and flag on the host: 2 dispatches instead of 6 per group
         v = recip(scale.item())
         if not math.isfinite(v):
             found.add_(1.0)

@@ -1,4 +1,4 @@
-"""The study file's ``seed_streams`` section: which random streams follow the trial's seed (issue 27).
+"""The study file's ``seed_streams`` section: which random streams follow the trial's seed.
 
 Its own module because the schema module had grown past the project's 450 lines; the schema
 reads :class:`SeedStreams` as one of its sections.
@@ -27,7 +27,7 @@ StreamSeed = Annotated[Union[Literal["trial"], int, None], BeforeValidator(_stre
 
 
 class SeedStreams(BaseModel):
-    """Which random streams follow the trial's seed, each on its own (issue 27: where seed noise
+    """Which random streams follow the trial's seed, each on its own (to tell where seed noise
     comes from). ``init``: the initial weights (torch, Python and numpy RNGs before the model is
     built); ``data``: the order of the training batches and their flips; ``val``: the synthetic
     validation set (generated from that seed, as the dataset's own ``seed`` generates it).

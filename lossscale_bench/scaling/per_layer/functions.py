@@ -131,7 +131,7 @@ class _AdaConv2d(torch.autograd.Function):
                 lambda a, w, b: F.conv2d(a, w, b, info.stride, info.padding, info.dilation, info.groups),
                 x, weight, bias)
             ctx.dtypes = (x.dtype, weight.dtype, None if bias is None else bias.dtype)
-        else:  # no cast, and the gradients come out in the inputs' dtypes (~10 us a layer less: issue 28)
+        else:  # no cast, and the gradients come out in the inputs' dtypes (~10 us a layer less)
             x_c, w_c = x, weight
             out = F.conv2d(x, weight, bias, info.stride, info.padding, info.dilation, info.groups)
             ctx.dtypes = None
@@ -269,7 +269,7 @@ def is_scaling_node(node: Any) -> bool:
         return False
     if not issubclass(kind, torch.autograd.function.BackwardCFunction):
         # a C++ node (ConvolutionBackward0, AccumulateGrad, ...) holds no attributes of its own: the graph walk
-        # asks about ~140 nodes a step, and the type answers for all of them (issue 28)
+        # asks about ~140 nodes a step, and the type answers for all of them
         _PLAIN_NODE_TYPES.add(kind)
         return False
     module = getattr(node, "layer_module", None)
