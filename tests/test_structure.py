@@ -31,8 +31,7 @@ FLOORS = [
     ["core", "numerics"],  # names, ranges, exit codes, small helpers; the rounding kernels (torch only)
     ["dataset_files"],  # how VOC/COCO files and the synthetic cache are read: below both study and data
     ["study"],  # the study file: schema, loading, grid, trial ids, method and precision entries; no torch
-    ["precision", "data", "models", "evaluation", "backends"],  # the components a trial is built from
-    ["scaling"],  # loss scalers: they read the precision's gradient format
+    ["precision", "scaling", "data", "models", "evaluation", "backends"],  # the components a trial is built from
     ["engine"],  # the training loop, its hooks, and the sink it reports through
     ["trial"],  # one trial from its config; no Ray, no MLflow
     ["tracking", "orchestration"],  # the MLflow store; running a study (in-process or Ray)
@@ -215,5 +214,5 @@ def test_the_checks_see_what_they_look_for(tmp_path):
     assert long_modules(pkg) == ["lossscale_bench.core.low: 462 lines"]
     assert long_functions(pkg) == ["lossscale_bench.core.low.f (line 1): 82 lines"]
     assert underscore_imports(pkg) == ["lossscale_bench.trial.high:1 imports _hidden from lossscale_bench.core.low"]
-    assert upward_imports(pkg) == ["lossscale_bench.core.low (floor 1) imports lossscale_bench.trial.high (floor 7)"]
+    assert upward_imports(pkg) == ["lossscale_bench.core.low (floor 1) imports lossscale_bench.trial.high (floor 6)"]
     assert circles(pkg) == ["lossscale_bench.core.low -> lossscale_bench.trial.high -> lossscale_bench.core.low"]
