@@ -76,9 +76,9 @@ def test_another_voc_folder_is_another_trial_the_same_data_elsewhere_is_not(voc_
     assert ta.trial_id == tc.trial_id  # content, not path: machine-independent
     assert ta.fingerprint["data"].startswith("voc:") and ta.fingerprint != tb.fingerprint
     assert str(a) not in str(ta.identity())
-    from lossscale_bench.study.grid import _make_trial_id
+    from lossscale_bench.study.grid import make_trial_id
 
-    assert _make_trial_id(ta.identity()) == ta.trial_id  # the config carries what its id hashes
+    assert make_trial_id(ta.identity()) == ta.trial_id  # the config carries what its id hashes
 
 
 def test_voc_fingerprint_follows_the_split_lists_and_annotations(voc_folders, tmp_path):

@@ -17,7 +17,7 @@ DATASET_NAMES = ("synthetic", "voc", "voc0712", "coco2017")
 BACKEND_NAMES = ("cpu", "cuda", "xla", "hpu", "auto")
 EVAL_METRICS = ("coco", "voc07", "voc")
 
-# A per-layer scaler (scaling/per_layer.py) logs its layers' median log2 scale under a metric whose name
+# A per-layer scaler (scaling/per_layer/scaler.py) logs its layers' median log2 scale under a metric whose name
 # ends in this (``ada_scale_log2_median``, ``amax_point_scale_log2_median``); ``lsbench report
 # --telemetry`` finds a method's layer scales by it, so the report names no method and a new per-layer
 # method shows its scales with no edit there. A point scaler logs two (its points' absolute scales,

@@ -22,10 +22,8 @@ from .coco import CocoDetection, DataNotFound, FakeCocoDetection, fake_coco, req
 from .synthetic import CLASSES as SYNTHETIC_CLASSES
 from .synthetic import ensure_synthetic
 
-__all__ = [
-    "CocoDetection", "DataNotFound", "FakeCocoDetection", "SYNTHETIC_CLASSES", "build_datasets", "collate",
-    "ensure_synthetic", "fake_coco", "infinite_batches", "make_loader",
-]
+__all__ = ["CocoDetection", "DataNotFound", "FakeCocoDetection", "SYNTHETIC_CLASSES", "build_datasets", "collate",
+           "ensure_synthetic", "fake_coco", "infinite_batches", "make_loader", "epoch_order", "sample_key"]
 
 _MOD = 1_000_003
 
@@ -40,14 +38,17 @@ def _aug_seed(seed: int, epoch: int, index: int) -> int:
     return ((int(seed) * _MOD + int(epoch)) * _MOD + int(index)) % (2**63)
 
 
-def _epoch_order(n: int, seed: int, epoch: int, shuffle: bool) -> list[int]:
+def epoch_order(n: int, seed: int, epoch: int, shuffle: bool) -> list[int]:
+    """The order of an epoch's ``n`` samples: shuffled by ``seed + epoch``, or as stored."""
     if not shuffle:
         return list(range(n))
     g = torch.Generator().manual_seed(int(seed) + int(epoch))
     return torch.randperm(n, generator=g).tolist()
 
 
-def _key(ds, seed: int, epoch: int, index: int):
+def sample_key(ds, seed: int, epoch: int, index: int):
+    """What a dataset is indexed with: ``(index, augmentation seed)`` for a dataset that draws
+    seeded augmentations (``supports_aug_seed``), else the index."""
     if getattr(ds, "supports_aug_seed", False):
         return (index, _aug_seed(seed, epoch, index))
     return index
@@ -68,8 +69,8 @@ class SeededSampler(Sampler):
     def __iter__(self):
         epoch = self.epoch
         self.epoch += 1
-        for i in _epoch_order(len(self.ds), self.seed, epoch, self.shuffle):
-            yield _key(self.ds, self.seed, epoch, i)
+        for i in epoch_order(len(self.ds), self.seed, epoch, self.shuffle):
+            yield sample_key(self.ds, self.seed, epoch, i)
 
 
 def make_loader(ds, batch_size: int, *, shuffle: bool, seed: int, drop_last: bool, num_workers: int = 0) -> DataLoader:
@@ -101,8 +102,8 @@ def infinite_batches(ds, batch_size: int, *, seed: int, start_step: int = 0,
     step = int(start_step)
     epoch, offset = divmod(step, spe)
     while True:
-        order = _epoch_order(len(ds), seed, epoch, True)
-        batches = [[_key(ds, seed, epoch, i) for i in order[b * batch_size:(b + 1) * batch_size]]
+        order = epoch_order(len(ds), seed, epoch, True)
+        batches = [[sample_key(ds, seed, epoch, i) for i in order[b * batch_size:(b + 1) * batch_size]]
                    for b in range(offset, spe)]
         if num_workers > 0:
             loader = DataLoader(ds, batch_sampler=batches, num_workers=num_workers, collate_fn=collate)

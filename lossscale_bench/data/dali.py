@@ -46,7 +46,7 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
-from . import _epoch_order, _key, steps_per_epoch
+from . import epoch_order, sample_key, steps_per_epoch
 from .transforms import flip_decision, shrink_to
 
 INSTALL_HINT = "pip install 'lossscale_bench[dali]' (nvidia-dali-cuda120; installs without CUDA, CPU pipeline then)"
@@ -159,9 +159,9 @@ class DaliBatches:
         """The keys of every batch from ``start_step`` on, as ``infinite_batches`` orders them."""
         epoch, offset = divmod(int(start_step), self.spe)
         while True:
-            order = _epoch_order(len(self.ds), self.seed, epoch, True)
+            order = epoch_order(len(self.ds), self.seed, epoch, True)
             for b in range(offset, self.spe):
-                yield [_key(self.ds, self.seed, epoch, i)
+                yield [sample_key(self.ds, self.seed, epoch, i)
                        for i in order[b * self.batch_size:(b + 1) * self.batch_size]]
             epoch, offset = epoch + 1, 0
 

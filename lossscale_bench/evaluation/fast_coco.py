@@ -232,8 +232,17 @@ def coco_box_eval(gt, detections: list[dict], img_ids=None) -> tuple[np.ndarray,
     recall = -np.ones((_T, K, _A, _M))
     if nI == 0 or K == 0:
         return precision, recall
+    g = _ground_truth(gt, img_pos, cat_pos, nI, K)
+    d = _detections(gt, detections, img_pos, cat_pos, nI)
+    m = _match(g, d)
+    _accumulate(g, d, m, K, nI, precision, recall)
+    return precision, recall
 
-    # ground truth of the evaluated images and categories, grouped by (category, image), input order kept
+
+def _ground_truth(gt, img_pos: dict, cat_pos: dict, nI: int, K: int) -> dict:
+    """Ground truth of the evaluated images and categories, grouped by (category, image), input order
+    kept: boxes, crowd flags, ids, which area ranges ignore each, and the not-ignored count per
+    (category, area range)."""
     gts = [a for a in gt.anns.values() if a["image_id"] in img_pos and a["category_id"] in cat_pos]
     g_key = np.array([cat_pos[a["category_id"]] * nI + img_pos[a["image_id"]] for a in gts], dtype=np.int64)
     order = np.argsort(g_key, kind="stable")
@@ -250,8 +259,12 @@ def coco_box_eval(gt, detections: list[dict], img_ids=None) -> tuple[np.ndarray,
     n_groups = K * nI
     g_start = np.searchsorted(g_key, np.arange(n_groups), side="left")
     g_count = np.searchsorted(g_key, np.arange(n_groups), side="right") - g_start
+    return {"box": g_box, "crowd": g_crowd, "id": g_id, "ig": g_ig, "npig": npig, "start": g_start, "count": g_count}
 
-    # detections (loadRes + the imgIds/catIds filter), per group in stable -score order, first 100
+
+def _detections(gt, detections: list[dict], img_pos: dict, cat_pos: dict, nI: int) -> dict:
+    """The detections (loadRes + the imgIds/catIds filter), per group in stable -score order, the
+    first 100 of each: their group key, box, area, -score and rank within the group."""
     img_get, cat_get = img_pos.get, cat_pos.get
     # one pass: image and category position (-1: not evaluated), -score (the key COCOeval sorts on),
     # the box and loadRes' area ``bb[2]*bb[3]`` (a Python product, as loadRes computes it)
@@ -275,39 +288,50 @@ def coco_box_eval(gt, detections: list[dict], img_ids=None) -> tuple[np.ndarray,
     first = np.searchsorted(d_key, d_key, side="left")
     rank = np.arange(nd) - first
     keep = rank < MAX_DETS[-1]
-    d_key, d_box, d_area, d_score, rank = d_key[keep], d_box[keep], d_area[keep], d_score[keep], rank[keep]
-    nd = len(d_key)
+    return {"key": d_key[keep], "box": d_box[keep], "area": d_area[keep], "score": d_score[keep], "rank": rank[keep]}
 
-    # evaluateImg: matching per (image, category), all area ranges and IoU thresholds at once
+
+def _match(g: dict, d: dict) -> dict:
+    """evaluateImg: matching per (image, category), all area ranges and IoU thresholds at once; what
+    the accumulation reads of it (the detections matched somewhere, their true-positive and
+    not-ignored flags, and the unmatched ones that count as false positives per area range)."""
+    d_key, rank = d["key"], d["rank"]
+    nd = len(d_key)
     matched = np.zeros((nd, _A, _T), bool)
     nonzero = np.zeros((nd, _A, _T), bool)     # dtMatches != 0
     gt_ignored = np.zeros((nd, _A, _T), bool)  # gtIg[m] of the match
-    G_of = g_count[d_key] if nd else np.zeros(0, np.int64)
+    G_of = g["count"][d_key] if nd else np.zeros(0, np.int64)
     for G in np.unique(G_of[G_of > 0]).tolist():
         det_idx = np.flatnonzero(G_of == G)
         groups, row = np.unique(d_key[det_idx], return_inverse=True)
-        gi = g_start[groups][:, None] + np.arange(G)[None, :]            # (n, G) gt indices
-        iou = _box_iou(d_box[det_idx][:, None, :], g_box[gi[row]], g_crowd[gi[row]])
+        gi = g["start"][groups][:, None] + np.arange(G)[None, :]            # (n, G) gt indices
+        iou = _box_iou(d["box"][det_idx][:, None, :], g["box"][gi[row]], g["crowd"][gi[row]])
         bad = np.zeros(len(groups), bool)
         bad[row[np.isnan(iou).any(axis=1)]] = True
         for b in np.flatnonzero(bad).tolist():
             sel = np.flatnonzero(row == b)  # rank order
-            res = _match_exact(iou[sel], g_ig[gi[b]].T, g_crowd[gi[b]], g_id[gi[b]])
+            res = _match_exact(iou[sel], g["ig"][gi[b]].T, g["crowd"][gi[b]], g["id"][gi[b]])
             matched[det_idx[sel]], nonzero[det_idx[sel]], gt_ignored[det_idx[sel]] = res
         ok = ~bad[row]
-        _match_bucket(iou[ok], rank[det_idx[ok]], row[ok], g_ig[gi].transpose(0, 2, 1), g_crowd[gi], g_id[gi],
-                      matched, nonzero, gt_ignored, det_idx[ok])
-    d_out = _outside(d_area)                                            # (nd, A)
+        _match_bucket(iou[ok], rank[det_idx[ok]], row[ok], g["ig"][gi].transpose(0, 2, 1), g["crowd"][gi],
+                      g["id"][gi], matched, nonzero, gt_ignored, det_idx[ok])
+    d_out = _outside(d["area"])                                         # (nd, A)
     touched = matched.any(axis=(1, 2))   # detections matched at some (area range, threshold)
     t_idx = np.flatnonzero(touched)
     t_row = np.full(nd, -1, np.int64)
     t_row[t_idx] = np.arange(len(t_idx))
     t_ig = gt_ignored[t_idx] | (~nonzero[t_idx] & d_out[t_idx][:, :, None])   # dtIgnore (nS, A, T)
-    t_tp = (nonzero[t_idx] & ~t_ig).transpose(1, 2, 0)                          # (A, T, nS)
-    t_ni = (~t_ig).transpose(1, 2, 0)
-    free_in = ~touched[:, None] & ~d_out                                        # (nd, A): fp where not ignored
+    return {"touched": touched, "row": t_row,
+            "tp": (nonzero[t_idx] & ~t_ig).transpose(1, 2, 0),                 # (A, T, nS)
+            "ni": (~t_ig).transpose(1, 2, 0),
+            "free": ~touched[:, None] & ~d_out}                                 # (nd, A): fp where not ignored
 
-    # accumulate
+
+def _accumulate(g: dict, d: dict, m: dict, K: int, nI: int, precision: np.ndarray, recall: np.ndarray) -> None:
+    """accumulate: ``precision`` and ``recall`` filled in place, per category, max detections, area
+    range and IoU threshold."""
+    d_key, d_score, rank, npig = d["key"], d["score"], d["rank"], g["npig"]
+    touched, t_row, t_tp, t_ni, free_in = m["touched"], m["row"], m["tp"], m["ni"], m["free"]
     eps = np.spacing(1)
     cat_bounds = np.searchsorted(d_key, np.arange(K + 1) * nI, side="left")
     for k in range(K):
@@ -341,7 +365,6 @@ def coco_box_eval(gt, detections: list[dict], img_ids=None) -> tuple[np.ndarray,
                         continue
                     at = np.searchsorted(cum_tp[a, t], need, side="left")
                     precision[t, :, k, a, mi] = np.where(at < nS, env[a, t, np.minimum(at, nS - 1)], 0.0)
-    return precision, recall
 
 
 def coco_box_stats(gt, detections: list[dict], img_ids=None) -> np.ndarray:

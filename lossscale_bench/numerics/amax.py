@@ -1,6 +1,6 @@
 """``max |x|`` of a gradient as one pass: what the amax and adaptive scalers read at every scaling point.
 
-Why a module of its own (issue 28): the amax scaler (margin 1, the default study's row) reads the
+Why a module of its own: the amax scaler (margin 1, the default study's row) reads the
 amax of the gradient arriving at each of its 15 scaling points on every step, and adaptive reads
 it per layer. ``torch.aminmax`` plus two ``abs`` and a ``maximum`` cost ~0.3 ms a call at the
 step's sizes on one thread (cProfile of the amax row: ~4 ms a step); the C loop of
@@ -17,7 +17,7 @@ import struct
 
 import torch
 
-from ._compile import same_values
+from .lazy_compile import same_values
 from .native import ProbeChecked, disabled as native_disabled
 from .block_scaling import native_takes
 

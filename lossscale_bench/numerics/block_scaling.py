@@ -72,54 +72,22 @@ ops on a ``[n_blocks, block]`` view, compiled lazily by Inductor like the fp8 ke
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 
-from ._compile import LazyCompiled, same_values
+from .lazy_compile import LazyCompiled, same_values
 from .native import ProbeChecked, disabled as native_disabled
-from .fp8 import E4M3, E5M2, Fp8Spec, _bits_fused, _fastest_eager, _native_fits, is_channels_last
+from .block_scales import ELEMENTS, MX_MODES, ElementFormat, amax_scale, exp2i, mx_exponent
+from .fp8 import Fp8Spec, fastest_eager, is_channels_last, native_fits, round_bits_fused
+
+__all__ = ["GRANULARITIES", "PROBE", "block_round", "count_flush_saturate", "FlushSaturate", "native_block",
+           "native_takes", "NativeBlock"]
 
 GRANULARITIES = ("tensor", "tile128", "mx32")
-MX_MODES = ("floor", "ceil", "even", "rceil")
 _BLOCK = {"tile128": 128, "mx32": 32}
 _F32_MAX = float(torch.finfo(torch.float32).max)
-
-
-#: fp16 described like the fp8 formats, so the compiled kernels round it with the bit-level
-#: code: Inductor drops an fp32 -> fp16 -> fp32 round trip inside a fused kernel (its
-#: ``emulate_precision_casts`` is off by default), so ``.half().float()`` compiles to nothing
-FP16 = Fp8Spec("fp16", torch.float16, mbits=10, emin=-14, emax=15, max=65504.0, has_inf=True,
-               nan_bits=0x7FFFFFFF)
-
-
-@dataclass(frozen=True)
-class ElementFormat:
-    """An element format a block-scaled tensor can be cast to."""
-
-    name: str
-    spec: Fp8Spec
-
-    @property
-    def max(self) -> float:
-        """Largest finite value."""
-        return self.spec.max
-
-    @property
-    def emax(self) -> int:
-        """Exponent of the largest binade (OCP MX's ``emax_elem``)."""
-        return self.spec.emax
-
-    @property
-    def mbits(self) -> int:
-        """Significand bits after the leading one (the ``even`` mode rounds amax to them)."""
-        return self.spec.mbits
-
-
-ELEMENTS: dict[str, ElementFormat] = {"e4m3": ElementFormat("e4m3", E4M3), "e5m2": ElementFormat("e5m2", E5M2),
-                                      "fp16": ElementFormat("fp16", FP16)}
 
 
 class FlushSaturate(NamedTuple):
@@ -141,44 +109,10 @@ def _round_elem(v: torch.Tensor, elem: ElementFormat, eager: bool) -> torch.Tens
     """Saturating cast of scaled values to the element format and back to fp32: the bit-level
     rounding when compiled; eager, the fastest exact eager code (see ``fp8``)."""
     if not eager:
-        return _bits_fused(v, elem.spec, True)
+        return round_bits_fused(v, elem.spec, True)
     if elem.name == "fp16":
         return v.clamp(-elem.max, elem.max).half().float()
-    return _fastest_eager(elem.spec)(v, elem.spec, True)
-
-
-def _exp2i(e: torch.Tensor) -> torch.Tensor:
-    """``2^e`` as fp32, exactly, for int32 ``e`` in [-127, 127] (``2^-127`` is subnormal)."""
-    normal = ((e.clamp(min=-126) + 127) << 23).view(torch.float32)
-    return torch.where(e == -127, 2.0 ** -127, normal)
-
-
-def mx_exponent(amax: torch.Tensor, elem: ElementFormat | str, mode: str = "floor") -> torch.Tensor:
-    """The shared exponent ``e`` (int32, in [-127, 127]) of blocks with max magnitude ``amax``.
-
-    Read from the fp32 bits, so it is exact where ``log2`` would round. For a zero or
-    fp32-subnormal amax the biased exponent field is 0, i.e. ``floor(log2)`` is taken as -127,
-    as torchao does; the clamp makes that immaterial. Meaningless (but finite) for NaN/inf amax:
-    :func:`block_round` turns those blocks into NaN.
-    """
-    elem = ELEMENTS[elem] if isinstance(elem, str) else elem
-    bits = amax.float().view(torch.int32)
-    if mode == "rceil":
-        d = (amax.float() / elem.max).view(torch.int32)
-        field, mant = (d >> 23) & 0xFF, d & 0x7FFFFF
-        # a normal d rounds up when any mantissa bit is set; an fp32-subnormal d (< 2^-126)
-        # needs 2^-126 only when it is above 2^-127
-        up = torch.where(field == 0, mant > 0x400000, mant != 0)
-        e = field - 127 + up.int()
-    elif mode in ("floor", "ceil", "even"):
-        if mode == "even":  # clamp first: a NaN's bits plus the rounding bias would wrap
-            bits = bits.clamp(max=0x7F800000) + (1 << (22 - elem.mbits))
-        e = ((bits >> 23) & 0xFF) - 127 - elem.emax
-        if mode == "ceil":
-            e = e + ((bits & 0x7FFFFF) != 0).int()
-    else:
-        raise ValueError(f"unknown MX scale mode {mode!r}; allowed: {', '.join(MX_MODES)}")
-    return e.clamp(-127, 127)
+    return fastest_eager(elem.spec)(v, elem.spec, True)
 
 
 def _counts(x2, out2, scaled, finite, elem) -> FlushSaturate:
@@ -192,26 +126,12 @@ def _mx_core(x1, elem: ElementFormat, mode: str, with_counts: bool, eager: bool)
     x2 = x1.view(-1, 32)
     amax = x2.abs().amax(dim=1, keepdim=True)
     e = mx_exponent(amax, elem, mode)
-    scaled = x2 * _exp2i(-e)
-    out2 = (_round_elem(scaled, elem, eager) * _exp2i(e)).clamp(-_F32_MAX, _F32_MAX)
+    scaled = x2 * exp2i(-e)
+    out2 = (_round_elem(scaled, elem, eager) * exp2i(e)).clamp(-_F32_MAX, _F32_MAX)
     out2 = out2 * ((amax - amax) + 1.0)  # 1 for a finite block, NaN for a NaN/inf block
     if not with_counts:
         return out2.view(-1)
     return out2.view(-1), *_counts(x2, out2, scaled, amax <= _F32_MAX, elem)
-
-
-def amax_scale(amax: torch.Tensor, elem: ElementFormat | str, pow2: bool,
-               amax_floor: float = 0.0) -> torch.Tensor:
-    """TE's ``compute_scale_from_amax``: ``s = fmt_max / max(amax, amax_floor)``; 1 for a zero
-    amax, ``FLT_MAX`` where that overflows; rounded down to a power of two if ``pow2``."""
-    elem = ELEMENTS[elem] if isinstance(elem, str) else elem
-    a = amax.clamp(min=amax_floor) if amax_floor > 0 else amax
-    # full_like(max) / a, not max / a: torch evaluates ``scalar / tensor`` as
-    # ``tensor.reciprocal() * scalar``, which rounds twice and is not TE's correctly rounded ratio
-    s = torch.where(a == 0, 1.0, (torch.full_like(a, elem.max) / a).clamp(max=_F32_MAX))
-    if pow2:
-        s = (s.view(torch.int32) & 0x7F800000).view(torch.float32)
-    return s
 
 
 def _amax_core(x1, block: int, elem: ElementFormat, pow2: bool, amax_floor: float,
@@ -232,7 +152,7 @@ class NativeBlock(ProbeChecked):
     """A block round trip as the C loop ``lsb_block_round`` (:mod:`.native`), for one configuration,
     checked bit for bit (values and counts) against its eager torch kernel on the probe before first use.
 
-    Why (issue 28): the compiled kernels cost ~0.2 ms of Python and Dynamo per call before they touch an
+    Why: the compiled kernels cost ~0.2 ms of Python and Dynamo per call before they touch an
     element, and a block-scaled row makes ~33 calls a step; and a channels_last gradient (every conv's, on
     the CPU) was copied into logical order for its blocks and back, two passes over memory that cost more
     than the rounding. The C loop takes the tensor as it lies (contiguous, or channels_last: by columns
@@ -265,7 +185,7 @@ class NativeBlock(ProbeChecked):
         as channels_last [n, 8, 4, 8] and [n, 32, 2, 4] images: H*W = 32 takes the loop's channels_last pass
         by columns for 16- and 32-element blocks, H*W = 8 its transposes of planes smaller than a tile
         (a 3x3 weight gradient's), which must agree too; and [1, 16|32|64, 4, 8] images of the probe repeated,
-        the by-columns pass the loop compiles for those channel counts (issue 32)."""
+        the by-columns pass the loop compiles for those channel counts."""
         x, *rest = self._probe
         for v in (x, torch.where(x.abs() < 2.0 ** 64, x, torch.zeros_like(x))):
             want = self._eager(v, *rest)
@@ -303,7 +223,7 @@ class NativeBlock(ProbeChecked):
     def weight_tiles(self, w: torch.Tensor, key: torch.Tensor | None = None):
         """NVFP4's 16x16 weight tiles of a 2-D or 4-D ``w`` (fp32 CPU, contiguous or channels_last) as it lies:
         what the configuration (block 256, kind 2) returns for ``fp4._flatten(w, 256, weight=True)``, undone,
-        without the layout copies around it (issue 32: ~130 us a weight a step). fp4.py checks it against that
+        without the layout copies around it (~130 us a weight a step). fp4.py checks it against that
         path on its own probe before using it."""
         c, h, wd = (w.shape[1], w.shape[2], w.shape[3]) if w.dim() == 4 else (w.shape[1], 1, 1)
         return self._run(w, 3 if is_channels_last(w) else 2, c, h, wd, key)
@@ -326,7 +246,7 @@ def native_block(key: tuple, make) -> NativeBlock | None:
 def native_takes(x: torch.Tensor) -> bool:
     """A tensor the C loop takes as it lies: fp32 on the CPU, contiguous or channels_last, at a size where
     it beats Inductor's parallel kernel (``fp8.NATIVE_SERIAL_MAX``)."""
-    return (x.dtype == torch.float32 and (x.is_contiguous() or is_channels_last(x)) and _native_fits(x)
+    return (x.dtype == torch.float32 and (x.is_contiguous() or is_channels_last(x)) and native_fits(x)
             and x.numel() < 2 ** 31)
 
 

@@ -24,8 +24,8 @@ import warnings
 import torch
 
 from .native import disabled as native_disabled, library as native_library
-from ._compile import LazyCompiled, same_values
-from .fp8 import _native_fits, is_channels_last, memory_order_flat
+from .lazy_compile import LazyCompiled, same_values
+from .fp8 import native_fits, is_channels_last, memory_order_flat
 
 
 def _census(x: torch.Tensor, min_normal: float, flush: float, max_: float) -> torch.Tensor:
@@ -92,7 +92,7 @@ def census(x: torch.Tensor, min_normal: float, flush: float, max_: float) -> tor
         tag = "census_" + "_".join(f"{v:.3e}".replace("+", "p").replace("-", "m") for v in key)
         k = _KERNELS.setdefault(key, LazyCompiled(fn, tag, probe=(torch.cat([_PROBE, -_PROBE]),)))
     xd = x.detach()
-    if xd.dtype == torch.float32 and _native_fits(xd) and (xd.is_contiguous() or is_channels_last(xd)):
+    if xd.dtype == torch.float32 and native_fits(xd) and (xd.is_contiguous() or is_channels_last(xd)):
         counts = _native_census(xd, key)
         if counts is not None:
             return counts

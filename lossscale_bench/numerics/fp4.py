@@ -70,10 +70,10 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from ._compile import LazyCompiled, same_values
-from .block_scaling import (ElementFormat, FlushSaturate, MX_MODES, NativeBlock, _exp2i, mx_exponent, native_block,
-                            native_takes)
-from .fp8 import E4M3, Fp8Spec, _bits_eager, _bits_fused, _magic, is_channels_last, memory_order_flat
+from .lazy_compile import LazyCompiled, same_values
+from .block_scales import ElementFormat, MX_MODES, exp2i, mx_exponent
+from .block_scaling import FlushSaturate, NativeBlock, native_block, native_takes
+from .fp8 import E4M3, Fp8Spec, round_bits_eager, round_bits_fused, rounding_magic, is_channels_last, memory_order_flat
 
 #: E2M1 described like the fp8 formats, so the bit-level rounding of :mod:`.fp8` applies as it is
 #: (its ``dtype`` is only a placeholder: torch has no castable fp4 dtype; no NaN code, see module doc)
@@ -142,7 +142,7 @@ def uniform(n: int, key: torch.Tensor, device=None) -> torch.Tensor:
 
 def _e2m1_nearest(v: torch.Tensor, eager: bool) -> torch.Tensor:
     """Saturating round to nearest even; NaN stays NaN (the bit-level code of :mod:`.fp8`)."""
-    return _bits_eager(v, E2M1, True) if eager else _bits_fused(v, E2M1, True)
+    return round_bits_eager(v, E2M1, True) if eager else round_bits_fused(v, E2M1, True)
 
 
 def _e2m1_stochastic(v: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
@@ -150,7 +150,7 @@ def _e2m1_stochastic(v: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     around ``|v|`` (0.5 below 2, 1 below 4, 2 above), a power of two, so ``|v| / q``, its floor and
     the fraction are exact; inf gives a NaN fraction, never rounds up, and is clamped to 6."""
     a = v.abs()
-    q = _magic(a, E2M1) * 2.0 ** -23
+    q = rounding_magic(a, E2M1) * 2.0 ** -23
     t = a / q
     f = torch.floor(t)
     r = ((f + ((t - f) > u).to(torch.float32)) * q).clamp(max=E2M1.max)
@@ -182,7 +182,7 @@ def _nvfp4_core(x1, key, block: int, stochastic: bool, with_counts: bool, eager:
     amax = amax_b.amax()
     s_enc = torch.where(amax == 0, 1.0, (torch.full_like(amax, NVFP4_RANGE) / amax).clamp(max=_F32_MAX))
     dec = ((amax_b / E2M1.max) * s_enc).clamp(max=_F32_MAX)
-    s_b = _bits_eager(dec, E4M3, True) if eager else _bits_fused(dec, E4M3, True)
+    s_b = round_bits_eager(dec, E4M3, True) if eager else round_bits_fused(dec, E4M3, True)
     scaled = x2 * (s_enc / s_b).clamp(max=_F32_MAX)
     out2 = (_elements(scaled, key, stochastic, eager) * s_b) / s_enc
     out2 = out2 * ((amax - amax) + 1.0)  # 1 for a finite tensor, NaN if any element is NaN or inf
@@ -197,8 +197,8 @@ def _mxfp4_core(x1, key, mode: str, stochastic: bool, with_counts: bool, eager: 
     x2 = x1.view(-1, 32)
     amax = x2.abs().amax(dim=1, keepdim=True)
     e = mx_exponent(amax, E2M1_ELEMENT, mode)
-    scaled = x2 * _exp2i(-e)
-    out2 = (_elements(scaled, key, stochastic, eager) * _exp2i(e)).clamp(-_F32_MAX, _F32_MAX)
+    scaled = x2 * exp2i(-e)
+    out2 = (_elements(scaled, key, stochastic, eager) * exp2i(e)).clamp(-_F32_MAX, _F32_MAX)
     out2 = out2 * ((amax - amax) + 1.0)  # NaN for a block holding NaN or inf
     if not with_counts:
         return out2.view(-1)

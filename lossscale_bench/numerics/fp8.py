@@ -75,7 +75,12 @@ from typing import Callable
 import torch
 
 from .native import ProbeChecked, disabled as native_disabled
-from ._compile import LazyCompiled, same_values
+from .lazy_compile import LazyCompiled, same_values
+
+__all__ = ["E4M3", "E5M2", "IMPLS", "NATIVE_SERIAL_MAX", "PROBE", "SPECS", "compiled_kernel", "fastest_eager",
+           "Fp8Spec", "is_channels_last", "memory_order_flat", "native_fits", "native_kernel", "NativeKernel",
+           "not_a_view", "round_bits_eager", "round_bits_fused", "round_e4m3", "round_e5m2", "round_fp8",
+           "rounding_magic"]
 
 _SIGN = -(2 ** 31)            # int32 with only the sign bit set (0x80000000)
 _EXP_MASK = 0x7F800000
@@ -136,20 +141,20 @@ SPECS: dict[str, Fp8Spec] = {"e4m3": E4M3, "e5m2": E5M2}
 IMPLS = ("auto", "bits", "bits_compiled", "cast", "cast_compiled", "native")
 
 
-def _magic(ax: torch.Tensor, spec: Fp8Spec) -> torch.Tensor:
+def rounding_magic(ax: torch.Tensor, spec: Fp8Spec) -> torch.Tensor:
     """``M = 2^(clamp(e, emin, emax) + 23 - mbits)`` per element (module doc), as fp32."""
     e = (ax.view(torch.int32) & _EXP_MASK).clamp((spec.emin + 127) << 23, (spec.emax + 127) << 23)
     return e.view(torch.float32) * float(2 ** (23 - spec.mbits))
 
 
-def _bits_fused(x: torch.Tensor, spec: Fp8Spec, saturate: bool) -> torch.Tensor:
+def round_bits_fused(x: torch.Tensor, spec: Fp8Spec, saturate: bool) -> torch.Tensor:
     """The bit-level rounding as one expression, written for Inductor to fuse into one loop.
 
     ``where`` on int32 bit patterns keeps the exact NaN payloads (a float NaN constant would be
     emitted as the C++ default quiet NaN, 0x7FC00000, which is not what torch's cast gives).
     """
     ax = x.abs()
-    m = _magic(ax, spec)
+    m = rounding_magic(ax, spec)
     r = (ax + m) - m
     if saturate:
         over = spec.max_bits
@@ -160,7 +165,7 @@ def _bits_fused(x: torch.Tensor, spec: Fp8Spec, saturate: bool) -> torch.Tensor:
     return (b | (x.view(torch.int32) & _SIGN)).view(torch.float32)
 
 
-def _bits_eager(x: torch.Tensor, spec: Fp8Spec, saturate: bool) -> torch.Tensor:
+def round_bits_eager(x: torch.Tensor, spec: Fp8Spec, saturate: bool) -> torch.Tensor:
     """The bit-level rounding with in-place eager ops and no boolean masks.
 
     Why no masks: on this CPU a comparison producing a bool tensor costs ~1 ms per 2 M elements
@@ -176,7 +181,7 @@ def _bits_eager(x: torch.Tensor, spec: Fp8Spec, saturate: bool) -> torch.Tensor:
     """
     nan = _f64_nan_with_f32_payload(spec.nan_bits)
     ax = x.abs()
-    m = _magic(ax, spec)
+    m = rounding_magic(ax, spec)
     r = ax.add_(m)
     r.sub_(m)
     if saturate:
@@ -241,10 +246,10 @@ def _probe_values() -> torch.Tensor:
 PROBE = _probe_values()
 
 
-def _fastest_eager(spec: Fp8Spec) -> Callable:
+def fastest_eager(spec: Fp8Spec) -> Callable:
     """The eager fallback of the compiled kernels: the bit-level rounding for E4M3 (~3 ms per
     2 M elements against ~10 ms for torch's cast), torch's cast for E5M2 (vectorised, ~1.8 ms)."""
-    return _cast_eager if spec.has_inf else _bits_eager
+    return _cast_eager if spec.has_inf else round_bits_eager
 
 
 def _kernel(fn: Callable, spec: Fp8Spec, saturate: bool) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -263,8 +268,8 @@ def compiled_kernel(kind: str, spec: Fp8Spec, saturate: bool) -> LazyCompiled:
     key = (kind, spec.name, saturate)
     k = _COMPILED.get(key)
     if k is None:
-        fused = _bits_fused if kind == "bits" else _cast_fused
-        eager = _fastest_eager(spec) if kind == "bits" else _cast_eager
+        fused = round_bits_fused if kind == "bits" else _cast_fused
+        eager = fastest_eager(spec) if kind == "bits" else _cast_eager
         tag = f"{kind}_{spec.name}_{'sat' if saturate else 'nosat'}"
         k = _COMPILED.setdefault(key, LazyCompiled(_kernel(fused, spec, saturate), tag,
                                                    eager=_kernel(eager, spec, saturate), probe=(PROBE,)))
@@ -291,7 +296,7 @@ class NativeKernel(ProbeChecked):
 
     def matches_probe(self) -> bool:
         """Bit for bit equal to the eager kernel on ``PROBE``."""
-        return same_values(self(PROBE), _kernel(_fastest_eager(self.spec), self.spec, self.saturate)(PROBE))
+        return same_values(self(PROBE), _kernel(fastest_eager(self.spec), self.spec, self.saturate)(PROBE))
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         y = torch.empty_like(x)
@@ -319,7 +324,7 @@ def native_kernel(spec: Fp8Spec, saturate: bool, required: bool = False) -> Nati
     return None
 
 
-def _native_fits(x: torch.Tensor) -> bool:
+def native_fits(x: torch.Tensor) -> bool:
     """A tensor the C kernel takes (CPU, dense in memory) at a size where it is the faster one."""
     return x.device.type == "cpu" and (x.numel() <= NATIVE_SERIAL_MAX or torch.get_num_threads() == 1)
 
@@ -330,12 +335,12 @@ def _round_f32(x: torch.Tensor, spec: Fp8Spec, saturate: bool, impl: str) -> tor
         if x.device.type != "cpu":
             raise ValueError(f"impl='native' rounds CPU tensors, not {x.device.type} ones")
         return native_kernel(spec, saturate, required=True)(x)
-    if impl == "auto" and _native_fits(x):
+    if impl == "auto" and native_fits(x):
         k = native_kernel(spec, saturate)
         if k is not None:
             return k(x)
     if impl == "bits":
-        return _bits_eager(x, spec, saturate)
+        return round_bits_eager(x, spec, saturate)
     if impl == "cast":
         return _cast_eager(x, spec, saturate)
     kind = "cast" if impl == "cast_compiled" else "bits"
@@ -363,7 +368,7 @@ def round_fp8(x: torch.Tensor, fmt: str | Fp8Spec, saturate: bool | None = None,
         return _cast_eager(x, spec, saturate)
     if x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
         raise TypeError(f"round_fp8 takes floating-point tensors, not {x.dtype}")
-    if (impl == "auto" and x.dtype == torch.float32 and _native_fits(x)
+    if (impl == "auto" and x.dtype == torch.float32 and native_fits(x)
             and (x.is_contiguous() or is_channels_last(x))):
         k = native_kernel(spec, saturate)
         if k is not None:  # a dense tensor needs no flattening: the C loop runs over memory order
@@ -424,7 +429,7 @@ def not_a_view(out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     Why: the roundings return a view of their flat result (``reshape``/``permute`` back to the
     input's shape and layout), and autograd forbids modifying a custom Function's view output in
     place, which every in-place ReLU after a rounded conv does (SSD300/SSD512's VGG: "Output 0 of
-    _RoundThrough is a view and is being modified inplace", found on an H200 in issue 20 and
+    _RoundThrough is a view and is being modified inplace", found on an H200 and
     reproduced on the CPU). ``set_`` gives a fresh tensor over the same storage, shape and strides
     that is not recorded as a view; an input returned as it is gets a copy (a no-op rounding)."""
     if out is x:

@@ -12,7 +12,7 @@ The emulation applies it to the gradient only: the weight gradient is computed f
 ``H^T Q(H g)`` (:func:`hadamard_round`) and the layer input as it is, which is exactly
 ``Q(Hg)^T (Hx)`` with ``Hx`` left unquantised (the input already holds its forward format).
 
-**The sums, defined** (issue 32): each transformed value is the sum of the 16 fp32 products
+**The sums, defined**: each transformed value is the sum of the 16 fp32 products
 ``h[i][j] * x[j]``, added in the order ``j = 0..15`` to a +0, each addition rounded (:func:`products`).
 A matrix product leaves its order to the BLAS: on the CPU measured MKL summed in that order for 8 or more
 columns but not for 5-7 (docs/benchmarks.md, "The Hadamard transform in C"), and cuBLAS has its own. Written out, the
@@ -31,7 +31,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from ._compile import same_values
+from .lazy_compile import same_values
 from .native import ProbeChecked, disabled as native_disabled
 from .fp4 import uniform
 
@@ -130,7 +130,7 @@ def hadamard_round(rows: torch.Tensor, round_fn: Callable[[torch.Tensor], torch.
     ``round_fn`` sees the transformed gradient as a ``[1, channels, 1, padded tokens]`` channels_last
     tensor: its logical order is ``[channels, tokens]``, so its blocks of 16 run along the tokens, as
     NVFP4's columnwise quantisation of the wgrad operand does, and its draws are those of the
-    ``[channels, tokens]`` matrix. Why tokens-major (issue 32 item 4): a conv's gradient is channels_last
+    ``[channels, tokens]`` matrix. Why tokens-major: a conv's gradient is channels_last
     and a linear's is ``[tokens, channels]`` already, so neither the transform, the rounding (its C loop
     reads channels_last blocks by columns) nor the inverse copies it into another order."""
     k, c = rows.shape

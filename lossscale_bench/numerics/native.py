@@ -63,7 +63,7 @@ import threading
 import warnings
 from pathlib import Path
 
-from ._compile import compile_disabled
+from .lazy_compile import compile_disabled
 
 __all__ = ["CACHE_ENV", "NO_NATIVE_ENV", "SOURCE_DIR", "ProbeChecked", "disabled", "failure", "library"]
 

@@ -1,7 +1,7 @@
 """Orchestration: running a study's trials, here or on a Ray cluster, and recording how each ended.
 
-Why these modules, each with one job (layer 4 of ``lossscale_bench.LAYERS``,
-above ``trial``, beside ``tracking``):
+Why these modules, each with one job (a floor above ``trial``, beside ``tracking``;
+``FLOORS`` in ``tests/test_structure.py``):
 
 - ``study_runner``: :func:`run_study`, a row of named steps (data, store,
   cluster, runs, trials), and the in-process executor.

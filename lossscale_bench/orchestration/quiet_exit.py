@@ -1,6 +1,6 @@
 """Keep a Ray worker's exit from printing "Exception ignored in: ... SystemExit" on the terminal.
 
-Why (issue 28 item 6, seen in tests/test_e2e.py on a loaded machine): Ray stops a worker process
+Why (seen in tests/test_e2e.py on a loaded machine): Ray stops a worker process
 with SIGTERM, and its handler (``ray._private.worker.sigterm_handler``) raises ``SystemExit``
 wherever the main thread is. When that is inside a finalizer, a ``WeakSet`` entry's removal
 callback during garbage collection, Python cannot raise it there and prints it as "unraisable",

@@ -230,7 +230,7 @@ class Fp4Format(FloatFormat):
 
     def round_each_(self, tensors: list[torch.Tensor], keys: list) -> None:
         """:meth:`FloatFormat.round_each_` through ``fp4_round_each_``: the C loop looked up once for all
-        tensors, ~50 us a tensor less dispatch than a ``round`` each (issue 32 item 4), same values."""
+        tensors, ~50 us a tensor less dispatch than a ``round`` each, same values."""
         from ..numerics.fp4 import fp4_round_each_
 
         fp4_round_each_(tensors, keys, self.kind, stochastic=self.stochastic, mode=self.mode, weight=self.weight)

@@ -18,7 +18,7 @@ itself. Other layers (ConvTranspose2d, ``padding="same"``) keep the plain roundi
 
 A per-layer loss scaler (adaptive, layer-wise dynamic, amax) scales the input gradient of each layer
 inside that layer's backward; here that backward is :class:`_Fp4Layer`'s, so the node follows the
-scalers' protocol (:mod:`lossscale_bench.scaling.adaptive_layers`): it names its module
+scalers' protocol (:mod:`lossscale_bench.scaling.per_layer.functions`): it names its module
 (``ctx.layer_module``), takes the layer input as its first input, and computes the input gradient with
 the weight ``ctx.input_grad_weight(ctx, g, w)`` returns when a scaler has set that attribute. Without it
 the scalers found no layer in a split model and silently scaled nothing.

@@ -74,7 +74,7 @@ def __getattr__(name: str):
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     import sys
 
-    # all at once, and spelled out, so tests/test_layers.py sees these edges (and any circle through them)
+    # all at once, and spelled out, so tests/test_structure.py sees these edges (and any circle through them)
     from . import compare, metric_names, renderers, runs, stats, summary, tables, write  # noqa: F401
 
     value = getattr(sys.modules[f"{__name__}.{module}"], name)

@@ -8,30 +8,36 @@ from __future__ import annotations
 
 import pandas as pd
 
+__all__ = ["NOT_VALUE", "RUNNING_TEXT", "format_cell", "format_value", "higher_is_better", "is_map_metric",
+           "metric_scale"]
+
 RUNNING_TEXT = "–"  # en dash: still running, or no value for the metric yet
 #: what a cell counts beside its values; ``interrupted``: stopped by a signal (SIGINT/SIGTERM), resumed by
 #: the next ``lsbench run`` of a study file that lists it (it used to read as "running")
-_NOT_VALUE = ("diverged", "failed", "running", "pending", "interrupted")
+NOT_VALUE = ("diverged", "failed", "running", "pending", "interrupted")
 
 
-def _is_map_metric(metric: str) -> bool:
+def is_map_metric(metric: str) -> bool:
+    """Whether ``metric`` is an mAP (a fraction, shown in percent)."""
     return "map" in metric.lower()
 
 
-def _higher_is_better(metric: str) -> bool:
+def higher_is_better(metric: str) -> bool:
+    """Whether a larger value of ``metric`` is the better one (not for losses, skips, overflows)."""
     return "loss" not in metric.lower() and "skipped" not in metric.lower() and "overflow" not in metric.lower()
 
 
-def _scale(metric: str) -> float:
+def metric_scale(metric: str) -> float:
     """mAP values are fractions; tables show percent."""
-    return 100.0 if _is_map_metric(metric) else 1.0
+    return 100.0 if is_map_metric(metric) else 1.0
 
 
-def _fmt(value: float, metric: str) -> str:
-    return f"{value * _scale(metric):.2f}"
+def format_value(value: float, metric: str) -> str:
+    """``value`` as a table shows it: percent for mAP, two decimals."""
+    return f"{value * metric_scale(metric):.2f}"
 
 
-def _cell_text(values: list[float], counts: dict[str, int], n_runs: int, table_n_runs: int, metric: str) -> str:
+def format_cell(values: list[float], counts: dict[str, int], n_runs: int, table_n_runs: int, metric: str) -> str:
     """Display text of one cell: ``mean ± std (n=k, j/m diverged)``.
 
     ``n=k`` (the seeds that finished with a value, what mean and std are over)
@@ -41,11 +47,11 @@ def _cell_text(values: list[float], counts: dict[str, int], n_runs: int, table_n
     ``pending`` (created, not started) is counted apart from ``running``, as in
     the study's ``Trials:`` line.
     """
-    notes = [f"{counts[s]}/{n_runs} {s}" for s in _NOT_VALUE if counts[s]]
+    notes = [f"{counts[s]}/{n_runs} {s}" for s in NOT_VALUE if counts[s]]
     if values:
-        text = _fmt(pd.Series(values).mean(), metric)
+        text = format_value(pd.Series(values).mean(), metric)
         if len(values) > 1:
-            text += f" ± {_fmt(pd.Series(values).std(ddof=1), metric)}"
+            text += f" ± {format_value(pd.Series(values).std(ddof=1), metric)}"
         if len(values) > 1 or n_runs > 1 or len(values) != table_n_runs:
             notes.insert(0, f"n={len(values)}")
         if notes:

@@ -31,7 +31,8 @@ import string
 import pandas as pd
 
 from .stats import ALPHA, DEFAULT_MARGIN, compare_cells, decide, format_margin, format_p, holm
-from .summary import TABLE_KEYS, _higher_is_better, _scale, table_labels
+from .cell_text import higher_is_better, metric_scale
+from .summary import TABLE_KEYS, table_labels
 
 __all__ = ["PAIR_COLUMNS", "RANK_COLUMNS", "compare_rows", "letter_groups"]
 
@@ -162,7 +163,7 @@ def compare_rows(summary: pd.DataFrame, margin: float = DEFAULT_MARGIN,
     for table, (_, g) in enumerate(summary.groupby(TABLE_KEYS, dropna=False, sort=False)):
         g = g.assign(table=table)
         metric = str(g["metric"].iloc[0])
-        scale, higher = _scale(metric), _higher_is_better(metric)
+        scale, higher = metric_scale(metric), higher_is_better(metric)
         labels = dict(zip(g.index, table_labels(g)))
         found = _table_pairs(g, labels, margin / scale, scale, higher, alpha)
         ranking += _table_ranking(g, labels, found, higher)

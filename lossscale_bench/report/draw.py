@@ -30,15 +30,8 @@ import pandas as pd
 
 from .summary import model_name
 
-__all__ = [
-    "PlotError",
-    "curves_png",
-    "map_bars_png",
-    "layer_heatmap_png",
-    "label_colors",
-    "read_layers_csv",
-    "slug",
-]
+__all__ = ["PlotError", "curves_png", "map_bars_png", "layer_heatmap_png", "label_colors", "read_layers_csv",
+           "slug", "has_values"]
 
 DPI = 100
 MAX_POINTS = 2000  # per line: longer histories are subsampled evenly
@@ -61,8 +54,8 @@ def _quiet_numerics(fn):
 
     Why: a diverged or refused run can log a scale near or past float range (1e300 seen in a store);
     ``exp2`` of a mean log2 and matplotlib's autoscaling then overflow to inf, which only means the
-    line leaves the axes. The warnings were the only library lines left on the terminal after a run
-    (issue 29); the figure is the same with or without them."""
+    line leaves the axes. The warnings were the only library lines left on the terminal after a run;
+    the figure is the same with or without them."""
     import functools
     import warnings
 
@@ -327,11 +320,12 @@ def rate_columns(table) -> tuple[str, ...]:
     threshold), flush, and saturation of activation gradients, and saturation of parameter
     gradients (histories written since each was counted)."""
     cols = tuple(c for c in ("underflow_rate", "flush_rate", "saturate_rate", "param_saturate_rate")
-                 if _has_values(table, c))
+                 if has_values(table, c))
     return cols or ("underflow_rate",)
 
 
-def _has_values(df: pd.DataFrame | None, column: str) -> bool:
+def has_values(df: pd.DataFrame | None, column: str) -> bool:
+    """Whether ``df`` has a ``column`` with at least one value."""
     return df is not None and column in df.columns and bool(df[column].notna().any())
 
 
@@ -392,7 +386,7 @@ def layer_heatmap_png(
     missing cells blank.
     Returns None when no column has a value.
     """
-    values = [v for v in values if _has_values(table, v)]
+    values = [v for v in values if has_values(table, v)]
     if not values:
         return None
     from matplotlib.colors import Normalize, PowerNorm

@@ -49,7 +49,7 @@ from .draw import (  # noqa: F401 - DPI, MAX_POINTS, MAX_STEPS, SMOOTH_MIN: re-e
     SMOOTH_MIN,
     PlotError,
     Series,
-    _has_values,
+    has_values,
     curves_png,
     label_colors,
     layer_heatmap_png,
@@ -247,7 +247,7 @@ def _study_plot_list(client, study: str, runs: pd.DataFrame, metric: str, prefix
                 if png:
                     plots.append(Plot(f"{prefix}underflow_{tag}",
                                       f"{study}: per-layer underflow-rate heatmap, {label} ({where})", png))
-                if _has_values(table, "scale"):  # the per-layer methods log a scale per layer
+                if has_values(table, "scale"):  # the per-layer methods log a scale per layer
                     png = layer_heatmap_png(table, ("scale", "accum_scale"), log2=True,
                                             title=f"{study}: per-layer loss scale, {label} ({where})")
                     if png:

@@ -34,18 +34,8 @@ import pandas as pd
 
 from ..study.configs import config_params, run_config_id, setting_id
 
-__all__ = [
-    "ReportError",
-    "load_runs",
-    "derive_label",
-    "model_name",
-    "is_emulated",
-    "MODEL_NAMES",
-    "RUN_COLUMNS",
-    "STATUSES",
-    "TAG",
-    "EMULATED_SUFFIX",
-]
+__all__ = ["ReportError", "load_runs", "derive_label", "model_name", "is_emulated", "MODEL_NAMES", "RUN_COLUMNS",
+           "STATUSES", "TAG", "EMULATED_SUFFIX", "is_true", "isna", "to_int"]
 
 # --------------------------------------------------------------------------
 # constants
@@ -106,7 +96,8 @@ class ReportError(Exception):
 # loading
 
 
-def _to_int(value) -> int | None:
+def to_int(value) -> int | None:
+    """``value`` (a tag or parameter, often a string) as an int, or None where it is not one."""
     if value is None:
         return None
     try:
@@ -145,9 +136,9 @@ def derive_label(params: Mapping[str, str], precision: str | None = None) -> str
     return default_label(scaling, (precision or params.get("precision") or "").lower())
 
 
-def _is_true(value) -> bool:
+def is_true(value) -> bool:
     """A tag or column value meaning yes: ``true`` (as tracking writes it), True, 1, ``yes``."""
-    if value is None or _isna(value):
+    if value is None or isna(value):
         return False
     if isinstance(value, str):
         return value.strip().lower() in ("true", "1", "yes")
@@ -185,14 +176,14 @@ def _run_record(run) -> dict:
         "run_id": info.run_id,
         "status": _status(tags.get(TAG + "status"), info.status),
         "label": label,
-        "row": _to_int(tags.get(TAG + "row")),
+        "row": to_int(tags.get(TAG + "row")),
         "model": params.get("model"),
-        "batch_size": _to_int(params.get("batch_size")),
-        "seed": _to_int(params.get("seed")),
+        "batch_size": to_int(params.get("batch_size")),
+        "seed": to_int(params.get("seed")),
         "precision": precision,
         "method": params.get("scaling.method"),
-        "baseline": _is_true(tags.get(TAG + "baseline")),
-        "diverged_step": _to_int(tags.get(TAG + "diverged_step")),
+        "baseline": is_true(tags.get(TAG + "baseline")),
+        "diverged_step": to_int(tags.get(TAG + "diverged_step")),
         "eval_metric": tags.get(TAG + "eval_metric") or params.get("eval.metric"),
         "experiment_id": info.experiment_id,
         "run_name": info.run_name,
@@ -242,18 +233,19 @@ def _typed(df: pd.DataFrame) -> pd.DataFrame:
         if c not in df.columns:
             df[c] = None
     for c in _INT_COLUMNS:
-        df[c] = pd.array([_to_int(v) if v is not None and not _isna(v) else None for v in df[c]], dtype="Int64")
+        df[c] = pd.array([to_int(v) if v is not None and not isna(v) else None for v in df[c]], dtype="Int64")
     for c in _FLOAT_COLUMNS:
         df[c] = pd.to_numeric(df[c], errors="coerce").astype("float64")
     for c in ("start_time", "end_time"):
         df[c] = pd.to_numeric(df[c], errors="coerce")
-    df["baseline"] = [_is_true(v) for v in df["baseline"]]  # runs logged before the tag existed: no
+    df["baseline"] = [is_true(v) for v in df["baseline"]]  # runs logged before the tag existed: no
     df["baseline"] = df["baseline"].astype(bool)
     extra = [c for c in df.columns if c not in RUN_COLUMNS]
     return df[RUN_COLUMNS + extra]
 
 
-def _isna(value) -> bool:
+def isna(value) -> bool:
+    """``pd.isna`` for one value, False for values it cannot judge (lists, dicts)."""
     try:
         return bool(pd.isna(value))
     except (TypeError, ValueError):
@@ -359,6 +351,6 @@ def load_runs(tracking_uri: str, study: str | None = None) -> pd.DataFrame:
 
 
 def model_name(model: str | None) -> str:
-    if model is None or _isna(model):
+    if model is None or isna(model):
         return "?"
     return MODEL_NAMES.get(str(model), str(model))

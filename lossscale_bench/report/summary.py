@@ -56,16 +56,16 @@ from .runs import (
     STATUSES,
     TAG,
     ReportError,
-    _is_true,
-    _isna,
-    _to_int,
+    is_true,
+    isna,
+    to_int,
     derive_label,
     is_emulated,
     load_runs,
     model_name,
 )
-from .cell_text import (_NOT_VALUE, RUNNING_TEXT, _cell_text, _fmt, _higher_is_better,  # noqa: F401 (re-exported)
-                        _is_map_metric, _scale)
+from .cell_text import (NOT_VALUE, RUNNING_TEXT, format_cell, format_value, higher_is_better,  # noqa: F401 (re-exported)
+                        is_map_metric, metric_scale)
 from .stats import ALPHA, DEFAULT_MARGIN, compare_cells, noise_verdict, paired_verdict
 
 __all__ = [
@@ -182,9 +182,9 @@ def summarize(df: pd.DataFrame, metric: str = "final_map", margin: float = DEFAU
         return pd.DataFrame({c: [] for c in columns})
     df, status = _classify_runs(df, metric)
     out = _order_cells(df, _cell_rows(df, status, metric))
-    higher = _higher_is_better(metric)
+    higher = higher_is_better(metric)
     out = _add_cells_and_best(out, metric, higher)
-    out = _add_verdicts(out, higher, margin / _scale(metric), _scale(metric))
+    out = _add_verdicts(out, higher, margin / metric_scale(metric), metric_scale(metric))
     out["values"], out["values_by_seed"] = out["_vals"], out["_by_seed"]
     return out[columns].reset_index(drop=True)
 
@@ -199,17 +199,17 @@ def _classify_runs(df: pd.DataFrame, metric: str) -> tuple[pd.DataFrame, pd.Seri
     Hand-made frames (tests, a csv read back) may lack columns the store always
     has; they read as unknown (None) rather than failing.  ``_kind`` is what a
     run adds to its cell: a value (finished with a finite metric) or one of the
-    counts (``_NOT_VALUE``); a finished run without the metric counts as running.
+    counts (``NOT_VALUE``); a finished run without the metric counts as running.
     """
     df = df.copy()
     for c in ("study", "model", "batch_size", "row", "label", "precision", "eval_metric", "seed", "status",
               "baseline", "config_id", "setting_id", "config_params", "start_time"):
         if c not in df.columns:
             df[c] = None
-    df["baseline"] = [_is_true(v) for v in df["baseline"]]
+    df["baseline"] = [is_true(v) for v in df["baseline"]]
     # runs without a configuration (hand-made frames) are one configuration per cell, as before
-    df["config_id"] = df["config_id"].map(lambda v: "" if v is None or _isna(v) else str(v))
-    df["setting_id"] = df["setting_id"].map(lambda v: "" if v is None or _isna(v) else str(v))
+    df["config_id"] = df["config_id"].map(lambda v: "" if v is None or isna(v) else str(v))
+    df["setting_id"] = df["setting_id"].map(lambda v: "" if v is None or isna(v) else str(v))
     df["config_params"] = df["config_params"].map(lambda v: v if isinstance(v, dict) else {})
     df["start_time"] = pd.to_numeric(df["start_time"], errors="coerce")
     values = pd.to_numeric(df[metric], errors="coerce") if metric in df.columns else pd.Series(math.nan, index=df.index)
@@ -239,8 +239,8 @@ def _cell_rows(df: pd.DataFrame, status: pd.Series, metric: str) -> pd.DataFrame
     for key, g in df.groupby(keys, dropna=False, sort=False):
         k = dict(zip(keys, key))
         vals = g.loc[g["_kind"] == "value", "_value"].tolist()
-        by_seed = {int(s): v for s, v in zip(g.loc[g["_kind"] == "value", "seed"], vals) if not _isna(s)}
-        counts = {s: int((g["_kind"] == s).sum()) for s in _NOT_VALUE}
+        by_seed = {int(s): v for s, v in zip(g.loc[g["_kind"] == "value", "seed"], vals) if not isna(s)}
+        counts = {s: int((g["_kind"] == s).sum()) for s in NOT_VALUE}
         evals = [e for e in pd.unique(g["eval_metric"].dropna()) if e]
         latest = g["start_time"].max()
         rows.append(
@@ -265,7 +265,7 @@ def _cell_rows(df: pd.DataFrame, status: pd.Series, metric: str) -> pd.DataFrame
                 "_by_seed": by_seed,
                 "_counts": counts,
                 "_params": g["config_params"].iloc[0],
-                "_newest": -(latest if not _isna(latest) else 0.0),
+                "_newest": -(latest if not isna(latest) else 0.0),
             }
         )
     return pd.DataFrame(rows)
@@ -279,7 +279,7 @@ def _order_cells(runs: pd.DataFrame, out: pd.DataFrame) -> pd.DataFrame:
     baseline rule and the row order every renderer prints.
     """
     for c in ("batch_size", "row"):
-        out[c] = pd.array([_to_int(v) if not _isna(v) else None for v in out[c]], dtype="Int64")
+        out[c] = pd.array([to_int(v) if not isna(v) else None for v in out[c]], dtype="Int64")
     out["setting"], out["_setting_rank"] = _settings(runs, out)
     out["variant"] = _variants(out)
     return out.sort_values(
@@ -298,11 +298,11 @@ def _add_cells_and_best(out: pd.DataFrame, metric: str, higher: bool) -> pd.Data
     cells, best = [], []
     for _, g in out.groupby(TABLE_KEYS, dropna=False, sort=False):
         usual_runs = int(g["n_runs"].mode().max())  # most common; ties -> the larger
-        shown = g["mean"].map(lambda m: round(m * _scale(metric), 2) if not math.isnan(m) else math.nan)
+        shown = g["mean"].map(lambda m: round(m * metric_scale(metric), 2) if not math.isnan(m) else math.nan)
         n_with = int(shown.notna().sum())
         target = (shown.max() if higher else shown.min()) if n_with else math.nan
         for i, r in g.iterrows():
-            cells.append((i, _cell_text(r["_vals"], r["_counts"], int(r["n_runs"]), usual_runs, metric)))
+            cells.append((i, format_cell(r["_vals"], r["_counts"], int(r["n_runs"]), usual_runs, metric)))
             best.append((i, bool(n_with >= 2 and not math.isnan(shown[i]) and shown[i] == target)))
     out["cell"] = pd.Series(dict(cells))
     out["best"] = pd.Series(dict(best)).astype(bool)
@@ -368,12 +368,12 @@ def table_labels(table: pd.DataFrame) -> list[str]:
     """The row names one table prints, in its order: the label, ``label [variant]`` for a row with two
     configurations in the table, and ``[precision]`` after a name two rows would share."""
     def text(v) -> str:
-        return "" if v is None or _isna(v) else str(v)
+        return "" if v is None or isna(v) else str(v)
 
     labels = [str(r["label"]) + (f" [{text(r.get('variant'))}]" if text(r.get("variant")) else "")
               for _, r in table.iterrows()]
     dup = {lab for lab in labels if labels.count(lab) > 1}
-    return [f"{lab} [{p}]" if lab in dup and not _isna(p) else lab for lab, p in zip(labels, table["precision"])]
+    return [f"{lab} [{p}]" if lab in dup and not isna(p) else lab for lab, p in zip(labels, table["precision"])]
 
 
 def _baseline_index(table: pd.DataFrame):

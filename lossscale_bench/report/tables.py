@@ -1,8 +1,8 @@
 """What every table format shows, before any markup: headings, rows, footnotes.
 
-:func:`_tables` turns a summary (:func:`lossscale_bench.report.summary.summarize`)
+:func:`report_tables` turns a summary (:func:`lossscale_bench.report.summary.summarize`)
 into (study, model, batch, rows, has_baseline) tuples and
-:func:`_study_notes` gives the footnotes under a study's tables; the
+:func:`study_notes` gives the footnotes under a study's tables; the
 markdown, html and latex renderers only add their own markup around them.
 """
 
@@ -14,15 +14,16 @@ from collections.abc import Iterable
 
 import pandas as pd
 
-from .metric_names import value_header
 from .stats import MAX_SEEDS, format_margin
-from .summary import (ALPHA, DEFAULT_MARGIN, EMULATED_SUFFIX, STATUSES, _is_map_metric, _isna, _scale, is_emulated,
-                      model_name, table_labels)
+from .cell_text import is_map_metric, metric_scale
+from .summary import (ALPHA, DEFAULT_MARGIN, EMULATED_SUFFIX, STATUSES, is_emulated, isna, model_name,
+                      table_labels)
 
 from ..study.precisions import PRECISION_SPECS
 
 __all__ = ["HEADERS", "VS_HEADER", "SEEDS_NOTE", "EMULATED_MARK", "EMULATION_NOTES", "TableStudy", "TOST_CI_NOTE",
-           "P_BETTER_NOTE", "interval_text"]
+           "P_BETTER_NOTE", "interval_text", "emulation_notes", "table_heading", "margin_text", "metric_description",
+           "needs_text", "p_better_text", "column_text", "bold_split", "study_notes", "report_tables"]
 
 _EVAL_METRIC_NAMES = {
     "coco": "COCO mAP@[.5:.95]",
@@ -43,16 +44,12 @@ HEADERS = ("Model", "Loss scale", "Batch size")
 VS_HEADER = "vs baseline"
 
 
-def _value_header(metric: str) -> str:
-    """What the value column is (``final_map_50`` is not the same number as ``final_map``)."""
-    return value_header(metric)
-
-
-def _metric_description(metric: str, eval_metrics: Iterable[str], best: bool = True) -> str:
+def metric_description(metric: str, eval_metrics: Iterable[str], best: bool = True) -> str:
+    """The note under a table saying which metric its values are (and that the best is bold)."""
     names = _EVAL_METRIC_NAMES_50 if metric.endswith("_50") else _EVAL_METRIC_NAMES
     evals = sorted({e for em in eval_metrics if em for e in str(em).split(",")})
     what = " / ".join(names.get(e, e) for e in evals) or "unknown evaluation metric"
-    unit = ", %" if _is_map_metric(metric) else ""
+    unit = ", %" if is_map_metric(metric) else ""
     return f"Metric: {what} (`{metric}`{unit})." + (" Best per table in bold." if best else "")
 
 
@@ -62,15 +59,15 @@ SEEDS_NOTE = (
 )
 
 
-def _margin_text(margin: float, metric: str) -> str:
+def margin_text(margin: float, metric: str) -> str:
     """``±1.0 mAP``: the equivalence margin as the tables show it."""
-    return f"±{format_margin(margin)}" + (" mAP" if _is_map_metric(metric) else "")
+    return f"±{format_margin(margin)}" + (" mAP" if is_map_metric(metric) else "")
 
 
 def _verdict_note(metric: str, margin: float = DEFAULT_MARGIN) -> str:
     """How to read the ``vs baseline`` column; printed under tables that have one (``margin``: as shown)."""
-    unit = "percentage points" if _is_map_metric(metric) else "the metric's unit"
-    m = _margin_text(margin, metric)
+    unit = "percentage points" if is_map_metric(metric) else "the metric's unit"
+    m = margin_text(margin, metric)
     return (
         f"{VS_HEADER}: the row's seed values against the baseline row's (the scaling entry marked "
         "`baseline: true` in the study, else the first fp32 row), two-sided, "
@@ -106,9 +103,9 @@ P_BETTER_NOTE = ("paired: the share of seeds on which it does (ties count one ha
 _P_SYMBOL = "P(>)"
 
 
-def _text(value) -> str:
+def column_text(value) -> str:
     """A summary string column's value; a csv read back has NaN where it was empty."""
-    return "" if value is None or _isna(value) else str(value)
+    return "" if value is None or isna(value) else str(value)
 
 
 def _number(r, key: str) -> float:
@@ -126,7 +123,7 @@ def _seeds_text(needed: float, paired: bool) -> str:
     return f"~{int(needed)} seeds" + ("" if paired else " per row")
 
 
-def _needs_text(r, margin_shown: float, n: float) -> str:
+def needs_text(r, margin_shown: float, n: float) -> str:
     """``; ±1.0 needs ~12 seeds``: what an inconclusive row would take to resolve."""
     needed = _number(r, "seeds_needed")
     if math.isnan(needed):
@@ -134,10 +131,10 @@ def _needs_text(r, margin_shown: float, n: float) -> str:
     m = f"±{format_margin(margin_shown)}"
     if not math.isnan(n) and needed <= n:  # the interval is already that narrow: Δ sits too close to the margin
         return f"; Δ too close to {m} to show equivalence"
-    return f"; {m} needs {_seeds_text(needed, _text(r.get('test')) == 'paired')}"
+    return f"; {m} needs {_seeds_text(needed, column_text(r.get('test')) == 'paired')}"
 
 
-def _p_better_text(p: float, lo: float, hi: float, symbol: str = _P_SYMBOL) -> str:
+def p_better_text(p: float, lo: float, hi: float, symbol: str = _P_SYMBOL) -> str:
     """``P(>)=0.67 [0.33, 1.00]`` (no ``symbol``: ``0.67 [0.33, 1.00]``); without an interval, the number alone."""
     if math.isnan(p):
         return ""
@@ -152,7 +149,7 @@ def interval_text(r, k: float) -> str:
     lo, hi = _number(r, "diff_ci_low"), _number(r, "diff_ci_high")
     mark = ""
     t_lo, t_hi = _number(r, "tost_ci_low"), _number(r, "tost_ci_high")
-    if _text(r.get("outcome")) == "equivalent" and not (math.isnan(t_lo) or math.isnan(t_hi)):
+    if column_text(r.get("outcome")) == "equivalent" and not (math.isnan(t_lo) or math.isnan(t_hi)):
         lo, hi, mark = t_lo, t_hi, ", 90% CI"
     return f"{diff * k:+.2f}" + ("" if math.isnan(lo) else f"{mark} [{lo * k:+.2f}, {hi * k:+.2f}]")
 
@@ -160,24 +157,24 @@ def interval_text(r, k: float) -> str:
 def _vs_text(r, metric: str) -> str:
     """The ``vs baseline`` cell: the verdict, Δ with its CI (:func:`interval_text`) and P(>) where a
     test was run, and for an inconclusive row the seeds it would take."""
-    verdict = _text(r.get("verdict"))
+    verdict = column_text(r.get("verdict"))
     p, diff, lo, hi = (_number(r, c) for c in ("p_value", "diff", "diff_ci_low", "diff_ci_high"))
     if not verdict or any(math.isnan(v) for v in (p, diff, lo, hi)):
         return verdict
-    k = _scale(metric)
+    k = metric_scale(metric)
     text = f"{verdict}, Δ {interval_text(r, k)}"
-    pb = _p_better_text(*(_number(r, c) for c in ("p_better", "p_better_low", "p_better_high")))
+    pb = p_better_text(*(_number(r, c) for c in ("p_better", "p_better_low", "p_better_high")))
     text += f", {pb}" if pb else ""
     margin = _number(r, "margin")
-    if _text(r.get("outcome")) == "inconclusive" and not math.isnan(margin):
-        text += _needs_text(r, margin * k, _number(r, "n"))
+    if column_text(r.get("outcome")) == "inconclusive" and not math.isnan(margin):
+        text += needs_text(r, margin * k, _number(r, "n"))
     return text
 
 
 class TableStudy(str):
     """The study name a table belongs to, carrying the table's ``setting`` (empty when the study has one).
 
-    :func:`_tables` yields it first, so a renderer passes it to :func:`_heading`
+    :func:`report_tables` yields it first, so a renderer passes it to :func:`table_heading`
     and the heading says which configuration of the study the table shows.
     """
 
@@ -189,12 +186,12 @@ class TableStudy(str):
         return obj
 
 
-def _tables(summary: pd.DataFrame, metric: str = "final_map"):
+def report_tables(summary: pd.DataFrame, metric: str = "final_map"):
     """Yield (study, model, batch_size, table_rows, has_baseline) in report order.
 
     One table per (study, study setting, model, batch size): a study whose file
     changed under the same name has a table per version, and ``study`` (a
-    :class:`TableStudy`) carries the setting's wording for :func:`_heading`.
+    :class:`TableStudy`) carries the setting's wording for :func:`table_heading`.
     table_rows: list of (label, cell, best, emulated, vs_baseline) in row order;
     a row with two configurations in one table shows each as ``label [variant]``.
     ``has_baseline``: the table has a baseline row, so it gets a ``vs baseline`` column.
@@ -205,27 +202,27 @@ def _tables(summary: pd.DataFrame, metric: str = "final_map"):
     for key, g in summary.groupby(keys, dropna=False, sort=False):
         k = dict(zip(keys, key))
         study, model, bs = k["study"], k["model"], k["batch_size"]
-        setting = _text(g["setting"].iloc[0]) if "setting" in g.columns else ""
+        setting = column_text(g["setting"].iloc[0]) if "setting" in g.columns else ""
         rows = [(label, str(r["cell"]), bool(r["best"]), is_emulated(r["precision"]), _vs_text(r, metric))
                 for label, (_, r) in zip(table_labels(g), g.iterrows())]
-        has_baseline = "verdict" in g.columns and g["verdict"].map(_text).eq("baseline").any()
+        has_baseline = "verdict" in g.columns and g["verdict"].map(column_text).eq("baseline").any()
         yield TableStudy(study, setting), model, bs, rows, bool(has_baseline)
 
 
-def _bold_split(cell: str) -> tuple[str, str]:
+def bold_split(cell: str) -> tuple[str, str]:
     """'79.27 ± 0.12 (n=2)' -> ('79.27', ' ± 0.12 (n=2)')."""
     m = re.match(r"^(-?[0-9.]+)(.*)$", cell)
     return (m.group(1), m.group(2)) if m else (cell, "")
 
 
-def _heading(study, model, bs) -> str:
+def table_heading(study, model, bs) -> str:
     """``study: SSD-tiny batch 8``, and the table's configuration when its study has several."""
-    bs_text = "?" if _isna(bs) else str(bs)
+    bs_text = "?" if isna(bs) else str(bs)
     setting = getattr(study, "setting", "")
     return f"{study}: {model_name(model)} batch {bs_text}" + (f" — {setting}" if setting else "")
 
 
-def _emulation_notes(precisions: Iterable) -> list[str]:
+def emulation_notes(precisions: Iterable) -> list[str]:
     """One † line per emulation that appears, in registry-ish order (fp16 before fp8)."""
     found = sorted({str(p) for p in precisions if is_emulated(p)},
                    key=lambda p: (list(EMULATION_NOTES).index(p) if p in EMULATION_NOTES else len(EMULATION_NOTES), p))
@@ -237,17 +234,17 @@ def _emulation_notes(precisions: Iterable) -> list[str]:
     return lines
 
 
-def _study_notes(summary: pd.DataFrame, runs_of_study: pd.DataFrame | None, metric: str) -> list[str]:
+def study_notes(summary: pd.DataFrame, runs_of_study: pd.DataFrame | None, metric: str) -> list[str]:
     """Footnotes under a study's tables; each says only what its tables show."""
-    lines = [_metric_description(metric, summary["eval_metric"].dropna().tolist())]
+    lines = [metric_description(metric, summary["eval_metric"].dropna().tolist())]
     if (pd.to_numeric(summary["n_values"], errors="coerce") > 1).any():
         lines.append(SEEDS_NOTE)
-    if any(has for *_, has in _tables(summary, metric)):
+    if any(has for *_, has in report_tables(summary, metric)):
         lines.append(_verdict_note(metric, table_margin(summary, metric)))
     n = runs_of_study
     if n is not None and len(n):
         lines += _trial_counts(summary, n)
-    lines += _emulation_notes(summary["precision"].dropna())
+    lines += emulation_notes(summary["precision"].dropna())
     if n is not None and "data_dropped" in n.columns:
         lines += _data_notes(n["data_dropped"])
     return lines
@@ -256,7 +253,7 @@ def _study_notes(summary: pd.DataFrame, runs_of_study: pd.DataFrame | None, metr
 def table_margin(summary: pd.DataFrame, metric: str) -> float:
     """The equivalence margin the summary was tested at, as the tables show it (default: none recorded)."""
     margins = pd.to_numeric(summary.get("margin", pd.Series(dtype=float)), errors="coerce").dropna().unique()
-    return float(margins[0]) * _scale(metric) if len(margins) else DEFAULT_MARGIN
+    return float(margins[0]) * metric_scale(metric) if len(margins) else DEFAULT_MARGIN
 
 
 def _data_notes(dropped: pd.Series) -> list[str]:
@@ -300,8 +297,8 @@ def _trial_counts(summary: pd.DataFrame, runs: pd.DataFrame) -> list[str]:
         return lines
     names = {}
     for sid, text in zip(summary.get("setting_id", []), summary["setting"]):
-        if _text(text):
-            names.setdefault(sid, _text(text))
+        if column_text(text):
+            names.setdefault(sid, column_text(text))
     if len(names) < 2:
         return lines
     lines.append(

@@ -14,8 +14,8 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-# the ending of every per-layer scaler's layer-scale metric (written by scaling/per_layer.py): the
-# layer-scale column finds it by the ending, so no method is named here (issue 30)
+# the ending of every per-layer scaler's layer-scale metric (written by scaling/per_layer/scaler.py): the
+# layer-scale column finds it by the ending, so no method is named here
 from ..core.registry import LAYER_SCALE_SUFFIX
 from .runs import ReportError, load_runs
 

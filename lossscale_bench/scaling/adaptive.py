@@ -29,7 +29,8 @@ import torch
 from torch import nn
 
 from ..precision.formats import FP16, FloatFormat
-from .adaptive_layers import _Iteration, _LayerInfo, _point_hook, _PointInfo
+from .per_layer.functions import LayerInfo, PointInfo, point_hook
+from .per_layer.iteration import Iteration
 # rule names this module does not use are re-exported: tests and callers import them from here
 from .adaptive_rule import (MIN_BRANCH_SCALE, U_MAX, U_MIN, approx_range_scale, approx_range_scale_tensor,
                             backward_fan_in, bound_scale_host, bound_scale_tensor, branch_target_scale,
@@ -140,10 +141,10 @@ class AdaptiveLossScaler(PerLayerLossScaler):
     def _attach_output_points(self, model: nn.Module) -> None:
         """The reference's later scaling points (head outputs, L2Norm input), as forward hooks."""
         for name, mod, kind, lognormal in find_output_points(model):
-            info = _PointInfo(name, kind, lognormal)
+            info = PointInfo(name, kind, lognormal)
             self._output_points.append(info)
             self._by_name[info.name] = info
-            self._point_handles.append(mod.register_forward_hook(_point_hook(info)))
+            self._point_handles.append(mod.register_forward_hook(point_hook(info)))
         if not self._output_points:
             warnings.warn("output_scaling: the model has no SSD head or marked module; nothing added",
                           stacklevel=3)
@@ -162,7 +163,7 @@ class AdaptiveLossScaler(PerLayerLossScaler):
         super().update()
 
     # -- the rule --------------------------------------------------------------
-    def layer_factor(self, it: _Iteration, layer: _LayerInfo, grad: torch.Tensor, weight: torch.Tensor | None,
+    def layer_factor(self, it: Iteration, layer: LayerInfo, grad: torch.Tensor, weight: torch.Tensor | None,
                      incoming: torch.Tensor) -> torch.Tensor:
         """The adaptive rule's layer scale (steps 1-9 of docs/adaptive_algorithm.md), bounded against
         the ``incoming`` scale; statistics recomputed when due, else the layer's last ones reused."""

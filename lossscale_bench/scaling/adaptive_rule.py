@@ -10,7 +10,7 @@ branches (ADAPTIVE.md "Branches"). Everything returns 0-d fp32 tensors on the
 gradient's device and never synchronises with the host, so the rule can run
 inside a backward pass per layer; :func:`approx_range_scale` is the float
 convenience form. The layers, hooks and scaler that apply the rule live in
-:mod:`.adaptive_layers` and :mod:`.adaptive`.
+:mod:`.per_layer.iteration` and :mod:`.adaptive`.
 
 Deviations from the Chainer reference in the rule (ADAPTIVE.md's terms; the
 others are listed in :mod:`.adaptive`)
@@ -25,7 +25,7 @@ others are listed in :mod:`.adaptive`)
   largest magnitudes. Where an inf meets a zero the two forms can differ (NaN or inf), but both are
   non-finite and the scale is 1 either way (the next point). ``max|x|`` is one pass of a C loop on the
   CPU (:func:`lossscale_bench.numerics.amax.max_abs`), where ``torch.aminmax`` took ~1 ms on the
-  largest ssd_tiny gradient (issue 28).
+  largest ssd_tiny gradient.
 * Non-finite statistics (an inf/NaN gradient) give an unbounded scale of 1
   instead of raising; the non-finite gradient then skips the step as usual and
   does not poison the scale stored for ``update_every`` reuse.
@@ -232,7 +232,7 @@ def unbounded_scale_host(grad: torch.Tensor, weight: torch.Tensor, *, n_uf_thres
     """:func:`unbounded_scale_tensor` for CPU tensors, its statistics read to the host and the rest computed
     there: the same value, as a Python float.
 
-    Why (issue 28): after the three reductions the tensor version is ~15 operations on 0-d tensors at
+    Why: after the three reductions the tensor version is ~15 operations on 0-d tensors at
     ~3-8 us of dispatch each, per layer and step (~1.3 ms of an ssd_tiny step); here each is one fp32
     operation on floats (:func:`.host_fp32.f32`), in the tensor version's order, with its hidden steps spelt out:
     ``float / tensor`` is ``tensor.reciprocal() * float`` (``torch/_tensor.py``), a Python constant is
@@ -281,7 +281,7 @@ def branch_target_scale_host(max_abs: list[float], scales: list[float], u_max: f
     """:func:`branch_target_scale` on the host: the index of the branch whose scale is ``t``, or None
     where the tensor version must decide (no branch fits, a NaN, a scale that is not positive).
 
-    Why (issue 28): on the CPU the tensor version is ~15 ops on 0-d tensors at ~3-8 us of dispatch
+    Why: on the CPU the tensor version is ~15 ops on 0-d tensors at ~3-8 us of dispatch
     each, for a few float operations; the values are fp32 values and every operation here is one fp32
     operation (:func:`.host_fp32.f32`), so where it answers it answers what the tensor version does
     (tests/scaling/test_adaptive.py checks both on random and edge values)."""
@@ -303,7 +303,7 @@ def branch_fallback_scale_host(max_abs: list[float], scales: list[float], u_max:
     ``m * t < u_max``, not below :data:`MIN_BRANCH_SCALE`), on the host; None where torch must decide (a scale
     that is not positive and finite, a halving by more than 2**-100, where ``exp2`` could underflow).
 
-    Why (issue 28): with E4M3 gradients (u_max 448) no branch fits at about one merge a step of the
+    Why: with E4M3 gradients (u_max 448) no branch fits at about one merge a step of the
     default study's layer-wise dynamic rows, and the tensor version cost ~0.33 ms there. The same fp32
     operations in the same order: ``mn * m / u_max`` (the Python constant rounded to fp32), ``floor(log2)``
     (:func:`.host_fp32.floor_log2`), ``+ 1``, ``clamp(min=1)`` (a value below 1, -inf and a non-finite

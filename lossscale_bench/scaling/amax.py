@@ -52,8 +52,7 @@ import torch
 from torch import nn
 
 from ..precision.formats import FP16, FloatFormat
-from ..numerics.amax import max_abs_value
-from .adaptive_rule import _max_abs
+from ..numerics.amax import max_abs, max_abs_value
 from .host_fp32 import f32, floor_pow2_log2, recip
 from .base import all_reduce_flag
 from .per_layer import LOSS_POINT, PointLossScaler
@@ -150,7 +149,7 @@ class AmaxLossScaler(PointLossScaler):
             return self._point_scale_host(k, grad, float(incoming), from_loss)
         self._flush_host()
         prev = incoming.to(device=self._scales.device, dtype=_F32)
-        a = _max_abs(grad).to(self._scales.device, _F32) / prev
+        a = max_abs(grad).to(self._scales.device, _F32) / prev
         a = torch.where(torch.isfinite(a), a, torch.zeros_like(a))  # a non-finite amax is not recorded
         self._now[k] = a
         if from_loss:

@@ -17,6 +17,8 @@ import torch
 
 from .host_fp32 import recip
 
+__all__ = ["all_reduce_flag", "LossScaler", "optimizer_grads", "StepResult", "unscale_and_check", "unscale_group_"]
+
 
 @dataclass(frozen=True)
 class StepResult:
@@ -32,7 +34,8 @@ class StepResult:
     overflow: bool
 
 
-def _grads(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+def optimizer_grads(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    """The gradients of ``optimizer``'s parameters that have one."""
     return [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
 
 
@@ -45,7 +48,7 @@ def unscale_group_(grads: list, scale, found: torch.Tensor) -> None:
     if scale is None:
         inv = torch.ones(1, dtype=torch.float32, device=device)
     elif device.type == "cpu" and scale.device.type == "cpu" and scale.dtype == torch.float32:
-        # the same fp32 reciprocal and flag on the host: 2 dispatches instead of 6 per group (issue 28)
+        # the same fp32 reciprocal and flag on the host: 2 dispatches instead of 6 per group
         v = recip(scale.item())
         if not math.isfinite(v):
             found.add_(1.0)
@@ -109,7 +112,7 @@ class LossScaler(ABC):
         """Divide gradients by the scale they carry and record overflow (idempotent per step)."""
         if self._unscaled:
             return
-        found = unscale_and_check(_grads(optimizer), 1.0 / self.current_scale())
+        found = unscale_and_check(optimizer_grads(optimizer), 1.0 / self.current_scale())
         self._found_inf = all_reduce_flag(found)
         self._unscaled = True
 

@@ -1,9 +1,9 @@
 """fp32 arithmetic on Python floats, for the scalers' rules on the CPU: one torch operation on 0-d fp32 tensors,
 done as one float operation rounded once to fp32.
 
-Why (issue 28): a per-layer rule is a dozen or more operations on 0-d tensors per layer and step, each
+Why: a per-layer rule is a dozen or more operations on 0-d tensors per layer and step, each
 ~3-8 us of dispatch on the CPU for one float operation (~0.1 us on the host). The values must stay the tensor
-versions' bit for bit (a trial's numbers must not depend on which path ran), which is why each helper
+versions' bit for bit (a trial's numbers must not depend on which path ran), which is why each function
 names the torch operation it stands for, and why the callers' tests compare the two on random and edge
 values. The exactness argument: an fp32 sum, product, quotient or square root computed in fp64 and rounded
 once to fp32 is the fp32 result (53 >= 2 * 24 + 2 bits: the double rounding is innocuous), overflow included

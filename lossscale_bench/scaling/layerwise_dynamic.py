@@ -38,7 +38,7 @@ import torch
 from torch import nn
 
 from ..precision.formats import FP16, FloatFormat
-from ._graph import ROOT_SCALE_ID
+from .per_layer.graph import ROOT_SCALE_ID
 from .base import all_reduce_flag, unscale_group_
 from .per_layer import LOSS_POINT, PointLossScaler
 
@@ -79,7 +79,7 @@ class LayerwiseDynamicLossScaler(PointLossScaler):
     # -- the rule ------------------------------------------------------------------
     def point_scale(self, k: int, grad: torch.Tensor, incoming: torch.Tensor, from_loss: bool) -> torch.Tensor:
         """Point ``k``'s own dynamic scale, set by :meth:`update` from its overflows (the 0-d tensors are made
-        once per set of scales and device, not with a ``torch.full`` per layer and step: issue 28)."""
+        once per set of scales and device, not with a ``torch.full`` per layer and step)."""
         key = (grad.device, *self._scales)
         if self._scale_key != key:
             self._scale_t = torch.tensor(self._scales, dtype=_F32, device=grad.device).unbind()
@@ -147,7 +147,7 @@ class LayerwiseDynamicLossScaler(PointLossScaler):
         else:
             # each point's flag is the max over the groups it feeds, taken on the host from one read of the
             # groups' flags (step() reads the overflow flag there anyway): ~3 small tensor ops per point
-            # and group cost ~1 ms a step on the CPU (issue 28)
+            # and group cost ~1 ms a step on the CPU
             dev = founds[0].device
             per_group = torch.cat([f.to(dev) for f in founds]).tolist()
             host = [0.0] * (n + 1)  # slot n: gradients of no point

@@ -21,7 +21,7 @@ import torch
 from ..precision.formats import FP16, FloatFormat
 from ..numerics.census import census
 from ..numerics.fp8 import memory_order_flat
-from .base import LossScaler, _grads
+from .base import LossScaler, optimizer_grads
 
 
 class SaturationLossScaler(LossScaler):
@@ -60,7 +60,7 @@ class SaturationLossScaler(LossScaler):
 
     def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
         if not self._unscaled:
-            self._counts = saturation_counts(_grads(optimizer), self.grad_format.max)
+            self._counts = saturation_counts(optimizer_grads(optimizer), self.grad_format.max)
         super().unscale_(optimizer)
 
     def update(self) -> None:
@@ -98,13 +98,13 @@ def saturation_counts(grads: list[torch.Tensor], limit: float) -> torch.Tensor:
     fp32 gradients are counted by the telemetry's census kernel (:mod:`lossscale_bench.numerics.census`:
     one C loop over the gradients concatenated on the CPU), whose "past the maximum" count is ``!(|g| <= edge)``: with ``edge``
     the fp32 value just below ``limit`` that is exactly ``|g| >= limit`` or NaN, as below. Four eager ops
-    per parameter cost ~3 ms a step on ssd_tiny's 48 (cProfile, issue 28). Other dtypes keep the eager
+    per parameter cost ~3 ms a step on ssd_tiny's 48 (cProfile). Other dtypes keep the eager
     expression: a Python scalar compared with an fp16 tensor is rounded to fp16, and ``edge`` with it."""
     if not grads:
         return torch.zeros(2)
     edge = torch.nextafter(torch.tensor(float(limit)), torch.tensor(0.0)).item()  # fp32's, not float64's
     # the fp32 gradients of a device in one census call (a count does not care which tensor an element is
-    # in; a call per parameter cost ~30 us each, 48 on ssd_tiny: issue 28), each read in memory order
+    # in; a call per parameter cost ~30 us each, 48 on ssd_tiny), each read in memory order
     by_device: dict[torch.device, list[torch.Tensor]] = {}
     parts = []
     for g in grads:

@@ -33,7 +33,7 @@ from ..core.registry import (BACKEND_NAMES, DATASET_NAMES, DYNAMIC_STYLES, EVAL_
                         PRECISIONS, SCALING_METHODS, VOC_CLASSES)  # noqa: F401
 try:
     from .errors import StudyError
-    from .grid import TRIAL_ID_VERSION, _identity, _make_trial_id, trial_table  # noqa: F401
+    from .grid import TRIAL_ID_VERSION, trial_identity, make_trial_id, trial_table  # noqa: F401
     from .load import load_study, load_study_text
     from .methods import ResourcesOverride, ScalingEntry, default_label  # noqa: F401
     from .schema import (DATASET_MODELS, COCODataset, DatasetSpec, DivergenceSpec, EvalSpec,  # noqa: F401

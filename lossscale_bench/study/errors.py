@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ..core.wording import suggest
+__all__ = ["ERROR_TYPE", "field_error", "fmt_num", "show_value", "StudyError"]
+
 
 if TYPE_CHECKING:  # imported where used: the data layer reads annotations through this module, and the
     # GPU check (no pydantic there) builds datasets
     from pydantic_core import PydanticCustomError
 
-#: the pydantic error type of a problem already worded for the user (see :func:`_err`)
+#: the pydantic error type of a problem already worded for the user (see :func:`field_error`)
 ERROR_TYPE = "lsbench"
 
 
@@ -51,7 +52,7 @@ def _one_line(text: str) -> str:
     return " ".join(str(text).split())
 
 
-def _show(v: Any) -> str:
+def show_value(v: Any) -> str:
     """A value as the user wrote it (YAML-ish), short."""
     if v is None:
         s = "null"
@@ -65,7 +66,7 @@ def _show(v: Any) -> str:
     return s if len(s) <= 80 else s[:77] + "..."
 
 
-def _fmt_num(x: float | int) -> str:
+def fmt_num(x: float | int) -> str:
     """128.0 -> '128', 0.5 -> '0.5'."""
     if isinstance(x, bool):
         return str(x).lower()
@@ -74,10 +75,7 @@ def _fmt_num(x: float | int) -> str:
     return repr(x) if isinstance(x, float) else str(x)
 
 
-_suggest = suggest  # the schema's modules import it from here
-
-
-def _err(problem: str, allowed: str | None = None) -> "PydanticCustomError":
+def field_error(problem: str, allowed: str | None = None) -> "PydanticCustomError":
     """A field problem worded for the user; :func:`~.load._convert` shows it as it is."""
     ctx = {"problem": problem}
     if allowed:

@@ -19,30 +19,38 @@ from pydantic import AfterValidator, BeforeValidator, ConfigDict, Field, StrictB
 
 from ..core.float_ranges import FP32
 from .as_written import AsWritten
-from .errors import _err, _fmt_num, _show, _suggest
+from ..core.wording import suggest
+from .errors import field_error, fmt_num, show_value
 
-_DEFAULT_SOURCE = "<string>"
+__all__ = ["DEFAULT_SOURCE", "NOT_BLANK", "STRICT", "as_list", "Bool", "choice_field", "ctx_base_dir",
+           "ctx_source", "Label", "ListOf", "mapping_or_empty", "NonNegInt", "number_field", "OptStr", "PosFloat",
+           "PosInt", "resolve_path", "Scale", "Str"]
+
+DEFAULT_SOURCE = "<string>"
 #: "not blank": the pattern of :data:`Str` (load.py words its mismatch as "must not be empty");
 #: a character ``str.strip()`` keeps (it also strips the separators \x1c-\x1f, which ``\s`` lacks)
 NOT_BLANK = r"[^\s\x1c-\x1f]"
 
-_STRICT = ConfigDict(extra="forbid", frozen=True, validate_default=False)
+STRICT = ConfigDict(extra="forbid", frozen=True, validate_default=False)
 
 
 # --------------------------------------------------------------------------- validation context
 
 
-def _ctx_source(info: ValidationInfo | None) -> str:
+def ctx_source(info: ValidationInfo | None) -> str:
+    """The name of the study file being validated, for its messages."""
     ctx = getattr(info, "context", None) or {}
-    return str(ctx.get("source", _DEFAULT_SOURCE))
+    return str(ctx.get("source", DEFAULT_SOURCE))
 
 
-def _ctx_base_dir(info: ValidationInfo | None) -> str:
+def ctx_base_dir(info: ValidationInfo | None) -> str:
+    """The folder relative paths of the study file resolve against (its own; else the cwd)."""
     ctx = getattr(info, "context", None) or {}
     return str(ctx.get("base_dir") or os.getcwd())
 
 
-def _resolve_path(p: str, base_dir: str) -> str:
+def resolve_path(p: str, base_dir: str) -> str:
+    """``p`` with ``~`` expanded, made absolute against ``base_dir``, normalised."""
     p = os.path.expanduser(p)
     if not os.path.isabs(p):
         p = os.path.join(base_dir, p)
@@ -54,8 +62,8 @@ def _resolve_path(p: str, base_dir: str) -> str:
 
 def _range_text(kind: str, gt=None, ge=None, lt=None, le=None, nullable=False) -> str:
     noun = "integers" if kind == "int" else "numbers"
-    lo = f"{_fmt_num(gt)} < " if gt is not None else (f"{_fmt_num(ge)} <= " if ge is not None else "")
-    hi = f" < {_fmt_num(lt)}" if lt is not None else (f" <= {_fmt_num(le)}" if le is not None else "")
+    lo = f"{fmt_num(gt)} < " if gt is not None else (f"{fmt_num(ge)} <= " if ge is not None else "")
+    hi = f" < {fmt_num(lt)}" if lt is not None else (f" <= {fmt_num(le)}" if le is not None else "")
     if lo and hi:
         text = f"{noun} {lo}x{hi}"
     elif lo:
@@ -71,7 +79,7 @@ def _range_text(kind: str, gt=None, ge=None, lt=None, le=None, nullable=False) -
 _OUT_OF_RANGE = {"greater_than", "greater_than_equal", "less_than", "less_than_equal"}
 
 
-def _number(kind: str, *, gt=None, ge=None, lt=None, le=None, nullable: bool = False, why: str | None = None):
+def number_field(kind: str, *, gt=None, ge=None, lt=None, le=None, nullable: bool = False, why: str | None = None):
     """An ``int``/``float`` with pydantic's bounds (and no inf/nan); failures say the whole range
     (and ``why`` it is that range, where the bounds come from somewhere the user should know)."""
     allowed = _range_text(kind, gt, ge, lt, le, nullable) + (f" ({why})" if why else "")
@@ -83,12 +91,12 @@ def _number(kind: str, *, gt=None, ge=None, lt=None, le=None, nullable: bool = F
     def check(v: Any, handler):
         orig = v
         if isinstance(v, bool):  # pydantic would take true for 1
-            raise _err(f"expected {expected}, got {_show(v)}", allowed)
+            raise field_error(f"expected {expected}, got {show_value(v)}", allowed)
         if isinstance(v, str):  # YAML reads 1e-3 (no dot) as a string; pydantic's int would refuse '1e3'
             try:
                 v = float(v.strip())
             except ValueError:
-                raise _err(f"expected {expected}, got {_show(orig)}", allowed) from None
+                raise field_error(f"expected {expected}, got {show_value(orig)}", allowed) from None
         if kind == "int" and isinstance(v, float) and v.is_integer():
             v = int(v)  # pydantic's int refuses floats past 64 bits (1.0e20)
         try:
@@ -96,12 +104,12 @@ def _number(kind: str, *, gt=None, ge=None, lt=None, le=None, nullable: bool = F
         except ValidationError as exc:
             etype = exc.errors()[0]["type"]
             if etype in _OUT_OF_RANGE:
-                problem = f"{_show(orig)} is out of range"
+                problem = f"{show_value(orig)} is out of range"
             elif etype == "finite_number":
-                problem = f"expected a finite number, got {_show(orig)}"
+                problem = f"expected a finite number, got {show_value(orig)}"
             else:  # int_type, float_type, int_from_float, ...
-                problem = f"expected {expected}, got {_show(orig)}"
-            raise _err(problem, allowed) from None
+                problem = f"expected {expected}, got {show_value(orig)}"
+            raise field_error(problem, allowed) from None
 
     return Annotated[Optional[base] if nullable else base, WrapValidator(check)]  # type: ignore[valid-type]
 
@@ -109,7 +117,7 @@ def _number(kind: str, *, gt=None, ge=None, lt=None, le=None, nullable: bool = F
 # --------------------------------------------------------------------------- choices, booleans, strings
 
 
-def _choice(kind: str, names):
+def choice_field(kind: str, names):
     """``Literal[names]``; a failure names the kind, the closest name and every name."""
     names = tuple(names)
 
@@ -119,9 +127,9 @@ def _choice(kind: str, names):
         except ValidationError:
             if not isinstance(v, str) and str(v).lower() in {str(n).lower() for n in names}:
                 # `.nan`, `yes`, `1e3`: YAML read a number or a boolean where a name was meant
-                raise _err(f"YAML reads this value as the {type(v).__name__} {_show(v)}, not as a name; "
+                raise field_error(f"YAML reads this value as the {type(v).__name__} {show_value(v)}, not as a name; "
                            f"write it in quotes ({kind}: \"{str(v).lower()}\")", ", ".join(names)) from None
-            raise _err(f"unknown {kind} {_show(v)}{_suggest(v, names)}", ", ".join(names)) from None
+            raise field_error(f"unknown {kind} {show_value(v)}{suggest(v, names)}", ", ".join(names)) from None
 
     return Annotated[Literal[names], WrapValidator(check)]  # type: ignore[valid-type]
 
@@ -131,7 +139,7 @@ def _numbers_as_text(v: Any):
     if isinstance(v, AsWritten):
         return str(v)
     if isinstance(v, (int, float)) and not isinstance(v, bool):
-        return _fmt_num(v)
+        return fmt_num(v)
     return v
 
 
@@ -145,7 +153,7 @@ def _one_spaced(v: Any):
     return " ".join(v.split()) if isinstance(v, str) else v
 
 
-def _as_list(v: Any):
+def as_list(v: Any):
     """A scalar where a list is expected becomes a one-element list; nothing becomes ``[]``."""
     if v is None:
         return []
@@ -156,7 +164,7 @@ def _as_list(v: Any):
     return v
 
 
-def _mapping_or_empty(v: Any):
+def mapping_or_empty(v: Any):
     """Optional sections: ``eval:`` with nothing after it means defaults."""
     return {} if v is None else v
 
@@ -167,18 +175,18 @@ Bool = StrictBool
 Str = Annotated[str, Field(strict=True, pattern=NOT_BLANK)]
 OptStr = Optional[Str]
 Label = Annotated[Optional[Str], AfterValidator(_one_spaced), BeforeValidator(_numbers_as_text)]
-PosInt = _number("int", ge=1)
-NonNegInt = _number("int", ge=0)
-PosFloat = _number("float", gt=0)
+PosInt = number_field("int", ge=1)
+NonNegInt = number_field("int", ge=0)
+PosFloat = number_field("float", gt=0)
 #: a loss scale, or a bound on one. The scalers keep scales as fp32 numbers, and the divergence rule
 #: calls a scale below fp32's smallest normal collapsed (``engine.hooks.SCALE_FLOOR``): a value outside
 #: fp32's normal range cannot be the scale the entry's label names (past fp32's largest value every
 #: step overflows, and the per-layer scalers cannot even build their fp32 scale tensors)
-Scale = _number("float", ge=FP32.min_normal, le=FP32.max, why="fp32's normal range, where loss scales are kept")
+Scale = number_field("float", ge=FP32.min_normal, le=FP32.max, why="fp32's normal range, where loss scales are kept")
 
 
 def ListOf(item, *, nonempty: bool = True):  # noqa: N802 - a type constructor
     """A list of ``item`` that may be written as one scalar; empty is refused unless ``nonempty=False``."""
     if nonempty:
-        return Annotated[list[item], Field(min_length=1), BeforeValidator(_as_list)]  # type: ignore[valid-type]
-    return Annotated[list[item], BeforeValidator(_as_list)]  # type: ignore[valid-type]
+        return Annotated[list[item], Field(min_length=1), BeforeValidator(as_list)]  # type: ignore[valid-type]
+    return Annotated[list[item], BeforeValidator(as_list)]  # type: ignore[valid-type]

@@ -7,7 +7,7 @@ shows the old number), and must not change when nothing that matters did
 same one, re-runs everything). A path does neither: the same path may hold
 other data tomorrow (a VOC folder re-extracted with other split lists) and
 the same data sits under other paths on other machines. So the trial id
-(:func:`lossscale_bench.study.grid._identity`) holds no paths, only these
+(:func:`lossscale_bench.study.grid.trial_identity`) holds no paths, only these
 fingerprints of what is under them.
 
 What is fingerprinted is exactly what the loaders read (``data/voc.py``,

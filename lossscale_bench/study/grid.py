@@ -16,8 +16,11 @@ from ..core import registry
 from .fingerprint import canonical_json, trial_fingerprint
 from .methods import default_label, scaling_tag
 
+__all__ = ["DALI_DATASETS", "TRIAL_ID_VERSION", "config_id", "default_batched_loss", "default_loader", "expand",
+           "make_trial_id", "trial_identity", "trial_table"]
+
 #: bump when the trial_id recipe changes on purpose (it is part of the hash). Still 1 after the
-#: fingerprints came in (see :func:`_identity`): a trial that reads no file has the identity it had,
+#: fingerprints came in (see :func:`trial_identity`): a trial that reads no file has the identity it had,
 #: and one that does reads a new key (``fingerprint``), so its id changed without a bump.
 TRIAL_ID_VERSION = 1
 
@@ -27,7 +30,7 @@ _SAFE_ID_RE = re.compile(r"[^A-Za-z0-9_.-]+")
 # --------------------------------------------------------------------------- trial ids
 
 
-def _identity(model, batch_size, precision, scaling, seed, dataset, schedule, eval_, resources,
+def trial_identity(model, batch_size, precision, scaling, seed, dataset, schedule, eval_, resources,
               model_options, divergence, loader, fingerprint=None, on_divergence="stop",
               seed_streams=None) -> dict:
     """Everything that changes a trial's result, and no machine-specific path.
@@ -101,7 +104,9 @@ def config_id(identity: dict) -> str:
     return hashlib.sha256(canonical_json(rest).encode()).hexdigest()[:12]
 
 
-def _make_trial_id(identity: dict) -> str:
+def make_trial_id(identity: dict) -> str:
+    """The trial id of ``identity``: a readable prefix (model, batch size, precision, method,
+    seed) and the first 8 hex digits of the SHA-256 of its canonical JSON."""
     digest = hashlib.sha256(canonical_json(identity).encode()).hexdigest()[:8]
     readable = "-".join([
         identity["model"], f"bs{identity['batch_size']}", identity["precision"],
@@ -195,10 +200,10 @@ def expand(study) -> list[dict[str, Any]]:
                 mo = _resolved_model_options(model_options, res.get("backend"))
                 for seed in study.seeds:
                     streams = study.seed_streams.given()
-                    ident = _identity(m, b, p, scaling, seed, dataset, schedule, eval_, res,
+                    ident = trial_identity(m, b, p, scaling, seed, dataset, schedule, eval_, res,
                                       mo, divergence, loader, fingerprint,
                                       study.on_divergence, streams)
-                    tid = _make_trial_id(ident)
+                    tid = make_trial_id(ident)
                     if tid in seen:
                         if entry.baseline:
                             out[seen[tid]]["baseline"] = True

@@ -39,10 +39,11 @@ from pydantic import ValidationError
 
 from ..core.registry import DATASET_NAMES, SCALING_METHODS
 from .as_written import TEXT_KEYS, AsWritten
-from .errors import ERROR_TYPE, StudyError, _show, _suggest
-from .fields import _DEFAULT_SOURCE, NOT_BLANK
+from ..core.wording import suggest
+from .errors import ERROR_TYPE, StudyError, show_value
+from .fields import DEFAULT_SOURCE, NOT_BLANK
 from .methods import scaling_keys
-from .schema import _SECTION_MODELS, DATASET_MODELS, Study
+from .schema import SECTION_MODELS, DATASET_MODELS, Study
 
 
 # --------------------------------------------------------------------------- YAML
@@ -178,7 +179,7 @@ def _yaml_error(source: str, exc: yaml.YAMLError) -> StudyError:
 def _str_keys(v: Any):
     """YAML allows keys like ``1`` or ``yes`` (true); make them strings so they are named as unknown keys."""
     if isinstance(v, dict):
-        return {(k if isinstance(k, str) else _show(k)): _str_keys(x) for k, x in v.items()}
+        return {(k if isinstance(k, str) else show_value(k)): _str_keys(x) for k, x in v.items()}
     if isinstance(v, list):
         return [_str_keys(x) for x in v]
     return v
@@ -226,7 +227,7 @@ def _allowed_keys(parent: list, tag) -> list[str]:
         return scaling_keys(tag[1])
     if tag and tag[0] == "dataset":
         return list(DATASET_MODELS[tag[1]].model_fields)
-    model = _SECTION_MODELS.get(parent[0])
+    model = SECTION_MODELS.get(parent[0])
     return list(model.model_fields) if model else []
 
 
@@ -262,7 +263,7 @@ def _convert_one(source: str, first: dict, raw: Any) -> StudyError:
         problem, allowed = ctx["problem"], ctx.get("allowed")
     elif etype == "extra_forbidden":
         keys = _allowed_keys(loc[:-1], tag)
-        problem = f"unknown key{_suggest(loc[-1], keys)}"
+        problem = f"unknown key{suggest(loc[-1], keys)}"
         allowed = ", ".join(keys)
     elif etype == "missing":
         problem = "required key missing"
@@ -275,11 +276,11 @@ def _convert_one(source: str, first: dict, raw: Any) -> StudyError:
             problem = "required key missing"
         else:
             t = ctx.get("tag")
-            problem = f"unknown {kind} {t!r}{_suggest(t, names)}"
+            problem = f"unknown {kind} {t!r}{suggest(t, names)}"
     elif etype == "too_short" or (etype == "string_pattern_mismatch" and ctx.get("pattern") == NOT_BLANK):
         problem = "must not be empty"
     elif etype in _TYPE_WORDS:
-        problem = f"expected {_TYPE_WORDS[etype]}, got {_show(inp)}"
+        problem = f"expected {_TYPE_WORDS[etype]}, got {show_value(inp)}"
         allowed = _TYPE_ALLOWED.get(etype)
     else:  # pragma: no cover - a pydantic error we did not anticipate; keep it one line
         problem = first.get("msg", etype)
@@ -294,7 +295,7 @@ def _too_big(source: str, size: str) -> StudyError:
                       f"at most {MAX_FILE_BYTES} bytes (1 MiB)")
 
 
-def load_study_text(text: str, source: str = _DEFAULT_SOURCE, *, base_dir: str | os.PathLike | None = None,
+def load_study_text(text: str, source: str = DEFAULT_SOURCE, *, base_dir: str | os.PathLike | None = None,
                     allow_large_grid: bool = False) -> Study:
     """Validate a study given as YAML text. Relative paths resolve against ``base_dir``
     (default: the directory of ``source`` if it is a file path, else the working directory).
@@ -312,7 +313,7 @@ def load_study_text(text: str, source: str = _DEFAULT_SOURCE, *, base_dir: str |
         raise StudyError(source, "", "the file is empty; expected a mapping of study keys")
     if not isinstance(raw, dict):
         raise StudyError(source, "", f"the top level must be a mapping of study keys, got {type(raw).__name__}"
-                         f" {_show(raw)}")
+                         f" {show_value(raw)}")
     raw = _str_keys(raw)
     if "source" in raw:
         keys = [k for k in Study.model_fields if k not in ("source", "seed_plan")]

@@ -56,7 +56,7 @@ class PrecisionSpec:
 
     def __post_init__(self) -> None:
         """Refuse, when the table is imported, an entry that would fail every trial or say what a
-        trial does not do (issue 30: a precision described in the table must work at run time)."""
+        trial does not do (a precision described in the table must work at run time)."""
         problems = [f"{f} {v!r} is not a format (one of {', '.join(FORMAT_NAMES)}; None for fp32)"
                     for f, v in (("forward_format", self.forward_format), ("grad_format", self.grad_format))
                     if v is not None and v not in FORMAT_NAMES]

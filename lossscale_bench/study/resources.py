@@ -5,7 +5,7 @@ pins the CPU kernels of every process that trains (:mod:`lossscale_bench.core.po
 why), so that a trial gives the same numbers bit for bit on any x86 machine with AVX2. It is
 study-wide, not a scaling entry's (an entry's ``resources`` has no such key): the pins are
 environment variables read when torch is first imported, and one Ray job (one study) has one
-environment. It enters the trial id when true (:func:`.grid._identity`): on an AVX-512 machine
+environment. It enters the trial id when true (:func:`.grid.trial_identity`): on an AVX-512 machine
 the pinned trial trains other numbers than the unpinned one, and a study that promises
 repeatable numbers must not resume from a result made without the pins. Absent or false, ids
 stay as they were.
@@ -19,13 +19,13 @@ from pydantic import BaseModel, ValidationInfo, model_validator
 
 from ..core.registry import BACKEND_NAMES
 from .errors import StudyError
-from .fields import _STRICT, Bool, PosFloat, PosInt, _choice, _ctx_source
+from .fields import STRICT, Bool, PosFloat, PosInt, choice_field, ctx_source
 
 
 class Resources(BaseModel):
-    model_config = _STRICT
+    model_config = STRICT
 
-    backend: _choice("backend", BACKEND_NAMES) = "cpu"  # type: ignore[valid-type]
+    backend: choice_field("backend", BACKEND_NAMES) = "cpu"  # type: ignore[valid-type]
     devices_per_trial: PosInt = 1  # type: ignore[valid-type]
     cpus_per_trial: PosFloat = 1.0  # type: ignore[valid-type]
     #: cuda only: torch.compile the backbone and heads (backends/cuda.py). Off by default and not
@@ -38,10 +38,10 @@ class Resources(BaseModel):
     @model_validator(mode="after")
     def _backend_options(self, info: ValidationInfo):
         if self.compile and self.backend not in ("cuda", "auto"):
-            raise StudyError(_ctx_source(info), "resources.compile",
+            raise StudyError(ctx_source(info), "resources.compile",
                              f"only the cuda backend compiles the model, not {self.backend}", "cuda, auto")
         if self.repeatable and self.backend != "cpu":
-            raise StudyError(_ctx_source(info), "resources.repeatable", _NOT_CPU.format(self.backend), "cpu")
+            raise StudyError(ctx_source(info), "resources.repeatable", _NOT_CPU.format(self.backend), "cpu")
         return self
 
 

@@ -17,9 +17,10 @@ from ..core.registry import (BACKEND_NAMES, DATASET_NAMES, EQUIVALENCE_MARGIN_RA
                              PRECISIONS, VOC_CLASSES)
 from ..dataset_files.annotations import BAD_ANNOTATIONS
 from .as_written import AsWritten
-from .errors import StudyError, _err, _fmt_num, _show
-from .fields import (_DEFAULT_SOURCE, _STRICT, Bool, Label, ListOf, NonNegInt, OptStr, PosFloat, PosInt, Str,
-                     _as_list, _choice, _ctx_base_dir, _ctx_source, _mapping_or_empty, _number, _resolve_path)
+from .errors import StudyError, field_error, fmt_num, show_value
+from .fields import (DEFAULT_SOURCE, STRICT, Bool, Label, ListOf, NonNegInt, OptStr, PosFloat, PosInt, Str,
+                     as_list, choice_field, ctx_base_dir, ctx_source, mapping_or_empty, number_field, resolve_path)
+from .entry_checks import check_grad_rounding, check_method_options, unique_labels
 from .grid import expand
 from .methods import ScalingEntry, default_label
 from .precisions import EMULATED_PRECISIONS, FP8_GRAD_PRECISIONS, PRECISION_SPECS, precision_option_problems
@@ -28,6 +29,10 @@ from .seed_plan import SeedPlan, split_seed_plan
 from .seed_streams import SeedStreams
 from .trial_config import TrialConfig
 
+__all__ = ["DATASET_MODELS", "MAX_NAME_CHARS", "SECTION_MODELS", "BadAnnotations", "COCODataset", "DatasetSpec",
+           "DivergenceSpec", "EvalSpec", "ModelOptions", "ReportSpec", "Schedule", "Study", "SyntheticDataset",
+           "TrainMaxSide", "VOC0712Dataset", "VOCDataset"]
+
 _NAME_RE = re.compile(r"[A-Za-z0-9_.-]+")
 
 
@@ -35,19 +40,19 @@ _NAME_RE = re.compile(r"[A-Za-z0-9_.-]+")
 
 
 class _DatasetBase(BaseModel):
-    model_config = _STRICT
+    model_config = STRICT
 
     @field_validator("root", mode="after", check_fields=False)
     @classmethod
     def _root_abs(cls, v, info: ValidationInfo):
-        return None if v is None else _resolve_path(v, _ctx_base_dir(info))
+        return None if v is None else resolve_path(v, ctx_base_dir(info))
 
     @model_validator(mode="after")
     def _unique_classes(self, info: ValidationInfo):
         seen: dict[str, int] = {}
         for i, c in enumerate(getattr(self, "classes", None) or ()):
             if c in seen:
-                raise StudyError(_ctx_source(info), f"dataset.classes[{i}]",
+                raise StudyError(ctx_source(info), f"dataset.classes[{i}]",
                                  f"duplicate class {c!r} (also at index {seen[c]})")
             seen[c] = i
         return self
@@ -56,7 +61,7 @@ class _DatasetBase(BaseModel):
 #: ``dataset.bad_annotations`` (voc, voc0712, coco2017): a bad annotation (a class outside the
 #: class list; an impossible, non-finite or wholly-outside box) is an error naming file, record and
 #: value, or is dropped and counted in the run's tags (:mod:`.annotations`)
-BadAnnotations = _choice("dataset.bad_annotations policy", BAD_ANNOTATIONS)
+BadAnnotations = choice_field("dataset.bad_annotations policy", BAD_ANNOTATIONS)
 
 
 class SyntheticDataset(_DatasetBase):
@@ -64,7 +69,7 @@ class SyntheticDataset(_DatasetBase):
     root: OptStr = None
     train_images: PosInt = 512  # type: ignore[valid-type]
     val_images: PosInt = 128  # type: ignore[valid-type]
-    image_size: _number("int", ge=32) = 128  # type: ignore[valid-type]
+    image_size: number_field("int", ge=32) = 128  # type: ignore[valid-type]
     seed: NonNegInt = 0  # type: ignore[valid-type]
 
 
@@ -75,7 +80,7 @@ class SyntheticDataset(_DatasetBase):
 #: 1000+) it was most of a 128-px step. Left out (the default): photos as stored. Validation photos
 #: are never shrunk (the detector's own resize is the only one they get, so scores compare). Both
 #: loaders apply it (``data.voc`` for torch's, ``data.dali`` after DALI's decode).
-TrainMaxSide = _number("int", ge=32, nullable=True, why="pixels of a training photo's longer side")
+TrainMaxSide = number_field("int", ge=32, nullable=True, why="pixels of a training photo's longer side")
 
 
 class VOCDataset(_DatasetBase):
@@ -107,7 +112,7 @@ class COCODataset(_DatasetBase):
     @model_validator(mode="after")
     def _root_needed(self, info: ValidationInfo):
         if self.root is None and not self.fake_data:
-            raise StudyError(_ctx_source(info), "dataset.root", "required unless fake_data: true")
+            raise StudyError(ctx_source(info), "dataset.root", "required unless fake_data: true")
         return self
 
 
@@ -128,32 +133,32 @@ DatasetSpec = Annotated[
 class Schedule(BaseModel):
     """Options in ``engine/schedule.py``'s terms (its docstring cites the references)."""
 
-    model_config = _STRICT
+    model_config = STRICT
 
     iterations: PosInt  # type: ignore[valid-type]
     lr: PosFloat  # type: ignore[valid-type]
     warmup_iterations: NonNegInt = 0  # type: ignore[valid-type]
     #: 0 with linear warm-up: NVIDIA's/MLPerf's ramp from lr 0
-    warmup_factor: _number("float", ge=0, le=1) = 0.1  # type: ignore[valid-type]
+    warmup_factor: number_field("float", ge=0, le=1) = 0.1  # type: ignore[valid-type]
     #: linear: ramp from warmup_factor to 1; constant: hold warmup_factor (the authors' chainer SSD)
-    warmup_mode: _choice("warmup_mode", ("linear", "constant")) = "linear"  # type: ignore[valid-type]
+    warmup_mode: choice_field("warmup_mode", ("linear", "constant")) = "linear"  # type: ignore[valid-type]
     lr_steps: ListOf(PosInt, nonempty=False) = Field(default_factory=list)  # type: ignore[valid-type]
     lr_gamma: PosFloat = 0.1  # type: ignore[valid-type]
-    momentum: _number("float", ge=0, lt=1) = 0.9  # type: ignore[valid-type]
-    weight_decay: _number("float", ge=0) = 5e-4  # type: ignore[valid-type]
+    momentum: number_field("float", ge=0, lt=1) = 0.9  # type: ignore[valid-type]
+    weight_decay: number_field("float", ge=0) = 5e-4  # type: ignore[valid-type]
     #: parameters without weight decay: bias (*.bias, chainercv), 1d (every 1-D parameter, NVIDIA)
-    weight_decay_exclude: ListOf(_choice("weight_decay_exclude entry", ("bias", "1d")),  # type: ignore[valid-type]
+    weight_decay_exclude: ListOf(choice_field("weight_decay_exclude entry", ("bias", "1d")),  # type: ignore[valid-type]
                                  nonempty=False) = Field(default_factory=list)
-    grad_clip: _number("float", gt=0, nullable=True) = None  # type: ignore[valid-type]
+    grad_clip: number_field("float", gt=0, nullable=True) = None  # type: ignore[valid-type]
     bias_grad_factor: PosFloat = 1.0  # type: ignore[valid-type]
     #: torch: PyTorch SGD (lr applied to the momentum buffer); chainer: Chainer's MomentumSGD
     #: (lr applied to each gradient as it enters the velocity); they differ when lr changes
-    momentum_style: _choice("momentum_style", ("torch", "chainer")) = "torch"  # type: ignore[valid-type]
+    momentum_style: choice_field("momentum_style", ("torch", "chainer")) = "torch"  # type: ignore[valid-type]
 
     @model_validator(mode="after")
     def _warmup(self, info: ValidationInfo):
         if self.warmup_mode == "constant" and self.warmup_iterations and self.warmup_factor == 0:
-            raise StudyError(_ctx_source(info), "schedule.warmup_factor",
+            raise StudyError(ctx_source(info), "schedule.warmup_factor",
                              "0 with warmup_mode: constant would train at lr 0 during the warm-up",
                              "numbers 0 < x <= 1")
         return self
@@ -174,18 +179,18 @@ _SCHEDULE_LATE_DEFAULTS = {"warmup_mode": "linear", "weight_decay_exclude": [], 
 
 
 class EvalSpec(BaseModel):
-    model_config = _STRICT
+    model_config = STRICT
 
-    every: _number("int", ge=1, nullable=True) = None  # type: ignore[valid-type]
-    metric: _choice("eval metric", EVAL_METRICS) = "coco"  # type: ignore[valid-type]
-    max_images: _number("int", ge=1, nullable=True) = None  # type: ignore[valid-type]
+    every: number_field("int", ge=1, nullable=True) = None  # type: ignore[valid-type]
+    metric: choice_field("eval metric", EVAL_METRICS) = "coco"  # type: ignore[valid-type]
+    max_images: number_field("int", ge=1, nullable=True) = None  # type: ignore[valid-type]
 
 
 class ModelOptions(BaseModel):
-    model_config = _STRICT
+    model_config = STRICT
 
-    image_size: _number("int", ge=32, nullable=True) = None  # type: ignore[valid-type]
-    width: _number("int", ge=4, nullable=True) = None  # type: ignore[valid-type]
+    image_size: number_field("int", ge=32, nullable=True) = None  # type: ignore[valid-type]
+    width: number_field("int", ge=4, nullable=True) = None  # type: ignore[valid-type]
     #: ssd_tiny only: BatchNorm after each backbone conv (the model's default: true)
     batch_norm: Optional[Bool] = None
     backbone_weights: OptStr = None
@@ -197,11 +202,11 @@ class ModelOptions(BaseModel):
     @field_validator("backbone_weights", mode="after")
     @classmethod
     def _weights_abs(cls, v, info: ValidationInfo):
-        return None if v is None else _resolve_path(v, _ctx_base_dir(info))
+        return None if v is None else resolve_path(v, ctx_base_dir(info))
 
 
 class DivergenceSpec(BaseModel):
-    model_config = _STRICT
+    model_config = STRICT
 
     patience: PosInt = 10  # type: ignore[valid-type]
     max_consecutive_skips: PosInt = 200  # type: ignore[valid-type]
@@ -216,15 +221,15 @@ class ReportSpec(BaseModel):
     shipped study's ids to that).
     """
 
-    model_config = _STRICT
+    model_config = STRICT
 
     #: mAP points: a row whose two one-sided tests put its difference from another inside
     #: ±equivalence_margin is "equivalent"; the report's default (report/stats.py DEFAULT_MARGIN)
-    equivalence_margin: _number("float", ge=EQUIVALENCE_MARGIN_RANGE[0], le=EQUIVALENCE_MARGIN_RANGE[1],  # type: ignore[valid-type]
+    equivalence_margin: number_field("float", ge=EQUIVALENCE_MARGIN_RANGE[0], le=EQUIVALENCE_MARGIN_RANGE[1],  # type: ignore[valid-type]
                                 why="mAP points; mAP lies in 0-100") = 1.0
 
 
-_SECTION_MODELS: dict[str, type[BaseModel]] = {
+SECTION_MODELS: dict[str, type[BaseModel]] = {
     "schedule": Schedule, "eval": EvalSpec, "resources": Resources,
     "model_options": ModelOptions, "divergence": DivergenceSpec, "report": ReportSpec,
     "seed_streams": SeedStreams,
@@ -236,7 +241,7 @@ _SECTION_MODELS: dict[str, type[BaseModel]] = {
 
 def _scaling_axis(v: Any):
     """One mapping, or a list whose entries may be just the method (``- adaptive``)."""
-    v = [v] if isinstance(v, dict) else _as_list(v)
+    v = [v] if isinstance(v, dict) else as_list(v)
     if isinstance(v, list):
         v = [{"method": e} if isinstance(e, str) else e for e in v]
     return v
@@ -249,17 +254,17 @@ MAX_NAME_CHARS = 100
 def _check_name(v: Any):
     """A study name is an identity (experiment, folder, report file): text as written, file-name safe."""
     if isinstance(v, AsWritten):
-        raise _err(f"YAML reads name: {v} as the {type(v.parsed).__name__} {_show(v.parsed)}, not as the text "
+        raise field_error(f"YAML reads name: {v} as the {type(v.parsed).__name__} {show_value(v.parsed)}, not as the text "
                    f"{str(v)!r}; write it in quotes (name: \"{v}\")")
     if not isinstance(v, str):
-        raise _err(f"expected a string, got {_show(v)}")
+        raise field_error(f"expected a string, got {show_value(v)}")
     if not _NAME_RE.fullmatch(v) or set(v) == {"."}:
-        raise _err(f"{_show(v)} is not safe for file names", "letters, digits, '_', '.', '-'")
+        raise field_error(f"{show_value(v)} is not safe for file names", "letters, digits, '_', '.', '-'")
     if v.startswith("-"):  # `lsbench report --study -x` would read it as an option
-        raise _err(f"{_show(v)} starts with '-', which command lines read as an option",
+        raise field_error(f"{show_value(v)} starts with '-', which command lines read as an option",
                    "letters, digits, '_', '.', '-', not '-' first")
     if len(v) > MAX_NAME_CHARS:
-        raise _err(f"{len(v)} characters is too long for a study name (it names folders and files)",
+        raise field_error(f"{len(v)} characters is too long for a study name (it names folders and files)",
                    f"at most {MAX_NAME_CHARS} characters")
     return v
 
@@ -270,70 +275,10 @@ def _check_description(v: Any):
     if isinstance(v, AsWritten):
         return str(v)
     if isinstance(v, (int, float)) and not isinstance(v, bool):
-        return _fmt_num(v)
+        return fmt_num(v)
     if not isinstance(v, str):
-        raise _err(f"expected a string, got {_show(v)}")
+        raise field_error(f"expected a string, got {show_value(v)}")
     return v
-
-
-def _unique_labels(study: "Study", fail) -> None:
-    """Two scaling entries that give different trials under the same label in one report table are refused.
-
-    The report's table is per (model, batch size) and tells same-label rows apart only by
-    precision; two entries with equal (model, batch, precision, label) would be two rows
-    nobody can tell apart. Entries naming the same trials collapse into one row
-    (:func:`~.grid.expand`), so they are not duplicates.
-    """
-    base_res = study.resources.model_dump(mode="json")
-    for model in study.model:
-        for bs in study.batch_size:
-            seen_trials: set = set()
-            owner: dict[tuple, int] = {}  # (model, batch, precision, label) -> entry index
-            for k, e in enumerate(study.scaling):
-                ov = e.overrides()
-                m, b, p = ov.get("model", model), ov.get("batch_size", bs), ov.get("precision", study.precision)
-                scaling = e.normalized()
-                res = {**base_res, **(e.resources.given() if e.resources is not None else {})}
-                trials = (m, b, p, repr(sorted(scaling.items())), repr(sorted(res.items())))
-                if trials in seen_trials:
-                    continue
-                seen_trials.add(trials)
-                label = e.label if e.label is not None else default_label(scaling, p)
-                j = owner.setdefault((m, b, p, label), k)
-                if j != k:
-                    how = "its label" if e.label is not None else "its default label"
-                    fail(f"scaling[{k}].label" if e.label is not None else f"scaling[{k}]",
-                         f"{how} {label!r} is also scaling[{j}]'s for {m} batch {b} {p}: the report could not "
-                         f"tell the two rows apart; give one of them a distinct 'label:'")
-
-
-def _check_method_options(study: "Study", fail) -> None:
-    """Each method refuses the option combinations that cannot mean what they say in the entry's
-    precision (its entry's ``check``)."""
-    for k, e in enumerate(study.scaling):
-        prec = e.precision if e.precision is not None else study.precision
-        e.check(lambda suffix, problem, allowed=None, k=k: fail(f"scaling[{k}]{suffix}", problem, allowed), prec)
-
-
-def _check_grad_rounding(study: "Study", fail) -> None:
-    """``grad_rounding`` is the order of an *emulated* precision's gradient rounding; a real
-    precision's order is the hardware's (AMP: rounded at scale P), so naming one there is a mistake."""
-    for k, e in enumerate(study.scaling):
-        prec = e.precision if e.precision is not None else study.precision
-        for opt, problem, allowed in precision_option_problems(dict(e), prec):
-            fail(f"scaling[{k}].{opt}", problem, allowed)
-        if e.grad_rounding is not None and prec not in EMULATED_PRECISIONS:
-            fail(f"scaling[{k}].grad_rounding", f"only for the emulated precisions, but this entry trains in {prec}",
-                 ", ".join(EMULATED_PRECISIONS))
-        for opt in ("grad_blocks", "block_rounding"):
-            if getattr(e, opt) is not None and prec not in FP8_GRAD_PRECISIONS:
-                fail(f"scaling[{k}].{opt}", f"only for the emulated fp8 precisions, but this entry trains in {prec}",
-                     ", ".join(FP8_GRAD_PRECISIONS))
-        if e.block_rounding is not None and e.grad_blocks != "mx32":
-            fail(f"scaling[{k}].block_rounding", "only meaningful with grad_blocks: mx32")
-        if e.grad_overflow is not None and PRECISION_SPECS[prec].grad_format != "e4m3":
-            fail(f"scaling[{k}].grad_overflow", f"only for E4M3 gradients, but this entry trains in {prec}",
-                 ", ".join(n for n, p in PRECISION_SPECS.items() if p.emulated and p.grad_format == "e4m3"))
 
 
 def _dataset_shorthand(v: Any):
@@ -343,7 +288,7 @@ def _dataset_shorthand(v: Any):
 
 def _section(model: type[BaseModel]):
     """A section that may be left empty (``eval:``): its defaults."""
-    return Annotated[model, BeforeValidator(_mapping_or_empty)]
+    return Annotated[model, BeforeValidator(mapping_or_empty)]
 
 
 class Study(BaseModel):
@@ -354,21 +299,21 @@ class Study(BaseModel):
     name: Annotated[str, BeforeValidator(_check_name)]
     description: Annotated[str, BeforeValidator(_check_description)] = ""
     dataset: Annotated[DatasetSpec, BeforeValidator(_dataset_shorthand)]
-    model: ListOf(_choice("model", MODEL_NAMES))  # type: ignore[valid-type]
+    model: ListOf(choice_field("model", MODEL_NAMES))  # type: ignore[valid-type]
     batch_size: ListOf(PosInt)  # type: ignore[valid-type]
-    precision: _choice("precision", PRECISIONS)  # type: ignore[valid-type]
+    precision: choice_field("precision", PRECISIONS)  # type: ignore[valid-type]
     scaling: Annotated[list[ScalingEntry], Field(min_length=1), BeforeValidator(_scaling_axis)]
-    seeds: ListOf(_number("int", ge=0, lt=2**32)) = Field(default_factory=lambda: [0])  # type: ignore[valid-type]
+    seeds: ListOf(number_field("int", ge=0, lt=2**32)) = Field(default_factory=lambda: [0])  # type: ignore[valid-type]
     schedule: Schedule
     eval: _section(EvalSpec) = Field(default_factory=EvalSpec)  # type: ignore[valid-type]
     resources: _section(Resources) = Field(default_factory=Resources)  # type: ignore[valid-type]
     model_options: _section(ModelOptions) = Field(default_factory=ModelOptions)  # type: ignore[valid-type]
     divergence: _section(DivergenceSpec) = Field(default_factory=DivergenceSpec)  # type: ignore[valid-type]
-    on_divergence: _choice("on_divergence policy", ("stop", "continue")) = "stop"  # type: ignore[valid-type]
+    on_divergence: choice_field("on_divergence policy", ("stop", "continue")) = "stop"  # type: ignore[valid-type]
     max_failures: NonNegInt = 2  # type: ignore[valid-type]
     log_every: PosInt = 10  # type: ignore[valid-type]
     #: not given: DALI on CUDA where nvidia.dali is importable, else torch (grid.default_loader)
-    loader: _choice("loader", ("torch", "dali")) = "torch"  # type: ignore[valid-type]
+    loader: choice_field("loader", ("torch", "dali")) = "torch"  # type: ignore[valid-type]
     #: report settings (the equivalence margin); not part of any trial id
     report: _section(ReportSpec) = Field(default_factory=ReportSpec)  # type: ignore[valid-type]
     #: which random streams follow the seed (SeedStreams); part of the id only where not the default
@@ -376,18 +321,18 @@ class Study(BaseModel):
     #: ``seeds`` in plan form (:mod:`.seed_plan`): seeds added until decided; None for the list form
     seed_plan: Optional[SeedPlan] = None
     #: the file it came from; set by the loader, not a key of the YAML schema
-    source: str = _DEFAULT_SOURCE
+    source: str = DEFAULT_SOURCE
 
     @model_validator(mode="before")
     @classmethod
     def _seeds_as_plan(cls, data: Any, info: ValidationInfo):
-        return split_seed_plan(data, _ctx_source(info))
+        return split_seed_plan(data, ctx_source(info))
 
     # -- cross-field checks (run after every field is valid) -----------------
 
     @model_validator(mode="after")
     def _combinations(self, info: ValidationInfo):
-        src = _ctx_source(info) if getattr(info, "context", None) else self.source
+        src = ctx_source(info) if getattr(info, "context", None) else self.source
 
         found: list[StudyError] = []  # every problem, one line each (lsbench validate prints them all)
 
@@ -441,9 +386,9 @@ class Study(BaseModel):
                      "mixed16 is not supported on backend xla (torch_xla has no fp16 autocast path); use bf16",
                      ", ".join(p for p in PRECISIONS if p != "mixed16"))
         check_repeatable(self, fail)
-        _unique_labels(self, fail)
-        _check_grad_rounding(self, fail)
-        _check_method_options(self, fail)
+        unique_labels(self, fail)
+        check_grad_rounding(self, fail)
+        check_method_options(self, fail)
         if found:
             raise StudyError.of(list({str(p): p for p in found}.values()))
         return self

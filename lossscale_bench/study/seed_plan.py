@@ -25,7 +25,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from .errors import StudyError, _show
+from .errors import StudyError, show_value
 
 __all__ = ["SeedPlan", "plan_text", "planned_trials", "split_seed_plan"]
 
@@ -61,7 +61,7 @@ class SeedPlan(BaseModel):
 
 def _whole(source: str, key: str, v: Any, low: int) -> int:
     if isinstance(v, bool) or not isinstance(v, int) or not low <= v <= _MAX_SEEDS:
-        raise StudyError(source, f"seeds.{key}", f"expected an integer, got {_show(v)}",
+        raise StudyError(source, f"seeds.{key}", f"expected an integer, got {show_value(v)}",
                          f"integers {low} <= x <= {_MAX_SEEDS}")
     return v
 
@@ -93,13 +93,13 @@ def split_seed_plan(data: Any, source: str) -> Any:
         raise StudyError(source, "seeds.max", f"{top} is below seeds.start ({start})", f"integers >= {start}")
     until = plan.get("until", "decided")
     if until not in _UNTIL:
-        raise StudyError(source, "seeds.until", f"unknown value {_show(until)}", ", ".join(_UNTIL))
+        raise StudyError(source, "seeds.until", f"unknown value {show_value(until)}", ", ".join(_UNTIL))
     pairs = plan.get("pairs", "baseline")
     if pairs not in _PAIRS:
-        raise StudyError(source, "seeds.pairs", f"unknown value {_show(pairs)}", ", ".join(_PAIRS))
+        raise StudyError(source, "seeds.pairs", f"unknown value {show_value(pairs)}", ", ".join(_PAIRS))
     spending = plan.get("spending", "obf")
     if spending not in _SPENDING:
-        raise StudyError(source, "seeds.spending", f"unknown value {_show(spending)}", ", ".join(_SPENDING))
+        raise StudyError(source, "seeds.spending", f"unknown value {show_value(spending)}", ", ".join(_SPENDING))
     return {**data, "seeds": list(range(start)),
             "seed_plan": SeedPlan(start=start, step=step, max=top, until=until, pairs=pairs, spending=spending)}
 

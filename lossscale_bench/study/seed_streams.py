@@ -1,4 +1,4 @@
-"""The study file's ``seed_streams`` section: which random streams follow the trial's seed (issue 27).
+"""The study file's ``seed_streams`` section: which random streams follow the trial's seed.
 
 Its own module because the schema module had grown past the project's 450 lines; the schema
 reads :class:`SeedStreams` as one of its sections.
@@ -10,8 +10,8 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, BeforeValidator
 
-from .errors import _err, _show
-from .fields import _STRICT
+from .errors import field_error, show_value
+from .fields import STRICT
 
 
 def _stream_seed(v: Any):
@@ -20,14 +20,14 @@ def _stream_seed(v: Any):
         return v
     if isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2 ** 32:
         return v
-    raise _err(f"{_show(v)} is not a seed", "'trial' (the trial's seed) or an integer 0 to 4294967295")
+    raise field_error(f"{show_value(v)} is not a seed", "'trial' (the trial's seed) or an integer 0 to 4294967295")
 
 
 StreamSeed = Annotated[Union[Literal["trial"], int, None], BeforeValidator(_stream_seed)]
 
 
 class SeedStreams(BaseModel):
-    """Which random streams follow the trial's seed, each on its own (to find where seed noise
+    """Which random streams follow the trial's seed, each on its own (to tell where seed noise
     comes from). ``init``: the initial weights (torch, Python and numpy RNGs before the model is
     built); ``data``: the order of the training batches and their flips; ``val``: the synthetic
     validation set (generated from that seed, as the dataset's own ``seed`` generates it).
@@ -38,7 +38,7 @@ class SeedStreams(BaseModel):
     a study that leaves this section out keeps its trial ids.
     """
 
-    model_config = _STRICT
+    model_config = STRICT
 
     init: StreamSeed = "trial"
     data: StreamSeed = "trial"

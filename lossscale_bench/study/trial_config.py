@@ -11,7 +11,7 @@ from typing import Any, Union
 
 from pydantic import BaseModel, ConfigDict
 
-from .grid import _identity, config_id
+from .grid import trial_identity, config_id
 
 
 class TrialConfig(BaseModel):
@@ -58,8 +58,8 @@ class TrialConfig(BaseModel):
         return cls.model_validate(d)
 
     def identity(self) -> dict:
-        """What the trial_id hashes (see :func:`.grid._identity`)."""
-        return _identity(self.model, self.batch_size, self.precision, self.scaling, self.seed,
+        """What the trial_id hashes (see :func:`.grid.trial_identity`)."""
+        return trial_identity(self.model, self.batch_size, self.precision, self.scaling, self.seed,
                          self.dataset, self.schedule, self.eval, self.resources, self.model_options,
                          self.divergence, self.loader, self.fingerprint, self.on_divergence, self.seed_streams)
 

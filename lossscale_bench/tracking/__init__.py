@@ -11,7 +11,7 @@ does to the record of the earlier one (error set aside, repeated steps not
 logged twice). ``mlflow_sink`` is the sink of an in-process trial. ``ui_server`` starts
 and stops ``mlflow server`` for ``lsbench ui``.
 
-It sits in the orchestration layer (``lossscale_bench.LAYERS``): the study
+It sits on the floor of orchestration (``FLOORS`` in ``tests/test_structure.py``): the study
 runner and the CLI use it; the trial and the engine never do (they report
 through ``lossscale_bench.engine.sink``). MLflow is imported inside functions only,
 so importing this package stays instant. The names below are what callers

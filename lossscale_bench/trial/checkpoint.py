@@ -38,7 +38,7 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - truncated zip, pickle error, foreign file
-        # the advice before the detail: progress lines cut an error at 200 characters (issue 29)
+        # the advice before the detail: progress lines cut an error at 200 characters
         detail = str(exc).splitlines()[0][:200] if str(exc) else ""
         raise CheckpointError(f"checkpoint cannot be read; delete it to restart this trial from scratch: {path} "
                               f"({type(exc).__name__}: {detail})") from None

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from lossscale_bench.numerics import native, amax
-from lossscale_bench.numerics._compile import same_values
+from lossscale_bench.numerics.lazy_compile import same_values
 
 pytestmark = pytest.mark.skipif(native.library() is None, reason=f"no C kernel here: {native.failure()}")
 

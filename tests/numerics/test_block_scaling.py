@@ -16,9 +16,9 @@ import struct
 import pytest
 import torch
 
-from lossscale_bench.numerics import _compile
-from lossscale_bench.numerics.block_scaling import (ELEMENTS, MX_MODES, _kernel, amax_scale, block_round,
-                                                    count_flush_saturate, mx_exponent)
+from lossscale_bench.numerics import lazy_compile
+from lossscale_bench.numerics.block_scales import ELEMENTS, MX_MODES, amax_scale, mx_exponent
+from lossscale_bench.numerics.block_scaling import _kernel, block_round, count_flush_saturate
 
 FMAX = {"e4m3": 448.0, "e5m2": 57344.0, "fp16": 65504.0}
 EMAX = {"e4m3": 8, "e5m2": 15, "fp16": 15}
@@ -289,7 +289,7 @@ def test_one_compiled_graph_for_twenty_shapes():
     for i, shape in enumerate(shapes):
         x = torch.randn(shape, generator=torch.Generator().manual_seed(i))
         assert same(block_round(x, "e4m3", "mx32"), block_round(x, "e4m3", "mx32", compiled=False))
-    if _compile.compile_disabled() or k.broken:
+    if lazy_compile.compile_disabled() or k.broken:
         pytest.skip(f"torch.compile not used here ({k.broken or 'LSBENCH_NO_COMPILE'})")
     assert k.graphs == 1
 

@@ -13,7 +13,7 @@ import math
 import pytest
 import torch
 
-from lossscale_bench.numerics import _compile
+from lossscale_bench.numerics import lazy_compile
 from lossscale_bench.numerics.fp4 import E2M1_VALUES, Fp4Stream, _kernel, fp4_round, round_e2m1, uniform
 
 FLT_MAX = 3.4028234663852886e38
@@ -83,7 +83,7 @@ def mxfp4_ref(x: list[float], mode: str) -> list[float]:
 
 def same(a: torch.Tensor, b) -> bool:
     b = b if isinstance(b, torch.Tensor) else torch.tensor(b, dtype=torch.float32)
-    return _compile.same_values(a.float().reshape(-1), b.float().reshape(-1))
+    return lazy_compile.same_values(a.float().reshape(-1), b.float().reshape(-1))
 
 
 # --- E2M1 --------------------------------------------------------------------------------------
@@ -244,7 +244,7 @@ def test_stochastic_rounding_needs_a_key_and_formats_are_checked():
 
 @pytest.mark.parametrize("kind,stochastic", [("nvfp4", True), ("mxfp4", False)])
 def test_compiled_kernel_equals_eager(kind, stochastic, monkeypatch):
-    monkeypatch.delenv(_compile.NO_COMPILE_ENV, raising=False)
+    monkeypatch.delenv(lazy_compile.NO_COMPILE_ENV, raising=False)
     g = torch.Generator().manual_seed(5)
     x = torch.randn(8, 16, 12, 12, generator=g) * torch.exp(torch.randn(8, 1, 1, 1, generator=g) * 4)
     # a large value, not 1e30: NVFP4's tensor scale follows the tensor's max, and next to 1e30 every other

@@ -13,8 +13,8 @@ import threading
 import pytest
 import torch
 
-from lossscale_bench.numerics import _compile
-from lossscale_bench.numerics._compile import LazyCompiled
+from lossscale_bench.numerics import lazy_compile
+from lossscale_bench.numerics.lazy_compile import LazyCompiled
 from lossscale_bench.numerics.fp8 import (E4M3, E5M2, IMPLS, compiled_kernel, round_e4m3, round_e5m2,
                                           round_fp8)
 
@@ -185,7 +185,7 @@ def test_shapes_strides_and_the_input_is_untouched():
 
 
 def compiled_or_skip(k: LazyCompiled) -> None:
-    if _compile.compile_disabled():
+    if lazy_compile.compile_disabled():
         pytest.skip("LSBENCH_NO_COMPILE is set")
     if k.broken:
         pytest.skip(f"torch.compile is unavailable here: {k.broken}")

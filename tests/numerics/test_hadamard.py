@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from lossscale_bench.numerics import native, hadamard
-from lossscale_bench.numerics._compile import same_values
+from lossscale_bench.numerics.lazy_compile import same_values
 from lossscale_bench.numerics.hadamard import H16, NativeHadamard, hadamard_round, products
 
 #: a matrix without the random Hadamard transform's sign structure: the C loop's plain path

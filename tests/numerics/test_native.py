@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from lossscale_bench.numerics import native, fp8
-from lossscale_bench.numerics._compile import same_values
+from lossscale_bench.numerics.lazy_compile import same_values
 
 pytestmark = pytest.mark.skipif(native.library() is None, reason=f"no C kernel here: {native.failure()}")
 
@@ -86,9 +86,9 @@ def test_large_tensors_go_to_the_parallel_kernel_when_torch_has_several_threads(
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(2)
-        assert not fp8._native_fits(big) and fp8._native_fits(small)
+        assert not fp8.native_fits(big) and fp8.native_fits(small)
         torch.set_num_threads(1)
-        assert fp8._native_fits(big)
+        assert fp8.native_fits(big)
     finally:
         torch.set_num_threads(threads)
 

@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from lossscale_bench.numerics import native, block_scaling as bs, fp4
-from lossscale_bench.numerics._compile import same_values
+from lossscale_bench.numerics.fp8 import E5M2
+from lossscale_bench.numerics.lazy_compile import same_values
 
 pytestmark = pytest.mark.skipif(native.library() is None, reason=f"no C kernel here: {native.failure()}")
 
@@ -169,7 +170,7 @@ def test_turned_off_by_the_environment(monkeypatch):
 
 def test_a_loop_that_fails_its_probe_is_not_used_and_says_why():
     # a real fault: E5M2's parameters handed to a kernel checked against E4M3's eager rounding
-    k = bs.NativeBlock(1, 32, "floor", bs.E5M2, False, False, lambda x: bs._mx_core(x, bs.ELEMENTS["e4m3"], "floor",
+    k = bs.NativeBlock(1, 32, "floor", E5M2, False, False, lambda x: bs._mx_core(x, bs.ELEMENTS["e4m3"], "floor",
                                                                                      False, True), (bs.PROBE,))
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always")

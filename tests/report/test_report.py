@@ -646,12 +646,12 @@ def test_stored_runs_are_labelled_by_the_study_label_code(params, precision, lab
 def test_an_interrupted_trial_is_counted_as_interrupted_not_running():
     """A study stopped by SIGINT leaves its unstarted trials ``interrupted``; the cell counted them as
     "running" while the Trials line under the table said "interrupted" (seen on the ranking study)."""
-    from lossscale_bench.report.summary import _NOT_VALUE, _cell_text
+    from lossscale_bench.report.cell_text import NOT_VALUE, format_cell
 
-    counts = {k: 0 for k in _NOT_VALUE}
+    counts = {k: 0 for k in NOT_VALUE}
     counts["interrupted"] = 5
-    text = _cell_text([0.42, 0.44], counts, n_runs=7, table_n_runs=7, metric="final_map")
+    text = format_cell([0.42, 0.44], counts, n_runs=7, table_n_runs=7, metric="final_map")
     assert "5/7 interrupted" in text and "running" not in text
-    counts = {k: 0 for k in _NOT_VALUE}
+    counts = {k: 0 for k in NOT_VALUE}
     counts["interrupted"] = 2
-    assert _cell_text([], counts, n_runs=2, table_n_runs=2, metric="final_map") == "interrupted"
+    assert format_cell([], counts, n_runs=2, table_n_runs=2, metric="final_map") == "interrupted"

@@ -19,7 +19,7 @@ from torch import nn
 from helpers import random_detection_batch
 from lossscale_bench.models import build_model
 from lossscale_bench.precision import install_fp16_emulation, round_fp16
-from lossscale_bench.scaling import adaptive_layers
+from lossscale_bench.scaling.per_layer import functions as per_layer_functions
 from lossscale_bench.scaling import build_scaler
 from lossscale_bench.scaling.adaptive import (U_MAX, U_MIN, AdaptiveLossScaler, approx_range_scale,
                                               approx_range_scale_tensor, backward_fan_in, branch_target_scale,
@@ -485,7 +485,7 @@ def test_remove_restores_the_model():
     scaler.remove()
     assert _all_hook_dicts_empty(model)
     assert all(m.forward.__func__ is nn.Conv2d.forward for m in convs)
-    assert not any(m in adaptive_layers._ATTACHED for m in convs)
+    assert not any(m in per_layer_functions.ATTACHED for m in convs)
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     model.zero_grad(set_to_none=True)
     loss = _loss(model, images, targets)
@@ -794,7 +794,7 @@ def test_retained_graph_backward_twice_and_nothing_leaks():
     del scaled
     assert all(r() is None for r in nodes)  # the scaler holds no graph node (freed without gc)
     gc.collect()
-    assert not any(type(o).__name__ == "_Iteration" for o in gc.get_objects())
+    assert not any(type(o).__name__ == "Iteration" for o in gc.get_objects())
 
 
 def _agree_worker(rank: int, world: int, init_file: str, out_dir: str) -> None:

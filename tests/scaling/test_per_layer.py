@@ -1,4 +1,4 @@
-"""The per-layer base's contract (scaling/per_layer.py), as a new method sees it.
+"""The per-layer base's contract (scaling/per_layer/scaler.py), as a new method sees it.
 
 Why: README's recipe tells a new per-layer method to write only ``point_scale`` (or
 ``layer_factor``); these tests hold the base to what its docstrings promise: a point's absolute

@@ -30,10 +30,10 @@ static inline float e2m1_stochastic(float v, uint32_t i, uint32_t khi, uint32_t 
     return copysignf(r, v);
 }
 
-/* 2^e for e in [-127, 127], exactly (2^-127 is an fp32 subnormal): block_scaling._exp2i */
+/* 2^e for e in [-127, 127], exactly (2^-127 is an fp32 subnormal): block_scales.exp2i */
 static inline float exp2i(int32_t e) { return e == -127 ? 0x1p-127f : u2f((uint32_t)(e + 127) << 23); }
 
-/* block_scaling.mx_exponent: mode 0 floor, 1 ceil, 2 even, 3 rceil; from amax's fp32 bits */
+/* block_scales.mx_exponent: mode 0 floor, 1 ceil, 2 even, 3 rceil; from amax's fp32 bits */
 static inline int32_t mx_exp(float amax, int32_t mode, int32_t mbits, int32_t emax, float maxv) {
     int32_t e;
     if (mode == 3) {

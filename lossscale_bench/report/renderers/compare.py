@@ -17,13 +17,14 @@ import pandas as pd
 from ..compare import PAIR_COLUMNS, RANK_COLUMNS, compare_rows
 from ..metric_names import value_header
 from ..stats import ALPHA, format_margin
-from ..summary import _higher_is_better, _scale, is_emulated
-from ..tables import (EMULATED_MARK, P_BETTER_NOTE, TOST_CI_NOTE, TableStudy, _emulation_notes, _heading,
-                      interval_text, _margin_text, _metric_description, _needs_text, _p_better_text, _text)
+from ..cell_text import higher_is_better, metric_scale
+from ..summary import is_emulated
+from ..tables import (EMULATED_MARK, P_BETTER_NOTE, TOST_CI_NOTE, TableStudy, column_text, emulation_notes,
+                      interval_text, margin_text, metric_description, needs_text, p_better_text, table_heading)
 from .csv import PERCENT_COLUMNS, to_csv
-from .html import _HTML_STYLE, _md_inline_to_html
-from .latex import _md_inline_to_latex, latex_escape
-from .markdown import _md_table, md_text
+from .html import HTML_STYLE, md_inline_to_html
+from .latex import md_inline_to_latex, latex_escape
+from .markdown import md_table, md_text
 
 __all__ = ["render_compare"]
 
@@ -32,7 +33,7 @@ COMPARE_PERCENT_COLUMNS = (*PERCENT_COLUMNS, "mean_a", "mean_b")
 
 
 def _symbol(metric: str) -> str:
-    return ">" if _higher_is_better(metric) else "<"
+    return ">" if higher_is_better(metric) else "<"
 
 
 def _pair_headers(metric: str) -> list[str]:
@@ -52,11 +53,11 @@ def _delta_text(r, k: float) -> str:
 
 
 def _pair_row(r, metric: str) -> list[str]:
-    k = _scale(metric)
-    verdict = _text(r["verdict"])
+    k = metric_scale(metric)
+    verdict = column_text(r["verdict"])
     if r["outcome"] == "inconclusive":
-        verdict += _needs_text(r, r["margin"] * k, min(r["n_a"], r["n_b"]))
-    pb = _p_better_text(r["p_better"], r["p_better_low"], r["p_better_high"], symbol="")
+        verdict += needs_text(r, r["margin"] * k, min(r["n_a"], r["n_b"]))
+    pb = p_better_text(r["p_better"], r["p_better_low"], r["p_better_high"], symbol="")
     return [_label(r["label_a"], r["precision_a"]), _label(r["label_b"], r["precision_b"]), _delta_text(r, k),
             pb, verdict]
 
@@ -69,17 +70,17 @@ def _compare_tables(pairs: pd.DataFrame, ranking: pd.DataFrame):
         pg = pairs[pairs["table"] == table]
         rank_rows = [[str(r["rank"]), _label(r["label"], r["precision"]), str(r["cell"]), str(r["group"])]
                      for _, r in rg.iterrows()]
-        yield (TableStudy(first["study"], _text(first["setting"])), first["model"], first["batch_size"],
+        yield (TableStudy(first["study"], column_text(first["setting"])), first["model"], first["batch_size"],
                [_pair_row(r, metric) for _, r in pg.iterrows()], rank_rows)
 
 
 def _compare_notes(summary: pd.DataFrame, metric: str, margin: float) -> list[str]:
     """The footnotes under one study's comparison tables."""
-    m = _margin_text(margin, metric)
-    unit = "percentage points" if _scale(metric) != 1.0 else "the metric's unit"
+    m = margin_text(margin, metric)
+    unit = "percentage points" if metric_scale(metric) != 1.0 else "the metric's unit"
     sym = _symbol(metric)
     lines = [
-        _metric_description(metric, summary["eval_metric"].dropna().tolist(), best=False),
+        metric_description(metric, summary["eval_metric"].dropna().tolist(), best=False),
         f"Pairwise: every two rows of a table that finished with a value, A before B in the study's row order; "
         f"Δ = A − B ({unit}) with its 95% interval ({TOST_CI_NOTE[:-1]}): a paired t-test of the per-seed "
         "differences when both rows finished the same seeds (marked paired: a seed fixes the initial weights and "
@@ -98,7 +99,7 @@ def _compare_notes(summary: pd.DataFrame, metric: str, margin: float) -> list[st
     if len(empty):
         names = ", ".join(dict.fromkeys(str(x) for x in empty["label"]))
         lines.append(f"Left out (no value: diverged, failed or still running on every seed): {names}.")
-    lines += _emulation_notes(summary["precision"].dropna())
+    lines += emulation_notes(summary["precision"].dropna())
     return lines
 
 
@@ -115,13 +116,13 @@ def _as_markdown(summary, pairs, ranking, metric, margin) -> str:
     for study, sg, sp, sr in _by_study(summary, pairs, ranking):
         out += [f"## {md_text(study)}: pairwise comparisons and ranking", ""]
         for tstudy, model, bs, pair_rows, rank_rows in _compare_tables(sp, sr):
-            out += [f"### {md_text(_heading(tstudy, model, bs))}", ""]
+            out += [f"### {md_text(table_heading(tstudy, model, bs))}", ""]
             # labels (A, B; the ranked row's) are data: escaped as literal text
             pair_rows = [[md_text(a), md_text(b), *rest] for a, b, *rest in pair_rows]
             rank_rows = [[r[0], md_text(r[1]), *r[2:]] for r in rank_rows]
             if pair_rows:
-                out += _md_table(_pair_headers(metric), pair_rows) + [""]
-            out += _md_table(_rank_headers(metric), rank_rows) + [""]
+                out += md_table(_pair_headers(metric), pair_rows) + [""]
+            out += md_table(_rank_headers(metric), rank_rows) + [""]
         for note in _compare_notes(sg, metric, margin):
             out += [note, ""]
     return "\n".join(out).rstrip("\n") + "\n"
@@ -140,16 +141,16 @@ def _as_html(summary, pairs, ranking, metric, margin) -> str:
     studies = ", ".join(str(s) for s in pd.unique(summary["study"]))
     title = f"Loss-scaling comparisons: {studies}"
     out = ["<!DOCTYPE html>", '<html lang="en">', "<head>", '<meta charset="utf-8">', f"<title>{e(title)}</title>",
-           f"<style>\n{_HTML_STYLE}\ncaption {{ text-align: left; font-weight: bold; }}\n</style>", "</head>", "<body>",
+           f"<style>\n{HTML_STYLE}\ncaption {{ text-align: left; font-weight: bold; }}\n</style>", "</head>", "<body>",
            f"<h1>{e(title)}</h1>"]
     for study, sg, sp, sr in _by_study(summary, pairs, ranking):
         out += [f'<section class="study" id="study-{e(str(study))}">', f"<h2>{e(str(study))}</h2>"]
         for tstudy, model, bs, pair_rows, rank_rows in _compare_tables(sp, sr):
-            out.append(f"<h3>{e(_heading(tstudy, model, bs))}</h3>")
+            out.append(f"<h3>{e(table_heading(tstudy, model, bs))}</h3>")
             if pair_rows:
                 out += _html_table(_pair_headers(metric), pair_rows, "Pairwise")
             out += _html_table(_rank_headers(metric), rank_rows, "Ranking")
-        out += [f'<p class="note">{_md_inline_to_html(n)}</p>' for n in _compare_notes(sg, metric, margin)]
+        out += [f'<p class="note">{md_inline_to_html(n)}</p>' for n in _compare_notes(sg, metric, margin)]
         out.append("</section>")
     out += ["</body>", "</html>"]
     return "\n".join(out) + "\n"
@@ -167,13 +168,13 @@ def _as_latex(summary, pairs, ranking, metric, margin) -> str:
     for study, sg, sp, sr in _by_study(summary, pairs, ranking):
         out += ["", f"% study: {latex_escape(study)}"]
         for tstudy, model, bs, pair_rows, rank_rows in _compare_tables(sp, sr):
-            heading = _heading(tstudy, model, bs)
+            heading = table_heading(tstudy, model, bs)
             if pair_rows:
                 out += _latex_table(_pair_headers(metric), pair_rows, f"{heading}: pairwise", "lllll")
             out += _latex_table(_rank_headers(metric), rank_rows, f"{heading}: ranking", "rlrl")
         out.append("")
         for note in _compare_notes(sg, metric, margin):
-            out += [_md_inline_to_latex(note), ""]
+            out += [md_inline_to_latex(note), ""]
     return "\n".join(out).rstrip("\n") + "\n"
 
 

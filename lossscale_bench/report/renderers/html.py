@@ -7,12 +7,13 @@ import html as _html
 import re
 from collections.abc import Mapping
 
+from ..metric_names import value_header
 from ..summary import model_name
-from ..tables import EMULATED_MARK, HEADERS, VS_HEADER, _bold_split, _heading, _study_notes, _tables, _value_header
+from ..tables import EMULATED_MARK, HEADERS, VS_HEADER, bold_split, table_heading, study_notes, report_tables
 
-__all__ = ["render_html"]
+__all__ = ["render_html", "HTML_STYLE", "md_inline_to_html"]
 
-_HTML_STYLE = """
+HTML_STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2em; color: #222; }
 table { border-collapse: collapse; margin: 0.5em 0 1.5em; }
 th, td { border: 1px solid #bbb; padding: 0.3em 0.8em; text-align: left; }
@@ -23,7 +24,8 @@ figure { margin: 1em 0; } figure img { max-width: 100%; }
 """.strip()
 
 
-def _md_inline_to_html(text: str) -> str:
+def md_inline_to_html(text: str) -> str:
+    """Markdown inline text as HTML: escaped, with its backquoted code spans in ``<code>``."""
     parts = re.split(r"`([^`]*)`", text)
     return "".join(_html.escape(p) if i % 2 == 0 else "<code>" + _html.escape(p) + "</code>" for i, p in enumerate(parts))
 
@@ -36,7 +38,7 @@ def render_html(summary, runs, metric, images: Mapping[str, bytes] | None, title
         "<head>",
         '<meta charset="utf-8">',
         f"<title>{e(title)}</title>",
-        f"<style>\n{_HTML_STYLE}\n</style>",
+        f"<style>\n{HTML_STYLE}\n</style>",
         "</head>",
         "<body>",
         f"<h1>{e(title)}</h1>",
@@ -44,15 +46,15 @@ def render_html(summary, runs, metric, images: Mapping[str, bytes] | None, title
     for study, sg in summary.groupby("study", dropna=False, sort=False):
         out.append(f'<section class="study" id="study-{e(str(study))}">')
         out.append(f"<h2>{e(str(study))}</h2>")
-        for tstudy, model, bs, rows, has_vs in _tables(sg, metric):
-            headers = [*HEADERS, _value_header(metric)] + ([VS_HEADER] if has_vs else [])
-            out.append(f"<h3>{e(_heading(tstudy, model, bs))}</h3>")
+        for tstudy, model, bs, rows, has_vs in report_tables(sg, metric):
+            headers = [*HEADERS, value_header(metric)] + ([VS_HEADER] if has_vs else [])
+            out.append(f"<h3>{e(table_heading(tstudy, model, bs))}</h3>")
             out.append("<table>")
             out.append("<thead><tr>" + "".join(f"<th>{e(h)}</th>" for h in headers) + "</tr></thead>")
             out.append("<tbody>")
             for label, cell, best, emu, vs in rows:
                 if best:
-                    v, rest = _bold_split(cell)
+                    v, rest = bold_split(cell)
                     cell_html = f"<strong>{e(v)}</strong>{e(rest)}"
                 else:
                     cell_html = e(cell)
@@ -65,8 +67,8 @@ def render_html(summary, runs, metric, images: Mapping[str, bytes] | None, title
             out.append("</tbody>")
             out.append("</table>")
         srun = runs[runs["study"] == study] if runs is not None else None
-        for note in _study_notes(sg, srun, metric):
-            out.append(f'<p class="note">{_md_inline_to_html(note)}</p>')
+        for note in study_notes(sg, srun, metric):
+            out.append(f'<p class="note">{md_inline_to_html(note)}</p>')
         out.append("</section>")
     # plots: name -> PNG bytes, embedded so the page stays self-contained
     out.append('<section id="plots">')

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import re
 
+from ..metric_names import value_header
 from ..summary import model_name
-from ..tables import EMULATED_MARK, HEADERS, VS_HEADER, _bold_split, _heading, _study_notes, _tables, _value_header
+from ..tables import EMULATED_MARK, HEADERS, VS_HEADER, bold_split, table_heading, study_notes, report_tables
 
-__all__ = ["render_latex", "latex_escape"]
+__all__ = ["render_latex", "latex_escape", "md_inline_to_latex"]
 
 _LATEX_ESCAPES = {
     "\\": r"\textbackslash{}",
@@ -46,8 +47,8 @@ def latex_escape(text: str) -> str:
     return _LATEX_RE.sub(lambda m: _LATEX_ESCAPES[m.group(0)], _BREAKS.sub(" ", str(text)))
 
 
-def _md_inline_to_latex(text: str) -> str:
-    # `code` -> \texttt{code}; escape everything else
+def md_inline_to_latex(text: str) -> str:
+    """Markdown inline text as LaTeX: escaped, with its backquoted code spans in ``\\texttt``."""
     parts = re.split(r"`([^`]*)`", text)
     return "".join(latex_escape(p) if i % 2 == 0 else r"\texttt{" + latex_escape(p) + "}" for i, p in enumerate(parts))
 
@@ -58,13 +59,13 @@ def render_latex(summary, runs, metric) -> str:
     ]
     for study, sg in summary.groupby("study", dropna=False, sort=False):
         out += ["", f"% study: {latex_escape(study)}"]
-        for tstudy, model, bs, rows, has_vs in _tables(sg, metric):
-            headers = [*HEADERS, _value_header(metric)] + ([VS_HEADER] if has_vs else [])
+        for tstudy, model, bs, rows, has_vs in report_tables(sg, metric):
+            headers = [*HEADERS, value_header(metric)] + ([VS_HEADER] if has_vs else [])
             out += [
                 "",
                 r"\begin{table}[ht]",
                 r"\centering",
-                r"\caption{" + latex_escape(_heading(tstudy, model, bs)) + "}",
+                r"\caption{" + latex_escape(table_heading(tstudy, model, bs)) + "}",
                 r"\begin{tabular}{llrl" + ("l" if has_vs else "") + "}",
                 r"\toprule",
                 " & ".join(latex_escape(h) for h in headers) + r" \\",
@@ -72,7 +73,7 @@ def render_latex(summary, runs, metric) -> str:
             ]
             for label, cell, best, emu, vs in rows:
                 if best:
-                    v, rest = _bold_split(cell)
+                    v, rest = bold_split(cell)
                     cell_tex = r"\textbf{" + latex_escape(v) + "}" + latex_escape(rest)
                 else:
                     cell_tex = latex_escape(cell)
@@ -83,6 +84,6 @@ def render_latex(summary, runs, metric) -> str:
             out += [r"\bottomrule", r"\end{tabular}", r"\end{table}"]
         srun = runs[runs["study"] == study] if runs is not None else None
         out.append("")
-        for note in _study_notes(sg, srun, metric):
-            out += [_md_inline_to_latex(note), ""]
+        for note in study_notes(sg, srun, metric):
+            out += [md_inline_to_latex(note), ""]
     return "\n".join(out).rstrip("\n") + "\n"

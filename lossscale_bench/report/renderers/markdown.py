@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import re
 
+from ..metric_names import value_header
 from ..summary import model_name
-from ..tables import EMULATED_MARK, HEADERS, VS_HEADER, _bold_split, _heading, _study_notes, _tables, _value_header
+from ..tables import EMULATED_MARK, HEADERS, VS_HEADER, bold_split, table_heading, study_notes, report_tables
 
-__all__ = ["render_markdown", "md_cell", "md_text", "Markdown"]
+__all__ = ["render_markdown", "md_cell", "md_text", "Markdown", "md_table"]
 
 
 _BREAKS = re.compile(r"\s*[\r\n]+\s*")
@@ -49,7 +50,8 @@ def md_cell(text) -> str:
     return _MD_STRUCTURE.sub(lambda m: "\\" + m.group(0), _BREAKS.sub(" ", str(text)))
 
 
-def _md_table(header: list[str], body: list[list[str]]) -> list[str]:
+def md_table(header: list[str], body: list[list[str]]) -> list[str]:
+    """A markdown table, its columns padded to one width, as lines."""
     header = [md_cell(h) for h in header]
     body = [[md_cell(c) for c in r] for r in body]
     widths = [max(len(h), *(len(r[i]) for r in body)) if body else len(h) for i, h in enumerate(header)]
@@ -64,18 +66,18 @@ def render_markdown(summary, runs, metric) -> str:
     out: list[str] = []
     for study, sg in summary.groupby("study", dropna=False, sort=False):
         out += [f"## {md_text(study)}", ""]
-        for tstudy, model, bs, rows, has_vs in _tables(sg, metric):
+        for tstudy, model, bs, rows, has_vs in report_tables(sg, metric):
             body = []
             for label, cell, best, emu, vs in rows:
                 if best:
-                    v, rest = _bold_split(cell)
+                    v, rest = bold_split(cell)
                     cell = Markdown(f"**{md_cell(v)}**{md_cell(rest)}")  # the value: numbers, no label
                 body.append([model_name(model), md_text(label + (f" {EMULATED_MARK}" if emu else "")), str(bs), cell]
                             + ([vs] if has_vs else []))
-            out += [f"### {md_text(_heading(tstudy, model, bs))}", ""]
-            out += _md_table([*HEADERS, _value_header(metric)] + ([VS_HEADER] if has_vs else []), body)
+            out += [f"### {md_text(table_heading(tstudy, model, bs))}", ""]
+            out += md_table([*HEADERS, value_header(metric)] + ([VS_HEADER] if has_vs else []), body)
             out.append("")
         srun = runs[runs["study"] == study] if runs is not None else None
-        for note in _study_notes(sg, srun, metric):
+        for note in study_notes(sg, srun, metric):
             out += [note, ""]
     return "\n".join(out).rstrip("\n") + "\n"

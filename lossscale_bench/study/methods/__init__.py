@@ -1,7 +1,7 @@
 """Loss-scaling methods as a study file names them: one module per method, each one entry.
 
 Adding a method: its scaler in ``lossscale_bench/scaling/`` (a per-layer one subclasses
-``scaling/per_layer.py``'s ``PointLossScaler`` or ``PerLayerLossScaler``), its entry here (a module
+``scaling/per_layer/scaler.py``'s ``PointLossScaler`` or ``PerLayerLossScaler``), its entry here (a module
 named after the method that defines ``ENTRY``, a :class:`~.base.MethodEntry` subclass), and its
 name in ``registry.SCALING_METHODS`` (README "Adding a method or a precision" has a worked example,
 run by ``tests/test_extending.py``). Everything else (the schema's union, trial-id tags, default

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from ..fields import Bool, PosInt, Scale, _choice, _number
+from ..fields import Bool, PosInt, Scale, choice_field, number_field
 from .base import Fail, MethodEntry, num, option_parts
 
 #: the authors' defaults (ADAPTIVE.md); options added after studies ran are left out of the trial
@@ -20,7 +20,7 @@ _LABEL_PARTS = (("n_uf_threshold", "n_uf"), ("scale_upper_bound", "scale_ub"), (
 class AdaptiveScaling(MethodEntry):
     method: Literal["adaptive"]
     update_every: PosInt = DEFAULTS["update_every"]  # type: ignore[valid-type]
-    n_uf_threshold: _number("float", gt=0, lt=1) = DEFAULTS["n_uf_threshold"]  # type: ignore[valid-type]
+    n_uf_threshold: number_field("float", gt=0, lt=1) = DEFAULTS["n_uf_threshold"]  # type: ignore[valid-type]
     scale_upper_bound: Scale = DEFAULTS["scale_upper_bound"]  # type: ignore[valid-type]
     accum_upper_bound: Scale = DEFAULTS["accum_upper_bound"]  # type: ignore[valid-type]
     power_of_two: Bool = DEFAULTS["power_of_two"]
@@ -29,7 +29,7 @@ class AdaptiveScaling(MethodEntry):
     #: published table predates them, so off by default
     output_scaling: Bool = DEFAULTS["output_scaling"]
     #: what update_every counts: optimizer steps, or each layer's backward calls (the reference)
-    update_count: _choice("update_count", ("steps", "calls")) = DEFAULTS["update_count"]  # type: ignore
+    update_count: choice_field("update_count", ("steps", "calls")) = DEFAULTS["update_count"]  # type: ignore
     scaler = "lossscale_bench.scaling.adaptive:AdaptiveLossScaler"
     per_layer = True
 

@@ -8,7 +8,7 @@ from typing import Literal, Optional
 
 from ...core.float_ranges import FP32, RANGES
 from ...core.registry import AMAX_RECIPES
-from ..fields import Bool, NonNegInt, PosInt, Scale, _choice
+from ..fields import Bool, NonNegInt, PosInt, Scale, choice_field
 from ..precisions import PRECISION_SPECS, scaler_grad_format
 from .base import Fail, MethodEntry, differs, num
 
@@ -36,7 +36,7 @@ def max_margin(grad_format: str, block_scaled: bool = False) -> int:
 
 class AmaxScaling(MethodEntry):
     method: Literal["amax"]
-    recipe: _choice("amax recipe", AMAX_RECIPES) = DEFAULTS["recipe"]  # type: ignore[valid-type]
+    recipe: choice_field("amax recipe", AMAX_RECIPES) = DEFAULTS["recipe"]  # type: ignore[valid-type]
     #: recipe delayed only: steps of amax history (TE's amax_history_len)
     history: Optional[PosInt] = None  # type: ignore[valid-type]
     margin: NonNegInt = DEFAULTS["margin"]  # type: ignore[valid-type]

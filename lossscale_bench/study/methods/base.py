@@ -19,8 +19,8 @@ from typing import Any, Callable, ClassVar, Optional
 from pydantic import BaseModel, create_model
 
 from ...core.registry import BACKEND_NAMES, MODEL_NAMES, PRECISIONS
-from ..errors import _fmt_num
-from ..fields import _STRICT, Bool, Label, PosFloat, PosInt, _choice
+from ..errors import fmt_num
+from ..fields import STRICT, Bool, Label, PosFloat, PosInt, choice_field
 from ..precisions import PRECISION_OPTIONS
 
 #: ``fail(path_suffix, problem, allowed=None)``: raise the study error for ``scaling[k]<path_suffix>``
@@ -37,9 +37,9 @@ GRAD_FORMAT_DEFAULTS = {"grad_overflow": "saturate", "grad_blocks": "none", "blo
 class ResourcesOverride(BaseModel):
     """A scaling entry's own resources (a study may mix backends: GPU rows next to Gaudi rows)."""
 
-    model_config = _STRICT
+    model_config = STRICT
 
-    backend: Optional[_choice("backend", BACKEND_NAMES)] = None  # type: ignore[valid-type]
+    backend: Optional[choice_field("backend", BACKEND_NAMES)] = None  # type: ignore[valid-type]
     devices_per_trial: Optional[PosInt] = None  # type: ignore[valid-type]
     cpus_per_trial: Optional[PosFloat] = None  # type: ignore[valid-type]
 
@@ -49,7 +49,7 @@ class ResourcesOverride(BaseModel):
 
 def num(x: Any) -> str:
     """A number as a label or id shows it (``128``, ``0.5``)."""
-    return _fmt_num(float(x)) if isinstance(x, (int, float)) and not isinstance(x, bool) else str(x)
+    return fmt_num(float(x)) if isinstance(x, (int, float)) and not isinstance(x, bool) else str(x)
 
 
 def differs(scaling: dict, key: str, default: Any) -> bool:
@@ -76,7 +76,7 @@ def interval_label(title: str, scaling: dict, defaults: dict, shorts) -> str:
 
 
 def _option_field(choices: tuple, name: str):
-    return Optional[Bool if all(isinstance(c, bool) for c in choices) else _choice(name, choices)]  # type: ignore
+    return Optional[Bool if all(isinstance(c, bool) for c in choices) else choice_field(name, choices)]  # type: ignore
 
 
 #: the precision options (``study.precisions.PRECISION_OPTIONS``) as fields every entry has, None: not given
@@ -89,7 +89,7 @@ class MethodEntry(_PrecisionOptionFields):
     attributes below, and overrides :meth:`id_tag`, :meth:`row_label` (and, where needed,
     :meth:`normalized`, :meth:`scaler_kwargs`, :meth:`check`)."""
 
-    model_config = _STRICT
+    model_config = STRICT
 
     #: ``module:Class`` of the scaler, imported only when a trial builds it
     scaler: ClassVar[str] = ""
@@ -99,22 +99,22 @@ class MethodEntry(_PrecisionOptionFields):
     takes_grad_format: ClassVar[bool] = False
 
     label: Label = None
-    precision: Optional[_choice("precision", PRECISIONS)] = None  # type: ignore[valid-type]
-    model: Optional[_choice("model", MODEL_NAMES)] = None  # type: ignore[valid-type]
+    precision: Optional[choice_field("precision", PRECISIONS)] = None  # type: ignore[valid-type]
+    model: Optional[choice_field("model", MODEL_NAMES)] = None  # type: ignore[valid-type]
     batch_size: Optional[PosInt] = None  # type: ignore[valid-type]
     resources: Optional[ResourcesOverride] = None
     #: the report's reference row (its test of every other row); not in the trial id
     baseline: Bool = False
     #: emulated precisions: parameter gradients rounded before (default, PyTorch AMP) or after
     #: unscaling (Chainer's order); precision/runtime.py's module doc. A trial option, so it lives here.
-    grad_rounding: Optional[_choice("grad_rounding", ("before_unscale", "after_unscale"))] = None  # type: ignore
+    grad_rounding: Optional[choice_field("grad_rounding", ("before_unscale", "after_unscale"))] = None  # type: ignore
     #: E4M3 gradients only: an overflow saturates to +-448 (torch's cast, TE) or becomes NaN (OCP's
     #: non-saturating conversion), which overflow-driven scalers can see
-    grad_overflow: Optional[_choice("grad_overflow", ("saturate", "nan"))] = None  # type: ignore
+    grad_overflow: Optional[choice_field("grad_overflow", ("saturate", "nan"))] = None  # type: ignore
     #: emulated FP8 gradients scaled per block before the cast (formats.BlockScaledFormat)
-    grad_blocks: Optional[_choice("grad_blocks", ("none", "tensor", "tile128", "mx32"))] = None  # type: ignore
+    grad_blocks: Optional[choice_field("grad_blocks", ("none", "tensor", "tile128", "mx32"))] = None  # type: ignore
     #: grad_blocks mx32 only: rounding of the shared power-of-two exponent
-    block_rounding: Optional[_choice("block_rounding", ("floor", "ceil", "even", "rceil"))] = None  # type: ignore
+    block_rounding: Optional[choice_field("block_rounding", ("floor", "ceil", "even", "rceil"))] = None  # type: ignore
 
     # -- identity --------------------------------------------------------------------------
     @classmethod

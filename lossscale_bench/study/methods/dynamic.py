@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Literal, Optional
 
 from ...core.registry import DYNAMIC_STYLES
-from ..fields import Bool, PosInt, Scale, _choice
+from ..fields import Bool, PosInt, Scale, choice_field
 from .base import Fail, MethodEntry, differs, num
 
 #: the options per style where the entry leaves them out
@@ -27,7 +27,7 @@ _TAG_PREFIX = {"torch": "dyntorch", "deepspeed": "dynds"}
 
 class DynamicScaling(MethodEntry):
     method: Literal["dynamic"]
-    style: _choice("dynamic style", DYNAMIC_STYLES) = "chainer"  # type: ignore[valid-type]
+    style: choice_field("dynamic style", DYNAMIC_STYLES) = "chainer"  # type: ignore[valid-type]
     interval: Optional[PosInt] = None  # type: ignore[valid-type]
     init_scale: Optional[Scale] = None  # type: ignore[valid-type]
     #: style deepspeed only (DeepSpeed's hysteresis, min_loss_scale, consecutive_hysteresis)

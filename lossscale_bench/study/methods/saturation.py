@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from ..fields import PosInt, Scale, _number
+from ..fields import PosInt, Scale, number_field
 from .base import MethodEntry, interval_label, num
 
 #: FP8-LM's rule: back off past 0.001 % saturated elements, grow x2 after 1000 clean steps
@@ -17,7 +17,7 @@ class SaturationScaling(MethodEntry):
     init_scale: Scale = DEFAULTS["init_scale"]  # type: ignore[valid-type]
     interval: PosInt = DEFAULTS["interval"]  # type: ignore[valid-type]
     #: share of parameter-gradient elements at or past the format's max that triggers a back-off
-    threshold: _number("float", ge=0, lt=1) = DEFAULTS["threshold"]  # type: ignore[valid-type]
+    threshold: number_field("float", ge=0, lt=1) = DEFAULTS["threshold"]  # type: ignore[valid-type]
     scaler = "lossscale_bench.scaling.saturation:SaturationLossScaler"
     takes_grad_format = True
 

@@ -1,7 +1,8 @@
 """The base of every per-layer loss scaler: a scale per Conv2d/Linear on an unmodified model.
 
-Why a base: adaptive (:mod:`.adaptive`), layer-wise dynamic (:mod:`.layerwise_dynamic`) and
-amax (:mod:`.amax`) share all the machinery of :mod:`.adaptive_layers` (each stock
+Why a base: adaptive (:mod:`lossscale_bench.scaling.adaptive`), layer-wise dynamic
+(:mod:`lossscale_bench.scaling.layerwise_dynamic`) and amax (:mod:`lossscale_bench.scaling.amax`) share
+all the machinery of this package (:mod:`.functions`, :mod:`.iteration`, :mod:`.graph`: each stock
 ``nn.Conv2d``/``nn.Linear`` gets an instance ``forward`` whose backward folds a factor into
 its input-gradient product, branch merges are brought to one scale, every parameter gradient
 is unscaled by the scale it carries) and differ only in how a layer's scale is chosen. That
@@ -35,11 +36,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..precision.formats import FP16, FloatFormat
-from ..core.registry import LAYER_SCALE_SUFFIX
-from ._graph import ROOT_SCALE_ID, analyse
-from .adaptive_layers import _ATTACHED, _is_ours, _Iteration, _LayerInfo, _PatchedForward, is_scaling_node
-from .base import LossScaler, all_reduce_flag, unscale_group_
+from ...precision.formats import FP16, FloatFormat
+from ...core.registry import LAYER_SCALE_SUFFIX
+from .graph import ROOT_SCALE_ID, analyse
+from .functions import ATTACHED, LayerInfo, PatchedForward, is_ours, is_scaling_node
+from .iteration import Iteration
+from ..base import LossScaler, all_reduce_flag, unscale_group_
 
 __all__ = ["PerLayerLossScaler", "PointLossScaler", "LOSS_POINT"]
 
@@ -77,7 +79,7 @@ class PerLayerLossScaler(LossScaler):
         if is_ddp:
             model = model.module
         self._model: nn.Module | None = model
-        self._layers: list[_LayerInfo] = []
+        self._layers: list[LayerInfo] = []
         self._modules: list[nn.Module] = []
         self._by_name: dict[str, Any] = {}
         #: (name, reason) of matching modules left unwrapped (they pass the scale through)
@@ -91,14 +93,14 @@ class PerLayerLossScaler(LossScaler):
                           f"{self.skipped_layers[:3]}", stacklevel=3)
         self._iter = 0
         #: iterations whose hooks may still be registered (normally only the current one)
-        self._pending: list[_Iteration] = []
+        self._pending: list[Iteration] = []
         #: id(param) -> (iteration, scale id) whose value the param's .grad carries, or None (unscaled)
-        self._carried: dict[int, tuple[_Iteration, int] | None] = {}
+        self._carried: dict[int, tuple[Iteration, int] | None] = {}
         self._last_plan = {"nodes": 0, "merge_points": 0, "layers": 0}
 
     # -- the hook -----------------------------------------------------------------
     @abstractmethod
-    def layer_factor(self, it: _Iteration, layer: Any, grad: torch.Tensor, weight: torch.Tensor | None,
+    def layer_factor(self, it: Iteration, layer: Any, grad: torch.Tensor, weight: torch.Tensor | None,
                      incoming: torch.Tensor) -> torch.Tensor:
         """The factor ``s`` (a 0-d fp32 tensor) ``layer`` multiplies into the gradient it sends upstream.
 
@@ -120,19 +122,19 @@ class PerLayerLossScaler(LossScaler):
         for name, mod in model.named_modules():
             if not isinstance(mod, layer_types) or not isinstance(mod, (nn.Conv2d, nn.Linear)):
                 continue
-            if _ATTACHED.get(mod) is not None:
+            if ATTACHED.get(mod) is not None:
                 self._detach_modules()
                 raise ValueError(f"module {name!r} already has an adaptive loss scaler attached")
             base = nn.Conv2d if isinstance(mod, nn.Conv2d) else nn.Linear
             if type(mod).forward is not stock[base]:
                 self.skipped_layers.append((name, "class overrides forward"))
                 continue
-            if "forward" in mod.__dict__ and not _is_ours(mod.__dict__["forward"]):  # ours: a stale copy
+            if "forward" in mod.__dict__ and not is_ours(mod.__dict__["forward"]):  # ours: a stale copy
                 self.skipped_layers.append((name, "instance forward already patched"))
                 continue
-            info = _LayerInfo(name or type(mod).__name__, mod)
-            _ATTACHED[mod] = info
-            mod.forward = _PatchedForward(mod)
+            info = LayerInfo(name or type(mod).__name__, mod)
+            ATTACHED[mod] = info
+            mod.forward = PatchedForward(mod)
             self._layers.append(info)
             self._modules.append(mod)
             self._by_name[info.name] = info
@@ -152,7 +154,7 @@ class PerLayerLossScaler(LossScaler):
             return scaled
         plan = analyse(root, is_scaling_node)
         recompute = self._iteration_recomputes()
-        it = _Iteration(self, plan.n_ids, torch.full((), self.init_scale, dtype=_F32, device=loss.device), recompute)
+        it = Iteration(self, plan.n_ids, torch.full((), self.init_scale, dtype=_F32, device=loss.device), recompute)
         it.install(root, plan, self._carried, self.unscale_in_backward)
         self._last_plan = {"nodes": plan.n_nodes, "merge_points": len(plan.merges), "layers": len(plan.layers)}
         self._pending.append(it)
@@ -199,9 +201,9 @@ class PerLayerLossScaler(LossScaler):
 
     def _detach_modules(self) -> None:
         for mod in self._modules:
-            if _is_ours(mod.__dict__.get("forward")):
+            if is_ours(mod.__dict__.get("forward")):
                 del mod.__dict__["forward"]
-            _ATTACHED.pop(mod, None)
+            ATTACHED.pop(mod, None)
         self._modules = []
 
     def remove(self) -> None:
@@ -294,7 +296,7 @@ class PointLossScaler(PerLayerLossScaler):
     def point_scales(self) -> dict[str, float]:
         """Point name -> its current absolute scale (the loss first)."""
 
-    def layer_factor(self, it: _Iteration, layer: Any, grad: torch.Tensor, weight: torch.Tensor | None,
+    def layer_factor(self, it: Iteration, layer: Any, grad: torch.Tensor, weight: torch.Tensor | None,
                      incoming: torch.Tensor) -> torch.Tensor:
         """``point_scale / incoming`` on ``grad``'s device."""
         target = self.point_scale(self._point[id(layer)], grad, incoming, incoming is it.vals[ROOT_SCALE_ID])
