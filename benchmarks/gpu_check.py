@@ -46,9 +46,7 @@ import warnings
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import parser  # noqa: E402  (it puts the repository on the path: no PYTHONPATH=. needed)
 import torch  # noqa: E402
-
 from gpu_sections.adaptive import section_c  # noqa: E402
 from gpu_sections.common import SYNC_EVERY, device_name, free_memory, make_config, optimizer_kernels  # noqa: E402
 from gpu_sections.memory import memory_one, section_f  # noqa: E402
@@ -57,6 +55,7 @@ from gpu_sections.render import render_markdown  # noqa: E402
 from gpu_sections.scaler_match import section_a  # noqa: E402
 from gpu_sections.short_run import section_e  # noqa: E402
 from gpu_sections.throughput import section_b  # noqa: E402
+from harness import parser  # noqa: E402  (it puts the repository on the path: no PYTHONPATH=. needed)
 
 # a skipped first step (overflow at scale 65536) makes torch warn that the lr schedule stepped first
 warnings.filterwarnings("ignore", message=re.escape("Detected call of `lr_scheduler.step()` before"))

@@ -33,7 +33,6 @@ def child(study: str, row: int, warmup: int, iterations: int) -> dict:
     import time
 
     import torch
-
     from step_ratio import build, one_iteration
 
     from lossscale_bench.backends.host_memory import keep_freed_memory

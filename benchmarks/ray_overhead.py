@@ -32,8 +32,8 @@ log_every: 1
 
 
 def timed(executor: str, trials: int, num_cpus: int) -> float:
-    from lossscale_bench.study import load_study_text
     from lossscale_bench.orchestration.study_runner import run_study
+    from lossscale_bench.study import load_study_text
 
     study = load_study_text(STUDY.format(seeds=list(range(trials))))
     with tempfile.TemporaryDirectory() as d:

@@ -26,9 +26,8 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import markdown_table, parser  # noqa: E402  (it puts the repository on the path too)
-
 import torch  # noqa: E402
+from harness import markdown_table, parser  # noqa: E402  (it puts the repository on the path too)
 
 
 def edge_values() -> list[float]:
@@ -66,9 +65,9 @@ def _finite(fn):
 
 def paths() -> dict:
     """Name -> function of a tensor, every rounding path the comparison covers."""
-    from lossscale_bench.precision import formats
     from lossscale_bench.numerics.block_scaling import block_round
     from lossscale_bench.numerics.fp8 import round_fp8
+    from lossscale_bench.precision import formats
 
     out = {}
     for name, fmt in formats.FORMATS.items():

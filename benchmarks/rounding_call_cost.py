@@ -27,9 +27,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import Report, parser, percentile, time_calls  # noqa: E402
 
-
-from lossscale_bench.precision.formats import E4M3
 from lossscale_bench.numerics import fp8
+from lossscale_bench.precision.formats import E4M3
 
 SIZES = (64, 4096, 65536, 294912, 2097152)
 

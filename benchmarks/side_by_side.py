@@ -18,6 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import ROOT, Report, markdown_table, parser  # noqa: E402
+
 VERDICT = re.compile(r"(?P<word>worse|better|equivalent|inconclusive)[^(]*\((?:paired|Welch)?,? ?p=[^)]*\), "
                      r"Δ (?P<d>[-+][\d.]+) \[(?P<lo>[-+][\d.]+), (?P<hi>[-+][\d.]+)\]")
 

@@ -63,10 +63,10 @@ def build_trainer(batched: bool, sync_every: int, foreach: bool, size: int, data
     from lossscale_bench.backends import get_backend
     from lossscale_bench.engine import DivergenceHook, MetricsHook, Trainer
     from lossscale_bench.engine.schedule import build_optimizer, build_scheduler
+    from lossscale_bench.engine.sink import MemorySink
     from lossscale_bench.models import build_model
     from lossscale_bench.precision import get_precision
     from lossscale_bench.scaling import build_scaler
-    from lossscale_bench.engine.sink import MemorySink
 
     torch.manual_seed(0)
     backend = get_backend("cpu")

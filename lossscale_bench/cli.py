@@ -14,8 +14,16 @@ import os
 import sys
 from pathlib import Path
 
-from .core.exit_codes import EXIT_OK, EXIT_SIGINT, EXIT_SIGPIPE, EXIT_SIGTERM, EXIT_STORE, EXIT_TRIALS_FAILED, EXIT_USAGE
 from .cli_report import report_parser
+from .core.exit_codes import (
+    EXIT_OK,
+    EXIT_SIGINT,
+    EXIT_SIGPIPE,
+    EXIT_SIGTERM,
+    EXIT_STORE,
+    EXIT_TRIALS_FAILED,
+    EXIT_USAGE,
+)
 
 
 def embedded_study() -> Path:

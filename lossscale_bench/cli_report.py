@@ -31,9 +31,8 @@ def cmd_report(args) -> int:
     A study FILE names the study and gives its ``report.equivalence_margin`` (a bad file: one line,
     exit 2, as everywhere); ``--margin`` overrides it."""
     from .report import write_report
-    from .tracking.store import open_store, resolve_tracking_uri
-
     from .report.out_format import resolve_format
+    from .tracking.store import open_store, resolve_tracking_uri
 
     if args.telemetry and args.compare:
         print("lsbench: error: --telemetry and --compare are two different reports; give one", file=sys.stderr)

@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 
 import pytest
-from helpers import coco_from_synthetic
 
+from helpers import coco_from_synthetic
 from lossscale_bench.data.coco import CocoDetection
 from lossscale_bench.data.transforms import CorruptImage
-from lossscale_bench.engine.sink import MemorySink
 from lossscale_bench.dataset_files.annotations import AnnotationError
+from lossscale_bench.engine.sink import MemorySink
 from lossscale_bench.study import load_study_text
 from lossscale_bench.trial import data_report, run_trial
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+
 from helpers import library_lines, study_yaml
 
 MICRO = study_yaml(

@@ -9,12 +9,12 @@ import pytest
 import torch
 from torch import nn
 
-from lossscale_bench.precision.formats import E4M3, E4M3_NAN, BlockScaledFormat
-from lossscale_bench.precision import get_precision
-from lossscale_bench.scaling import build_scaler
 from helpers import one_entry_study
-from lossscale_bench.study import StudyError, load_study_text
+from lossscale_bench.precision import get_precision
+from lossscale_bench.precision.formats import E4M3, E4M3_NAN, BlockScaledFormat
 from lossscale_bench.precision.telemetry import UnderflowProbe
+from lossscale_bench.scaling import build_scaler
+from lossscale_bench.study import StudyError, load_study_text
 
 
 def test_e4m3_gradient_flush_point_and_saturation():

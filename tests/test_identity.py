@@ -15,8 +15,8 @@ import time
 
 import pandas as pd
 import pytest
-from helpers import tiny_data_study
 
+from helpers import tiny_data_study
 from lossscale_bench.study import load_study_text
 from lossscale_bench.study.configs import change_note
 from lossscale_bench.study.fingerprint import MISSING, data_fingerprint, file_sha256, weights_fingerprint

@@ -13,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from helpers import kangaroo_root, lsbench, study_yaml
 
 ROOT, WHY = kangaroo_root()

@@ -14,9 +14,9 @@ from lossscale_bench.backends import get_backend
 from lossscale_bench.engine import DivergenceHook, MetricsHook, Trainer, TrialDiverged
 from lossscale_bench.engine.hooks import Hook
 from lossscale_bench.engine.loop import StopTraining
+from lossscale_bench.engine.sink import MemorySink
 from lossscale_bench.precision import get_precision
 from lossscale_bench.scaling.fixed import NoLossScaler
-from lossscale_bench.engine.sink import MemorySink
 
 
 class _Toy(nn.Module):

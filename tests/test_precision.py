@@ -180,8 +180,8 @@ def test_emulation_allows_in_place_ops_after_rounded_layers(layout):
 def test_an_emulated_precision_may_leave_either_direction_in_fp32():
     """Issue 30: a precision entry with ``forward_format`` None ("fp32") validated and then failed every
     trial in the round-through; either format may be None, and that direction is then exactly fp32."""
-    from lossscale_bench.precision.formats import E4M3
     from lossscale_bench.precision import Precision
+    from lossscale_bench.precision.formats import E4M3
 
     torch.manual_seed(0)
     ref = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU(inplace=True), torch.nn.Conv2d(4, 2, 3))
@@ -246,8 +246,8 @@ def test_mx32_parameter_gradients_are_rounded_in_one_call_at_the_end_of_backward
     """With mx32 gradients the parameter gradients go through round_block_grads_ (one block_round
     call for all of them): each must be its own accumulated gradient rounded alone, and the
     telemetry's observer must still see every one unrounded."""
-    from lossscale_bench.precision.formats import E4M3, block_scaled
     from lossscale_bench.numerics import block_scaling
+    from lossscale_bench.precision.formats import E4M3, block_scaled
 
     fmt = block_scaled(E4M3, "mx32", "ceil")
     raw, _, _ = _small_model_grads(E4M3, fmt, False)

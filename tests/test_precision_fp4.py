@@ -12,21 +12,21 @@ import torch.nn.functional as F
 from torch import nn
 
 from helpers import one_entry_study, study_yaml
-from lossscale_bench.precision.formats import E4M3, Fp4Format
+from lossscale_bench.engine.sink import MemorySink
 from lossscale_bench.numerics.fp4 import fp4_round
 from lossscale_bench.numerics.hadamard import H16, hadamard_round
 from lossscale_bench.precision import get_precision
-from lossscale_bench.engine.sink import MemorySink
+from lossscale_bench.precision.formats import E4M3, Fp4Format
+from lossscale_bench.precision.telemetry import UnderflowProbe
 from lossscale_bench.study import StudyError, load_study_text
 from lossscale_bench.study.precisions import PRECISION_OPTIONS, PRECISION_SPECS
-from lossscale_bench.precision.telemetry import UnderflowProbe
 from lossscale_bench.trial import run_trial
 
 FP4 = [n for n, s in PRECISION_SPECS.items() if s.grad_format == "e2m1"]
 
 
 def test_six_fp4_precisions_say_what_they_are():
-    assert FP4 == [f"{f}fwd-{g}grad-emulated" for f in ("e4m3", "nvfp4") for g in ("e2m1", "nvfp4", "mxfp4")]
+    assert [f"{f}fwd-{g}grad-emulated" for f in ("e4m3", "nvfp4") for g in ("e2m1", "nvfp4", "mxfp4")] == FP4
     for name in FP4:
         p = get_precision(name)
         spec = PRECISION_SPECS[name]
@@ -295,8 +295,8 @@ def test_parameter_gradients_rounded_at_the_end_of_backward_as_one_call_each_wou
     # (Fp4Format.round_each_), with the keys drawn where a rounding per parameter drew them, between the
     # activation gradients' roundings. The reference rounds each parameter at its own hook, from a stream
     # with the same seed: every gradient must come out the same, bit for bit.
-    from lossscale_bench.precision.formats import fp4_format
     from lossscale_bench.precision import install_emulation
+    from lossscale_bench.precision.formats import fp4_format
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(),

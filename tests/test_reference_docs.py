@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from helpers import study_yaml
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -4,7 +4,6 @@ switch set to a value its reader would ignore or misread, exit 2, no library lin
 from __future__ import annotations
 
 from helpers import library_lines, lsbench, study_yaml
-
 from lossscale_bench.core.portable import PORTABLE_ENV
 
 CLEAN = {k: "" for k in PORTABLE_ENV} | {"LSBENCH_NO_NATIVE": "", "LSBENCH_NO_COMPILE": "", "LSBENCH_MALLOC": ""}

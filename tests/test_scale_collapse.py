@@ -10,9 +10,9 @@ from torch import nn
 from lossscale_bench.backends import get_backend
 from lossscale_bench.engine import DivergenceHook, MetricsHook, Trainer, TrialDiverged
 from lossscale_bench.engine.hooks import SCALE_FLOOR
+from lossscale_bench.engine.sink import MemorySink
 from lossscale_bench.precision import get_precision
 from lossscale_bench.scaling import build_scaler
-from lossscale_bench.engine.sink import MemorySink
 
 
 class _InfGrad(torch.autograd.Function):

@@ -12,9 +12,9 @@ import pytest
 from lossscale_bench.core.registry import BACKEND_NAMES, DATASET_NAMES, MODEL_NAMES, PRECISIONS, SCALING_METHODS
 from lossscale_bench.orchestration.placement import placement_text
 from lossscale_bench.study import (
+    VOC_CLASSES,
     StudyError,
     TrialConfig,
-    VOC_CLASSES,
     default_label,
     load_study,
     load_study_text,
@@ -569,7 +569,9 @@ def test_to_dict_round_trip():
 
 def test_trial_config_is_frozen():
     t = _only(ONE)
-    with pytest.raises(Exception):
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError):
         t.model = "ssd512_vgg16"  # type: ignore[misc]
 
 

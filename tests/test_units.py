@@ -22,8 +22,8 @@ def studied(tmp_path_factory):
     """(runs dir, tracking URI, the progress lines, the trial's MLflow metrics)."""
     from mlflow import MlflowClient
 
-    from lossscale_bench.study import load_study_text
     from lossscale_bench.orchestration.study_runner import run_study
+    from lossscale_bench.study import load_study_text
 
     root = tmp_path_factory.mktemp("units")
     out = io.StringIO()

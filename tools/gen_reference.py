@@ -43,13 +43,12 @@ from reference_md import (
 
 # --- every package name the generator reads; repoint here when modules move --------------------------
 import lossscale_bench
+from lossscale_bench.cli import build_parser
 from lossscale_bench.core import (
     env_vars,
     exit_codes,
     logged_names,
 )
-from lossscale_bench.cli import build_parser
-from lossscale_bench.data.download import register as register_data_parser
 from lossscale_bench.core.env_vars import ENV_VARS
 from lossscale_bench.core.logged_names import EXPERIMENT_TAGS, METRICS, TAGS, entry_for
 from lossscale_bench.core.registry import (
@@ -61,6 +60,7 @@ from lossscale_bench.core.registry import (
     MODEL_NAMES,
     SCALING_METHODS,
 )
+from lossscale_bench.data.download import register as register_data_parser
 from lossscale_bench.study import (
     Study,
     key_docs,

@@ -92,7 +92,7 @@ def section_d(cfg: dict, sc: dict) -> dict:
                "flush_emulated": (sum(r["flush_emulated"] * r["nonzero_emulated"] for r in with_real)
                                   / emu_nz) if emu_nz else None}
     return {"overall": overall, "model": sc["model"], "batch": sc["batch"], "batches": len(batches), "loss_scale": 1.0,
-            "real": "mixed16 (fp16 autocast on %s)" % cfg["device"],
+            "real": "mixed16 (fp16 autocast on {})".format(cfg["device"]),
             "skipped": [k for k, v in results.items() if v is None],
             "layers": layers,
             "max_abs_diff_flush": max((r["abs_diff_flush"] for r in with_real), default=None),

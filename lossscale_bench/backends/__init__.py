@@ -20,9 +20,8 @@ def detect() -> str:
         return "cuda"
     if importlib.util.find_spec("habana_frameworks") is not None:
         return "hpu"
-    if os.environ.get("PJRT_DEVICE") or os.environ.get("TPU_NAME"):
-        if importlib.util.find_spec("torch_xla") is not None:
-            return "xla"
+    if (os.environ.get("PJRT_DEVICE") or os.environ.get("TPU_NAME")) and importlib.util.find_spec("torch_xla"):
+        return "xla"
     return "cpu"
 
 

@@ -12,8 +12,8 @@ sees exactly the batches an uninterrupted run would have seen.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import torch
 from torch.utils.data import DataLoader, Sampler

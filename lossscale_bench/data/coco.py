@@ -113,7 +113,7 @@ class CocoDetection(_SeededFlip, Dataset):
         self._gt = {**data, "annotations": index.kept}  # what pycocotools scores: the records kept
         self._coco = None
         self.label_to_cat: dict[int, int] = {i: c for i, (c, _) in enumerate(index.categories, start=1)}
-        self.cat_to_label: dict[int, int] = {c: l for l, c in self.label_to_cat.items()}
+        self.cat_to_label: dict[int, int] = {c: lab for lab, c in self.label_to_cat.items()}
         self.class_names: list[str] = [n for _, n in index.categories]
         self.skipped_boxes = self._drops.total
         self.crowd_boxes = 0
@@ -249,9 +249,9 @@ class FakeCocoDetection(_SeededFlip, Dataset):
             anns = []
             for i in range(self.num_images):
                 boxes, labels = self._target(i)
-                for b, l in zip(boxes.tolist(), labels.tolist()):
+                for b, lab in zip(boxes.tolist(), labels.tolist()):
                     w, h = b[2] - b[0], b[3] - b[1]
-                    anns.append({"id": len(anns) + 1, "image_id": i + 1, "category_id": l,
+                    anns.append({"id": len(anns) + 1, "image_id": i + 1, "category_id": lab,
                                  "bbox": [b[0], b[1], w, h], "area": w * h, "iscrowd": 0})
             self._coco = silent_coco({
                 "images": [{"id": i, "file_name": f"{i:06d}.png", "width": self.image_size,

@@ -40,8 +40,9 @@ from __future__ import annotations
 import collections
 import os
 import threading
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import torch

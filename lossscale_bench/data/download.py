@@ -35,16 +35,15 @@ import http.client
 import json
 import os
 import re
-import shutil
 import sys
 import tarfile
 import time
 import urllib.error
 import urllib.request
 import zipfile
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable
 
 __all__ = ["DownloadError", "Resource", "RESOURCES", "register", "cmd_data", "fetch", "download_file",
            "verify_checksum", "extract", "read_checksums", "main"]

@@ -34,7 +34,7 @@ def exif_orientation(img: Image.Image) -> int:
     return value if isinstance(value, int) and 1 <= value <= 8 else 1
 
 
-def read_image(path, size: tuple[int, int] | None = None) -> "torch.Tensor":
+def read_image(path, size: tuple[int, int] | None = None) -> torch.Tensor:
     """Decode an image file to a float tensor, or raise ``CorruptImage`` naming it (never a bare PIL error).
 
     ``size``: the ``(width, height)`` its annotation gives. The boxes are in the frame the annotator saw,
@@ -49,7 +49,7 @@ def read_image(path, size: tuple[int, int] | None = None) -> "torch.Tensor":
     return pixels_to_float(read_pixels(path, size))
 
 
-def read_pixels(path, size: tuple[int, int] | None = None) -> "torch.Tensor":
+def read_pixels(path, size: tuple[int, int] | None = None) -> torch.Tensor:
     """:func:`read_image` before the conversion to float: ``uint8 [3, H, W]`` (a channel-first view of
     the decoded rows, the layout :func:`pixels_to_float` expects), or ``float32`` for 16-bit grayscale.
     What :class:`PixelCache` keeps: a quarter of the float image's bytes."""
@@ -104,7 +104,7 @@ class PixelCache:
         #: read_scaled: the size each photo had as decoded (kept even when its pixels are not)
         self._decoded_size: dict = {}
 
-    def read(self, path, size: tuple[int, int] | None = None) -> "torch.Tensor":
+    def read(self, path, size: tuple[int, int] | None = None) -> torch.Tensor:
         """:func:`read_image`'s float tensor (a new one on every call: callers may write into it)."""
         key = (str(path), tuple(size) if size else None)
         pixels = self._store.get(key)
@@ -112,7 +112,7 @@ class PixelCache:
             pixels = self._keep(key, read_pixels(path, size))
         return pixels_to_float(pixels)
 
-    def read_scaled(self, path, size: tuple[int, int] | None, max_side: int) -> tuple["torch.Tensor", tuple[int, int]]:
+    def read_scaled(self, path, size: tuple[int, int] | None, max_side: int) -> tuple[torch.Tensor, tuple[int, int]]:
         """``(image, (width, height) as decoded)``: :meth:`read`'s image shrunk so that its longer side is
         at most ``max_side`` (bilinear, antialiased, aspect kept, each side rounded to the nearest pixel;
         a smaller image unchanged); what is kept is the shrunk float image, so a later read costs a copy
@@ -126,7 +126,7 @@ class PixelCache:
             self._decoded_size[key] = (int(decoded.shape[-1]), int(decoded.shape[-2]))
         return image.clone(), self._decoded_size[key]
 
-    def _keep(self, key, tensor: "torch.Tensor") -> "torch.Tensor":
+    def _keep(self, key, tensor: torch.Tensor) -> torch.Tensor:
         """``tensor``, stored under ``key`` if the budget still has room for it."""
         nbytes = tensor.numel() * tensor.element_size()
         if self.bytes + nbytes <= self.max_bytes:

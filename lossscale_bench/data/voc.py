@@ -34,8 +34,8 @@ from __future__ import annotations
 import os
 import xml.etree.ElementTree as ET
 from collections import Counter
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
 import torch
 from PIL import Image
@@ -43,9 +43,17 @@ from torch.utils.data import Dataset
 
 from ..core.registry import VOC_CLASSES
 from ..dataset_files.annotations import Drops, size_mismatch
+from ..dataset_files.voc_layout import (
+    annotation_file,
+    image_candidates,
+    required_paths,
+    resolve_devkit,
+    side_ids,
+    split_list,
+    split_names,
+    voc_sources,
+)
 from ..dataset_files.voc_xml import parse_voc
-from ..dataset_files.voc_layout import (annotation_file, image_candidates, required_paths, resolve_devkit, side_ids,
-                                split_list, split_names, voc_sources)
 from .coco import DataNotFound, require_ground_truth
 from .transforms import PixelCache, flip_decision, hflip
 

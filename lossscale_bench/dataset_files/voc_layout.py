@@ -22,8 +22,8 @@ reads. Standard library only.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 from .annotations import AnnotationError
 

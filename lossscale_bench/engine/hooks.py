@@ -11,13 +11,14 @@ from __future__ import annotations
 import math
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
-from .sink import Sink
 from .loop import StepRecord, StopTraining, read_records
+from .sink import Sink
 
 
 class Hook:

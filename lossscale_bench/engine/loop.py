@@ -29,8 +29,9 @@ from __future__ import annotations
 import math
 import time
 import warnings
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 import torch
 

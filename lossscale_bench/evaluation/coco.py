@@ -124,8 +124,8 @@ def evaluate_coco(model, dataset, *, device="cpu", batch_size: int = 8, max_imag
         xywh = torch.cat([boxes[:, :2], boxes[:, 2:] - boxes[:, :2]], dim=1).tolist()
         labels = out["labels"].detach().cpu().tolist()
         scores = out["scores"].detach().float().cpu().tolist()
-        for b, l, s in zip(xywh, labels, scores):
-            cat = dataset.label_to_cat.get(int(l))
+        for b, lab, s in zip(xywh, labels, scores):
+            cat = dataset.label_to_cat.get(int(lab))
             if cat is None:  # background or out-of-range label: not a COCO class
                 continue
             detections.append({"image_id": image_id, "category_id": int(cat), "bbox": b, "score": s})

@@ -4,7 +4,7 @@ the caller's autocast around each forward, the model's previous mode restored af
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 

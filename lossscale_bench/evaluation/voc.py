@@ -26,7 +26,7 @@ boxes compared here are exactly the ones chainercv compares.
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Iterable
+from collections.abc import Iterable
 
 import numpy as np
 import torch

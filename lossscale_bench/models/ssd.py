@@ -11,17 +11,17 @@ object labels are 1..K).
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torchvision.models import resnet34, resnet50
-from torchvision.models.vgg import cfgs as vgg_cfgs
-from torchvision.models.vgg import make_layers as make_vgg_layers
 from torchvision.models.detection.anchor_utils import DefaultBoxGenerator
 from torchvision.models.detection.ssd import SSD, SSDFeatureExtractorVGG, _vgg_extractor
+from torchvision.models.vgg import cfgs as vgg_cfgs
+from torchvision.models.vgg import make_layers as make_vgg_layers
 
 from ..core.registry import MODEL_NAMES
 
@@ -120,7 +120,7 @@ class TinyVGGBackbone(nn.Module):
                 nn.init.kaiming_normal_(m.weight, nonlinearity="relu")
                 nn.init.zeros_(m.bias)
 
-    def forward(self, x: torch.Tensor) -> "OrderedDict[str, torch.Tensor]":
+    def forward(self, x: torch.Tensor) -> OrderedDict[str, torch.Tensor]:
         f1 = self.stem(x)
         f2 = self.stage2(f1)
         f3 = self.stage3(f2)
@@ -188,7 +188,7 @@ class _VGGExtractor(SSDFeatureExtractorVGG):
     """torchvision's SSD VGG extractor with the L2Norm input passing through :class:`_L2NormInput`
     (same parameters and state-dict keys; torchvision's forward otherwise)."""
 
-    def forward(self, x: torch.Tensor) -> "OrderedDict[str, torch.Tensor]":
+    def forward(self, x: torch.Tensor) -> OrderedDict[str, torch.Tensor]:
         x = self.features(x)
         rescaled = self.scale_weight.view(1, -1, 1, 1) * F.normalize(self.l2norm_input(x))
         output = [rescaled]
@@ -322,7 +322,7 @@ class ResNetSSDBackbone(nn.Module):
         _torch_default_then_xavier(self.extra)
         self.out_channels = chans
 
-    def forward(self, x: torch.Tensor) -> "OrderedDict[str, torch.Tensor]":
+    def forward(self, x: torch.Tensor) -> OrderedDict[str, torch.Tensor]:
         x = self.features(x)
         out = [x]
         for block in self.extra:

@@ -17,9 +17,10 @@ import struct
 
 import torch
 
-from .lazy_compile import same_values
-from .native import ProbeChecked, disabled as native_disabled
 from .block_scaling import native_takes
+from .lazy_compile import same_values
+from .native import ProbeChecked
+from .native import disabled as native_disabled
 
 _F32 = torch.float32
 #: finite values across the range, signed zeros, subnormals, an inf and a NaN, in blocks that the probe

@@ -77,10 +77,11 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from .lazy_compile import LazyCompiled, same_values
-from .native import ProbeChecked, disabled as native_disabled
 from .block_scales import ELEMENTS, MX_MODES, ElementFormat, amax_scale, exp2i, mx_exponent
 from .fp8 import Fp8Spec, fastest_eager, is_channels_last, native_fits, round_bits_fused
+from .lazy_compile import LazyCompiled, same_values
+from .native import ProbeChecked
+from .native import disabled as native_disabled
 
 __all__ = ["GRANULARITIES", "PROBE", "block_round", "count_flush_saturate", "FlushSaturate", "native_block",
            "native_takes", "NativeBlock"]

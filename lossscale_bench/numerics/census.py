@@ -23,9 +23,10 @@ import warnings
 
 import torch
 
-from .native import disabled as native_disabled, library as native_library
+from .fp8 import is_channels_last, memory_order_flat, native_fits
 from .lazy_compile import LazyCompiled, same_values
-from .fp8 import native_fits, is_channels_last, memory_order_flat
+from .native import disabled as native_disabled
+from .native import library as native_library
 
 
 def _census(x: torch.Tensor, min_normal: float, flush: float, max_: float) -> torch.Tensor:

@@ -70,10 +70,10 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from .lazy_compile import LazyCompiled, same_values
-from .block_scales import ElementFormat, MX_MODES, exp2i, mx_exponent
+from .block_scales import MX_MODES, ElementFormat, exp2i, mx_exponent
 from .block_scaling import FlushSaturate, NativeBlock, native_block, native_takes
-from .fp8 import E4M3, Fp8Spec, round_bits_eager, round_bits_fused, rounding_magic, is_channels_last, memory_order_flat
+from .fp8 import E4M3, Fp8Spec, is_channels_last, memory_order_flat, round_bits_eager, round_bits_fused, rounding_magic
+from .lazy_compile import LazyCompiled, same_values
 
 #: E2M1 described like the fp8 formats, so the bit-level rounding of :mod:`.fp8` applies as it is
 #: (its ``dtype`` is only a placeholder: torch has no castable fp4 dtype; no NaN code, see module doc)

@@ -69,13 +69,14 @@ torch's cast directly, so it is never rounded twice.
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 
-from .native import ProbeChecked, disabled as native_disabled
 from .lazy_compile import LazyCompiled, same_values
+from .native import ProbeChecked
+from .native import disabled as native_disabled
 
 __all__ = ["E4M3", "E5M2", "IMPLS", "NATIVE_SERIAL_MAX", "PROBE", "SPECS", "compiled_kernel", "fastest_eager",
            "Fp8Spec", "is_channels_last", "memory_order_flat", "native_fits", "native_kernel", "NativeKernel",

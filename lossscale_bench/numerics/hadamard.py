@@ -26,14 +26,15 @@ multiply a row and additions. The torch code, a multiply and an addition a term 
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 
-from .lazy_compile import same_values
-from .native import ProbeChecked, disabled as native_disabled
 from .fp4 import uniform
+from .lazy_compile import same_values
+from .native import ProbeChecked
+from .native import disabled as native_disabled
 
 SIZE = 16
 

@@ -35,7 +35,7 @@ import os
 import threading
 import types
 import warnings
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

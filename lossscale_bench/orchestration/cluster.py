@@ -98,7 +98,7 @@ def probe_address(address: str, timeout: float = PROBE_TIMEOUT_S) -> None:
                f"{timeout:g} s; the head's `ray status` prints the address to use)")
     except socket.gaierror:
         why = f"the host name {host!r} does not resolve"
-    except socket.timeout:
+    except TimeoutError:
         why = f"no answer from {host} port {port} within {timeout:g} s (a firewall, or the wrong host)"
     except ConnectionRefusedError:
         why = f"nothing listens on {host} port {port} (is the cluster up? `ray start --head` prints its address)"

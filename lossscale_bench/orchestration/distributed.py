@@ -55,7 +55,8 @@ import functools
 import os
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from ..engine.sink import Sink
 
@@ -68,9 +69,18 @@ COLLECTIVE_TIMEOUT_S = int(os.environ.get("LSBENCH_DIST_TIMEOUT_S", "1800"))
 
 
 from .placement import (  # noqa: E402,F401 - re-exported: the launcher and its tests use them from here
-    DEVICE_RESOURCE, DRIVER_CPUS, backend_of, devices_of, driver_bundle, infeasible, is_distributed,
-    placement_text, single_bundle, tune_concurrency, worker_bundles)
-
+    DEVICE_RESOURCE,
+    DRIVER_CPUS,
+    backend_of,
+    devices_of,
+    driver_bundle,
+    infeasible,
+    is_distributed,
+    placement_text,
+    single_bundle,
+    tune_concurrency,
+    worker_bundles,
+)
 
 # --------------------------------------------------------------------------- worker side
 
@@ -262,7 +272,7 @@ def _xla_replica(index: int, spec: dict, mq, ends) -> None:
 # --------------------------------------------------------------------------- Tune side
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _own_gpu_config_cls():
     """A TorchConfig whose backend does not share CUDA_VISIBLE_DEVICES across a node's workers."""
     from dataclasses import dataclass

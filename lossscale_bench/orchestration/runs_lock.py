@@ -22,10 +22,11 @@ import os
 import socket
 import sys
 import time
+from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from datetime import datetime
 from pathlib import Path
-from typing import IO, Iterator
+from typing import IO
 
 #: the lock file inside a runs folder
 LOCK_NAME = ".lsbench-run.lock"

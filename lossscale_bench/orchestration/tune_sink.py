@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from ..engine.sink import Sink
 

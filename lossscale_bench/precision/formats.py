@@ -14,8 +14,8 @@ flush to zero (round to nearest even).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Callable
 
 import torch
 

@@ -27,12 +27,11 @@ the scalers found no layer in a split model and silently scaled nothing.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from .formats import FloatFormat
 from ..numerics.fp8 import not_a_view
 from ..numerics.hadamard import hadamard_round
+from .formats import FloatFormat
 
 
 def supported(m: nn.Module) -> bool:

@@ -30,8 +30,8 @@ import string
 
 import pandas as pd
 
-from .stats import ALPHA, DEFAULT_MARGIN, compare_cells, decide, format_margin, format_p, holm
 from .cell_text import higher_is_better, metric_scale
+from .stats import ALPHA, DEFAULT_MARGIN, compare_cells, decide, format_margin, format_p, holm
 from .summary import TABLE_KEYS, table_labels
 
 __all__ = ["PAIR_COLUMNS", "RANK_COLUMNS", "compare_rows", "letter_groups"]

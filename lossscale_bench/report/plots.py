@@ -45,21 +45,20 @@ from .draw import (  # noqa: F401 - DPI, MAX_POINTS, MAX_STEPS, SMOOTH_MIN: re-e
     DPI,
     MAX_POINTS,
     MAX_STEPS,
-    rate_columns,
     SMOOTH_MIN,
     PlotError,
     Series,
-    has_values,
     curves_png,
+    has_values,
     label_colors,
     layer_heatmap_png,
     map_bars_png,
+    rate_columns,
     read_layers_csv,
     slug,
 )
-from .summary import latest_setting, load_runs, model_name, summarize
-
 from .draw import __all__ as _DRAW_ALL  # noqa: E402
+from .summary import latest_setting, load_runs, model_name, summarize
 
 # this module's own names, plus the drawing functions it re-exports
 __all__ = ["Plot", "metric_histories", "study_plots", "trial_plots", "run_plots", *_DRAW_ALL]

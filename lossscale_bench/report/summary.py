@@ -49,6 +49,7 @@ import math
 import pandas as pd
 
 from ..study.configs import describe, differing_fields, study_setting
+from .cell_text import NOT_VALUE, RUNNING_TEXT, format_cell, format_value, higher_is_better, is_map_metric, metric_scale  # noqa: F401 (re-exported)
 from .runs import (
     EMULATED_SUFFIX,
     MODEL_NAMES,
@@ -56,16 +57,14 @@ from .runs import (
     STATUSES,
     TAG,
     ReportError,
-    is_true,
-    isna,
-    to_int,
     derive_label,
     is_emulated,
+    is_true,
+    isna,
     load_runs,
     model_name,
+    to_int,
 )
-from .cell_text import (NOT_VALUE, RUNNING_TEXT, format_cell, format_value, higher_is_better,  # noqa: F401 (re-exported)
-                        is_map_metric, metric_scale)
 from .stats import ALPHA, DEFAULT_MARGIN, compare_cells, noise_verdict, paired_verdict
 
 __all__ = [

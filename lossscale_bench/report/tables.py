@@ -14,12 +14,10 @@ from collections.abc import Iterable
 
 import pandas as pd
 
-from .stats import MAX_SEEDS, format_margin
-from .cell_text import is_map_metric, metric_scale
-from .summary import (ALPHA, DEFAULT_MARGIN, EMULATED_SUFFIX, STATUSES, is_emulated, isna, model_name,
-                      table_labels)
-
 from ..study.precisions import PRECISION_SPECS
+from .cell_text import is_map_metric, metric_scale
+from .stats import MAX_SEEDS, format_margin
+from .summary import ALPHA, DEFAULT_MARGIN, EMULATED_SUFFIX, STATUSES, is_emulated, isna, model_name, table_labels
 
 __all__ = ["HEADERS", "VS_HEADER", "SEEDS_NOTE", "EMULATED_MARK", "EMULATION_NOTES", "TableStudy", "TOST_CI_NOTE",
            "P_BETTER_NOTE", "interval_text", "emulation_notes", "table_heading", "margin_text", "metric_description",

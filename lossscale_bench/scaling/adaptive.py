@@ -23,19 +23,32 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
 
 from ..precision.formats import FP16, FloatFormat
+
+# rule names this module does not use are re-exported: tests and callers import them from here
+from .adaptive_rule import (
+    U_MAX,
+    U_MIN,
+    approx_range_scale,
+    approx_range_scale_tensor,
+    backward_fan_in,
+    bound_scale_host,
+    bound_scale_tensor,
+    branch_target_scale,
+    output_scale_tensor,
+    unbounded_scale_host,
+    unbounded_scale_tensor,
+    underflow_k,
+)
+from .per_layer import PerLayerLossScaler
 from .per_layer.functions import LayerInfo, PointInfo, point_hook
 from .per_layer.iteration import Iteration
-# rule names this module does not use are re-exported: tests and callers import them from here
-from .adaptive_rule import (MIN_BRANCH_SCALE, U_MAX, U_MIN, approx_range_scale, approx_range_scale_tensor,
-                            backward_fan_in, bound_scale_host, bound_scale_tensor, branch_target_scale,
-                            output_scale_tensor, unbounded_scale_host, unbounded_scale_tensor, underflow_k)
-from .per_layer import PerLayerLossScaler
 
 __all__ = ["AdaptiveLossScaler", "approx_range_scale", "approx_range_scale_tensor", "unbounded_scale_tensor",
            "bound_scale_tensor", "branch_target_scale", "backward_fan_in", "output_scale_tensor",

@@ -56,9 +56,12 @@ import math
 
 import torch
 
-from ..precision.formats import FP16, FloatFormat
 from ..numerics.amax import max_abs, max_abs_value
-from .host_fp32 import f32 as _f32, floor_log2 as _floor_log2, fmin as _fmin, recip as _recip
+from ..precision.formats import FP16, FloatFormat
+from .host_fp32 import f32 as _f32
+from .host_fp32 import floor_log2 as _floor_log2
+from .host_fp32 import fmin as _fmin
+from .host_fp32 import recip as _recip
 
 __all__ = ["approx_range_scale", "approx_range_scale_tensor", "unbounded_scale_tensor", "bound_scale_tensor",
            "branch_target_scale", "backward_fan_in", "underflow_k", "output_scale_tensor", "U_MIN", "U_MAX",
@@ -76,7 +79,7 @@ MIN_BRANCH_SCALE = 0.125
 _F32 = torch.float32
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def underflow_k(n_uf_threshold: float) -> float:
     """``k = sqrt(2) * erfinv(T)``: with T = 1e-3, k ~= 1.2533e-3."""
     if not 0.0 < n_uf_threshold < 1.0:

@@ -51,10 +51,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..precision.formats import FP16, FloatFormat
 from ..numerics.amax import max_abs, max_abs_value
-from .host_fp32 import f32, floor_pow2_log2, recip
+from ..precision.formats import FP16, FloatFormat
 from .base import all_reduce_flag
+from .host_fp32 import f32, floor_pow2_log2, recip
 from .per_layer import LOSS_POINT, PointLossScaler
 
 __all__ = ["AmaxLossScaler", "scale_from_amax", "scale_from_amax_host", "RECIPES", "LOSS_POINT"]

@@ -8,10 +8,11 @@ The loop calls ``scale(loss).backward()``, then ``step(optimizer)``, then
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
-from dataclasses import dataclass
 import math
-from typing import Any, Callable, Iterable
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 

@@ -38,9 +38,9 @@ import torch
 from torch import nn
 
 from ..precision.formats import FP16, FloatFormat
-from .per_layer.graph import ROOT_SCALE_ID
 from .base import all_reduce_flag, unscale_group_
 from .per_layer import LOSS_POINT, PointLossScaler
+from .per_layer.graph import ROOT_SCALE_ID
 
 __all__ = ["LayerwiseDynamicLossScaler", "LOSS_POINT"]
 

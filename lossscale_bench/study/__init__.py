@@ -29,15 +29,37 @@ from __future__ import annotations
 # besides __all__, the names the single module this package replaced offered stay importable from
 # here: the registry's names (MODEL_VERSIONS is the very dict trial ids read), the concrete models
 # and the trial-id helpers
-from ..core.registry import (BACKEND_NAMES, DATASET_NAMES, DYNAMIC_STYLES, EVAL_METRICS, MODEL_NAMES, MODEL_VERSIONS,
-                        PRECISIONS, SCALING_METHODS, VOC_CLASSES)  # noqa: F401
+from ..core.registry import (
+    BACKEND_NAMES,  # noqa: F401
+    DATASET_NAMES,  # noqa: F401
+    DYNAMIC_STYLES,  # noqa: F401
+    EVAL_METRICS,  # noqa: F401
+    MODEL_NAMES,  # noqa: F401
+    MODEL_VERSIONS,  # noqa: F401
+    PRECISIONS,  # noqa: F401
+    SCALING_METHODS,  # noqa: F401
+    VOC_CLASSES,
+)
+
 try:
     from .errors import StudyError
-    from .grid import TRIAL_ID_VERSION, trial_identity, make_trial_id, trial_table  # noqa: F401
+    from .grid import TRIAL_ID_VERSION, make_trial_id, trial_identity, trial_table  # noqa: F401
     from .load import load_study, load_study_text
     from .methods import ResourcesOverride, ScalingEntry, default_label  # noqa: F401
-    from .schema import (DATASET_MODELS, COCODataset, DatasetSpec, DivergenceSpec, EvalSpec,  # noqa: F401
-                         ModelOptions, Resources, Schedule, Study, SyntheticDataset, VOC0712Dataset, VOCDataset)
+    from .schema import (  # noqa: F401
+        DATASET_MODELS,
+        COCODataset,
+        DatasetSpec,
+        DivergenceSpec,
+        EvalSpec,
+        ModelOptions,
+        Resources,
+        Schedule,
+        Study,
+        SyntheticDataset,
+        VOC0712Dataset,
+        VOCDataset,
+    )
     from .trial_config import TrialConfig
 except ImportError as _exc:
     # The schema needs pydantic; the plain tables (``precisions``) do not. The bare GPU machine that

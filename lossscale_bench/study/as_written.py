@@ -23,7 +23,7 @@ class AsWritten(str):
 
     parsed: Any
 
-    def __new__(cls, text: str, parsed: Any) -> "AsWritten":
+    def __new__(cls, text: str, parsed: Any) -> AsWritten:
         obj = super().__new__(cls, text)
         obj.parsed = parsed
         return obj

@@ -31,7 +31,6 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterable, Mapping
-from typing import Optional
 
 __all__ = ["CONFIG_TAG", "NOT_CONFIG_PARAMS", "PATH_PARAMS", "config_params", "params_config_id", "run_config_id",
            "study_setting", "setting_id", "differing_fields", "describe", "change_note"]
@@ -93,7 +92,7 @@ def describe(params: Mapping[str, str], fields: Iterable[str]) -> str:
     return ", ".join(f"{k} = {_short(str(params.get(k, NOT_RECORDED)))}" for k in fields)
 
 
-def change_note(study_name: str, current: Iterable, existing: Mapping[str, tuple[Mapping, Mapping]]) -> Optional[str]:
+def change_note(study_name: str, current: Iterable, existing: Mapping[str, tuple[Mapping, Mapping]]) -> str | None:
     """The line ``lsbench run`` prints when the store holds trials of an earlier version of the study.
 
     ``current``: the study's :class:`~.trial_config.TrialConfig` objects;

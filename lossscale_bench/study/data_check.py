@@ -24,9 +24,9 @@ from pathlib import Path
 
 from ..dataset_files.annotations import DROP_HINT, AnnotationError, Drops
 from ..dataset_files.coco_json import index_coco, load_coco_json
-from .errors import StudyError
-from ..dataset_files.voc_xml import parse_voc
 from ..dataset_files.voc_layout import annotation_file, image_candidates, side_ids, split_list, split_names, voc_sources
+from ..dataset_files.voc_xml import parse_voc
+from .errors import StudyError
 
 __all__ = ["data_problems"]
 

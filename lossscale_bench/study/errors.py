@@ -75,7 +75,7 @@ def fmt_num(x: float | int) -> str:
     return repr(x) if isinstance(x, float) else str(x)
 
 
-def field_error(problem: str, allowed: str | None = None) -> "PydanticCustomError":
+def field_error(problem: str, allowed: str | None = None) -> PydanticCustomError:
     """A field problem worded for the user; :func:`~.load._convert` shows it as it is."""
     ctx = {"problem": problem}
     if allowed:

@@ -13,13 +13,22 @@ as a string, and a number must not be given as ``true``.
 from __future__ import annotations
 
 import os
-from typing import Annotated, Any, Literal, Optional
+from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BeforeValidator, ConfigDict, Field, StrictBool, ValidationError, ValidationInfo, WrapValidator
+from pydantic import (
+    AfterValidator,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictBool,
+    ValidationError,
+    ValidationInfo,
+    WrapValidator,
+)
 
 from ..core.float_ranges import FP32
-from .as_written import AsWritten
 from ..core.wording import suggest
+from .as_written import AsWritten
 from .errors import field_error, fmt_num, show_value
 
 __all__ = ["DEFAULT_SOURCE", "NOT_BLANK", "STRICT", "as_list", "Bool", "choice_field", "ctx_base_dir",
@@ -111,7 +120,7 @@ def number_field(kind: str, *, gt=None, ge=None, lt=None, le=None, nullable: boo
                 problem = f"expected {expected}, got {show_value(orig)}"
             raise field_error(problem, allowed) from None
 
-    return Annotated[Optional[base] if nullable else base, WrapValidator(check)]  # type: ignore[valid-type]
+    return Annotated[base | None if nullable else base, WrapValidator(check)]  # type: ignore[valid-type]
 
 
 # --------------------------------------------------------------------------- choices, booleans, strings
@@ -173,8 +182,8 @@ def mapping_or_empty(v: Any):
 Bool = StrictBool
 #: a string with something in it (kept as written, not stripped)
 Str = Annotated[str, Field(strict=True, pattern=NOT_BLANK)]
-OptStr = Optional[Str]
-Label = Annotated[Optional[Str], AfterValidator(_one_spaced), BeforeValidator(_numbers_as_text)]
+OptStr = Str | None
+Label = Annotated[Str | None, AfterValidator(_one_spaced), BeforeValidator(_numbers_as_text)]
 PosInt = number_field("int", ge=1)
 NonNegInt = number_field("int", ge=0)
 PosFloat = number_field("float", gt=0)

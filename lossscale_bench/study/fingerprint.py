@@ -52,10 +52,18 @@ import hashlib
 import json
 import os
 import stat
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable, Optional
+from typing import Any
 
-from ..dataset_files.voc_layout import annotation_file, image_candidates, read_split_ids, split_list, split_names, voc_sources
+from ..dataset_files.voc_layout import (
+    annotation_file,
+    image_candidates,
+    read_split_ids,
+    split_list,
+    split_names,
+    voc_sources,
+)
 
 __all__ = ["MISSING", "data_fingerprint", "weights_fingerprint", "file_sha256", "voc_sources", "trial_fingerprint"]
 
@@ -68,7 +76,7 @@ _DIGEST_LEN = 16  # hex characters kept: 64 bits, plenty to tell data sets apart
 _FILE_CACHE: dict[tuple[str, int, int], str] = {}
 
 
-def file_sha256(path) -> Optional[str]:
+def file_sha256(path) -> str | None:
     """The file's sha256 (hex), or None when it is not a readable regular file; cached by (path, size, mtime)."""
     try:
         real = os.path.realpath(os.fspath(path))
@@ -112,7 +120,7 @@ def _digest(lines: Iterable[str]) -> str:
 # --------------------------------------------------------------------------- VOC
 
 
-def _content_digest(path: str) -> Optional[str]:
+def _content_digest(path: str) -> str | None:
     """sha256 (first 16 hex) of a small file's bytes, None when it is not a readable regular file.
 
     Not :func:`file_sha256`: its realpath and cache bookkeeping cost more than reading a 1 kB XML.

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import hashlib
 import re
-from typing import Any, Callable, Iterable, Optional
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from ..core import registry
 from .fingerprint import canonical_json, trial_fingerprint

@@ -32,19 +32,18 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import yaml
 from pydantic import ValidationError
 
 from ..core.registry import DATASET_NAMES, SCALING_METHODS
-from .as_written import TEXT_KEYS, AsWritten
 from ..core.wording import suggest
+from .as_written import TEXT_KEYS, AsWritten
 from .errors import ERROR_TYPE, StudyError, show_value
 from .fields import DEFAULT_SOURCE, NOT_BLANK
 from .methods import scaling_keys
-from .schema import SECTION_MODELS, DATASET_MODELS, Study
-
+from .schema import DATASET_MODELS, SECTION_MODELS, Study
 
 # --------------------------------------------------------------------------- YAML
 
@@ -188,7 +187,7 @@ def _str_keys(v: Any):
 # --------------------------------------------------------------------------- pydantic errors -> StudyError
 
 
-def _clean_loc(loc: tuple, raw: Any) -> tuple[list, Optional[tuple]]:
+def _clean_loc(loc: tuple, raw: Any) -> tuple[list, tuple | None]:
     """Drop pydantic's union tags and the index of scalar-wrapped lists; return (loc, tag model key)."""
     loc = list(loc)
     tag = None

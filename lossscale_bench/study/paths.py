@@ -26,11 +26,11 @@ from __future__ import annotations
 
 import os
 
-from .data_check import data_problems
-from .errors import StudyError
 from ..dataset_files.synthetic_cache import cache_problem
 from ..dataset_files.voc_layout import exists as _exists
 from ..dataset_files.voc_layout import required_paths
+from .data_check import data_problems
+from .errors import StudyError
 
 __all__ = ["path_problems", "check_paths"]
 

@@ -13,8 +13,6 @@ stay as they were.
 
 from __future__ import annotations
 
-from typing import Optional
-
 from pydantic import BaseModel, ValidationInfo, model_validator
 
 from ..core.registry import BACKEND_NAMES
@@ -30,10 +28,10 @@ class Resources(BaseModel):
     cpus_per_trial: PosFloat = 1.0  # type: ignore[valid-type]
     #: cuda only: torch.compile the backbone and heads (backends/cuda.py). Off by default and not
     #: in the trial id, as channels_last: the same training, other kernels
-    compile: Optional[Bool] = None
+    compile: Bool | None = None
     #: cpu only, study-wide: pin torch's, oneDNN's and MKL's CPU kernels at AVX2 (core/portable.py); in
     #: the trial id when true
-    repeatable: Optional[Bool] = None
+    repeatable: Bool | None = None
 
     @model_validator(mode="after")
     def _backend_options(self, info: ValidationInfo):

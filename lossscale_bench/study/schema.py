@@ -8,22 +8,52 @@ trial ids and labels are in :mod:`.grid`; YAML and error wording in :mod:`.load`
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Literal, Optional, Union
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, ValidationInfo, field_validator, \
-    model_serializer, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Discriminator,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
-from ..core.registry import (BACKEND_NAMES, DATASET_NAMES, EQUIVALENCE_MARGIN_RANGE, EVAL_METRICS, MODEL_NAMES,
-                             PRECISIONS, VOC_CLASSES)
+from ..core.registry import (
+    DATASET_NAMES,
+    EQUIVALENCE_MARGIN_RANGE,
+    EVAL_METRICS,
+    MODEL_NAMES,
+    PRECISIONS,
+    VOC_CLASSES,
+)
 from ..dataset_files.annotations import BAD_ANNOTATIONS
 from .as_written import AsWritten
-from .errors import StudyError, field_error, fmt_num, show_value
-from .fields import (DEFAULT_SOURCE, STRICT, Bool, Label, ListOf, NonNegInt, OptStr, PosFloat, PosInt, Str,
-                     as_list, choice_field, ctx_base_dir, ctx_source, mapping_or_empty, number_field, resolve_path)
 from .entry_checks import check_grad_rounding, check_method_options, unique_labels
+from .errors import StudyError, field_error, fmt_num, show_value
+from .fields import (
+    DEFAULT_SOURCE,
+    STRICT,
+    Bool,
+    ListOf,
+    NonNegInt,
+    OptStr,
+    PosFloat,
+    PosInt,
+    Str,
+    as_list,
+    choice_field,
+    ctx_base_dir,
+    ctx_source,
+    mapping_or_empty,
+    number_field,
+    resolve_path,
+)
 from .grid import expand
-from .methods import ScalingEntry, default_label
-from .precisions import EMULATED_PRECISIONS, FP8_GRAD_PRECISIONS, PRECISION_SPECS, precision_option_problems
+from .methods import ScalingEntry
 from .resources import Resources, check_repeatable
 from .seed_plan import SeedPlan, split_seed_plan
 from .seed_streams import SeedStreams
@@ -122,7 +152,7 @@ DATASET_MODELS: dict[str, type[_DatasetBase]] = {
 assert tuple(DATASET_MODELS) == tuple(DATASET_NAMES)
 
 DatasetSpec = Annotated[
-    Union[SyntheticDataset, VOCDataset, VOC0712Dataset, COCODataset],
+    SyntheticDataset | VOCDataset | VOC0712Dataset | COCODataset,
     Discriminator("name"),
 ]
 
@@ -192,12 +222,12 @@ class ModelOptions(BaseModel):
     image_size: number_field("int", ge=32, nullable=True) = None  # type: ignore[valid-type]
     width: number_field("int", ge=4, nullable=True) = None  # type: ignore[valid-type]
     #: ssd_tiny only: BatchNorm after each backbone conv (the model's default: true)
-    batch_norm: Optional[Bool] = None
+    batch_norm: Bool | None = None
     backbone_weights: OptStr = None
     #: true: the batched multibox loss (models/multibox_loss.py), false: torchvision's per-image loop.
     #: Equal within float tolerance, not bitwise, so which one ran is in the trial id. Not given: the
     #: batched loss on accelerators, torchvision's on the CPU backend (grid.default_batched_loss).
-    batched_loss: Optional[Bool] = None
+    batched_loss: Bool | None = None
 
     @field_validator("backbone_weights", mode="after")
     @classmethod
@@ -319,7 +349,7 @@ class Study(BaseModel):
     #: which random streams follow the seed (SeedStreams); part of the id only where not the default
     seed_streams: _section(SeedStreams) = Field(default_factory=SeedStreams)  # type: ignore[valid-type]
     #: ``seeds`` in plan form (:mod:`.seed_plan`): seeds added until decided; None for the list form
-    seed_plan: Optional[SeedPlan] = None
+    seed_plan: SeedPlan | None = None
     #: the file it came from; set by the loader, not a key of the YAML schema
     source: str = DEFAULT_SOURCE
 

@@ -6,7 +6,7 @@ reads :class:`SeedStreams` as one of its sections.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator
 
@@ -23,7 +23,7 @@ def _stream_seed(v: Any):
     raise field_error(f"{show_value(v)} is not a seed", "'trial' (the trial's seed) or an integer 0 to 4294967295")
 
 
-StreamSeed = Annotated[Union[Literal["trial"], int, None], BeforeValidator(_stream_seed)]
+StreamSeed = Annotated[Literal["trial"] | int | None, BeforeValidator(_stream_seed)]
 
 
 class SeedStreams(BaseModel):

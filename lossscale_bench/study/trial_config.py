@@ -7,11 +7,11 @@ worker, so it holds plain dicts, not the study's section models.
 from __future__ import annotations
 
 import json
-from typing import Any, Union
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from .grid import trial_identity, config_id
+from .grid import config_id, trial_identity
 
 
 class TrialConfig(BaseModel):
@@ -45,7 +45,7 @@ class TrialConfig(BaseModel):
     fingerprint: dict[str, str] = {}
     #: random streams set otherwise than the default (``{"init": 0}``, ``{"val": "trial"}``:
     #: schema.SeedStreams); empty by default, and then not in the id
-    seed_streams: dict[str, Union[int, str]] = {}
+    seed_streams: dict[str, int | str] = {}
 
     def __hash__(self) -> int:  # dict fields are unhashable; the id identifies the trial
         return hash((self.study, self.trial_id))
@@ -54,7 +54,7 @@ class TrialConfig(BaseModel):
         return json.loads(json.dumps(self.model_dump(mode="json")))
 
     @classmethod
-    def from_dict(cls, d: dict) -> "TrialConfig":
+    def from_dict(cls, d: dict) -> TrialConfig:
         return cls.model_validate(d)
 
     def identity(self) -> dict:

@@ -36,7 +36,8 @@ Pure rules, no MLflow import: the writes are ``tracker``'s (the only MLflow writ
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 #: tags that describe one attempt of a trial: a continued run drops them before its next attempt
 #: (``lsbench.error`` is first kept as ``lsbench.previous_error``)

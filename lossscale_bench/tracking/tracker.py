@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from .run_status import base_run_name
 from .store import open_store, relative_artifact_location, sqlite_path, store_error

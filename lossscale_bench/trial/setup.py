@@ -6,9 +6,10 @@ scaler, telemetry, optimizer and schedule, and the evaluator. Nothing here train
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -33,7 +34,9 @@ class TrialParts:
 
 def make_evaluator(metric: str, model, val_ds, backend, precision, max_images=None):
     """Return a zero-argument function computing ``{"map", "map_50"}`` on the validation set."""
-    autocast = (lambda: backend.autocast(precision.autocast_dtype))
+    def autocast():
+        return backend.autocast(precision.autocast_dtype)
+
     if metric == "coco":
         from ..evaluation.coco import evaluate_coco
 
@@ -71,9 +74,9 @@ def build_parts(cfg, sink: Sink, trial_dir: Path, threads, rank: int = 0) -> Tri
     from ..engine.schedule import build_optimizer, build_scheduler
     from ..models import build_model
     from ..precision import get_precision
-    from ..study.precisions import PRECISION_OPTIONS
-    from ..scaling import build_scaler
     from ..precision.telemetry import LayerHistory, UnderflowProbe
+    from ..scaling import build_scaler
+    from ..study.precisions import PRECISION_OPTIONS
 
     backend = seeded_backend(cfg, threads)
     opts = dict(cfg.model_options)

@@ -12,16 +12,15 @@ import sys
 import xml.etree.ElementTree as ET
 
 import pytest
-from helpers import coco_from_synthetic, tiny_data_study
 
+from helpers import coco_from_synthetic, tiny_data_study
 from lossscale_bench.cli import main
 from lossscale_bench.data import build_datasets
 from lossscale_bench.data.voc import VOCDetection, make_tiny_voc
+from lossscale_bench.dataset_files.annotations import AnnotationError
 from lossscale_bench.engine.sink import MemorySink
 from lossscale_bench.study import load_study_text
-from lossscale_bench.dataset_files.annotations import AnnotationError
 from lossscale_bench.trial import run_trial
-
 
 
 def _study_file(tmp_path, dataset: str, eval_: str = "{metric: voc07}") -> str:

@@ -9,8 +9,15 @@ import pytest
 import torch
 from PIL import Image
 
-from lossscale_bench.data import (CocoDetection, DataNotFound, build_datasets, collate, fake_coco, infinite_batches,
-                                  make_loader)
+from lossscale_bench.data import (
+    CocoDetection,
+    DataNotFound,
+    build_datasets,
+    collate,
+    fake_coco,
+    infinite_batches,
+    make_loader,
+)
 from lossscale_bench.data.synthetic import CLASSES
 
 W, H = 40, 30
@@ -46,12 +53,12 @@ def test_label_mapping_round_trip(tiny_coco):
     ds = CocoDetection(*tiny_coco, train=False)
     assert ds.label_to_cat == {1: 3, 2: 7, 3: 11}
     assert ds.class_names == ["a", "b", "c"] and ds.num_classes == 3
-    assert all(ds.cat_to_label[ds.label_to_cat[l]] == l for l in ds.label_to_cat)
+    assert all(ds.cat_to_label[ds.label_to_cat[lab]] == lab for lab in ds.label_to_cat)
     image, target = ds[0]
-    assert image.shape == (3, H, W) and image.dtype == torch.float32 and 0 <= image.min() and image.max() <= 1
+    assert image.shape == (3, H, W) and image.dtype == torch.float32 and image.min() >= 0 and image.max() <= 1
     assert target["image_id"] == 10
     assert target["labels"].dtype == torch.int64 and target["boxes"].dtype == torch.float32
-    assert [ds.label_to_cat[int(l)] for l in target["labels"]] == [7, 11]
+    assert [ds.label_to_cat[int(lab)] for lab in target["labels"]] == [7, 11]
     assert torch.equal(target["boxes"], torch.tensor([[2., 3., 12., 11.], [20., 5., 35., 25.]]))
     # the pycocotools object is there for evaluation and maps back to the same categories
     assert sorted(ds.coco.getCatIds()) == [3, 7, 11]
@@ -144,7 +151,7 @@ def test_build_datasets_synthetic(tmp_path):
     assert names == list(CLASSES)
     assert len(train) == 8 and len(val) == 3 and train.hflip and not val.hflip
     img, t = train[0]
-    assert img.shape == (3, 64, 64) and len(t["labels"]) >= 1 and 1 <= int(t["labels"].min())
+    assert img.shape == (3, 64, 64) and len(t["labels"]) >= 1 and int(t["labels"].min()) >= 1
 
 
 def test_fake_coco():
@@ -207,7 +214,7 @@ def test_make_loader_is_deterministic(small_synth):
 def test_infinite_batches_resume(small_synth):
     def take(start, n):
         out = []
-        for step, images, targets in infinite_batches(small_synth, 3, seed=7, start_step=start):
+        for step, _images, targets in infinite_batches(small_synth, 3, seed=7, start_step=start):
             out.append((step, [int(t["image_id"]) for t in targets], [t["boxes"] for t in targets]))
             if len(out) == n:
                 return out
@@ -241,7 +248,6 @@ def test_coco2017_training_split_is_augmented(tmp_path):
     import json
 
     from helpers import coco_from_synthetic
-
     from lossscale_bench.data import build_datasets, infinite_batches
     from lossscale_bench.data.augment import AugmentedDataset
 

@@ -9,8 +9,8 @@ often as the others. Refused in one list, and across lists a split joins with ``
 from __future__ import annotations
 
 import pytest
-from helpers import lsbench, tiny_data_study
 
+from helpers import lsbench, tiny_data_study
 from lossscale_bench.data.voc import VOCDetection, make_tiny_voc
 from lossscale_bench.dataset_files.annotations import AnnotationError
 from lossscale_bench.dataset_files.voc_layout import read_split_ids

@@ -5,7 +5,6 @@ started); a byte-order mark at the start of a list is not part of the first id."
 from __future__ import annotations
 
 from helpers import lsbench, tiny_data_study
-
 from lossscale_bench.data.voc import make_tiny_voc
 from lossscale_bench.dataset_files.voc_layout import read_split_ids
 

@@ -8,14 +8,14 @@ import json
 
 import pytest
 import torch
+from test_scale_collapse import _AlwaysOverflows, _batches
 
 from helpers import lsbench, write_study
 from lossscale_bench.backends import get_backend
 from lossscale_bench.engine import DivergenceHook, MetricsHook, Trainer, TrialDiverged
+from lossscale_bench.engine.sink import MemorySink
 from lossscale_bench.precision import get_precision
 from lossscale_bench.scaling import build_scaler
-from lossscale_bench.engine.sink import MemorySink
-from test_scale_collapse import _AlwaysOverflows, _batches
 
 
 def test_a_run_whose_every_step_was_skipped_is_diverged_through_the_cli(tmp_path):

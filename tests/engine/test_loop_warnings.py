@@ -6,7 +6,6 @@ from __future__ import annotations
 import warnings
 
 from helpers import study_yaml
-
 from lossscale_bench.engine.sink import MemorySink
 from lossscale_bench.study import load_study_text
 from lossscale_bench.trial import run_trial

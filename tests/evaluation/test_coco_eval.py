@@ -79,6 +79,7 @@ class _OracleModel(nn.Module):
 def test_evaluate_coco_maps_labels_back_to_category_ids(tmp_path):
     """Sparse COCO category ids: a perfect model must score 1.0 only if labels are mapped back."""
     import json
+
     import numpy as np
     from PIL import Image
 

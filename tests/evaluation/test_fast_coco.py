@@ -310,8 +310,8 @@ def test_untrained_ssd_output(val_ds):
     for target, out in predictions(model, val_ds, batch_size=16, max_images=24):
         boxes = out["boxes"].float()
         xywh = torch.cat([boxes[:, :2], boxes[:, 2:] - boxes[:, :2]], dim=1).tolist()
-        for b, l, s in zip(xywh, out["labels"].tolist(), out["scores"].float().tolist()):
-            cat = val_ds.label_to_cat.get(int(l))
+        for b, lab, s in zip(xywh, out["labels"].tolist(), out["scores"].float().tolist()):
+            cat = val_ds.label_to_cat.get(int(lab))
             if cat is not None:
                 dets.append({"image_id": int(target["image_id"]), "category_id": cat, "bbox": b, "score": s})
     assert len(dets) > 24 * 50

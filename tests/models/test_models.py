@@ -9,10 +9,16 @@ import pytest
 import torch
 from torchvision.models import resnet34
 
-from lossscale_bench.models import BUILDERS, build_model
-from lossscale_bench.models.ssd import (CHAINERCV_SSD300, CHAINERCV_SSD512, DBOXES300_COCO, WeightsError,
-                                        _VGG16Features, load_backbone_weights)
 from lossscale_bench.core.registry import MODEL_NAMES
+from lossscale_bench.models import BUILDERS, build_model
+from lossscale_bench.models.ssd import (
+    CHAINERCV_SSD300,
+    CHAINERCV_SSD512,
+    DBOXES300_COCO,
+    WeightsError,
+    _VGG16Features,
+    load_backbone_weights,
+)
 
 
 def _chainercv_default_boxes(cfg, grids):

@@ -4,7 +4,7 @@ meet: signed zeros, subnormals, inf, NaN, layouts the loop takes and those it le
 import pytest
 import torch
 
-from lossscale_bench.numerics import native, amax
+from lossscale_bench.numerics import amax, native
 from lossscale_bench.numerics.lazy_compile import same_values
 
 pytestmark = pytest.mark.skipif(native.library() is None, reason=f"no C kernel here: {native.failure()}")

@@ -10,9 +10,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lossscale_bench.numerics import native, hadamard
-from lossscale_bench.numerics.lazy_compile import same_values
+from lossscale_bench.numerics import hadamard, native
 from lossscale_bench.numerics.hadamard import H16, NativeHadamard, hadamard_round, products
+from lossscale_bench.numerics.lazy_compile import same_values
 
 #: a matrix without the random Hadamard transform's sign structure: the C loop's plain path
 OTHER = torch.linspace(-1.5, 2.0, 256).reshape(16, 16).contiguous()

@@ -13,7 +13,7 @@ import warnings
 import pytest
 import torch
 
-from lossscale_bench.numerics import native, fp8
+from lossscale_bench.numerics import fp8, native
 from lossscale_bench.numerics.lazy_compile import same_values
 
 pytestmark = pytest.mark.skipif(native.library() is None, reason=f"no C kernel here: {native.failure()}")

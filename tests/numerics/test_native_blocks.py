@@ -13,7 +13,8 @@ import warnings
 import pytest
 import torch
 
-from lossscale_bench.numerics import native, block_scaling as bs, fp4
+from lossscale_bench.numerics import block_scaling as bs
+from lossscale_bench.numerics import fp4, native
 from lossscale_bench.numerics.fp8 import E5M2
 from lossscale_bench.numerics.lazy_compile import same_values
 

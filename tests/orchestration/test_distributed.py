@@ -153,8 +153,8 @@ def test_two_worker_trial_matches_one_worker_and_logs_one_run(tmp_path):
     import ray
     from mlflow.tracking import MlflowClient
 
-    from lossscale_bench.study import load_study_text
     from lossscale_bench.orchestration.study_runner import run_study
+    from lossscale_bench.study import load_study_text
 
     runs = tmp_path / "runs"
     # address="local": a Ray of its own. Without an address ray.init() joins the head of a ray.cluster_utils
@@ -172,7 +172,7 @@ def test_two_worker_trial_matches_one_worker_and_logs_one_run(tmp_path):
                                          executor="local" if devices == 1 else "ray")
     finally:
         ray.shutdown()
-    for devices, res in results.items():
+    for res in results.values():
         assert res.counts()["finished"] == 1, res.outcomes
 
     client = MlflowClient(tracking_uri=f"sqlite:///{runs / 'mlflow.db'}")

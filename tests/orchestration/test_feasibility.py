@@ -17,9 +17,9 @@ import time
 import pytest
 
 from helpers import study_yaml
+from lossscale_bench.orchestration.cluster import ClusterUnavailable, Infeasible, check_feasible, probe_address
 from lossscale_bench.orchestration.placement import cluster_text, trial_bundles, unplaceable
 from lossscale_bench.study import load_study_text
-from lossscale_bench.orchestration.cluster import ClusterUnavailable, Infeasible, check_feasible, probe_address
 
 CLI = [sys.executable, "-m", "lossscale_bench.cli"]
 LAPTOP = [{"CPU": 2.0, "memory": 8e9}]

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from helpers import study_yaml
 
 ROWS = [f"{{method: fixed, scale: 1024, precision: e4m3fwd-{g}grad-emulated, label: {g}}}"

@@ -6,7 +6,6 @@ from __future__ import annotations
 import io
 
 from helpers import write_study
-
 from lossscale_bench.orchestration import run_study
 from lossscale_bench.report.runs import load_runs
 from lossscale_bench.study import load_study

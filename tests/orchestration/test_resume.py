@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from helpers import study_yaml
 
 #: two trials long enough to be interrupted mid-run (the base study of tests/helpers.py otherwise)

@@ -15,8 +15,8 @@ import textwrap
 import time
 
 import pytest
-from helpers import lsbench, write_study
 
+from helpers import lsbench, write_study
 from lossscale_bench.orchestration.runs_lock import LOCK_NAME, RunsFolderBusy, lock_paths, runs_lock
 
 HOLD = textwrap.dedent("""\
@@ -42,9 +42,8 @@ def test_second_holder_is_refused_naming_the_first(tmp_path):
     runs = tmp_path / "runs"
     holder = _hold(runs)
     try:
-        with pytest.raises(RunsFolderBusy) as err:
-            with runs_lock(runs, None, "mine"):
-                pass
+        with pytest.raises(RunsFolderBusy) as err, runs_lock(runs, None, "mine"):
+            pass
         msg = str(err.value)
         assert str(runs) in msg and "'holder-study'" in msg and f"pid {holder.pid}" in msg and "--wait" in msg
     finally:

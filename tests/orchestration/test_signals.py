@@ -16,7 +16,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from test_resume import STUDY, _checkpoints, _cmd
 
 CLI = [sys.executable, "-m", "lossscale_bench.cli"]

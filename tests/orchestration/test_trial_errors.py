@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from helpers import library_lines, lsbench, study_yaml
 
 #: the template study of the trust round: two rows, short

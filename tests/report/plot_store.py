@@ -102,7 +102,7 @@ def fill(root: Path) -> str:
         parent = client.create_run(exp, tags={"lsbench.role": "study", "lsbench.study": study}).info.run_id
 
         def T(**kw):
-            return _trial(client, exp, parent, study, tmp / study, **kw)
+            return _trial(client, exp, parent, study, tmp / study, **kw)  # noqa: B023 - called in this iteration only
 
         if study == OTHER:
             T(trial_id="o0", row=0, label="adaptive", status="finished", seed=0, method="adaptive",

@@ -12,10 +12,10 @@ import math
 
 import pandas as pd
 import pytest
-from helpers import lsbench
 from test_report import _add_trial
 from test_stats import ADAPTIVE, FP32, X128
 
+from helpers import lsbench
 from lossscale_bench.report import ReportError, compare_rows, letter_groups, render_compare, summarize, write_report
 
 
@@ -154,7 +154,7 @@ def test_compare_in_every_format():
     summary = summarize(_runs({"FP32": FP32, "x128": X128, "adaptive": ADAPTIVE}), values=True)
     md = render_compare(summary, "markdown", "final_map", 1.0).splitlines()
     assert md[0] == "## s: pairwise comparisons and ranking" and "### s: SSD-tiny batch 8" in md
-    i = md.index("### s: SSD-tiny batch 8")
+    md.index("### s: SSD-tiny batch 8")
     table = [[c.strip() for c in x.split("|")[1:-1]] for x in md if x.startswith("|")]
     assert table[0] == ["A", "B", "Δ A − B [95% CI]", "P(A > B) [95%]", "Verdict"]
     # equivalent: the 90% interval TOST decided on (test_stats.py), and 0 wins in 3: [0, 0.71]

@@ -11,8 +11,7 @@ import pandas as pd
 import pytest
 from plot_store import FIELDS, LAYERS, OTHER, STUDY, png_size, shared_store, write_layers_csv
 
-from lossscale_bench.report import plots
-from lossscale_bench.report import ReportError, load_runs, render, summarize, write_report
+from lossscale_bench.report import ReportError, load_runs, plots, render, summarize, write_report
 
 
 @pytest.fixture(scope="module")

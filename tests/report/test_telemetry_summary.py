@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from helpers import lsbench, study_yaml
 
+from helpers import lsbench, study_yaml
 from lossscale_bench.orchestration import run_study
 from lossscale_bench.report.telemetry_summary import TELEMETRY_COLUMNS, render_telemetry_markdown, telemetry_rows
 from lossscale_bench.study import load_study_text

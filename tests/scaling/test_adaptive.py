@@ -19,15 +19,27 @@ from torch import nn
 from helpers import random_detection_batch
 from lossscale_bench.models import build_model
 from lossscale_bench.precision import install_fp16_emulation, round_fp16
-from lossscale_bench.scaling.per_layer import functions as per_layer_functions
 from lossscale_bench.scaling import build_scaler
-from lossscale_bench.scaling.adaptive import (U_MAX, U_MIN, AdaptiveLossScaler, approx_range_scale,
-                                              approx_range_scale_tensor, backward_fan_in, branch_target_scale,
-                                              underflow_k, unbounded_scale_tensor)
-from lossscale_bench.scaling.adaptive_rule import (bound_scale_host, bound_scale_tensor, branch_fallback_scale_host,
-                                                   branch_target_scale_host,
-                                                   unbounded_scale_host)
+from lossscale_bench.scaling.adaptive import (
+    U_MAX,
+    U_MIN,
+    AdaptiveLossScaler,
+    approx_range_scale,
+    approx_range_scale_tensor,
+    backward_fan_in,
+    branch_target_scale,
+    unbounded_scale_tensor,
+    underflow_k,
+)
+from lossscale_bench.scaling.adaptive_rule import (
+    bound_scale_host,
+    bound_scale_tensor,
+    branch_fallback_scale_host,
+    branch_target_scale_host,
+    unbounded_scale_host,
+)
 from lossscale_bench.scaling.fixed import FixedLossScaler
+from lossscale_bench.scaling.per_layer import functions as per_layer_functions
 
 K = math.sqrt(2.0) * float(torch.special.erfinv(torch.tensor(1e-3, dtype=torch.float64)))
 
@@ -462,10 +474,7 @@ def _all_hook_dicts_empty(model: nn.Module) -> bool:
                 return False
         if "forward" in m.__dict__:
             return False
-    for p in model.parameters():
-        if p._backward_hooks or getattr(p, "_post_accumulate_grad_hooks", None):
-            return False
-    return True
+    return all(not (p._backward_hooks or getattr(p, "_post_accumulate_grad_hooks", None)) for p in model.parameters())
 
 
 def test_remove_restores_the_model():
@@ -641,7 +650,7 @@ def test_gradient_accumulation_and_unscale_in_backward():
         model = copy.deepcopy(base)
         rng = random.Random(1)
         scaler = AdaptiveLossScaler(model, init_scale=4.0, unscale_in_backward=unscale_in_backward,
-                                    scale_fn=lambda *a: 2.0 ** rng.randint(-2, 5))
+                                    scale_fn=lambda *a: 2.0 ** rng.randint(-2, 5))  # noqa: B023
         for imgs, tgs in batches:
             scaler.scale(_loss(model, imgs, tgs)).backward()
         if unscale_in_backward:  # already true gradients in .grad

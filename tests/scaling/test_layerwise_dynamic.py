@@ -21,7 +21,6 @@ from lossscale_bench.scaling import build_scaler
 from lossscale_bench.scaling.layerwise_dynamic import LOSS_POINT, LayerwiseDynamicLossScaler
 
 
-
 def _through_checkpoint(state):
     """What trial.py does with a scaler's state: torch.save, then torch.load(weights_only=True)."""
     import io

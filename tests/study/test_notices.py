@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from helpers import study_yaml
-
 from lossscale_bench.study import load_study_text
 
 

@@ -77,7 +77,7 @@ def test_lsbench_validate_refuses_each_out_of_range_scale_in_one_line(tmp_path):
     assert "Traceback" not in r.stderr and " ok " not in r.stdout
     lines = r.stderr.strip().splitlines()
     assert len(lines) == len(REFUSED), r.stderr
-    for f, line, (entry, precision, field, problem, allowed) in zip(files, lines, REFUSED):
+    for f, line, (entry, _precision, field, problem, allowed) in zip(files, lines, REFUSED):
         assert line.startswith(f"lsbench: error: {f}: scaling[0].{field}: "), (entry, line)
         assert problem in line and line.endswith(f"; allowed: {allowed}"), (entry, line)
 

@@ -4,8 +4,8 @@ labels that print alike are one label, and a name too long for a folder is refus
 from __future__ import annotations
 
 import pytest
-from helpers import study_yaml
 
+from helpers import study_yaml
 from lossscale_bench.study import StudyError, load_study_text
 
 

@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
-from helpers import study_yaml
 
+from helpers import study_yaml
 from lossscale_bench.cli import main
 
 ITERATIONS, EVAL_EVERY, CRASH_AT = 40, 20, 30  # the checkpoint follows the evaluation: step 20

@@ -24,9 +24,9 @@ import time
 import pytest
 
 from helpers import study_yaml
-from lossscale_bench.tracking.run_status import VIEW_COLUMNS, VIEW_TAG, view_url
-from lossscale_bench.study import load_study_text
 from lossscale_bench.orchestration.study_runner import run_study, study_dir
+from lossscale_bench.study import load_study_text
+from lossscale_bench.tracking.run_status import VIEW_COLUMNS, VIEW_TAG, view_url
 
 STUDY = study_yaml(name="status", precision="fp16-emulated", scaling=[
     "{method: fixed, scale: 128}",

@@ -22,6 +22,7 @@ import pytest
 
 from helpers import AS_USER, lsbench, study_yaml
 
+
 def _study(name: str) -> str:
     return study_yaml(name=name, schedule={"iterations": 4, "lr": 0.01, "warmup_iterations": 2})
 
@@ -130,8 +131,7 @@ def test_damaged_store_is_one_line_and_left_as_it_is(study_store, tmp_path, dama
 
 def test_large_store_skips_the_full_check_and_still_names_damage(study_store, tmp_path, monkeypatch):
     """Over QUICK_CHECK_MAX_BYTES the page-by-page check is skipped; MLflow's own error is then named."""
-    from lossscale_bench.tracking import store
-    from lossscale_bench.tracking import StoreError, Tracker
+    from lossscale_bench.tracking import StoreError, Tracker, store
 
     runs = _copy(study_store, tmp_path / "runs")
     db = runs / "mlflow.db"
@@ -230,9 +230,8 @@ def test_trial_on_a_full_disk_says_disk_full(tmp_path):
     from lossscale_bench.study import load_study_text
     from lossscale_bench.trial import failure_text, run_trial
 
-    with pytest.raises(OSError) as info:
-        with open("/dev/full", "w") as fh:
-            fh.write("x")
+    with pytest.raises(OSError) as info, open("/dev/full", "w") as fh:
+        fh.write("x")
     assert failure_text(info.value).startswith("disk full: OSError: [Errno 28]")
 
     cfg = load_study_text(_study("full")).trials()[0]

@@ -31,6 +31,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+
 from helpers import lsbench, study_yaml
 
 

@@ -10,12 +10,6 @@ MXFP4), and through the CLI after Ctrl-C (local executor) and after kill -9 of t
 from __future__ import annotations
 
 import hashlib
-import os
-import signal
-import subprocess
-import sys
-import time
-from pathlib import Path
 
 import pytest
 

@@ -10,9 +10,9 @@ from torch import nn
 from lossscale_bench.backends import get_backend
 from lossscale_bench.engine import EvalHook, Trainer
 from lossscale_bench.engine.schedule import build_optimizer, build_scheduler
+from lossscale_bench.engine.sink import MemorySink
 from lossscale_bench.precision import get_precision
 from lossscale_bench.scaling import build_scaler
-from lossscale_bench.engine.sink import MemorySink
 from lossscale_bench.trial import CheckpointError
 from lossscale_bench.trial.checkpoint import capture, resume
 

@@ -14,16 +14,28 @@ import math
 
 import pandas as pd
 
+from ..cell_text import higher_is_better, metric_scale
 from ..compare import PAIR_COLUMNS, RANK_COLUMNS, compare_rows
 from ..metric_names import value_header
 from ..stats import ALPHA, format_margin
-from ..cell_text import higher_is_better, metric_scale
 from ..summary import is_emulated
-from ..tables import (EMULATED_MARK, P_BETTER_NOTE, TOST_CI_NOTE, TableStudy, column_text, emulation_notes,
-                      interval_text, margin_text, metric_description, needs_text, p_better_text, table_heading)
+from ..tables import (
+    EMULATED_MARK,
+    P_BETTER_NOTE,
+    TOST_CI_NOTE,
+    TableStudy,
+    column_text,
+    emulation_notes,
+    interval_text,
+    margin_text,
+    metric_description,
+    needs_text,
+    p_better_text,
+    table_heading,
+)
 from .csv import PERCENT_COLUMNS, to_csv
 from .html import HTML_STYLE, md_inline_to_html
-from .latex import md_inline_to_latex, latex_escape
+from .latex import latex_escape, md_inline_to_latex
 from .markdown import md_table, md_text
 
 __all__ = ["render_compare"]

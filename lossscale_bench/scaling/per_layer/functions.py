@@ -281,7 +281,7 @@ _PLAIN_NODE_TYPES: set[type] = set()
 
 
 #: module -> LayerInfo of the scaler attached to it (a copied module is not in here: it runs unpatched)
-ATTACHED: "weakref.WeakKeyDictionary[nn.Module, LayerInfo]" = weakref.WeakKeyDictionary()
+ATTACHED: weakref.WeakKeyDictionary[nn.Module, LayerInfo] = weakref.WeakKeyDictionary()
 
 
 class PatchedForward:

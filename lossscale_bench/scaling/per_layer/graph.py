@@ -22,8 +22,9 @@ drops it (the plan holds graph nodes; keeping it would keep the graph alive).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 #: scale source of the gradient the loss starts with (``init_scale``)
 ROOT_SCALE_ID = 0

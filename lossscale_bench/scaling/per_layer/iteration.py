@@ -20,7 +20,7 @@ import torch
 from ...numerics.amax import max_abs as tensor_max_abs
 from ...numerics.amax import max_abs_value
 from ..adaptive_rule import branch_fallback_scale_host, branch_target_scale, branch_target_scale_host
-from .functions import ATTACHED, SCALING_NODE_TYPES, input_grad_weight, LayerInfo
+from .functions import ATTACHED, SCALING_NODE_TYPES, LayerInfo, input_grad_weight
 from .graph import ROOT_SCALE_ID, GraphPlan
 
 __all__ = ["Iteration"]

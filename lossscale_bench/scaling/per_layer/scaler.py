@@ -36,12 +36,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from ...precision.formats import FP16, FloatFormat
 from ...core.registry import LAYER_SCALE_SUFFIX
-from .graph import ROOT_SCALE_ID, analyse
-from .functions import ATTACHED, LayerInfo, PatchedForward, is_ours, is_scaling_node
-from .iteration import Iteration
+from ...precision.formats import FP16, FloatFormat
 from ..base import LossScaler, all_reduce_flag, unscale_group_
+from .functions import ATTACHED, LayerInfo, PatchedForward, is_ours, is_scaling_node
+from .graph import ROOT_SCALE_ID, analyse
+from .iteration import Iteration
 
 __all__ = ["PerLayerLossScaler", "PointLossScaler", "LOSS_POINT"]
 

@@ -24,7 +24,7 @@ from .base import COMMON_KEYS, Fail, MethodEntry, ResourcesOverride
 ENTRIES: dict[str, type[MethodEntry]] = {m: import_module(f".{m}", __name__).ENTRY for m in SCALING_METHODS}
 
 #: one ``scaling:`` entry, told apart by ``method``
-ScalingEntry = Annotated[Union[tuple(ENTRIES.values())], Discriminator("method")]  # type: ignore[valid-type]
+ScalingEntry = Annotated[Union[tuple(ENTRIES.values())], Discriminator("method")]  # type: ignore[valid-type]  # noqa: UP007 (a tuple of types: only Union[...] takes one)
 
 
 def entry_of(scaling: dict) -> type[MethodEntry]:

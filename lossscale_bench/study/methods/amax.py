@@ -4,7 +4,7 @@ layer's largest gradient at the format's maximum, from this step (current) or a 
 from __future__ import annotations
 
 import math
-from typing import Literal, Optional
+from typing import Literal
 
 from ...core.float_ranges import FP32, RANGES
 from ...core.registry import AMAX_RECIPES
@@ -38,7 +38,7 @@ class AmaxScaling(MethodEntry):
     method: Literal["amax"]
     recipe: choice_field("amax recipe", AMAX_RECIPES) = DEFAULTS["recipe"]  # type: ignore[valid-type]
     #: recipe delayed only: steps of amax history (TE's amax_history_len)
-    history: Optional[PosInt] = None  # type: ignore[valid-type]
+    history: PosInt | None = None  # type: ignore[valid-type]
     margin: NonNegInt = DEFAULTS["margin"]  # type: ignore[valid-type]
     power_of_two: Bool = DEFAULTS["power_of_two"]
     init_scale: Scale = DEFAULTS["init_scale"]  # type: ignore[valid-type]

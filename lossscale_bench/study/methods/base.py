@@ -14,7 +14,8 @@ Torch-free (the study layer): the scaler is named by its import path, imported o
 
 from __future__ import annotations
 
-from typing import Any, Callable, ClassVar, Optional
+from collections.abc import Callable
+from typing import Any, ClassVar
 
 from pydantic import BaseModel, create_model
 
@@ -39,9 +40,9 @@ class ResourcesOverride(BaseModel):
 
     model_config = STRICT
 
-    backend: Optional[choice_field("backend", BACKEND_NAMES)] = None  # type: ignore[valid-type]
-    devices_per_trial: Optional[PosInt] = None  # type: ignore[valid-type]
-    cpus_per_trial: Optional[PosFloat] = None  # type: ignore[valid-type]
+    backend: choice_field("backend", BACKEND_NAMES) | None = None  # type: ignore[valid-type]
+    devices_per_trial: PosInt | None = None  # type: ignore[valid-type]
+    cpus_per_trial: PosFloat | None = None  # type: ignore[valid-type]
 
     def given(self) -> dict:
         return {k: v for k, v in self.model_dump(mode="json").items() if v is not None}
@@ -76,7 +77,7 @@ def interval_label(title: str, scaling: dict, defaults: dict, shorts) -> str:
 
 
 def _option_field(choices: tuple, name: str):
-    return Optional[Bool if all(isinstance(c, bool) for c in choices) else choice_field(name, choices)]  # type: ignore
+    return (Bool if all(isinstance(c, bool) for c in choices) else choice_field(name, choices)) | None  # type: ignore
 
 
 #: the precision options (``study.precisions.PRECISION_OPTIONS``) as fields every entry has, None: not given
@@ -99,22 +100,22 @@ class MethodEntry(_PrecisionOptionFields):
     takes_grad_format: ClassVar[bool] = False
 
     label: Label = None
-    precision: Optional[choice_field("precision", PRECISIONS)] = None  # type: ignore[valid-type]
-    model: Optional[choice_field("model", MODEL_NAMES)] = None  # type: ignore[valid-type]
-    batch_size: Optional[PosInt] = None  # type: ignore[valid-type]
-    resources: Optional[ResourcesOverride] = None
+    precision: choice_field("precision", PRECISIONS) | None = None  # type: ignore[valid-type]
+    model: choice_field("model", MODEL_NAMES) | None = None  # type: ignore[valid-type]
+    batch_size: PosInt | None = None  # type: ignore[valid-type]
+    resources: ResourcesOverride | None = None
     #: the report's reference row (its test of every other row); not in the trial id
     baseline: Bool = False
     #: emulated precisions: parameter gradients rounded before (default, PyTorch AMP) or after
     #: unscaling (Chainer's order); precision/runtime.py's module doc. A trial option, so it lives here.
-    grad_rounding: Optional[choice_field("grad_rounding", ("before_unscale", "after_unscale"))] = None  # type: ignore
+    grad_rounding: choice_field("grad_rounding", ("before_unscale", "after_unscale")) | None = None  # type: ignore
     #: E4M3 gradients only: an overflow saturates to +-448 (torch's cast, TE) or becomes NaN (OCP's
     #: non-saturating conversion), which overflow-driven scalers can see
-    grad_overflow: Optional[choice_field("grad_overflow", ("saturate", "nan"))] = None  # type: ignore
+    grad_overflow: choice_field("grad_overflow", ("saturate", "nan")) | None = None  # type: ignore
     #: emulated FP8 gradients scaled per block before the cast (formats.BlockScaledFormat)
-    grad_blocks: Optional[choice_field("grad_blocks", ("none", "tensor", "tile128", "mx32"))] = None  # type: ignore
+    grad_blocks: choice_field("grad_blocks", ("none", "tensor", "tile128", "mx32")) | None = None  # type: ignore
     #: grad_blocks mx32 only: rounding of the shared power-of-two exponent
-    block_rounding: Optional[choice_field("block_rounding", ("floor", "ceil", "even", "rceil"))] = None  # type: ignore
+    block_rounding: choice_field("block_rounding", ("floor", "ceil", "even", "rceil")) | None = None  # type: ignore
 
     # -- identity --------------------------------------------------------------------------
     @classmethod

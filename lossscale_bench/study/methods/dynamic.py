@@ -8,7 +8,7 @@ chainer and torch trial ids stay as they were before deepspeed existed.
 
 from __future__ import annotations
 
-from typing import Literal, Optional
+from typing import Literal
 
 from ...core.registry import DYNAMIC_STYLES
 from ..fields import Bool, PosInt, Scale, choice_field
@@ -28,12 +28,12 @@ _TAG_PREFIX = {"torch": "dyntorch", "deepspeed": "dynds"}
 class DynamicScaling(MethodEntry):
     method: Literal["dynamic"]
     style: choice_field("dynamic style", DYNAMIC_STYLES) = "chainer"  # type: ignore[valid-type]
-    interval: Optional[PosInt] = None  # type: ignore[valid-type]
-    init_scale: Optional[Scale] = None  # type: ignore[valid-type]
+    interval: PosInt | None = None  # type: ignore[valid-type]
+    init_scale: Scale | None = None  # type: ignore[valid-type]
     #: style deepspeed only (DeepSpeed's hysteresis, min_loss_scale, consecutive_hysteresis)
-    hysteresis: Optional[PosInt] = None  # type: ignore[valid-type]
-    min_scale: Optional[Scale] = None  # type: ignore[valid-type]
-    consecutive_hysteresis: Optional[Bool] = None
+    hysteresis: PosInt | None = None  # type: ignore[valid-type]
+    min_scale: Scale | None = None  # type: ignore[valid-type]
+    consecutive_hysteresis: Bool | None = None
     scaler = "lossscale_bench.scaling.dynamic:DynamicLossScaler"
 
     def options(self) -> dict:

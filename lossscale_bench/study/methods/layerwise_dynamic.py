@@ -3,7 +3,7 @@ a dynamic scale per layer, backed off where that layer's gradients overflow."""
 
 from __future__ import annotations
 
-from typing import Literal, Optional
+from typing import Literal
 
 from ..fields import PosInt, Scale
 from .base import Fail, MethodEntry, interval_label, num
@@ -16,8 +16,8 @@ class LayerwiseDynamicScaling(MethodEntry):
     method: Literal["layerwise_dynamic"]
     init_scale: Scale = DEFAULTS["init_scale"]  # type: ignore[valid-type]
     interval: PosInt = DEFAULTS["interval"]  # type: ignore[valid-type]
-    min_scale: Optional[Scale] = None  # type: ignore[valid-type]
-    max_scale: Optional[Scale] = None  # type: ignore[valid-type]
+    min_scale: Scale | None = None  # type: ignore[valid-type]
+    max_scale: Scale | None = None  # type: ignore[valid-type]
     scaler = "lossscale_bench.scaling.layerwise_dynamic:LayerwiseDynamicLossScaler"
     per_layer = True
 
