@@ -60,8 +60,14 @@ def detections(coco, per_image: tuple[int, int], seed: int) -> list[dict]:
                 box = [rng.uniform(-w / 4, size - w * 0.75), rng.uniform(-h / 4, size - h * 0.75), w, h]
                 cat = int(rng.choice(cats))
                 score = rng.random() ** 2
-            dets.append({"image_id": img_id, "category_id": cat, "bbox": [float(v) for v in box],
-                         "score": round(float(score), 2)})
+            dets.append(
+                {
+                    "image_id": img_id,
+                    "category_id": cat,
+                    "bbox": [float(v) for v in box],
+                    "score": round(float(score), 2),
+                }
+            )
     return dets
 
 
@@ -95,15 +101,19 @@ def main(argv=None) -> int:
     coco = val.coco
     dets = detections(coco, tuple(args.per_image), args.seed)
     rep = Report.from_args(args)
-    rep.note(f"val set: {len(coco.imgs)} images, {len(coco.anns)} objects, {len(coco.cats)} classes "
-             f"({cfg['image_size']} px); {len(dets)} detections ({len(dets) / len(coco.imgs):.0f} per image)")
+    rep.note(
+        f"val set: {len(coco.imgs)} images, {len(coco.anns)} objects, {len(coco.cats)} classes "
+        f"({cfg['image_size']} px); {len(dets)} detections ({len(dets) / len(coco.imgs):.0f} per image)"
+    )
     rep.note(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} at the start")
 
     stats_ref = pycocotools_box_stats(coco, [dict(d) for d in dets])
     stats_fast = coco_box_stats(coco, dets)
     same = np.array_equal(stats_ref, stats_fast)
-    rep.note(f"12 stats bit for bit equal: {same}  (AP {stats_fast[0]:.4f}, AP50 {stats_fast[1]:.4f}, "
-             f"AR100 {stats_fast[8]:.4f})")
+    rep.note(
+        f"12 stats bit for bit equal: {same}  (AP {stats_fast[0]:.4f}, AP50 {stats_fast[1]:.4f}, "
+        f"AR100 {stats_fast[8]:.4f})"
+    )
 
     # what a trial pays: evaluate_detections (its dict normalisation and top-100 cut are common to both)
     times = {"pycocotools": [], "fast_coco": []}
@@ -135,14 +145,35 @@ def main(argv=None) -> int:
         same = same and np.array_equal(s_ref, s_fast) and np.array_equal(s_ref, stats_ref)
     same = same and all(r == results["pycocotools"][0] for rs in results.values() for r in rs)
     rows = []
-    for what, tab in (("evaluate_detections (reference=True / default)", times),
-                      ("the scoring alone: pycocotools_box_stats / coco_box_stats", alone)):
+    for what, tab in (
+        ("evaluate_detections (reference=True / default)", times),
+        ("the scoring alone: pycocotools_box_stats / coco_box_stats", alone),
+    ):
         base = statistics.median(tab["fast_coco"])
-        rows += [[what, name, f"{statistics.median(ts):.3f}", f"{min(ts):.3f}", ", ".join(f"{t:.3f}" for t in ts),
-                  "" if name == "fast_coco" else f"{statistics.median(ts) / base:.1f}x"] for name, ts in tab.items()]
+        rows += [
+            [
+                what,
+                name,
+                f"{statistics.median(ts):.3f}",
+                f"{min(ts):.3f}",
+                ", ".join(f"{t:.3f}" for t in ts),
+                "" if name == "fast_coco" else f"{statistics.median(ts) / base:.1f}x",
+            ]
+            for name, ts in tab.items()
+        ]
     rep.note("")
-    rep.table(["what", "side", "median (s)", "min (s)", f"{args.repeats} interleaved repeats (s)",
-               "ratio to fast_coco (medians)"], rows, name="times")
+    rep.table(
+        [
+            "what",
+            "side",
+            "median (s)",
+            "min (s)",
+            f"{args.repeats} interleaved repeats (s)",
+            "ratio to fast_coco (medians)",
+        ],
+        rows,
+        name="times",
+    )
     rep.note(f"\nstats and results equal in every repeat: {same}")
     if "faster-coco-eval" in alone:
         rep.note(f"faster-coco-eval's 12 stats bit for bit pycocotools' in every repeat: {fce_same}")

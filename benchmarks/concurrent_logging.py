@@ -57,8 +57,9 @@ def run(trials: int = 8, seconds: float = 20.0, workdir: str | None = None) -> d
     run_ids, labels, iters = {}, {}, {}
     for i in range(trials):
         tid = f"t{i}"
-        run = tracker.client.create_run(exp_id, tags={"mlflow.parentRunId": parent, "lsbench.role": "trial",
-                                                      "lsbench.trial_id": tid})
+        run = tracker.client.create_run(
+            exp_id, tags={"mlflow.parentRunId": parent, "lsbench.role": "trial", "lsbench.trial_id": tid}
+        )
         run_ids[tid], labels[tid], iters[tid] = run.info.run_id, tid, 10**9
     result = StudyResult(study="concurrency", tracking_uri=uri)
     progress = Progress(trials, 0, trials, quiet=True)
@@ -67,10 +68,12 @@ def run(trials: int = 8, seconds: float = 20.0, workdir: str | None = None) -> d
     t0 = time.time()
     try:
         specs = [{"cfg": {"trial_id": f"t{i}"}, "seconds": seconds} for i in range(trials)]
-        tune.Tuner(tune.with_resources(_logging_trial, {"CPU": 1}),
-                   param_space={"trial": tune.grid_search(specs)},
-                   tune_config=tune.TuneConfig(max_concurrent_trials=trials),
-                   run_config=tune.RunConfig(storage_path=str(work / "ray"), callbacks=[funnel], verbose=0)).fit()
+        tune.Tuner(
+            tune.with_resources(_logging_trial, {"CPU": 1}),
+            param_space={"trial": tune.grid_search(specs)},
+            tune_config=tune.TuneConfig(max_concurrent_trials=trials),
+            run_config=tune.RunConfig(storage_path=str(work / "ray"), callbacks=[funnel], verbose=0),
+        ).fit()
     finally:
         ray.shutdown()
     wall = time.time() - t0
@@ -80,9 +83,15 @@ def run(trials: int = 8, seconds: float = 20.0, workdir: str | None = None) -> d
         expected += steps * len(KEYS)
         for k in KEYS:
             stored += len(tracker.client.get_metric_history(run_id, k))
-    return {"trials": trials, "seconds": seconds, "wall_s": round(wall, 1), "expected_points": expected,
-            "stored_points": stored, "points_per_s": round(stored / wall, 1),
-            "statuses": sorted({o["status"] for o in result.outcomes.values()})}
+    return {
+        "trials": trials,
+        "seconds": seconds,
+        "wall_s": round(wall, 1),
+        "expected_points": expected,
+        "stored_points": stored,
+        "points_per_s": round(stored / wall, 1),
+        "statuses": sorted({o["status"] for o in result.outcomes.values()}),
+    }
 
 
 def main() -> int:

@@ -23,8 +23,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import Report, markdown_table, parser  # noqa: E402
 
 
-def curves(runs_dirs: list[Path], metric: str, study: str | None = None, by_row: bool = False,
-           window: int | None = None) -> dict[str, dict[int, float]]:
+def curves(
+    runs_dirs: list[Path], metric: str, study: str | None = None, by_row: bool = False, window: int | None = None
+) -> dict[str, dict[int, float]]:
     """{trial id: {step: value}} for every trial run in the stores (the report's own run finder:
     one study or all, the latest run of a resumed trial), in store and trial-id order.
 
@@ -51,8 +52,10 @@ def curves(runs_dirs: list[Path], metric: str, study: str | None = None, by_row:
     rows: dict[str, list[dict[int, float]]] = {}
     for tid, c in out.items():
         rows.setdefault(labels[tid], []).append(c)
-    return {lab: {s: statistics.fmean(c[s] for c in cs if s in c) for s in sorted({s for c in cs for s in c})}
-            for lab, cs in rows.items()}
+    return {
+        lab: {s: statistics.fmean(c[s] for c in cs if s in c) for s in sorted({s for c in cs for s in c})}
+        for lab, cs in rows.items()
+    }
 
 
 def _windowed(values: dict[int, float], window: int | None) -> dict[int, float]:
@@ -66,6 +69,7 @@ def _windowed(values: dict[int, float], window: int | None) -> dict[int, float]:
 
 def table_rows(cols: dict[str, dict[int, float]], percent: bool = True) -> tuple[list[str], list[list[str]]]:
     """The header and rows of :func:`table`."""
+
     def fmt(v: float) -> str:
         return f"{100 * v:.1f}" if percent else f"{v:.4g}"
 
@@ -91,7 +95,9 @@ def main(argv=None) -> int:
     ap.add_argument("--metric", default="map", help="the MLflow metric (default: map, the evaluation's mAP)")
     ap.add_argument("--study", help="only this study's trials (its name; default: every study in the stores)")
     ap.add_argument("--by-row", action="store_true", help="a column per row of the study (mean over its seeds)")
-    ap.add_argument("--window", type=int, metavar="STEPS", help="average each trial's values over windows of STEPS steps")
+    ap.add_argument(
+        "--window", type=int, metavar="STEPS", help="average each trial's values over windows of STEPS steps"
+    )
     ap.add_argument("--raw", action="store_true", help="print the values as logged (default: in percent)")
     a = ap.parse_args(argv)
     if a.window is not None and a.window < 1:
@@ -104,8 +110,9 @@ def main(argv=None) -> int:
     over = f", averaged over windows of {a.window} steps (keyed by the window's end)" if a.window else ""
     rep = Report.from_args(a)
     rep.table(*table_rows(cols, percent=not a.raw), name=a.metric)
-    rep.note(f"\n{a.metric} {unit}{over}; the mean over the {'rows' if a.by_row else 'trials'} with a value at "
-             "that step.")
+    rep.note(
+        f"\n{a.metric} {unit}{over}; the mean over the {'rows' if a.by_row else 'trials'} with a value at that step."
+    )
     rep.finish()
     return 0
 

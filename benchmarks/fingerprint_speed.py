@@ -34,23 +34,47 @@ from lossscale_bench.study.data_check import data_problems  # noqa: E402
 from lossscale_bench.study.fingerprint import data_fingerprint  # noqa: E402
 
 COUNTS = {"VOC2007": {"trainval": 5011, "test": 4952}, "VOC2012": {"trainval": 11540}}
-CLASSES = ("aeroplane", "bicycle", "bird", "boat", "bottle", "bus", "car", "cat", "chair", "cow", "diningtable",
-           "dog", "horse", "motorbike", "person", "pottedplant", "sheep", "sofa", "train", "tvmonitor")
+CLASSES = (
+    "aeroplane",
+    "bicycle",
+    "bird",
+    "boat",
+    "bottle",
+    "bus",
+    "car",
+    "cat",
+    "chair",
+    "cow",
+    "diningtable",
+    "dog",
+    "horse",
+    "motorbike",
+    "person",
+    "pottedplant",
+    "sheep",
+    "sofa",
+    "train",
+    "tvmonitor",
+)
 
 
 def _xml(year: str, img_id: str, rng: random.Random) -> str:
     objs = []
     for _ in range(rng.randint(1, 4)):
         x1, y1 = rng.randint(1, 250), rng.randint(1, 180)
-        objs.append(f"\t<object>\n\t\t<name>{rng.choice(CLASSES)}</name>\n\t\t<pose>Unspecified</pose>\n"
-                    f"\t\t<truncated>{rng.randint(0, 1)}</truncated>\n\t\t<difficult>0</difficult>\n"
-                    f"\t\t<bndbox>\n\t\t\t<xmin>{x1}</xmin>\n\t\t\t<ymin>{y1}</ymin>\n"
-                    f"\t\t\t<xmax>{rng.randint(x1 + 1, 500)}</xmax>\n\t\t\t<ymax>{rng.randint(y1 + 1, 375)}</ymax>\n"
-                    "\t\t</bndbox>\n\t</object>\n")
-    return (f"<annotation>\n\t<folder>{year}</folder>\n\t<filename>{img_id}.jpg</filename>\n"
-            f"\t<source>\n\t\t<database>The {year} Database</database>\n\t</source>\n"
-            "\t<size>\n\t\t<width>500</width>\n\t\t<height>375</height>\n\t\t<depth>3</depth>\n\t</size>\n"
-            "\t<segmented>0</segmented>\n" + "".join(objs) + "</annotation>\n")
+        objs.append(
+            f"\t<object>\n\t\t<name>{rng.choice(CLASSES)}</name>\n\t\t<pose>Unspecified</pose>\n"
+            f"\t\t<truncated>{rng.randint(0, 1)}</truncated>\n\t\t<difficult>0</difficult>\n"
+            f"\t\t<bndbox>\n\t\t\t<xmin>{x1}</xmin>\n\t\t\t<ymin>{y1}</ymin>\n"
+            f"\t\t\t<xmax>{rng.randint(x1 + 1, 500)}</xmax>\n\t\t\t<ymax>{rng.randint(y1 + 1, 375)}</ymax>\n"
+            "\t\t</bndbox>\n\t</object>\n"
+        )
+    return (
+        f"<annotation>\n\t<folder>{year}</folder>\n\t<filename>{img_id}.jpg</filename>\n"
+        f"\t<source>\n\t\t<database>The {year} Database</database>\n\t</source>\n"
+        "\t<size>\n\t\t<width>500</width>\n\t\t<height>375</height>\n\t\t<depth>3</depth>\n\t</size>\n"
+        "\t<segmented>0</segmented>\n" + "".join(objs) + "</annotation>\n"
+    )
 
 
 def generate(devkit: Path) -> list[Path]:
@@ -121,19 +145,28 @@ def main() -> None:
     rep = Report.from_args(args)
     rep.note(f"tree: {devkit} ({len(files)} files read; ready in {time.perf_counter() - t0:.1f} s)")
     cfg = {"name": "voc0712", "root": str(base)}
-    study = load_study_text(f"name: b\ndataset: {{name: voc0712, root: {base}}}\nmodel: [ssd300_vgg16]\n"
-                            "batch_size: [8]\nprecision: fp32\nscaling: [{method: none}]\n"
-                            "schedule: {iterations: 10, lr: 0.001}\neval: {metric: voc07}\n")
-    rows = [("fingerprint, warm page cache", _timed(lambda: data_fingerprint(cfg), args.repeats)),
-            ("fingerprint, cold (files evicted)", _timed(lambda: data_fingerprint(cfg), args.repeats,
-                                                          lambda: evict(files))),
-            ("old size-only pass (2 stat per id), warm", _timed(lambda: stat_only(devkit), args.repeats)),
-            ("data check (validate/run), warm", _timed(lambda: data_problems(study), args.repeats))]
+    study = load_study_text(
+        f"name: b\ndataset: {{name: voc0712, root: {base}}}\nmodel: [ssd300_vgg16]\n"
+        "batch_size: [8]\nprecision: fp32\nscaling: [{method: none}]\n"
+        "schedule: {iterations: 10, lr: 0.001}\neval: {metric: voc07}\n"
+    )
+    rows = [
+        ("fingerprint, warm page cache", _timed(lambda: data_fingerprint(cfg), args.repeats)),
+        (
+            "fingerprint, cold (files evicted)",
+            _timed(lambda: data_fingerprint(cfg), args.repeats, lambda: evict(files)),
+        ),
+        ("old size-only pass (2 stat per id), warm", _timed(lambda: stat_only(devkit), args.repeats)),
+        ("data check (validate/run), warm", _timed(lambda: data_problems(study), args.repeats)),
+    ]
     assert data_problems(study) == [], data_problems(study)
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     rep.note(f"\n{os.cpu_count()} cores, load average {load:.1f} at the end\n")
-    rep.table([f"what ({args.repeats} runs, median)", "wall (s)", "CPU (s)"],
-              [[name, f"{wall:.2f}", f"{cpu:.2f}"] for name, (wall, cpu) in rows], name="times")
+    rep.table(
+        [f"what ({args.repeats} runs, median)", "wall (s)", "CPU (s)"],
+        [[name, f"{wall:.2f}", f"{cpu:.2f}"] for name, (wall, cpu) in rows],
+        name="times",
+    )
     rep.finish()
 
 

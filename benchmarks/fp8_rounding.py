@@ -55,12 +55,14 @@ def rows(x: torch.Tensor) -> dict[str, Callable[[], torch.Tensor]]:
     }
     for mode in ("floor", "rceil"):
         for compiled in (False, True):
-            r[f"MX32 E4M3 {mode}, {'compiled' if compiled else 'eager'}"] = (
-                lambda mode=mode, compiled=compiled: block_round(x, "e4m3", "mx32", mode=mode, compiled=compiled))
+            r[f"MX32 E4M3 {mode}, {'compiled' if compiled else 'eager'}"] = lambda mode=mode, compiled=compiled: (
+                block_round(x, "e4m3", "mx32", mode=mode, compiled=compiled)
+            )
     for gran, pow2 in (("tile128", True), ("tensor", False)):
         for compiled in (False, True):
             r[f"{gran} E4M3{' pow2' if pow2 else ''}, {'compiled' if compiled else 'eager'}"] = (
-                lambda gran=gran, compiled=compiled: block_round(x, "e4m3", gran, compiled=compiled))
+                lambda gran=gran, compiled=compiled: block_round(x, "e4m3", gran, compiled=compiled)
+            )
     r["MX32 E4M3 floor + counts, compiled"] = lambda: block_round(x, "e4m3", "mx32", counts=True, compiled=True)
     try:
         from torchao.prototype.mx_formats.config import ScaleCalculationMode
@@ -69,6 +71,7 @@ def rows(x: torch.Tensor) -> dict[str, Callable[[], torch.Tensor]]:
         def torchao_mx():
             scale, data = to_mx(x.view(-1, 32), torch.float8_e4m3fn, 32, ScaleCalculationMode.FLOOR)
             return to_dtype(data, scale, torch.float8_e4m3fn, 32, torch.float32)
+
         r["MX32 E4M3 floor, torchao to_mx + to_dtype, eager"] = torchao_mx
     except ImportError:
         pass
@@ -91,9 +94,11 @@ def first_calls() -> list[tuple[str, float]]:
     """Compile (first-call) time of kernels not yet used in this process."""
     out = []
     y = gradient_like(4096, seed=1)
-    for name, fn in (("E4M3 saturating bit split", lambda: round_fp8(y, "e4m3", impl="bits_compiled")),
-                     ("MX32 E4M3 ceil", lambda: block_round(y, "e4m3", "mx32", mode="ceil")),
-                     ("tile128 E5M2", lambda: block_round(y, "e5m2", "tile128"))):
+    for name, fn in (
+        ("E4M3 saturating bit split", lambda: round_fp8(y, "e4m3", impl="bits_compiled")),
+        ("MX32 E4M3 ceil", lambda: block_round(y, "e4m3", "mx32", mode="ceil")),
+        ("tile128 E5M2", lambda: block_round(y, "e5m2", "tile128")),
+    ):
         t0 = time.perf_counter()
         fn()
         out.append((name, time.perf_counter() - t0))
@@ -104,8 +109,28 @@ def graphs_for_twenty_shapes() -> int:
     """Inductor graphs the default E4M3 kernel holds after 20 more gradient shapes (1: no
     recompilation; it was compiled once before)."""
     k = compiled_kernel("bits", E4M3, True)
-    shapes = [(2,), (3,), (31,), (32,), (33,), (1000,), (4, 5), (3, 3, 3, 3), (64, 3, 3, 3), (2, 16, 32, 32),
-              (7, 1), (1, 9), (128,), (129,), (10000,), (2, 3, 5, 7), (17, 19), (256, 256), (5,), (8, 64, 16, 16)]
+    shapes = [
+        (2,),
+        (3,),
+        (31,),
+        (32,),
+        (33,),
+        (1000,),
+        (4, 5),
+        (3, 3, 3, 3),
+        (64, 3, 3, 3),
+        (2, 16, 32, 32),
+        (7, 1),
+        (1, 9),
+        (128,),
+        (129,),
+        (10000,),
+        (2, 3, 5, 7),
+        (17, 19),
+        (256, 256),
+        (5,),
+        (8, 64, 16, 16),
+    ]
     for i, shape in enumerate(shapes):
         round_fp8(gradient_like(math.prod(shape), seed=i).reshape(shape), "e4m3")
     return k.graphs
@@ -113,15 +138,15 @@ def graphs_for_twenty_shapes() -> int:
 
 def main() -> None:
     ap = parser(__doc__, repeats=50, repeats_flags=("--rounds",), repeats_help="rounds, one call of each row a round")
-    ap.add_argument("--numel", type=int, default=2 ** 21)
+    ap.add_argument("--numel", type=int, default=2**21)
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    compile_s = first_calls()     # before anything else compiles, so these include Inductor's start
+    compile_s = first_calls()  # before anything else compiles, so these include Inductor's start
     x = gradient_like(args.numel)
     check(x)
     table = rows(x)
-    for fn in table.values():     # warm-up: compile every kernel, fill caches
+    for fn in table.values():  # warm-up: compile every kernel, fill caches
         fn()
 
     def timed(fn):
@@ -129,19 +154,31 @@ def main() -> None:
             t0 = time.perf_counter()
             fn()
             return time.perf_counter() - t0
+
         return run
 
     times = interleave({name: timed(fn) for name, fn in table.items()}, args.repeats, how="fixed")
     med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
     rep = Report.from_args(args)
-    rep.note(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), {args.numel:,} fp32 elements, "
-             f"median of {args.repeats} interleaved rounds\n")
+    rep.note(
+        f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), {args.numel:,} fp32 elements, "
+        f"median of {args.repeats} interleaved rounds\n"
+    )
     base, cast = med["fp32 multiply (reference)"], med["E4M3, eager torch cast"]
-    rep.table(["operation", "median (ms)", "min (ms)", "x fp32 multiply", "x E4M3 eager cast"],
-              [[name, f"{m:.2f}", f"{min(times[name]) * 1e3:.2f}", f"{m / base:.1f}", f"{m / cast:.2f}"]
-               for name, m in med.items()], name="kernels")
-    rep.note("\n" + "\n".join(f"first call (compile, or load from Inductor's cache) of {name}: {s:.1f} s"
-                               for name, s in compile_s))
+    rep.table(
+        ["operation", "median (ms)", "min (ms)", "x fp32 multiply", "x E4M3 eager cast"],
+        [
+            [name, f"{m:.2f}", f"{min(times[name]) * 1e3:.2f}", f"{m / base:.1f}", f"{m / cast:.2f}"]
+            for name, m in med.items()
+        ],
+        name="kernels",
+    )
+    rep.note(
+        "\n"
+        + "\n".join(
+            f"first call (compile, or load from Inductor's cache) of {name}: {s:.1f} s" for name, s in compile_s
+        )
+    )
     rep.note(f"Inductor graphs of the E4M3 kernel after 20 more gradient shapes: {graphs_for_twenty_shapes()}")
     rep.finish()
 

@@ -61,10 +61,16 @@ from harness import parser  # noqa: E402  (it puts the repository on the path: n
 warnings.filterwarnings("ignore", message=re.escape("Detected call of `lr_scheduler.step()` before"))
 
 #: section key -> function of (the whole config, the section's own config, the output folder)
-SECTIONS = {"a": lambda cfg, sc, out: section_a(cfg, sc), "b": lambda cfg, sc, out: section_b(cfg, sc),
-            "c": lambda cfg, sc, out: section_c(cfg, sc), "d": lambda cfg, sc, out: section_d(cfg, sc),
-            "e": section_e, "f": lambda cfg, sc, out: section_f(cfg, sc),
-            "g": lambda cfg, sc, out: section_d(cfg, sc), "h": lambda cfg, sc, out: section_a(cfg, sc)}
+SECTIONS = {
+    "a": lambda cfg, sc, out: section_a(cfg, sc),
+    "b": lambda cfg, sc, out: section_b(cfg, sc),
+    "c": lambda cfg, sc, out: section_c(cfg, sc),
+    "d": lambda cfg, sc, out: section_d(cfg, sc),
+    "e": section_e,
+    "f": lambda cfg, sc, out: section_f(cfg, sc),
+    "g": lambda cfg, sc, out: section_d(cfg, sc),
+    "h": lambda cfg, sc, out: section_a(cfg, sc),
+}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -72,12 +78,18 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap = parser(__doc__.splitlines()[0], out=False)
     ap.add_argument("--out", default="runs/gpu_check", help="output folder (default runs/gpu_check/)")
     ap.add_argument("--cpu-smoke", action="store_true", help="force the CPU and tiny sizes (tests the script)")
-    ap.add_argument("--sections", default="abcdefgh",
-                    help="sections to run, in this order (default abcdefgh)")
-    ap.add_argument("--budget", type=float, default=None,
-                    help="the whole check's time budget in seconds (default: 420 on CUDA, 240 for the smoke)")
-    ap.add_argument("--compile", action="store_true",
-                    help="CUDA: also time the Trainer with torch.compile'd backbone and heads in section b")
+    ap.add_argument("--sections", default="abcdefgh", help="sections to run, in this order (default abcdefgh)")
+    ap.add_argument(
+        "--budget",
+        type=float,
+        default=None,
+        help="the whole check's time budget in seconds (default: 420 on CUDA, 240 for the smoke)",
+    )
+    ap.add_argument(
+        "--compile",
+        action="store_true",
+        help="CUDA: also time the Trainer with torch.compile'd backbone and heads in section b",
+    )
     ap.add_argument("--_memory", help=argparse.SUPPRESS)
     ap.add_argument("--_memory-args", help=argparse.SUPPRESS)
     return ap.parse_args(argv)
@@ -91,14 +103,23 @@ def meta(cfg: dict) -> dict:
         tv = torchvision.__version__
     except Exception:  # noqa: BLE001
         tv = "not importable"
-    return {"device": cfg["device"], "device_name": device_name(cfg["device"]), "smoke": cfg["smoke"],
-            "torch": torch.__version__, "torchvision": tv, "python": platform.python_version(),
-            "cuda": torch.version.cuda, "precision": cfg["precision"],
-            "lsbench_step": (f"batched SSD loss, losses read every {SYNC_EVERY} steps, optimizer "
-                             f"{optimizer_kernels(cfg['device'])}, "
-                             f"{'channels_last' if cfg['device'] in ('cpu', 'cuda') else 'NCHW'}"),
-            "command": "python " + " ".join(shlex.quote(a) for a in ["benchmarks/gpu_check.py"] + sys.argv[1:]),
-            "config": cfg}
+    return {
+        "device": cfg["device"],
+        "device_name": device_name(cfg["device"]),
+        "smoke": cfg["smoke"],
+        "torch": torch.__version__,
+        "torchvision": tv,
+        "python": platform.python_version(),
+        "cuda": torch.version.cuda,
+        "precision": cfg["precision"],
+        "lsbench_step": (
+            f"batched SSD loss, losses read every {SYNC_EVERY} steps, optimizer "
+            f"{optimizer_kernels(cfg['device'])}, "
+            f"{'channels_last' if cfg['device'] in ('cpu', 'cuda') else 'NCHW'}"
+        ),
+        "command": "python " + " ".join(shlex.quote(a) for a in ["benchmarks/gpu_check.py"] + sys.argv[1:]),
+        "config": cfg,
+    }
 
 
 def run_sections(cfg: dict, sections: str, res: dict, out_dir: Path, t_start: float) -> None:
@@ -120,12 +141,17 @@ def run_sections(cfg: dict, sections: str, res: dict, out_dir: Path, t_start: fl
         try:
             r = SECTIONS[key](cfg, cfg[key], out_dir)
         except Exception as exc:  # noqa: BLE001 - one failing section must not lose the others
-            r = {"error": f"{type(exc).__name__}: {exc}".splitlines()[0][:500],
-                 "traceback": traceback.format_exc()[-3000:]}
+            r = {
+                "error": f"{type(exc).__name__}: {exc}".splitlines()[0][:500],
+                "traceback": traceback.format_exc()[-3000:],
+            }
         r["seconds"] = time.monotonic() - t0
         res["sections"][key] = r
-        print(f"[gpu_check] section {key}: {'error' if 'error' in r else 'ok'} in {r['seconds']:.1f} s",
-              file=sys.stderr, flush=True)
+        print(
+            f"[gpu_check] section {key}: {'error' if 'error' in r else 'ok'} in {r['seconds']:.1f} s",
+            file=sys.stderr,
+            flush=True,
+        )
         free_memory()
         res["meta"]["total_s"] = time.monotonic() - t_start
         json_path.write_text(json.dumps(res, indent=1, default=str))
@@ -139,8 +165,11 @@ def main(argv=None) -> int:
         return 0
 
     if not args.cpu_smoke and not torch.cuda.is_available():
-        print("gpu_check: no CUDA device is visible (torch.cuda.is_available() is False); "
-              "run on a GPU machine or pass --cpu-smoke", file=sys.stderr)
+        print(
+            "gpu_check: no CUDA device is visible (torch.cuda.is_available() is False); "
+            "run on a GPU machine or pass --cpu-smoke",
+            file=sys.stderr,
+        )
         return 2
 
     t_start = time.monotonic()
@@ -149,8 +178,9 @@ def main(argv=None) -> int:
         cfg["total_budget_s"] = args.budget
     unknown = sorted(set(args.sections) - set("abcdefgh"))
     if unknown:
-        print(f"gpu_check: --sections: unknown section(s) {', '.join(unknown)}; allowed: a b c d e f g h",
-              file=sys.stderr)
+        print(
+            f"gpu_check: --sections: unknown section(s) {', '.join(unknown)}; allowed: a b c d e f g h", file=sys.stderr
+        )
         return 2
     cfg["compile"] = bool(args.compile) and cfg["device"] == "cuda"
     out_dir = Path(args.out)

@@ -11,6 +11,7 @@ memory setting (freed memory kept).
 
     .venv/bin/python benchmarks/hadamard_speed.py
 """
+
 import sys
 from pathlib import Path
 
@@ -26,8 +27,19 @@ from lossscale_bench.numerics.hadamard import H16, products
 from lossscale_bench.precision import get_precision
 
 #: (tokens, channels): calls a step, the conv gradients of ssd_tiny (width 16, batch 8, 96 px)
-STEP_SHAPES = {(73728, 16): 1, (18432, 32): 1, (4608, 32): 1, (1152, 32): 1, (1152, 16): 2, (288, 64): 2,
-               (288, 24): 2, (72, 64): 1, (72, 24): 2, (32, 64): 1, (32, 16): 2}
+STEP_SHAPES = {
+    (73728, 16): 1,
+    (18432, 32): 1,
+    (4608, 32): 1,
+    (1152, 32): 1,
+    (1152, 16): 2,
+    (288, 64): 2,
+    (288, 24): 2,
+    (72, 64): 1,
+    (72, 24): 2,
+    (32, 64): 1,
+    (32, 16): 2,
+}
 
 
 def best_us(fn, calls: int) -> float:
@@ -52,21 +64,38 @@ def main() -> None:
         padded = k + -k % 16
         t = products(H16, x, padded)
         view = t.reshape(1, 1, padded, c).permute(0, 3, 1, 2)
-        row = {"matmul": best_us(lambda x=x, k=k, c=c, p=padded: torch.matmul(
-                   H16, F.pad(x, (0, 0, 0, p - k)).reshape(-1, 16, c)), args.calls),
-               "C": best_us(lambda x=x, p=padded: products(H16, x, p), args.calls),
-               "torch": best_us(lambda x=x, p=padded: hadamard._products_torch(H16, x, p), args.calls),
-               "round": best_us(lambda v=view: fmt.round(v), args.calls)}
+        row = {
+            "matmul": best_us(
+                lambda x=x, k=k, c=c, p=padded: torch.matmul(H16, F.pad(x, (0, 0, 0, p - k)).reshape(-1, 16, c)),
+                args.calls,
+            ),
+            "C": best_us(lambda x=x, p=padded: products(H16, x, p), args.calls),
+            "torch": best_us(lambda x=x, p=padded: hadamard._products_torch(H16, x, p), args.calls),
+            "round": best_us(lambda v=view: fmt.round(v), args.calls),
+        }
         for key, v in row.items():
             total[key] += m * v * (1 if key == "round" else 2)  # the transforms run both ways
-        rows.append([f"{k} × {c}", m, f"{row['matmul']:.0f}", f"{row['C']:.0f}", f"{row['torch']:.0f}",
-                     f"{row['round']:.0f}"])
-    rep.table(["gradient [tokens, channels]", "calls a step", "matmul (before), µs", "products (C), µs",
-               "torch code, µs", "NVFP4 rounding of H g, µs"], rows, name="shapes")
-    rep.note("\nA step (both directions of every transform; the rounding once): "
-             f"matmul {total['matmul'] / 1e3:.2f} ms, "
-             f"products {total['C'] / 1e3:.2f} ms, torch code {total['torch'] / 1e3:.2f} ms; "
-             f"the added NVFP4 rounding {total['round'] / 1e3:.2f} ms")
+        rows.append(
+            [f"{k} × {c}", m, f"{row['matmul']:.0f}", f"{row['C']:.0f}", f"{row['torch']:.0f}", f"{row['round']:.0f}"]
+        )
+    rep.table(
+        [
+            "gradient [tokens, channels]",
+            "calls a step",
+            "matmul (before), µs",
+            "products (C), µs",
+            "torch code, µs",
+            "NVFP4 rounding of H g, µs",
+        ],
+        rows,
+        name="shapes",
+    )
+    rep.note(
+        "\nA step (both directions of every transform; the rounding once): "
+        f"matmul {total['matmul'] / 1e3:.2f} ms, "
+        f"products {total['C'] / 1e3:.2f} ms, torch code {total['torch'] / 1e3:.2f} ms; "
+        f"the added NVFP4 rounding {total['round'] / 1e3:.2f} ms"
+    )
     rep.finish()
 
 

@@ -38,8 +38,23 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
-__all__ = ["HERE", "ORDERS", "ROOT", "Report", "child_json", "cpu_description", "format_cell", "interleave",
-           "markdown_table", "order", "parser", "percentile", "ratio_interval", "summary", "time_calls"]
+__all__ = [
+    "HERE",
+    "ORDERS",
+    "ROOT",
+    "Report",
+    "child_json",
+    "cpu_description",
+    "format_cell",
+    "interleave",
+    "markdown_table",
+    "order",
+    "parser",
+    "percentile",
+    "ratio_interval",
+    "summary",
+    "time_calls",
+]
 
 #: this folder, and the repository root above it
 HERE = Path(__file__).resolve().parent
@@ -54,8 +69,14 @@ ORDERS = ("rotate", "abba", "fixed")
 
 # ---------------------------------------------------------------------------
 # timing
-def time_calls(fn: Callable[[], object], repeats: int, warmup: int = 0, *, per_call: int = 1,
-               clock: Callable[[], float] = time.perf_counter) -> list[float]:
+def time_calls(
+    fn: Callable[[], object],
+    repeats: int,
+    warmup: int = 0,
+    *,
+    per_call: int = 1,
+    clock: Callable[[], float] = time.perf_counter,
+) -> list[float]:
     """Seconds per call of ``fn``: ``warmup`` untimed calls, then ``repeats`` timings, each of ``per_call``
     calls in a row divided by ``per_call`` (for calls too short to time one at a time)."""
     for _ in range(warmup):
@@ -78,8 +99,13 @@ def percentile(xs: Sequence[float], q: float) -> float:
 
 def summary(xs: Sequence[float], scale: float = 1.0) -> dict[str, float]:
     """``median``, ``min``, ``max``, ``mean`` and ``n`` of ``xs``, each value times ``scale`` (1e3: ms)."""
-    return {"median": statistics.median(xs) * scale, "min": min(xs) * scale, "max": max(xs) * scale,
-            "mean": statistics.fmean(xs) * scale, "n": len(xs)}
+    return {
+        "median": statistics.median(xs) * scale,
+        "min": min(xs) * scale,
+        "max": max(xs) * scale,
+        "mean": statistics.fmean(xs) * scale,
+        "n": len(xs),
+    }
 
 
 # ---------------------------------------------------------------------------
@@ -97,8 +123,9 @@ def order(names: Sequence, rnd: int, how: str = "rotate") -> list:
     raise ValueError(f"order: {how!r}; allowed: {', '.join(ORDERS)}")
 
 
-def interleave(runs: dict[str, Callable[[int], float | None]], rounds: int, warmup: int = 0,
-               how: str = "rotate") -> dict[str, list[float]]:
+def interleave(
+    runs: dict[str, Callable[[int], float | None]], rounds: int, warmup: int = 0, how: str = "rotate"
+) -> dict[str, list[float]]:
     """``runs[name](rnd)`` once per setting and round, in :func:`order`'s order; each call returns its own
     seconds (a call times what it measures, not its set-up) or None for nothing to record. The first
     ``warmup`` rounds are run and not recorded. Background load on a shared machine then hits every
@@ -112,12 +139,19 @@ def interleave(runs: dict[str, Callable[[int], float | None]], rounds: int, warm
     return out
 
 
-def child_json(argv: Sequence[str], *, env: dict | None = None, cwd: Path | str = ROOT,
-               timeout: float | None = None, what: str = "child") -> dict:
+def child_json(
+    argv: Sequence[str],
+    *,
+    env: dict | None = None,
+    cwd: Path | str = ROOT,
+    timeout: float | None = None,
+    what: str = "child",
+) -> dict:
     """Run ``python argv...`` in a fresh process and return the JSON object on the last stdout line that
     starts with ``{``; exit with its stderr's tail when it fails (``what`` names it)."""
-    p = subprocess.run([sys.executable, *argv], env=env, cwd=cwd, capture_output=True, text=True,
-                       timeout=timeout, check=False)
+    p = subprocess.run(
+        [sys.executable, *argv], env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout, check=False
+    )
     lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
     if p.returncode != 0 or not lines:
         raise SystemExit(f"{what} failed:\n{p.stderr[-3000:]}")
@@ -151,28 +185,48 @@ def cpu_description() -> str:
                 flags = set(line.split(":", 1)[1].split())
     except OSError:
         pass
-    ext = sorted(f for f in flags if f in ("avx2", "fma", "avx512f", "avx512bw", "avx512_bf16", "avx512_fp16",
-                                           "avx512_vnni", "amx_bf16", "amx_tile"))
+    ext = sorted(
+        f
+        for f in flags
+        if f
+        in ("avx2", "fma", "avx512f", "avx512bw", "avx512_bf16", "avx512_fp16", "avx512_vnni", "amx_bf16", "amx_tile")
+    )
     return f"{model}, {os.cpu_count()} CPUs, {' '.join(ext) or 'no AVX2'}"
 
 
 # ---------------------------------------------------------------------------
 # command line and output
-def parser(doc: str | None, *, repeats: int | None = None, repeats_flags: Iterable[str] = (),
-           repeats_help: str = "repeats (rounds) of every setting", out: bool = True,
-           **kwargs) -> argparse.ArgumentParser:
+def parser(
+    doc: str | None,
+    *,
+    repeats: int | None = None,
+    repeats_flags: Iterable[str] = (),
+    repeats_help: str = "repeats (rounds) of every setting",
+    out: bool = True,
+    **kwargs,
+) -> argparse.ArgumentParser:
     """The common command line: ``--format markdown|json`` and, unless ``out=False`` (a script whose
     ``--out`` is a folder of its own), ``--out FILE`` (the output written there too); with ``repeats``,
     ``--repeats N`` (default ``repeats``; ``repeats_flags`` are other spellings a script's documented
     commands use, e.g. ``--rounds``). The description is ``doc``'s first paragraph."""
     ap = argparse.ArgumentParser(description=(doc or "").split("\n\n")[0], **kwargs)
     if repeats is not None:
-        ap.add_argument("--repeats", *repeats_flags, dest="repeats", type=int, default=repeats,
-                        help=f"{repeats_help} (default {repeats})")
+        ap.add_argument(
+            "--repeats",
+            *repeats_flags,
+            dest="repeats",
+            type=int,
+            default=repeats,
+            help=f"{repeats_help} (default {repeats})",
+        )
     if out:
         ap.add_argument("--out", type=Path, help="also write the output to this file")
-    ap.add_argument("--format", choices=("markdown", "json"), default="markdown",
-                    help="markdown tables (default) or one JSON object")
+    ap.add_argument(
+        "--format",
+        choices=("markdown", "json"),
+        default="markdown",
+        help="markdown tables (default) or one JSON object",
+    )
     return ap
 
 
@@ -221,13 +275,24 @@ class Report:
         self.notes.append(text)
         self._show(text)
 
-    def table(self, header: Sequence[str], rows: Iterable[Sequence], name: str = "", float_fmt: str = "{:.3f}",
-              raw_rows: Iterable[Sequence] | None = None) -> str:
+    def table(
+        self,
+        header: Sequence[str],
+        rows: Iterable[Sequence],
+        name: str = "",
+        float_fmt: str = "{:.3f}",
+        raw_rows: Iterable[Sequence] | None = None,
+    ) -> str:
         """Add (and print) a markdown table; JSON gets ``raw_rows`` (numbers unformatted) where given."""
         rows = [list(r) for r in rows]
         text = markdown_table(header, rows, float_fmt)
-        self.tables.append({"name": name, "header": list(header),
-                            "rows": [list(r) for r in raw_rows] if raw_rows is not None else rows})
+        self.tables.append(
+            {
+                "name": name,
+                "header": list(header),
+                "rows": [list(r) for r in raw_rows] if raw_rows is not None else rows,
+            }
+        )
         self._show(text)
         return text
 

@@ -45,9 +45,14 @@ def child(study: str, row: int, warmup: int, iterations: int) -> dict:
     for _ in range(iterations):
         one_iteration(trainer)
     t1, r1 = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
-    return {"label": label, "kept": keep_freed_memory(), "ms": 1000 * (t1 - t0) / iterations,
-            "faults": (r1.ru_minflt - r0.ru_minflt) / iterations,
-            "sys_ms": 1000 * (r1.ru_stime - r0.ru_stime) / iterations, "rss_mb": r1.ru_maxrss / 1024}
+    return {
+        "label": label,
+        "kept": keep_freed_memory(),
+        "ms": 1000 * (t1 - t0) / iterations,
+        "faults": (r1.ru_minflt - r0.ru_minflt) / iterations,
+        "sys_ms": 1000 * (r1.ru_stime - r0.ru_stime) / iterations,
+        "rss_mb": r1.ru_maxrss / 1024,
+    }
 
 
 def run_arm(arm: str, args, row: int) -> dict:
@@ -55,8 +60,22 @@ def run_arm(arm: str, args, row: int) -> dict:
     env.pop("LSBENCH_MALLOC", None)
     if arm == "system":
         env["LSBENCH_MALLOC"] = "system"
-    res = child_json([__file__, "--child", "--study", args.study, "--rows", str(row), "--warmup", str(args.warmup),
-                      "--iterations", str(args.iterations)], env=env, what=f"arm {arm}, row {row}")
+    res = child_json(
+        [
+            __file__,
+            "--child",
+            "--study",
+            args.study,
+            "--rows",
+            str(row),
+            "--warmup",
+            str(args.warmup),
+            "--iterations",
+            str(args.iterations),
+        ],
+        env=env,
+        what=f"arm {arm}, row {row}",
+    )
     if res["kept"] != (arm == "kept"):
         raise SystemExit(f"arm {arm}: the setting was {'in force' if res['kept'] else 'not in force'}")
     return res
@@ -80,8 +99,10 @@ def main() -> None:
             for arm in order(ARMS, rnd, "abba"):
                 results[(row, arm)].append(run_arm(arm, args, row))
     rep = Report.from_args(args)
-    rep.note(f"{cpu_description()}; one torch thread; {args.study}; {args.repeats} rounds of one child process "
-             f"per arm, {args.iterations} timed iterations each after {args.warmup}\n")
+    rep.note(
+        f"{cpu_description()}; one torch thread; {args.study}; {args.repeats} rounds of one child process "
+        f"per arm, {args.iterations} timed iterations each after {args.warmup}\n"
+    )
 
     def mean(xs, key):
         return statistics.fmean(x[key] for x in xs)
@@ -90,12 +111,30 @@ def main() -> None:
     for row in args.rows:
         s, k = results[(row, "system")], results[(row, "kept")]
         r, lo, hi = ratio_interval([x["ms"] for x in k], [x["ms"] for x in s])
-        table.append([s[0]["label"], f"{mean(s, 'ms'):.1f}", f"{mean(k, 'ms'):.1f}", f"{r:.3f} [{lo:.3f}, {hi:.3f}]",
-                      f"{mean(s, 'faults'):.0f} → {mean(k, 'faults'):.0f}",
-                      f"{mean(s, 'sys_ms'):.1f} → {mean(k, 'sys_ms'):.1f}",
-                      f"{mean(s, 'rss_mb'):.0f} → {mean(k, 'rss_mb'):.0f}"])
-    rep.table(["row", "step, glibc defaults (ms)", "step, freed memory kept (ms)", "kept / defaults [95 % interval]",
-               "minor faults a step", "system time a step (ms)", "peak RSS (MB)"], table, name="rows")
+        table.append(
+            [
+                s[0]["label"],
+                f"{mean(s, 'ms'):.1f}",
+                f"{mean(k, 'ms'):.1f}",
+                f"{r:.3f} [{lo:.3f}, {hi:.3f}]",
+                f"{mean(s, 'faults'):.0f} → {mean(k, 'faults'):.0f}",
+                f"{mean(s, 'sys_ms'):.1f} → {mean(k, 'sys_ms'):.1f}",
+                f"{mean(s, 'rss_mb'):.0f} → {mean(k, 'rss_mb'):.0f}",
+            ]
+        )
+    rep.table(
+        [
+            "row",
+            "step, glibc defaults (ms)",
+            "step, freed memory kept (ms)",
+            "kept / defaults [95 % interval]",
+            "minor faults a step",
+            "system time a step (ms)",
+            "peak RSS (MB)",
+        ],
+        table,
+        name="rows",
+    )
     rep.data["results"] = [{"row": row, "arm": arm, "rounds": v} for (row, arm), v in results.items()]
     rep.finish()
 

@@ -74,8 +74,13 @@ def census(study_path: str, runs_dir: Path, rate: str, steps) -> tuple[list[str]
 
 def table(layers, labels, means) -> str:
     """Layers down, rows across: each rate in percent, "–" where a row has no value for the layer."""
-    return markdown_table(["layer", *labels], [[layer] + [f"{100 * means[(layer, lab)]:.2f}" if (layer, lab) in means
-                                                          else None for lab in labels] for layer in layers])
+    return markdown_table(
+        ["layer", *labels],
+        [
+            [layer] + [f"{100 * means[(layer, lab)]:.2f}" if (layer, lab) in means else None for lab in labels]
+            for layer in layers
+        ],
+    )
 
 
 def main(argv=None) -> int:
@@ -84,8 +89,13 @@ def main(argv=None) -> int:
     ap.add_argument("--runs-dir", type=Path, default=Path("runs"))
     ap.add_argument("--rate", choices=RATES, default="flush_rate")
     ap.add_argument("--steps", type=int, nargs=2, metavar=("FIRST", "LAST"))
-    ap.add_argument("--extra", nargs="*", default=[], metavar="LABEL=CSV",
-                    help="more columns from other trials' layers_history.csv (another machine's run, say)")
+    ap.add_argument(
+        "--extra",
+        nargs="*",
+        default=[],
+        metavar="LABEL=CSV",
+        help="more columns from other trials' layers_history.csv (another machine's run, say)",
+    )
     a = ap.parse_args(argv)
     steps = tuple(a.steps) if a.steps else None
     layers, labels, means = census(a.study, a.runs_dir, a.rate, steps)
@@ -102,8 +112,14 @@ def main(argv=None) -> int:
         return 2
     span = f"steps {a.steps[0]}-{a.steps[1]}" if a.steps else "every logged step"
     rep = Report.from_args(a)
-    rep.table(["layer", *labels], [[layer] + [f"{100 * means[(layer, lab)]:.2f}" if (layer, lab) in means else None
-                                              for lab in labels] for layer in layers], name=a.rate)
+    rep.table(
+        ["layer", *labels],
+        [
+            [layer] + [f"{100 * means[(layer, lab)]:.2f}" if (layer, lab) in means else None for lab in labels]
+            for layer in layers
+        ],
+        name=a.rate,
+    )
     rep.note(f"\n{a.rate} in percent, mean over {span} and the seeds of each row.")
     rep.finish()
     return 0

@@ -52,20 +52,36 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1, help="torch threads (a demo trial runs with 1)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--layouts", action="store_true", help="NCHW vs channels_last instead of precisions")
-    ap.add_argument("--precisions", nargs="+", default=list(PRECISIONS),
-                    help="fp32 and others (name+mx32: block-scaled fp8 gradients; name+hadamard: FP4 wgrad_hadamard)")
+    ap.add_argument(
+        "--precisions",
+        nargs="+",
+        default=list(PRECISIONS),
+        help="fp32 and others (name+mx32: block-scaled fp8 gradients; name+hadamard: FP4 wgrad_hadamard)",
+    )
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     rep = Report.from_args(args)
-    rep.note(f"device {args.device}, {args.steps} timed steps after {args.warmup} warm-up, "
-             f"torch {torch.__version__}, {torch.get_num_threads()} threads\n")
-    measure_fn, header, base = ((measure_layouts, "precision, layout", "fp32, NCHW") if args.layouts
-                                else (lambda *a: measure(*a, precisions=args.precisions), "precision", "fp32"))
+    rep.note(
+        f"device {args.device}, {args.steps} timed steps after {args.warmup} warm-up, "
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads\n"
+    )
+    measure_fn, header, base = (
+        (measure_layouts, "precision, layout", "fp32, NCHW")
+        if args.layouts
+        else (lambda *a: measure(*a, precisions=args.precisions), "precision", "fp32")
+    )
     rows = []
     for model in args.models:
         med = measure_fn(model, args.steps, args.warmup, args.device)
-        rows += [[f"{model} (batch {SIZES[model][1]}, {SIZES[model][0]} px)", name, f"{t * 1000:.1f}",
-                  f"{t / med[base]:.3f}"] for name, t in med.items()]
+        rows += [
+            [
+                f"{model} (batch {SIZES[model][1]}, {SIZES[model][0]} px)",
+                name,
+                f"{t * 1000:.1f}",
+                f"{t / med[base]:.3f}",
+            ]
+            for name, t in med.items()
+        ]
     rep.table(["model", header, "median step (ms)", f"ratio to {base}"], rows, name="precisions")
     rep.finish()
 

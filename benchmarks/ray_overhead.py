@@ -38,8 +38,9 @@ def timed(executor: str, trials: int, num_cpus: int) -> float:
     study = load_study_text(STUDY.format(seeds=list(range(trials))))
     with tempfile.TemporaryDirectory() as d:
         t0 = time.perf_counter()
-        res = run_study(study, runs_dir=Path(d) / "runs", executor=executor, num_cpus=num_cpus, quiet=True,
-                        max_concurrent=1)  # one at a time, like the in-process executor
+        res = run_study(
+            study, runs_dir=Path(d) / "runs", executor=executor, num_cpus=num_cpus, quiet=True, max_concurrent=1
+        )  # one at a time, like the in-process executor
         dt = time.perf_counter() - t0
     assert res.counts()["finished"] == trials, res.counts()
     return dt
@@ -49,8 +50,7 @@ def ray_startup(num_cpus: int) -> float:
     import ray
 
     t0 = time.perf_counter()
-    ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
-             logging_level="WARNING")
+    ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, logging_level="WARNING")
     dt = time.perf_counter() - t0
     ray.shutdown()
     return dt
@@ -69,12 +69,19 @@ def main() -> None:
     start = ray_startup(args.num_cpus)
     rep = Report.from_args(args)
     rep.note(f"{args.trials} trials, num_cpus {args.num_cpus}")
-    rep.table(["executor", "wall (s)", "per trial (s)"],
-              [["in-process (`--executor local`)", f"{local:.1f}", f"{local / args.trials:.2f}"],
-               ["Ray Tune", f"{ray_t:.1f}", f"{ray_t / args.trials:.2f}"]], name="executors")
-    rep.note(f"\nray.init alone: {start:.1f} s; Ray's extra cost per trial after start-up, "
-             f"(trials one at a time): {(ray_t - start - local) / args.trials:.2f} s "
-             f"(ratio Ray/in-process {ray_t / local:.2f})")
+    rep.table(
+        ["executor", "wall (s)", "per trial (s)"],
+        [
+            ["in-process (`--executor local`)", f"{local:.1f}", f"{local / args.trials:.2f}"],
+            ["Ray Tune", f"{ray_t:.1f}", f"{ray_t / args.trials:.2f}"],
+        ],
+        name="executors",
+    )
+    rep.note(
+        f"\nray.init alone: {start:.1f} s; Ray's extra cost per trial after start-up, "
+        f"(trials one at a time): {(ray_t - start - local) / args.trials:.2f} s "
+        f"(ratio Ray/in-process {ray_t / local:.2f})"
+    )
     rep.finish()
 
 

@@ -30,8 +30,11 @@ from lossscale_bench.core.portable import PORTABLE_ENV  # noqa: E402  (torch-fre
 SETTINGS = {
     "unpinned": {},
     "repeatable (AVX2 pins)": dict(PORTABLE_ENV),
-    "lowest levels (ATen default, oneDNN SSE4.1)": {**PORTABLE_ENV, "ATEN_CPU_CAPABILITY": "default",
-                                                    "ONEDNN_MAX_CPU_ISA": "SSE41"},
+    "lowest levels (ATen default, oneDNN SSE4.1)": {
+        **PORTABLE_ENV,
+        "ATEN_CPU_CAPABILITY": "default",
+        "ONEDNN_MAX_CPU_ISA": "SSE41",
+    },
 }
 
 _CHILD = """
@@ -63,8 +66,12 @@ def run_one(env: dict, steps: int, warmup: int) -> dict:
     """One fresh process under ``env`` (the pins cleared first, then set); its median step and ATen level."""
     full = {k: v for k, v in os.environ.items() if k not in PORTABLE_ENV}
     full.update(env, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
-    return child_json(["-c", _CHILD, str(HERE), str(steps), str(warmup)], env=full, cwd=Path.cwd(),
-                      what=", ".join(f"{k}={v}" for k, v in env.items()) or "unpinned")
+    return child_json(
+        ["-c", _CHILD, str(HERE), str(steps), str(warmup)],
+        env=full,
+        cwd=Path.cwd(),
+        what=", ".join(f"{k}={v}" for k, v in env.items()) or "unpinned",
+    )
 
 
 def main() -> None:
@@ -84,12 +91,33 @@ def main() -> None:
             print(f"round {r + 1}: {name}: {res['median_s'] * 1000:.1f} ms", file=sys.stderr, flush=True)
     base = statistics.median(per["unpinned"])
     rep = Report.from_args(args)
-    rep.note(f"ssd_tiny fp32, batch 8, 128 px, 1 thread; {args.repeats} alternating rounds of {args.steps} timed "
-             f"steps after {args.warmup} warm-up, one fresh process each\n")
-    rows = [[name, levels[name], ", ".join(f"{t * 1000:.1f}" for t in ts), f"{statistics.median(ts) * 1000:.1f}",
-             f"{statistics.median(ts) / base:.3f}", " / ".join(sorted(weights[name]))] for name, ts in per.items()]
-    rep.table(["setting", "ATen level", "median step per round (ms)", "median of rounds (ms)", "ratio to unpinned",
-               "final weights (SHA-256, 16 hex)"], rows, name="settings")
+    rep.note(
+        f"ssd_tiny fp32, batch 8, 128 px, 1 thread; {args.repeats} alternating rounds of {args.steps} timed "
+        f"steps after {args.warmup} warm-up, one fresh process each\n"
+    )
+    rows = [
+        [
+            name,
+            levels[name],
+            ", ".join(f"{t * 1000:.1f}" for t in ts),
+            f"{statistics.median(ts) * 1000:.1f}",
+            f"{statistics.median(ts) / base:.3f}",
+            " / ".join(sorted(weights[name])),
+        ]
+        for name, ts in per.items()
+    ]
+    rep.table(
+        [
+            "setting",
+            "ATen level",
+            "median step per round (ms)",
+            "median of rounds (ms)",
+            "ratio to unpinned",
+            "final weights (SHA-256, 16 hex)",
+        ],
+        rows,
+        name="settings",
+    )
     rep.finish()
 
 

@@ -56,32 +56,62 @@ def fill(uri: str, n_runs: int, steps: int) -> None:
         method, label, precision = ROWS[row]
         status = rng.choices(["finished", "diverged", "failed", "running"], [90, 6, 2, 2])[0]
         tags = {
-            "mlflow.parentRunId": parent, "lsbench.role": "trial", "lsbench.study": STUDY,
-            "lsbench.trial_id": f"t{i:05d}", "lsbench.status": status, "lsbench.label": label,
-            "lsbench.row": str(row), "lsbench.precision": precision, "lsbench.eval_metric": "voc07",
+            "mlflow.parentRunId": parent,
+            "lsbench.role": "trial",
+            "lsbench.study": STUDY,
+            "lsbench.trial_id": f"t{i:05d}",
+            "lsbench.status": status,
+            "lsbench.label": label,
+            "lsbench.row": str(row),
+            "lsbench.precision": precision,
+            "lsbench.eval_metric": "voc07",
         }
         if status == "diverged":
             tags["lsbench.diverged_step"] = str(rng.randint(1, steps))
         run_id = client.create_run(exp, tags=tags, run_name=f"t{i:05d}").info.run_id
         params = {
-            "model": model, "batch_size": str(bs), "seed": str(seed), "precision": precision,
-            "scaling.method": method, "scaling.scale": "128", "scaling.interval": "10",
-            "dataset": "voc0712", "schedule.iterations": "120000", "schedule.lr": "0.001",
-            "schedule.momentum": "0.9", "schedule.weight_decay": "0.0005", "eval.every": "10000",
-            "eval.metric": "voc07", "backend": "cpu",
+            "model": model,
+            "batch_size": str(bs),
+            "seed": str(seed),
+            "precision": precision,
+            "scaling.method": method,
+            "scaling.scale": "128",
+            "scaling.interval": "10",
+            "dataset": "voc0712",
+            "schedule.iterations": "120000",
+            "schedule.lr": "0.001",
+            "schedule.momentum": "0.9",
+            "schedule.weight_decay": "0.0005",
+            "eval.every": "10000",
+            "eval.metric": "voc07",
+            "backend": "cpu",
         }
         metrics = []
         for s in range(steps):
-            for key, value in (("loss", 5.0 / (s + 1)), ("loss_scale", 128.0), ("skipped_steps", 0.0),
-                               ("overflow", 0.0), ("lr", 1e-3), ("images_per_sec", 50.0)):
+            for key, value in (
+                ("loss", 5.0 / (s + 1)),
+                ("loss_scale", 128.0),
+                ("skipped_steps", 0.0),
+                ("overflow", 0.0),
+                ("lr", 1e-3),
+                ("images_per_sec", 50.0),
+            ):
                 metrics.append(Metric(key, value, ts + s, s))
         if status == "finished":
             v = 0.78 + 0.01 * rng.random()
-            metrics += [Metric("map", v, ts, steps), Metric("map_50", v, ts, steps),
-                        Metric("final_map", v, ts, steps), Metric("final_map_50", v, ts, steps),
-                        Metric("best_map", v, ts, steps)]
-        client.log_batch(run_id, metrics=metrics[:1000], params=[Param(k, v) for k, v in params.items()],
-                         tags=[RunTag("mlflow.source.name", "bench")])
+            metrics += [
+                Metric("map", v, ts, steps),
+                Metric("map_50", v, ts, steps),
+                Metric("final_map", v, ts, steps),
+                Metric("final_map_50", v, ts, steps),
+                Metric("best_map", v, ts, steps),
+            ]
+        client.log_batch(
+            run_id,
+            metrics=metrics[:1000],
+            params=[Param(k, v) for k, v in params.items()],
+            tags=[RunTag("mlflow.source.name", "bench")],
+        )
         if status != "running":
             client.set_terminated(run_id, "FAILED" if status == "failed" else "FINISHED")
 
@@ -90,8 +120,12 @@ def main(argv=None) -> int:
     ap = parser(__doc__, repeats=1, repeats_help="timings of each report format after the first call")
     ap.add_argument("--runs", type=int, default=1000)
     ap.add_argument("--steps", type=int, default=50, help="logged steps per run (6 step metrics each)")
-    ap.add_argument("--dir", type=Path, default=None,
-                    help="where to put the store (default: a temp dir); an existing store there is reused")
+    ap.add_argument(
+        "--dir",
+        type=Path,
+        default=None,
+        help="where to put the store (default: a temp dir); an existing store there is reused",
+    )
     args = ap.parse_args(argv)
 
     rep = Report.from_args(args)
@@ -115,12 +149,18 @@ def main(argv=None) -> int:
             out = {}
 
             def write(fmt=fmt, plots=plots, out=out):
-                out["text"], out["path"] = write_report(uri, study=STUDY, fmt=fmt, reports_dir=root / "reports",
-                                                        plots=plots)
+                out["text"], out["path"] = write_report(
+                    uri, study=STUDY, fmt=fmt, reports_dir=root / "reports", plots=plots
+                )
 
             ts = time_calls(write, args.repeats)
-            rows.append([f"write_report fmt={fmt} plots={plots}", ", ".join(f"{s:.2f}" for s in ts),
-                         f"{out['path']} ({len(out['text'])} chars)"])
+            rows.append(
+                [
+                    f"write_report fmt={fmt} plots={plots}",
+                    ", ".join(f"{s:.2f}" for s in ts),
+                    f"{out['path']} ({len(out['text'])} chars)",
+                ]
+            )
     rep.note("")
     rep.table(["what", "seconds", "result"], rows, name="times")
     rep.finish()

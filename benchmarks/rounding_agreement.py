@@ -35,12 +35,19 @@ def edge_values() -> list[float]:
     midpoints between its largest values, its subnormal steps and their halves, and specials."""
     vals = [0.0, float("inf"), float("nan"), 1.0, 1.5, 1.0625, 1.125, 1.1875]
     for fmax, step in ((448.0, 32.0), (57344.0, 8192.0), (65504.0, 32.0)):
-        vals += [fmax, fmax + step / 4, fmax + step / 2, fmax + step / 2 + 1e-3 * step, fmax + step, fmax * 2,
-                 fmax - step / 2]
-    for sub in (2.0 ** -9, 2.0 ** -16, 2.0 ** -24, 2.0 ** -133):
+        vals += [
+            fmax,
+            fmax + step / 4,
+            fmax + step / 2,
+            fmax + step / 2 + 1e-3 * step,
+            fmax + step,
+            fmax * 2,
+            fmax - step / 2,
+        ]
+    for sub in (2.0**-9, 2.0**-16, 2.0**-24, 2.0**-133):
         vals += [sub, sub / 2, sub * 0.75, sub * 1.5, sub * 2.5, sub / 4]
-    for normal in (2.0 ** -6, 2.0 ** -14, 2.0 ** -126):
-        vals += [normal, normal * (1 - 2 ** -5), normal * (1 + 2 ** -4)]
+    for normal in (2.0**-6, 2.0**-14, 2.0**-126):
+        vals += [normal, normal * (1 - 2**-5), normal * (1 + 2**-4)]
     vals += [3.0e38, 3.4e38]
     return vals + [-v for v in vals]
 
@@ -56,6 +63,7 @@ def test_tensor(n: int = 1 << 20, seed: int = 0) -> torch.Tensor:
 def _finite(fn):
     """Block formats on the finite elements only: one inf or NaN makes its whole block (the whole
     tensor, for ``tensor``) NaN, which would hide every other difference."""
+
     def run(t: torch.Tensor) -> torch.Tensor:
         return fn(t[torch.isfinite(t)])
 
@@ -75,17 +83,20 @@ def paths() -> dict:
     for elem in ("e4m3", "e5m2"):
         for sat in (True, False):
             for impl in ("bits", "bits_compiled", "cast", "auto"):
-                out[f"round_fp8 {elem} saturate={sat} impl={impl}"] = (
-                    lambda t, e=elem, s=sat, i=impl: round_fp8(t, e, s, i))
+                out[f"round_fp8 {elem} saturate={sat} impl={impl}"] = lambda t, e=elem, s=sat, i=impl: round_fp8(
+                    t, e, s, i
+                )
     for elem in ("e4m3", "e5m2"):
         for gran in ("tensor", "tile128"):
             out[f"block_round {elem} {gran}"] = _finite(lambda t, e=elem, g_=gran: block_round(t, e, g_))
         for mode in ("floor", "ceil", "even", "rceil"):
             out[f"block_round {elem} mx32 {mode}"] = _finite(
-                lambda t, e=elem, m=mode: block_round(t, e, "mx32", mode=m))
+                lambda t, e=elem, m=mode: block_round(t, e, "mx32", mode=m)
+            )
     for dtype in (torch.float16, torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2):
-        out[f"torch cast {str(dtype).replace('torch.', '')} (raw, not used for e4m3)"] = (
-            lambda t, d=dtype: t.to(d).to(torch.float32))
+        out[f"torch cast {str(dtype).replace('torch.', '')} (raw, not used for e4m3)"] = lambda t, d=dtype: t.to(d).to(
+            torch.float32
+        )
     return out
 
 
@@ -117,10 +128,17 @@ def compare(x: torch.Tensor, device: str, on_row=None) -> list[dict]:
             x_cmp = x
         ba, bb = _bits(a), _bits(b)
         diff = (ba != bb).nonzero().flatten()
-        row.update({"elements": x_cmp.numel(), "differ": int(diff.numel()),
-                    "nan_cpu": int(torch.isnan(a).sum()), "nan_device": int(torch.isnan(b).sum()),
-                    "examples": [{"x": float(x_cmp[i]), "cpu": float(a[i]), device: float(b[i])}
-                                 for i in diff[:6].tolist()]})
+        row.update(
+            {
+                "elements": x_cmp.numel(),
+                "differ": int(diff.numel()),
+                "nan_cpu": int(torch.isnan(a).sum()),
+                "nan_device": int(torch.isnan(b).sum()),
+                "examples": [
+                    {"x": float(x_cmp[i]), "cpu": float(a[i]), device: float(b[i])} for i in diff[:6].tolist()
+                ],
+            }
+        )
         rows.append(row)
         if on_row:
             on_row(rows)
@@ -136,10 +154,13 @@ def render(res: dict) -> str:
             continue
         ex = "; ".join(f"{e['x']:g}: {e['cpu']:g} / {list(e.values())[2]:g}" for e in r["examples"][:3])
         rows.append([r["path"], r["differ"], r["nan_cpu"], r["nan_device"], ex])
-    return (f"Rounding agreement, CPU vs {meta['device_name']} (torch {meta['torch']}, "
-            f"{meta['elements']} elements: {meta['edge_values']} edge values + log-uniform 2^-30..2^20)\n\n"
-            + markdown_table(["path", "elements differing", "NaN on CPU", "NaN on device",
-                              "first differences (x: cpu / device)"], rows))
+    return (
+        f"Rounding agreement, CPU vs {meta['device_name']} (torch {meta['torch']}, "
+        f"{meta['elements']} elements: {meta['edge_values']} edge values + log-uniform 2^-30..2^20)\n\n"
+        + markdown_table(
+            ["path", "elements differing", "NaN on CPU", "NaN on device", "first differences (x: cpu / device)"], rows
+        )
+    )
 
 
 def main(argv=None) -> int:
@@ -154,8 +175,16 @@ def main(argv=None) -> int:
         return 2
     x = test_tensor(args.elements)
     name = torch.cuda.get_device_name(0) if device == "cuda" else platform.processor() or "cpu"
-    res = {"meta": {"device": device, "device_name": name, "torch": torch.__version__,
-                    "elements": x.numel(), "edge_values": len(edge_values())}, "rows": []}
+    res = {
+        "meta": {
+            "device": device,
+            "device_name": name,
+            "torch": torch.__version__,
+            "elements": x.numel(),
+            "edge_values": len(edge_values()),
+        },
+        "rows": [],
+    }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 

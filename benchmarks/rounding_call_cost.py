@@ -18,6 +18,7 @@ MX32 E4M3 without and with the telemetry's counts, and NVFP4, MXFP4 and plain E2
 rounding, each with the C loop (``numerics/native.py``) and with it turned off (the Inductor kernel
 after flattening into logical order, as before).
 """
+
 import os
 import sys
 from pathlib import Path
@@ -46,15 +47,18 @@ def blocks(rep: Report, calls: int) -> None:
     from lossscale_bench.numerics import block_scaling, fp4
 
     key = fp4.Fp4Stream(1).next_key()
-    kinds = {"MX32 E4M3": lambda x: block_scaling.block_round(x, "e4m3", "mx32"),
-             "MX32 E4M3 + counts": lambda x: block_scaling.block_round(x, "e4m3", "mx32", counts=True),
-             "NVFP4, stochastic": lambda x: fp4.fp4_round(x, "nvfp4", stochastic=True, key=key),
-             "MXFP4, stochastic": lambda x: fp4.fp4_round(x, "mxfp4", stochastic=True, key=key),
-             "E2M1, stochastic": lambda x: fp4.fp4_round(x, "e2m1", stochastic=True, key=key)}
+    kinds = {
+        "MX32 E4M3": lambda x: block_scaling.block_round(x, "e4m3", "mx32"),
+        "MX32 E4M3 + counts": lambda x: block_scaling.block_round(x, "e4m3", "mx32", counts=True),
+        "NVFP4, stochastic": lambda x: fp4.fp4_round(x, "nvfp4", stochastic=True, key=key),
+        "MXFP4, stochastic": lambda x: fp4.fp4_round(x, "mxfp4", stochastic=True, key=key),
+        "E2M1, stochastic": lambda x: fp4.fp4_round(x, "e2m1", stochastic=True, key=key),
+    }
     rows = []
     for c, h, w in BLOCK_SHAPES:
         x = (torch.randn(8, c, h, w, generator=torch.Generator().manual_seed(0)) * 0.01).contiguous(
-            memory_format=torch.channels_last)
+            memory_format=torch.channels_last
+        )
         cols = []
         for fn in kinds.values():
             for off in ("", "1"):
@@ -91,13 +95,30 @@ def main() -> None:
         x = torch.randn(numel, generator=torch.Generator().manual_seed(0)) * 0.01
         E4M3.round(x)
         kernel(x)  # compiles on the first size
-        cols = [lambda x=x: x * 2.0, lambda x=x: x.half().float(), lambda x=x: E4M3.round(x),
-                lambda x=x: without_native(x), (lambda x=x: native(x)) if native is not None else None,
-                lambda x=x: kernel._compiled(x), lambda x=x: kernel.eager(x)]
+        cols = [
+            lambda x=x: x * 2.0,
+            lambda x=x: x.half().float(),
+            lambda x=x: E4M3.round(x),
+            lambda x=x: without_native(x),
+            (lambda x=x: native(x)) if native is not None else None,
+            lambda x=x: kernel._compiled(x),
+            lambda x=x: kernel.eager(x),
+        ]
         rows.append([numel] + ["–" if f is None else f"{tenth_percentile_us(f, args.calls):.0f}" for f in cols])
-    rep.table(["elements", "fp32 multiply (us)", "fp16 round trip (us)", "E4M3.round, as a step calls it (us)",
-               "the same, C kernel off (us)", "C kernel alone (us)", "Inductor kernel alone (us)",
-               "eager bit kernel (us)"], rows, name="sizes")
+    rep.table(
+        [
+            "elements",
+            "fp32 multiply (us)",
+            "fp16 round trip (us)",
+            "E4M3.round, as a step calls it (us)",
+            "the same, C kernel off (us)",
+            "C kernel alone (us)",
+            "Inductor kernel alone (us)",
+            "eager bit kernel (us)",
+        ],
+        rows,
+        name="sizes",
+    )
     rep.finish()
 
 

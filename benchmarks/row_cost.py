@@ -55,8 +55,11 @@ def main(argv=None) -> int:
         print(f"row_cost: no row labelled {args.baseline!r} in study {args.study!r}", file=sys.stderr)
         return 2
     rep = Report.from_args(args)
-    rep.table(["row", "trials", "images/s (median per trial, mean)", "cost per image vs FP32"],
-              [[label, n, f"{rate:.1f}", f"{base / rate:.2f}x"] for label, n, rate in rates], name="rows")
+    rep.table(
+        ["row", "trials", "images/s (median per trial, mean)", "cost per image vs FP32"],
+        [[label, n, f"{rate:.1f}", f"{base / rate:.2f}x"] for label, n, rate in rates],
+        name="rows",
+    )
     rep.finish()
     return 0
 

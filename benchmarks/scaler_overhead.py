@@ -42,8 +42,9 @@ def random_batch(size: int, n: int, seed: int):
     for _ in range(n):
         xy = torch.rand(2, generator=g) * size * 0.5
         wh = 16 + torch.rand(2, generator=g) * size * 0.4
-        targets.append({"boxes": torch.cat([xy, xy + wh]).clamp(max=size - 1).unsqueeze(0),
-                        "labels": torch.tensor([1])})
+        targets.append(
+            {"boxes": torch.cat([xy, xy + wh]).clamp(max=size - 1).unsqueeze(0), "labels": torch.tensor([1])}
+        )
     return images, targets
 
 
@@ -69,8 +70,16 @@ def build(model_name: str, method: dict, precision_name: str, device: str):
     scaler = build_scaler(method, model)
     sched = {"lr": 1e-4, "momentum": 0.9, "weight_decay": 5e-4}
     opt = build_optimizer(model, sched)
-    return Trainer(model=model, optimizer=opt, scheduler=build_scheduler(opt, sched), scaler=scaler,
-                   backend=backend, precision=precision, batches=iter(()), iterations=0)
+    return Trainer(
+        model=model,
+        optimizer=opt,
+        scheduler=build_scheduler(opt, sched),
+        scaler=scaler,
+        backend=backend,
+        precision=precision,
+        batches=iter(()),
+        iterations=0,
+    )
 
 
 def time_interleaved(trainers: dict, model_name: str, steps: int, warmup: int) -> dict[str, float]:
@@ -84,6 +93,7 @@ def time_interleaved(trainers: dict, model_name: str, steps: int, warmup: int) -
             t0 = time.perf_counter()
             tr.train_step(*batches[rnd])
             return time.perf_counter() - t0
+
         return run
 
     times = interleave({name: stepper(tr) for name, tr in trainers.items()}, steps, warmup, how="fixed")
@@ -106,14 +116,18 @@ def main() -> None:
     args = ap.parse_args()
     precision = args.precision or ("mixed16" if args.device == "cuda" else "fp16-emulated")
     rep = Report.from_args(args)
-    rep.note(f"device {args.device}, precision {precision}, {args.steps} timed steps after {args.warmup} warm-up, "
-             f"torch {torch.__version__}, {torch.get_num_threads()} threads\n")
+    rep.note(
+        f"device {args.device}, precision {precision}, {args.steps} timed steps after {args.warmup} warm-up, "
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads\n"
+    )
     rows = []
     for model in args.models:
         med = measure(model, args.steps, args.warmup, precision, args.device)
         base = med["dynamic (interval 10)"]
-        rows += [[f"{model} (batch {SIZES[model][1]}, {SIZES[model][0]} px)", name, f"{t * 1000:.1f}",
-                  f"{t / base:.3f}"] for name, t in med.items()]
+        rows += [
+            [f"{model} (batch {SIZES[model][1]}, {SIZES[model][0]} px)", name, f"{t * 1000:.1f}", f"{t / base:.3f}"]
+            for name, t in med.items()
+        ]
     rep.table(["model", "method", "median step (ms)", "ratio to dynamic"], rows, name="methods")
     rep.finish()
 

@@ -46,23 +46,57 @@ def main(argv: list[str] | None = None) -> int:
     sizes = look_sizes(args.start, args.step, args.max)
     began = time.perf_counter()
     rep = Report.from_args(args)
-    rep.note(f"looks at {', '.join(map(str, sizes))} seeds; margin ±{args.margin:g}; alpha {args.alpha:g}; "
-             f"{args.spending} spending; {args.reps} comparisons per row\n")
+    rep.note(
+        f"looks at {', '.join(map(str, sizes))} seeds; margin ±{args.margin:g}; alpha {args.alpha:g}; "
+        f"{args.spending} spending; {args.reps} comparisons per row\n"
+    )
     rows = []
     for sd in args.sd:
         for k, delta in enumerate(args.delta):
             seed = 1000 * k + round(100 * sd)
-            kw = {"sizes": sizes, "maximum": args.max, "margin": args.margin, "reps": args.reps, "seed": seed,
-                  "alpha": args.alpha, "spending": args.spending}
+            kw = {
+                "sizes": sizes,
+                "maximum": args.max,
+                "margin": args.margin,
+                "reps": args.reps,
+                "seed": seed,
+                "alpha": args.alpha,
+                "spending": args.spending,
+            }
             r, n = simulate(delta, sd, **kw), simulate(delta, sd, naive=True, **kw)
-            rows.append([f"{sd:g}", f"{delta:+g}", f"{r['different']:.4f}", f"{r['equivalent']:.4f}",
-                         f"{r['undecided']:.4f}", f"{r['seeds']:.1f}", f"{n['different']:.4f}",
-                         f"{n['equivalent']:.4f}", f"{n['seeds']:.1f}"])
-    rep.table(["paired sd", "Δ", "different", "equivalent", "neither at max", "mean seeds", "naive: different",
-               "naive: equivalent", "naive: mean seeds"], rows, name="rates")
+            rows.append(
+                [
+                    f"{sd:g}",
+                    f"{delta:+g}",
+                    f"{r['different']:.4f}",
+                    f"{r['equivalent']:.4f}",
+                    f"{r['undecided']:.4f}",
+                    f"{r['seeds']:.1f}",
+                    f"{n['different']:.4f}",
+                    f"{n['equivalent']:.4f}",
+                    f"{n['seeds']:.1f}",
+                ]
+            )
+    rep.table(
+        [
+            "paired sd",
+            "Δ",
+            "different",
+            "equivalent",
+            "neither at max",
+            "mean seeds",
+            "naive: different",
+            "naive: equivalent",
+            "naive: mean seeds",
+        ],
+        rows,
+        name="rates",
+    )
     se = math.sqrt(args.alpha * (1 - args.alpha) / args.reps)
-    rep.note(f"\nMonte-Carlo standard error of a {args.alpha:g} rate over {args.reps} comparisons: {se:.4f}; "
-             f"{time.perf_counter() - began:.1f} s")
+    rep.note(
+        f"\nMonte-Carlo standard error of a {args.alpha:g} rate over {args.reps} comparisons: {se:.4f}; "
+        f"{time.perf_counter() - began:.1f} s"
+    )
     rep.finish()
     return 0
 

@@ -47,7 +47,7 @@ def build(study: str, row: int, seed: int, threads: int, precision: str | None =
 
     cfg = [t for t in load_study(study).trials() if t.seed == seed][row]
     d = cfg.to_dict()
-    d["schedule"] = {**d["schedule"], "iterations": 10 ** 9}
+    d["schedule"] = {**d["schedule"], "iterations": 10**9}
     d["eval"] = {**d["eval"], "every": None}
     if precision is not None:
         d["precision"] = precision
@@ -56,7 +56,7 @@ def build(study: str, row: int, seed: int, threads: int, precision: str | None =
     sink = MemorySink()
     tmp = Path(tempfile.mkdtemp())
     parts = setup.build_parts(cfg, sink, tmp, threads)
-    trainer = runner._trainer(cfg, parts, sink, tmp, tmp / "ck.pt", 10 ** 9, 0, None)
+    trainer = runner._trainer(cfg, parts, sink, tmp, tmp / "ck.pt", 10**9, 0, None)
     trainer.batches = iter(make_batches(cfg, parts.train_ds, 0))
     for h in trainer.hooks:
         h.before_train(trainer)
@@ -84,8 +84,10 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=10, help="untimed iterations per row first")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (a study trial runs with 1)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--precision", help="every row in this precision instead of its own (fp32: the scalers' "
-                                        "machinery alone, no rounding)")
+    ap.add_argument(
+        "--precision",
+        help="every row in this precision instead of its own (fp32: the scalers' machinery alone, no rounding)",
+    )
     args = ap.parse_args()
 
     import torch
@@ -104,16 +106,35 @@ def main() -> None:
                 logged[i].append(step % rows[i][3] == 0)
     base = times[0]
     rep = Report.from_args(args)
-    rep.note(f"{cpu_description()}; torch threads {args.threads}; {args.study}, seed {args.seed}; "
-             f"{args.iterations} timed iterations per row after {args.warmup}, interleaved; "
-             f"{time.perf_counter() - t_start:.0f} s in all\n")
+    rep.note(
+        f"{cpu_description()}; torch threads {args.threads}; {args.study}, seed {args.seed}; "
+        f"{args.iterations} timed iterations per row after {args.warmup}, interleaved; "
+        f"{time.perf_counter() - t_start:.0f} s in all\n"
+    )
     table = []
     for (label, batch, _, log_every), t, lg in zip(rows, times, logged):
         r, lo, hi = ratio_interval([a / batch for a in t], [b / rows[0][1] for b in base])
-        table.append([label, f"{1000 * statistics.fmean(t):.1f}", f"{1000 * statistics.median(t):.1f}",
-                      f"{r:.3f}× [{lo:.3f}, {hi:.3f}]", *logging_cost(t, lg, log_every).split(" | ")])
-    rep.table(["row", "iteration mean (ms)", "iteration median (ms)", "per image vs first row [95 % interval]",
-               "logged / other steps (ms)", "logging, share of the mean step"], table, name="rows")
+        table.append(
+            [
+                label,
+                f"{1000 * statistics.fmean(t):.1f}",
+                f"{1000 * statistics.median(t):.1f}",
+                f"{r:.3f}× [{lo:.3f}, {hi:.3f}]",
+                *logging_cost(t, lg, log_every).split(" | "),
+            ]
+        )
+    rep.table(
+        [
+            "row",
+            "iteration mean (ms)",
+            "iteration median (ms)",
+            "per image vs first row [95 % interval]",
+            "logged / other steps (ms)",
+            "logging, share of the mean step",
+        ],
+        table,
+        name="rows",
+    )
     rep.finish()
 
 
@@ -125,8 +146,10 @@ def logging_cost(times: list[float], logged: list[bool], log_every: int) -> str:
     if not on or not off:
         return "– | –"
     extra = (statistics.fmean(on) - statistics.fmean(off)) / log_every
-    return (f"{1000 * statistics.fmean(on):.1f} / {1000 * statistics.fmean(off):.1f} | "
-            f"{100 * extra / statistics.fmean(times):.1f} %")
+    return (
+        f"{1000 * statistics.fmean(on):.1f} / {1000 * statistics.fmean(off):.1f} | "
+        f"{100 * extra / statistics.fmean(times):.1f} %"
+    )
 
 
 if __name__ == "__main__":

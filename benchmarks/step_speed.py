@@ -38,8 +38,11 @@ STEP_VARIANTS = {  # name: (batched_loss, sync_every, foreach SGD)
     "batched loss, read every 10, foreach SGD": (True, 10, True),
 }
 #: (model, image size, feature-map sizes) for the loss-only table
-LOSS_GEOMETRIES = (("ssd_tiny", 128, [16, 8, 4, 2]), ("ssd300_vgg16", 300, [38, 19, 10, 5, 3, 1]),
-                   ("ssd512_vgg16", 512, [64, 32, 16, 8, 4, 2, 1]))
+LOSS_GEOMETRIES = (
+    ("ssd_tiny", 128, [16, 8, 4, 2]),
+    ("ssd300_vgg16", 300, [38, 19, 10, 5, 3, 1]),
+    ("ssd512_vgg16", 512, [64, 32, 16, 8, 4, 2, 1]),
+)
 
 
 def batches(size: int, n: int, count: int, seed: int = 0) -> list:
@@ -53,8 +56,12 @@ def batches(size: int, n: int, count: int, seed: int = 0) -> list:
             k = int(torch.randint(0, 7, (1,), generator=g))
             xy = torch.rand(k, 2, generator=g) * size * 0.6
             wh = 8 + torch.rand(k, 2, generator=g) * size * 0.35
-            targets.append({"boxes": torch.cat([xy, (xy + wh).clamp(max=size - 1)], 1),
-                            "labels": torch.randint(1, 4, (k,), generator=g)})
+            targets.append(
+                {
+                    "boxes": torch.cat([xy, (xy + wh).clamp(max=size - 1)], 1),
+                    "labels": torch.randint(1, 4, (k,), generator=g),
+                }
+            )
         out.append((i, images, targets))
     return out
 
@@ -76,9 +83,18 @@ def build_trainer(batched: bool, sync_every: int, foreach: bool, size: int, data
     opt = build_optimizer(model, sched, {"foreach": True} if foreach else {"foreach": False})
     sink = MemorySink()
     hooks = [MetricsHook(sink, log_every=sync_every), DivergenceHook(sink, check_every=sync_every)]
-    return Trainer(model=model, optimizer=opt, scheduler=build_scheduler(opt, sched),
-                   scaler=build_scaler({"method": "none"}, model), backend=backend, precision=precision,
-                   batches=cycle(data), iterations=0, hooks=hooks, sync_every=sync_every)
+    return Trainer(
+        model=model,
+        optimizer=opt,
+        scheduler=build_scheduler(opt, sched),
+        scaler=build_scaler({"method": "none"}, model),
+        backend=backend,
+        precision=precision,
+        batches=cycle(data),
+        iterations=0,
+        hooks=hooks,
+        sync_every=sync_every,
+    )
 
 
 def step_table(repeats: int, steps: int, size: int, batch: int) -> dict[str, list[float]]:
@@ -91,6 +107,7 @@ def step_table(repeats: int, steps: int, size: int, batch: int) -> dict[str, lis
             t0 = time.perf_counter()
             tr.run()
             return (time.perf_counter() - t0) / steps
+
         return run
 
     for tr in trainers.values():  # warm-up: one window each
@@ -115,7 +132,7 @@ def loss_table(repeats: int, batch: int) -> dict[str, list[float]]:
             model.anchor_generator = _anchors(CHAINERCV_SSD300 if size == 300 else CHAINERCV_SSD512, size, False)
         images = ImageList(torch.zeros(batch, 3, size, size), [(size, size)] * batch)
         anchors = model.anchor_generator(images, [torch.zeros(batch, 1, m, m) for m in maps])
-        (_, _, targets), = batches(size, batch, 1, seed=1)[:1]
+        ((_, _, targets),) = batches(size, batch, 1, seed=1)[:1]
         a = anchors[0].shape[0]
         g = torch.Generator().manual_seed(2)
         reg = torch.randn(batch, a, 4, generator=g).requires_grad_()
@@ -138,8 +155,18 @@ def loss_table(repeats: int, batch: int) -> dict[str, list[float]]:
             an = torch.stack(anchors)
             boxes, labels, valid = pad_targets(targets, an.device)
             matched = match_anchors(boxes, valid, an, model.proposal_matcher.high_threshold)
-            sum(multibox_loss(head["bbox_regression"], head["cls_logits"], an, boxes, labels, matched,
-                              model.box_coder, model.neg_to_pos_ratio).values()).backward()
+            sum(
+                multibox_loss(
+                    head["bbox_regression"],
+                    head["cls_logits"],
+                    an,
+                    boxes,
+                    labels,
+                    matched,
+                    model.box_coder,
+                    model.neg_to_pos_ratio,
+                ).values()
+            ).backward()
             return time.perf_counter() - t0
 
         runs[f"{name} ({a} anchors), torchvision"] = tv
@@ -153,15 +180,28 @@ def _rows(times: dict[str, list[float]], base_of) -> list[dict]:
     for name, ts in times.items():
         st = summary(ts, 1e3)
         base = summary(times[base_of(name)], 1e3)["median"]
-        rows.append({"variant": name, "median_ms": st["median"], "min_ms": st["min"], "max_ms": st["max"],
-                     "ratio": st["median"] / base, "repeats": st["n"]})
+        rows.append(
+            {
+                "variant": name,
+                "median_ms": st["median"],
+                "min_ms": st["min"],
+                "max_ms": st["max"],
+                "ratio": st["median"] / base,
+                "repeats": st["n"],
+            }
+        )
     return rows
 
 
 def _table(rep: Report, rows: list[dict], what: str, base: str) -> None:
-    rep.table([what, "median (ms)", "spread over repeats (ms)", f"ratio to {base}"],
-              [[r["variant"], f"{r['median_ms']:.2f}", f"{r['min_ms']:.2f}-{r['max_ms']:.2f}", f"{r['ratio']:.3f}"]
-               for r in rows], name=what)
+    rep.table(
+        [what, "median (ms)", "spread over repeats (ms)", f"ratio to {base}"],
+        [
+            [r["variant"], f"{r['median_ms']:.2f}", f"{r['min_ms']:.2f}-{r['max_ms']:.2f}", f"{r['ratio']:.3f}"]
+            for r in rows
+        ],
+        name=what,
+    )
 
 
 def main() -> None:
@@ -177,8 +217,10 @@ def main() -> None:
         ap.error("--steps must be a multiple of 10 (the read window)")
     torch.set_num_threads(args.threads)
     rep = Report.from_args(args)
-    rep.note(f"cpu, torch {torch.__version__}, {torch.get_num_threads()} threads, {args.repeats} interleaved "
-             f"repeats, batch {args.batch}")
+    rep.note(
+        f"cpu, torch {torch.__version__}, {torch.get_num_threads()} threads, {args.repeats} interleaved "
+        f"repeats, batch {args.batch}"
+    )
     result = {}
     if not args.skip_step:
         first = next(iter(STEP_VARIANTS))

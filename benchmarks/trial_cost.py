@@ -111,8 +111,14 @@ print(json.dumps({"start": t_imported - args["t_spawn"], "imports": t_imported -
 def run_row(study: str, row: int, iterations: int, threads: int, seed: int, tree: Path = ROOT) -> dict:
     """One row in a fresh process whose working directory is ``tree`` (a checkout: its package is
     the one imported, so two commits can be timed side by side)."""
-    args = {"study": study, "row": row, "iterations": iterations, "threads": threads, "seed": seed,
-            "t_spawn": time.time()}
+    args = {
+        "study": study,
+        "row": row,
+        "iterations": iterations,
+        "threads": threads,
+        "seed": seed,
+        "t_spawn": time.time(),
+    }
     return child_json(["-c", CHILD, json.dumps(args)], cwd=tree, what=f"row {row}")
 
 
@@ -123,10 +129,15 @@ def main() -> None:
     ap.add_argument("--iterations", type=int, default=100)
     ap.add_argument("--threads", type=int, default=1, help="torch threads (a demo trial runs with 1)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--trees", nargs="+", type=Path, default=[ROOT],
-                    help="checkouts to time side by side, each row alternating between them, their order "
-                         "reversed every other repeat (e.g. a `git worktree` of the previous commit, then this "
-                         "one); ratios are to the first tree's first row")
+    ap.add_argument(
+        "--trees",
+        nargs="+",
+        type=Path,
+        default=[ROOT],
+        help="checkouts to time side by side, each row alternating between them, their order "
+        "reversed every other repeat (e.g. a `git worktree` of the previous commit, then this "
+        "one); ratios are to the first tree's first row",
+    )
     args = ap.parse_args()
     from lossscale_bench.study import load_study
 
@@ -143,23 +154,56 @@ def main() -> None:
         for r in order(rows, rnd, "rotate"):
             for t in order(range(len(args.trees)), rnd, "abba"):
                 results[t, r].append(run_row(args.study, r, args.iterations, args.threads, args.seed, args.trees[t]))
-                print(f"  repeat {rnd + 1}, {args.trees[t]}, row {r}: {results[t, r][-1]['label']}",
-                      file=sys.stderr, flush=True)
-    med = {k: {f: statistics.median(x[f] for x in v) for f in v[0] if isinstance(v[0][f], float)}
-           for k, v in results.items()}
+                print(
+                    f"  repeat {rnd + 1}, {args.trees[t]}, row {r}: {results[t, r][-1]['label']}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+    med = {
+        k: {f: statistics.median(x[f] for x in v) for f in v[0] if isinstance(v[0][f], float)}
+        for k, v in results.items()
+    }
     base = med[keys[0]]["step_mean"]
     rep = Report.from_args(args)
-    rep.note(f"{cpu_description()}; torch threads {args.threads}; {args.iterations} iterations per row, "
-             f"median of {args.repeats} repeats; {time.perf_counter() - t_all:.0f} s in all\n")
+    rep.note(
+        f"{cpu_description()}; torch threads {args.threads}; {args.iterations} iterations per row, "
+        f"median of {args.repeats} repeats; {time.perf_counter() - t_all:.0f} s in all\n"
+    )
     table = []
     for t, r in keys:
         m, label = med[t, r], results[t, r][0]["label"]
-        table.append([args.trees[t].resolve().name, label, f"{m['start']:.1f}", f"{m['build']:.1f}",
-                      f"{m['first']:.1f}", f"{m['step'] * 1000:.1f}", f"{m['logged'] * 1000:.1f}",
-                      f"{m['step_mean'] * 1000:.1f}", f"{m['step_mean'] / base:.2f}×", f"{m['eval']:.1f}",
-                      f"{m['mlflow']:.2f}"])
-    rep.table(["tree", "row", "start (s)", "build (s)", "first step (s)", "step median (ms)", "logged step (ms)",
-               "step mean (ms)", "per image vs first row", "eval (s)", "MLflow writes (s)"], table, name="rows")
+        table.append(
+            [
+                args.trees[t].resolve().name,
+                label,
+                f"{m['start']:.1f}",
+                f"{m['build']:.1f}",
+                f"{m['first']:.1f}",
+                f"{m['step'] * 1000:.1f}",
+                f"{m['logged'] * 1000:.1f}",
+                f"{m['step_mean'] * 1000:.1f}",
+                f"{m['step_mean'] / base:.2f}×",
+                f"{m['eval']:.1f}",
+                f"{m['mlflow']:.2f}",
+            ]
+        )
+    rep.table(
+        [
+            "tree",
+            "row",
+            "start (s)",
+            "build (s)",
+            "first step (s)",
+            "step median (ms)",
+            "logged step (ms)",
+            "step mean (ms)",
+            "per image vs first row",
+            "eval (s)",
+            "MLflow writes (s)",
+        ],
+        table,
+        name="rows",
+    )
     rep.finish()
 
 

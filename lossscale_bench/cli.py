@@ -33,13 +33,19 @@ def embedded_study() -> Path:
 
 # (module, class) of the errors a user can cause; only modules already imported are looked at,
 # so classifying an error never imports torch (a bad study file fails in a fraction of a second).
-USER_ERRORS = (("lossscale_bench.study", "StudyError"), ("lossscale_bench.data.coco", "DataNotFound"),
-               ("lossscale_bench.backends.base", "BackendUnavailable"), ("lossscale_bench.models.ssd", "WeightsError"),
-               ("lossscale_bench.data.download", "DownloadError"), ("lossscale_bench.trial", "CheckpointError"),
-               ("lossscale_bench.report.runs", "ReportError"),
-               ("lossscale_bench.orchestration.cluster", "ClusterUnavailable"),
-               ("lossscale_bench.orchestration.runs_lock", "RunsFolderBusy"),
-               ("lossscale_bench.tracking.store", "StoreMissing"), ("lossscale_bench.core.portable", "PinConflict"))
+USER_ERRORS = (
+    ("lossscale_bench.study", "StudyError"),
+    ("lossscale_bench.data.coco", "DataNotFound"),
+    ("lossscale_bench.backends.base", "BackendUnavailable"),
+    ("lossscale_bench.models.ssd", "WeightsError"),
+    ("lossscale_bench.data.download", "DownloadError"),
+    ("lossscale_bench.trial", "CheckpointError"),
+    ("lossscale_bench.report.runs", "ReportError"),
+    ("lossscale_bench.orchestration.cluster", "ClusterUnavailable"),
+    ("lossscale_bench.orchestration.runs_lock", "RunsFolderBusy"),
+    ("lossscale_bench.tracking.store", "StoreMissing"),
+    ("lossscale_bench.core.portable", "PinConflict"),
+)
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
@@ -103,8 +109,10 @@ def cmd_validate(args) -> int:
         _print_notices(study)
         _print_table(study.trials())
     if paths_missing:
-        print("lsbench: (a study meant for another machine: lsbench validate --schema-only checks it without "
-              "its paths)", file=sys.stderr)
+        print(
+            "lsbench: (a study meant for another machine: lsbench validate --schema-only checks it without its paths)",
+            file=sys.stderr,
+        )
     return EXIT_USAGE if failed else EXIT_OK
 
 
@@ -140,8 +148,11 @@ def cmd_run(args) -> int:
 
         problem = folder_problem(args.reports_dir)
         if problem:
-            print(f"lsbench: error: --reports-dir {args.reports_dir} {problem}; the report is written there "
-                  "after the trials: pass a folder that can be written, or --no-report", file=sys.stderr)
+            print(
+                f"lsbench: error: --reports-dir {args.reports_dir} {problem}; the report is written there "
+                "after the trials: pass a folder that can be written, or --no-report",
+                file=sys.stderr,
+            )
             return EXIT_USAGE
     import functools
     import signal
@@ -149,10 +160,20 @@ def cmd_run(args) -> int:
     from .orchestration import Interrupted, run_study
     from .report.plots import run_plots
 
-    run = functools.partial(run_study, study, runs_dir=args.runs_dir, tracking_uri=args.tracking_uri,
-                            max_concurrent=args.max_concurrent, address=args.address, num_cpus=args.num_cpus,
-                            executor=args.executor, quiet=args.quiet, trial_plots=run_plots,
-                            check_resources=not args.no_resource_check, wait=args.wait)
+    run = functools.partial(
+        run_study,
+        study,
+        runs_dir=args.runs_dir,
+        tracking_uri=args.tracking_uri,
+        max_concurrent=args.max_concurrent,
+        address=args.address,
+        num_cpus=args.num_cpus,
+        executor=args.executor,
+        quiet=args.quiet,
+        trial_plots=run_plots,
+        check_resources=not args.no_resource_check,
+        wait=args.wait,
+    )
     looks = None
     try:
         if study.seed_plan is None:
@@ -164,8 +185,11 @@ def cmd_run(args) -> int:
             uri = resolve_tracking_uri(args.tracking_uri, Path(args.runs_dir).expanduser().resolve())
             result, looks = run_in_rounds(study, run, tracking_uri=uri)
     except Interrupted as exc:
-        print(f"lsbench: interrupted by {exc}: {exc.killed} unfinished trial run(s) marked KILLED; "
-              f"the same command resumes them", file=sys.stderr)
+        print(
+            f"lsbench: interrupted by {exc}: {exc.killed} unfinished trial run(s) marked KILLED; "
+            f"the same command resumes them",
+            file=sys.stderr,
+        )
         return EXIT_SIGINT if exc.signum == signal.SIGINT else EXIT_SIGTERM
     counts = result.counts()
     print(f"study {study.name}: " + ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in counts.items()))
@@ -173,8 +197,13 @@ def cmd_run(args) -> int:
     if not args.no_report:
         from .report import write_report
 
-        text, out = write_report(result.tracking_uri, study=study.name, fmt="markdown",
-                                 reports_dir=args.reports_dir, margin=study.report.equivalence_margin)
+        text, out = write_report(
+            result.tracking_uri,
+            study=study.name,
+            fmt="markdown",
+            reports_dir=args.reports_dir,
+            margin=study.report.equivalence_margin,
+        )
         print()
         print(text)
         print(f"(written to {out})")
@@ -218,10 +247,21 @@ def cmd_ui(args) -> int:
     except Exception:  # noqa: BLE001 - the links are a convenience; the server says what is wrong
         pass
     if args.host not in ("127.0.0.1", "localhost", "::1"):
-        print(f"warning: serving on {args.host}: anyone who can reach this address can read the runs",
-              file=sys.stderr)
-    cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", uri, "--host", args.host,
-           "--port", str(args.port), "--workers", "1"]
+        print(f"warning: serving on {args.host}: anyone who can reach this address can read the runs", file=sys.stderr)
+    cmd = [
+        sys.executable,
+        "-m",
+        "mlflow",
+        "server",
+        "--backend-store-uri",
+        uri,
+        "--host",
+        args.host,
+        "--port",
+        str(args.port),
+        "--workers",
+        "1",
+    ]
     return serve(cmd, args.port)
 
 
@@ -233,28 +273,47 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     def store_args(sp):
-        sp.add_argument("--runs-dir", default=os.environ.get("LSBENCH_RUNS", "runs"),
-                        help="study outputs and the default MLflow store (runs/mlflow.db)")
-        sp.add_argument("--tracking-uri", default=None,
-                        help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI or sqlite:///<runs-dir>/mlflow.db)")
+        sp.add_argument(
+            "--runs-dir",
+            default=os.environ.get("LSBENCH_RUNS", "runs"),
+            help="study outputs and the default MLflow store (runs/mlflow.db)",
+        )
+        sp.add_argument(
+            "--tracking-uri",
+            default=None,
+            help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI or sqlite:///<runs-dir>/mlflow.db)",
+        )
 
     sp = sub.add_parser("run", help="run a study (default: the embedded smoke study)")
     sp.add_argument("file", nargs="?", help="study YAML file")
     sp.add_argument("--dry-run", action="store_true", help="print the trial table and exit")
-    sp.add_argument("--allow-large-grid", action="store_true",
-                    help="accept a grid of more than 1000 trials (refused by default: usually a typo)")
+    sp.add_argument(
+        "--allow-large-grid",
+        action="store_true",
+        help="accept a grid of more than 1000 trials (refused by default: usually a typo)",
+    )
     store_args(sp)
     sp.add_argument("--max-concurrent", type=int, default=None, help="at most this many trials at once")
     sp.add_argument("--address", default=None, help="join an existing Ray cluster (else $RAY_ADDRESS, else local)")
     sp.add_argument("--num-cpus", type=int, default=None, help="CPUs for a local Ray instance (default: all)")
-    sp.add_argument("--no-resource-check", action="store_true",
-                    help="start trials even if no node can hold them now (an autoscaler adds nodes on demand); "
-                         "also LSBENCH_SKIP_RESOURCE_CHECK=1")
-    sp.add_argument("--executor", choices=("ray", "local"), default="ray",
-                    help="'local' runs trials one by one in this process, without Ray (debugging)")
-    sp.add_argument("--wait", action="store_true",
-                    help="if another lsbench run uses the same runs folder or store, wait for it to end "
-                         "(default: exit 2 naming it)")
+    sp.add_argument(
+        "--no-resource-check",
+        action="store_true",
+        help="start trials even if no node can hold them now (an autoscaler adds nodes on demand); "
+        "also LSBENCH_SKIP_RESOURCE_CHECK=1",
+    )
+    sp.add_argument(
+        "--executor",
+        choices=("ray", "local"),
+        default="ray",
+        help="'local' runs trials one by one in this process, without Ray (debugging)",
+    )
+    sp.add_argument(
+        "--wait",
+        action="store_true",
+        help="if another lsbench run uses the same runs folder or store, wait for it to end "
+        "(default: exit 2 naming it)",
+    )
     sp.add_argument("--quiet", action="store_true", help="no per-trial progress lines")
     sp.add_argument("--no-report", action="store_true", help="do not print the report at the end")
     sp.add_argument("--reports-dir", default="reports")
@@ -262,8 +321,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = sub.add_parser("validate", help="validate study files and the paths they name; print their trial tables")
     sp.add_argument("files", nargs="+")
-    sp.add_argument("--schema-only", action="store_true",
-                    help="check the file alone, not its data and weights paths (a study for another machine)")
+    sp.add_argument(
+        "--schema-only",
+        action="store_true",
+        help="check the file alone, not its data and weights paths (a study for another machine)",
+    )
     sp.add_argument("--allow-large-grid", action="store_true", help="accept a grid of more than 1000 trials")
     sp.set_defaults(func=cmd_validate)
 
@@ -274,12 +336,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = sub.add_parser("weights", help="backbone weight files: lsbench weights convert IN OUT")
     wsub = sp.add_subparsers(dest="weights_command", required=True)
-    wp = wsub.add_parser("convert", help="the fc-reduced VGG16 (chainercv .npz or vgg16_reducedfc.pth) as a "
-                                         "backbone file with conv6/conv7 for ssd300_vgg16/ssd512_vgg16")
+    wp = wsub.add_parser(
+        "convert",
+        help="the fc-reduced VGG16 (chainercv .npz or vgg16_reducedfc.pth) as a "
+        "backbone file with conv6/conv7 for ssd300_vgg16/ssd512_vgg16",
+    )
     wp.add_argument("input", help="chainercv ssd_vgg16_imagenet_converted_*.npz or amdegroot's vgg16_reducedfc.pth")
     wp.add_argument("output", help="the backbone file to write (model_options.backbone_weights)")
-    wp.add_argument("--format", choices=("auto", "chainercv", "pytorch"), default="auto",
-                    help="input layout (auto: .npz is chainercv, else PyTorch)")
+    wp.add_argument(
+        "--format",
+        choices=("auto", "chainercv", "pytorch"),
+        default="auto",
+        help="input layout (auto: .npz is chainercv, else PyTorch)",
+    )
     wp.set_defaults(func=cmd_weights)
 
     sp = sub.add_parser("ui", help="serve the MLflow UI for the study store")

@@ -39,9 +39,12 @@ def cmd_report(args) -> int:
         return EXIT_USAGE
     if args.telemetry and (args.metric is not None or args.margin is not None):
         given = " and ".join(f for f, v in (("--metric", args.metric), ("--margin", args.margin)) if v is not None)
-        print(f"lsbench: error: --telemetry: the telemetry table has no mAP column and no verdicts, so {given} "
-              f"would change nothing in it; drop {'them' if ' and ' in given else 'it'}, or leave out --telemetry "
-              "for the mAP tables", file=sys.stderr)
+        print(
+            f"lsbench: error: --telemetry: the telemetry table has no mAP column and no verdicts, so {given} "
+            f"would change nothing in it; drop {'them' if ' and ' in given else 'it'}, or leave out --telemetry "
+            "for the mAP tables",
+            file=sys.stderr,
+        )
         return EXIT_USAGE
     format_given = args.format is not None
     try:
@@ -53,16 +56,21 @@ def cmd_report(args) -> int:
         margin = margin_flag(args.margin)
     except ValueError:
         lo, hi = EQUIVALENCE_MARGIN_RANGE
-        print(f"lsbench: error: --margin {args.margin}: the equivalence margin is a number of mAP points from "
-              f"{lo:g} to {hi:g} (e.g. 1.0)", file=sys.stderr)
+        print(
+            f"lsbench: error: --margin {args.margin}: the equivalence margin is a number of mAP points from "
+            f"{lo:g} to {hi:g} (e.g. 1.0)",
+            file=sys.stderr,
+        )
         return EXIT_USAGE
     if args.file:
         from .study import load_study
 
         study = load_study(args.file, allow_large_grid=True)  # not run here: the grid's size does not matter
         if args.study and args.study != study.name:
-            print(f"lsbench: error: --study {args.study}: {args.file} is study {study.name!r}; give one or the other",
-                  file=sys.stderr)
+            print(
+                f"lsbench: error: --study {args.study}: {args.file} is study {study.name!r}; give one or the other",
+                file=sys.stderr,
+            )
             return EXIT_USAGE
         args.study = study.name
         margin = study.report.equivalence_margin if margin is None else margin
@@ -76,10 +84,18 @@ def cmd_report(args) -> int:
         return telemetry_report(uri, args, format_given)
     from .report.stats import DEFAULT_MARGIN
 
-    text, out = write_report(uri, study=args.study, fmt=args.format, out=args.out, metric=args.metric or "final_map",
-                             reports_dir=args.reports_dir, plots=not args.no_plots,
-                             margin=DEFAULT_MARGIN if margin is None else margin, compare=args.compare,
-                             trial_ids=trial_ids)
+    text, out = write_report(
+        uri,
+        study=args.study,
+        fmt=args.format,
+        out=args.out,
+        metric=args.metric or "final_map",
+        reports_dir=args.reports_dir,
+        plots=not args.no_plots,
+        margin=DEFAULT_MARGIN if margin is None else margin,
+        compare=args.compare,
+        trial_ids=trial_ids,
+    )
     if out is None:  # --out -: the report itself is the output
         sys.stdout.write(text if text.endswith("\n") else text + "\n")
     elif args.format == "html" or args.out:
@@ -97,8 +113,11 @@ def telemetry_report(uri: str, args, format_given: bool) -> int:
     from .report.write import write_telemetry_report
 
     if args.format != "markdown":
-        why = (f"drop --format {args.format}" if format_given else
-               f"--out {args.out} names a {args.format} file: give an --out ending in .md, a folder, or -")
+        why = (
+            f"drop --format {args.format}"
+            if format_given
+            else f"--out {args.out} names a {args.format} file: give an --out ending in .md, a folder, or -"
+        )
         print(f"lsbench: error: --telemetry: the telemetry table is markdown only; {why}", file=sys.stderr)
         return EXIT_USAGE
     text, out = write_telemetry_report(uri, study=args.study, out=args.out)
@@ -112,29 +131,50 @@ def telemetry_report(uri: str, args, format_given: bool) -> int:
 def report_parser(sub, store_args) -> None:
     """``lsbench report``'s arguments, on the ``sub`` parsers of :func:`lossscale_bench.cli.build_parser`."""
     sp = sub.add_parser("report", help="mAP tables from the MLflow store")
-    sp.add_argument("file", nargs="?", help="study YAML file: report that study, with its report settings "
-                                            "(the equivalence margin)")
+    sp.add_argument(
+        "file", nargs="?", help="study YAML file: report that study, with its report settings (the equivalence margin)"
+    )
     sp.add_argument("--study", default=None, help="the study's name (default: every study in the store)")
-    sp.add_argument("--format", choices=("markdown", "csv", "html", "latex"), default=None,
-                    help="default: what --out's extension says (.md, .csv, .html, .tex), else markdown")
-    sp.add_argument("--out", default=None,
-                    help="file to write, or a folder to write it in, or - for standard output "
-                         "(default: reports/<study>.<ext>)")
+    sp.add_argument(
+        "--format",
+        choices=("markdown", "csv", "html", "latex"),
+        default=None,
+        help="default: what --out's extension says (.md, .csv, .html, .tex), else markdown",
+    )
+    sp.add_argument(
+        "--out",
+        default=None,
+        help="file to write, or a folder to write it in, or - for standard output (default: reports/<study>.<ext>)",
+    )
     from .report.metric_names import REPORT_METRICS  # names only: no pandas, --help stays instant
 
-    sp.add_argument("--metric", default=None, choices=tuple(REPORT_METRICS),
-                    help="final_map (default: mAP at the last evaluation), final_map_50 (mAP@0.5) "
-                         "or best_map (the best evaluation's); shown in percent")
+    sp.add_argument(
+        "--metric",
+        default=None,
+        choices=tuple(REPORT_METRICS),
+        help="final_map (default: mAP at the last evaluation), final_map_50 (mAP@0.5) "
+        "or best_map (the best evaluation's); shown in percent",
+    )
     sp.add_argument("--reports-dir", default="reports")
     sp.add_argument("--no-plots", action="store_true", help="tables only, no plots")
-    sp.add_argument("--telemetry", action="store_true",
-                    help="instead of mAP: per row, the share of gradient elements flushed and saturated "
-                         "(activation and parameter gradients), loss scales and skipped steps, over seeds")
-    sp.add_argument("--compare", action="store_true",
-                    help="instead of the tables: every pair of rows of each table (paired Δ, Holm-corrected "
-                         "verdicts, P(A > B)) and a ranking with the groups that cannot be told apart")
-    sp.add_argument("--margin", default=None, metavar="POINTS",
-                    help="equivalence margin in mAP points (default: the study file's report.equivalence_margin, "
-                         "else 1.0): a difference the two one-sided tests put inside ±POINTS is 'equivalent'")
+    sp.add_argument(
+        "--telemetry",
+        action="store_true",
+        help="instead of mAP: per row, the share of gradient elements flushed and saturated "
+        "(activation and parameter gradients), loss scales and skipped steps, over seeds",
+    )
+    sp.add_argument(
+        "--compare",
+        action="store_true",
+        help="instead of the tables: every pair of rows of each table (paired Δ, Holm-corrected "
+        "verdicts, P(A > B)) and a ranking with the groups that cannot be told apart",
+    )
+    sp.add_argument(
+        "--margin",
+        default=None,
+        metavar="POINTS",
+        help="equivalence margin in mAP points (default: the study file's report.equivalence_margin, "
+        "else 1.0): a difference the two one-sided tests put inside ±POINTS is 'equivalent'",
+    )
     store_args(sp)
     sp.set_defaults(func=cmd_report)

@@ -47,8 +47,14 @@ def look_at_store(uri: str, study):
         if r.status in _DONE:
             done.setdefault((r.setting_id, r.model, r.batch_size, r.row), set()).add(int(r.seed))
     summary = summarize(runs, "final_map", study.report.equivalence_margin, values=True)
-    decisions = seed_looks(summary, done, plan.looks(), margin=study.report.equivalence_margin,
-                           all_pairs=plan.pairs == "all", spending=plan.spending)
+    decisions = seed_looks(
+        summary,
+        done,
+        plan.looks(),
+        margin=study.report.equivalence_margin,
+        all_pairs=plan.pairs == "all",
+        spending=plan.spending,
+    )
     return decisions, done
 
 
@@ -63,13 +69,18 @@ def _record(uri: str, study, decisions, round_no: int) -> None:
     from .tracking import set_study_tags
 
     plan = study.seed_plan
-    tags = {f"{TAG_PREFIX}method": method_text(plan.spending),
-            f"{TAG_PREFIX}plan": (f"start={plan.start} step={plan.step} max={plan.max} until={plan.until} "
-                                  f"pairs={plan.pairs} spending={plan.spending}"),
-            f"{TAG_PREFIX}round": str(round_no)}
+    tags = {
+        f"{TAG_PREFIX}method": method_text(plan.spending),
+        f"{TAG_PREFIX}plan": (
+            f"start={plan.start} step={plan.step} max={plan.max} until={plan.until} "
+            f"pairs={plan.pairs} spending={plan.spending}"
+        ),
+        f"{TAG_PREFIX}round": str(round_no),
+    }
     for r in decisions.itertuples():
-        tags[f"{TAG_PREFIX}pair.{r.model}.b{r.batch_size}.row{r.row_a}-row{r.row_b}"] = \
+        tags[f"{TAG_PREFIX}pair.{r.model}.b{r.batch_size}.row{r.row_a}-row{r.row_b}"] = (
             f"{r.label_a} vs {r.label_b}: {r.verdict}"
+        )
     set_study_tags(uri, study.name, tags)
 
 
@@ -127,8 +138,10 @@ def run_in_rounds(study, run: Callable[..., Any], *, tracking_uri: str, say: Cal
         have = {(m, b, r, s) for (_, m, b, r), seeds in done.items() for s in seeds}
         missing = sum((t.model, t.batch_size, t.row, t.seed) not in have for t in batch)
         open_pairs = int((decisions["outcome"] == "continue").sum())
-        say(f"seeds round {round_no}: {len(batch)} trials so far, {open_pairs} pair(s) still open"
-            + (f", {missing} trial(s) without a result (run again to retry)" if missing else ""))
+        say(
+            f"seeds round {round_no}: {len(batch)} trials so far, {open_pairs} pair(s) still open"
+            + (f", {missing} trial(s) without a result (run again to retry)" if missing else "")
+        )
         if grown == target or missing:
             return result, decisions
         target = grown

@@ -74,8 +74,16 @@ def study_yaml(**overrides) -> str:
 def tiny_data_study(dataset: str, *, name: str = "t", eval: str = "{metric: voc07}") -> str:
     """The smallest study on real-layout data (``dataset``: its YAML flow text), 2 iterations of
     batch 2 at 64 px: for tests of what the data checks and the trial make of a data folder."""
-    return study_yaml(name=name, dataset=dataset, model_options={"width": 8, "image_size": 64}, batch_size=2,
-                      seeds=None, log_every=None, schedule={"iterations": 2, "lr": "1.0e-3"}, eval=eval)
+    return study_yaml(
+        name=name,
+        dataset=dataset,
+        model_options={"width": 8, "image_size": 64},
+        batch_size=2,
+        seeds=None,
+        log_every=None,
+        schedule={"iterations": 2, "lr": "1.0e-3"},
+        eval=eval,
+    )
 
 
 def write_study(tmp_path: Path, name: str = "s.yaml", **overrides) -> Path:
@@ -88,8 +96,11 @@ def write_study(tmp_path: Path, name: str = "s.yaml", **overrides) -> Path:
 # --------------------------------------------------------------------------- the CLI in a fresh interpreter
 #: ``prefix`` for :func:`lsbench` that makes root obey file modes, as any user does (root without
 #: CAP_DAC_OVERRIDE); empty where the tests do not run as root or there is no setpriv
-AS_USER = (["setpriv", "--bounding-set=-dac_override,-dac_read_search"]
-           if os.geteuid() == 0 and shutil.which("setpriv") else [])
+AS_USER = (
+    ["setpriv", "--bounding-set=-dac_override,-dac_read_search"]
+    if os.geteuid() == 0 and shutil.which("setpriv")
+    else []
+)
 #: whether a read-only folder stops this process's children from writing (root without setpriv: no)
 MODES_OBEYED = os.geteuid() != 0 or bool(AS_USER)
 
@@ -98,8 +109,14 @@ def lsbench(*args, cwd=None, timeout=300, env=None, prefix=()) -> subprocess.Com
     """``lsbench ARGS`` (``python -m lossscale_bench.cli``) in a fresh interpreter, output captured as text.
     ``env`` adds to the environment; ``prefix`` goes before the interpreter (e.g. ``setpriv ...``)."""
     cmd = [*prefix, sys.executable, "-m", "lossscale_bench.cli", *map(str, args)]
-    return subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, timeout=timeout,
-                          env=None if env is None else {**os.environ, **env})
+    return subprocess.run(
+        cmd,
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=timeout,
+        env=None if env is None else {**os.environ, **env},
+    )
 
 
 #: what a library's own message looks like on the terminal (issue 28 item 6): a Python warning
@@ -110,7 +127,8 @@ def lsbench(*args, cwd=None, timeout=300, env=None, prefix=()) -> subprocess.Com
 LIBRARY_LINE = re.compile(
     r"\w+Warning\b|\b(DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)\b[: \]]|^\[[WIE]\d{4} |"
     r"^\((\w+ )?pid=\d+|^\(raylet|CUDA_HOME|No CUDA runtime|Downloading artifacts|alembic|"
-    r"pydantic|Traceback \(most recent call last\)")
+    r"pydantic|Traceback \(most recent call last\)"
+)
 
 
 def library_lines(text: str) -> list[str]:
@@ -119,8 +137,9 @@ def library_lines(text: str) -> list[str]:
 
 
 # --------------------------------------------------------------------------- crash and resume one trial
-def crash_and_resume(cfg, tmp_path: Path, monkeypatch, *, crash_at_step: int = 5, checkpoint_every: int = 4,
-                     after_crash=None):
+def crash_and_resume(
+    cfg, tmp_path: Path, monkeypatch, *, crash_at_step: int = 5, checkpoint_every: int = 4, after_crash=None
+):
     """Run ``cfg`` straight through in ``tmp_path/a``; then in ``tmp_path/b`` run it until step
     ``crash_at_step`` raises (a simulated crash after the last checkpoint) and run it again, resuming.
 
@@ -135,8 +154,7 @@ def crash_and_resume(cfg, tmp_path: Path, monkeypatch, *, crash_at_step: int = 5
 
     def run(where):
         sink = MemorySink()
-        return run_trial(cfg, sink=sink, trial_dir=tmp_path / where, threads=1,
-                         checkpoint_every=checkpoint_every), sink
+        return run_trial(cfg, sink=sink, trial_dir=tmp_path / where, threads=1, checkpoint_every=checkpoint_every), sink
 
     before = torch.get_num_threads()
     real_step = loop.Trainer.train_step
@@ -161,16 +179,18 @@ def crash_and_resume(cfg, tmp_path: Path, monkeypatch, *, crash_at_step: int = 5
 
 
 # --------------------------------------------------------------------------- data folders
-def coco_from_synthetic(tmp_path: Path, *, train_images: int, val_images: int, seed: int,
-                        image_size: int = 64) -> tuple[Path, dict]:
+def coco_from_synthetic(
+    tmp_path: Path, *, train_images: int, val_images: int, seed: int, image_size: int = 64
+) -> tuple[Path, dict]:
     """A COCO-2017-layout folder (``tmp_path/coco``) made from the synthetic set; returns the root and
     the synthetic set's paths (``ensure_synthetic``'s dict: its annotation JSONs, to edit copies of)."""
     import shutil
 
     from lossscale_bench.data.synthetic import ensure_synthetic
 
-    p = ensure_synthetic(Path(tmp_path) / "syn", train_images=train_images, val_images=val_images,
-                         image_size=image_size, seed=seed)
+    p = ensure_synthetic(
+        Path(tmp_path) / "syn", train_images=train_images, val_images=val_images, image_size=image_size, seed=seed
+    )
     root = Path(tmp_path) / "coco"
     (root / "annotations").mkdir(parents=True)
     shutil.copytree(p["train_images"], root / "train2017")
@@ -191,24 +211,31 @@ def random_detection_batch(n: int, size: int, seed: int = 1):
     for _ in range(n):
         xy = torch.rand(2, 2, generator=g) * (size * 0.6)
         wh = size / 8 + torch.rand(2, 2, generator=g) * (size * 0.4)
-        targets.append({"boxes": torch.cat([xy, (xy + wh).clamp(max=size)], 1),
-                        "labels": torch.randint(1, 4, (2,), generator=g)})
+        targets.append(
+            {"boxes": torch.cat([xy, (xy + wh).clamp(max=size)], 1), "labels": torch.randint(1, 4, (2,), generator=g)}
+        )
     return images, targets
 
 
 def one_entry_study(entry: str, precision: str = "fp16-emulated") -> str:
     """A study whose only interesting part is one scaling entry (YAML flow text) in ``precision``:
     for validation and trial-id tests of a single entry."""
-    return (f"name: t\ndataset: synthetic\nmodel: ssd_tiny\nbatch_size: 8\nprecision: {precision}\n"
-            f"schedule: {{iterations: 10, lr: 1e-3}}\nscaling:\n  - {entry}\n")
+    return (
+        f"name: t\ndataset: synthetic\nmodel: ssd_tiny\nbatch_size: 8\nprecision: {precision}\n"
+        f"schedule: {{iterations: 10, lr: 1e-3}}\nscaling:\n  - {entry}\n"
+    )
 
 
 # --------------------------------------------------------------------------- the kangaroo photos
 def _main_checkout(repo: Path) -> Path | None:
     """The main checkout of the git worktree ``repo`` (itself when it is one), or None without git."""
     try:
-        common = subprocess.run(["git", "-C", str(repo), "rev-parse", "--path-format=absolute", "--git-common-dir"],
-                                capture_output=True, text=True, timeout=10).stdout.strip()
+        common = subprocess.run(
+            ["git", "-C", str(repo), "rev-parse", "--path-format=absolute", "--git-common-dir"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return None
     return Path(common).parent if common else None
@@ -230,4 +257,7 @@ def kangaroo_root() -> tuple[Path | None, str]:
     for cand in candidates:
         if (cand / "ImageSets" / "Main" / "test.txt").is_file():
             return cand.resolve(), ""
-    return None, f"the kangaroo photos are not here (looked in: {', '.join(map(str, candidates))}; set LSBENCH_KANGAROO)"
+    return (
+        None,
+        f"the kangaroo photos are not here (looked in: {', '.join(map(str, candidates))}; set LSBENCH_KANGAROO)",
+    )

@@ -42,9 +42,13 @@ def test_bad_boxes_and_unknown_classes_are_errors_naming_file_and_record(coco_ro
 
 
 def test_bad_boxes_and_unknown_classes_are_dropped_and_counted_on_request(coco_root):
-    ds = CocoDetection(coco_root / "train2017", coco_root / "annotations" / "instances_train2017.json", train=True,
-                       bad_annotations="drop")
-    assert ds.skipped_boxes == 3   # outside the image, x2 < x1, unknown category
+    ds = CocoDetection(
+        coco_root / "train2017",
+        coco_root / "annotations" / "instances_train2017.json",
+        train=True,
+        bad_annotations="drop",
+    )
+    assert ds.skipped_boxes == 3  # outside the image, x2 < x1, unknown category
     assert ds.dropped_annotations == {"bad_box": 1, "outside_image": 1, "unknown_class": 1}
     assert dict(ds.unknown_objects) == {"999": 1}
     for i in range(len(ds)):
@@ -57,8 +61,12 @@ def test_bad_boxes_and_unknown_classes_are_dropped_and_counted_on_request(coco_r
 
 
 def test_corrupt_image_is_a_clear_error_naming_the_file(coco_root):
-    ds = CocoDetection(coco_root / "train2017", coco_root / "annotations" / "instances_train2017.json", train=True,
-                       bad_annotations="drop")
+    ds = CocoDetection(
+        coco_root / "train2017",
+        coco_root / "annotations" / "instances_train2017.json",
+        train=True,
+        bad_annotations="drop",
+    )
     bad = coco_root / "train2017" / ds._records[0]["file_name"]
     bad.write_bytes(b"\x89PNG\r\n\x1a\n garbage")
     with pytest.raises(CorruptImage, match=str(bad)):

@@ -17,8 +17,12 @@ _spec.loader.exec_module(harness)
 
 def test_rotate_abba_and_fixed_orders():
     names = ["a", "b", "c"]
-    assert [harness.order(names, r) for r in range(4)] == [["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"],
-                                                           ["a", "b", "c"]]
+    assert [harness.order(names, r) for r in range(4)] == [
+        ["a", "b", "c"],
+        ["b", "c", "a"],
+        ["c", "a", "b"],
+        ["a", "b", "c"],
+    ]
     assert [harness.order(names, r, "abba") for r in range(3)] == [names, ["c", "b", "a"], names]
     assert harness.order(names, 5, "fixed") == names
     with pytest.raises(ValueError, match="rotate"):
@@ -32,6 +36,7 @@ def test_interleave_runs_every_setting_once_a_round_and_drops_the_warmup_rounds(
         def f(rnd):
             calls.append((rnd, name))
             return float(10 * rnd + len(name))
+
         return f
 
     out = harness.interleave({"x": run("x"), "yy": run("yy")}, rounds=2, warmup=1, how="abba")
@@ -55,8 +60,12 @@ def test_percentile_and_summary():
 
 def test_markdown_table_cells():
     text = harness.markdown_table(["a", "b", "c", "d"], [["x", 1.23456, None, True], [2, 0.5, "–", False]])
-    assert text.splitlines() == ["| a | b | c | d |", "|---|---|---|---|", "| x | 1.235 | – | yes |",
-                                 "| 2 | 0.500 | – | no |"]
+    assert text.splitlines() == [
+        "| a | b | c | d |",
+        "|---|---|---|---|",
+        "| x | 1.235 | – | yes |",
+        "| 2 | 0.500 | – | no |",
+    ]
 
 
 def test_the_common_command_line_and_a_scripts_own_spelling_of_repeats(tmp_path):

@@ -11,16 +11,21 @@ def _run(*args, cwd=None):
     return lsbench(*args, cwd=cwd, timeout=120)
 
 
-@pytest.mark.parametrize("body, field", [
-    ("name: x\nmodel: [ssd_huge]\n", "model"),
-    ("name: x\nfoo: 1\n", "foo"),
-    ("name: x\nscaling: [{method: fixed, scale: -1}]\n", "scaling[0].scale"),
-    ("name: [unclosed\n", "line"),
-])
+@pytest.mark.parametrize(
+    "body, field",
+    [
+        ("name: x\nmodel: [ssd_huge]\n", "model"),
+        ("name: x\nfoo: 1\n", "foo"),
+        ("name: x\nscaling: [{method: fixed, scale: -1}]\n", "scaling[0].scale"),
+        ("name: [unclosed\n", "line"),
+    ],
+)
 def test_bad_study_is_one_line_exit_2(tmp_path, body, field):
     f = tmp_path / "bad.yaml"
-    base = ("dataset: {name: synthetic}\nmodel: [ssd_tiny]\nbatch_size: [2]\nprecision: fp32\n"
-            "scaling: [{method: none}]\nseeds: [0]\nschedule: {iterations: 2, lr: 0.01}\n")
+    base = (
+        "dataset: {name: synthetic}\nmodel: [ssd_tiny]\nbatch_size: [2]\nprecision: fp32\n"
+        "scaling: [{method: none}]\nseeds: [0]\nschedule: {iterations: 2, lr: 0.01}\n"
+    )
     text = body if body.startswith("name: [") else base + body.replace("name: x\n", "name: x\n", 1)
     # later keys override earlier ones only if they are different keys; rebuild without duplicates
     lines = {}
@@ -49,9 +54,11 @@ def test_dry_run_of_the_embedded_study():
 
 def test_missing_data_fails_before_any_trial(tmp_path):
     f = tmp_path / "coco.yaml"
-    f.write_text("name: c\ndataset: {name: coco2017, root: %s}\nmodel: [ssd_tiny]\nbatch_size: [2]\n"
-                 "precision: fp32\nscaling: [{method: none}]\nseeds: [0]\nschedule: {iterations: 2, lr: 0.01}\n"
-                 % (tmp_path / "nowhere"))
+    f.write_text(
+        "name: c\ndataset: {name: coco2017, root: %s}\nmodel: [ssd_tiny]\nbatch_size: [2]\n"
+        "precision: fp32\nscaling: [{method: none}]\nseeds: [0]\nschedule: {iterations: 2, lr: 0.01}\n"
+        % (tmp_path / "nowhere")
+    )
     r = _run("run", str(f), "--runs-dir", str(tmp_path / "runs"), cwd=tmp_path)
     assert r.returncode == 2, r.stderr
     assert "nowhere" in r.stderr and "lsbench data coco" in r.stderr
@@ -63,16 +70,29 @@ def test_unwritable_reports_dir_is_refused_before_any_trial(tmp_path):
     """Before: found only when the report was written, after every trial had trained (issue 29)."""
     f = write_study(tmp_path, schedule={"iterations": 4, "lr": 0.01, "warmup_iterations": 2})
     (tmp_path / "taken").write_text("a file")
-    cases = [("taken", "--reports-dir taken is a file, not a folder", ()),
-             ("taken/sub", f"--reports-dir taken/sub cannot be created: {tmp_path / 'taken'} is a file, not a folder",
-              ())]
+    cases = [
+        ("taken", "--reports-dir taken is a file, not a folder", ()),
+        ("taken/sub", f"--reports-dir taken/sub cannot be created: {tmp_path / 'taken'} is a file, not a folder", ()),
+    ]
     if MODES_OBEYED:
         (tmp_path / "ro").mkdir(mode=0o555)
-        cases.append(("ro/reports", f"--reports-dir ro/reports cannot be created: {tmp_path / 'ro'} is read-only",
-                      AS_USER))
+        cases.append(
+            ("ro/reports", f"--reports-dir ro/reports cannot be created: {tmp_path / 'ro'} is read-only", AS_USER)
+        )
     for reports, needle, prefix in cases:
-        r = lsbench("run", f, "--executor", "local", "--runs-dir", tmp_path / "runs", "--reports-dir", reports,
-                    cwd=tmp_path, timeout=180, prefix=prefix)
+        r = lsbench(
+            "run",
+            f,
+            "--executor",
+            "local",
+            "--runs-dir",
+            tmp_path / "runs",
+            "--reports-dir",
+            reports,
+            cwd=tmp_path,
+            timeout=180,
+            prefix=prefix,
+        )
         assert r.returncode == 2, (reports, r.stdout[-1500:], r.stderr[-2000:])
         assert r.stderr.startswith(f"lsbench: error: {needle}") and len(r.stderr.strip().splitlines()) == 1, r.stderr
         assert "pass a folder that can be written, or --no-report" in r.stderr
@@ -82,11 +102,22 @@ def test_unwritable_reports_dir_is_refused_before_any_trial(tmp_path):
 def test_a_misspelt_malloc_setting_is_refused_before_any_trial(tmp_path):
     """LSBENCH_MALLOC=sytem used to keep the default without a word (the ninth session's note)."""
     f = write_study(tmp_path, schedule={"iterations": 4, "lr": 0.01, "warmup_iterations": 2})
-    r = lsbench("run", f, "--executor", "local", "--runs-dir", tmp_path / "runs", cwd=tmp_path, timeout=180,
-                env={"LSBENCH_MALLOC": "sytem"})
+    r = lsbench(
+        "run",
+        f,
+        "--executor",
+        "local",
+        "--runs-dir",
+        tmp_path / "runs",
+        cwd=tmp_path,
+        timeout=180,
+        env={"LSBENCH_MALLOC": "sytem"},
+    )
     assert r.returncode == 2, (r.stdout[-1500:], r.stderr[-2000:])
-    assert r.stderr.strip() == ("lsbench: error: LSBENCH_MALLOC='sytem' in the environment: allowed: 'system' "
-                                "(glibc's malloc defaults) or 'kept' (freed memory kept, the default; also when unset)")
+    assert r.stderr.strip() == (
+        "lsbench: error: LSBENCH_MALLOC='sytem' in the environment: allowed: 'system' "
+        "(glibc's malloc defaults) or 'kept' (freed memory kept, the default; also when unset)"
+    )
     assert not (tmp_path / "runs").exists()  # nothing trained, no store made
 
 
@@ -105,8 +136,10 @@ def test_report_without_a_store(tmp_path):
     assert not (tmp_path / "runs").exists()
 
 
-@pytest.mark.parametrize("study", sorted(p.name for p in (__import__("pathlib").Path(__file__).resolve().parents[1]
-                                                         / "studies").glob("*.yaml")))
+@pytest.mark.parametrize(
+    "study",
+    sorted(p.name for p in (__import__("pathlib").Path(__file__).resolve().parents[1] / "studies").glob("*.yaml")),
+)
 def test_every_shipped_study_validates_and_dry_runs(study):
     from pathlib import Path
 
@@ -132,18 +165,24 @@ def test_report_refuses_a_bad_margin_at_once(tmp_path, margin):
     [1e-6, 100] mAP points the statistics divided by zero (1e-300) or overflowed (1e308)."""
     r = _run("report", "--runs-dir", str(tmp_path / "runs"), f"--margin={margin}", cwd=tmp_path)
     assert r.returncode == 2 and r.stdout == ""
-    assert r.stderr.strip() == (f"lsbench: error: --margin {margin}: the equivalence margin is a number of mAP "
-                                "points from 1e-06 to 100 (e.g. 1.0)")
+    assert r.stderr.strip() == (
+        f"lsbench: error: --margin {margin}: the equivalence margin is a number of mAP "
+        "points from 1e-06 to 100 (e.g. 1.0)"
+    )
 
 
 def test_report_refuses_a_bad_margin_in_the_study_file_and_mixed_reports(tmp_path):
     f = tmp_path / "s.yaml"
-    f.write_text("name: s\ndataset: synthetic\nmodel: ssd_tiny\nbatch_size: 8\nprecision: fp32\nscaling: [none]\n"
-                 "schedule: {iterations: 10, lr: 0.001}\nreport: {equivalence_margin: -0.5}\n")
+    f.write_text(
+        "name: s\ndataset: synthetic\nmodel: ssd_tiny\nbatch_size: 8\nprecision: fp32\nscaling: [none]\n"
+        "schedule: {iterations: 10, lr: 0.001}\nreport: {equivalence_margin: -0.5}\n"
+    )
     r = _run("report", str(f), "--runs-dir", str(tmp_path / "runs"), cwd=tmp_path)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
-    assert str(f) in r.stderr and "report.equivalence_margin: -0.5 is out of range; allowed: numbers 1e-06 <= x <= 100" \
-        in r.stderr
+    assert (
+        str(f) in r.stderr
+        and "report.equivalence_margin: -0.5 is out of range; allowed: numbers 1e-06 <= x <= 100" in r.stderr
+    )
     f.write_text(f.read_text().replace("-0.5", "0.5"))
     r = _run("report", str(f), "--study", "other", "--runs-dir", str(tmp_path / "runs"), cwd=tmp_path)
     assert r.returncode == 2

@@ -19,13 +19,30 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PROCESS_TALK = re.compile(
     r"issue [0-9]+|\bitem [0-9]+\b|deliver [0-9]|(this|that|next|last|previous|earlier|first|second|third|"
-    r"fourth|fifth|sixth|seventh|eighth|ninth|tenth) session|helpers'|\bthis turn\b", re.I)
+    r"fourth|fifth|sixth|seventh|eighth|ninth|tenth) session|helpers'|\bthis turn\b",
+    re.I,
+)
 HEX = re.compile(r"(?<![\w/.-])([0-9a-f]{7,40})(?![\w-])")
 MD_LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
-CODE_PATH = re.compile(r"`([A-Za-z0-9_.][A-Za-z0-9_./-]*/[A-Za-z0-9_.-]+\.(?:py|md|ya?ml|toml|json|txt|sh|c|png|csv|cfg))`")
+CODE_PATH = re.compile(
+    r"`([A-Za-z0-9_.][A-Za-z0-9_./-]*/[A-Za-z0-9_.-]+\.(?:py|md|ya?ml|toml|json|txt|sh|c|png|csv|cfg))`"
+)
 # written by a run, the user or the machine, not shipped: not checked
-OUTPUT_PREFIXES = ("runs/", "reports/", "build/", "shared/", ".venv", "~", "/", "layers/", "plots/",
-                   "failed_attempts/", "trials/", "$", "<")
+OUTPUT_PREFIXES = (
+    "runs/",
+    "reports/",
+    "build/",
+    "shared/",
+    ".venv",
+    "~",
+    "/",
+    "layers/",
+    "plots/",
+    "failed_attempts/",
+    "trials/",
+    "$",
+    "<",
+)
 
 
 def _prose_files() -> list[Path]:
@@ -38,7 +55,7 @@ def _text_lines(path: Path) -> list[tuple[int, str]]:
     """Lines a reader reads: a study file's comments only, every line of a markdown file."""
     lines = path.read_text(encoding="utf-8").splitlines()
     if path.suffix == ".yaml":
-        return [(i, line[line.index("#"):]) for i, line in enumerate(lines, 1) if "#" in line]
+        return [(i, line[line.index("#") :]) for i, line in enumerate(lines, 1) if "#" in line]
     return list(enumerate(lines, 1))
 
 
@@ -70,14 +87,23 @@ def _provenance_lines(path: Path) -> set[int]:
 def _commits(words: set[str]) -> set[str]:
     """The words that name a commit of this repository."""
     words = sorted(words)
-    r = subprocess.run(["git", "-C", str(ROOT), "cat-file", "--batch-check"], input="\n".join(words) + "\n",
-                       capture_output=True, text=True, check=True)
+    r = subprocess.run(
+        ["git", "-C", str(ROOT), "cat-file", "--batch-check"],
+        input="\n".join(words) + "\n",
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return {w for w, out in zip(words, r.stdout.splitlines()) if out.split()[1:2] == ["commit"]}
 
 
 def test_no_process_talk():
-    found = [f"{f.relative_to(ROOT)}:{i}: {line.strip()[:120]}"
-             for f in _prose_files() for i, line in _text_lines(f) if PROCESS_TALK.search(line)]
+    found = [
+        f"{f.relative_to(ROOT)}:{i}: {line.strip()[:120]}"
+        for f in _prose_files()
+        for i, line in _text_lines(f)
+        if PROCESS_TALK.search(line)
+    ]
     assert not found, "\n".join(found)
 
 
@@ -111,10 +137,12 @@ def test_links_and_paths_resolve():
                 continue
             targets = []
             if f.suffix == ".md":
-                targets += [t for t in MD_LINK.findall(line)
-                            if not re.match(r"[a-z]+:|#", t)]
-            targets += [t for t in CODE_PATH.findall(line)
-                        if not t.startswith(OUTPUT_PREFIXES) and not re.search(r"[*<>{}$]", t)]
+                targets += [t for t in MD_LINK.findall(line) if not re.match(r"[a-z]+:|#", t)]
+            targets += [
+                t
+                for t in CODE_PATH.findall(line)
+                if not t.startswith(OUTPUT_PREFIXES) and not re.search(r"[*<>{}$]", t)
+            ]
             for t in targets:
                 path = t.split("#", 1)[0]
                 if path and not _exists(path, f.parent):

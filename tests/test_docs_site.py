@@ -30,8 +30,14 @@ def _mkdocs() -> list[str] | None:
 
 
 def _find_chromium() -> str | None:
-    for name in (os.environ.get("LSBENCH_CHROMIUM"), "chromium", "chromium-browser", "google-chrome",
-                 "google-chrome-stable", "chrome"):
+    for name in (
+        os.environ.get("LSBENCH_CHROMIUM"),
+        "chromium",
+        "chromium-browser",
+        "google-chrome",
+        "google-chrome-stable",
+        "chrome",
+    ):
         if name and (path := shutil.which(name)):
             return path
     return None
@@ -60,8 +66,14 @@ window.addEventListener('load', () => setTimeout(() => {
 @pytest.fixture(scope="module")
 def site(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("site")
-    r = subprocess.run([*MKDOCS, "build", "--strict", "--site-dir", str(out)], cwd=ROOT, capture_output=True,
-                       text=True, timeout=600, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+    r = subprocess.run(
+        [*MKDOCS, "build", "--strict", "--site-dir", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     return out
 
@@ -84,11 +96,23 @@ def test_build_is_strict_and_offline(site):
 
 def _chromium(tmp: Path, *args: str) -> subprocess.CompletedProcess:
     cmd = [
-        CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync",
-        "--disable-dev-shm-usage", "--disable-extensions", "--hide-scrollbars", "--mute-audio",
+        CHROMIUM,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--disable-dev-shm-usage",
+        "--disable-extensions",
+        "--hide-scrollbars",
+        "--mute-audio",
         "--host-resolver-rules=MAP * ~NOTFOUND",  # a page that needed the network would show it
-        f"--user-data-dir={tmp / 'chromium-profile'}", "--virtual-time-budget=5000", *args,
+        f"--user-data-dir={tmp / 'chromium-profile'}",
+        "--virtual-time-budget=5000",
+        *args,
     ]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env={**os.environ, "HOME": str(tmp)})
     assert r.returncode == 0, r.stderr[-2000:]

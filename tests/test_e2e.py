@@ -17,17 +17,25 @@ import pytest
 from helpers import library_lines, study_yaml
 
 MICRO = study_yaml(
-    name="micro", dataset={"name": "synthetic", "train_images": 16, "val_images": 8, "image_size": 64, "seed": 0},
+    name="micro",
+    dataset={"name": "synthetic", "train_images": 16, "val_images": 8, "image_size": 64, "seed": 0},
     precision="fp16-emulated",
-    scaling=["{method: fixed, scale: 128}", "{method: fixed, scale: 1.0e+30, skip_nonfinite: false, label: blow-up}",
-             "{method: adaptive, update_every: 2, init_scale: 16}"],
-    schedule={"iterations": 12, "lr": 0.01, "warmup_iterations": 4}, eval={"every": 6, "metric": "coco"},
-    divergence={"patience": 3}, log_every=4)
+    scaling=[
+        "{method: fixed, scale: 128}",
+        "{method: fixed, scale: 1.0e+30, skip_nonfinite: false, label: blow-up}",
+        "{method: adaptive, update_every: 2, init_scale: 16}",
+    ],
+    schedule={"iterations": 12, "lr": 0.01, "warmup_iterations": 4},
+    eval={"every": 6, "metric": "coco"},
+    divergence={"patience": 3},
+    log_every=4,
+)
 
 
 def _lsbench(*args, cwd):
-    return subprocess.run([sys.executable, "-m", "lossscale_bench.cli", *args], cwd=cwd, capture_output=True,
-                          text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "lossscale_bench.cli", *args], cwd=cwd, capture_output=True, text=True, timeout=300
+    )
 
 
 @pytest.mark.slow
@@ -42,8 +50,10 @@ def test_micro_study_through_ray_mlflow_and_report(tmp_path):
     assert library_lines(r.stdout + r.stderr) == [] and r.stderr == "", r.stderr[-3000:]
     out = r.stdout
     assert "2 finished, 1 diverged, 0 failed" in out, out
-    assert "| Model    | Loss scale       | Batch size | Validation mAP |" in out.replace("  ", " ") or \
-        "Validation mAP" in out
+    assert (
+        "| Model    | Loss scale       | Batch size | Validation mAP |" in out.replace("  ", " ")
+        or "Validation mAP" in out
+    )
     assert "| blow-up" in out and "diverged" in out.split("| blow-up", 1)[1].splitlines()[0]
     assert (tmp_path / "reports" / "micro.md").is_file()
 
@@ -75,8 +85,10 @@ def test_micro_study_through_ray_mlflow_and_report(tmp_path):
     assert "ada_scale_log2_max" in ada.data.metrics and "final_map" in ada.data.metrics
     arts = {a.path for a in client.list_artifacts(ada.info.run_id, "layers")}
     assert "layers/layers_history.csv" in arts
-    assert {a.path for a in client.list_artifacts(ada.info.run_id, "plots")} >= {"plots/loss.png",
-                                                                                 "plots/scale_heatmap.png"}
+    assert {a.path for a in client.list_artifacts(ada.info.run_id, "plots")} >= {
+        "plots/loss.png",
+        "plots/scale_heatmap.png",
+    }
 
     # second run: nothing trained, no new runs
     r2 = _lsbench("run", str(study), "--runs-dir", str(runs), "--num-cpus", "2", "--no-report", cwd=tmp_path)

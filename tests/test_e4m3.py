@@ -20,10 +20,10 @@ from lossscale_bench.study import StudyError, load_study_text
 def test_e4m3_gradient_flush_point_and_saturation():
     p = get_precision("fp8-e4m3-emulated")
     assert p.grad_format is E4M3 and p.forward_format is E4M3 and p.emulated and p.needs_scaler
-    sub = 2.0 ** -9  # E4M3's smallest subnormal
-    x = torch.tensor([sub / 2, sub / 2 * 1.01, sub, 2.0 ** -6, 448.0, 464.0, 500.0, float("inf"), -1e9])
+    sub = 2.0**-9  # E4M3's smallest subnormal
+    x = torch.tensor([sub / 2, sub / 2 * 1.01, sub, 2.0**-6, 448.0, 464.0, 500.0, float("inf"), -1e9])
     y = p.grad_format.round(x)
-    assert y.tolist()[:4] == [0.0, sub, sub, 2.0 ** -6]  # half the subnormal ties to even: 0
+    assert y.tolist()[:4] == [0.0, sub, sub, 2.0**-6]  # half the subnormal ties to even: 0
     assert y.tolist()[4:] == [448.0, 448.0, 448.0, 448.0, -448.0]  # saturates, even inf
     assert torch.equal(y, x.to(torch.float8_e4m3fn).float())  # exactly torch's cast
 
@@ -41,7 +41,7 @@ def _overflowing_step(precision_kw):
     model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 1))
     prec = get_precision("fp8-e4m3-emulated", **precision_kw)
     prec.prepare(model)
-    scaler = build_scaler({"method": "dynamic", "style": "torch", "init_scale": 2.0 ** 16}, model, prec.grad_format)
+    scaler = build_scaler({"method": "dynamic", "style": "torch", "init_scale": 2.0**16}, model, prec.grad_format)
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
     loss = model(torch.randn(16, 8) * 4).pow(2).mean()
     scaler.scale(loss).backward()
@@ -52,13 +52,13 @@ def _overflowing_step(precision_kw):
 
 def test_dynamic_scaler_sees_overflow_only_when_e4m3_does_not_saturate():
     saturated, scale_sat = _overflowing_step({})
-    assert not saturated.overflow and scale_sat == 2.0 ** 16  # clipped at 448: nothing to see
+    assert not saturated.overflow and scale_sat == 2.0**16  # clipped at 448: nothing to see
     nan, scale_nan = _overflowing_step({"grad_overflow": "nan"})
-    assert nan.overflow and nan.skipped and scale_nan == 2.0 ** 15  # backed off
+    assert nan.overflow and nan.skipped and scale_nan == 2.0**15  # backed off
 
 
 def test_saturation_telemetry_counts_a_known_tensor():
-    g = torch.tensor([0.0, 2.0 ** -12, 2.0 ** -8, 1.0, 500.0, -600.0, float("inf")])
+    g = torch.tensor([0.0, 2.0**-12, 2.0**-8, 1.0, 500.0, -600.0, float("inf")])
     nonzero, subnormal, flushed, saturated = E4M3.census(g).tolist()
     # 6 non-zero; below 2^-6: 2^-12 and 2^-8; at or below 2^-10: 2^-12; past 448: 500, -600, inf
     assert (nonzero, subnormal, flushed, saturated) == (6, 2, 1, 3)
@@ -119,20 +119,27 @@ def test_probe_without_an_emulation_hooks_parameter_gradients_itself():
 def test_block_scaled_gradient_precision():
     p = get_precision("fp8-e4m3-emulated", grad_blocks="mx32", block_rounding="floor")
     assert isinstance(p.grad_format, BlockScaledFormat) and p.grad_format.mode == "floor"
-    g = torch.full((64,), 2.0 ** -14)  # flushes in plain E4M3, survives with a per-block scale
+    g = torch.full((64,), 2.0**-14)  # flushes in plain E4M3, survives with a per-block scale
     assert E4M3.round(g).abs().sum() == 0
     assert torch.equal(p.grad_format.round(g), g)
     nonzero, _, flushed, saturated = p.grad_format.census(g).tolist()
     assert (nonzero, flushed, saturated) == (64, 0, 0)
 
 
-@pytest.mark.parametrize("precision,entry,path", [
-    ("fp16-emulated", "{method: none, grad_blocks: mx32}", "scaling[0].grad_blocks"),
-    ("fp8-e4m3-emulated", "{method: none, block_rounding: floor}", "scaling[0].block_rounding"),
-    ("fp8-e4m3-emulated", "{method: none, grad_blocks: tile128, block_rounding: floor}", "scaling[0].block_rounding"),
-    ("fp8-emulated", "{method: dynamic, grad_overflow: nan}", "scaling[0].grad_overflow"),
-    ("fp32", "{method: none, grad_overflow: nan}", "scaling[0].grad_overflow"),
-])
+@pytest.mark.parametrize(
+    "precision,entry,path",
+    [
+        ("fp16-emulated", "{method: none, grad_blocks: mx32}", "scaling[0].grad_blocks"),
+        ("fp8-e4m3-emulated", "{method: none, block_rounding: floor}", "scaling[0].block_rounding"),
+        (
+            "fp8-e4m3-emulated",
+            "{method: none, grad_blocks: tile128, block_rounding: floor}",
+            "scaling[0].block_rounding",
+        ),
+        ("fp8-emulated", "{method: dynamic, grad_overflow: nan}", "scaling[0].grad_overflow"),
+        ("fp32", "{method: none, grad_overflow: nan}", "scaling[0].grad_overflow"),
+    ],
+)
 def test_gradient_format_options_only_where_they_mean_something(precision, entry, path):
     with pytest.raises(StudyError) as err:
         load_study_text(one_entry_study(entry, precision), source="x.yaml")

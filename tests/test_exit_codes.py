@@ -31,9 +31,24 @@ VOC_STUDY = textwrap.dedent("""\
 
 
 def _run(tmp_path, study: Path, *extra):
-    return subprocess.run(CLI + ["run", str(study), "--runs-dir", str(tmp_path / "runs"), "--executor", "local",
-                                 "--reports-dir", str(tmp_path / "reports"), *extra],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        CLI
+        + [
+            "run",
+            str(study),
+            "--runs-dir",
+            str(tmp_path / "runs"),
+            "--executor",
+            "local",
+            "--reports-dir",
+            str(tmp_path / "reports"),
+            *extra,
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def _break(kind: str, root: Path) -> None:
@@ -56,7 +71,7 @@ def test_a_broken_annotation_is_a_user_error_before_any_trial(tmp_path):
     study.write_text(VOC_STUDY.format(kind="xml", root=root))
     r = _run(tmp_path, study)
     assert r.returncode == 2 and r.stdout == "", (r.returncode, r.stdout[-2000:], r.stderr[-3000:])
-    line, = r.stderr.strip().splitlines()
+    (line,) = r.stderr.strip().splitlines()
     assert line.startswith(f"lsbench: error: {study}: dataset: {root / 'Annotations'}/") and "not valid XML" in line
     assert not (tmp_path / "runs" / "mlflow.db").exists()
 
@@ -79,7 +94,8 @@ def test_every_trial_failed_exits_3_with_the_report(tmp_path, kind):
 
 def test_diverged_is_a_result_not_a_failure_exit_0(tmp_path):
     study = tmp_path / "s.yaml"
-    study.write_text(textwrap.dedent("""\
+    study.write_text(
+        textwrap.dedent("""\
         name: blowup
         dataset: {name: synthetic, train_images: 8, val_images: 4, image_size: 64, seed: 0}
         model: ssd_tiny
@@ -91,7 +107,8 @@ def test_diverged_is_a_result_not_a_failure_exit_0(tmp_path):
           - {method: fixed, scale: 128}
         schedule: {iterations: 8, lr: 0.01, warmup_iterations: 2}
         divergence: {patience: 3}
-        """))
+        """)
+    )
     r = _run(tmp_path, study, "--no-report")
     assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-3000:])
     assert "study blowup: 1 finished, 1 diverged, 0 failed" in r.stdout
@@ -100,8 +117,12 @@ def test_diverged_is_a_result_not_a_failure_exit_0(tmp_path):
 def test_validate_into_a_closed_pipe_exits_141_without_a_traceback(tmp_path):
     """``lsbench validate ... | head -1``: the reader leaves after one line; no BrokenPipeError traceback."""
     studies = sorted(str(p) for p in (Path(__file__).parent.parent / "studies").glob("*.yaml"))
-    proc = subprocess.Popen(CLI + ["validate", "--schema-only", *studies, *studies], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, cwd=tmp_path)
+    proc = subprocess.Popen(
+        CLI + ["validate", "--schema-only", *studies, *studies],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=tmp_path,
+    )
     proc.stdout.readline()
     proc.stdout.close()  # the reader goes away while validate still has tables to print
     _, err = proc.communicate(timeout=120)

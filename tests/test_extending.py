@@ -72,8 +72,14 @@ def _extended_package(where: Path) -> tuple[str, str]:
 
 def _lsbench(where: Path, *args) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(where / "pkg"), os.environ.get("PYTHONPATH", "")])}
-    return subprocess.run([sys.executable, "-m", "lossscale_bench.cli", *map(str, args)], cwd=where, env=env,
-                          capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "lossscale_bench.cli", *map(str, args)],
+        cwd=where,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 @pytest.mark.slow
@@ -81,9 +87,15 @@ def test_the_readme_recipe_gives_a_working_method_and_precision(tmp_path):
     (tmp_path / "pkg").mkdir()
     method, precision = _extended_package(tmp_path / "pkg")
     study = tmp_path / "ext.yaml"
-    study.write_text(study_yaml(name="ext", precision=precision, log_every=2,
-                                schedule={"iterations": 4, "lr": 0.01, "warmup_iterations": 2},
-                                scaling=[f"{{method: {method}, exponent: 8}}", "{method: fixed, scale: 128}"]))
+    study.write_text(
+        study_yaml(
+            name="ext",
+            precision=precision,
+            log_every=2,
+            schedule={"iterations": 4, "lr": 0.01, "warmup_iterations": 2},
+            scaling=[f"{{method: {method}, exponent: 8}}", "{method: fixed, scale: 128}"],
+        )
+    )
     r = _lsbench(tmp_path, "run", study, "--executor", "local", "--runs-dir", "runs", "--quiet")
     assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-3000:])
     assert "2 finished" in r.stdout, r.stdout[-2000:]
@@ -92,8 +104,11 @@ def test_the_readme_recipe_gives_a_working_method_and_precision(tmp_path):
 
     r = _lsbench(tmp_path, "report", "--runs-dir", "runs", "--study", "ext", "--telemetry")
     assert r.returncode == 0, r.stderr[-3000:]
-    rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
-            for line in r.stdout.splitlines() if line.startswith("| ") and precision in line}
+    rows = {
+        line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
+        for line in r.stdout.splitlines()
+        if line.startswith("| ") and precision in line
+    }
     head = next(line for line in r.stdout.splitlines() if line.startswith("| row"))
     col = [c.strip() for c in head.split("|")[2:-1]].index("layer scale log2, median (last)")
     assert rows["static 2^8 per layer"][col] == "8", r.stdout  # every point at 2^8, from the method's metrics

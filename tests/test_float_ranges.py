@@ -9,8 +9,13 @@ import torch
 from lossscale_bench.core.float_ranges import FP32, RANGES
 from lossscale_bench.precision.formats import FORMATS
 
-DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16, "e4m3": torch.float8_e4m3fn,
-          "e5m2": torch.float8_e5m2}
+DTYPES = {
+    "fp32": torch.float32,
+    "fp16": torch.float16,
+    "bf16": torch.bfloat16,
+    "e4m3": torch.float8_e4m3fn,
+    "e5m2": torch.float8_e5m2,
+}
 
 
 @pytest.mark.parametrize("name", sorted(DTYPES))
@@ -22,6 +27,9 @@ def test_each_range_is_torch_finfo(name):
 def test_the_formats_are_built_from_the_ranges():
     assert set(RANGES) == {"fp32"} | {n for n in FORMATS if "-" not in n}
     for name, fmt in FORMATS.items():
-        assert RANGES[name.split("-")[0]].fields() == {"max": fmt.max, "min_normal": fmt.min_normal,
-                                                       "min_subnormal": fmt.min_subnormal}
+        assert RANGES[name.split("-")[0]].fields() == {
+            "max": fmt.max,
+            "min_normal": fmt.min_normal,
+            "min_subnormal": fmt.min_subnormal,
+        }
     assert FP32 is RANGES["fp32"]

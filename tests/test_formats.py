@@ -25,24 +25,24 @@ def test_format_constants_match_torch_finfo():
 
 
 def test_e5m2_flushes_below_smallest_subnormal_and_overflows_to_inf():
-    x = torch.tensor([2.0 ** -16, 2.0 ** -17, 2.0 ** -17 * 1.01, 1e-7, 57344.0, 61440.0, -1e6])
+    x = torch.tensor([2.0**-16, 2.0**-17, 2.0**-17 * 1.01, 1e-7, 57344.0, 61440.0, -1e6])
     y = E5M2.round(x)
-    assert y[0] == 2.0 ** -16                  # smallest subnormal kept
-    assert y[1] == 0.0                         # exactly half: ties to even -> 0
-    assert y[2] == 2.0 ** -16                  # just above half rounds up
-    assert y[3] == 0.0                         # 1e-7: kept by fp16, flushed by E5M2
+    assert y[0] == 2.0**-16  # smallest subnormal kept
+    assert y[1] == 0.0  # exactly half: ties to even -> 0
+    assert y[2] == 2.0**-16  # just above half rounds up
+    assert y[3] == 0.0  # 1e-7: kept by fp16, flushed by E5M2
     assert FP16.round(x)[3] != 0.0
     assert y[4] == 57344.0
     assert math.isinf(y[5]) and math.isinf(y[6]) and y[6] < 0
 
 
 def test_e4m3_saturates_as_torch_does():
-    x = torch.tensor([448.0, 464.0, 1000.0, -1e6, 2.0 ** -9, 2.0 ** -10, 0.3])
+    x = torch.tensor([448.0, 464.0, 1000.0, -1e6, 2.0**-9, 2.0**-10, 0.3])
     y = E4M3.round(x)
     assert torch.equal(y, x.to(torch.float8_e4m3fn).float())  # exactly torch's cast
-    assert y[:4].tolist() == [448.0, 448.0, 448.0, -448.0]   # saturation, no inf/nan
-    assert y[4] == 2.0 ** -9 and y[5] == 0.0
-    assert y[6] == 0.3125                                     # 3 mantissa bits: 0.3 -> 0.3125
+    assert y[:4].tolist() == [448.0, 448.0, 448.0, -448.0]  # saturation, no inf/nan
+    assert y[4] == 2.0**-9 and y[5] == 0.0
+    assert y[6] == 0.3125  # 3 mantissa bits: 0.3 -> 0.3125
 
 
 def _net():
@@ -60,11 +60,11 @@ def test_fp8_emulated_rounds_forward_e4m3_and_gradients_e5m2():
     net[0].register_forward_hook(lambda m, i, o: seen.__setitem__("out", o))
     x = torch.randn(16, 4)
     out = net(x)
-    assert torch.equal(seen["out"], E4M3.round(seen["out"]))        # forward output on E4M3's grid
+    assert torch.equal(seen["out"], E4M3.round(seen["out"]))  # forward output on E4M3's grid
     assert torch.equal(out, E4M3.round(out))
     seen["out"].register_hook(lambda g: seen.__setitem__("g", g))
     (out.sum() * 1e-3).backward()
-    for p in net.parameters():                                      # parameter gradients on E5M2's grid
+    for p in net.parameters():  # parameter gradients on E5M2's grid
         assert torch.equal(p.grad, E5M2.round(p.grad))
     handle.remove()
     assert len(net[0]._forward_hooks) == 1 and not net[2]._forward_hooks  # only the test's own hook left
@@ -109,7 +109,7 @@ def test_adaptive_range_follows_the_gradient_format():
 def test_adaptive_overflow_cap_uses_the_format_max():
     g = torch.full((2, 4), 100.0)
     w = torch.full((4, 4), 1.0)
-    s16 = unbounded_scale_tensor(g, w, u_min=1e3)                  # forced underflow scale, capped by u_max
+    s16 = unbounded_scale_tensor(g, w, u_min=1e3)  # forced underflow scale, capped by u_max
     s8 = unbounded_scale_tensor(g, w, u_min=1e3, u_max=E5M2.u_max)
     assert float(s16) == pytest.approx((FP16.u_max / 4) / 100.0)
     assert float(s8) == pytest.approx((E5M2.u_max / 4) / 100.0)
@@ -128,5 +128,5 @@ def test_telemetry_counts_against_the_gradient_format():
         probe.remove()
     last = "2"  # the output layer: its incoming gradient is exactly 1e-7
     assert rates["fp16"][last]["underflow_rate"] == rates["e5m2"][last]["underflow_rate"] == 1.0  # < 2**-14
-    assert rates["e5m2"][last]["flush_rate"] == 1.0           # 1e-7 <= 2**-17
-    assert rates["fp16"][last]["flush_rate"] == 0.0           # 1e-7 > 2**-25
+    assert rates["e5m2"][last]["flush_rate"] == 1.0  # 1e-7 <= 2**-17
+    assert rates["fp16"][last]["flush_rate"] == 0.0  # 1e-7 > 2**-25

@@ -23,8 +23,14 @@ def _env(**extra):
 
 def test_cpu_smoke_runs_every_section(tmp_path):
     out = tmp_path / "out"
-    p = subprocess.run([sys.executable, str(SCRIPT), "--cpu-smoke", "--out", str(out)], cwd=tmp_path,
-                       capture_output=True, text=True, timeout=240, env=_env())
+    p = subprocess.run(
+        [sys.executable, str(SCRIPT), "--cpu-smoke", "--out", str(out)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=_env(),
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     res = json.loads((out / "gpu_check.json").read_text())
     assert res["meta"]["smoke"] is True and res["meta"]["device"] == "cpu"
@@ -37,8 +43,10 @@ def test_cpu_smoke_runs_every_section(tmp_path):
     assert a["pass"] and a["steps"] >= 4 and a["max_abs_param_diff"] == 0.0
     assert any(r["skipped_gradscaler"] for r in a["per_step"])  # the comparison covers a back-off
     assert res["sections"]["b"]["ratio_trainer_to_plain_images_per_s"] > 0
-    assert {r["method"] for r in res["sections"]["c"]["rows"]} >= {"adaptive (update_every 1)",
-                                                                   "adaptive (update_every 10)"}
+    assert {r["method"] for r in res["sections"]["c"]["rows"]} >= {
+        "adaptive (update_every 1)",
+        "adaptive (update_every 10)",
+    }
     d = res["sections"]["d"]
     assert d["layers"] and d["max_abs_diff_flush"] is not None
     assert all("flush_fp8_emulated" in r for r in d["layers"])
@@ -62,8 +70,14 @@ def test_cpu_smoke_without_ray_mlflow_pydantic_pycocotools(tmp_path):
     out = tmp_path / "out"
     env = _env()
     env["PYTHONPATH"] = os.pathsep.join([str(block), str(ROOT)])
-    p = subprocess.run([sys.executable, str(SCRIPT), "--cpu-smoke", "--out", str(out)], cwd=tmp_path,
-                       capture_output=True, text=True, timeout=240, env=env)
+    p = subprocess.run(
+        [sys.executable, str(SCRIPT), "--cpu-smoke", "--out", str(out)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=env,
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     res = json.loads((out / "gpu_check.json").read_text())
     for key in "abcdef":
@@ -77,8 +91,14 @@ def test_cpu_smoke_without_ray_mlflow_pydantic_pycocotools(tmp_path):
 def test_without_cuda_exits_2_with_one_line(tmp_path):
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
-    p = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path / "out")], cwd=tmp_path,
-                       capture_output=True, text=True, timeout=120, env=_env(CUDA_VISIBLE_DEVICES=""))
+    p = subprocess.run(
+        [sys.executable, str(SCRIPT), "--out", str(tmp_path / "out")],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=_env(CUDA_VISIBLE_DEVICES=""),
+    )
     assert p.returncode == 2
     lines = (p.stdout + p.stderr).strip().splitlines()
     assert len(lines) == 1 and "CUDA" in lines[0], lines

@@ -41,8 +41,16 @@ def _grad_after_step(c, precision_name, rounding, scaler):
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: 1.0)
     batches = iter([(0, [torch.zeros(3, 4, 4)], [{}])] * 4)
-    trainer = Trainer(model=model, optimizer=opt, scheduler=sched, scaler=scaler, backend=get_backend("cpu"),
-                      precision=prec, batches=batches, iterations=1)
+    trainer = Trainer(
+        model=model,
+        optimizer=opt,
+        scheduler=sched,
+        scaler=scaler,
+        backend=get_backend("cpu"),
+        precision=prec,
+        batches=batches,
+        iterations=1,
+    )
     _, images, targets = next(trainer.batches)
     rec = trainer.train_step(images, targets)
     return model.lin.weight.grad.reshape(-1).clone(), rec.result
@@ -68,10 +76,9 @@ def test_default_is_the_amp_order():
     assert torch.equal(default, before) and get_precision("fp16-emulated").grad_rounding == "before_unscale"
 
 
-@pytest.mark.parametrize("name, values", [
-    ("fp16-emulated", [1e-3, -0.25, 3.0, 1e-2 / 3]),
-    ("fp8-emulated", [1e-3, -0.25, 3.0, 1e-2 / 3]),
-])
+@pytest.mark.parametrize(
+    "name, values", [("fp16-emulated", [1e-3, -0.25, 3.0, 1e-2 / 3]), ("fp8-emulated", [1e-3, -0.25, 3.0, 1e-2 / 3])]
+)
 def test_both_orders_agree_in_range(name, values):
     """Rounding commutes with a power-of-two scale in the normal range: identical gradients."""
     before, _ = _grad_after_step(values, name, "before_unscale", FixedLossScaler(1024.0))
@@ -92,8 +99,8 @@ def test_overflow_after_unscaling_skips_the_step():
     """A true gradient past fp16's maximum: stored in fp16 after unscaling it is inf (step skipped);
     rounded at scale 2**-4 it fits, and the fp32 unscale keeps it."""
     big = [1.0e5]
-    before, res_b = _grad_after_step(big, "fp16-emulated", "before_unscale", FixedLossScaler(2.0 ** -4))
-    after, res_a = _grad_after_step(big, "fp16-emulated", "after_unscale", FixedLossScaler(2.0 ** -4))
+    before, res_b = _grad_after_step(big, "fp16-emulated", "before_unscale", FixedLossScaler(2.0**-4))
+    after, res_a = _grad_after_step(big, "fp16-emulated", "after_unscale", FixedLossScaler(2.0**-4))
     assert torch.isfinite(before).all() and not res_b.skipped
     assert torch.isinf(after).all() and res_a.skipped and res_a.overflow
 

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-_spec = importlib.util.spec_from_file_location("host_memory_tool",
-                                               Path(__file__).parents[1] / "benchmarks" / "host_memory.py")
+_spec = importlib.util.spec_from_file_location(
+    "host_memory_tool", Path(__file__).parents[1] / "benchmarks" / "host_memory.py"
+)
 host_memory_tool = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(host_memory_tool)
 
@@ -23,8 +24,9 @@ def test_the_ratio_is_kept_over_defaults_paired_by_round():
 
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="the setting exists on glibc only")
 def test_one_round_runs_both_arms_in_their_own_processes(monkeypatch, capsys):
-    monkeypatch.setattr("sys.argv", ["host_memory.py", "--rows", "0", "--rounds", "1", "--warmup", "1",
-                                     "--iterations", "2"])
+    monkeypatch.setattr(
+        "sys.argv", ["host_memory.py", "--rows", "0", "--rounds", "1", "--warmup", "1", "--iterations", "2"]
+    )
     host_memory_tool.main()  # raises SystemExit if an arm ran with the other arm's setting
     out = capsys.readouterr().out
     rows = [ln for ln in out.splitlines() if ln.startswith("| FP32 baseline")]

@@ -150,7 +150,10 @@ def test_missing_data_and_weights_give_markers_that_no_real_fingerprint_has(tmp_
     (partial / "ImageSets" / "Main" / "test.txt").unlink()
     assert data_fingerprint({"name": "voc", "root": str(partial)}).startswith("incomplete:")
     assert data_fingerprint({"name": "coco2017", "root": str(tmp_path / "none")}) == MISSING
-    assert data_fingerprint({"name": "synthetic"}) == "" and data_fingerprint({"name": "coco2017", "fake_data": True}) == ""
+    assert (
+        data_fingerprint({"name": "synthetic"}) == ""
+        and data_fingerprint({"name": "coco2017", "fake_data": True}) == ""
+    )
     assert weights_fingerprint(tmp_path / "w.pt") == f"{MISSING}:w.pt"
     assert weights_fingerprint(None) == ""
     # a study whose data and weights are absent still expands (dry runs of shipped studies)
@@ -168,8 +171,9 @@ def test_weights_by_content_not_by_name(tmp_path):
     def tid(p):
         opts = "{width: 8, image_size: 64" + (f", backbone_weights: {p}" if p else "") + "}"
         text = TINY.replace("LR", "0.01").replace("SEEDS", "[0]")
-        (t,) = load_study_text(text.replace("model_options: {width: 8, image_size: 64}",
-                                            f"model_options: {opts}")).trials()
+        (t,) = load_study_text(
+            text.replace("model_options: {width: 8, image_size: 64}", f"model_options: {opts}")
+        ).trials()
         return t.trial_id
 
     assert tid(w1) == tid(w2)  # same bytes, other folder and name
@@ -232,14 +236,29 @@ def test_fingerprint_reads_the_sources_the_loader_reads(voc_folders, tmp_path):
 
 def test_every_option_that_changes_a_result_changes_the_id():
     base = _study(seeds="[0]").trials()[0]
-    edits = ["schedule: {iterations: 3, lr: 0.01, momentum: 0.8}", "schedule: {iterations: 3, lr: 0.01, grad_clip: 5}",
-             "schedule: {iterations: 4, lr: 0.01}", "eval: {metric: voc07}", "eval: {metric: coco, max_images: 2}",
-             "divergence: {patience: 3}", "on_divergence: continue", "loader: dali",
-             "model_options: {width: 16, image_size: 64}"]
+    edits = [
+        "schedule: {iterations: 3, lr: 0.01, momentum: 0.8}",
+        "schedule: {iterations: 3, lr: 0.01, grad_clip: 5}",
+        "schedule: {iterations: 4, lr: 0.01}",
+        "eval: {metric: voc07}",
+        "eval: {metric: coco, max_images: 2}",
+        "divergence: {patience: 3}",
+        "on_divergence: continue",
+        "loader: dali",
+        "model_options: {width: 16, image_size: 64}",
+    ]
     for edit in edits:
         key = edit.split(":")[0]
-        text = "\n".join(line for line in (TINY.replace("LR", "0.01").replace("SEEDS", "[0]")).splitlines()
-                         if not line.startswith(key + ":")) + "\n" + edit + "\n"
+        text = (
+            "\n".join(
+                line
+                for line in (TINY.replace("LR", "0.01").replace("SEEDS", "[0]")).splitlines()
+                if not line.startswith(key + ":")
+            )
+            + "\n"
+            + edit
+            + "\n"
+        )
         (t,) = load_study_text(text).trials()
         assert t.trial_id != base.trial_id, edit
         assert t.config_id() != base.config_id(), edit
@@ -293,13 +312,18 @@ def test_report_never_pools_two_lr_values_as_seeds(tmp_path):
     md = render(runs, "markdown")
     lines = md.splitlines()
     heads = [line for line in lines if line.startswith("### ")]
-    assert heads == ["### ident: SSD-tiny batch 2 — configuration 1 of 2 (latest): schedule.lr = 0.02",
-                     "### ident: SSD-tiny batch 2 — configuration 2 of 2 (earlier): schedule.lr = 0.01"]
+    assert heads == [
+        "### ident: SSD-tiny batch 2 — configuration 1 of 2 (latest): schedule.lr = 0.02",
+        "### ident: SSD-tiny batch 2 — configuration 2 of 2 (earlier): schedule.lr = 0.01",
+    ]
     assert "Trials: 6 (4 finished, 0 diverged, 1 failed, 0 running, 1 pending)." in lines
-    assert ("Trials of configuration 1 of 2 (latest): schedule.lr = 0.02: "
-            "3 (2 finished, 0 diverged, 0 failed, 0 running, 1 pending).") in lines
-    assert ("Trials of configuration 2 of 2 (earlier): schedule.lr = 0.01: "
-            "3 (2 finished, 0 diverged, 1 failed, 0 running).") in lines
+    assert (
+        "Trials of configuration 1 of 2 (latest): schedule.lr = 0.02: "
+        "3 (2 finished, 0 diverged, 0 failed, 0 running, 1 pending)."
+    ) in lines
+    assert (
+        "Trials of configuration 2 of 2 (earlier): schedule.lr = 0.01: 3 (2 finished, 0 diverged, 1 failed, 0 running)."
+    ) in lines
     for fmt in ("html", "latex"):
         text = render(runs, fmt)
         assert "schedule.lr = 0.02" in text and "schedule.lr = 0.01" in text
@@ -321,11 +345,18 @@ def test_runs_without_the_config_tag_are_told_apart_by_their_params(tmp_path):
     exp = client.create_experiment("legacy")
     for lr, seed, value in (("0.01", 0, 0.10), ("0.01", 1, 0.12), ("0.02", 0, 0.04)):
         cfg = _study(lr, f"[{seed}]").trials()[0]
-        tags = {"lsbench.role": "trial", "lsbench.study": "legacy", "lsbench.trial_id": cfg.trial_id,
-                "lsbench.status": "finished", "lsbench.label": cfg.label, "lsbench.row": "0"}
+        tags = {
+            "lsbench.role": "trial",
+            "lsbench.study": "legacy",
+            "lsbench.trial_id": cfg.trial_id,
+            "lsbench.status": "finished",
+            "lsbench.label": cfg.label,
+            "lsbench.row": "0",
+        }
         rid = client.create_run(exp, tags=tags).info.run_id
-        client.log_batch(rid, metrics=[Metric("final_map", value, 0, 3)],
-                         params=[Param(k, v) for k, v in cfg.flat_params().items()])
+        client.log_batch(
+            rid, metrics=[Metric("final_map", value, 0, 3)], params=[Param(k, v) for k, v in cfg.flat_params().items()]
+        )
         client.set_terminated(rid, "FINISHED")
     s = summarize(load_runs(uri, "legacy")).set_index("setting")
     assert len(s) == 2
@@ -347,12 +378,19 @@ def test_a_rerun_tags_runs_logged_before_the_tag_so_their_seeds_pool_with_new_on
     exp_id, parent = tracker.study_run("ident")
     trials = _study("0.01").trials()
     for cfg, value in zip(trials[:2], (0.10, 0.12)):
-        tags = {"lsbench.role": "trial", "lsbench.study": "ident", "lsbench.trial_id": cfg.trial_id,
-                "lsbench.status": "finished", "lsbench.label": cfg.label, "lsbench.row": "0",
-                "mlflow.parentRunId": parent}
+        tags = {
+            "lsbench.role": "trial",
+            "lsbench.study": "ident",
+            "lsbench.trial_id": cfg.trial_id,
+            "lsbench.status": "finished",
+            "lsbench.label": cfg.label,
+            "lsbench.row": "0",
+            "mlflow.parentRunId": parent,
+        }
         rid = client.create_run(exp_id, tags=tags).info.run_id
-        client.log_batch(rid, metrics=[Metric("final_map", value, 0, 3)],
-                         params=[Param(k, v) for k, v in cfg.flat_params().items()])
+        client.log_batch(
+            rid, metrics=[Metric("final_map", value, 0, 3)], params=[Param(k, v) for k, v in cfg.flat_params().items()]
+        )
         client.set_terminated(rid, "FINISHED")
     # what `lsbench run` does with the runs it finds before starting the missing seed
     tracker.sync_baseline_tags(trials, tracker.trial_runs(exp_id))
@@ -373,8 +411,10 @@ def test_one_row_in_two_configurations_within_one_setting_is_two_rows(tmp_path):
     exp_id, parent = tracker.study_run("ident")
     for scale, value in (("64", 0.2), ("128", 0.3)):
         (cfg,) = load_study_text(
-            TINY.replace("LR", "0.01").replace("SEEDS", "[0]").replace(
-                "{method: none, label: plain}", f"{{method: fixed, scale: {scale}, label: plain}}")).trials()
+            TINY.replace("LR", "0.01")
+            .replace("SEEDS", "[0]")
+            .replace("{method: none, label: plain}", f"{{method: fixed, scale: {scale}, label: plain}}")
+        ).trials()
         _log(tracker, exp_id, parent, cfg, "finished", value)
     md = render(load_runs(uri, "ident"), "markdown")
     assert len([x for x in md.splitlines() if x.startswith("### ")]) == 1
@@ -385,8 +425,10 @@ def test_change_note_names_what_differs():
     old, new = _study("0.01").trials(), _study("0.02").trials()
     existing = {c.trial_id: ({"lsbench.config_id": c.config_id()}, c.flat_params()) for c in old}
     note = change_note("ident", new, existing)
-    assert note == ("study 'ident' changed since its earlier runs: 3 trials of an earlier configuration are kept "
-                    "in the store and reported separately (differs in schedule.lr)")
+    assert note == (
+        "study 'ident' changed since its earlier runs: 3 trials of an earlier configuration are kept "
+        "in the store and reported separately (differs in schedule.lr)"
+    )
     # the same study, or one with a seed less, did not change
     assert change_note("ident", old, existing) is None
     assert change_note("ident", _study("0.01", "[0, 1]").trials(), existing) is None
@@ -406,8 +448,9 @@ def _lsbench(capsys, *args) -> tuple[int, str]:
 
 def test_run_on_another_voc_folder_trains_again_and_says_the_study_changed(voc_folders, tmp_path, capsys):
     a, b, _ = voc_folders
-    text = tiny_data_study("{name: voc, root: ROOT, classes: [square, disc]}", name="tinyvoc",
-                           eval="{metric: voc07, max_images: 2}")
+    text = tiny_data_study(
+        "{name: voc, root: ROOT, classes: [square, disc]}", name="tinyvoc", eval="{metric: voc07, max_images: 2}"
+    )
     f = tmp_path / "s.yaml"
     runs = ["--runs-dir", str(tmp_path / "runs"), "--executor", "local", "--no-report"]
     f.write_text(text.replace("ROOT", str(a)))
@@ -417,8 +460,10 @@ def test_run_on_another_voc_folder_trains_again_and_says_the_study_changed(voc_f
     code, out = _lsbench(capsys, "run", str(f), *runs)
     assert code == 0, out
     assert "already finished" not in out  # was "1 of 1 trials already finished" and the old mAP
-    assert ("study 'tinyvoc' changed since its earlier runs: 1 trial of an earlier configuration is kept in the "
-            "store and reported separately (differs in dataset.root, fingerprint.data)") in out
+    assert (
+        "study 'tinyvoc' changed since its earlier runs: 1 trial of an earlier configuration is kept in the "
+        "store and reported separately (differs in dataset.root, fingerprint.data)"
+    ) in out
     from lossscale_bench.report import load_runs, summarize
 
     s = summarize(load_runs(f"sqlite:///{tmp_path}/runs/mlflow.db", "tinyvoc"))

@@ -24,14 +24,23 @@ pytestmark = [pytest.mark.slow, pytest.mark.skipif(ROOT is None, reason=WHY)]
 def _study() -> str:
     return study_yaml(
         name="kangaroo_e2e",
-        dataset={"name": "voc", "root": str(ROOT), "classes": ["kangaroo"], "train_split": "train",
-                 "val_split": "test"},
+        dataset={
+            "name": "voc",
+            "root": str(ROOT),
+            "classes": ["kangaroo"],
+            "train_split": "train",
+            "val_split": "test",
+        },
         model_options={"width": 8, "image_size": 128},
         precision="fp16-emulated",
-        scaling=["{method: none, precision: fp32, label: FP32 baseline, baseline: true}",
-                 "{method: fixed, scale: 128}"],
-        schedule={"iterations": 4, "lr": "1.0e-3", "warmup_iterations": 1}, eval="{every: 4, metric: voc07}",
-        log_every=1)
+        scaling=[
+            "{method: none, precision: fp32, label: FP32 baseline, baseline: true}",
+            "{method: fixed, scale: 128}",
+        ],
+        schedule={"iterations": 4, "lr": "1.0e-3", "warmup_iterations": 1},
+        eval="{every: 4, metric: voc07}",
+        log_every=1,
+    )
 
 
 def test_a_few_steps_on_the_kangaroo_photos_through_lsbench_run_report_voc07_map(tmp_path):
@@ -59,8 +68,9 @@ def test_a_few_steps_on_the_kangaroo_photos_through_lsbench_run_report_voc07_map
         assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "loss")) == [1, 2, 3, 4]
 
 
-@pytest.mark.parametrize("name", sorted(p.name for p in (REPO / "studies").glob("*.yaml")
-                                         if "shared/data/kangaroo" in p.read_text()))
+@pytest.mark.parametrize(
+    "name", sorted(p.name for p in (REPO / "studies").glob("*.yaml") if "shared/data/kangaroo" in p.read_text())
+)
 def test_the_shipped_studies_find_the_photos_beside_the_checkout(name):
     """Their root is ``../../shared/data/kangaroo``, relative to studies/: a shipped study cannot name
     /work/shared. Checked where the photos are beside this checkout (CI; not in a git worktree elsewhere)."""

@@ -67,9 +67,18 @@ def _run(sync_every: int, iterations: int = 12, bad_from=None, patience=2, extra
     seen = _Seen()
     div = DivergenceHook(sink, patience=patience, policy=policy, check_every=sync_every)
     hooks = [seen, MetricsHook(sink, log_every=sync_every), div, *extra_hooks]
-    tr = Trainer(model=model, optimizer=opt, scheduler=sched, scaler=NoLossScaler(), backend=get_backend("cpu"),
-                 precision=get_precision("fp32"), batches=_batches(bad_from), iterations=iterations, hooks=hooks,
-                 sync_every=sync_every)
+    tr = Trainer(
+        model=model,
+        optimizer=opt,
+        scheduler=sched,
+        scaler=NoLossScaler(),
+        backend=get_backend("cpu"),
+        precision=get_precision("fp32"),
+        batches=_batches(bad_from),
+        iterations=iterations,
+        hooks=hooks,
+        sync_every=sync_every,
+    )
     stopped = None
     try:
         tr.run()

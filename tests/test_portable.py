@@ -69,8 +69,12 @@ def test_repeatable_is_refused_off_the_cpu_backend():
     with pytest.raises(StudyError, match=r"resources\.repeatable: pins the CPU kernels.*not cuda"):
         load_study_text(study_yaml(resources="{backend: cuda, repeatable: true}"))
     with pytest.raises(StudyError, match=r"scaling\[1\]\.resources\.backend: .*not hpu"):
-        load_study_text(study_yaml(resources="{repeatable: true}",
-                                   scaling=["{method: none}", "{method: none, label: g, resources: {backend: hpu}}"]))
+        load_study_text(
+            study_yaml(
+                resources="{repeatable: true}",
+                scaling=["{method: none}", "{method: none, label: g, resources: {backend: hpu}}"],
+            )
+        )
 
 
 _TRAIN = textwrap.dedent("""
@@ -96,8 +100,14 @@ _TRAIN = textwrap.dedent("""
 
 
 def _train_fresh(study: str, env: dict) -> dict:
-    out = subprocess.run([sys.executable, "-c", _TRAIN, study], capture_output=True, text=True, timeout=600,
-                         env={**os.environ, **CLEAN_ENV, **env}, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", _TRAIN, study],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, **CLEAN_ENV, **env},
+        check=True,
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -148,8 +158,13 @@ _WORKER_ENV = textwrap.dedent("""
 def test_a_job_runtime_env_reaches_a_worker_the_driver_env_does_not():
     """What the joined-cluster path relies on (as connect_ray passes it): a worker gets the job's
     env_vars though the driver's environment lacks them (a cluster's nodes never see that one)."""
-    out = subprocess.run([sys.executable, "-c", _WORKER_ENV], capture_output=True, text=True, timeout=300,
-                         env={k: v for k, v in os.environ.items() if k != "LSBENCH_TEST_PIN"})
+    out = subprocess.run(
+        [sys.executable, "-c", _WORKER_ENV],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={k: v for k, v in os.environ.items() if k != "LSBENCH_TEST_PIN"},
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines()[-2:] == ["driver None", "worker yes"], out.stdout
 
@@ -158,16 +173,24 @@ def test_a_job_runtime_env_reaches_a_worker_the_driver_env_does_not():
 def test_lsbench_run_pins_the_ray_workers_and_records_it(tmp_path):
     """Through the CLI and Ray, from a shell without the caps: the trial's ``lsbench.backend`` tag
     (written in the worker) names the caps and, on an AVX2 CPU, the AVX2 kernels."""
-    study = write_study(tmp_path, schedule={"iterations": 2, "lr": 0.01, "warmup_iterations": 1},
-                        resources="{backend: cpu, repeatable: true}")
-    out = lsbench("run", study, "--runs-dir", tmp_path / "runs", "--no-report", "--quiet", "--num-cpus", "1",
-                  env=CLEAN_ENV)
+    study = write_study(
+        tmp_path,
+        schedule={"iterations": 2, "lr": 0.01, "warmup_iterations": 1},
+        resources="{backend: cpu, repeatable: true}",
+    )
+    out = lsbench(
+        "run", study, "--runs-dir", tmp_path / "runs", "--no-report", "--quiet", "--num-cpus", "1", env=CLEAN_ENV
+    )
     assert out.returncode == 0, out.stderr
     from mlflow import MlflowClient
 
     client = MlflowClient(f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}")
-    runs = [r for e in client.search_experiments() for r in client.search_runs([e.experiment_id])
-            if r.data.tags.get("lsbench.role") == "trial"]
+    runs = [
+        r
+        for e in client.search_experiments()
+        for r in client.search_runs([e.experiment_id])
+        if r.data.tags.get("lsbench.role") == "trial"
+    ]
     assert len(runs) == 1 and runs[0].data.tags["lsbench.status"] == "finished", runs[0].data.tags
     tag = runs[0].data.tags["lsbench.backend"]
     assert all(f"{k}={v}" in tag for k, v in PORTABLE_ENV.items()), tag
@@ -177,10 +200,19 @@ def test_lsbench_run_pins_the_ray_workers_and_records_it(tmp_path):
 
 def test_lsbench_run_refuses_a_shell_that_sets_another_level(tmp_path):
     study = write_study(tmp_path, resources="{backend: cpu, repeatable: true}")
-    out = lsbench("run", study, "--runs-dir", tmp_path / "runs", "--no-report", "--quiet",
-                  env={**CLEAN_ENV, "ONEDNN_MAX_CPU_ISA": "AVX512_CORE"})
+    out = lsbench(
+        "run",
+        study,
+        "--runs-dir",
+        tmp_path / "runs",
+        "--no-report",
+        "--quiet",
+        env={**CLEAN_ENV, "ONEDNN_MAX_CPU_ISA": "AVX512_CORE"},
+    )
     assert out.returncode == 2
-    assert out.stderr.strip() == ("lsbench: error: resources.repeatable pins ONEDNN_MAX_CPU_ISA=AVX2, but the "
-                                  "environment sets ONEDNN_MAX_CPU_ISA=AVX512_CORE: unset it (or drop repeatable) "
-                                  "and run again")
+    assert out.stderr.strip() == (
+        "lsbench: error: resources.repeatable pins ONEDNN_MAX_CPU_ISA=AVX2, but the "
+        "environment sets ONEDNN_MAX_CPU_ISA=AVX512_CORE: unset it (or drop repeatable) "
+        "and run again"
+    )
     assert not (tmp_path / "runs" / "mlflow.db").exists()

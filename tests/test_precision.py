@@ -15,16 +15,21 @@ from lossscale_bench.study.precisions import EMULATED_PRECISIONS, PRECISION_SPEC
 #: every emulated precision that rounds gradients element by element to nearest (from the table: a new
 #: one is tested too); the FP4 precisions round in blocks or stochastically, through their own layers
 #: (tests/test_precision_fp4.py), so "the gradient rounded on its own" is not ``grad_format.round`` there
-GRAD_ROUNDING_EMULATIONS = [n for n in EMULATED_PRECISIONS if PRECISION_SPECS[n].grad_format
-                            and not PRECISION_SPECS[n].options and PRECISION_SPECS[n].grad_scaling is None
-                            and PRECISION_SPECS[n].forward_scaling is None]
+GRAD_ROUNDING_EMULATIONS = [
+    n
+    for n in EMULATED_PRECISIONS
+    if PRECISION_SPECS[n].grad_format
+    and not PRECISION_SPECS[n].options
+    and PRECISION_SPECS[n].grad_scaling is None
+    and PRECISION_SPECS[n].forward_scaling is None
+]
 
 
 def test_round_fp16_limits():
     x = torch.tensor([1e-9, 6e-8, 1.0, 65504.0, 70000.0, -70000.0])
     y = round_fp16(x)
-    assert y[0] == 0.0                       # below the smallest subnormal: flushed
-    assert y[1] > 0                          # ~ the smallest subnormal survives
+    assert y[0] == 0.0  # below the smallest subnormal: flushed
+    assert y[1] > 0  # ~ the smallest subnormal survives
     assert y[2] == 1.0 and y[3] == 65504.0
     assert torch.isinf(y[4]) and torch.isinf(y[5]) and y[5] < 0
     assert y.dtype == torch.float32
@@ -57,7 +62,7 @@ def test_tiny_gradient_flushes_unscaled_and_survives_scaled():
     assert ref["2.bias"].abs().item() == pytest.approx(2e-9)
 
     unscaled = _grads_with(1.0)
-    assert unscaled["2.bias"].abs().item() == 0.0           # 2e-9 < 6e-8: flushed to zero in fp16
+    assert unscaled["2.bias"].abs().item() == 0.0  # 2e-9 < 6e-8: flushed to zero in fp16
     scaled = _grads_with(1024.0)
     # 2e-9 * 1024 ~ 2.05e-6 is an fp16 subnormal (spacing 6e-8): it survives, within 3 %
     assert scaled["2.bias"].item() == pytest.approx(ref["2.bias"].item(), rel=3e-2)
@@ -104,10 +109,13 @@ def test_round_grads_together_equals_one_call_per_tensor(fmt_name):
     fmt = FORMATS[fmt_name]
     g = torch.Generator().manual_seed(3)
     base = torch.randn(6, 4, 8, 3, 3, generator=g)
-    grads = [torch.randn(8, 16, 5, 5, generator=g).mul(300).to(memory_format=torch.channels_last),
-             torch.randn(16, generator=g).mul(1e-3), torch.randn(3, 7, generator=g).mul(1e-6),
-             base[:, :, 1],  # a non-contiguous view
-             torch.randn(5, generator=g).mul(7e4).double()]
+    grads = [
+        torch.randn(8, 16, 5, 5, generator=g).mul(300).to(memory_format=torch.channels_last),
+        torch.randn(16, generator=g).mul(1e-3),
+        torch.randn(3, 7, generator=g).mul(1e-6),
+        base[:, :, 1],  # a non-contiguous view
+        torch.randn(5, generator=g).mul(7e4).double(),
+    ]
     want = [fmt.round(t) for t in grads]
     round_grads_(fmt, grads)
     for got, ref in zip(grads, want):
@@ -158,8 +166,12 @@ def test_emulation_allows_in_place_ops_after_rounded_layers(layout):
 
     def net(inplace):
         torch.manual_seed(0)
-        m = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(inplace=inplace),
-                                torch.nn.Conv2d(8, 4, 3, padding=1), torch.nn.ReLU(inplace=inplace))
+        m = torch.nn.Sequential(
+            torch.nn.Conv2d(3, 8, 3, padding=1),
+            torch.nn.ReLU(inplace=inplace),
+            torch.nn.Conv2d(8, 4, 3, padding=1),
+            torch.nn.ReLU(inplace=inplace),
+        )
         return m.to(memory_format=torch.channels_last) if layout == "channels_last" else m
 
     x = torch.randn(2, 3, 9, 9)
@@ -189,8 +201,7 @@ def test_an_emulated_precision_may_leave_either_direction_in_fp32():
 
     def run(fwd, bwd):
         m = copy.deepcopy(ref)
-        handle = Precision("t", None, needs_scaler=True, emulated=True, forward_format=fwd,
-                           grad_format=bwd).prepare(m)
+        handle = Precision("t", None, needs_scaler=True, emulated=True, forward_format=fwd, grad_format=bwd).prepare(m)
         y = m(x)
         y.square().sum().backward()
         handle.remove()
@@ -198,8 +209,8 @@ def test_an_emulated_precision_may_leave_either_direction_in_fp32():
 
     y32, g32 = run(None, None)
     y_fwd_fp32, g_rounded = run(None, E4M3)
-    assert torch.equal(y_fwd_fp32, y32)                               # forward untouched
-    assert all(torch.equal(E4M3.round(g), g) for g in g_rounded)      # gradients in E4M3
+    assert torch.equal(y_fwd_fp32, y32)  # forward untouched
+    assert all(torch.equal(E4M3.round(g), g) for g in g_rounded)  # gradients in E4M3
     assert not all(torch.equal(a, b) for a, b in zip(g_rounded, g32))
     y_rounded, g_bwd_fp32 = run(E4M3, None)
     assert not torch.equal(y_rounded, y32) and torch.equal(E4M3.round(y_rounded), y_rounded)
@@ -220,10 +231,16 @@ def test_round_block_grads_together_equals_one_call_per_tensor(element, mode):
     base = torch.randn(6, 4, 8, 3, 3, generator=g)
     nan = torch.randn(37, generator=g)
     nan[36] = float("nan")  # its tail block is NaN; the next tensor's first block must not be
-    grads = [torch.randn(8, 16, 5, 5, generator=g).mul(300).to(memory_format=torch.channels_last),
-             torch.randn(16, generator=g).mul(1e-3), nan, torch.randn(3, 7, generator=g).mul(1e-6),
-             torch.randn(1, generator=g), base[:, :, 1], torch.randn(45, generator=g).mul(7e4).double(),
-             torch.randn(33, generator=g).mul(2.0) ** 9]
+    grads = [
+        torch.randn(8, 16, 5, 5, generator=g).mul(300).to(memory_format=torch.channels_last),
+        torch.randn(16, generator=g).mul(1e-3),
+        nan,
+        torch.randn(3, 7, generator=g).mul(1e-6),
+        torch.randn(1, generator=g),
+        base[:, :, 1],
+        torch.randn(45, generator=g).mul(7e4).double(),
+        torch.randn(33, generator=g).mul(2.0) ** 9,
+    ]
     want = [fmt.round(t) for t in grads]
     round_block_grads_(fmt, grads)
     for got, ref in zip(grads, want):

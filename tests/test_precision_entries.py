@@ -37,8 +37,8 @@ from lossscale_bench.study.precisions import PRECISION_SPECS, PrecisionSpec
 E2M1_GRID = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
 #: relative slack of NVFP4's dequantised values against their block scale: the definition divides by
 #: the fp32 tensor scale (``numerics/fp4.py``), one fp32 rounding per element and one in the scale found
-NVFP4_RTOL = 2.0 ** -20
-LOSS_SCALE = 2.0 ** 8  # keeps a good share of the gradients inside every format's range
+NVFP4_RTOL = 2.0**-20
+LOSS_SCALE = 2.0**8  # keeps a good share of the gradients inside every format's range
 
 
 def _cast(dtype):
@@ -125,8 +125,16 @@ NARROWER = {
 
 #: how an entry's name and note write each format (case ignored); a block format's description may
 #: also name its element format and its scales' format (:data:`COMPANIONS`)
-WORDS = {"fp16": r"fp16|(?<!b)float16", "bf16": r"bf16|bfloat16", "e4m3": "e4m3", "e5m2": "e5m2",
-         "e2m1": "e2m1", "nvfp4": "nvfp4", "mxfp4": "mxfp4", "e8m0": "e8m0"}
+WORDS = {
+    "fp16": r"fp16|(?<!b)float16",
+    "bf16": r"bf16|bfloat16",
+    "e4m3": "e4m3",
+    "e5m2": "e5m2",
+    "e2m1": "e2m1",
+    "nvfp4": "nvfp4",
+    "mxfp4": "mxfp4",
+    "e8m0": "e8m0",
+}
 COMPANIONS = {"nvfp4": {"e2m1", "e4m3"}, "mxfp4": {"e2m1", "e8m0"}}
 #: Transformer Engine's recipe formats: (forward, gradients)
 TE_FORMATS = {"HYBRID": ("e4m3", "e5m2"), "E4M3": ("e4m3", "e4m3"), "NVFP4BlockScaling": ("nvfp4", "nvfp4")}
@@ -154,7 +162,9 @@ def word_problems(spec: PrecisionSpec) -> list[str]:
         if where == "note" and spec.emulated and named - said:
             problems.append(f"its note does not say {sorted(named - said)}, which its fields name")
     if spec.te_format and TE_FORMATS.get(spec.te_format) != (
-            named_formats(spec)["layer outputs"], named_formats(spec)["parameter gradients"]):
+        named_formats(spec)["layer outputs"],
+        named_formats(spec)["parameter gradients"],
+    ):
         problems.append(f"te_format {spec.te_format} is {TE_FORMATS.get(spec.te_format)} in Transformer Engine")
     return problems
 
@@ -177,8 +187,14 @@ class _Recording:
 
 def _net() -> nn.Module:
     torch.manual_seed(0)
-    return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 16, 3, stride=2, padding=1),
-                         nn.ReLU(), nn.Flatten(), nn.Linear(16 * 8 * 8, 10))
+    return nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1),
+        nn.ReLU(),
+        nn.Conv2d(8, 16, 3, stride=2, padding=1),
+        nn.ReLU(),
+        nn.Flatten(),
+        nn.Linear(16 * 8 * 8, 10),
+    )
 
 
 def captured(name: str) -> dict[str, list[torch.Tensor]]:
@@ -279,10 +295,14 @@ def _e4m3_for_e5m2(code: str) -> str:
     return code.replace('grad_format="e5m2"', 'grad_format="e4m3"')
 
 
-@pytest.mark.parametrize("wrong, says", [
-    (lambda: _readme_entry(_e4m3_for_e5m2), "e5m2"),  # named and described E5M2, its field E4M3
-    (lambda: replace(PRECISION_SPECS["fp8-e4m3-emulated"], name="x-emulated", grad_format="e5m2"), "e4m3"),
-], ids=["says-e5m2-rounds-e4m3", "says-e4m3-rounds-e5m2"])
+@pytest.mark.parametrize(
+    "wrong, says",
+    [
+        (lambda: _readme_entry(_e4m3_for_e5m2), "e5m2"),  # named and described E5M2, its field E4M3
+        (lambda: replace(PRECISION_SPECS["fp8-e4m3-emulated"], name="x-emulated", grad_format="e5m2"), "e4m3"),
+    ],
+    ids=["says-e5m2-rounds-e4m3", "says-e4m3-rounds-e5m2"],
+)
 def test_an_entry_whose_fields_name_other_formats_than_it_says_is_caught(monkeypatch, wrong, says):
     """The mistake as a new user makes it: one field naming the other fp8 format. The word check
     catches it; and the gradients are, bit for bit, not what the words say (so the words are no
@@ -295,10 +315,14 @@ def test_an_entry_whose_fields_name_other_formats_than_it_says_is_caught(monkeyp
     assert {p.split(":")[0] for p in problems} == set(said), problems  # both kinds fail, nothing else
 
 
-@pytest.mark.parametrize("precision, fmt, rounds, problem", [
-    ("fp8-emulated", "e5m2", "e4m3", "are not e5m2 values"),
-    ("fp8-e4m3-emulated", "e4m3", "e5m2", "every element is a e5m2 value"),
-], ids=["e5m2-rounding-e4m3", "e4m3-rounding-e5m2"])
+@pytest.mark.parametrize(
+    "precision, fmt, rounds, problem",
+    [
+        ("fp8-emulated", "e5m2", "e4m3", "are not e5m2 values"),
+        ("fp8-e4m3-emulated", "e4m3", "e5m2", "every element is a e5m2 value"),
+    ],
+    ids=["e5m2-rounding-e4m3", "e4m3-rounding-e5m2"],
+)
 def test_a_format_that_rounds_to_another_is_caught(monkeypatch, precision, fmt, rounds, problem):
     """The format table's entry ``fmt`` rounding as ``rounds`` does: the entry is right, the values are not."""
     from lossscale_bench.precision.formats import FORMATS
@@ -314,14 +338,21 @@ def test_the_references_tell_the_formats_apart():
     def one(v):
         return torch.tensor([v])
 
-    cases = {1.125: {"e4m3"}, 1.25: {"e4m3", "e5m2"}, 2.0 ** -12: {"e5m2"}, 512.0: {"e5m2"}, 2.5: {"e4m3", "e5m2"},
-             1 + 2.0 ** -10: set(), 1.5: {"e4m3", "e5m2", "e2m1"}}
+    cases = {
+        1.125: {"e4m3"},
+        1.25: {"e4m3", "e5m2"},
+        2.0**-12: {"e5m2"},
+        512.0: {"e5m2"},
+        2.5: {"e4m3", "e5m2"},
+        1 + 2.0**-10: set(),
+        1.5: {"e4m3", "e5m2", "e2m1"},
+    }
     for v, fits in cases.items():
         assert {f for f in ("e4m3", "e5m2", "e2m1") if not BAD[f](one(v))} == fits, v
-    assert not BAD["fp16"](one(1 + 2.0 ** -10)) and BAD["bf16"](one(1 + 2.0 ** -10))
+    assert not BAD["fp16"](one(1 + 2.0**-10)) and BAD["bf16"](one(1 + 2.0**-10))
     block = torch.tensor([6.0, 3.0, 1.5, 0.5, 0.0] * 3 + [4.0])
     assert not BAD["nvfp4"](block * 0.37) and BAD["mxfp4"](torch.cat([block, block]) * 0.37)
-    assert not BAD["mxfp4"](torch.cat([block, block]) * 2.0 ** -5)
+    assert not BAD["mxfp4"](torch.cat([block, block]) * 2.0**-5)
     assert BAD["nvfp4"](torch.cat([block[:15], torch.tensor([2.5])]) * 0.37) == 13  # the block's non-zero ones
     tiles = torch.cat([block.repeat(16, 1) * 0.37, block.repeat(16, 1) * 0.11], 1)  # two 16x16 tiles
     rows = block.repeat(16, 1) * torch.tensor([0.37] * 8 + [0.11] * 8).view(16, 1)  # a tile of two scales

@@ -44,7 +44,12 @@ def test_six_fp4_precisions_say_what_they_are():
 
 def test_precision_options_change_the_formats():
     p = get_precision("e4m3fwd-mxfp4grad-emulated", fp4_rounding="nearest", wgrad_hadamard=True, mx_exponent="ceil")
-    assert (p.grad_format.kind, p.grad_format.stochastic, p.grad_format.mode, p.wgrad_hadamard) == ("mxfp4", False, "ceil", True)
+    assert (p.grad_format.kind, p.grad_format.stochastic, p.grad_format.mode, p.wgrad_hadamard) == (
+        "mxfp4",
+        False,
+        "ceil",
+        True,
+    )
     assert p.grad_format.name == "mxfp4-ceil"
     with pytest.raises(ValueError, match="not an option"):
         get_precision("e4m3fwd-nvfp4grad-emulated", mx_exponent="ceil")
@@ -54,13 +59,16 @@ def test_precision_options_change_the_formats():
         get_precision("e4m3fwd-e2m1grad-emulated", grad_blocks="mx32")
 
 
-@pytest.mark.parametrize("precision,entry,path", [
-    ("e4m3fwd-nvfp4grad-emulated", "{method: none, mx_exponent: ceil}", "scaling[0].mx_exponent"),
-    ("fp8-e4m3-emulated", "{method: none, fp4_rounding: nearest}", "scaling[0].fp4_rounding"),
-    ("fp32", "{method: none, wgrad_hadamard: true}", "scaling[0].wgrad_hadamard"),
-    ("e4m3fwd-e2m1grad-emulated", "{method: none, grad_blocks: mx32}", "scaling[0].grad_blocks"),
-    ("e4m3fwd-e2m1grad-emulated", "{method: none, fp4_rounding: up}", "scaling[0].fp4_rounding"),
-])
+@pytest.mark.parametrize(
+    "precision,entry,path",
+    [
+        ("e4m3fwd-nvfp4grad-emulated", "{method: none, mx_exponent: ceil}", "scaling[0].mx_exponent"),
+        ("fp8-e4m3-emulated", "{method: none, fp4_rounding: nearest}", "scaling[0].fp4_rounding"),
+        ("fp32", "{method: none, wgrad_hadamard: true}", "scaling[0].wgrad_hadamard"),
+        ("e4m3fwd-e2m1grad-emulated", "{method: none, grad_blocks: mx32}", "scaling[0].grad_blocks"),
+        ("e4m3fwd-e2m1grad-emulated", "{method: none, fp4_rounding: up}", "scaling[0].fp4_rounding"),
+    ],
+)
 def test_precision_options_only_where_they_mean_something(precision, entry, path):
     with pytest.raises(StudyError) as err:
         load_study_text(one_entry_study(entry, precision), source="x.yaml")
@@ -72,13 +80,20 @@ def test_precision_options_enter_the_trial_id_only_off_their_default():
         return load_study_text(one_entry_study(entry, precision)).trials()[0]
 
     plain = trial("{method: fixed, scale: 128}")
-    assert plain.trial_id == trial("{method: fixed, scale: 128, fp4_rounding: stochastic, wgrad_hadamard: false, "
-                                   "mx_exponent: floor}").trial_id
+    assert (
+        plain.trial_id
+        == trial(
+            "{method: fixed, scale: 128, fp4_rounding: stochastic, wgrad_hadamard: false, mx_exponent: floor}"
+        ).trial_id
+    )
     other = trial("{method: fixed, scale: 128, fp4_rounding: nearest, wgrad_hadamard: true, mx_exponent: ceil}")
     assert other.trial_id != plain.trial_id
     assert other.label == "loss scale (128) (nearest-rounded grads, Hadamard wgrad, MX exponent rounded up)"
-    assert {k: other.scaling[k] for k in PRECISION_OPTIONS} == {"fp4_rounding": "nearest", "wgrad_hadamard": True,
-                                                                 "mx_exponent": "ceil"}
+    assert {k: other.scaling[k] for k in PRECISION_OPTIONS} == {
+        "fp4_rounding": "nearest",
+        "wgrad_hadamard": True,
+        "mx_exponent": "ceil",
+    }
 
 
 def test_block_format_telemetry_counts_in_the_scaled_domain():
@@ -87,10 +102,10 @@ def test_block_format_telemetry_counts_in_the_scaled_domain():
     2^-20 of the tensor's max a block's E4M3 scale underflows: the block flushes, and does not
     count as saturated although its encode scale (FLT_MAX) puts it far past 6."""
     nv = get_precision("e4m3fwd-nvfp4grad-emulated").grad_format
-    g = torch.full((32,), 2.0 ** -10)
+    g = torch.full((32,), 2.0**-10)
     g[16] = 1.0  # the second block's max: its 15 small neighbours flush
     assert nv.census(g).tolist() == [32, -1, 15, 0]
-    assert nv.census(torch.where(g == 1.0, 1.0, 2.0 ** -20)).tolist() == [32, -1, 31, 0]
+    assert nv.census(torch.where(g == 1.0, 1.0, 2.0**-20)).tolist() == [32, -1, 31, 0]
     plain = get_precision("e4m3fwd-e2m1grad-emulated").grad_format
     assert plain.census(g).tolist() == [32, 31, 31, 0] and plain.thresholds["flush_at_or_below"] == 0.25
     calls = nv.stream.calls
@@ -104,9 +119,9 @@ def _hadamard_by_channel(g2: torch.Tensor, round_fn) -> torch.Tensor:
     c, k = g2.shape
     pad = -k % 16
     x = torch.cat([g2, torch.zeros(c, pad)], 1)
-    t = torch.stack([torch.cat([H16 @ x[i, j:j + 16] for j in range(0, k + pad, 16)]) for i in range(c)])
+    t = torch.stack([torch.cat([H16 @ x[i, j : j + 16] for j in range(0, k + pad, 16)]) for i in range(c)])
     q = round_fn(t)
-    back = torch.stack([torch.cat([H16.T @ q[i, j:j + 16] for j in range(0, k + pad, 16)]) for i in range(c)])
+    back = torch.stack([torch.cat([H16.T @ q[i, j : j + 16] for j in range(0, k + pad, 16)]) for i in range(c)])
     return back[:, :k]
 
 
@@ -162,7 +177,9 @@ def test_nvfp4_forward_rounds_the_weights_in_16x16_tiles():
     p.prepare(conv)
     x = torch.randn(2, 4, 6, 6, requires_grad=True)
     y = conv(x)
-    want = fp4_round(F.conv2d(x.detach(), fp4_round(conv.weight.detach(), "nvfp4", weight=True), conv.bias, 1, 1), "nvfp4")
+    want = fp4_round(
+        F.conv2d(x.detach(), fp4_round(conv.weight.detach(), "nvfp4", weight=True), conv.bias, 1, 1), "nvfp4"
+    )
     assert torch.equal(y, want)
     y.relu_().sum().backward()  # an in-place op on the output is allowed
     assert x.grad is not None and conv.weight.grad is not None and torch.isfinite(conv.weight.grad).all()
@@ -170,8 +187,14 @@ def test_nvfp4_forward_rounds_the_weights_in_16x16_tiles():
 
 def _split_net():
     torch.manual_seed(3)
-    return nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 16, 3, padding=1), nn.ReLU(),
-                         nn.Flatten(), nn.Linear(16 * 8 * 8, 4)).to(memory_format=torch.channels_last)
+    return nn.Sequential(
+        nn.Conv2d(3, 16, 3, padding=1),
+        nn.ReLU(),
+        nn.Conv2d(16, 16, 3, padding=1),
+        nn.ReLU(),
+        nn.Flatten(),
+        nn.Linear(16 * 8 * 8, 4),
+    ).to(memory_format=torch.channels_last)
 
 
 def _input_grad(precision, entry, scale_fn=None, **opts):
@@ -181,16 +204,25 @@ def _input_grad(precision, entry, scale_fn=None, **opts):
 
     net = _split_net()
     p = get_precision(precision, **opts)
-    scaler = (AdaptiveLossScaler(net, scale_fn=scale_fn) if scale_fn else
-              build_scaler(entry, model=net, grad_format=p.grad_format))
+    scaler = (
+        AdaptiveLossScaler(net, scale_fn=scale_fn)
+        if scale_fn
+        else build_scaler(entry, model=net, grad_format=p.grad_format)
+    )
     p.prepare(net)
     x = torch.randn(2, 3, 8, 8).contiguous(memory_format=torch.channels_last).requires_grad_()
     scaler.scale(net(x).pow(2).mean() * 1e3).backward()
     return x.grad, scaler
 
 
-@pytest.mark.parametrize("entry", [{"method": "adaptive"}, {"method": "layerwise_dynamic", "init_scale": 4.0},
-                                   {"method": "amax", "recipe": "current", "margin": 1}])
+@pytest.mark.parametrize(
+    "entry",
+    [
+        {"method": "adaptive"},
+        {"method": "layerwise_dynamic", "init_scale": 4.0},
+        {"method": "amax", "recipe": "current", "margin": 1},
+    ],
+)
 def test_per_layer_scalers_scale_the_split_layers(entry):
     # The Hadamard transform's layers compute their backward in fp4_layers: a per-layer scaler must still
     # find them (it found none, and scaled nothing) and fold its factor into the input-gradient product,
@@ -211,7 +243,7 @@ def test_per_layer_factors_reach_the_input_gradient_through_nvfp4_weights(opts):
     one, _ = _input_grad("nvfp4fwd-nvfp4grad-emulated", None, scale_fn=lambda *a: 1.0, fp4_rounding="nearest", **opts)
     four, s = _input_grad("nvfp4fwd-nvfp4grad-emulated", None, scale_fn=lambda *a: 4.0, fp4_rounding="nearest", **opts)
     assert s._last_plan["layers"] == 3 and one.abs().max() > 0
-    assert torch.equal(four, one * 4.0 ** 3)
+    assert torch.equal(four, one * 4.0**3)
 
 
 def test_nvfp4_weights_computed_once_and_the_parameter_always_put_back(monkeypatch):
@@ -243,20 +275,35 @@ def test_probe_sees_fp4_gradients_before_rounding():
 
 
 def _fp4_study(entry: str, precision: str, iterations: int = 3, seed: int = 0, **extra) -> str:
-    return study_yaml(precision=precision, scaling=[entry], seeds=[seed],
-                      schedule={"iterations": iterations, "lr": 0.01, "warmup_iterations": 1}, **extra)
+    return study_yaml(
+        precision=precision,
+        scaling=[entry],
+        seeds=[seed],
+        schedule={"iterations": iterations, "lr": 0.01, "warmup_iterations": 1},
+        **extra,
+    )
 
 
-METHODS = ["{method: none}", "{method: fixed, scale: 128}", "{method: dynamic, style: chainer}",
-           "{method: dynamic, style: torch}", "{method: dynamic, style: deepspeed}", "{method: layerwise_dynamic}",
-           "{method: amax, recipe: current, margin: 1}", "{method: adaptive}",
-           "{method: saturation, init_scale: 65536, interval: 2}"]
+METHODS = [
+    "{method: none}",
+    "{method: fixed, scale: 128}",
+    "{method: dynamic, style: chainer}",
+    "{method: dynamic, style: torch}",
+    "{method: dynamic, style: deepspeed}",
+    "{method: layerwise_dynamic}",
+    "{method: amax, recipe: current, margin: 1}",
+    "{method: adaptive}",
+    "{method: saturation, init_scale: 65536, interval: 2}",
+]
 
 
 #: precision and the options of its rows; method i runs in VARIANTS[i % 3] (every method, every variant,
 #: 9 trials rather than 27: a trial costs seconds here)
-VARIANTS = [("e4m3fwd-e2m1grad-emulated", ""), ("e4m3fwd-nvfp4grad-emulated", ", wgrad_hadamard: true"),
-            ("nvfp4fwd-mxfp4grad-emulated", ", fp4_rounding: nearest, mx_exponent: ceil")]
+VARIANTS = [
+    ("e4m3fwd-e2m1grad-emulated", ""),
+    ("e4m3fwd-nvfp4grad-emulated", ", wgrad_hadamard: true"),
+    ("nvfp4fwd-mxfp4grad-emulated", ", fp4_rounding: nearest, mx_exponent: ceil"),
+]
 
 
 @pytest.mark.parametrize("entry,precision,extra", [(m, *VARIANTS[i % 3]) for i, m in enumerate(METHODS)])
@@ -277,8 +324,9 @@ def test_stochastic_rounding_is_seeded_by_the_trial(tmp_path, monkeypatch):
         """Initial weights and batch order on seed 0 whatever the trial's seed: only the rounding's draws
         follow the trial seed."""
         sink = MemorySink()
-        cfg = load_study_text(_fp4_study("{method: fixed, scale: 1024}", precision, 4, seed,
-                                         seed_streams={"init": 0, "data": 0})).trials()[0]
+        cfg = load_study_text(
+            _fp4_study("{method: fixed, scale: 1024}", precision, 4, seed, seed_streams={"init": 0, "data": 0})
+        ).trials()[0]
         assert run_trial(cfg, sink=sink, trial_dir=tmp_path / where).status == "finished"
         return [v for _, v in sink.history("loss")]
 
@@ -299,8 +347,15 @@ def test_parameter_gradients_rounded_at_the_end_of_backward_as_one_call_each_wou
     from lossscale_bench.precision.formats import fp4_format
 
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(),
-                          nn.Conv2d(32, 8, 1), nn.Flatten(), nn.Linear(8 * 8 * 8, 5))
+    model = nn.Sequential(
+        nn.Conv2d(3, 16, 3, padding=1),
+        nn.ReLU(),
+        nn.Conv2d(16, 32, 3, padding=1),
+        nn.ReLU(),
+        nn.Conv2d(32, 8, 1),
+        nn.Flatten(),
+        nn.Linear(8 * 8 * 8, 5),
+    )
     ref = type(model)(*[m for m in __import__("copy").deepcopy(model)])
     x = torch.randn(4, 3, 8, 8).contiguous(memory_format=torch.channels_last)
     model, ref = model.to(memory_format=torch.channels_last), ref.to(memory_format=torch.channels_last)
@@ -311,6 +366,7 @@ def test_parameter_gradients_rounded_at_the_end_of_backward_as_one_call_each_wou
 
     ref_fmt = fp4_format(kind, stochastic=stochastic, seed=7)
     install_emulation(ref, E4M3, ref_fmt, round_param_grads=False)
+
     def round_now(p):
         p.grad.copy_(ref_fmt.round(p.grad))
 

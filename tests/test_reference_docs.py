@@ -29,8 +29,14 @@ COMMITTED = ROOT / "docs" / "reference"
 
 def _generate(*args: str) -> subprocess.CompletedProcess:
     """The generator in a fresh interpreter (it clears LSBENCH_* variables: never in this process)."""
-    return subprocess.run([sys.executable, str(ROOT / "tools" / "gen_reference.py"), *args], capture_output=True,
-                          text=True, cwd=ROOT, timeout=600, check=False)
+    return subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "gen_reference.py"), *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=600,
+        check=False,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -43,8 +49,12 @@ def generated(tmp_path_factory) -> Path:
 
 def test_every_committed_page_is_the_generators_output(generated):
     assert sorted(p.name for p in generated.iterdir()) == sorted(PAGES)
-    stale = [name for name in PAGES if not (COMMITTED / name).is_file()
-             or (COMMITTED / name).read_text(encoding="utf-8") != (generated / name).read_text(encoding="utf-8")]
+    stale = [
+        name
+        for name in PAGES
+        if not (COMMITTED / name).is_file()
+        or (COMMITTED / name).read_text(encoding="utf-8") != (generated / name).read_text(encoding="utf-8")
+    ]
     assert not stale, f"out of date: {stale}; run: python tools/gen_reference.py"
 
 
@@ -73,8 +83,14 @@ def test_the_cli_page_has_every_subcommand_and_option(generated):
 
     text = (generated / "cli.md").read_text(encoding="utf-8")
     commands = list(_commands(build_parser(), "lsbench"))
-    assert {"lsbench run", "lsbench validate", "lsbench report", "lsbench ui", "lsbench data",
-            "lsbench weights convert"} <= {c for c, _ in commands}
+    assert {
+        "lsbench run",
+        "lsbench validate",
+        "lsbench report",
+        "lsbench ui",
+        "lsbench data",
+        "lsbench weights convert",
+    } <= {c for c, _ in commands}
     for command, parser in commands:
         assert f"`{command}`" in text, command
         for action in parser._actions:
@@ -106,8 +122,19 @@ def test_the_study_page_has_every_key(generated):
     for key in Study.model_fields:
         if key not in ("source", "seed_plan"):  # set by the loader, not keys of the file
             assert f"| `{key}` |" in text, key
-    for key in ("seeds.start", "seeds.max", "schedule.iterations", "schedule.lr", "eval.metric", "resources.backend", "dataset.root",
-                "dataset.train_max_side", "scaling[].label", "seed_streams.val", "report.equivalence_margin"):
+    for key in (
+        "seeds.start",
+        "seeds.max",
+        "schedule.iterations",
+        "schedule.lr",
+        "eval.metric",
+        "resources.backend",
+        "dataset.root",
+        "dataset.train_max_side",
+        "scaling[].label",
+        "seed_streams.val",
+        "report.equivalence_margin",
+    ):
         assert f"| `{key}` |" in text, key
     rows = [ln for ln in text.splitlines() if ln.startswith("| `")]
     assert rows and not [r for r in rows if r.endswith("| — |")], "keys without a description"
@@ -142,22 +169,37 @@ def test_the_generator_refuses_an_undescribed_variable(tmp_path):
     """A variable the package reads with no description stops the generator (checked on a copy of the
     package with one more variable read)."""
     copy = tmp_path / "repo"
-    shutil.copytree(ROOT / "lossscale_bench", copy / "lossscale_bench",
-                    ignore=shutil.ignore_patterns("__pycache__", "*.so"))
+    shutil.copytree(
+        ROOT / "lossscale_bench", copy / "lossscale_bench", ignore=shutil.ignore_patterns("__pycache__", "*.so")
+    )
     shutil.copytree(ROOT / "tools", copy / "tools")
     with (copy / "lossscale_bench" / "sink.py").open("a", encoding="utf-8") as f:
         f.write('\nimport os\n_UNDESCRIBED = os.environ.get("LSBENCH_NOT_DESCRIBED")\n')
-    done = subprocess.run([sys.executable, str(copy / "tools" / "gen_reference.py"), "--out", str(tmp_path / "o")],
-                          capture_output=True, text=True, cwd=copy, timeout=600, check=False,
-                          env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "PYTHONPATH": str(copy)})
+    done = subprocess.run(
+        [sys.executable, str(copy / "tools" / "gen_reference.py"), "--out", str(tmp_path / "o")],
+        capture_output=True,
+        text=True,
+        cwd=copy,
+        timeout=600,
+        check=False,
+        env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "PYTHONPATH": str(copy)},
+    )
     assert done.returncode != 0
     assert "LSBENCH_NOT_DESCRIBED" in done.stderr and "env_vars.py" in done.stderr
 
 
 #: one trial per kind of scaler, so that every family of metric names is logged once
-METRIC_STUDY = study_yaml(name="names", precision="fp16-emulated", scaling=[
-    "{method: adaptive}", "{method: amax, recipe: current}", "{method: layerwise_dynamic}",
-    "{method: dynamic, style: deepspeed}", "{method: saturation}"])
+METRIC_STUDY = study_yaml(
+    name="names",
+    precision="fp16-emulated",
+    scaling=[
+        "{method: adaptive}",
+        "{method: amax, recipe: current}",
+        "{method: layerwise_dynamic}",
+        "{method: dynamic, style: deepspeed}",
+        "{method: saturation}",
+    ],
+)
 
 
 def test_every_metric_and_tag_a_trial_logs_has_an_entry(tmp_path):
@@ -173,7 +215,14 @@ def test_every_metric_and_tag_a_trial_logs_has_an_entry(tmp_path):
         assert outcome.status in ("finished", "diverged"), outcome.error  # a divergence logs its tags too
         metrics |= {name for name, _, _ in sink.items}
         tags |= set(sink.tag_values)
-    assert {"loss", "final_map", "ada_scale_log2_median", "amax_point_scale_log2_median", "lw_points_backed_off",
-            "dyn_hysteresis_left", "saturated_share"} <= metrics
+    assert {
+        "loss",
+        "final_map",
+        "ada_scale_log2_median",
+        "amax_point_scale_log2_median",
+        "lw_points_backed_off",
+        "dyn_hysteresis_left",
+        "saturated_share",
+    } <= metrics
     assert [m for m in sorted(metrics) if entry_for(m, METRICS) is None] == []
     assert [t for t in sorted(tags) if entry_for(t, TAGS) is None] == []

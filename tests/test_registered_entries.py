@@ -28,8 +28,9 @@ from lossscale_bench.study.precisions import PRECISION_SPECS
 #: (CPU-speed, and every method then has overflow and underflow to act on)
 SCALED_EMULATION = next(n for n, s in PRECISION_SPECS.items() if s.emulated and s.needs_scaler)
 #: the emulation with E4M3 gradients, element-wise (no block scale)
-E4M3_GRADS = next(n for n, s in PRECISION_SPECS.items()
-                  if s.emulated and s.grad_format == "e4m3" and not s.grad_scaling)
+E4M3_GRADS = next(
+    n for n, s in PRECISION_SPECS.items() if s.emulated and s.grad_format == "e4m3" and not s.grad_scaling
+)
 STEPS = 3
 
 
@@ -37,8 +38,14 @@ def _trial(tmp_path, precision: str, entry: str):
     from lossscale_bench.engine.sink import MemorySink
     from lossscale_bench.trial import run_trial
 
-    cfg = load_study_text(study_yaml(precision=precision, scaling=[entry], log_every=1,
-                                     schedule={"iterations": STEPS, "lr": 0.01, "warmup_iterations": 1})).trials()[0]
+    cfg = load_study_text(
+        study_yaml(
+            precision=precision,
+            scaling=[entry],
+            log_every=1,
+            schedule={"iterations": STEPS, "lr": 0.01, "warmup_iterations": 1},
+        )
+    ).trials()[0]
     sink = MemorySink()
     out = run_trial(cfg, sink=sink, trial_dir=tmp_path, threads=1)
     # diverged is a result (a default start scale may overflow every one of 3 steps), failed is a bug

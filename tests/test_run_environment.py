@@ -22,8 +22,10 @@ def test_upper_case_aten_capability_is_refused_with_its_own_reason(tmp_path):
     env = {**CLEAN, "ATEN_CPU_CAPABILITY": "AVX2"}
     for cmd in (["validate", "s.yaml"], ["run", "s.yaml", "--runs-dir", "runs", "--executor", "local", "--no-report"]):
         (line,) = _errors(lsbench(*cmd, cwd=tmp_path, env=env))
-        assert line.startswith("lsbench: error: resources.repeatable pins ATEN_CPU_CAPABILITY=avx2") and \
-            "lower case only and ignores 'AVX2'" in line, line
+        assert (
+            line.startswith("lsbench: error: resources.repeatable pins ATEN_CPU_CAPABILITY=avx2")
+            and "lower case only and ignores 'AVX2'" in line
+        ), line
     assert not (tmp_path / "runs").exists()
 
 
@@ -56,8 +58,17 @@ def test_validate_names_every_misread_switch_one_line_each(tmp_path):
 
 def test_run_refuses_a_misread_switch_before_training(tmp_path):
     (tmp_path / "s.yaml").write_text(study_yaml())
-    r = lsbench("run", "s.yaml", "--runs-dir", "runs", "--executor", "local", "--no-report", cwd=tmp_path,
-                env={**CLEAN, "LSBENCH_NO_NATIVE": "nope"})
+    r = lsbench(
+        "run",
+        "s.yaml",
+        "--runs-dir",
+        "runs",
+        "--executor",
+        "local",
+        "--no-report",
+        cwd=tmp_path,
+        env={**CLEAN, "LSBENCH_NO_NATIVE": "nope"},
+    )
     (line,) = _errors(r)
     assert line.startswith("lsbench: error: LSBENCH_NO_NATIVE='nope'"), line
     assert not (tmp_path / "runs").exists()

@@ -51,9 +51,18 @@ def test_collapsed_dynamic_scale_is_a_divergence(policy):
     # torch style has no floor (min_scale 0); max_consecutive_skips is set past the collapse
     scaler = build_scaler({"method": "dynamic", "style": "torch", "init_scale": 1024.0})
     div = DivergenceHook(sink, patience=10, max_consecutive_skips=10_000, policy=policy, check_every=10)
-    tr = Trainer(model=model, optimizer=opt, scheduler=torch.optim.lr_scheduler.LambdaLR(opt, lambda i: 1.0),
-                 scaler=scaler, backend=get_backend("cpu"), precision=get_precision("fp32"), batches=_batches(),
-                 iterations=1000, hooks=[MetricsHook(sink, 10), div], sync_every=10)
+    tr = Trainer(
+        model=model,
+        optimizer=opt,
+        scheduler=torch.optim.lr_scheduler.LambdaLR(opt, lambda i: 1.0),
+        scaler=scaler,
+        backend=get_backend("cpu"),
+        precision=get_precision("fp32"),
+        batches=_batches(),
+        iterations=1000,
+        hooks=[MetricsHook(sink, 10), div],
+        sync_every=10,
+    )
     with pytest.raises(TrialDiverged) as err:
         tr.run()
     assert "loss scale collapsed" in err.value.reason

@@ -35,7 +35,7 @@ def _chainerlp_exponential_shift(lr, iterations, ratio, warmup_n, steps, rate=0.
             cur = init
         elif it in steps:
             t += 1
-            cur = init * rate ** t  # chainer's ExponentialShift: init * rate ** t
+            cur = init * rate**t  # chainer's ExponentialShift: init * rate ** t
     return out
 
 
@@ -147,12 +147,15 @@ def test_new_options_reach_the_trial_and_change_its_id():
     assert _only(", warmup_iterations: 10, warmup_factor: 0").schedule["warmup_factor"] == 0
 
 
-@pytest.mark.parametrize("extra, field, words", [
-    (", warmup_mode: step", "schedule.warmup_mode", "linear, constant"),
-    (", weight_decay_exclude: [bias, weights]", "schedule.weight_decay_exclude", "bias, 1d"),
-    (", warmup_iterations: 10, warmup_mode: constant, warmup_factor: 0", "schedule.warmup_factor", "lr 0"),
-    (", warmup_factor: -0.1", "schedule.warmup_factor", "0 <= x <= 1"),
-])
+@pytest.mark.parametrize(
+    "extra, field, words",
+    [
+        (", warmup_mode: step", "schedule.warmup_mode", "linear, constant"),
+        (", weight_decay_exclude: [bias, weights]", "schedule.weight_decay_exclude", "bias, 1d"),
+        (", warmup_iterations: 10, warmup_mode: constant, warmup_factor: 0", "schedule.warmup_factor", "lr 0"),
+        (", warmup_factor: -0.1", "schedule.warmup_factor", "0 <= x <= 1"),
+    ],
+)
 def test_bad_schedule_options_are_one_line_errors(extra, field, words):
     with pytest.raises(StudyError) as ei:
         load_study_text(BASE % extra)

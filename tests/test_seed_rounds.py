@@ -15,11 +15,16 @@ from helpers import lsbench, study_yaml
 
 PLAN = {"start": 2, "step": 1, "max": 4, "until": "decided"}
 ROUNDS = study_yaml(
-    name="rounds", dataset={"name": "synthetic", "train_images": 16, "val_images": 8, "image_size": 64, "seed": 0},
-    precision="fp16-emulated", batch_size=4,
+    name="rounds",
+    dataset={"name": "synthetic", "train_images": 16, "val_images": 8, "image_size": 64, "seed": 0},
+    precision="fp16-emulated",
+    batch_size=4,
     scaling=["{method: none, precision: fp32, label: fp32, baseline: true}", "{method: fixed, scale: 128}"],
-    schedule={"iterations": 12, "lr": 0.01, "warmup_iterations": 4}, eval={"every": 6, "metric": "coco"},
-    log_every=4, seeds=PLAN)
+    schedule={"iterations": 12, "lr": 0.01, "warmup_iterations": 4},
+    eval={"every": 6, "metric": "coco"},
+    log_every=4,
+    seeds=PLAN,
+)
 
 
 def _trial_runs(client, exp):
@@ -36,8 +41,9 @@ def test_seeds_in_rounds_until_decided_then_a_rerun_trains_nothing(tmp_path):
     path = tmp_path / "rounds.yaml"
     path.write_text(ROUNDS)
     runs = tmp_path / "runs"
-    r = lsbench("run", path, "--runs-dir", runs, "--executor", "local", "--no-report", "--quiet", cwd=tmp_path,
-                timeout=900)
+    r = lsbench(
+        "run", path, "--runs-dir", runs, "--executor", "local", "--no-report", "--quiet", cwd=tmp_path, timeout=900
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert "seeds round 1: 4 trials so far" in r.stdout and "seeds added until decided" in r.stdout
 
@@ -64,8 +70,9 @@ def test_seeds_in_rounds_until_decided_then_a_rerun_trains_nothing(tmp_path):
     assert before == 2 * len(want)
 
     # the same command again: nothing to train, the same verdict
-    again = lsbench("run", path, "--runs-dir", runs, "--executor", "local", "--no-report", "--quiet", cwd=tmp_path,
-                    timeout=600)
+    again = lsbench(
+        "run", path, "--runs-dir", runs, "--executor", "local", "--no-report", "--quiet", cwd=tmp_path, timeout=600
+    )
     assert again.returncode == 0, again.stderr[-3000:]
     assert f"0 finished, 0 diverged, 0 failed, {before} already done" in again.stdout
     assert len(_trial_runs(client, exp)) == before

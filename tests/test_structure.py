@@ -36,7 +36,12 @@ FLOORS = [
     ["trial"],  # one trial from its config; no Ray, no MLflow
     ["tracking", "orchestration"],  # the MLflow store; running a study (in-process or Ray)
     ["report"],  # runs -> tables, plots, files
-    ["cli", "cli_report", "__main__", "seed_rounds"],  # lsbench commands; seed_rounds drives the runner and reads the verdicts
+    [
+        "cli",
+        "cli_report",
+        "__main__",
+        "seed_rounds",
+    ],  # lsbench commands; seed_rounds drives the runner and reads the verdicts
 ]
 
 #: Modules exempt from the length limit and from the underscore rule (others may import them), with the reason.
@@ -44,8 +49,11 @@ EXCEPTIONS: dict[str, str] = {}  # module name -> why it may break a limit (none
 
 #: Packages of one floor that must not import each other, with the reason.
 APART = [
-    ("data", "study", "the data loaders and the study schema read dataset files through dataset_files, "
-                      "not through each other"),
+    (
+        "data",
+        "study",
+        "the data loaders and the study schema read dataset files through dataset_files, not through each other",
+    )
 ]
 
 
@@ -117,8 +125,11 @@ def floor(module: str) -> int:
 
 
 def long_modules(root: Path = PKG) -> list[str]:
-    return [f"{module_name(p, root)}: {n} lines" for p in package_files(root)
-            if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES and module_name(p, root) not in EXCEPTIONS]
+    return [
+        f"{module_name(p, root)}: {n} lines"
+        for p in package_files(root)
+        if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES and module_name(p, root) not in EXCEPTIONS
+    ]
 
 
 def long_functions(root: Path = PKG) -> list[str]:
@@ -156,8 +167,13 @@ def upward_imports(root: Path = PKG) -> list[str]:
             if dep.startswith("lossscale_bench.") and floor(dep) > floor(mod):
                 out.append(f"{mod} (floor {floor(mod) + 1}) imports {dep} (floor {floor(dep) + 1})")
     for low, high, _ in APART:
-        out += [f"{mod} imports {dep} (kept apart)" for mod, deps in graph(root).items()
-                if mod.split(".")[1:2] == [low] for dep in deps if dep.split(".")[1:2] == [high]]
+        out += [
+            f"{mod} imports {dep} (kept apart)"
+            for mod, deps in graph(root).items()
+            if mod.split(".")[1:2] == [low]
+            for dep in deps
+            if dep.split(".")[1:2] == [high]
+        ]
     return sorted(out)
 
 
@@ -174,7 +190,7 @@ def circles(root: Path = PKG) -> list[str]:
             if d not in g or d == m:
                 continue
             if state.get(d) == 1:
-                found.append(" -> ".join(stack[stack.index(d):] + [d]))
+                found.append(" -> ".join(stack[stack.index(d) :] + [d]))
             elif d not in state:
                 visit(d)
         stack.pop()
@@ -186,8 +202,9 @@ def circles(root: Path = PKG) -> list[str]:
     return found
 
 
-@pytest.mark.parametrize("check", [long_modules, long_functions, underscore_imports, upward_imports, circles],
-                         ids=lambda f: f.__name__)
+@pytest.mark.parametrize(
+    "check", [long_modules, long_functions, underscore_imports, upward_imports, circles], ids=lambda f: f.__name__
+)
 def test_the_package_keeps_its_shape(check):
     found = check()
     assert not found, f"{len(found)} found:\n" + "\n".join(found)
@@ -205,8 +222,7 @@ def test_the_checks_see_what_they_look_for(tmp_path):
     (pkg / "trial").mkdir()
     for d in (pkg, pkg / "core", pkg / "trial"):
         (d / "__init__.py").write_text("")
-    (pkg / "core" / "low.py").write_text(
-        "def f():\n    from ..trial.high import g\n" + "    x = 1\n" * 80 + "\n" * 380)
+    (pkg / "core" / "low.py").write_text("def f():\n    from ..trial.high import g\n" + "    x = 1\n" * 80 + "\n" * 380)
     (pkg / "trial" / "high.py").write_text("from ..core.low import f, _hidden\n\n\ndef g():\n    pass\n")
     assert long_modules(pkg) == ["lossscale_bench.core.low: 462 lines"]
     assert long_functions(pkg) == ["lossscale_bench.core.low.f (line 1): 82 lines"]

@@ -13,8 +13,9 @@ import pytest
 
 from helpers import lsbench, study_yaml
 
-STUDY = study_yaml(name="units", dataset={"name": "synthetic", "train_images": 16, "val_images": 8,
-                                         "image_size": 64, "seed": 0})
+STUDY = study_yaml(
+    name="units", dataset={"name": "synthetic", "train_images": 16, "val_images": 8, "image_size": 64, "seed": 0}
+)
 
 
 @pytest.fixture(scope="module")
@@ -69,6 +70,7 @@ def test_csv_numbers_are_percent_and_say_so(studied):
     row = back.iloc[0]
     assert row["mean_pct"] == pytest.approx(metrics["final_map"] * 100)
     assert row["cell"] == f"{row['mean_pct']:.2f}"
+
     # a csv read back renders the same tables as the store it came from (the csv has no trial counts)
     def tables(text):
         return [ln for ln in text.splitlines() if ln and not ln.startswith("Trials:")]
@@ -76,14 +78,19 @@ def test_csv_numbers_are_percent_and_say_so(studied):
     assert tables(render(back, "markdown")) == tables(render(df, "markdown"))
 
 
-@pytest.mark.parametrize("metric, header, note", [
-    ("final_map", "Validation mAP", "Metric: COCO mAP@[.5:.95] (`final_map`, %)"),
-    ("final_map_50", "Validation mAP@0.5", "Metric: COCO mAP@0.5 (`final_map_50`, %)"),
-    ("best_map", "Best validation mAP", "(`best_map`, %)"),
-])
+@pytest.mark.parametrize(
+    "metric, header, note",
+    [
+        ("final_map", "Validation mAP", "Metric: COCO mAP@[.5:.95] (`final_map`, %)"),
+        ("final_map_50", "Validation mAP@0.5", "Metric: COCO mAP@0.5 (`final_map_50`, %)"),
+        ("best_map", "Best validation mAP", "(`best_map`, %)"),
+    ],
+)
 def test_metric_is_labelled_by_what_it_is(studied, tmp_path, metric, header, note):
     runs, *_ = studied
-    r = _lsbench("report", "--runs-dir", runs, "--metric", metric, "--no-plots", "--reports-dir", tmp_path, cwd=tmp_path)
+    r = _lsbench(
+        "report", "--runs-dir", runs, "--metric", metric, "--no-plots", "--reports-dir", tmp_path, cwd=tmp_path
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     head = next(ln for ln in r.stdout.splitlines() if ln.startswith("| Model"))
     assert [c.strip() for c in head.strip("|").split("|")][3] == header

@@ -22,7 +22,9 @@ def test_a_file_where_a_folder_should_be(tmp_path):
 def test_a_broken_symbolic_link(tmp_path):
     os.symlink(tmp_path / "gone", tmp_path / "link")
     assert folder_problem(tmp_path / "link").startswith("is a broken symbolic link")
-    assert folder_problem(tmp_path / "link" / "x") == f"cannot be created: {tmp_path / 'link'} is a broken symbolic link"
+    assert (
+        folder_problem(tmp_path / "link" / "x") == f"cannot be created: {tmp_path / 'link'} is a broken symbolic link"
+    )
 
 
 def test_relative_paths_are_taken_from_the_working_folder(tmp_path, monkeypatch):

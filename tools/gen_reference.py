@@ -44,11 +44,7 @@ from reference_md import (
 # --- every package name the generator reads; repoint here when modules move --------------------------
 import lossscale_bench
 from lossscale_bench.cli import build_parser
-from lossscale_bench.core import (
-    env_vars,
-    exit_codes,
-    logged_names,
-)
+from lossscale_bench.core import env_vars, exit_codes, logged_names
 from lossscale_bench.core.env_vars import ENV_VARS
 from lossscale_bench.core.logged_names import EXPERIMENT_TAGS, METRICS, TAGS, entry_for
 from lossscale_bench.core.registry import (
@@ -61,10 +57,7 @@ from lossscale_bench.core.registry import (
     SCALING_METHODS,
 )
 from lossscale_bench.data.download import register as register_data_parser
-from lossscale_bench.study import (
-    Study,
-    key_docs,
-)
+from lossscale_bench.study import Study, key_docs
 from lossscale_bench.study.key_docs import KEY_DOCS
 from lossscale_bench.study.methods import ENTRIES, MethodEntry
 from lossscale_bench.study.precisions import PRECISION_OPTIONS, PRECISION_SPECS
@@ -98,8 +91,7 @@ def _option_rows(parser: argparse.ArgumentParser) -> list[list]:
                 need += ", one or more"
         default = "—" if a.nargs == 0 or a.default in (None, argparse.SUPPRESS) or a.required else value(a.default)
         choices = ", ".join(code(c) for c in a.choices) if a.choices else "—"
-        helptext = (a.help or "") % {"default": a.default, "prog": parser.prog} if a.help and "%(" in a.help \
-            else a.help
+        helptext = (a.help or "") % {"default": a.default, "prog": parser.prog} if a.help and "%(" in a.help else a.help
         rows.append([name, need, default, choices, helptext])
     return rows
 
@@ -126,11 +118,17 @@ def _command_sections(parser: argparse.ArgumentParser, path: str, level: int) ->
 
 def cli_page() -> str:
     parser = build_parser()
-    commands = [f"- [`lsbench {n}`](#lsbench-{n}): {cell(ca.help)}"
-                for sub in _subparsers(parser) for ca in sub._choices_actions for n in [ca.dest]]
-    intro = (f"{cell(parser.description)}. Every command and its arguments as the parsers define them "
-             "(`lsbench COMMAND --help` prints the same). Defaults are those with no `LSBENCH_*` variable set "
-             "([environment](environment.md)); exit codes: [exit codes](exit-codes.md).")
+    commands = [
+        f"- [`lsbench {n}`](#lsbench-{n}): {cell(ca.help)}"
+        for sub in _subparsers(parser)
+        for ca in sub._choices_actions
+        for n in [ca.dest]
+    ]
+    intro = (
+        f"{cell(parser.description)}. Every command and its arguments as the parsers define them "
+        "(`lsbench COMMAND --help` prints the same). Defaults are those with no `LSBENCH_*` variable set "
+        "([environment](environment.md)); exit codes: [exit codes](exit-codes.md)."
+    )
     return page("Command line", intro, "\n".join(commands), *_command_sections(parser, "lsbench", 2))
 
 
@@ -168,46 +166,58 @@ def field_rows(cls, prefix: str, keys: list[str] | None = None, skip=(), doc_pre
 
 def study_page() -> str:
     top = field_rows(Study, "", skip=("source", "seed_plan"))
-    sections = ["## Top-level keys\n\nA list key may be written as one value "
-                "(`seeds: 0` is `seeds: [0]`); a section left empty (`eval:`) takes its defaults.\n\n"
-                + table(["Key", "Type", "Default", "Allowed", "What it is"], top)]
+    sections = [
+        "## Top-level keys\n\nA list key may be written as one value "
+        "(`seeds: 0` is `seeds: [0]`); a section left empty (`eval:`) takes its defaults.\n\n"
+        + table(["Key", "Type", "Default", "Allowed", "What it is"], top)
+    ]
     for name, info in Study.model_fields.items():
         models = models_in(info.annotation)
         if name in ("dataset", "scaling", "source") or not models:
             continue
         cls = models[0]
         if name == "seed_plan":  # not a key of its own: the plan form of `seeds`
-            sections.append("## seeds (plan form)\n\n`seeds: {start: 3, step: 3, max: 18}` instead of a list: seeds "
-                            "are added, in rounds, to the rows whose comparisons are not decided yet (reports and "
-                            "verdicts, in the guide).\n\n"
-                            + table(["Key", "Type", "Default", "Allowed", "What it is"], field_rows(cls, "seeds.")))
+            sections.append(
+                "## seeds (plan form)\n\n`seeds: {start: 3, step: 3, max: 18}` instead of a list: seeds "
+                "are added, in rounds, to the rows whose comparisons are not decided yet (reports and "
+                "verdicts, in the guide).\n\n"
+                + table(["Key", "Type", "Default", "Allowed", "What it is"], field_rows(cls, "seeds."))
+            )
             continue
-        intro = cell(paragraph(cls.__doc__)) if cls.__doc__ and cls.__module__.startswith("lossscale_bench") \
-            else ""
-        sections.append(f"## {name}\n\n" + (intro + "\n\n" if intro not in ("", "—") else "")
-                        + table(["Key", "Type", "Default", "Allowed", "What it is"], field_rows(cls, f"{name}.")))
+        intro = cell(paragraph(cls.__doc__)) if cls.__doc__ and cls.__module__.startswith("lossscale_bench") else ""
+        sections.append(
+            f"## {name}\n\n"
+            + (intro + "\n\n" if intro not in ("", "—") else "")
+            + table(["Key", "Type", "Default", "Allowed", "What it is"], field_rows(cls, f"{name}."))
+        )
     variants = models_in(Study.model_fields["dataset"].annotation)
     ds = ["## dataset\n\n`dataset: NAME` is short for `dataset: {name: NAME}`. The keys depend on `name`:"]
     for cls in variants:
         dname = cls.model_json_schema()["properties"]["name"].get("const")
-        ds.append(f"### dataset: {dname}\n\n"
-                  + table(["Key", "Type", "Default", "Allowed", "What it is"], field_rows(cls, "dataset.")))
+        ds.append(
+            f"### dataset: {dname}\n\n"
+            + table(["Key", "Type", "Default", "Allowed", "What it is"], field_rows(cls, "dataset."))
+        )
     sections.append("\n\n".join(ds))
     common = field_rows(ENTRIES[SCALING_METHODS[0]], "scaling[].", keys=["method", *ENTRY_COMMON])
     common[0][2:4] = ["required", ", ".join(code(m) for m in SCALING_METHODS)]
     common[0][4] = "The scaling method; its own options are on the [names](names.md#scaling-methods) page."
     overrides = field_rows(models_in(MethodEntry.model_fields["resources"].annotation)[0], "scaling[].resources.")
-    sections.append("## scaling\n\nA list of entries, one report row each: a mapping, or just the method's name "
-                    "(`- adaptive`). Besides its method's options, every entry may have these keys (`precision`, "
-                    "`model`, `batch_size` and `resources` override the study's for the entry's trials; the "
-                    "precision options apply only to the precisions that name them, "
-                    "[names](names.md#precision-options)):\n\n"
-                    + table(["Key", "Type", "Default", "Allowed", "What it is"], common)
-                    + "\n\n### scaling[].resources\n\n"
-                    + table(["Key", "Type", "Default", "Allowed", "What it is"], overrides))
-    intro = ("Every key a study file (YAML) may have, from the schema `lsbench validate` checks. A key not "
-             "listed is refused, naming the file, the key and what is allowed. \"not given\" is a default "
-             "that leaves the choice to the code (each key's text says what it then does).")
+    sections.append(
+        "## scaling\n\nA list of entries, one report row each: a mapping, or just the method's name "
+        "(`- adaptive`). Besides its method's options, every entry may have these keys (`precision`, "
+        "`model`, `batch_size` and `resources` override the study's for the entry's trials; the "
+        "precision options apply only to the precisions that name them, "
+        "[names](names.md#precision-options)):\n\n"
+        + table(["Key", "Type", "Default", "Allowed", "What it is"], common)
+        + "\n\n### scaling[].resources\n\n"
+        + table(["Key", "Type", "Default", "Allowed", "What it is"], overrides)
+    )
+    intro = (
+        "Every key a study file (YAML) may have, from the schema `lsbench validate` checks. A key not "
+        'listed is refused, naming the file, the key and what is allowed. "not given" is a default '
+        "that leaves the choice to the code (each key's text says what it then does)."
+    )
     return page("Study file", intro, *sections)
 
 
@@ -231,47 +241,98 @@ def method_section(method: str) -> str:
             row[2] = "; ".join(per) if per else row[2]
     kind = "per-layer (scales each layer's gradient)" if entry.per_layer else "one scale for the whole loss"
     text = [f"### `{method}`", cell(doc), f"Scaler: `{entry.scaler.replace(':', '.')}`, {kind}."]
-    text.append(table(["Option", "Type", "Default", "Allowed", "What it is"], rows) if rows
-                else "No options of its own.")
+    text.append(
+        table(["Option", "Type", "Default", "Allowed", "What it is"], rows) if rows else "No options of its own."
+    )
     return "\n\n".join(text)
 
 
 def names_page() -> str:
-    sections = [("## Scaling methods\n\nA study's `scaling` entries name one of these in `method:` "
-                 "(`registry.SCALING_METHODS`); each entry also takes the [common keys](study-file.md#scaling).")]
+    sections = [
+        (
+            "## Scaling methods\n\nA study's `scaling` entries name one of these in `method:` "
+            "(`registry.SCALING_METHODS`); each entry also takes the [common keys](study-file.md#scaling)."
+        )
+    ]
     sections += [method_section(m) for m in SCALING_METHODS]
     rows = []
     for name, spec in PRECISION_SPECS.items():
         scaling = spec.grad_scaling or "—"
-        rows.append([code(name), spec.autocast or "—", spec.forward_format or "fp32", spec.grad_format or "fp32",
-                     scaling, "yes" if spec.emulated else "no", "yes" if spec.needs_scaler else "no",
-                     spec.te_format or "—", ", ".join(code(o) for o in spec.options) or "—"])
-    sections.append("## Precisions\n\n`precision:` (study-wide, or a scaling entry's own) names one of these "
-                    "(`registry.PRECISIONS`). Emulated: computed in fp32 on the CPU, values rounded to the formats "
-                    "(the report marks such rows). Loss scale: whether the gradients are in a narrow format, so "
-                    "a loss scale has something to rescue.\n\n"
-                    + table(["Precision", "Autocast", "Forward values", "Gradients", "Gradient blocks",
-                             "Emulated", "Loss scale", "Transformer Engine", "Options"], rows))
+        rows.append(
+            [
+                code(name),
+                spec.autocast or "—",
+                spec.forward_format or "fp32",
+                spec.grad_format or "fp32",
+                scaling,
+                "yes" if spec.emulated else "no",
+                "yes" if spec.needs_scaler else "no",
+                spec.te_format or "—",
+                ", ".join(code(o) for o in spec.options) or "—",
+            ]
+        )
+    sections.append(
+        "## Precisions\n\n`precision:` (study-wide, or a scaling entry's own) names one of these "
+        "(`registry.PRECISIONS`). Emulated: computed in fp32 on the CPU, values rounded to the formats "
+        "(the report marks such rows). Loss scale: whether the gradients are in a narrow format, so "
+        "a loss scale has something to rescue.\n\n"
+        + table(
+            [
+                "Precision",
+                "Autocast",
+                "Forward values",
+                "Gradients",
+                "Gradient blocks",
+                "Emulated",
+                "Loss scale",
+                "Transformer Engine",
+                "Options",
+            ],
+            rows,
+        )
+    )
     sections.append("\n".join(f"- `{n}`: {cell(s.doc or s.note)}" for n, s in PRECISION_SPECS.items()))
-    orows = [[code(o.name), ", ".join(value(c) for c in o.choices), value(o.default),
-              ", ".join(code(n) for n, s in PRECISION_SPECS.items() if o.name in s.options), o.doc]
-             for o in PRECISION_OPTIONS.values()]
-    sections.append("## Precision options\n\nKeys of a scaling entry that change how its precision rounds; only "
-                    "the precisions listed take them.\n\n"
-                    + table(["Option", "Values", "Default", "Precisions", "What it does"], orows))
-    others = [("Models (`model`)", MODEL_NAMES), ("Datasets (`dataset.name`)", DATASET_NAMES),
-              ("Backends (`resources.backend`)", BACKEND_NAMES), ("Evaluation protocols (`eval.metric`)", EVAL_METRICS),
-              ("Dynamic scaling styles (`style`)", DYNAMIC_STYLES), ("amax recipes (`recipe`)", AMAX_RECIPES)]
-    sections.append("## Other names\n\n" + "\n".join(f"- {what}: " + ", ".join(code(n) for n in names)
-                                                       for what, names in others))
-    return page("Methods, precisions and other names", "Every name a study file may use, from the registry "
-                "(`lossscale_bench/core/registry.py`) and the tables that describe each entry.", *sections)
+    orows = [
+        [
+            code(o.name),
+            ", ".join(value(c) for c in o.choices),
+            value(o.default),
+            ", ".join(code(n) for n, s in PRECISION_SPECS.items() if o.name in s.options),
+            o.doc,
+        ]
+        for o in PRECISION_OPTIONS.values()
+    ]
+    sections.append(
+        "## Precision options\n\nKeys of a scaling entry that change how its precision rounds; only "
+        "the precisions listed take them.\n\n"
+        + table(["Option", "Values", "Default", "Precisions", "What it does"], orows)
+    )
+    others = [
+        ("Models (`model`)", MODEL_NAMES),
+        ("Datasets (`dataset.name`)", DATASET_NAMES),
+        ("Backends (`resources.backend`)", BACKEND_NAMES),
+        ("Evaluation protocols (`eval.metric`)", EVAL_METRICS),
+        ("Dynamic scaling styles (`style`)", DYNAMIC_STYLES),
+        ("amax recipes (`recipe`)", AMAX_RECIPES),
+    ]
+    sections.append(
+        "## Other names\n\n" + "\n".join(f"- {what}: " + ", ".join(code(n) for n in names) for what, names in others)
+    )
+    return page(
+        "Methods, precisions and other names",
+        "Every name a study file may use, from the registry "
+        "(`lossscale_bench/core/registry.py`) and the tables that describe each entry.",
+        *sections,
+    )
 
 
 # ================================================================================== exit codes page
 #: exit status 1 is Python's own (exit_codes.py's module doc): no constant names it
-EXIT_INTERNAL = [1, "—", ("an internal error (a bug): Python's own status for an uncaught exception; the "
-                          "traceback is printed")]
+EXIT_INTERNAL = [
+    1,
+    "—",
+    ("an internal error (a bug): Python's own status for an uncaught exception; the traceback is printed"),
+]
 
 
 def exit_codes_page() -> str:
@@ -287,8 +348,11 @@ def exit_codes_page() -> str:
             last = None
     rows = [[getattr(exit_codes, n), code(n), docs[n]] for n in docs]
     rows = sorted(rows + [EXIT_INTERNAL], key=lambda r: r[0])
-    return page("Exit codes", "What `lsbench` returns, from `lossscale_bench/core/exit_codes.py`; scripts and "
-                "schedulers can branch on it.", table(["Code", "Name", "Meaning"], rows))
+    return page(
+        "Exit codes",
+        "What `lsbench` returns, from `lossscale_bench/core/exit_codes.py`; scripts and schedulers can branch on it.",
+        table(["Code", "Name", "Meaning"], rows),
+    )
 
 
 # ================================================================================ environment page
@@ -314,13 +378,19 @@ def environment_page() -> str:
     read = env_vars_read()
     missing = sorted(set(read) - set(ENV_VARS))
     if missing:
-        raise SystemExit("gen_reference: the package reads " + ", ".join(missing) + " with no description in "
-                         "lossscale_bench/core/env_vars.py ENV_VARS: add one")
+        raise SystemExit(
+            "gen_reference: the package reads " + ", ".join(missing) + " with no description in "
+            "lossscale_bench/core/env_vars.py ENV_VARS: add one"
+        )
     rows = [[code(n), ENV_VARS[n], ", ".join(code(f) for f in read.get(n, []))] for n in sorted(ENV_VARS)]
-    return page("Environment variables", "Every `LSBENCH_*` variable the package reads (`lossscale_bench/core/"
-                "env_vars.py`). Variables of the libraries (`MLFLOW_TRACKING_URI`, `RAY_ADDRESS`, "
-                "`CUDA_VISIBLE_DEVICES`, "
-                "...) keep their own meaning.", table(["Variable", "What it does", "Named in"], rows))
+    return page(
+        "Environment variables",
+        "Every `LSBENCH_*` variable the package reads (`lossscale_bench/core/"
+        "env_vars.py`). Variables of the libraries (`MLFLOW_TRACKING_URI`, `RAY_ADDRESS`, "
+        "`CUDA_VISIBLE_DEVICES`, "
+        "...) keep their own meaning.",
+        table(["Variable", "What it does", "Named in"], rows),
+    )
 
 
 # ================================================================================ metrics page
@@ -344,21 +414,34 @@ def tags_named() -> list[str]:
 def metrics_page() -> str:
     missing = [t for t in tags_named() if entry_for(t.replace("<>", "x"), {**TAGS, **EXPERIMENT_TAGS}) is None]
     if missing:
-        raise SystemExit("gen_reference: the package names tag(s) " + ", ".join(missing) + " with no entry in "
-                         "lossscale_bench/core/logged_names.py TAGS: add one")
-    sections = ["## Metrics\n\n" + table(["Metric", "What it is"], [[code(k), v] for k, v in sorted(METRICS.items())]),
-                "## Run tags\n\n" + table(["Tag", "What it holds"], [[code(k), v] for k, v in sorted(TAGS.items())]),
-                "## Experiment tags\n\n" + table(["Tag", "What it holds"],
-                                                [[code(k), v] for k, v in sorted(EXPERIMENT_TAGS.items())])]
-    return page("Logged metrics and tags", "What a study writes to its MLflow store (`lossscale_bench/core/"
-                "logged_names.py`). mAP is stored as a fraction (0.512) and shown in percent by the reports. A "
-                "part in angle brackets stands for one of the values it lists (`<mean,max>`) or for any text.",
-                *sections)
+        raise SystemExit(
+            "gen_reference: the package names tag(s) " + ", ".join(missing) + " with no entry in "
+            "lossscale_bench/core/logged_names.py TAGS: add one"
+        )
+    sections = [
+        "## Metrics\n\n" + table(["Metric", "What it is"], [[code(k), v] for k, v in sorted(METRICS.items())]),
+        "## Run tags\n\n" + table(["Tag", "What it holds"], [[code(k), v] for k, v in sorted(TAGS.items())]),
+        "## Experiment tags\n\n"
+        + table(["Tag", "What it holds"], [[code(k), v] for k, v in sorted(EXPERIMENT_TAGS.items())]),
+    ]
+    return page(
+        "Logged metrics and tags",
+        "What a study writes to its MLflow store (`lossscale_bench/core/"
+        "logged_names.py`). mAP is stored as a fraction (0.512) and shown in percent by the reports. A "
+        "part in angle brackets stands for one of the values it lists (`<mean,max>`) or for any text.",
+        *sections,
+    )
 
 
 # ======================================================================================== main
-PAGES = {"cli.md": cli_page, "study-file.md": study_page, "names.md": names_page,
-         "exit-codes.md": exit_codes_page, "environment.md": environment_page, "metrics.md": metrics_page}
+PAGES = {
+    "cli.md": cli_page,
+    "study-file.md": study_page,
+    "names.md": names_page,
+    "exit-codes.md": exit_codes_page,
+    "environment.md": environment_page,
+    "metrics.md": metrics_page,
+}
 
 
 def generate() -> dict[str, str]:
@@ -366,8 +449,10 @@ def generate() -> dict[str, str]:
     pages = {name: make() for name, make in PAGES.items()}
     stale = sorted(set(KEY_DOCS) - USED_KEY_DOCS)
     if stale:
-        raise SystemExit("gen_reference: lossscale_bench/study/key_docs.py describes keys the schema does not "
-                         "have: " + ", ".join(stale))
+        raise SystemExit(
+            "gen_reference: lossscale_bench/study/key_docs.py describes keys the schema does not "
+            "have: " + ", ".join(stale)
+        )
     return pages
 
 
@@ -380,8 +465,11 @@ def main(argv: list[str] | None = None) -> int:
         del os.environ[var]  # pages show the defaults with every LSBENCH_* variable unset
     pages = generate()
     if args.check:
-        stale = [n for n, text in pages.items()
-                 if not (args.out / n).is_file() or (args.out / n).read_text(encoding="utf-8") != text]
+        stale = [
+            n
+            for n, text in pages.items()
+            if not (args.out / n).is_file() or (args.out / n).read_text(encoding="utf-8") != text
+        ]
         for n in stale:
             print(f"stale: {(args.out / n).as_posix()} (run: python tools/gen_reference.py)", file=sys.stderr)
         return 1 if stale else 0

@@ -24,8 +24,7 @@ def cell(text) -> str:
         return "—"
     parts = markdown(" ".join(str(text).split())).split("`")
     for i in range(0, len(parts), 2):  # even parts are outside code spans
-        parts[i] = (parts[i].replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
-                    .replace("*", "\\*"))
+        parts[i] = parts[i].replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;").replace("*", "\\*")
     return "`".join(parts)
 
 
@@ -103,14 +102,20 @@ def type_text(prop: dict, defs: dict) -> tuple[str, str]:
     kind = prop.get("type", "value")
     if kind == "array":
         item, allowed = type_text(prop.get("items", {}), defs)
-        more = [f"at least {prop['minItems']} item" + ("s" if prop["minItems"] > 1 else "")] \
-            if prop.get("minItems") else []
+        more = (
+            [f"at least {prop['minItems']} item" + ("s" if prop["minItems"] > 1 else "")]
+            if prop.get("minItems")
+            else []
+        )
         each = [f"each {allowed}" if allowed.startswith(("x ", "not")) else allowed] if allowed != "—" else []
         return f"list of {item}s", "; ".join(each + more) or "—"
     if "enum" in prop:
         return kind, ", ".join(code(v) for v in prop["enum"])
-    bounds = [f"{op} {prop[k]!r}" for k, op in (("exclusiveMinimum", ">"), ("minimum", ">="),
-                                                ("exclusiveMaximum", "<"), ("maximum", "<=")) if k in prop]
+    bounds = [
+        f"{op} {prop[k]!r}"
+        for k, op in (("exclusiveMinimum", ">"), ("minimum", ">="), ("exclusiveMaximum", "<"), ("maximum", "<="))
+        if k in prop
+    ]
     if prop.get("pattern"):
         bounds.append("not blank")
     return kind, "x " + ", x ".join(bounds) if bounds and "not blank" not in bounds else (", ".join(bounds) or "—")

@@ -61,8 +61,9 @@ def main(argv: list[str] | None = None) -> int:
     loop.Trainer.run = run
     with tempfile.TemporaryDirectory() as tmp:
         for cfg in study.trials():
-            if (args.seeds is not None and cfg.seed not in args.seeds) or (args.rows is not None
-                                                                            and cfg.row not in args.rows):
+            if (args.seeds is not None and cfg.seed not in args.seeds) or (
+                args.rows is not None and cfg.row not in args.rows
+            ):
                 continue
             cfg = cfg.model_copy(update={"schedule": {**cfg.schedule, "iterations": args.iterations}})
             finals.clear()

@@ -12,9 +12,24 @@ import time
 import torch
 from scaler_overhead import random_batch
 
-__all__ = ["IMAGE_SIZE", "NUM_CLASSES", "SCHED", "SYNC_EVERY", "PlainAMP", "base_model", "device_name", "free_memory",
-           "interleaved", "make_batches", "make_config", "make_trainer", "optimizer_kernels", "random_batch",
-           "reference_model", "sync"]
+__all__ = [
+    "IMAGE_SIZE",
+    "NUM_CLASSES",
+    "SCHED",
+    "SYNC_EVERY",
+    "PlainAMP",
+    "base_model",
+    "device_name",
+    "free_memory",
+    "interleaved",
+    "make_batches",
+    "make_config",
+    "make_trainer",
+    "optimizer_kernels",
+    "random_batch",
+    "reference_model",
+    "sync",
+]
 
 NUM_CLASSES = 4
 SCHED = {"lr": 1e-4, "momentum": 0.9, "weight_decay": 5e-4}
@@ -28,36 +43,89 @@ def make_config(smoke: bool) -> dict:
     """Every section's sizes and time budget: tiny on CPU (``smoke``), the real check on CUDA."""
     if smoke:
         return {
-            "device": "cpu", "precision": "fp16-emulated", "smoke": True, "total_budget_s": 240,
+            "device": "cpu",
+            "precision": "fp16-emulated",
+            "smoke": True,
+            "total_budget_s": 240,
             "a": {"model": "ssd_tiny", "batch": 2, "steps": 12, "growth_interval": 2, "budget_s": 40},
-            "b": {"model": "ssd_tiny", "batch": 4, "steps": 4, "warmup": 1, "block": 2, "budget_s": 30,
-                  "profile_steps": 2, "profile_budget_s": 30},
+            "b": {
+                "model": "ssd_tiny",
+                "batch": 4,
+                "steps": 4,
+                "warmup": 1,
+                "block": 2,
+                "budget_s": 30,
+                "profile_steps": 2,
+                "profile_budget_s": 30,
+            },
             "c": {"models": {"ssd_tiny": 2}, "steps": 2, "warmup": 1, "budget_s": 30, "profile_steps": 2},
             "d": {"model": "ssd_tiny", "batch": 1, "batches": 1, "budget_s": 40},
-            "e": {"seeds": [0, 1], "iterations": 3, "batch": 2, "train_images": 8, "val_images": 4,
-                  "precision": "mixed16", "budget_s": 60},
+            "e": {
+                "seeds": [0, 1],
+                "iterations": 3,
+                "batch": 2,
+                "train_images": 8,
+                "val_images": 4,
+                "precision": "mixed16",
+                "budget_s": 60,
+            },
             "f": {"model": "ssd_tiny", "batch": 2, "steps": 2, "budget_s": 60},
             "g": {"model": "ssd_tiny", "batch": 1, "batches": 2, "budget_s": 30},
-            "h": {"model": "ssd_tiny", "batch": 2, "steps": 12, "growth_interval": 2, "budget_s": 40,
-                  "optimizer": "foreach"},
+            "h": {
+                "model": "ssd_tiny",
+                "batch": 2,
+                "steps": 12,
+                "growth_interval": 2,
+                "budget_s": 40,
+                "optimizer": "foreach",
+            },
         }
     return {
-        "device": "cuda", "precision": "mixed16", "smoke": False, "total_budget_s": 420,
+        "device": "cuda",
+        "precision": "mixed16",
+        "smoke": False,
+        "total_budget_s": 420,
         "a": {"model": "ssd300_vgg16", "batch": 8, "steps": 40, "growth_interval": 10, "budget_s": 30},
-        "b": {"model": "ssd300_vgg16", "batch": 32, "steps": 40, "warmup": 1, "block": SYNC_EVERY, "budget_s": 45,
-              "profile_steps": SYNC_EVERY, "profile_budget_s": 20},
-        "c": {"models": {"ssd300_vgg16": 32, "ssd512_vgg16": 16}, "steps": 12, "warmup": 2, "budget_s": 80,
-              "profile_steps": SYNC_EVERY},
+        "b": {
+            "model": "ssd300_vgg16",
+            "batch": 32,
+            "steps": 40,
+            "warmup": 1,
+            "block": SYNC_EVERY,
+            "budget_s": 45,
+            "profile_steps": SYNC_EVERY,
+            "profile_budget_s": 20,
+        },
+        "c": {
+            "models": {"ssd300_vgg16": 32, "ssd512_vgg16": 16},
+            "steps": 12,
+            "warmup": 2,
+            "budget_s": 80,
+            "profile_steps": SYNC_EVERY,
+        },
         "d": {"model": "ssd300_vgg16", "batch": 8, "batches": 4, "budget_s": 30},
-        "e": {"seeds": [0, 1, 2], "iterations": 300, "batch": 8, "train_images": 512, "val_images": 64,
-              "precision": "mixed16", "budget_s": 60},
+        "e": {
+            "seeds": [0, 1, 2],
+            "iterations": 300,
+            "batch": 8,
+            "train_images": 512,
+            "val_images": 64,
+            "precision": "mixed16",
+            "budget_s": 60,
+        },
         "f": {"model": "ssd300_vgg16", "batch": 32, "steps": 3, "budget_s": 30},
         # SSD512 at the published batch: does real fp16 flush its gradients at loss scale 1 (the
         # mechanism behind seed 000's "no loss scale: diverged")? 20 batches: with 75 s the emulated
         # probe's third of the budget covered 1 batch on an H200 (its first call compiles; the share now starts after it)
         "g": {"model": "ssd512_vgg16", "batch": 8, "batches": 20, "budget_s": 200},
-        "h": {"model": "ssd300_vgg16", "batch": 8, "steps": 40, "growth_interval": 10, "budget_s": 30,
-              "optimizer": "foreach"},
+        "h": {
+            "model": "ssd300_vgg16",
+            "batch": 8,
+            "steps": 40,
+            "growth_interval": 10,
+            "budget_s": 30,
+            "optimizer": "foreach",
+        },
     }
 
 
@@ -73,13 +141,20 @@ def base_model(model_name: str, device: str, seed: int = 0):
 
     torch.manual_seed(seed)
     backend = get_backend(device)
-    return backend, backend.prepare_model(build_model(model_name, num_classes=NUM_CLASSES,
-                                                      image_size=IMAGE_SIZE[model_name],
-                                                      batched_loss=True))
+    return backend, backend.prepare_model(
+        build_model(model_name, num_classes=NUM_CLASSES, image_size=IMAGE_SIZE[model_name], batched_loss=True)
+    )
 
 
-def make_trainer(model, backend, method: dict, precision_name: str, sched: dict | None = None,
-                 sync_every: int = SYNC_EVERY, optimizer_options: dict | None = None):
+def make_trainer(
+    model,
+    backend,
+    method: dict,
+    precision_name: str,
+    sched: dict | None = None,
+    sync_every: int = SYNC_EVERY,
+    optimizer_options: dict | None = None,
+):
     """A Trainer as a trial builds it: the backend's optimizer kernels (fused SGD on CUDA, foreach on
     CPU), losses read every ``sync_every`` steps (the model's batched loss comes with the model)."""
     from lossscale_bench.engine.loop import Trainer
@@ -91,12 +166,19 @@ def make_trainer(model, backend, method: dict, precision_name: str, sched: dict 
     precision.prepare(model)
     scaler = build_scaler(method, model, grad_format=precision.grad_format)
     sched = sched or SCHED
-    opt = build_optimizer(model, sched, backend.optimizer_options() if optimizer_options is None
-                          else optimizer_options)
+    opt = build_optimizer(model, sched, backend.optimizer_options() if optimizer_options is None else optimizer_options)
     # iterations: open-ended (steps are driven one by one), so only every sync_every-th step waits
-    return Trainer(model=model, optimizer=opt, scheduler=build_scheduler(opt, sched), scaler=scaler,
-                   backend=backend, precision=precision, batches=iter(()), iterations=10**9,
-                   sync_every=sync_every)
+    return Trainer(
+        model=model,
+        optimizer=opt,
+        scheduler=build_scheduler(opt, sched),
+        scaler=scaler,
+        backend=backend,
+        precision=precision,
+        batches=iter(()),
+        iterations=10**9,
+        sync_every=sync_every,
+    )
 
 
 def reference_model(model):
@@ -112,8 +194,15 @@ def reference_model(model):
 class PlainAMP:
     """The torchvision-references training step: model(images, targets) -> sum -> GradScaler."""
 
-    def __init__(self, model, backend, precision_name: str, init_scale: float = 65536.0, growth_interval: int = 2000,
-                 optimizer_options: dict | None = None):
+    def __init__(
+        self,
+        model,
+        backend,
+        precision_name: str,
+        init_scale: float = 65536.0,
+        growth_interval: int = 2000,
+        optimizer_options: dict | None = None,
+    ):
         from lossscale_bench.engine.schedule import build_optimizer, build_scheduler
         from lossscale_bench.precision import get_precision
 
@@ -157,8 +246,7 @@ def sync() -> None:
         torch.cuda.synchronize()
 
 
-def interleaved(steppers: dict, batches: list, steps: int, warmup: int, deadline: float,
-                block: int = 1) -> dict:
+def interleaved(steppers: dict, batches: list, steps: int, warmup: int, deadline: float, block: int = 1) -> dict:
     """Seconds per step for each stepper, interleaved round-robin, stopping at ``deadline``.
 
     Each stepper runs ``block`` steps in a row, then the device is waited for, and the block's
@@ -196,11 +284,11 @@ def free_memory():
         torch.cuda.empty_cache()
 
 
-
 def device_name(device: str) -> str:
     """The card's name, or the CPU with its thread and core counts."""
     if device == "cuda":
         return torch.cuda.get_device_name(0)
-    return f"cpu: {platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads, " \
-           f"{os.cpu_count()} cores"
-
+    return (
+        f"cpu: {platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads, "
+        f"{os.cpu_count()} cores"
+    )

@@ -67,12 +67,15 @@ def memory_one(device: str, precision: str, model_name: str, batch: int, steps: 
     else:
         if hwm:
             peak = _proc_status_mb("VmHWM") * 2**20
-            measure = ("resident high-water mark (VmHWM, reset after imports) of a fresh process per method, "
-                       "minus its resident size then (process peak in brackets)")
+            measure = (
+                "resident high-water mark (VmHWM, reset after imports) of a fresh process per method, "
+                "minus its resident size then (process peak in brackets)"
+            )
         else:
             peak = _maxrss_mb() * 2**20
-            measure = ("ru_maxrss of a fresh process per method, minus its value after imports "
-                       "(process peak in brackets)")
+            measure = (
+                "ru_maxrss of a fresh process per method, minus its value after imports (process peak in brackets)"
+            )
     return {"peak_mb": (peak - base) / 2**20, "process_peak_mb": peak / 2**20, "measure": measure}
 
 
@@ -89,8 +92,14 @@ def section_f(cfg: dict, sc: dict) -> dict:
             free_memory()
         else:
             # ru_maxrss only grows: one fresh process per method
-            cmd = [sys.executable, str(HERE / "gpu_check.py"), "--_memory", name, "--_memory-args",
-                   json.dumps([cfg["device"], cfg["precision"], sc["model"], sc["batch"], sc["steps"]])]
+            cmd = [
+                sys.executable,
+                str(HERE / "gpu_check.py"),
+                "--_memory",
+                name,
+                "--_memory-args",
+                json.dumps([cfg["device"], cfg["precision"], sc["model"], sc["batch"], sc["steps"]]),
+            ]
             env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
             left = max(10.0, deadline - time.monotonic() + 10.0)
             p = subprocess.run(cmd, capture_output=True, text=True, timeout=left, env=env)
@@ -98,6 +107,10 @@ def section_f(cfg: dict, sc: dict) -> dict:
                 raise RuntimeError(f"memory probe for {name} failed: {p.stderr.strip().splitlines()[-1:]}")
             r = json.loads(p.stdout.strip().splitlines()[-1])
         rows.append({"method": name, **r})
-    return {"model": sc["model"], "batch": sc["batch"], "steps": sc["steps"], "precision": cfg["precision"],
-            "rows": rows}
-
+    return {
+        "model": sc["model"],
+        "batch": sc["batch"],
+        "steps": sc["steps"],
+        "precision": cfg["precision"],
+        "rows": rows,
+    }

@@ -11,8 +11,7 @@ from .common import base_model, make_batches
 __all__ = ["section_d"]
 
 
-def _probe_rates(model, backend, precision_name: str, batches: list,
-                 seconds: float | None = None) -> tuple[dict, int]:
+def _probe_rates(model, backend, precision_name: str, batches: list, seconds: float | None = None) -> tuple[dict, int]:
     """Per-layer rates over ``batches`` and how many batches they cover: with ``seconds``, stopping at
     the first batch that ends more than ``seconds`` after the *first* batch ended (the first call
     compiles the emulation's kernels for every layer shape: on an H100, SSD512's first emulated batch
@@ -64,38 +63,57 @@ def section_d(cfg: dict, sc: dict) -> dict:
         share = (deadline - time.monotonic()) / (len(names) - k) if k == 0 else None
         results[name], done = _probe_rates(copy.deepcopy(model), backend, name, batches, share)
         if k == 0:
-            batches = batches[:max(1, done)]
+            batches = batches[: max(1, done)]
     real, emu, fp8 = results["mixed16"], results["fp16-emulated"], results["fp8-emulated"]
     layers = []
     for layer in emu:
         e, r = emu[layer], (real or {}).get(layer)
         f = (fp8 or {}).get(layer)
-        row = {"layer": layer, "nonzero_emulated": e["nonzero"],
-               "underflow_emulated": e["underflow_rate"], "flush_emulated": e["flush_rate"]}
+        row = {
+            "layer": layer,
+            "nonzero_emulated": e["nonzero"],
+            "underflow_emulated": e["underflow_rate"],
+            "flush_emulated": e["flush_rate"],
+        }
         if r is not None:
             # real fp16 gradients arrive already rounded: flushed elements are exact zeros, which the
             # probe does not count, so its own flush rate is 0 by construction. The flush rate real
             # fp16 implies is the share of the emulation's non-zero elements that are zero there.
             implied = max(0.0, (e["nonzero"] - r["nonzero"]) / e["nonzero"]) if e["nonzero"] else 0.0
-            row.update({"nonzero_real": r["nonzero"], "underflow_real": r["underflow_rate"],
-                        "flush_real_probe": r["flush_rate"], "flush_real_implied": implied,
-                        "abs_diff_underflow": abs(e["underflow_rate"] - r["underflow_rate"]),
-                        "abs_diff_flush": abs(e["flush_rate"] - implied)})
+            row.update(
+                {
+                    "nonzero_real": r["nonzero"],
+                    "underflow_real": r["underflow_rate"],
+                    "flush_real_probe": r["flush_rate"],
+                    "flush_real_implied": implied,
+                    "abs_diff_underflow": abs(e["underflow_rate"] - r["underflow_rate"]),
+                    "abs_diff_flush": abs(e["flush_rate"] - implied),
+                }
+            )
         if f is not None:
             row.update({"underflow_fp8_emulated": f["underflow_rate"], "flush_fp8_emulated": f["flush_rate"]})
         layers.append(row)
     with_real = [r for r in layers if "abs_diff_flush" in r and r["nonzero_emulated"] > 0]
     emu_nz = sum(r["nonzero_emulated"] for r in with_real)
     # over the whole model: the share of gradient elements (non-zero before rounding) each run flushed
-    overall = {"flush_real_implied": (sum(max(0, r["nonzero_emulated"] - r["nonzero_real"]) for r in with_real)
-                                      / emu_nz) if emu_nz else None,
-               "flush_emulated": (sum(r["flush_emulated"] * r["nonzero_emulated"] for r in with_real)
-                                  / emu_nz) if emu_nz else None}
-    return {"overall": overall, "model": sc["model"], "batch": sc["batch"], "batches": len(batches), "loss_scale": 1.0,
-            "real": "mixed16 (fp16 autocast on {})".format(cfg["device"]),
-            "skipped": [k for k, v in results.items() if v is None],
-            "layers": layers,
-            "max_abs_diff_flush": max((r["abs_diff_flush"] for r in with_real), default=None),
-            "max_abs_diff_underflow": max((r["abs_diff_underflow"] for r in with_real), default=None),
-            "mean_abs_diff_flush": (sum(r["abs_diff_flush"] for r in with_real) / len(with_real)) if with_real else None}
-
+    overall = {
+        "flush_real_implied": (sum(max(0, r["nonzero_emulated"] - r["nonzero_real"]) for r in with_real) / emu_nz)
+        if emu_nz
+        else None,
+        "flush_emulated": (sum(r["flush_emulated"] * r["nonzero_emulated"] for r in with_real) / emu_nz)
+        if emu_nz
+        else None,
+    }
+    return {
+        "overall": overall,
+        "model": sc["model"],
+        "batch": sc["batch"],
+        "batches": len(batches),
+        "loss_scale": 1.0,
+        "real": "mixed16 (fp16 autocast on {})".format(cfg["device"]),
+        "skipped": [k for k, v in results.items() if v is None],
+        "layers": layers,
+        "max_abs_diff_flush": max((r["abs_diff_flush"] for r in with_real), default=None),
+        "max_abs_diff_underflow": max((r["abs_diff_underflow"] for r in with_real), default=None),
+        "mean_abs_diff_flush": (sum(r["abs_diff_flush"] for r in with_real) / len(with_real)) if with_real else None,
+    }

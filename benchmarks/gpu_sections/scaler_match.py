@@ -35,11 +35,13 @@ def _section_a(cfg, sc, backend, model, deadline) -> dict:
     # the same SGD kernels on both sides: the backend's (fused on CUDA), or foreach (section h: whether a
     # difference comes from GradScaler's fused-optimizer path)
     opt_options = {"foreach": True} if sc.get("optimizer") == "foreach" else backend.optimizer_options()
-    ours = make_trainer(model, backend, {"method": "dynamic", "style": "torch"}, cfg["precision"],
-                        optimizer_options=opt_options)
+    ours = make_trainer(
+        model, backend, {"method": "dynamic", "style": "torch"}, cfg["precision"], optimizer_options=opt_options
+    )
     ours.scaler = DynamicLossScaler(style="torch", interval=sc["growth_interval"])
-    plain = PlainAMP(model_gs, backend, cfg["precision"], growth_interval=sc["growth_interval"],
-                     optimizer_options=opt_options)
+    plain = PlainAMP(
+        model_gs, backend, cfg["precision"], growth_interval=sc["growth_interval"], optimizer_options=opt_options
+    )
     rows = []
     for i in range(sc["steps"]):
         if time.monotonic() > deadline and rows:
@@ -47,11 +49,20 @@ def _section_a(cfg, sc, backend, model, deadline) -> dict:
         images, targets = random_batch(IMAGE_SIZE[sc["model"]], sc["batch"], 1000 + i)
         rec = ours.train_step(images, targets)
         gs_scale, gs_skipped = plain.train_step(images, targets)
-        rows.append({"step": i + 1, "scale_lsbench": rec.result.scale, "scale_gradscaler": gs_scale,
-                     "skipped_lsbench": rec.result.skipped, "skipped_gradscaler": gs_skipped})
+        rows.append(
+            {
+                "step": i + 1,
+                "scale_lsbench": rec.result.scale,
+                "scale_gradscaler": gs_scale,
+                "skipped_lsbench": rec.result.skipped,
+                "skipped_gradscaler": gs_skipped,
+            }
+        )
     with torch.no_grad():
-        finite = {"lsbench": all(bool(torch.isfinite(q).all()) for q in model.parameters()),
-                  "gradscaler": all(bool(torch.isfinite(q).all()) for q in model_gs.parameters())}
+        finite = {
+            "lsbench": all(bool(torch.isfinite(q).all()) for q in model.parameters()),
+            "gradscaler": all(bool(torch.isfinite(q).all()) for q in model_gs.parameters()),
+        }
         diffs = [(a.float() - b.float()).abs().max().item() for a, b in zip(model.parameters(), model_gs.parameters())]
         max_abs = max(diffs) if diffs else 0.0
         max_param = max(p.abs().max().item() for p in model.parameters())
@@ -59,11 +70,20 @@ def _section_a(cfg, sc, backend, model, deadline) -> dict:
     skips_equal = all(r["skipped_lsbench"] == r["skipped_gradscaler"] for r in rows)
     # CPU is bit-reproducible; cuDNN may pick non-deterministic kernels, so allow float noise there
     tol = 0.0 if cfg["device"] == "cpu" else 1e-3 * max(1.0, max_param)
-    return {"model": sc["model"], "batch": sc["batch"], "precision": cfg["precision"],
-            "growth_interval": sc["growth_interval"], "init_scale": 65536.0, "steps": len(rows),
-            "optimizer": opt_options, "params_finite": finite,
-            "per_step": rows, "scales_equal": scales_equal, "skips_equal": skips_equal,
-            "skipped_steps": sum(r["skipped_lsbench"] for r in rows),
-            "max_abs_param_diff": max_abs, "tolerance": tol,
-            "pass": bool(scales_equal and skips_equal and max_abs <= tol)}
-
+    return {
+        "model": sc["model"],
+        "batch": sc["batch"],
+        "precision": cfg["precision"],
+        "growth_interval": sc["growth_interval"],
+        "init_scale": 65536.0,
+        "steps": len(rows),
+        "optimizer": opt_options,
+        "params_finite": finite,
+        "per_step": rows,
+        "scales_equal": scales_equal,
+        "skips_equal": skips_equal,
+        "skipped_steps": sum(r["skipped_lsbench"] for r in rows),
+        "max_abs_param_diff": max_abs,
+        "tolerance": tol,
+        "pass": bool(scales_equal and skips_equal and max_abs <= tol),
+    }

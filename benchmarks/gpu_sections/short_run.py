@@ -32,9 +32,16 @@ def section_e(cfg: dict, sc: dict, out_dir: Path) -> dict:
         have_coco = True
     except ImportError:
         have_coco = False
-    train, val, classes = build_datasets({"name": "synthetic", "root": str(out_dir / "data"), "image_size": 128,
-                                          "train_images": sc["train_images"], "val_images": sc["val_images"],
-                                          "seed": 0})
+    train, val, classes = build_datasets(
+        {
+            "name": "synthetic",
+            "root": str(out_dir / "data"),
+            "image_size": 128,
+            "train_images": sc["train_images"],
+            "val_images": sc["val_images"],
+            "seed": 0,
+        }
+    )
     n_runs = len(E_ROWS) * len(sc["seeds"])
     iters = sc["iterations"]
     sched = {"lr": 0.01, "momentum": 0.9, "weight_decay": 5e-4, "warmup_iterations": max(1, iters // 7)}
@@ -57,10 +64,16 @@ def section_e(cfg: dict, sc: dict, out_dir: Path) -> dict:
                 skipped += int(rec.result.skipped)
                 steps += 1
             tail = [x for x in losses[-10:] if math.isfinite(x)]
-            row = {"label": label, "seed": seed, "precision": precision, "steps": steps,
-                   "final_loss": losses[-1] if losses else None,
-                   "final_loss_mean_last10": (sum(tail) / len(tail)) if tail else None,
-                   "skipped_steps": skipped, "final_scale": tr.scaler.current_scale()}
+            row = {
+                "label": label,
+                "seed": seed,
+                "precision": precision,
+                "steps": steps,
+                "final_loss": losses[-1] if losses else None,
+                "final_loss_mean_last10": (sum(tail) / len(tail)) if tail else None,
+                "skipped_steps": skipped,
+                "final_scale": tr.scaler.current_scale(),
+            }
             if have_coco:
                 from lossscale_bench.evaluation import evaluate_coco
 
@@ -69,8 +82,13 @@ def section_e(cfg: dict, sc: dict, out_dir: Path) -> dict:
             runs.append(row)
             tr.scaler.remove()
             del tr, model
-    return {"model": "ssd_tiny", "data": f"synthetic, {sc['train_images']} train / {sc['val_images']} val images, 128 px",
-            "batch": sc["batch"], "iterations_target": iters, "fp16_precision": sc["precision"],
-            "seeds": sc["seeds"], "map": "computed" if have_coco else "skipped: pycocotools is not importable",
-            "runs": runs}
-
+    return {
+        "model": "ssd_tiny",
+        "data": f"synthetic, {sc['train_images']} train / {sc['val_images']} val images, 128 px",
+        "batch": sc["batch"],
+        "iterations_target": iters,
+        "fp16_precision": sc["precision"],
+        "seeds": sc["seeds"],
+        "map": "computed" if have_coco else "skipped: pycocotools is not importable",
+        "runs": runs,
+    }

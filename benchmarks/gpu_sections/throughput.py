@@ -32,9 +32,11 @@ def section_b(cfg: dict, sc: dict) -> dict:
 
     old_model = copy.deepcopy(model)
     old_model.__class__ = SSD  # torchvision's loss; the backend's memory format and optimizer kernels
-    steppers = {B_TRAINER: make_trainer(model, backend, dyn, cfg["precision"]),
-                B_PLAIN: PlainAMP(reference_model(model), backend, cfg["precision"]),
-                B_OLD: make_trainer(old_model, backend, dyn, cfg["precision"], sync_every=1)}
+    steppers = {
+        B_TRAINER: make_trainer(model, backend, dyn, cfg["precision"]),
+        B_PLAIN: PlainAMP(reference_model(model), backend, cfg["precision"]),
+        B_OLD: make_trainer(old_model, backend, dyn, cfg["precision"], sync_every=1),
+    }
     if cfg.get("compile"):
         from lossscale_bench.backends.cuda import compile_parts
 
@@ -44,18 +46,24 @@ def section_b(cfg: dict, sc: dict) -> dict:
     batches = make_batches(sc["model"], sc["batch"], 3)
     block = sc.get("block", SYNC_EVERY)
     times = interleaved(steppers, batches, max(1, sc["steps"] // block), sc["warmup"], deadline, block=block)
-    out = {"model": sc["model"], "batch": sc["batch"], "precision": cfg["precision"], "block": block,
-           "rows": []}
+    out = {"model": sc["model"], "batch": sc["batch"], "precision": cfg["precision"], "block": block, "rows": []}
     for name, ts in times.items():
         med = statistics.median(ts)
-        out["rows"].append({"loop": name, "timed_steps": len(ts) * block, "median_step_ms": med * 1000.0,
-                            "images_per_s": sc["batch"] / med})
+        out["rows"].append(
+            {
+                "loop": name,
+                "timed_steps": len(ts) * block,
+                "median_step_ms": med * 1000.0,
+                "images_per_s": sc["batch"] / med,
+            }
+        )
     by = {r["loop"]: r for r in out["rows"]}
     out["ratio_trainer_to_plain_images_per_s"] = by[B_TRAINER]["images_per_s"] / by[B_PLAIN]["images_per_s"]
     out["ratio_trainer_to_old_step_images_per_s"] = by[B_TRAINER]["images_per_s"] / by[B_OLD]["images_per_s"]
     if sc.get("profile_steps") and time.monotonic() < deadline + sc.get("profile_budget_s", 0):
-        out["profiles"] = {name: profile_steps(steppers[name], batches, sc["profile_steps"], backend)
-                           for name in (B_TRAINER, B_PLAIN)}
+        out["profiles"] = {
+            name: profile_steps(steppers[name], batches, sc["profile_steps"], backend) for name in (B_TRAINER, B_PLAIN)
+        }
     return out
 
 
@@ -79,13 +87,27 @@ def profile_steps(stepper, batches: list, steps: int, backend, top: int = 12) ->
     def dev_self(e):
         return float(getattr(e, "self_device_time_total", 0.0) or getattr(e, "self_cuda_time_total", 0.0) or 0.0)
 
-    sync_names = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy ",
-                  "cudaMemcpyAsync")
+    sync_names = (
+        "cudaStreamSynchronize",
+        "cudaDeviceSynchronize",
+        "cudaEventSynchronize",
+        "cudaMemcpy ",
+        "cudaMemcpyAsync",
+    )
     syncs = {e.key: e.count / steps for e in events if e.key.startswith(sync_names)}
     ranked = sorted(events, key=dev_self, reverse=True)[:top]
     total = sum(dev_self(e) for e in events) or 1.0
-    return {"steps": steps, "device_self_ms_per_step": total / 1000.0 / steps,
-            "top_ops": [{"op": e.key[:80], "self_ms_per_step": dev_self(e) / 1000.0 / steps,
-                         "share": dev_self(e) / total, "calls_per_step": e.count / steps} for e in ranked],
-            "host_syncs_per_step": syncs}
-
+    return {
+        "steps": steps,
+        "device_self_ms_per_step": total / 1000.0 / steps,
+        "top_ops": [
+            {
+                "op": e.key[:80],
+                "self_ms_per_step": dev_self(e) / 1000.0 / steps,
+                "share": dev_self(e) / total,
+                "calls_per_step": e.count / steps,
+            }
+            for e in ranked
+        ],
+        "host_syncs_per_step": syncs,
+    }

@@ -41,8 +41,10 @@ class Backend:
 
     def to_device(self, images: list[torch.Tensor], targets: list[dict[str, Any]]):
         images = [im.to(self.device, non_blocking=True) for im in images]
-        targets = [{k: (v.to(self.device, non_blocking=True) if torch.is_tensor(v) else v) for k, v in t.items()}
-                   for t in targets]
+        targets = [
+            {k: (v.to(self.device, non_blocking=True) if torch.is_tensor(v) else v) for k, v in t.items()}
+            for t in targets
+        ]
         return images, targets
 
     # -- numerics -------------------------------------------------------------

@@ -49,8 +49,11 @@ class CPUBackend(Backend):
             use = resource.getrusage(resource.RUSAGE_SELF)
             # the process's minor page faults so far (imports and build included), and whether
             # host_memory's setting was in force: a trial's own evidence that its steps stopped faulting
-            return {"host_max_rss_mb": use.ru_maxrss / 1024.0, "host_minor_faults": float(use.ru_minflt),
-                    "host_freed_memory_kept": float(self.keeps_freed_memory)}
+            return {
+                "host_max_rss_mb": use.ru_maxrss / 1024.0,
+                "host_minor_faults": float(use.ru_minflt),
+                "host_freed_memory_kept": float(self.keeps_freed_memory),
+            }
         except Exception:  # noqa: BLE001 - not on every platform
             return {}
 

@@ -44,12 +44,15 @@ class CUDABackend(Backend):
     name = "cuda"
     ray_resource = "GPU"
 
-    def __init__(self, channels_last: bool = True, benchmark: bool = True, compile: bool = False,
-                 fused_optimizer: bool = True) -> None:
+    def __init__(
+        self, channels_last: bool = True, benchmark: bool = True, compile: bool = False, fused_optimizer: bool = True
+    ) -> None:
         super().__init__()
         if not torch.cuda.is_available():
-            raise BackendUnavailable("backend cuda: no CUDA device is visible "
-                                     f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')})")
+            raise BackendUnavailable(
+                "backend cuda: no CUDA device is visible "
+                f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')})"
+            )
         # Ray sets CUDA_VISIBLE_DEVICES per trial, so device 0 is this trial's GPU.
         self.device = torch.device("cuda", 0)
         torch.cuda.set_device(self.device)
@@ -83,6 +86,13 @@ class CUDABackend(Backend):
         torch.cuda.manual_seed_all(seed)
 
     def describe(self) -> str:
-        extras = [x for x, on in (("channels_last", self.channels_last), ("compiled", self.compile),
-                                  ("fused SGD", self.fused_optimizer)) if on]
+        extras = [
+            x
+            for x, on in (
+                ("channels_last", self.channels_last),
+                ("compiled", self.compile),
+                ("fused SGD", self.fused_optimizer),
+            )
+            if on
+        ]
         return f"cuda ({torch.cuda.get_device_name(self.device)}; {', '.join(extras) or 'plain'})"

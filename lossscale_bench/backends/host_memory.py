@@ -43,8 +43,10 @@ def setting_problem() -> str | None:
     value = os.environ.get(MALLOC_ENV, "")
     if value.strip().lower() in MALLOC_VALUES:
         return None
-    return (f"{MALLOC_ENV}={value!r} in the environment: allowed: 'system' (glibc's malloc defaults) or 'kept' "
-            f"(freed memory kept, the default; also when unset)")
+    return (
+        f"{MALLOC_ENV}={value!r} in the environment: allowed: 'system' (glibc's malloc defaults) or 'kept' "
+        f"(freed memory kept, the default; also when unset)"
+    )
 
 
 def keep_freed_memory() -> bool:

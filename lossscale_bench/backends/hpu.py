@@ -12,8 +12,10 @@ import torch
 
 from .base import Backend, BackendUnavailable
 
-INSTALL_HINT = ("install Intel Gaudi software (habana-torch-plugin) from Habana's index or use their "
-                "PyTorch container: https://docs.habana.ai/en/latest/Installation_Guide/")
+INSTALL_HINT = (
+    "install Intel Gaudi software (habana-torch-plugin) from Habana's index or use their "
+    "PyTorch container: https://docs.habana.ai/en/latest/Installation_Guide/"
+)
 
 
 class HPUBackend(Backend):
@@ -25,7 +27,9 @@ class HPUBackend(Backend):
         try:
             import habana_frameworks.torch.core as htcore
         except Exception as exc:  # noqa: BLE001
-            raise BackendUnavailable(f"backend hpu: cannot import habana_frameworks.torch ({exc}); {INSTALL_HINT}") from None
+            raise BackendUnavailable(
+                f"backend hpu: cannot import habana_frameworks.torch ({exc}); {INSTALL_HINT}"
+            ) from None
         self._htcore = htcore
         self.device = torch.device("hpu")
 

@@ -15,8 +15,10 @@ import torch
 
 from .base import Backend, BackendUnavailable
 
-INSTALL_HINT = ("pip install 'lossscale_bench[tpu]' (torch-xla; it pins its own torch version: "
-                "torch-xla 2.9.0 needs torch 2.9.0, see `make test-xla`)")
+INSTALL_HINT = (
+    "pip install 'lossscale_bench[tpu]' (torch-xla; it pins its own torch version: "
+    "torch-xla 2.9.0 needs torch 2.9.0, see `make test-xla`)"
+)
 
 
 def _import_xla():
@@ -24,8 +26,10 @@ def _import_xla():
         import torch_xla  # noqa: F401
         import torch_xla.core.xla_model as xm
     except Exception as exc:  # noqa: BLE001 - ImportError or undefined-symbol OSError
-        raise BackendUnavailable(f"backend xla: cannot import torch_xla ({type(exc).__name__}: "
-                                 f"{str(exc).splitlines()[0] if str(exc) else ''}); {INSTALL_HINT}") from None
+        raise BackendUnavailable(
+            f"backend xla: cannot import torch_xla ({type(exc).__name__}: "
+            f"{str(exc).splitlines()[0] if str(exc) else ''}); {INSTALL_HINT}"
+        ) from None
     return xm
 
 

@@ -41,19 +41,26 @@ def _binary(name: str, exponent_bits: int, mantissa_bits: int, *, inf: bool = Tr
     special codes at all (OCP MX's FP4 E2M1), so the all-ones code is the largest finite value."""
     bias = 2 ** (exponent_bits - 1) - 1
     top_exponent = bias if inf else bias + 1
-    top_mantissa = 2.0 - 2.0 ** -mantissa_bits * (1 if inf or not nan else 2)
-    return FloatRange(name, max=top_mantissa * 2.0 ** top_exponent, min_normal=2.0 ** (1 - bias),
-                      min_subnormal=2.0 ** (1 - bias - mantissa_bits))
+    top_mantissa = 2.0 - 2.0**-mantissa_bits * (1 if inf or not nan else 2)
+    return FloatRange(
+        name,
+        max=top_mantissa * 2.0**top_exponent,
+        min_normal=2.0 ** (1 - bias),
+        min_subnormal=2.0 ** (1 - bias - mantissa_bits),
+    )
 
 
 FP32 = _binary("fp32", 8, 23)
-RANGES: dict[str, FloatRange] = {r.name: r for r in (
-    FP32,
-    _binary("fp16", 5, 10),
-    _binary("bf16", 8, 7),
-    _binary("e4m3", 4, 3, inf=False),
-    _binary("e5m2", 5, 2),
-    # FP4 (OCP MX v1.0 section 5.3.3): +-{0, 0.5, 1, 1.5, 2, 3, 4, 6}; the NVFP4 and MXFP4 gradient
-    # precisions hold their elements in it too, so their loss-scale bounds are E2M1's
-    _binary("e2m1", 2, 1, inf=False, nan=False),
-)}
+RANGES: dict[str, FloatRange] = {
+    r.name: r
+    for r in (
+        FP32,
+        _binary("fp16", 5, 10),
+        _binary("bf16", 8, 7),
+        _binary("e4m3", 4, 3, inf=False),
+        _binary("e5m2", 5, 2),
+        # FP4 (OCP MX v1.0 section 5.3.3): +-{0, 0.5, 1, 1.5, 2, 3, 4, 6}; the NVFP4 and MXFP4 gradient
+        # precisions hold their elements in it too, so their loss-scale bounds are E2M1's
+        _binary("e2m1", 2, 1, inf=False, nan=False),
+    )
+}

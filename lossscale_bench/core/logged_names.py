@@ -28,20 +28,20 @@ METRICS: dict[str, str] = {
     "loss_scale": "The loss scale of the step (a per-layer method: the scale of the loss itself).",
     # logged steps (every log_every steps and the last): gradient telemetry over the layers
     "underflow_rate_<mean,max>": "Share of a layer's gradient elements below the gradient format's "
-                                 "smallest normal, mean and max over the layers.",
+    "smallest normal, mean and max over the layers.",
     "flush_rate_<mean,max>": "Share of a layer's activation-gradient elements flushed to zero in the gradient "
-                             "format, mean and max over the layers.",
+    "format, mean and max over the layers.",
     "saturate_rate_<mean,max>": "Share of a layer's activation-gradient elements at or past the format's "
-                                "largest value, mean and max over the layers.",
+    "largest value, mean and max over the layers.",
     "param_flush_rate_<mean,max>": "As `flush_rate`, for the parameter gradients.",
     "param_saturate_rate_<mean,max>": "As `saturate_rate`, for the parameter gradients.",
     "layers_mostly_flushed": "Layers with more than half of their gradient elements flushed.",
     # scaling methods (logged steps)
     "<prefix>scale_log2_<min,median,max>": "A per-layer method's layer factors, log2, over the layers (last "
-                                           "step); `<prefix>` is `ada_` (adaptive), `amax_`, `lw_` "
-                                           "(layerwise_dynamic) or `layer_`.",
+    "step); `<prefix>` is `ada_` (adaptive), `amax_`, `lw_` "
+    "(layerwise_dynamic) or `layer_`.",
     "<prefix>accum_scale_log2_<min,max>": "A per-layer method's accumulated scales (the product of the factors "
-                                          "down to each layer), log2.",
+    "down to each layer), log2.",
     "<prefix>merge_points": "A per-layer method's scaling points merged with their neighbour.",
     "<prefix>point_scale_log2_<min,median,max>": "A point scaler's absolute scale per scaling point, log2.",
     "lw_points_backed_off": "layerwise_dynamic: scaling points whose scale backed off at the step.",
@@ -63,7 +63,7 @@ METRICS: dict[str, str] = {
     "replica_param_drift": "Multi-device trials: the largest difference between the replicas' parameter sums.",
     # the study's parent run
     "trials_<status>": "On the study's parent run: trials finished, diverged, failed, pending, and in total "
-                       "(`trials_total`), counted from the store.",
+    "(`trials_total`), counted from the store.",
 }
 
 #: run tag (or pattern) -> what it holds
@@ -71,7 +71,7 @@ TAGS: dict[str, str] = {
     "lsbench.role": "`study` (the parent run of a study) or `trial`.",
     "lsbench.study": "The study's name (also an experiment tag).",
     "lsbench.status": "The trial's state: `pending`, `running`, `finished`, `diverged`, `failed` or "
-                      "`interrupted`; on the parent run, `finished` or `failed` (or `interrupted`).",
+    "`interrupted`; on the parent run, `finished` or `failed` (or `interrupted`).",
     "lsbench.trials": "On the parent run: the trials' counts in words.",
     "lsbench.trial_id": "The trial id: everything that affects training, hashed (resume finds a trial by it).",
     "lsbench.config_id": "The trial id without the seed: the seeds of one report row share it.",
@@ -94,9 +94,9 @@ TAGS: dict[str, str] = {
     "lsbench.last_finite_loss": "The last finite training loss before the divergence.",
     "lsbench.data.<split>.images": "Images in the `train` or `val` split.",
     "lsbench.data.<split>.<skipped>": "What the loader skipped in a split, counted: `skipped_boxes`, "
-                                      "`crowd_boxes`, `dropped_difficult`; `unknown_objects` and "
-                                      "`dropped_annotations` (with `dataset.bad_annotations: drop`) as JSON "
-                                      "counts by reason.",
+    "`crowd_boxes`, `dropped_difficult`; `unknown_objects` and "
+    "`dropped_annotations` (with `dataset.bad_annotations: drop`) as JSON "
+    "counts by reason.",
     "lsbench.world_size": "Multi-device trials: the number of replicas.",
     "lsbench.replica_param_drift": "Multi-device trials: the replicas' largest parameter-sum difference.",
     "lsbench.replicas_missing": "Multi-device trials: ranks whose end record did not arrive.",
@@ -110,16 +110,22 @@ EXPERIMENT_TAGS: dict[str, str] = {
     "lsbench.study": "The study's name.",
     "mlflow.experimentKind": "`custom_model_development`: the UI opens the experiment's model-training pages.",
     "mlflow.sharedViewState.<key>": "lsbench's saved runs-table view (key `lsbench`: label, status, final mAP, "
-                                    "skipped steps, grouped by status), opened by the link `lsbench ui` prints.",
+    "skipped steps, grouped by status), opened by the link `lsbench ui` prints.",
 }
 
 
 def _pattern(name: str) -> re.Pattern:
     """A table name as a regular expression: ``<a,b>`` one of the values, ``<text>`` any text."""
     parts = re.split(r"(<[^>]+>)", name)
-    return re.compile("".join(
-        ("(" + "|".join(map(re.escape, p[1:-1].split(","))) + ")" if "," in p else ".+") if p.startswith("<")
-        else re.escape(p) for p in parts) + r"\Z")
+    return re.compile(
+        "".join(
+            ("(" + "|".join(map(re.escape, p[1:-1].split(","))) + ")" if "," in p else ".+")
+            if p.startswith("<")
+            else re.escape(p)
+            for p in parts
+        )
+        + r"\Z"
+    )
 
 
 def entry_for(name: str, table: dict[str, str]) -> str | None:

@@ -60,8 +60,10 @@ def pin_problems(environ: Mapping[str, str] | None = None) -> list[str]:
         if not have or _matches(key, have, value):
             continue
         if key in EXACT_CASE and have.lower() == value.lower():
-            why = (f"torch reads {key} in lower case only and ignores {have!r} (it would run its widest "
-                   f"kernels): set {key}={value} or unset it")
+            why = (
+                f"torch reads {key} in lower case only and ignores {have!r} (it would run its widest "
+                f"kernels): set {key}={value} or unset it"
+            )
         else:
             why = "unset it (or drop repeatable) and run again"
         out.append(f"resources.repeatable pins {key}={value}, but the environment sets {key}={have}: {why}")
@@ -98,10 +100,13 @@ def require_pinned(environ: Mapping[str, str] | None = None) -> None:
     missing = [k for k in PORTABLE_ENV if not env.get(k)]
     have = torch.backends.cpu.get_cpu_capability()
     if missing or have != PINNED_CAPABILITY:
-        why = (f"{', '.join(missing)} not set to the pinned value in this process (a Ray cluster that ignores the "
-               "job's runtime_env, or a caller that set up Ray itself)" if missing else
-               f"torch runs its {have} kernels here, not {PINNED_CAPABILITY} (a CPU without AVX2, a non-x86 "
-               "CPU, or torch imported in this process before the pins were set)")
+        why = (
+            f"{', '.join(missing)} not set to the pinned value in this process (a Ray cluster that ignores the "
+            "job's runtime_env, or a caller that set up Ray itself)"
+            if missing
+            else f"torch runs its {have} kernels here, not {PINNED_CAPABILITY} (a CPU without AVX2, a non-x86 "
+            "CPU, or torch imported in this process before the pins were set)"
+        )
         raise RuntimeError(f"resources.repeatable: {why}; this trial would not give the repeatable numbers")
 
 

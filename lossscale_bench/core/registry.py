@@ -9,10 +9,21 @@ MODEL_NAMES = ("ssd_tiny", "ssd300_vgg16", "ssd512_vgg16", "ssd300_resnet34", "s
 SCALING_METHODS = ("none", "fixed", "dynamic", "adaptive", "layerwise_dynamic", "amax", "saturation")
 DYNAMIC_STYLES = ("chainer", "torch", "deepspeed")
 AMAX_RECIPES = ("current", "delayed")
-PRECISIONS = ("fp32", "mixed16", "bf16", "fp16-emulated", "fp8-emulated", "fp8-e4m3-emulated",
-              # FP4 emulations: forward values in E4M3 or NVFP4, gradients in plain E2M1, NVFP4 or MXFP4
-              "e4m3fwd-e2m1grad-emulated", "e4m3fwd-nvfp4grad-emulated", "e4m3fwd-mxfp4grad-emulated",
-              "nvfp4fwd-e2m1grad-emulated", "nvfp4fwd-nvfp4grad-emulated", "nvfp4fwd-mxfp4grad-emulated")
+PRECISIONS = (
+    "fp32",
+    "mixed16",
+    "bf16",
+    "fp16-emulated",
+    "fp8-emulated",
+    "fp8-e4m3-emulated",
+    # FP4 emulations: forward values in E4M3 or NVFP4, gradients in plain E2M1, NVFP4 or MXFP4
+    "e4m3fwd-e2m1grad-emulated",
+    "e4m3fwd-nvfp4grad-emulated",
+    "e4m3fwd-mxfp4grad-emulated",
+    "nvfp4fwd-e2m1grad-emulated",
+    "nvfp4fwd-nvfp4grad-emulated",
+    "nvfp4fwd-mxfp4grad-emulated",
+)
 DATASET_NAMES = ("synthetic", "voc", "voc0712", "coco2017")
 BACKEND_NAMES = ("cpu", "cuda", "xla", "hpu", "auto")
 EVAL_METRICS = ("coco", "voc07", "voc")
@@ -43,7 +54,24 @@ METHOD_VERSIONS: dict[str, int] = {}
 # study's default ``dataset.classes``. Here, not in ``data``: importing ``lossscale_bench.data``
 # imports torch, and study validation must not (nor may the schema layer import a component).
 VOC_CLASSES = (
-    "aeroplane", "bicycle", "bird", "boat", "bottle", "bus", "car", "cat", "chair", "cow",
-    "diningtable", "dog", "horse", "motorbike", "person", "pottedplant", "sheep", "sofa",
-    "train", "tvmonitor",
+    "aeroplane",
+    "bicycle",
+    "bird",
+    "boat",
+    "bottle",
+    "bus",
+    "car",
+    "cat",
+    "chair",
+    "cow",
+    "diningtable",
+    "dog",
+    "horse",
+    "motorbike",
+    "person",
+    "pottedplant",
+    "sheep",
+    "sofa",
+    "train",
+    "tvmonitor",
 )

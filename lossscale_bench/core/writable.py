@@ -44,8 +44,11 @@ def folder_problem(path: str | Path) -> str | None:
     while not _exists(here) and here.parent != here:
         here = here.parent
     if here.is_symlink() and not here.exists():
-        return f"is a broken symbolic link ({here} -> {os.readlink(here)})" if here == target else \
-            f"cannot be created: {here} is a broken symbolic link"
+        return (
+            f"is a broken symbolic link ({here} -> {os.readlink(here)})"
+            if here == target
+            else f"cannot be created: {here} is a broken symbolic link"
+        )
     if not here.is_dir():
         return "is a file, not a folder" if here == target else f"cannot be created: {here} is a file, not a folder"
     try:

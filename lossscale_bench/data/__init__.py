@@ -22,8 +22,20 @@ from .coco import CocoDetection, DataNotFound, FakeCocoDetection, fake_coco, req
 from .synthetic import CLASSES as SYNTHETIC_CLASSES
 from .synthetic import ensure_synthetic
 
-__all__ = ["CocoDetection", "DataNotFound", "FakeCocoDetection", "SYNTHETIC_CLASSES", "build_datasets", "collate",
-           "ensure_synthetic", "fake_coco", "infinite_batches", "make_loader", "epoch_order", "sample_key"]
+__all__ = [
+    "CocoDetection",
+    "DataNotFound",
+    "FakeCocoDetection",
+    "SYNTHETIC_CLASSES",
+    "build_datasets",
+    "collate",
+    "ensure_synthetic",
+    "fake_coco",
+    "infinite_batches",
+    "make_loader",
+    "epoch_order",
+    "sample_key",
+]
 
 _MOD = 1_000_003
 
@@ -78,18 +90,25 @@ def make_loader(ds, batch_size: int, *, shuffle: bool, seed: int, drop_last: boo
 
     Iterating it again starts the next epoch (permutation seeded ``seed + epoch``).
     """
-    return DataLoader(ds, batch_size=batch_size, sampler=SeededSampler(ds, seed=seed, shuffle=shuffle),
-                      drop_last=drop_last, num_workers=num_workers, collate_fn=collate,
-                      generator=torch.Generator().manual_seed(int(seed)),
-                      persistent_workers=False)
+    return DataLoader(
+        ds,
+        batch_size=batch_size,
+        sampler=SeededSampler(ds, seed=seed, shuffle=shuffle),
+        drop_last=drop_last,
+        num_workers=num_workers,
+        collate_fn=collate,
+        generator=torch.Generator().manual_seed(int(seed)),
+        persistent_workers=False,
+    )
 
 
 def steps_per_epoch(ds, batch_size: int) -> int:
     return len(ds) // int(batch_size)
 
 
-def infinite_batches(ds, batch_size: int, *, seed: int, start_step: int = 0,
-                     num_workers: int = 0) -> Iterator[tuple[int, list, list]]:
+def infinite_batches(
+    ds, batch_size: int, *, seed: int, start_step: int = 0, num_workers: int = 0
+) -> Iterator[tuple[int, list, list]]:
     """Yield ``(step, images, targets)`` forever: full batches, reshuffled each epoch.
 
     Epoch ``e`` uses the permutation seeded ``seed + e`` (the incomplete last
@@ -103,8 +122,10 @@ def infinite_batches(ds, batch_size: int, *, seed: int, start_step: int = 0,
     epoch, offset = divmod(step, spe)
     while True:
         order = epoch_order(len(ds), seed, epoch, True)
-        batches = [[sample_key(ds, seed, epoch, i) for i in order[b * batch_size:(b + 1) * batch_size]]
-                   for b in range(offset, spe)]
+        batches = [
+            [sample_key(ds, seed, epoch, i) for i in order[b * batch_size : (b + 1) * batch_size]]
+            for b in range(offset, spe)
+        ]
         if num_workers > 0:
             loader = DataLoader(ds, batch_sampler=batches, num_workers=num_workers, collate_fn=collate)
             it = iter(loader)
@@ -158,16 +179,30 @@ def build_datasets(dataset_cfg, *, image_size: int | None = None, max_val_images
 
     if name == "synthetic":
         size = cfg.get("image_size") or image_size or 128
-        paths = ensure_synthetic(cfg.get("root"), train_images=int(cfg.get("train_images", 512)),
-                                 val_images=int(cfg.get("val_images", 128)), image_size=int(size),
-                                 seed=int(cfg.get("seed", 0)))
-        train = CocoDetection(paths["train_images"], paths["train_ann"], train=True, hflip=hflip,
-                              max_images=max_train)
+        paths = ensure_synthetic(
+            cfg.get("root"),
+            train_images=int(cfg.get("train_images", 512)),
+            val_images=int(cfg.get("val_images", 128)),
+            image_size=int(size),
+            seed=int(cfg.get("seed", 0)),
+        )
+        train = CocoDetection(paths["train_images"], paths["train_ann"], train=True, hflip=hflip, max_images=max_train)
         if cfg.get("val_seed") is not None:  # a trial's own validation set (study seed_streams.val): the
             # one the dataset would have with that seed, generated (and cached) without its train split
-            paths = {**paths, **{k: v for k, v in ensure_synthetic(
-                cfg.get("root"), train_images=0, val_images=int(cfg.get("val_images", 128)), image_size=int(size),
-                seed=int(cfg["val_seed"])).items() if k.startswith("val")}}
+            paths = {
+                **paths,
+                **{
+                    k: v
+                    for k, v in ensure_synthetic(
+                        cfg.get("root"),
+                        train_images=0,
+                        val_images=int(cfg.get("val_images", 128)),
+                        image_size=int(size),
+                        seed=int(cfg["val_seed"]),
+                    ).items()
+                    if k.startswith("val")
+                },
+            }
         val = CocoDetection(paths["val_images"], paths["val_ann"], train=False, max_images=max_val)
         require_ground_truth(val, paths["val_ann"])
         return train, val, list(train.class_names)
@@ -185,8 +220,10 @@ def build_datasets(dataset_cfg, *, image_size: int | None = None, max_val_images
             return train, val, list(train.class_names)
         root = cfg.get("root")
         if not root:
-            raise DataNotFound("coco2017: dataset.root is not set (expected a folder holding train2017/, "
-                               "val2017/ and annotations/instances_{train,val}2017.json)")
+            raise DataNotFound(
+                "coco2017: dataset.root is not set (expected a folder holding train2017/, "
+                "val2017/ and annotations/instances_{train,val}2017.json)"
+            )
         paths = _coco2017_paths(Path(root).expanduser())
         for key in ("train_images", "val_images"):
             if not paths[key].is_dir():
@@ -195,15 +232,22 @@ def build_datasets(dataset_cfg, *, image_size: int | None = None, max_val_images
             if not paths[key].is_file():
                 raise DataNotFound(f"coco2017: annotation file not found: {paths[key]}")
         policy = cfg.get("bad_annotations", "error")
-        train = CocoDetection(paths["train_images"], paths["train_ann"], train=True, hflip=hflip,
-                              max_images=max_train, bad_annotations=policy)
+        train = CocoDetection(
+            paths["train_images"],
+            paths["train_ann"],
+            train=True,
+            hflip=hflip,
+            max_images=max_train,
+            bad_annotations=policy,
+        )
         if cfg.get("augment", True):
             # the seeds' SSD recipe: photometric, zoom-out, IoU crop, flip (as for VOC)
             from .augment import AugmentedDataset, SSDAugment
 
             train = AugmentedDataset(train, SSDAugment(flip=hflip, out_size=image_size))
-        val = CocoDetection(paths["val_images"], paths["val_ann"], train=False, max_images=max_val,
-                            bad_annotations=policy)
+        val = CocoDetection(
+            paths["val_images"], paths["val_ann"], train=False, max_images=max_val, bad_annotations=policy
+        )
         require_ground_truth(val, paths["val_ann"])
         return train, val, list(train.class_names)
 

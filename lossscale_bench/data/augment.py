@@ -41,8 +41,16 @@ import torch.nn.functional as F
 
 from .transforms import hflip
 
-__all__ = ["SSDAugment", "AugmentedDataset", "photometric_distort", "photometric_plan", "apply_photometric", "rgb_to_hsv",
-           "hsv_to_rgb", "CHAINERCV_MEAN"]
+__all__ = [
+    "SSDAugment",
+    "AugmentedDataset",
+    "photometric_distort",
+    "photometric_plan",
+    "apply_photometric",
+    "rgb_to_hsv",
+    "hsv_to_rgb",
+    "CHAINERCV_MEAN",
+]
 
 #: chainercv's SSD mean colour (123, 117, 104) / 255, RGB: the expand canvas fill
 CHAINERCV_MEAN = (123 / 255, 117 / 255, 104 / 255)
@@ -82,8 +90,14 @@ def hsv_to_rgb(img: torch.Tensor) -> torch.Tensor:
 _SEXTANT_SOURCE = torch.tensor([[0, 2, 1, 1, 3, 0], [3, 0, 0, 2, 1, 1], [1, 1, 3, 0, 0, 2]])
 
 
-def photometric_plan(rng: np.random.Generator, *, brightness_delta: float = 32 / 255, contrast=(0.5, 1.5),
-                     saturation=(0.5, 1.5), hue_delta: int = 18) -> list[tuple[str, float]]:
+def photometric_plan(
+    rng: np.random.Generator,
+    *,
+    brightness_delta: float = 32 / 255,
+    contrast=(0.5, 1.5),
+    saturation=(0.5, 1.5),
+    hue_delta: int = 18,
+) -> list[tuple[str, float]]:
     """chainercv ``random_distort``'s random choices, drawn in its order, as ``[(op, value), ...]`` in the
     order they apply. Drawn apart from the pixels so that :class:`SSDAugment` can apply them to only the
     part of the image its crop keeps: each op is per pixel, so that is the same result for less work
@@ -96,7 +110,7 @@ def photometric_plan(rng: np.random.Generator, *, brightness_delta: float = 32 /
 
     draw("brightness", -brightness_delta, brightness_delta)
     ops = (("contrast", *contrast), ("saturation", *saturation), ("hue", -hue_delta, hue_delta, True))
-    for op in (ops if rng.integers(2) else (ops[1], ops[2], ops[0])):
+    for op in ops if rng.integers(2) else (ops[1], ops[2], ops[0]):
         draw(*op)
     return plan
 
@@ -165,8 +179,11 @@ class SSDAugment:
         rng = np.random.default_rng(int(seed) % (2**63))
         boxes_t = target["boxes"]
         n = int(boxes_t.shape[0])
-        per_box = {k: v for k, v in target.items() if isinstance(v, torch.Tensor) and v.dim() >= 1
-                   and v.shape[0] == n and k != "boxes"}
+        per_box = {
+            k: v
+            for k, v in target.items()
+            if isinstance(v, torch.Tensor) and v.dim() >= 1 and v.shape[0] == n and k != "boxes"
+        }
         boxes = boxes_t.detach().cpu().numpy().astype(np.float64).reshape(-1, 4)
 
         plan = photometric_plan(rng) if self.photometric else []  # applied in _cut, to what the crop keeps
@@ -217,8 +234,10 @@ class SSDAugment:
             lo = 0.0 if min_iou is None else min_iou
             hi = 1.0 if max_iou is None else max_iou
             scale = rng.uniform(self.min_scale, 1.0, trials)
-            ar = rng.uniform(np.maximum(1 / self.max_aspect_ratio, scale * scale),
-                             np.minimum(self.max_aspect_ratio, 1 / (scale * scale)))
+            ar = rng.uniform(
+                np.maximum(1 / self.max_aspect_ratio, scale * scale),
+                np.minimum(self.max_aspect_ratio, 1 / (scale * scale)),
+            )
             crop_h = np.maximum(1, (ch * scale / np.sqrt(ar)).astype(np.int64))
             crop_w = np.maximum(1, (cw * scale * np.sqrt(ar)).astype(np.int64))
             top = rng.integers(0, np.maximum(1, ch - crop_h))
@@ -253,8 +272,8 @@ class SSDAugment:
         ix1, iy1 = max(x1, x_off), max(y1, y_off)
         ix2, iy2 = min(x2, x_off + w), min(y2, y_off + h)
         if ix2 > ix1 and iy2 > iy1:
-            part = image[:, iy1 - y_off:iy2 - y_off, ix1 - x_off:ix2 - x_off]
-            out[:, iy1 - y1:iy2 - y1, ix1 - x1:ix2 - x1] = apply_photometric(part, plan) if plan else part
+            part = image[:, iy1 - y_off : iy2 - y_off, ix1 - x_off : ix2 - x_off]
+            out[:, iy1 - y1 : iy2 - y1, ix1 - x1 : ix2 - x1] = apply_photometric(part, plan) if plan else part
         return out
 
 

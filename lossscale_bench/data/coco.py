@@ -40,8 +40,13 @@ def require_ground_truth(val, source) -> None:
     if len(val) == 0:
         raise AnnotationError(source, "", "the evaluation split has no images: nothing to score", droppable=False)
     if getattr(val, "objects_scored", 1) == 0:
-        raise AnnotationError(source, "", f"no objects to score (none, or only difficult/crowd ones) in the {len(val)} "
-                              "evaluated images: mAP would be 0", droppable=False)
+        raise AnnotationError(
+            source,
+            "",
+            f"no objects to score (none, or only difficult/crowd ones) in the {len(val)} "
+            "evaluated images: mAP would be 0",
+            droppable=False,
+        )
 
 
 def silent_coco(dataset: dict):
@@ -96,8 +101,9 @@ class CocoDetection(_SeededFlip, Dataset):
 
     supports_aug_seed = True
 
-    def __init__(self, image_dir, ann_file, *, train: bool, hflip: bool = True, max_images=None,
-                 bad_annotations: str = "error") -> None:
+    def __init__(
+        self, image_dir, ann_file, *, train: bool, hflip: bool = True, max_images=None, bad_annotations: str = "error"
+    ) -> None:
         self.image_dir = Path(image_dir).expanduser()
         self.ann_file = Path(ann_file).expanduser()
         self._pixels = PixelCache()  # decoded once per process while the budget lasts: transforms.PixelCache
@@ -126,8 +132,12 @@ class CocoDetection(_SeededFlip, Dataset):
             if max_images is not None and len(self._records) >= int(max_images):
                 break
         if self.train and index.images and not self._records:
-            raise AnnotationError(self.ann_file, "", "no image has an annotation (other than crowd) of its "
-                                  "categories: nothing to train on", droppable=False)
+            raise AnnotationError(
+                self.ann_file,
+                "",
+                "no image has an annotation (other than crowd) of its categories: nothing to train on",
+                droppable=False,
+            )
         self.image_ids: list[int] = [r["id"] for r in self._records]
 
     def _record(self, im: dict, anns: list) -> dict:
@@ -144,9 +154,15 @@ class CocoDetection(_SeededFlip, Dataset):
         b = clip_boxes(b, w, h)
         keep = valid_box_mask(b, 1.0)
         self.skipped_boxes += int((~keep).sum())
-        return {"id": int(im["id"]), "file_name": im["file_name"], "width": w, "height": h,
-                "boxes": b[keep], "labels": torch.tensor(labels, dtype=torch.int64)[keep],
-                "objects_scored": len(labels)}  # pycocotools scores the tiny boxes too
+        return {
+            "id": int(im["id"]),
+            "file_name": im["file_name"],
+            "width": w,
+            "height": h,
+            "boxes": b[keep],
+            "labels": torch.tensor(labels, dtype=torch.int64)[keep],
+            "objects_scored": len(labels),
+        }  # pycocotools scores the tiny boxes too
 
     @property
     def dropped_annotations(self) -> dict[str, int]:
@@ -184,16 +200,19 @@ class CocoDetection(_SeededFlip, Dataset):
         path, size = self.image_dir / rec["file_name"], (rec["width"], rec["height"])
         image = self._pixels.read(path, size)  # the frame the JSON's size names (an EXIF rotation may be applied)
         if (image.shape[-1], image.shape[-2]) != size:  # the boxes were clipped to the JSON's size
-            raise size_mismatch(self.ann_file, f"image {rec['id']} width, height", size, path,
-                                (image.shape[-1], image.shape[-2]))
+            raise size_mismatch(
+                self.ann_file, f"image {rec['id']} width, height", size, path, (image.shape[-1], image.shape[-2])
+            )
         boxes = rec["boxes"].clone()
         if flip:
             image, boxes = hflip(image, boxes)
         return image, {"boxes": boxes, "labels": rec["labels"].clone(), "image_id": rec["id"]}
 
     def __repr__(self) -> str:
-        return (f"CocoDetection({self.image_dir}, {len(self)} images, {self.num_classes} classes, "
-                f"train={self.train}, hflip={self.hflip})")
+        return (
+            f"CocoDetection({self.image_dir}, {len(self)} images, {self.num_classes} classes, "
+            f"train={self.train}, hflip={self.hflip})"
+        )
 
 
 class FakeCocoDetection(_SeededFlip, Dataset):
@@ -205,8 +224,9 @@ class FakeCocoDetection(_SeededFlip, Dataset):
 
     supports_aug_seed = True
 
-    def __init__(self, num_images: int, image_size: int, num_classes: int, seed: int, *, train: bool = True,
-                 max_boxes: int = 5) -> None:
+    def __init__(
+        self, num_images: int, image_size: int, num_classes: int, seed: int, *, train: bool = True, max_boxes: int = 5
+    ) -> None:
         self.num_images, self.image_size, self.seed = int(num_images), int(image_size), int(seed)
         self.train, self.hflip, self.max_boxes = bool(train), bool(train), int(max_boxes)
         self.label_to_cat = {k: k for k in range(1, num_classes + 1)}
@@ -251,17 +271,31 @@ class FakeCocoDetection(_SeededFlip, Dataset):
                 boxes, labels = self._target(i)
                 for b, lab in zip(boxes.tolist(), labels.tolist()):
                     w, h = b[2] - b[0], b[3] - b[1]
-                    anns.append({"id": len(anns) + 1, "image_id": i + 1, "category_id": lab,
-                                 "bbox": [b[0], b[1], w, h], "area": w * h, "iscrowd": 0})
-            self._coco = silent_coco({
-                "images": [{"id": i, "file_name": f"{i:06d}.png", "width": self.image_size,
-                            "height": self.image_size} for i in self.image_ids],
-                "annotations": anns,
-                "categories": [{"id": k, "name": n} for k, n in zip(self.label_to_cat.values(), self.class_names)],
-            })
+                    anns.append(
+                        {
+                            "id": len(anns) + 1,
+                            "image_id": i + 1,
+                            "category_id": lab,
+                            "bbox": [b[0], b[1], w, h],
+                            "area": w * h,
+                            "iscrowd": 0,
+                        }
+                    )
+            self._coco = silent_coco(
+                {
+                    "images": [
+                        {"id": i, "file_name": f"{i:06d}.png", "width": self.image_size, "height": self.image_size}
+                        for i in self.image_ids
+                    ],
+                    "annotations": anns,
+                    "categories": [{"id": k, "name": n} for k, n in zip(self.label_to_cat.values(), self.class_names)],
+                }
+            )
         return self._coco
 
 
-def fake_coco(num_images: int, image_size: int, num_classes: int, seed: int, *, train: bool = True) -> FakeCocoDetection:
+def fake_coco(
+    num_images: int, image_size: int, num_classes: int, seed: int, *, train: bool = True
+) -> FakeCocoDetection:
     """Random tensors with random valid boxes (``--fake_data``): no disk, deterministic by seed."""
     return FakeCocoDetection(num_images, image_size, num_classes, seed, train=train)

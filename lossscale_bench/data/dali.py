@@ -61,8 +61,9 @@ def _import_dali():
     try:
         import nvidia.dali  # noqa: F401
     except Exception as exc:  # noqa: BLE001
-        raise DaliUnavailable(f"loader dali: cannot import nvidia.dali ({type(exc).__name__}: {exc}); "
-                              f"{INSTALL_HINT}") from None
+        raise DaliUnavailable(
+            f"loader dali: cannot import nvidia.dali ({type(exc).__name__}: {exc}); {INSTALL_HINT}"
+        ) from None
     import nvidia.dali.fn as fn
     import nvidia.dali.types as types
     from nvidia.dali import pipeline_def
@@ -77,8 +78,7 @@ def sample_info(ds, index: int) -> dict[str, Any]:
     """Path, boxes (xyxy pixels), labels and extra target keys of sample ``index``, without decoding it."""
     recs = getattr(ds, "_records", None)
     if recs is None:
-        raise DaliUnavailable(f"loader dali: {type(ds).__name__} keeps no per-image records; "
-                              "use loader: torch for it")
+        raise DaliUnavailable(f"loader dali: {type(ds).__name__} keeps no per-image records; use loader: torch for it")
     rec = recs[index]
     if hasattr(ds, "_image_path"):  # VOC
         path = Path(ds._image_path(rec))
@@ -88,8 +88,12 @@ def sample_info(ds, index: int) -> dict[str, Any]:
         target = {"labels": rec["labels"].clone(), "image_id": rec["id"]}
     else:
         raise DaliUnavailable(f"loader dali: do not know where {type(ds).__name__} keeps its image files")
-    return {"path": path, "boxes": rec["boxes"].clone(), "target": target,
-            "size": (int(rec.get("width") or 0), int(rec.get("height") or 0))}
+    return {
+        "path": path,
+        "boxes": rec["boxes"].clone(),
+        "target": target,
+        "size": (int(rec.get("width") or 0), int(rec.get("height") or 0)),
+    }
 
 
 def _flip_of(ds, aug_seed: int | None) -> bool:
@@ -105,20 +109,33 @@ def _use_gpu(device_id: int | None) -> bool:
     return device_id is not None
 
 
-def build_pipeline(batch_size: int, source, *, device_id: int | None, num_threads: int = 1, prefetch: int = 2,
-                   seed: int = 0):
+def build_pipeline(
+    batch_size: int, source, *, device_id: int | None, num_threads: int = 1, prefetch: int = 2, seed: int = 0
+):
     """A DALI pipeline: encoded bytes + mirror flags from ``source`` -> decoded float CHW images in 0..1."""
     fn, types, pipeline_def = _import_dali()
     gpu = _use_gpu(device_id)
 
-    @pipeline_def(batch_size=batch_size, num_threads=max(1, int(num_threads)), device_id=device_id,
-                  prefetch_queue_depth=max(1, int(prefetch)), seed=int(seed) % 2**31)
+    @pipeline_def(
+        batch_size=batch_size,
+        num_threads=max(1, int(num_threads)),
+        device_id=device_id,
+        prefetch_queue_depth=max(1, int(prefetch)),
+        seed=int(seed) % 2**31,
+    )
     def pipe():
-        encoded, mirror = fn.external_source(source=source, num_outputs=2, batch=True,
-                                             dtype=[types.UINT8, types.INT32], no_copy=False)
+        encoded, mirror = fn.external_source(
+            source=source, num_outputs=2, batch=True, dtype=[types.UINT8, types.INT32], no_copy=False
+        )
         images = fn.decoders.image(encoded, device="mixed" if gpu else "cpu", output_type=types.RGB)
-        return fn.crop_mirror_normalize(images, dtype=types.FLOAT, output_layout="CHW", mean=[0.0, 0.0, 0.0],
-                                        std=[255.0, 255.0, 255.0], mirror=mirror)  # argument inputs live on the CPU
+        return fn.crop_mirror_normalize(
+            images,
+            dtype=types.FLOAT,
+            output_layout="CHW",
+            mean=[0.0, 0.0, 0.0],
+            std=[255.0, 255.0, 255.0],
+            mirror=mirror,
+        )  # argument inputs live on the CPU
 
     p = pipe()
     p.build()
@@ -133,7 +150,9 @@ def _to_torch(tensor_list, gpu: bool) -> list[torch.Tensor]:
     out = []
     for i in range(len(tensor_list)):
         t = tensor_list[i]
-        dst = torch.empty(tuple(t.shape()), dtype=torch.float32, device=torch.device("cuda", torch.cuda.current_device()))
+        dst = torch.empty(
+            tuple(t.shape()), dtype=torch.float32, device=torch.device("cuda", torch.cuda.current_device())
+        )
         feed_ndarray(t, dst, cuda_stream=torch.cuda.current_stream())
         out.append(dst)
     return out
@@ -142,8 +161,17 @@ def _to_torch(tensor_list, gpu: bool) -> list[torch.Tensor]:
 class DaliBatches:
     """Iterator of ``(step, images, targets)``: :func:`infinite_batches`'s sequence, decoded by DALI."""
 
-    def __init__(self, ds, batch_size: int, *, seed: int, start_step: int = 0, device_id: int | None = None,
-                 num_threads: int = 1, prefetch: int = 2) -> None:
+    def __init__(
+        self,
+        ds,
+        batch_size: int,
+        *,
+        seed: int,
+        start_step: int = 0,
+        device_id: int | None = None,
+        num_threads: int = 1,
+        prefetch: int = 2,
+    ) -> None:
         self.ds, self.batch_size, self.seed = ds, int(batch_size), int(seed)
         self.spe = steps_per_epoch(ds, self.batch_size)
         if self.spe == 0:
@@ -153,8 +181,9 @@ class DaliBatches:
         self._keys = self._key_stream(self.step)
         self._meta: collections.deque = collections.deque()
         self._lock = threading.Lock()
-        self.pipe = build_pipeline(self.batch_size, self._feed, device_id=device_id, num_threads=num_threads,
-                                   prefetch=prefetch, seed=seed)
+        self.pipe = build_pipeline(
+            self.batch_size, self._feed, device_id=device_id, num_threads=num_threads, prefetch=prefetch, seed=seed
+        )
 
     def _key_stream(self, start_step: int) -> Iterator[list]:
         """The keys of every batch from ``start_step`` on, as ``infinite_batches`` orders them."""
@@ -162,8 +191,10 @@ class DaliBatches:
         while True:
             order = epoch_order(len(self.ds), self.seed, epoch, True)
             for b in range(offset, self.spe):
-                yield [sample_key(self.ds, self.seed, epoch, i)
-                       for i in order[b * self.batch_size:(b + 1) * self.batch_size]]
+                yield [
+                    sample_key(self.ds, self.seed, epoch, i)
+                    for i in order[b * self.batch_size : (b + 1) * self.batch_size]
+                ]
             epoch, offset = epoch + 1, 0
 
     def _feed(self):
@@ -172,7 +203,7 @@ class DaliBatches:
             keys = next(self._keys)
         encoded, mirror, meta = [], [], []
         for key in keys:
-            index, aug_seed = (key if isinstance(key, tuple) else (key, None))
+            index, aug_seed = key if isinstance(key, tuple) else (key, None)
             info = sample_info(self.ds, index)
             flip = _flip_of(self.ds, aug_seed)
             encoded.append(np.fromfile(info["path"], dtype=np.uint8))
@@ -212,8 +243,9 @@ class DaliBatches:
                 boxes[:, 0], boxes[:, 2] = width - unflipped[:, 2], width - unflipped[:, 0]
             target["boxes"] = boxes
             if augment is not None:  # the data set's own SSD augmentation, as on the PyTorch path
-                img, target = augment(images[k].cpu(), target, aug_seed if aug_seed is not None
-                                      else int(torch.randint(0, 2**62, ())))
+                img, target = augment(
+                    images[k].cpu(), target, aug_seed if aug_seed is not None else int(torch.randint(0, 2**62, ()))
+                )
                 images[k] = img
             targets.append(target)
         step = self.step
@@ -239,5 +271,11 @@ def make_batches(cfg, train_ds, start_step: int = 0) -> Iterator[tuple[int, list
 
         return infinite_batches(train_ds, cfg.batch_size, seed=cfg.stream_seed("data"), start_step=start_step)
     threads = max(1, int(float((cfg.resources or {}).get("cpus_per_trial", 1))))
-    return DaliBatches(train_ds, cfg.batch_size, seed=cfg.stream_seed("data"), start_step=start_step,
-                       device_id=dali_device_id(cfg), num_threads=int(os.environ.get("LSBENCH_DALI_THREADS", threads)))
+    return DaliBatches(
+        train_ds,
+        cfg.batch_size,
+        seed=cfg.stream_seed("data"),
+        start_step=start_step,
+        device_id=dali_device_id(cfg),
+        num_threads=int(os.environ.get("LSBENCH_DALI_THREADS", threads)),
+    )

@@ -45,8 +45,19 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["DownloadError", "Resource", "RESOURCES", "register", "cmd_data", "fetch", "download_file",
-           "verify_checksum", "extract", "read_checksums", "main"]
+__all__ = [
+    "DownloadError",
+    "Resource",
+    "RESOURCES",
+    "register",
+    "cmd_data",
+    "fetch",
+    "download_file",
+    "verify_checksum",
+    "extract",
+    "read_checksums",
+    "main",
+]
 
 MIRROR_ENV = "LSBENCH_MIRROR"
 MARKER_DIR = ".lsbench-data"
@@ -76,35 +87,66 @@ _COCO = "http://images.cocodataset.org"
 RESOURCES: dict[str, dict[str, tuple[Resource, ...]]] = {
     "voc": {
         "2007": (
-            Resource("VOCtrainval_06-Nov-2007.tar", f"{_VOC}/voc2007/VOCtrainval_06-Nov-2007.tar",
-                     "md5:c52e279531787c972589f7e41ab4ae64",
-                     ("VOCdevkit/VOC2007/Annotations", "VOCdevkit/VOC2007/JPEGImages",
-                      "VOCdevkit/VOC2007/ImageSets/Main/trainval.txt"), 439),
-            Resource("VOCtest_06-Nov-2007.tar", f"{_VOC}/voc2007/VOCtest_06-Nov-2007.tar",
-                     "md5:b6e924de25625d8de591ea690078ad9f",
-                     ("VOCdevkit/VOC2007/Annotations", "VOCdevkit/VOC2007/JPEGImages",
-                      "VOCdevkit/VOC2007/ImageSets/Main/test.txt"), 430),
+            Resource(
+                "VOCtrainval_06-Nov-2007.tar",
+                f"{_VOC}/voc2007/VOCtrainval_06-Nov-2007.tar",
+                "md5:c52e279531787c972589f7e41ab4ae64",
+                (
+                    "VOCdevkit/VOC2007/Annotations",
+                    "VOCdevkit/VOC2007/JPEGImages",
+                    "VOCdevkit/VOC2007/ImageSets/Main/trainval.txt",
+                ),
+                439,
+            ),
+            Resource(
+                "VOCtest_06-Nov-2007.tar",
+                f"{_VOC}/voc2007/VOCtest_06-Nov-2007.tar",
+                "md5:b6e924de25625d8de591ea690078ad9f",
+                (
+                    "VOCdevkit/VOC2007/Annotations",
+                    "VOCdevkit/VOC2007/JPEGImages",
+                    "VOCdevkit/VOC2007/ImageSets/Main/test.txt",
+                ),
+                430,
+            ),
         ),
         "2012": (
-            Resource("VOCtrainval_11-May-2012.tar", f"{_VOC}/voc2012/VOCtrainval_11-May-2012.tar",
-                     "md5:6cd6e144f989b92b3379bac3b3de84fd",
-                     ("VOCdevkit/VOC2012/Annotations", "VOCdevkit/VOC2012/JPEGImages",
-                      "VOCdevkit/VOC2012/ImageSets/Main/trainval.txt"), 1907),
+            Resource(
+                "VOCtrainval_11-May-2012.tar",
+                f"{_VOC}/voc2012/VOCtrainval_11-May-2012.tar",
+                "md5:6cd6e144f989b92b3379bac3b3de84fd",
+                (
+                    "VOCdevkit/VOC2012/Annotations",
+                    "VOCdevkit/VOC2012/JPEGImages",
+                    "VOCdevkit/VOC2012/ImageSets/Main/trainval.txt",
+                ),
+                1907,
+            ),
         ),
     },
     "coco": {
         "annotations": (
-            Resource("annotations_trainval2017.zip", f"{_COCO}/annotations/annotations_trainval2017.zip",
-                     "md5:f4bbac642086de4f52a3fdda2de5fa2c",
-                     ("annotations/instances_train2017.json", "annotations/instances_val2017.json"), 241),
+            Resource(
+                "annotations_trainval2017.zip",
+                f"{_COCO}/annotations/annotations_trainval2017.zip",
+                "md5:f4bbac642086de4f52a3fdda2de5fa2c",
+                ("annotations/instances_train2017.json", "annotations/instances_val2017.json"),
+                241,
+            ),
         ),
         "val": (
-            Resource("val2017.zip", f"{_COCO}/zips/val2017.zip", "md5:442b8da7639aecaf257c1dceb8ba8c80",
-                     ("val2017",), 778),
+            Resource(
+                "val2017.zip", f"{_COCO}/zips/val2017.zip", "md5:442b8da7639aecaf257c1dceb8ba8c80", ("val2017",), 778
+            ),
         ),
         "train": (
-            Resource("train2017.zip", f"{_COCO}/zips/train2017.zip", "md5:cced6f7f71b7629ddf16f17bbcfab6b2",
-                     ("train2017",), 18441),
+            Resource(
+                "train2017.zip",
+                f"{_COCO}/zips/train2017.zip",
+                "md5:cced6f7f71b7629ddf16f17bbcfab6b2",
+                ("train2017",),
+                18441,
+            ),
         ),
     },
 }
@@ -116,8 +158,11 @@ def _parse_checksum(text: str) -> tuple[str, str]:
     if not hexd:
         hexd, algo = algo, {32: "md5", 64: "sha256"}.get(len(algo), "")
     hexd = hexd.strip().lower()
-    if algo not in ("md5", "sha256") or not re.fullmatch(r"[0-9a-f]+", hexd) or \
-            len(hexd) != {"md5": 32, "sha256": 64}[algo]:
+    if (
+        algo not in ("md5", "sha256")
+        or not re.fullmatch(r"[0-9a-f]+", hexd)
+        or len(hexd) != {"md5": 32, "sha256": 64}[algo]
+    ):
         raise DownloadError(f"not an md5 or sha256 checksum: {text!r}")
     return algo, hexd
 
@@ -174,8 +219,10 @@ def _resume_mode(resp, url: str, have: int, part: Path, quiet: bool) -> tuple[in
     if have and status == 206:
         m = re.match(r"bytes (\d+)-(\d+)/(\d+|\*)", resp.headers.get("Content-Range", ""))
         if not m or int(m.group(1)) != have:
-            raise DownloadError(f"{url}: server answered a resume from byte {have} with "
-                                f"Content-Range {resp.headers.get('Content-Range')!r}")
+            raise DownloadError(
+                f"{url}: server answered a resume from byte {have} with "
+                f"Content-Range {resp.headers.get('Content-Range')!r}"
+            )
         return have, "ab", int(m.group(3)) if m.group(3) != "*" else None
     if status in (200, 203):
         if have:
@@ -235,8 +282,16 @@ def _triage(exc: BaseException, url: str, have: int, part: Path) -> bool:
     return False
 
 
-def download_file(url: str, part: Path, *, retries: int = 5, timeout: float = 60.0, backoff: float = 1.0,
-                  quiet: bool = False, on_attempt: Callable[[int, int], None] | None = None) -> Path:
+def download_file(
+    url: str,
+    part: Path,
+    *,
+    retries: int = 5,
+    timeout: float = 60.0,
+    backoff: float = 1.0,
+    quiet: bool = False,
+    on_attempt: Callable[[int, int], None] | None = None,
+) -> Path:
     """Download ``url`` into ``part``, resuming from its current size; return ``part``.
 
     A connection that ends before ``Content-Length`` bytes, resets, or times
@@ -264,8 +319,10 @@ def download_file(url: str, part: Path, *, retries: int = 5, timeout: float = 60
         failures = 0 if progress.received else failures + 1
         if failures > retries:
             have = part.stat().st_size if part.exists() else 0
-            raise DownloadError(f"download of {url} failed {failures} times in a row ({type(error).__name__}: "
-                                f"{error}); {have} bytes kept in {part}: run the same command again to resume")
+            raise DownloadError(
+                f"download of {url} failed {failures} times in a row ({type(error).__name__}: "
+                f"{error}); {have} bytes kept in {part}: run the same command again to resume"
+            )
         _say(quiet, f"  {part.name}: {type(error).__name__}: {error}; resuming")
         if failures:
             time.sleep(min(backoff * 2 ** (failures - 1), 60.0))
@@ -292,9 +349,13 @@ def extract(archive: Path, root: Path) -> None:
             with tarfile.open(archive) as tf:
                 members = tf.getmembers()
                 for m in members:
-                    if not _inside(root, m.name) or ((m.issym() or m.islnk()) and (
-                            os.path.isabs(m.linkname) or not _inside(root, os.path.join(os.path.dirname(m.name),
-                                                                                       m.linkname)))):
+                    if not _inside(root, m.name) or (
+                        (m.issym() or m.islnk())
+                        and (
+                            os.path.isabs(m.linkname)
+                            or not _inside(root, os.path.join(os.path.dirname(m.name), m.linkname))
+                        )
+                    ):
                         raise DownloadError(f"{archive.name}: member {m.name!r} would be written outside {root}")
                 if hasattr(tarfile, "data_filter"):
                     tf.extractall(root, members=members, filter="data")
@@ -326,9 +387,18 @@ def _present(root: Path, res: Resource, checksum: str) -> bool:
     return info.get("checksum") == checksum and all((root / p).exists() for p in res.produces)
 
 
-def fetch(res: Resource, root: Path, *, mirror: str | None = None, checksums: dict[str, str] | None = None,
-          keep_archive: bool = False, retries: int = 5, timeout: float = 60.0, backoff: float = 1.0,
-          quiet: bool = False) -> str:
+def fetch(
+    res: Resource,
+    root: Path,
+    *,
+    mirror: str | None = None,
+    checksums: dict[str, str] | None = None,
+    keep_archive: bool = False,
+    retries: int = 5,
+    timeout: float = 60.0,
+    backoff: float = 1.0,
+    quiet: bool = False,
+) -> str:
     """Make ``res`` present under ``root``; returns ``"present"`` or ``"fetched"``."""
     checksum = (checksums or {}).get(res.filename, res.checksum)
     if _present(root, res, checksum):
@@ -345,26 +415,34 @@ def fetch(res: Resource, root: Path, *, mirror: str | None = None, checksums: di
     if not archive.is_file():
         part = root / f"{res.filename}.part"
         have = part.stat().st_size if part.exists() else 0
-        _say(quiet, f"{res.filename}: downloading {url}" + (f" (resuming at {have} bytes)" if have else "")
-             + (f", about {res.size_mb} MB" if res.size_mb and not mirror else ""))
+        _say(
+            quiet,
+            f"{res.filename}: downloading {url}"
+            + (f" (resuming at {have} bytes)" if have else "")
+            + (f", about {res.size_mb} MB" if res.size_mb and not mirror else ""),
+        )
         download_file(url, part, retries=retries, timeout=timeout, backoff=backoff, quiet=quiet)
         try:
             verify_checksum(part, checksum, res.filename)
         except DownloadError as exc:
             part.unlink(missing_ok=True)
-            raise DownloadError(f"{exc}; the download was deleted, run the command again to retry "
-                                f"(source: {url})") from None
+            raise DownloadError(
+                f"{exc}; the download was deleted, run the command again to retry (source: {url})"
+            ) from None
         os.replace(part, archive)
     _say(quiet, f"{res.filename}: extracting into {root}")
     extract(archive, root)
     missing = [p for p in res.produces if not (root / p).exists()]
     if missing:
-        raise DownloadError(f"{res.filename}: extracted, but {root / missing[0]} is missing "
-                            "(not the expected archive layout)")
+        raise DownloadError(
+            f"{res.filename}: extracted, but {root / missing[0]} is missing (not the expected archive layout)"
+        )
     marker = _marker(root, res)
     marker.parent.mkdir(parents=True, exist_ok=True)
-    marker.write_text(json.dumps({"file": res.filename, "checksum": checksum, "url": url,
-                                  "time": time.strftime("%Y-%m-%dT%H:%M:%S")}) + "\n")
+    marker.write_text(
+        json.dumps({"file": res.filename, "checksum": checksum, "url": url, "time": time.strftime("%Y-%m-%dT%H:%M:%S")})
+        + "\n"
+    )
     if not keep_archive:
         archive.unlink(missing_ok=True)
     return "fetched"
@@ -393,33 +471,69 @@ def cmd_data(args) -> int:
     parts = args.years if args.dataset == "voc" else args.parts
     results = []
     for res in _selected(args.dataset, parts):
-        results.append(fetch(res, root, mirror=mirror, checksums=checksums, keep_archive=args.keep_archives,
-                             retries=args.retries, timeout=args.timeout, backoff=args.backoff, quiet=args.quiet))
-    study = ("dataset: {name: voc0712, root: %s}" if args.dataset == "voc" else
-             "dataset: {name: coco2017, root: %s}") % root
+        results.append(
+            fetch(
+                res,
+                root,
+                mirror=mirror,
+                checksums=checksums,
+                keep_archive=args.keep_archives,
+                retries=args.retries,
+                timeout=args.timeout,
+                backoff=args.backoff,
+                quiet=args.quiet,
+            )
+        )
+    study = (
+        "dataset: {name: voc0712, root: %s}" if args.dataset == "voc" else "dataset: {name: coco2017, root: %s}"
+    ) % root
     if not args.quiet:
-        print(f"{args.dataset}: {results.count('fetched')} fetched, {results.count('present')} already present "
-              f"in {root}\nuse it with  {study}")
+        print(
+            f"{args.dataset}: {results.count('fetched')} fetched, {results.count('present')} already present "
+            f"in {root}\nuse it with  {study}"
+        )
     return 0
 
 
 def register(subparsers) -> argparse.ArgumentParser:
     """Add ``data`` to an ``argparse`` sub-parser set; the handler is ``args.func`` (returns 0)."""
     p = subparsers.add_parser(
-        "data", help="download and extract Pascal VOC 2007+2012 or COCO 2017 (resumable, checksummed)",
+        "data",
+        help="download and extract Pascal VOC 2007+2012 or COCO 2017 (resumable, checksummed)",
         description="Download, verify and extract a data set into --root. Safe to run again: "
-                    "finished parts are skipped, interrupted downloads resume.")
-    p.add_argument("dataset", choices=tuple(RESOURCES), help="voc: VOC2007 trainval+test and VOC2012 trainval; "
-                   "coco: COCO 2017 train, val and annotations")
+        "finished parts are skipped, interrupted downloads resume.",
+    )
+    p.add_argument(
+        "dataset",
+        choices=tuple(RESOURCES),
+        help="voc: VOC2007 trainval+test and VOC2012 trainval; coco: COCO 2017 train, val and annotations",
+    )
     p.add_argument("--root", required=True, help="folder to download and extract into")
-    p.add_argument("--years", nargs="+", choices=tuple(RESOURCES["voc"]), default=None,
-                   help="voc only: which years (default: 2007 2012)")
-    p.add_argument("--parts", nargs="+", choices=tuple(RESOURCES["coco"]), default=None,
-                   help="coco only: which archives (default: annotations val train)")
-    p.add_argument("--mirror", default=None,
-                   help=f"base URL serving the archives by file name (default: ${MIRROR_ENV}, else the official sites)")
-    p.add_argument("--checksums", default=None, metavar="FILE",
-                   help="md5sum/sha256sum-style file whose sums replace the published ones for the files it names")
+    p.add_argument(
+        "--years",
+        nargs="+",
+        choices=tuple(RESOURCES["voc"]),
+        default=None,
+        help="voc only: which years (default: 2007 2012)",
+    )
+    p.add_argument(
+        "--parts",
+        nargs="+",
+        choices=tuple(RESOURCES["coco"]),
+        default=None,
+        help="coco only: which archives (default: annotations val train)",
+    )
+    p.add_argument(
+        "--mirror",
+        default=None,
+        help=f"base URL serving the archives by file name (default: ${MIRROR_ENV}, else the official sites)",
+    )
+    p.add_argument(
+        "--checksums",
+        default=None,
+        metavar="FILE",
+        help="md5sum/sha256sum-style file whose sums replace the published ones for the files it names",
+    )
     p.add_argument("--keep-archives", action="store_true", help="keep the .tar/.zip files after extraction")
     p.add_argument("--retries", type=int, default=5, help="retries in a row without progress (default 5)")
     p.add_argument("--timeout", type=float, default=60.0, help="socket timeout in seconds (default 60)")

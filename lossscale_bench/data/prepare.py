@@ -11,8 +11,11 @@ from pathlib import Path
 
 from .coco import DataNotFound
 
-FETCH = {"voc": "lsbench data voc --root {root}", "voc0712": "lsbench data voc --root {root}",
-         "coco2017": "lsbench data coco --root {root}"}
+FETCH = {
+    "voc": "lsbench data voc --root {root}",
+    "voc0712": "lsbench data voc --root {root}",
+    "coco2017": "lsbench data coco --root {root}",
+}
 
 
 def _need(path: Path, name: str, root) -> None:
@@ -27,16 +30,24 @@ def prepare_dataset(cfg: dict) -> None:
     if name == "synthetic":
         from .synthetic import ensure_synthetic
 
-        ensure_synthetic(cfg.get("root"), train_images=int(cfg.get("train_images", 512)),
-                         val_images=int(cfg.get("val_images", 128)), image_size=int(cfg.get("image_size", 128)),
-                         seed=int(cfg.get("seed", 0)))
+        ensure_synthetic(
+            cfg.get("root"),
+            train_images=int(cfg.get("train_images", 512)),
+            val_images=int(cfg.get("val_images", 128)),
+            image_size=int(cfg.get("image_size", 128)),
+            seed=int(cfg.get("seed", 0)),
+        )
         return
     if name == "coco2017":
         if cfg.get("fake_data"):
             return
         root = Path(cfg["root"])
-        for rel in ("annotations/instances_train2017.json", "annotations/instances_val2017.json",
-                    "train2017", "val2017"):
+        for rel in (
+            "annotations/instances_train2017.json",
+            "annotations/instances_val2017.json",
+            "train2017",
+            "val2017",
+        ):
             _need(root / rel, name, root)
         return
     if name in ("voc", "voc0712"):
@@ -50,7 +61,8 @@ def prepare_dataset(cfg: dict) -> None:
                     raise DataNotFound(
                         f"dataset voc: not found: {p} (root must be a VOC-format folder with Annotations/, "
                         f"JPEGImages/ and ImageSets/Main/<split>.txt; for Pascal VOC itself: "
-                        f"lsbench data voc --root DIR, then root: DIR/VOCdevkit/VOC2007)")
+                        f"lsbench data voc --root DIR, then root: DIR/VOCdevkit/VOC2007)"
+                    )
             return
         _need(root, name, root)
         for p in voc_required_paths(cfg):

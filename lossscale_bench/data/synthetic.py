@@ -35,12 +35,12 @@ from ..dataset_files.synthetic_cache import GENERATOR_VERSION, cache_root, datas
 CLASSES = ("rectangle", "ellipse", "triangle")
 
 _MIN_OBJECTS, _MAX_OBJECTS = 1, 3
-_MAX_IOU = 0.3          # between any two boxes
-_MAX_COVERED = 0.5      # max overlap as a fraction of the smaller of two boxes
-_MIN_COLOUR_DIST = 0.5   # RGB distance (0..1 scale) from the background and overlapped shapes
+_MAX_IOU = 0.3  # between any two boxes
+_MAX_COVERED = 0.5  # max overlap as a fraction of the smaller of two boxes
+_MIN_COLOUR_DIST = 0.5  # RGB distance (0..1 scale) from the background and overlapped shapes
 _MIN_SIZE, _MAX_SIZE = 20, 80  # geometric-mean side in px at 128 px (scaled with image_size)
-_BLOT_SIGMA = (0.02, 0.05)     # low-frequency background blotches
-_NOISE_SIGMA = (0.01, 0.04)    # per-pixel noise over the whole image
+_BLOT_SIGMA = (0.02, 0.05)  # low-frequency background blotches
+_NOISE_SIGMA = (0.01, 0.04)  # per-pixel noise over the whole image
 
 
 def _paths(final: Path) -> dict:
@@ -54,8 +54,9 @@ def _paths(final: Path) -> dict:
     }
 
 
-def ensure_synthetic(root=None, *, train_images: int = 512, val_images: int = 128, image_size: int = 128,
-                     seed: int = 0) -> dict:
+def ensure_synthetic(
+    root=None, *, train_images: int = 512, val_images: int = 128, image_size: int = 128, seed: int = 0
+) -> dict:
     """Generate (once) and return the paths of a synthetic shapes data set.
 
     Returns ``{"train_images", "train_ann", "val_images", "val_ann"}`` (Paths),
@@ -67,8 +68,7 @@ def ensure_synthetic(root=None, *, train_images: int = 512, val_images: int = 12
     if train_images < 0 or val_images < 0:
         raise ValueError("train_images and val_images must be >= 0")
     base = cache_root(root)
-    final = base / dataset_dirname(train_images=train_images, val_images=val_images,
-                                   image_size=image_size, seed=seed)
+    final = base / dataset_dirname(train_images=train_images, val_images=val_images, image_size=image_size, seed=seed)
     paths = _paths(final)
     if paths["val_ann"].is_file():  # rename is atomic: a visible folder is complete
         return paths
@@ -104,16 +104,28 @@ def _write_dataset(out: Path, *, train_images: int, val_images: int, image_size:
             images.append({"id": i, "file_name": name, "width": image_size, "height": image_size})
             for label, (x0, y0, x1, y1) in objects:
                 w, h = float(x1 - x0), float(y1 - y0)
-                annotations.append({"id": len(annotations) + 1, "image_id": i, "category_id": label,
-                                    "bbox": [float(x0), float(y0), w, h], "area": w * h, "iscrowd": 0})
+                annotations.append(
+                    {
+                        "id": len(annotations) + 1,
+                        "image_id": i,
+                        "category_id": label,
+                        "bbox": [float(x0), float(y0), w, h],
+                        "area": w * h,
+                        "iscrowd": 0,
+                    }
+                )
         doc = {
-            "info": {"description": f"lossscale_bench synthetic shapes v{GENERATOR_VERSION}",
-                     "version": str(GENERATOR_VERSION), "year": 2026},
+            "info": {
+                "description": f"lossscale_bench synthetic shapes v{GENERATOR_VERSION}",
+                "version": str(GENERATOR_VERSION),
+                "year": 2026,
+            },
             "licenses": [],
             "images": images,
             "annotations": annotations,
-            "categories": [{"id": k, "name": name, "supercategory": "shape"}
-                           for k, name in enumerate(CLASSES, start=1)],
+            "categories": [
+                {"id": k, "name": name, "supercategory": "shape"} for k, name in enumerate(CLASSES, start=1)
+            ],
         }
         with open(out / "annotations" / f"{split}.json", "w") as f:
             json.dump(doc, f, separators=(",", ":"))
@@ -124,13 +136,14 @@ def _background(rng: np.random.Generator, size: int) -> np.ndarray:
     c0, c1 = rng.uniform(0.0, 1.0, 3), rng.uniform(0.0, 1.0, 3)
     angle = rng.uniform(0, 2 * np.pi)
     yy, xx = np.mgrid[0:size, 0:size] / (size - 1)
-    t = (np.cos(angle) * xx + np.sin(angle) * yy)
+    t = np.cos(angle) * xx + np.sin(angle) * yy
     t = (t - t.min()) / max(t.max() - t.min(), 1e-6)
     img = c0 * (1 - t[..., None]) + c1 * t[..., None]
     grid = int(rng.integers(3, 9))
     blot = rng.normal(0.0, rng.uniform(*_BLOT_SIGMA), (grid, grid, 3)).astype(np.float32)
-    blot_img = np.stack([np.asarray(Image.fromarray(blot[..., c]).resize((size, size), Image.BICUBIC))
-                         for c in range(3)], axis=-1)
+    blot_img = np.stack(
+        [np.asarray(Image.fromarray(blot[..., c]).resize((size, size), Image.BICUBIC)) for c in range(3)], axis=-1
+    )
     return img + blot_img
 
 
@@ -170,11 +183,11 @@ def _triangle(rng: np.random.Generator, box) -> list[tuple[float, float]]:
     xr, yb = x1 - 1, y1 - 1  # last pixel row/column inside the box
     t = rng.uniform(0.0, 1.0)
     side = int(rng.integers(4))
-    if side == 0:    # apex up
+    if side == 0:  # apex up
         return [(x0, yb), (xr, yb), (x0 + t * (xr - x0), y0)]
-    if side == 1:    # apex down
+    if side == 1:  # apex down
         return [(x0, y0), (xr, y0), (x0 + t * (xr - x0), yb)]
-    if side == 2:    # apex left
+    if side == 2:  # apex left
         return [(xr, y0), (xr, yb), (x0, y0 + t * (yb - y0))]
     return [(x0, y0), (x0, yb), (xr, y0 + t * (yb - y0))]  # apex right
 

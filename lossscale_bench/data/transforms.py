@@ -79,8 +79,12 @@ def _note_truncated(path) -> None:
     if key in _NOTED:
         return
     _NOTED.add(key)
-    print(f"lsbench: note: {path}: the JPEG file is truncated (its end is missing); decoded with the missing "
-          "blocks grey, as libjpeg does", file=sys.stderr, flush=True)
+    print(
+        f"lsbench: note: {path}: the JPEG file is truncated (its end is missing); decoded with the missing "
+        "blocks grey, as libjpeg does",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 class PixelCache:
@@ -150,8 +154,9 @@ def shrink_to(image: torch.Tensor, max_side: int) -> torch.Tensor:
         return image
     f = int(max_side) / max(h, w)
     out = (max(1, round(h * f)), max(1, round(w * f)))
-    return torch.nn.functional.interpolate(image[None], size=out, mode="bilinear", align_corners=False,
-                                           antialias=True)[0].clamp_(0, 1)
+    return torch.nn.functional.interpolate(image[None], size=out, mode="bilinear", align_corners=False, antialias=True)[
+        0
+    ].clamp_(0, 1)
 
 
 #: default :class:`PixelCache` budget per dataset and process, in MiB (the kangaroo training photos take ~60)

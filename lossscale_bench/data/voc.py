@@ -57,8 +57,16 @@ from ..dataset_files.voc_xml import parse_voc
 from .coco import DataNotFound, require_ground_truth
 from .transforms import PixelCache, flip_decision, hflip
 
-__all__ = ["VOCDetection", "VOC_CLASSES", "resolve_devkit", "voc_sources", "voc_required_paths",
-           "build_voc_datasets", "make_tiny_voc", "FETCH_VOC"]
+__all__ = [
+    "VOCDetection",
+    "VOC_CLASSES",
+    "resolve_devkit",
+    "voc_sources",
+    "voc_required_paths",
+    "build_voc_datasets",
+    "make_tiny_voc",
+    "FETCH_VOC",
+]
 
 FETCH_VOC = "lsbench data voc --root {root}"
 
@@ -90,9 +98,19 @@ class VOCDetection(Dataset):
 
     supports_aug_seed = True
 
-    def __init__(self, sources: Sequence[tuple], classes: Sequence[str], *, train: bool,
-                 use_difficult: bool | None = None, augment: Callable | None = None, hflip: bool = True,
-                 max_images=None, bad_annotations: str = "error", max_side: int | None = None) -> None:
+    def __init__(
+        self,
+        sources: Sequence[tuple],
+        classes: Sequence[str],
+        *,
+        train: bool,
+        use_difficult: bool | None = None,
+        augment: Callable | None = None,
+        hflip: bool = True,
+        max_images=None,
+        bad_annotations: str = "error",
+        max_side: int | None = None,
+    ) -> None:
         self.class_names = [str(c) for c in classes]
         #: photos shrunk to this longer side when read (``dataset.train_max_side``), boxes alike
         self.max_side = int(max_side) if max_side else None
@@ -152,11 +170,16 @@ class VOCDetection(Dataset):
         if not self.use_difficult:
             self.dropped_difficult += sum(1 for *_, diff in objects if diff)
             objects = [o for o in objects if not o[2]]
-        return {"dir": year_dir, "id": img_id, "file_name": ann["file_name"], "width": ann["width"],
-                "height": ann["height"],
-                "boxes": torch.tensor([o[1] for o in objects], dtype=torch.float32).reshape(-1, 4),
-                "labels": torch.tensor([o[0] for o in objects], dtype=torch.int64),
-                "difficult": torch.tensor([o[2] for o in objects], dtype=torch.bool)}
+        return {
+            "dir": year_dir,
+            "id": img_id,
+            "file_name": ann["file_name"],
+            "width": ann["width"],
+            "height": ann["height"],
+            "boxes": torch.tensor([o[1] for o in objects], dtype=torch.float32).reshape(-1, 4),
+            "labels": torch.tensor([o[0] for o in objects], dtype=torch.int64),
+            "difficult": torch.tensor([o[2] for o in objects], dtype=torch.bool),
+        }
 
     def _image_path(self, rec: dict) -> Path:
         cands = list(image_candidates(rec["dir"], rec["id"], rec.get("file_name")))
@@ -197,8 +220,12 @@ class VOCDetection(Dataset):
         if (image.shape[-1], image.shape[-2]) != (w, h):  # shrunk: the boxes follow the pixels
             sx, sy = image.shape[-1] / w, image.shape[-2] / h
             boxes = boxes * torch.tensor([sx, sy, sx, sy], dtype=boxes.dtype)
-        target = {"boxes": boxes, "labels": rec["labels"].clone(), "difficult": rec["difficult"].clone(),
-                  "image_id": index}
+        target = {
+            "boxes": boxes,
+            "labels": rec["labels"].clone(),
+            "difficult": rec["difficult"].clone(),
+            "image_id": index,
+        }
         if flip:
             image, target["boxes"] = hflip(image, target["boxes"])
         return image, target
@@ -238,30 +265,50 @@ def build_voc_datasets(cfg: dict, *, image_size: int | None = None, max_val_imag
         raise ValueError(f"dataset {name}: 'classes' must list the object classes")
     missing = [p for p in voc_required_paths(cfg) if not p.exists()]
     if missing:
-        raise DataNotFound(f"dataset {name}: not found: {missing[0]}"
-                           + (f" (fetch it with: {FETCH_VOC.format(root=cfg['root'])})" if name == "voc0712" else
-                              " (a VOC-format folder needs Annotations/, JPEGImages/ and ImageSets/Main/<split>.txt)"))
+        raise DataNotFound(
+            f"dataset {name}: not found: {missing[0]}"
+            + (
+                f" (fetch it with: {FETCH_VOC.format(root=cfg['root'])})"
+                if name == "voc0712"
+                else " (a VOC-format folder needs Annotations/, JPEGImages/ and ImageSets/Main/<split>.txt)"
+            )
+        )
     train_src, val_src = voc_sources(cfg)
     hflip_on = bool(cfg.get("hflip", True))
     augment = SSDAugment(flip=hflip_on, out_size=image_size) if cfg.get("augment", True) else None
     max_val = max_val_images if max_val_images is not None else cfg.get("max_val_images")
     policy = cfg.get("bad_annotations", "error")
-    train = VOCDetection(train_src, classes, train=True, augment=augment, hflip=hflip_on,
-                         max_images=cfg.get("max_train_images"), bad_annotations=policy,
-                         max_side=cfg.get("train_max_side"))
+    train = VOCDetection(
+        train_src,
+        classes,
+        train=True,
+        augment=augment,
+        hflip=hflip_on,
+        max_images=cfg.get("max_train_images"),
+        bad_annotations=policy,
+        max_side=cfg.get("train_max_side"),
+    )
     if len(train) == 0:
         seen = ", ".join(f"{k!r}" for k, _ in train.unknown_objects.most_common(5))
-        raise DataNotFound(f"dataset {name}: no objects of the classes {classes[:5]}{'...' if len(classes) > 5 else ''} "
-                           f"in {', '.join(f'{d}/{s}' for d, s in train_src)}"
-                           + (f"; names found: {seen}" if seen else ""))
+        raise DataNotFound(
+            f"dataset {name}: no objects of the classes {classes[:5]}{'...' if len(classes) > 5 else ''} "
+            f"in {', '.join(f'{d}/{s}' for d, s in train_src)}" + (f"; names found: {seen}" if seen else "")
+        )
     val = VOCDetection(val_src, classes, train=False, max_images=max_val, bad_annotations=policy)
     require_ground_truth(val, " + ".join(str(split_list(d, n)) for d, s in val_src for n in split_names(s)))
     return train, val, list(classes)
 
 
 # --------------------------------------------------------------------------- tiny VOC-format data
-def make_tiny_voc(year_dir, splits: dict[str, int] | None = None, *, classes: Sequence[str] = ("square", "disc"),
-                  size: tuple[int, int] = (96, 128), seed: int = 0, difficult_every: int = 5) -> dict[str, list[str]]:
+def make_tiny_voc(
+    year_dir,
+    splits: dict[str, int] | None = None,
+    *,
+    classes: Sequence[str] = ("square", "disc"),
+    size: tuple[int, int] = (96, 128),
+    seed: int = 0,
+    difficult_every: int = 5,
+) -> dict[str, list[str]]:
     """Write a small VOC-format data set of coloured shapes into ``year_dir``: JPEGs, XML
     annotations (every ``difficult_every``-th object flagged difficult) and split lists.
 

@@ -25,8 +25,17 @@ from collections import Counter
 
 from ..core.wording import suggest as _suggest
 
-__all__ = ["BAD_ANNOTATIONS", "AnnotationError", "Drops", "DROP_HINT", "number", "unknown_class_problem", "finite",
-           "outside", "size_mismatch"]
+__all__ = [
+    "BAD_ANNOTATIONS",
+    "AnnotationError",
+    "Drops",
+    "DROP_HINT",
+    "number",
+    "unknown_class_problem",
+    "finite",
+    "outside",
+    "size_mismatch",
+]
 
 #: values of ``dataset.bad_annotations``
 BAD_ANNOTATIONS = ("error", "drop")
@@ -44,8 +53,9 @@ class AnnotationError(ValueError):
     drops.
     """
 
-    def __init__(self, file, record: str, problem: str, *, reason: str = "bad_value", droppable: bool = True,
-                 hint: bool = True) -> None:
+    def __init__(
+        self, file, record: str, problem: str, *, reason: str = "bad_value", droppable: bool = True, hint: bool = True
+    ) -> None:
         self.file, self.record, self.problem = str(file), record, " ".join(str(problem).split())
         self.reason, self.droppable = reason, droppable
         self.bare = f"{self.file}: {record}: {self.problem}" if record else f"{self.file}: {self.problem}"
@@ -112,10 +122,17 @@ def outside(x1: float, y1: float, x2: float, y2: float, width: float, height: fl
     return x1 >= width or y1 >= height or x2 <= 0 or y2 <= 0
 
 
-def size_mismatch(ann_file, record: str, size: tuple[int, int], image_file, image_size: tuple[int, int]) -> AnnotationError:
+def size_mismatch(
+    ann_file, record: str, size: tuple[int, int], image_file, image_size: tuple[int, int]
+) -> AnnotationError:
     """The error of an annotation whose image size is not its image's (in either EXIF frame): its boxes
     were drawn on other pixels (a resized or replaced image), and clipping them to this one, as the
     loaders once did without a word, trains on boxes that miss their objects. No option drops it."""
-    return AnnotationError(ann_file, record, f"{size[0]}x{size[1]} (width x height), but the image {image_file} is "
-                           f"{image_size[0]}x{image_size[1]}; the boxes cannot be placed on it: correct the size and "
-                           "the boxes, or the image", droppable=False)
+    return AnnotationError(
+        ann_file,
+        record,
+        f"{size[0]}x{size[1]} (width x height), but the image {image_file} is "
+        f"{image_size[0]}x{image_size[1]}; the boxes cannot be placed on it: correct the size and "
+        "the boxes, or the image",
+        droppable=False,
+    )

@@ -32,10 +32,10 @@ __all__ = ["CocoIndex", "load_coco_json", "index_coco"]
 class CocoIndex:
     """The usable part of a COCO file: categories by id, images by id, kept annotations."""
 
-    categories: list[tuple[int, str]]                  # (id, name), ascending id
-    images: dict[int, dict]                            # id -> image record
+    categories: list[tuple[int, str]]  # (id, name), ascending id
+    images: dict[int, dict]  # id -> image record
     per_image: dict[int, list] = field(default_factory=dict)  # image id -> kept annotations, file order
-    kept: list = field(default_factory=list)           # every kept annotation, as pycocotools reads it
+    kept: list = field(default_factory=list)  # every kept annotation, as pycocotools reads it
 
 
 def _int(v) -> int | None:
@@ -52,22 +52,28 @@ def load_coco_json(path) -> dict:
         with open(path, "rb") as f:
             data = json.load(f)
     except json.JSONDecodeError as exc:
-        raise AnnotationError(path, f"line {exc.lineno}, column {exc.colno}", f"not valid JSON: {exc.msg}",
-                              droppable=False) from None
+        raise AnnotationError(
+            path, f"line {exc.lineno}, column {exc.colno}", f"not valid JSON: {exc.msg}", droppable=False
+        ) from None
     except UnicodeDecodeError:
         raise AnnotationError(path, "", "not UTF-8 text, so not a COCO JSON file", droppable=False) from None
     except OSError as exc:
         raise AnnotationError(path, "", f"cannot be read: {exc.strerror or exc}", droppable=False) from None
     if not isinstance(data, dict):
-        raise AnnotationError(path, "", f"holds a JSON {type(data).__name__}, not an object with 'images', "
-                              "'annotations' and 'categories'", droppable=False)
+        raise AnnotationError(
+            path,
+            "",
+            f"holds a JSON {type(data).__name__}, not an object with 'images', 'annotations' and 'categories'",
+            droppable=False,
+        )
     return data
 
 
 def _list(data: dict, key: str, file, *, empty_ok: bool) -> list:
     if key not in data:
-        raise AnnotationError(file, "", f"no {key!r} list (a COCO file has 'images', 'annotations' and "
-                              "'categories')", droppable=False)
+        raise AnnotationError(
+            file, "", f"no {key!r} list (a COCO file has 'images', 'annotations' and 'categories')", droppable=False
+        )
     value = data[key]
     if not isinstance(value, list):
         raise AnnotationError(file, key, f"is a JSON {type(value).__name__}, not a list", droppable=False)
@@ -82,11 +88,16 @@ def _categories(data: dict, file) -> list[tuple[int, str]]:
     for i, c in enumerate(_list(data, "categories", file, empty_ok=False)):
         cid = _int(c.get("id")) if isinstance(c, dict) else None
         if cid is None or not isinstance(c.get("name"), (str, int, float)):
-            raise AnnotationError(file, f"categories[{i}]", f"{_short(c)} is not a category with an integer "
-                                  "'id' and a 'name'", droppable=False)
+            raise AnnotationError(
+                file,
+                f"categories[{i}]",
+                f"{_short(c)} is not a category with an integer 'id' and a 'name'",
+                droppable=False,
+            )
         if cid in seen:
-            raise AnnotationError(file, f"categories[{i}]", f"id {cid} is also categories[{seen[cid]}]",
-                                  droppable=False)
+            raise AnnotationError(
+                file, f"categories[{i}]", f"id {cid} is also categories[{seen[cid]}]", droppable=False
+            )
         seen[cid] = i
     return sorted((int(c["id"]), str(c["name"])) for c in data["categories"])
 
@@ -108,8 +119,9 @@ def _images(data: dict, file, evaluation: bool) -> dict[int, dict]:
         for key in ("width", "height"):
             v = _num(im.get(key))
             if v is None or not finite([v]) or v <= 0:
-                raise AnnotationError(file, f"{rec} (id {iid})", f"{key!r} {_short(im.get(key))} is not a "
-                                      "size in pixels", droppable=False)
+                raise AnnotationError(
+                    file, f"{rec} (id {iid})", f"{key!r} {_short(im.get(key))} is not a size in pixels", droppable=False
+                )
         out[iid], where[iid] = im, i
     return out
 
@@ -194,8 +206,10 @@ def index_coco(data: dict, file, drops: Drops, *, evaluation: bool) -> CocoIndex
         bad = _annotation_problem(ann, index.images, cats, ids, i, evaluation)
         if bad is not None:
             record = f"annotations[{i}]" + _record_ids(ann)
-            drops.bad(AnnotationError(file, record, bad[1], reason=bad[0]),
-                      unknown_name=str(ann.get("category_id")) if bad[0] == "unknown_class" else None)
+            drops.bad(
+                AnnotationError(file, record, bad[1], reason=bad[0]),
+                unknown_name=str(ann.get("category_id")) if bad[0] == "unknown_class" else None,
+            )
             continue
         if evaluation:
             ids[ann["id"]] = i

@@ -47,8 +47,9 @@ def cache_problem(ds) -> str | None:
     (a shared, pre-filled cache); otherwise the cache must be a folder that can be written.
     """
     base = cache_root(ds.root)
-    name = dataset_dirname(train_images=ds.train_images, val_images=ds.val_images, image_size=ds.image_size,
-                           seed=ds.seed)
+    name = dataset_dirname(
+        train_images=ds.train_images, val_images=ds.val_images, image_size=ds.image_size, seed=ds.seed
+    )
     try:
         if (base / name / "annotations" / "val.json").is_file():  # the generator's "complete" marker
             return None

@@ -27,8 +27,19 @@ from pathlib import Path
 
 from .annotations import AnnotationError
 
-__all__ = ["IMAGE_EXTS", "split_names", "resolve_devkit", "voc_sources", "split_list", "annotation_file",
-           "image_candidates", "read_split_ids", "split_id_lines", "side_ids", "required_paths"]
+__all__ = [
+    "IMAGE_EXTS",
+    "split_names",
+    "resolve_devkit",
+    "voc_sources",
+    "split_list",
+    "annotation_file",
+    "image_candidates",
+    "read_split_ids",
+    "split_id_lines",
+    "side_ids",
+    "required_paths",
+]
 
 #: the image file extensions looked for, in order (``<id>.jpg`` first, as the devkit has it)
 IMAGE_EXTS = (".jpg", ".jpeg", ".png", ".JPG", ".JPEG", ".PNG", ".bmp")
@@ -54,8 +65,10 @@ def voc_sources(cfg: dict) -> tuple[list[tuple[Path, str]], list[tuple[Path, str
     train_split, val_split = cfg.get("train_split", "trainval"), cfg.get("val_split", "test")
     if cfg.get("name") == "voc0712":
         devkit = resolve_devkit(root)
-        return ([(devkit / "VOC2007", train_split), (devkit / "VOC2012", train_split)],
-                [(devkit / "VOC2007", val_split)])
+        return (
+            [(devkit / "VOC2007", train_split), (devkit / "VOC2012", train_split)],
+            [(devkit / "VOC2007", val_split)],
+        )
     return [(root, train_split)], [(root, val_split)]
 
 
@@ -111,9 +124,13 @@ def side_ids(sources) -> Iterator[tuple[Path, Path, str]]:
                 if key in seen:
                     first_file, first_line = seen[key]
                     where = f"line {first_line}" if first_file == list_file else f"{first_file} line {first_line}"
-                    raise AnnotationError(list_file, f"line {line}",
-                                          f"image id {img_id!r} is listed twice (first at {where}); list each "
-                                          f"image once", reason="duplicate_id", droppable=False)
+                    raise AnnotationError(
+                        list_file,
+                        f"line {line}",
+                        f"image id {img_id!r} is listed twice (first at {where}); list each image once",
+                        reason="duplicate_id",
+                        droppable=False,
+                    )
                 seen[key] = (list_file, line)
                 yield Path(year_dir), list_file, img_id
 

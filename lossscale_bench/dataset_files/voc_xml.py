@@ -78,11 +78,18 @@ def _box(obj, xml_path, record: str, width: int, height: int, drops: Drops):
     box = [xmin - 1.0, ymin - 1.0, xmax, ymax]
     if width > 0 and height > 0:
         if outside(*box, width, height):
-            drops.bad(AnnotationError(xml_path, record, f"{_shown(raw)} lies outside the {width}x{height} image",
-                                      reason="outside_image"))
+            drops.bad(
+                AnnotationError(
+                    xml_path, record, f"{_shown(raw)} lies outside the {width}x{height} image", reason="outside_image"
+                )
+            )
             return None
-        box = [min(max(box[0], 0.0), width), min(max(box[1], 0.0), height),
-               min(max(box[2], 0.0), width), min(max(box[3], 0.0), height)]
+        box = [
+            min(max(box[0], 0.0), width),
+            min(max(box[1], 0.0), height),
+            min(max(box[2], 0.0), width),
+            min(max(box[3], 0.0), height),
+        ]
     return box
 
 
@@ -90,8 +97,10 @@ def _object(obj, k: int, xml_path, labels: dict, width: int, height: int, drops:
     """``(label, box, difficult)`` of the k-th object, or None when it was dropped."""
     name = _text(obj, "name", "")
     if name not in labels:
-        drops.bad(AnnotationError(xml_path, f"object {k}", unknown_class_problem(name, list(labels)),
-                                  reason="unknown_class"), unknown_name=name)
+        drops.bad(
+            AnnotationError(xml_path, f"object {k}", unknown_class_problem(name, list(labels)), reason="unknown_class"),
+            unknown_name=name,
+        )
         return None
     record = f"object {k} ({name})"
     diff_text = _text(obj, "difficult", "0") or "0"

@@ -9,11 +9,29 @@ from __future__ import annotations
 
 import importlib
 
-_WHERE = {"Trainer": "loop", "StepRecord": "loop", "Hook": "hooks", "MetricsHook": "hooks", "EvalHook": "hooks",
-          "CheckpointHook": "hooks", "DivergenceHook": "hooks", "TrialDiverged": "hooks", "TelemetryHook": "hooks"}
+_WHERE = {
+    "Trainer": "loop",
+    "StepRecord": "loop",
+    "Hook": "hooks",
+    "MetricsHook": "hooks",
+    "EvalHook": "hooks",
+    "CheckpointHook": "hooks",
+    "DivergenceHook": "hooks",
+    "TrialDiverged": "hooks",
+    "TelemetryHook": "hooks",
+}
 
-__all__ = ["Trainer", "StepRecord", "Hook", "MetricsHook", "EvalHook", "CheckpointHook", "DivergenceHook",
-           "TrialDiverged", "TelemetryHook"]
+__all__ = [
+    "Trainer",
+    "StepRecord",
+    "Hook",
+    "MetricsHook",
+    "EvalHook",
+    "CheckpointHook",
+    "DivergenceHook",
+    "TrialDiverged",
+    "TelemetryHook",
+]
 
 
 def __getattr__(name: str):

@@ -73,8 +73,12 @@ class MetricsHook(Hook):
         s = record.step
         st = trainer.state
         # what is known on the host now (the running skip count must be this step's)
-        items = [("lr", record.lr, s), ("overflow", float(record.result.overflow), s),
-                 ("skipped", float(record.result.skipped), s), ("skipped_steps", float(st.skipped_steps), s)]
+        items = [
+            ("lr", record.lr, s),
+            ("overflow", float(record.result.overflow), s),
+            ("skipped", float(record.result.skipped), s),
+            ("skipped_steps", float(st.skipped_steps), s),
+        ]
         if s % self.log_every == 0 or s == trainer.iterations:
             # Per-layer summaries need a host read: only on logged steps.
             items += [(k, float(v), s) for k, v in trainer.scaler.metrics().items()]
@@ -144,8 +148,14 @@ class DivergenceHook(Hook):
     mAP under the label of a method that never ran.
     """
 
-    def __init__(self, sink: Sink, patience: int = 10, max_consecutive_skips: int = 200, policy: str = "stop",
-                 check_every: int = 1) -> None:
+    def __init__(
+        self,
+        sink: Sink,
+        patience: int = 10,
+        max_consecutive_skips: int = 200,
+        policy: str = "stop",
+        check_every: int = 1,
+    ) -> None:
         self.sink = sink
         #: judge the steps a window at a time, when their losses are read anyway (the trial passes
         #: ``log_every``): each step is still judged, in order, so ``diverged_step`` is exact; a
@@ -157,8 +167,8 @@ class DivergenceHook(Hook):
         self.policy = policy
         self.bad = 0
         self.skips = 0
-        self.bad_since: int | None = None     # first non-finite loss of the current streak
-        self.cause_step: int | None = None    # the applied non-finite update just before it
+        self.bad_since: int | None = None  # first non-finite loss of the current streak
+        self.cause_step: int | None = None  # the applied non-finite update just before it
         self._applied_nonfinite: int | None = None  # last step whose non-finite gradient was applied
         self._last_applied_nonfinite: int | None = None  # the latest such step of the whole run
         self.last_finite_loss: float | None = None
@@ -182,8 +192,12 @@ class DivergenceHook(Hook):
         if scale >= SCALE_FLOOR:
             return
         self._judge_pending(raise_stop=True)  # an earlier streak, if any, is the first cause
-        self._declare(step, f"loss scale collapsed to {scale:g} after step {step} (below {SCALE_FLOOR:g}, the "
-                            "smallest normal fp32): gradients were non-finite at every scale tried", raise_stop=True)
+        self._declare(
+            step,
+            f"loss scale collapsed to {scale:g} after step {step} (below {SCALE_FLOOR:g}, the "
+            "smallest normal fp32): gradients were non-finite at every scale tried",
+            raise_stop=True,
+        )
         raise self.diverged
 
     def after_train(self, trainer) -> None:
@@ -207,7 +221,7 @@ class DivergenceHook(Hook):
         else:
             if self.bad == 0:
                 self.bad_since = step
-                self.cause_step = (self._applied_nonfinite if self._applied_nonfinite == step - 1 else None)
+                self.cause_step = self._applied_nonfinite if self._applied_nonfinite == step - 1 else None
             self.bad += 1
         applied = bool(record.result.overflow) and not bool(record.result.skipped)
         self._applied_nonfinite = step if applied else None
@@ -220,8 +234,7 @@ class DivergenceHook(Hook):
             first_bad = self.cause_step or self.bad_since or step
             reason = f"loss non-finite for {self.bad} consecutive steps from step {self.bad_since}"
             if self.cause_step is not None:
-                reason = (f"non-finite gradient applied at step {self.cause_step} (overflow, not skipped); "
-                          + reason)
+                reason = f"non-finite gradient applied at step {self.cause_step} (overflow, not skipped); " + reason
         elif self.skips >= self.max_skips:
             first_bad = step - self.skips + 1
             reason = f"{self.skips} consecutive steps skipped on overflow from step {first_bad}"
@@ -233,9 +246,14 @@ class DivergenceHook(Hook):
         if self.diverged is not None:
             return
         self.diverged = TrialDiverged(step, self.last_finite_loss, self.last_scale, reason)
-        self.sink.tags({"lsbench.diverged_step": step, "lsbench.diverged_reason": reason,
-                        "lsbench.last_finite_loss": self.last_finite_loss,
-                        "lsbench.diverged_scale": self.last_scale})
+        self.sink.tags(
+            {
+                "lsbench.diverged_step": step,
+                "lsbench.diverged_reason": reason,
+                "lsbench.last_finite_loss": self.last_finite_loss,
+                "lsbench.diverged_scale": self.last_scale,
+            }
+        )
         if self.policy == "stop" and raise_stop:
             raise self.diverged
 
@@ -248,17 +266,18 @@ class DivergenceHook(Hook):
             return
         if self.bad > 0:
             first_bad = self.cause_step or self.bad_since or step
-            reason = (f"training ended with the loss non-finite for its last {self.bad} steps from step "
-                      f"{self.bad_since} (fewer than patience {self.patience})")
+            reason = (
+                f"training ended with the loss non-finite for its last {self.bad} steps from step "
+                f"{self.bad_since} (fewer than patience {self.patience})"
+            )
             if self.cause_step is not None:
-                reason = (f"non-finite gradient applied at step {self.cause_step} (overflow, not skipped); "
-                          + reason)
+                reason = f"non-finite gradient applied at step {self.cause_step} (overflow, not skipped); " + reason
             self._declare(first_bad, reason, raise_stop=True)
         elif not _weights_finite(trainer.model):
             cause = self._last_applied_nonfinite or step
             reason = f"weights non-finite at the end of training (step {step})"
             if self._last_applied_nonfinite is not None:
-                reason = (f"non-finite gradient applied at step {cause} (overflow, not skipped); " + reason)
+                reason = f"non-finite gradient applied at step {cause} (overflow, not skipped); " + reason
             self._declare(cause, reason, raise_stop=True)
         else:
             self._judge_all_skipped(trainer, raise_stop=True)
@@ -271,22 +290,32 @@ class DivergenceHook(Hook):
         st = trainer.state
         if self.diverged is not None or st.step == 0 or st.skipped_steps < st.step:
             return
-        self._declare(1, f"every step skipped on overflow ({st.step} of {st.step}; no update was applied) at "
-                         f"loss scale {trainer.scaler.current_scale():g}", raise_stop)
+        self._declare(
+            1,
+            f"every step skipped on overflow ({st.step} of {st.step}; no update was applied) at "
+            f"loss scale {trainer.scaler.current_scale():g}",
+            raise_stop,
+        )
 
 
 def _weights_finite(model: torch.nn.Module) -> bool:
     """Every floating parameter and buffer (BatchNorm statistics too) finite; one host read."""
-    flags = [torch.isfinite(t).all() for t in (*model.parameters(), *model.buffers())
-             if t.is_floating_point() and t.numel()]
+    flags = [
+        torch.isfinite(t).all() for t in (*model.parameters(), *model.buffers()) if t.is_floating_point() and t.numel()
+    ]
     return bool(torch.stack(flags).all().item()) if flags else True
 
 
 class EvalHook(Hook):
     """Evaluates every ``every`` iterations (not at the end: the trial does the final evaluation)."""
 
-    def __init__(self, sink: Sink, evaluate: Callable[[], dict[str, float]], every: int | None,
-                 on_eval: Callable[[int, dict], None] | None = None) -> None:
+    def __init__(
+        self,
+        sink: Sink,
+        evaluate: Callable[[], dict[str, float]],
+        every: int | None,
+        on_eval: Callable[[int, dict], None] | None = None,
+    ) -> None:
         self.sink = sink
         self.evaluate = evaluate
         self.every = every

@@ -66,14 +66,23 @@ class StepRecord:
 
     __slots__ = ("step", "result", "lr", "seconds", "part_names", "_values", "_floats", "_images", "_window")
 
-    def __init__(self, step: int, values: torch.Tensor, part_names: list[str], result: StepResult, lr: float,
-                 images: int, seconds: float, window: _Window | None = None) -> None:
-        self.step = step                # iterations completed after this one (1-based)
+    def __init__(
+        self,
+        step: int,
+        values: torch.Tensor,
+        part_names: list[str],
+        result: StepResult,
+        lr: float,
+        images: int,
+        seconds: float,
+        window: _Window | None = None,
+    ) -> None:
+        self.step = step  # iterations completed after this one (1-based)
         self.result = result
         self.lr = lr
         self.seconds = seconds
         self.part_names = list(part_names)
-        self._values = values           # [1 + len(parts)] on the device: total loss, then the parts
+        self._values = values  # [1 + len(parts)] on the device: total loss, then the parts
         self._floats: list[float] | None = None
         self._images = images
         self._window = window
@@ -128,10 +137,24 @@ class StopTraining(Exception):
 
 
 class Trainer:
-    def __init__(self, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler, scaler: LossScaler,
-                 backend: Backend, precision: Precision, iterations: int, batches: Iterable = (), hooks=(),
-                 grad_clip: float | None = None, bias_grad_factor: float = 1.0, state: TrainState | None = None,
-                 grad_sync=None, sync_every: int = 1):
+    def __init__(
+        self,
+        *,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        scheduler,
+        scaler: LossScaler,
+        backend: Backend,
+        precision: Precision,
+        iterations: int,
+        batches: Iterable = (),
+        hooks=(),
+        grad_clip: float | None = None,
+        bias_grad_factor: float = 1.0,
+        state: TrainState | None = None,
+        grad_sync=None,
+        sync_every: int = 1,
+    ):
         self.model = model
         self.optimizer = optimizer
         self.scheduler = scheduler
@@ -169,13 +192,18 @@ class Trainer:
             loss = sum(parts.values())
         self.scaler.scale(loss.float()).backward()
         self.backend.after_backward()
-        if self.grad_clip or self.bias_grad_factor != 1.0 or self.grad_sync is not None \
-                or self.precision.rounds_after_unscale:
+        if (
+            self.grad_clip
+            or self.bias_grad_factor != 1.0
+            or self.grad_sync is not None
+            or self.precision.rounds_after_unscale
+        ):
             # These act on true gradient values, so unscale first (idempotent in step()).
             self.scaler.unscale_(self.optimizer)
             if self.precision.rounds_after_unscale:  # Chainer's order: unscale, then store in fp16
-                self.scaler.mark_overflow(self.precision.round_unscaled_grads(
-                    [p for g in self.optimizer.param_groups for p in g["params"]]))
+                self.scaler.mark_overflow(
+                    self.precision.round_unscaled_grads([p for g in self.optimizer.param_groups for p in g["params"]])
+                )
             if self.grad_sync is not None:
                 self.grad_sync([p for g in self.optimizer.param_groups for p in g["params"]])
             if self.bias_grad_factor != 1.0:
@@ -208,8 +236,16 @@ class Trainer:
         if closes:
             self.backend.synchronize()
         now = time.perf_counter()
-        record = StepRecord(step=st.step, values=vals, part_names=list(parts), result=result, lr=lr,
-                            images=len(images), seconds=now - t0, window=window)
+        record = StepRecord(
+            step=st.step,
+            values=vals,
+            part_names=list(parts),
+            result=result,
+            lr=lr,
+            images=len(images),
+            seconds=now - t0,
+            window=window,
+        )
         if closes:
             window.seconds = now - window.start
             self._window = None
@@ -221,11 +257,18 @@ class Trainer:
     def state_dict(self) -> dict[str, Any]:
         """Everything a resume needs of the loop: weights, optimizer, lr schedule, scaler (per-layer
         state too), the precision's random streams, the counters, and each hook's own state (by hook class name)."""
-        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                "scheduler": self.scheduler.state_dict(), "scaler": self.scaler.state_dict(),
-                "precision": self.precision.state_dict(), "step": self.state.step, "skipped_steps": self.state.skipped_steps,
-                "overflow_steps": self.state.overflow_steps, "images_seen": self.state.images_seen,
-                "hooks": {type(h).__name__: st for h in self.hooks if (st := h.state_dict())}}
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "scaler": self.scaler.state_dict(),
+            "precision": self.precision.state_dict(),
+            "step": self.state.step,
+            "skipped_steps": self.state.skipped_steps,
+            "overflow_steps": self.state.overflow_steps,
+            "images_seen": self.state.images_seen,
+            "hooks": {type(h).__name__: st for h in self.hooks if (st := h.state_dict())},
+        }
 
     def load_state_dict(self, ck: dict[str, Any]) -> None:
         self.model.load_state_dict(ck["model"])
@@ -234,7 +277,11 @@ class Trainer:
         self.scaler.load_state_dict(ck["scaler"])
         self.precision.load_state_dict(ck.get("precision", {}))
         self.state.step, self.state.skipped_steps, self.state.overflow_steps, self.state.images_seen = (
-            ck["step"], ck["skipped_steps"], ck["overflow_steps"], ck["images_seen"])
+            ck["step"],
+            ck["skipped_steps"],
+            ck["overflow_steps"],
+            ck["images_seen"],
+        )
         for h in self.hooks:
             h.load_state_dict(ck.get("hooks", {}).get(type(h).__name__, {}))
 

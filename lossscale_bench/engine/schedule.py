@@ -40,8 +40,9 @@ WARMUP_MODES = ("linear", "constant")
 WEIGHT_DECAY_EXCLUDES = ("bias", "1d")
 
 
-def lr_lambda(warmup_iterations: int, warmup_factor: float, lr_steps: list[int], lr_gamma: float,
-              warmup_mode: str = "linear"):
+def lr_lambda(
+    warmup_iterations: int, warmup_factor: float, lr_steps: list[int], lr_gamma: float, warmup_mode: str = "linear"
+):
     """Multiplier of the base lr at iteration ``it`` (0-based, the step about to run)."""
     if warmup_mode not in WARMUP_MODES:
         raise ValueError(f"unknown warmup_mode {warmup_mode!r}; allowed: {', '.join(WARMUP_MODES)}")
@@ -61,9 +62,15 @@ def lr_lambda(warmup_iterations: int, warmup_factor: float, lr_steps: list[int],
 
 def build_scheduler(optimizer: torch.optim.Optimizer, schedule: dict) -> torch.optim.lr_scheduler.LambdaLR:
     return torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lr_lambda(int(schedule.get("warmup_iterations", 0)), float(schedule.get("warmup_factor", 0.1)),
-                             list(schedule.get("lr_steps", [])), float(schedule.get("lr_gamma", 0.1)),
-                             str(schedule.get("warmup_mode", "linear"))))
+        optimizer,
+        lr_lambda(
+            int(schedule.get("warmup_iterations", 0)),
+            float(schedule.get("warmup_factor", 0.1)),
+            list(schedule.get("lr_steps", [])),
+            float(schedule.get("lr_gamma", 0.1)),
+            str(schedule.get("warmup_mode", "linear")),
+        ),
+    )
 
 
 def _excluded(name: str, p: torch.Tensor, exclude: tuple[str, ...]) -> bool:
@@ -131,5 +138,6 @@ def build_optimizer(model: torch.nn.Module, schedule: dict, impl: dict | None = 
         raise ValueError(f"unknown momentum_style {style!r}; allowed: {', '.join(MOMENTUM_STYLES)}")
     cls = ChainerMomentumSGD if style == "chainer" else torch.optim.SGD
     extra = dict(impl or {}) if cls is torch.optim.SGD else {}
-    return cls(groups, lr=float(schedule["lr"]), momentum=float(schedule.get("momentum", 0.9)), weight_decay=wd,
-               **extra)
+    return cls(
+        groups, lr=float(schedule["lr"]), momentum=float(schedule.get("momentum", 0.9)), weight_decay=wd, **extra
+    )

@@ -84,8 +84,15 @@ def evaluate_detections(coco_gt, detections: list[dict], img_ids=None, *, refere
     ids = sorted(coco_gt.getImgIds()) if img_ids is None else sorted(int(i) for i in img_ids)
     if not detections:
         return _zero(len(ids))
-    dets = [{"image_id": int(d["image_id"]), "category_id": int(d["category_id"]),
-             "bbox": [float(v) for v in d["bbox"]], "score": float(d["score"])} for d in detections]
+    dets = [
+        {
+            "image_id": int(d["image_id"]),
+            "category_id": int(d["category_id"]),
+            "bbox": [float(v) for v in d["bbox"]],
+            "score": float(d["score"]),
+        }
+        for d in detections
+    ]
     return _score(coco_gt, dets, ids, reference)
 
 
@@ -99,8 +106,13 @@ def _score(coco_gt, dets: list[dict], ids: list[int], reference: bool = False) -
     else:
         raw = coco_box_stats(coco_gt, dets, ids)
     stats = [float(s) if s >= 0 else 0.0 for s in raw]
-    return {"map": stats[0], "map_50": stats[1], "map_75": stats[2], "num_images": len(ids),
-            "num_detections": len(dets)}
+    return {
+        "map": stats[0],
+        "map_50": stats[1],
+        "map_75": stats[2],
+        "num_images": len(ids),
+        "num_detections": len(dets),
+    }
 
 
 @torch.no_grad()
@@ -114,8 +126,9 @@ def evaluate_coco(model, dataset, *, device="cpu", batch_size: int = 8, max_imag
     """
     detections: list[dict] = []
     img_ids: list[int] = []
-    for target, out in predictions(model, dataset, device=device, batch_size=batch_size, max_images=max_images,
-                                   autocast=autocast):
+    for target, out in predictions(
+        model, dataset, device=device, batch_size=batch_size, max_images=max_images, autocast=autocast
+    ):
         image_id = int(target["image_id"])
         img_ids.append(image_id)
         boxes = out["boxes"].detach().float().cpu()

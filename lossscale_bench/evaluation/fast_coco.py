@@ -64,10 +64,10 @@ from __future__ import annotations
 import numpy as np
 
 #: COCOeval's default bbox parameters (``Params.setDetParams``), computed the same way
-IOU_THRS = np.linspace(.5, 0.95, int(np.round((0.95 - .5) / .05)) + 1, endpoint=True)
-REC_THRS = np.linspace(.0, 1.00, int(np.round((1.00 - .0) / .01)) + 1, endpoint=True)
+IOU_THRS = np.linspace(0.5, 0.95, int(np.round((0.95 - 0.5) / 0.05)) + 1, endpoint=True)
+REC_THRS = np.linspace(0.0, 1.00, int(np.round((1.00 - 0.0) / 0.01)) + 1, endpoint=True)
 MAX_DETS = [1, 10, 100]
-AREA_RNG = [[0 ** 2, 1e5 ** 2], [0 ** 2, 32 ** 2], [32 ** 2, 96 ** 2], [96 ** 2, 1e5 ** 2]]
+AREA_RNG = [[0**2, 1e5**2], [0**2, 32**2], [32**2, 96**2], [96**2, 1e5**2]]
 AREA_RNG_LBL = ["all", "small", "medium", "large"]
 
 _T, _R, _A, _M = len(IOU_THRS), len(REC_THRS), len(AREA_RNG), len(MAX_DETS)
@@ -143,7 +143,7 @@ def _match_bucket(iou, rank, row, gt_ig, crowd, gid, out_matched, out_nonzero, o
     No IoU may be NaN here.
     """
     n, _, G = gt_ig.shape
-    taken = np.zeros((n, _A, _T, G), bool)            # gtm > 0
+    taken = np.zeros((n, _A, _T, G), bool)  # gtm > 0
     thr = _MATCH_THRS[None, None, :, None]
     active = np.flatnonzero((iou >= _MIN_MATCH).any(axis=1))
     if active.size == 0:
@@ -151,22 +151,22 @@ def _match_bucket(iou, rank, row, gt_ig, crowd, gid, out_matched, out_nonzero, o
     active = active[np.argsort(rank[active], kind="stable")]
     bounds = np.searchsorted(rank[active], np.arange(rank[active][-1] + 2), side="left")
     for d in range(len(bounds) - 1):
-        j = active[bounds[d]:bounds[d + 1]]  # detections of rank d: one per group at most
+        j = active[bounds[d] : bounds[d + 1]]  # detections of rank d: one per group at most
         if j.size == 0:
             continue
         r = row[j]
-        io = iou[j][:, None, None, :]                                  # (k, 1, 1, G)
-        ig = gt_ig[r][:, :, None, :]                                   # (k, A, 1, G)
-        avail = ~taken[r] | crowd[r][:, None, None, :]                 # (k, A, T, G)
+        io = iou[j][:, None, None, :]  # (k, 1, 1, G)
+        ig = gt_ig[r][:, :, None, :]  # (k, A, 1, G)
+        avail = ~taken[r] | crowd[r][:, None, None, :]  # (k, A, T, G)
         cand = avail & (io >= thr)
         cand_ni = cand & ~ig
         has_ni = cand_ni.any(axis=-1, keepdims=True)
         use = np.where(has_ni, cand_ni, cand & ig)  # a non-ignored match first, else an ignored one
         val = np.where(use, io, -np.inf)
         best = val.max(axis=-1, keepdims=True)
-        last = use & (val == best)                  # ties: the later gt wins (``<`` continue)
-        m = G - 1 - np.argmax(last[..., ::-1], axis=-1)               # (k, A, T)
-        hit = use.any(axis=-1)                                        # (k, A, T)
+        last = use & (val == best)  # ties: the later gt wins (``<`` continue)
+        m = G - 1 - np.argmax(last[..., ::-1], axis=-1)  # (k, A, T)
+        hit = use.any(axis=-1)  # (k, A, T)
         kk, aa, tt = np.nonzero(hit)
         mm = m[kk, aa, tt]
         taken[r[kk], aa, tt, mm] = True
@@ -204,8 +204,8 @@ def _summarize(precision, recall, ap=1, iouThr=None, areaRng="all", maxDets=100)
 def _summarize_dets(precision, recall) -> np.ndarray:
     stats = np.zeros((12,))
     stats[0] = _summarize(precision, recall, 1)
-    stats[1] = _summarize(precision, recall, 1, iouThr=.5, maxDets=MAX_DETS[2])
-    stats[2] = _summarize(precision, recall, 1, iouThr=.75, maxDets=MAX_DETS[2])
+    stats[1] = _summarize(precision, recall, 1, iouThr=0.5, maxDets=MAX_DETS[2])
+    stats[2] = _summarize(precision, recall, 1, iouThr=0.75, maxDets=MAX_DETS[2])
     stats[3] = _summarize(precision, recall, 1, areaRng="small", maxDets=MAX_DETS[2])
     stats[4] = _summarize(precision, recall, 1, areaRng="medium", maxDets=MAX_DETS[2])
     stats[5] = _summarize(precision, recall, 1, areaRng="large", maxDets=MAX_DETS[2])
@@ -253,7 +253,7 @@ def _ground_truth(gt, img_pos: dict, cat_pos: dict, nI: int, K: int) -> dict:
     g_crowd = np.array([int(a.get("iscrowd", 0)) != 0 for a in gts], dtype=bool)
     g_flag = np.array([bool("iscrowd" in a and a["iscrowd"]) for a in gts], dtype=bool)  # gt['ignore']
     g_id = np.array([a["id"] for a in gts])
-    g_ig = g_flag[:, None] | _outside(g_area)                          # (Ngt, A): _ignore
+    g_ig = g_flag[:, None] | _outside(g_area)  # (Ngt, A): _ignore
     npig = np.zeros((K, _A), dtype=np.int64)
     np.add.at(npig, g_key // nI, ~g_ig)
     n_groups = K * nI
@@ -268,16 +268,21 @@ def _detections(gt, detections: list[dict], img_pos: dict, cat_pos: dict, nI: in
     img_get, cat_get = img_pos.get, cat_pos.get
     # one pass: image and category position (-1: not evaluated), -score (the key COCOeval sorts on),
     # the box and loadRes' area ``bb[2]*bb[3]`` (a Python product, as loadRes computes it)
-    rec = [(img_get(d["image_id"], -1), cat_get(d["category_id"], -1), -d["score"], *b, b[2] * b[3])
-           for d in detections for b in (d["bbox"],)]
+    rec = [
+        (img_get(d["image_id"], -1), cat_get(d["category_id"], -1), -d["score"], *b, b[2] * b[3])
+        for d in detections
+        for b in (d["bbox"],)
+    ]
     table = np.array(rec, dtype=np.float64).reshape(-1, 8)
     skipped = table[:, 0] < 0
     suspect = skipped if img_pos.keys() <= gt.imgs.keys() else np.ones(len(table), bool)
     if suspect.any():  # loadRes asserts that every detection's image is in the ground truth
         unknown = {d["image_id"] for d, s in zip(detections, suspect.tolist()) if s} - set(gt.imgs)
         if unknown:
-            raise ValueError(f"Results do not correspond to current coco set: image ids {sorted(unknown)[:5]} "
-                             "are not in the ground truth")
+            raise ValueError(
+                f"Results do not correspond to current coco set: image ids {sorted(unknown)[:5]} "
+                "are not in the ground truth"
+            )
     table = table[~skipped & (table[:, 1] >= 0)]
     d_key = table[:, 1].astype(np.int64) * nI + table[:, 0].astype(np.int64)
     d_score, d_box, d_area = table[:, 2], table[:, 3:7], table[:, 7]
@@ -298,13 +303,13 @@ def _match(g: dict, d: dict) -> dict:
     d_key, rank = d["key"], d["rank"]
     nd = len(d_key)
     matched = np.zeros((nd, _A, _T), bool)
-    nonzero = np.zeros((nd, _A, _T), bool)     # dtMatches != 0
+    nonzero = np.zeros((nd, _A, _T), bool)  # dtMatches != 0
     gt_ignored = np.zeros((nd, _A, _T), bool)  # gtIg[m] of the match
     G_of = g["count"][d_key] if nd else np.zeros(0, np.int64)
     for G in np.unique(G_of[G_of > 0]).tolist():
         det_idx = np.flatnonzero(G_of == G)
         groups, row = np.unique(d_key[det_idx], return_inverse=True)
-        gi = g["start"][groups][:, None] + np.arange(G)[None, :]            # (n, G) gt indices
+        gi = g["start"][groups][:, None] + np.arange(G)[None, :]  # (n, G) gt indices
         iou = _box_iou(d["box"][det_idx][:, None, :], g["box"][gi[row]], g["crowd"][gi[row]])
         bad = np.zeros(len(groups), bool)
         bad[row[np.isnan(iou).any(axis=1)]] = True
@@ -313,18 +318,31 @@ def _match(g: dict, d: dict) -> dict:
             res = _match_exact(iou[sel], g["ig"][gi[b]].T, g["crowd"][gi[b]], g["id"][gi[b]])
             matched[det_idx[sel]], nonzero[det_idx[sel]], gt_ignored[det_idx[sel]] = res
         ok = ~bad[row]
-        _match_bucket(iou[ok], rank[det_idx[ok]], row[ok], g["ig"][gi].transpose(0, 2, 1), g["crowd"][gi],
-                      g["id"][gi], matched, nonzero, gt_ignored, det_idx[ok])
-    d_out = _outside(d["area"])                                         # (nd, A)
-    touched = matched.any(axis=(1, 2))   # detections matched at some (area range, threshold)
+        _match_bucket(
+            iou[ok],
+            rank[det_idx[ok]],
+            row[ok],
+            g["ig"][gi].transpose(0, 2, 1),
+            g["crowd"][gi],
+            g["id"][gi],
+            matched,
+            nonzero,
+            gt_ignored,
+            det_idx[ok],
+        )
+    d_out = _outside(d["area"])  # (nd, A)
+    touched = matched.any(axis=(1, 2))  # detections matched at some (area range, threshold)
     t_idx = np.flatnonzero(touched)
     t_row = np.full(nd, -1, np.int64)
     t_row[t_idx] = np.arange(len(t_idx))
-    t_ig = gt_ignored[t_idx] | (~nonzero[t_idx] & d_out[t_idx][:, :, None])   # dtIgnore (nS, A, T)
-    return {"touched": touched, "row": t_row,
-            "tp": (nonzero[t_idx] & ~t_ig).transpose(1, 2, 0),                 # (A, T, nS)
-            "ni": (~t_ig).transpose(1, 2, 0),
-            "free": ~touched[:, None] & ~d_out}                                 # (nd, A): fp where not ignored
+    t_ig = gt_ignored[t_idx] | (~nonzero[t_idx] & d_out[t_idx][:, :, None])  # dtIgnore (nS, A, T)
+    return {
+        "touched": touched,
+        "row": t_row,
+        "tp": (nonzero[t_idx] & ~t_ig).transpose(1, 2, 0),  # (A, T, nS)
+        "ni": (~t_ig).transpose(1, 2, 0),
+        "free": ~touched[:, None] & ~d_out,
+    }  # (nd, A): fp where not ignored
 
 
 def _accumulate(g: dict, d: dict, m: dict, K: int, nI: int, precision: np.ndarray, recall: np.ndarray) -> None:
@@ -342,7 +360,7 @@ def _accumulate(g: dict, d: dict, m: dict, K: int, nI: int, precision: np.ndarra
         for mi, max_det in enumerate(MAX_DETS):
             sel = srt[rank[srt] < max_det]
             n = len(sel)
-            cum_free = np.cumsum(free_in[sel].T, axis=1)                # (A, n)
+            cum_free = np.cumsum(free_in[sel].T, axis=1)  # (A, n)
             pos = np.flatnonzero(touched[sel])
             s_rows = t_row[sel[pos]]
             nS = len(pos)

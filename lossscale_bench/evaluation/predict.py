@@ -17,8 +17,9 @@ def load_plain(dataset, index: int):
 
 
 @torch.no_grad()
-def predictions(model, dataset, *, device="cpu", batch_size: int = 8, max_images=None,
-                autocast=None) -> Iterator[tuple[dict, dict]]:
+def predictions(
+    model, dataset, *, device="cpu", batch_size: int = 8, max_images=None, autocast=None
+) -> Iterator[tuple[dict, dict]]:
     """Yield ``(target, output)`` for the first ``max_images`` images of ``dataset``."""
     n = len(dataset) if max_images is None else min(len(dataset), int(max_images))
     was_training = model.training

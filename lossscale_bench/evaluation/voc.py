@@ -33,8 +33,7 @@ import torch
 
 from .predict import predictions
 
-__all__ = ["bbox_iou", "calc_detection_voc_prec_rec", "calc_detection_voc_ap", "eval_detection_voc",
-           "evaluate_voc"]
+__all__ = ["bbox_iou", "calc_detection_voc_prec_rec", "calc_detection_voc_ap", "eval_detection_voc", "evaluate_voc"]
 
 
 def bbox_iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -69,8 +68,9 @@ def _per_image_inputs(pred_bboxes, pred_labels, pred_scores, gt_bboxes, gt_label
     gt_difficults = [None] * n if gt_difficults is None else list(gt_difficults)
     lengths = {len(pred_bboxes), len(pred_labels), len(pred_scores), n, len(gt_labels), len(gt_difficults)}
     if len(lengths) != 1:
-        raise ValueError("eval_detection_voc: all inputs must have one entry per image "
-                         f"(got lengths {sorted(lengths)})")
+        raise ValueError(
+            f"eval_detection_voc: all inputs must have one entry per image (got lengths {sorted(lengths)})"
+        )
     return [pred_bboxes, pred_labels, pred_scores, gt_bboxes, gt_labels, gt_difficults]
 
 
@@ -130,9 +130,15 @@ def _prec_rec(n_pos: dict, score: dict, match: dict) -> tuple[list, list]:
     return prec, rec
 
 
-def calc_detection_voc_prec_rec(pred_bboxes: Iterable, pred_labels: Iterable, pred_scores: Iterable,
-                                gt_bboxes: Iterable, gt_labels: Iterable, gt_difficults: Iterable | None = None,
-                                iou_thresh: float = 0.5):
+def calc_detection_voc_prec_rec(
+    pred_bboxes: Iterable,
+    pred_labels: Iterable,
+    pred_scores: Iterable,
+    gt_bboxes: Iterable,
+    gt_labels: Iterable,
+    gt_difficults: Iterable | None = None,
+    iou_thresh: float = 0.5,
+):
     """Per-class precision and recall arrays (``None`` for a class absent from the inputs or,
     for recall, without non-difficult ground truth). Inputs are iterables over images."""
     per_image = _per_image_inputs(pred_bboxes, pred_labels, pred_scores, gt_bboxes, gt_labels, gt_difficults)
@@ -168,8 +174,16 @@ def calc_detection_voc_ap(prec: list, rec: list, use_07_metric: bool = False) ->
     return ap
 
 
-def eval_detection_voc(pred_bboxes, pred_labels, pred_scores, gt_bboxes, gt_labels, gt_difficults=None,
-                       iou_thresh: float = 0.5, use_07_metric: bool = False) -> dict:
+def eval_detection_voc(
+    pred_bboxes,
+    pred_labels,
+    pred_scores,
+    gt_bboxes,
+    gt_labels,
+    gt_difficults=None,
+    iou_thresh: float = 0.5,
+    use_07_metric: bool = False,
+) -> dict:
     """VOC AP per class and mAP, as ``chainercv.evaluations.eval_detection_voc`` (see module doc).
 
     Each argument is a sequence with one entry per image: ``pred_bboxes[i]``
@@ -179,8 +193,9 @@ def eval_detection_voc(pred_bboxes, pred_labels, pred_scores, gt_bboxes, gt_labe
     lists. Returns ``{"ap": ndarray indexed by label, "map": float}``; ``map``
     is ``NaN`` when no class has ground truth.
     """
-    prec, rec = calc_detection_voc_prec_rec(pred_bboxes, pred_labels, pred_scores, gt_bboxes, gt_labels,
-                                            gt_difficults, iou_thresh=iou_thresh)
+    prec, rec = calc_detection_voc_prec_rec(
+        pred_bboxes, pred_labels, pred_scores, gt_bboxes, gt_labels, gt_difficults, iou_thresh=iou_thresh
+    )
     ap = calc_detection_voc_ap(prec, rec, use_07_metric=use_07_metric)
     valid = ap[~np.isnan(ap)]
     return {"ap": ap, "map": float(valid.mean()) if valid.size else float("nan")}
@@ -188,8 +203,17 @@ def eval_detection_voc(pred_bboxes, pred_labels, pred_scores, gt_bboxes, gt_labe
 
 # ---------------------------------------------------------------------------
 @torch.no_grad()
-def evaluate_voc(model, dataset, *, device="cpu", max_images=None, autocast=None, use_07_metric: bool = False,
-                 batch_size: int = 8, iou_thresh: float = 0.5) -> dict:
+def evaluate_voc(
+    model,
+    dataset,
+    *,
+    device="cpu",
+    max_images=None,
+    autocast=None,
+    use_07_metric: bool = False,
+    batch_size: int = 8,
+    iou_thresh: float = 0.5,
+) -> dict:
     """VOC mAP of a torchvision-style detector on the first ``max_images`` images of ``dataset``.
 
     Works with any data set whose targets carry ``boxes`` (xyxy pixels) and
@@ -204,8 +228,9 @@ def evaluate_voc(model, dataset, *, device="cpu", max_images=None, autocast=None
     preds_b, preds_l, preds_s, gts_b, gts_l, gts_d = [], [], [], [], [], []
     num_det = 0
     n = 0
-    for target, out in predictions(model, dataset, device=device, batch_size=batch_size, max_images=max_images,
-                                   autocast=autocast):
+    for target, out in predictions(
+        model, dataset, device=device, batch_size=batch_size, max_images=max_images, autocast=autocast
+    ):
         n += 1
         boxes = out["boxes"].detach().float().cpu().numpy().reshape(-1, 4)
         preds_b.append(boxes)
@@ -217,8 +242,9 @@ def evaluate_voc(model, dataset, *, device="cpu", max_images=None, autocast=None
         gts_l.append(_np(target["labels"], np.int64, (-1,)))
         d = target.get("difficult")
         gts_d.append(np.zeros(len(gb), dtype=bool) if d is None else _np(d, bool, (-1,)))
-    res = eval_detection_voc(preds_b, preds_l, preds_s, gts_b, gts_l, gts_d, iou_thresh=iou_thresh,
-                             use_07_metric=use_07_metric)
+    res = eval_detection_voc(
+        preds_b, preds_l, preds_s, gts_b, gts_l, gts_d, iou_thresh=iou_thresh, use_07_metric=use_07_metric
+    )
     m = res["map"] if np.isfinite(res["map"]) else 0.0
     k = getattr(dataset, "num_classes", None)
     ap = res["ap"]
@@ -226,5 +252,10 @@ def evaluate_voc(model, dataset, *, device="cpu", max_images=None, autocast=None
         full = np.full(int(k) + 1, np.nan)
         full[: min(len(ap), len(full))] = ap[: len(full)]
         ap = full
-    return {"map": float(m), "map_50": float(m), "num_images": n, "num_detections": num_det,
-            "ap": [float(x) for x in ap[1:]]}
+    return {
+        "map": float(m),
+        "map_50": float(m),
+        "num_images": n,
+        "num_detections": num_det,
+        "ap": [float(x) for x in ap[1:]],
+    }

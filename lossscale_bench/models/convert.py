@@ -33,8 +33,21 @@ import torch
 from .ssd import FC_REDUCED_KEYS, WeightsError
 
 #: chainercv's names of the 13 VGG16 convs, in order
-VGG_CONVS = ("conv1_1", "conv1_2", "conv2_1", "conv2_2", "conv3_1", "conv3_2", "conv3_3",
-             "conv4_1", "conv4_2", "conv4_3", "conv5_1", "conv5_2", "conv5_3")
+VGG_CONVS = (
+    "conv1_1",
+    "conv1_2",
+    "conv2_1",
+    "conv2_2",
+    "conv3_1",
+    "conv3_2",
+    "conv3_3",
+    "conv4_1",
+    "conv4_2",
+    "conv4_3",
+    "conv5_1",
+    "conv5_2",
+    "conv5_3",
+)
 #: their index in torchvision's ``vgg16().features`` and in amdegroot's ``vgg()`` list
 VGG_INDEX = (0, 2, 5, 7, 10, 12, 14, 17, 19, 21, 24, 26, 28)
 #: amdegroot's ``vgg()`` list: pool5 at 30, conv6 at 31, ReLU, conv7 at 33
@@ -107,8 +120,11 @@ def _read_pytorch(path: Path) -> tuple[dict, int]:
         for part, suffix in (("W", "weight"), ("b", "bias")):
             key = f"{i}.{suffix}"
             if key not in state:
-                _fail(path, f"no key {key!r} ({name}; expected amdegroot/ssd.pytorch's vgg16_reducedfc layout "
-                            f"'0.weight' ... '33.bias')")
+                _fail(
+                    path,
+                    f"no key {key!r} ({name}; expected amdegroot/ssd.pytorch's vgg16_reducedfc layout "
+                    f"'0.weight' ... '33.bias')",
+                )
             v = state[key]
             if not isinstance(v, torch.Tensor):
                 _fail(path, f"{key} is not a tensor")
@@ -123,8 +139,7 @@ def _read_pytorch(path: Path) -> tuple[dict, int]:
 def _check_output(src: Path, dst: Path) -> None:
     """Refuse an output path that cannot be written, before any work (a 0.5 GB read and convert)."""
     if dst.is_dir():
-        _fail(dst, "is a directory; give the file to write, e.g. "
-                   f"{dst / 'vgg16_reducedfc_backbone.pth'}")
+        _fail(dst, f"is a directory; give the file to write, e.g. {dst / 'vgg16_reducedfc_backbone.pth'}")
     if not dst.parent.is_dir():
         _fail(dst, "its directory does not exist")
     if dst.exists() and dst.resolve() == src.resolve():
@@ -147,14 +162,20 @@ def _tensors(src: Path, found: dict) -> dict[str, torch.Tensor]:
     for name, (wshape, bshape) in expected_shapes().items():
         w, b = np.asarray(found[name]["W"]), np.asarray(found[name]["b"])
         if w.shape != wshape or b.shape != bshape:
-            _fail(src, f"{name} has shapes {tuple(w.shape)}/{tuple(b.shape)}, the fc-reduced VGG16's are {wshape}/{bshape}")
+            _fail(
+                src,
+                f"{name} has shapes {tuple(w.shape)}/{tuple(b.shape)}, the fc-reduced VGG16's are {wshape}/{bshape}",
+            )
         if not (np.issubdtype(w.dtype, np.floating) and np.issubdtype(b.dtype, np.floating)):
             _fail(src, f"{name} is not floating point ({w.dtype})")
         for part, arr in (("W", w), ("b", b)):
             bad = int(arr.size - np.isfinite(arr).sum())
             if bad:
-                _fail(src, f"tensor {found[name][f'{part}_key']!r} ({name} {'weight' if part == 'W' else 'bias'}) "
-                           f"holds {bad} non-finite value{'s' if bad > 1 else ''} (NaN or inf): a damaged file")
+                _fail(
+                    src,
+                    f"tensor {found[name][f'{part}_key']!r} ({name} {'weight' if part == 'W' else 'bias'}) "
+                    f"holds {bad} non-finite value{'s' if bad > 1 else ''} (NaN or inf): a damaged file",
+                )
         prefix = f"features.{VGG_INDEX[VGG_CONVS.index(name)]}" if name in VGG_CONVS else name
         out[f"{prefix}.weight"] = torch.from_numpy(np.ascontiguousarray(w, dtype=np.float32))
         out[f"{prefix}.bias"] = torch.from_numpy(np.ascontiguousarray(b, dtype=np.float32))
@@ -194,7 +215,9 @@ def convert(src: str | Path, dst: str | Path, fmt: str = "auto") -> dict:
 def main(args) -> int:
     """``lsbench weights convert``; errors are ``WeightsError`` (one line, exit 2, in cli.py)."""
     res = convert(args.input, args.output, args.format)
-    print(f"wrote {res['out']}: {res['tensors']} tensors (VGG16 conv1_1..conv5_3, conv6, conv7) from the "
-          f"{res['format']} file" + (f"; {res['ignored_keys']} other key(s) left out" if res["ignored_keys"] else ""))
+    print(
+        f"wrote {res['out']}: {res['tensors']} tensors (VGG16 conv1_1..conv5_3, conv6, conv7) from the "
+        f"{res['format']} file" + (f"; {res['ignored_keys']} other key(s) left out" if res["ignored_keys"] else "")
+    )
     print(f"use it as model_options: {{backbone_weights: {res['out']}}} with ssd300_vgg16 / ssd512_vgg16")
     return 0

@@ -51,8 +51,9 @@ def pad_targets(targets: list[dict[str, Tensor]], device: torch.device) -> tuple
     of any image. Built from shapes only (known on the host): no device read."""
     boxes = pad_sequence([t["boxes"].reshape(-1, 4) for t in targets], batch_first=True)
     labels = pad_sequence([t["labels"].reshape(-1) for t in targets], batch_first=True)
-    valid = pad_sequence([torch.ones(t["boxes"].shape[0], dtype=torch.bool, device=device) for t in targets],
-                         batch_first=True)
+    valid = pad_sequence(
+        [torch.ones(t["boxes"].shape[0], dtype=torch.bool, device=device) for t in targets], batch_first=True
+    )
     return boxes.to(device), labels.to(device), valid
 
 
@@ -64,10 +65,10 @@ def match_anchors(gt_boxes: Tensor, valid: Tensor, anchors: Tensor, iou_thresh: 
     if g == 0:
         return torch.full((b, a), -1, dtype=torch.int64, device=anchors.device)
     iou = box_ops.box_iou(gt_boxes, anchors).masked_fill_(~valid[..., None], -1.0)  # [B, G, A]
-    matched_vals, matches = iou.max(dim=1)                           # best gt per anchor
+    matched_vals, matches = iou.max(dim=1)  # best gt per anchor
     matches.masked_fill_(matched_vals < iou_thresh, -1)
     # every ground truth takes its best anchor; a padded one forces nothing (-1 never wins amax)
-    _, best_anchor = iou.max(dim=2)                                  # [B, G]
+    _, best_anchor = iou.max(dim=2)  # [B, G]
     gt_index = torch.arange(g, device=anchors.device).expand(b, g)
     src = torch.where(valid, gt_index, torch.full_like(gt_index, -1))
     forced = torch.full((b, a), -1, dtype=torch.int64, device=anchors.device)
@@ -75,9 +76,17 @@ def match_anchors(gt_boxes: Tensor, valid: Tensor, anchors: Tensor, iou_thresh: 
     return torch.where(forced >= 0, forced, matches)
 
 
-def multibox_loss(bbox_regression: Tensor, cls_logits: Tensor, anchors: Tensor, gt_boxes: Tensor,
-                  gt_labels: Tensor, matched: Tensor, box_coder, neg_to_pos_ratio: float,
-                  dense: bool | None = None) -> dict[str, Tensor]:
+def multibox_loss(
+    bbox_regression: Tensor,
+    cls_logits: Tensor,
+    anchors: Tensor,
+    gt_boxes: Tensor,
+    gt_labels: Tensor,
+    matched: Tensor,
+    box_coder,
+    neg_to_pos_ratio: float,
+    dense: bool | None = None,
+) -> dict[str, Tensor]:
     """torchvision's ``SSD.compute_loss`` on padded targets: ``bbox_regression [B, A, 4]``,
     ``cls_logits [B, A, C]``, ``anchors [B, A, 4]``, ``matched [B, A]`` from :func:`match_anchors`.
 
@@ -111,8 +120,9 @@ def multibox_loss(bbox_regression: Tensor, cls_logits: Tensor, anchors: Tensor, 
 
     cls_targets = torch.where(matched_fg, torch.gather(gt_labels, 1, idx), torch.zeros_like(idx))
     num_classes = cls_logits.size(-1)
-    cls_loss = F.cross_entropy(cls_logits.reshape(-1, num_classes), cls_targets.reshape(-1),
-                               reduction="none").view(cls_targets.size())
+    cls_loss = F.cross_entropy(cls_logits.reshape(-1, num_classes), cls_targets.reshape(-1), reduction="none").view(
+        cls_targets.size()
+    )
 
     # hard negative mining, as torchvision: same sort, so the same choice among equal losses
     foreground = cls_targets > 0
@@ -146,8 +156,10 @@ def _check_boxes(targets: list[dict[str, Tensor]]) -> None:
         bad = (boxes[:, 2:] <= boxes[:, :2]).any(dim=1)
         if bad.any():
             degen = boxes[int(torch.nonzero(bad)[0, 0])].tolist()
-            raise AssertionError("All bounding boxes should have positive height and width."
-                                 f" Found invalid box {degen} for target at index {target_idx}.")
+            raise AssertionError(
+                "All bounding boxes should have positive height and width."
+                f" Found invalid box {degen} for target at index {target_idx}."
+            )
 
 
 def fixed_size_transform(transform, images: list[Tensor], targets: list[dict[str, Tensor]]):
@@ -168,8 +180,14 @@ def fixed_size_transform(transform, images: list[Tensor], targets: list[dict[str
     if h % transform.size_divisible or w % transform.size_divisible:
         return None
     for im in images:
-        if (im.dim() != 3 or tuple(im.shape[-2:]) != (h, w) or not im.is_floating_point()
-                or im.dtype != first.dtype or im.device != first.device or im.shape[0] != first.shape[0]):
+        if (
+            im.dim() != 3
+            or tuple(im.shape[-2:]) != (h, w)
+            or not im.is_floating_point()
+            or im.dtype != first.dtype
+            or im.device != first.device
+            or im.shape[0] != first.shape[0]
+        ):
             return None
     for t in targets:
         if "masks" in t or "keypoints" in t or not t["boxes"].is_floating_point():
@@ -194,7 +212,9 @@ class BatchedLossSSD(SSD):
         for target in targets:
             boxes = target["boxes"]
             if not isinstance(boxes, Tensor) or boxes.dim() != 2 or boxes.shape[-1] != 4:
-                raise ValueError(f"Expected target boxes to be a tensor of shape [N, 4], got {getattr(boxes, 'shape', type(boxes))}.")
+                raise ValueError(
+                    f"Expected target boxes to be a tensor of shape [N, 4], got {getattr(boxes, 'shape', type(boxes))}."
+                )
         fast = fixed_size_transform(self.transform, images, targets)
         images_t, targets = fast if fast is not None else self.transform(images, targets)
         _check_boxes(targets)
@@ -209,5 +229,13 @@ class BatchedLossSSD(SSD):
         if gt_boxes.shape[1]:
             valid = valid & (gt_boxes[..., 2:] > gt_boxes[..., :2]).all(-1)  # see _check_boxes
         matched = match_anchors(gt_boxes, valid, anchors, self.proposal_matcher.high_threshold)
-        return multibox_loss(head_outputs["bbox_regression"], head_outputs["cls_logits"], anchors, gt_boxes,
-                             gt_labels, matched, self.box_coder, self.neg_to_pos_ratio)
+        return multibox_loss(
+            head_outputs["bbox_regression"],
+            head_outputs["cls_logits"],
+            anchors,
+            gt_boxes,
+            gt_labels,
+            matched,
+            self.box_coder,
+            self.neg_to_pos_ratio,
+        )

@@ -68,12 +68,14 @@ def load_state_checked(module: nn.Module, state: dict, path: str | Path) -> None
         raise WeightsError(
             f"backbone_weights: {path} does not match the backbone: "
             f"missing {missing[:3]}{'...' if len(missing) > 3 else ''}, "
-            f"unexpected {unexpected[:3]}{'...' if len(unexpected) > 3 else ''}")
+            f"unexpected {unexpected[:3]}{'...' if len(unexpected) > 3 else ''}"
+        )
     bad = [k for k in state if not isinstance(state[k], torch.Tensor) or tuple(own[k].shape) != tuple(state[k].shape)]
     if bad:
         got = tuple(state[bad[0]].shape) if isinstance(state[bad[0]], torch.Tensor) else type(state[bad[0]]).__name__
-        raise WeightsError(f"backbone_weights: {path}: shape mismatch at {bad[:3]} "
-                           f"(file {got}, backbone {tuple(own[bad[0]].shape)})")
+        raise WeightsError(
+            f"backbone_weights: {path}: shape mismatch at {bad[:3]} (file {got}, backbone {tuple(own[bad[0]].shape)})"
+        )
     module.load_state_dict(state, strict=False)
 
 
@@ -109,8 +111,15 @@ class TinyVGGBackbone(nn.Module):
                 return [nn.Conv2d(cin, cout, 3, stride=stride, padding=1), nn.BatchNorm2d(cout), nn.ReLU(inplace=True)]
             return [nn.Conv2d(cin, cout, 3, stride=stride, padding=1), nn.ReLU(inplace=True)]
 
-        self.stem = nn.Sequential(*conv(3, w), nn.MaxPool2d(2), *conv(w, 2 * w), nn.MaxPool2d(2),
-                                  *conv(2 * w, 2 * w), nn.MaxPool2d(2), *conv(2 * w, 2 * w))
+        self.stem = nn.Sequential(
+            *conv(3, w),
+            nn.MaxPool2d(2),
+            *conv(w, 2 * w),
+            nn.MaxPool2d(2),
+            *conv(2 * w, 2 * w),
+            nn.MaxPool2d(2),
+            *conv(2 * w, 2 * w),
+        )
         self.stage2 = nn.Sequential(*conv(2 * w, 4 * w, 2), *conv(4 * w, 4 * w))
         self.stage3 = nn.Sequential(*conv(4 * w, 4 * w, 2))
         self.stage4 = nn.Sequential(*conv(4 * w, 4 * w, 2))
@@ -128,14 +137,22 @@ class TinyVGGBackbone(nn.Module):
         return OrderedDict([("0", f1), ("1", f2), ("2", f3), ("3", f4)])
 
 
-def ssd_tiny(num_classes: int, image_size: int = 128, width: int = 16, backbone_weights=None,
-             batch_norm: bool = True, **kw) -> SSD:
+def ssd_tiny(
+    num_classes: int, image_size: int = 128, width: int = 16, backbone_weights=None, batch_norm: bool = True, **kw
+) -> SSD:
     backbone = TinyVGGBackbone(width, batch_norm=batch_norm)
     if backbone_weights:
         load_backbone_weights(backbone, backbone_weights)
     anchors = DefaultBoxGenerator([[2], [2, 3], [2, 3], [2]], min_ratio=0.1, max_ratio=0.9)
-    return SSD(backbone, anchors, (image_size, image_size), num_classes,
-               image_mean=[0.5, 0.5, 0.5], image_std=[0.25, 0.25, 0.25], **kw)
+    return SSD(
+        backbone,
+        anchors,
+        (image_size, image_size),
+        num_classes,
+        image_mean=[0.5, 0.5, 0.5],
+        image_std=[0.25, 0.25, 0.25],
+        **kw,
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -144,9 +161,12 @@ def ssd_tiny(num_classes: int, image_size: int = 128, width: int = 16, backbone_
 # extras conv8..conv11 (SSD512: conv8..conv12, all stride 2, conv12_2 4x4), Glorot-uniform
 # extras and heads with zero bias; default boxes of chainercv's sizes, not clipped.
 def _extra_block(cin: int, mid: int, cout: int, kernel: int, stride: int, padding: int) -> nn.Sequential:
-    return nn.Sequential(nn.Conv2d(cin, mid, kernel_size=1), nn.ReLU(inplace=True),
-                         nn.Conv2d(mid, cout, kernel_size=kernel, stride=stride, padding=padding),
-                         nn.ReLU(inplace=True))
+    return nn.Sequential(
+        nn.Conv2d(cin, mid, kernel_size=1),
+        nn.ReLU(inplace=True),
+        nn.Conv2d(mid, cout, kernel_size=kernel, stride=stride, padding=padding),
+        nn.ReLU(inplace=True),
+    )
 
 
 def _glorot_zero(module: nn.Module) -> None:
@@ -223,22 +243,34 @@ def _vgg_backbone(highres: bool, backbone_weights) -> nn.Module:
         # conv6 (3x3 dilation 6) and conv7 (1x1): the fc-reduced VGG16's subsampled fc6/fc7, as
         # chainercv's and the SSD paper's models start (else torchvision's Xavier init)
         fc = extractor.extra[0][-1]
-        load_state_checked(fc, {k.replace("conv6.", "1.").replace("conv7.", "3."): v for k, v in fc_state.items()},
-                           backbone_weights)
+        load_state_checked(
+            fc, {k.replace("conv6.", "1.").replace("conv7.", "3."): v for k, v in fc_state.items()}, backbone_weights
+        )
     # Declared, so torchvision does not probe the channels with a dummy forward.
     extractor.out_channels = [512, 1024, 512, 256, 256, 256] + ([256] if highres else [])
     return extractor
 
 
 #: chainercv default-box sizes in pixels (SSD300 / SSD512) and feature-map steps
-CHAINERCV_SSD300 = {"size": 300, "sizes": (30, 60, 111, 162, 213, 264, 315), "steps": (8, 16, 32, 64, 100, 300),
-                    "aspect_ratios": ((2,), (2, 3), (2, 3), (2, 3), (2,), (2,))}
-CHAINERCV_SSD512 = {"size": 512, "sizes": (35.84, 76.8, 153.6, 230.4, 307.2, 384.0, 460.8, 537.6),
-                    "steps": (8, 16, 32, 64, 128, 256, 512),
-                    "aspect_ratios": ((2,), (2, 3), (2, 3), (2, 3), (2, 3), (2,), (2,))}
+CHAINERCV_SSD300 = {
+    "size": 300,
+    "sizes": (30, 60, 111, 162, 213, 264, 315),
+    "steps": (8, 16, 32, 64, 100, 300),
+    "aspect_ratios": ((2,), (2, 3), (2, 3), (2, 3), (2,), (2,)),
+}
+CHAINERCV_SSD512 = {
+    "size": 512,
+    "sizes": (35.84, 76.8, 153.6, 230.4, 307.2, 384.0, 460.8, 537.6),
+    "steps": (8, 16, 32, 64, 128, 256, 512),
+    "aspect_ratios": ((2,), (2, 3), (2, 3), (2, 3), (2, 3), (2,), (2,)),
+}
 #: NVIDIA SSD300 v1.1 / MLPerf SSD-ResNet34 dboxes300_coco: scales in pixels, boxes clamped to the image
-DBOXES300_COCO = {"size": 300, "sizes": (21, 45, 99, 153, 207, 261, 315), "steps": (8, 16, 32, 64, 100, 300),
-                  "aspect_ratios": ((2,), (2, 3), (2, 3), (2, 3), (2,), (2,))}
+DBOXES300_COCO = {
+    "size": 300,
+    "sizes": (21, 45, 99, 153, 207, 261, 315),
+    "steps": (8, 16, 32, 64, 100, 300),
+    "aspect_ratios": ((2,), (2, 3), (2, 3), (2, 3), (2,), (2,)),
+}
 
 
 class ClampedBoxGenerator(DefaultBoxGenerator):
@@ -262,14 +294,28 @@ def _anchors(cfg: dict, image_size: int, clip: bool) -> DefaultBoxGenerator:
 
 def ssd300_vgg16(num_classes: int, image_size: int = 300, backbone_weights=None, **kw) -> SSD:
     """chainercv SSD300: 8732 default boxes of sizes 30..315 px (not clipped)."""
-    return SSD(_vgg_backbone(False, backbone_weights), _anchors(CHAINERCV_SSD300, image_size, clip=False),
-               (image_size, image_size), num_classes, image_mean=_VGG_MEAN, image_std=_VGG_STD, **kw)
+    return SSD(
+        _vgg_backbone(False, backbone_weights),
+        _anchors(CHAINERCV_SSD300, image_size, clip=False),
+        (image_size, image_size),
+        num_classes,
+        image_mean=_VGG_MEAN,
+        image_std=_VGG_STD,
+        **kw,
+    )
 
 
 def ssd512_vgg16(num_classes: int, image_size: int = 512, backbone_weights=None, **kw) -> SSD:
     """chainercv SSD512: 24564 default boxes of sizes 35.84..537.6 px on maps 64, 32, 16, 8, 4, 2, 1."""
-    return SSD(_vgg_backbone(True, backbone_weights), _anchors(CHAINERCV_SSD512, image_size, clip=False),
-               (image_size, image_size), num_classes, image_mean=_VGG_MEAN, image_std=_VGG_STD, **kw)
+    return SSD(
+        _vgg_backbone(True, backbone_weights),
+        _anchors(CHAINERCV_SSD512, image_size, clip=False),
+        (image_size, image_size),
+        num_classes,
+        image_mean=_VGG_MEAN,
+        image_std=_VGG_STD,
+        **kw,
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -296,8 +342,9 @@ class ResNetSSDBackbone(nn.Module):
 
     def __init__(self, resnet: nn.Module, *, batch_norm: bool) -> None:
         super().__init__()
-        self.features = nn.Sequential(resnet.conv1, resnet.bn1, resnet.relu, resnet.maxpool,
-                                      resnet.layer1, resnet.layer2, resnet.layer3)
+        self.features = nn.Sequential(
+            resnet.conv1, resnet.bn1, resnet.relu, resnet.maxpool, resnet.layer1, resnet.layer2, resnet.layer3
+        )
         block = resnet.layer3[0]
         for name in ("conv1", "conv2"):
             getattr(block, name).stride = (1, 1)
@@ -311,12 +358,21 @@ class ResNetSSDBackbone(nn.Module):
         for i, (cin, mid, cout) in enumerate(zip(chans[:-1], mids, chans[1:])):
             stride, pad = (2, 1) if i < 3 else (1, 0)
             if batch_norm:
-                layers = [nn.Conv2d(cin, mid, 1, bias=False), nn.BatchNorm2d(mid), nn.ReLU(inplace=True),
-                          nn.Conv2d(mid, cout, 3, stride=stride, padding=pad, bias=False), nn.BatchNorm2d(cout),
-                          nn.ReLU(inplace=True)]
+                layers = [
+                    nn.Conv2d(cin, mid, 1, bias=False),
+                    nn.BatchNorm2d(mid),
+                    nn.ReLU(inplace=True),
+                    nn.Conv2d(mid, cout, 3, stride=stride, padding=pad, bias=False),
+                    nn.BatchNorm2d(cout),
+                    nn.ReLU(inplace=True),
+                ]
             else:
-                layers = [nn.Conv2d(cin, mid, 1), nn.ReLU(inplace=True),
-                          nn.Conv2d(mid, cout, 3, stride=stride, padding=pad), nn.ReLU(inplace=True)]
+                layers = [
+                    nn.Conv2d(cin, mid, 1),
+                    nn.ReLU(inplace=True),
+                    nn.Conv2d(mid, cout, 3, stride=stride, padding=pad),
+                    nn.ReLU(inplace=True),
+                ]
             extra.append(nn.Sequential(*layers))
         self.extra = nn.ModuleList(extra)
         _torch_default_then_xavier(self.extra)
@@ -331,14 +387,20 @@ class ResNetSSDBackbone(nn.Module):
         return OrderedDict((str(i), v) for i, v in enumerate(out))
 
 
-def _resnet_ssd300(factory: Callable[[], nn.Module], num_classes: int, image_size: int, backbone_weights,
-                   batch_norm: bool, **kw):
+def _resnet_ssd300(
+    factory: Callable[[], nn.Module], num_classes: int, image_size: int, backbone_weights, batch_norm: bool, **kw
+):
     resnet = factory()
     if backbone_weights:
         load_backbone_weights(resnet, backbone_weights)
     # dboxes300_coco, clamped to [0, 1] like the references' DefaultBoxes; ImageNet mean/std inputs
-    model = SSD(ResNetSSDBackbone(resnet, batch_norm=batch_norm), _anchors(DBOXES300_COCO, image_size, clip=True),
-                (image_size, image_size), num_classes, **kw)
+    model = SSD(
+        ResNetSSDBackbone(resnet, batch_norm=batch_norm),
+        _anchors(DBOXES300_COCO, image_size, clip=True),
+        (image_size, image_size),
+        num_classes,
+        **kw,
+    )
     _torch_default_then_xavier(model.head)
     return model
 

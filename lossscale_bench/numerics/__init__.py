@@ -17,5 +17,18 @@ from .block_scales import MX_MODES, amax_scale, mx_exponent
 from .block_scaling import GRANULARITIES, FlushSaturate, block_round, count_flush_saturate
 from .fp8 import E4M3, E5M2, Fp8Spec, round_e4m3, round_e5m2, round_fp8
 
-__all__ = ["E4M3", "E5M2", "GRANULARITIES", "MX_MODES", "FlushSaturate", "Fp8Spec", "amax_scale",
-           "block_round", "count_flush_saturate", "mx_exponent", "round_e4m3", "round_e5m2", "round_fp8"]
+__all__ = [
+    "E4M3",
+    "E5M2",
+    "GRANULARITIES",
+    "MX_MODES",
+    "FlushSaturate",
+    "Fp8Spec",
+    "amax_scale",
+    "block_round",
+    "count_flush_saturate",
+    "mx_exponent",
+    "round_e4m3",
+    "round_e5m2",
+    "round_fp8",
+]

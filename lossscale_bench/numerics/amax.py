@@ -25,10 +25,15 @@ from .native import disabled as native_disabled
 _F32 = torch.float32
 #: finite values across the range, signed zeros, subnormals, an inf and a NaN, in blocks that the probe
 #: runs one at a time (a NaN or inf must not hide the others' maximum)
-_PROBE = (torch.tensor([0.0, -0.0]), torch.tensor([1.5, -3.0, 2.0 ** -140, -(2.0 ** 100)]),
-          torch.tensor([-0.0, 2.0 ** -149]), torch.tensor([1.0, float("inf"), -2.0]),
-          torch.tensor([1.0, float("nan"), -float("inf")]), torch.tensor([-float("inf"), 3.0]),
-          torch.randn(1000, generator=torch.Generator().manual_seed(3)) * 1e-3)
+_PROBE = (
+    torch.tensor([0.0, -0.0]),
+    torch.tensor([1.5, -3.0, 2.0**-140, -(2.0**100)]),
+    torch.tensor([-0.0, 2.0**-149]),
+    torch.tensor([1.0, float("inf"), -2.0]),
+    torch.tensor([1.0, float("nan"), -float("inf")]),
+    torch.tensor([-float("inf"), 3.0]),
+    torch.randn(1000, generator=torch.Generator().manual_seed(3)) * 1e-3,
+)
 
 
 def _torch_max_abs(t: torch.Tensor) -> torch.Tensor:

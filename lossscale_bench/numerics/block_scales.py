@@ -22,8 +22,7 @@ _F32_MAX = float(torch.finfo(torch.float32).max)
 #: fp16 described like the fp8 formats, so the compiled kernels round it with the bit-level
 #: code: Inductor drops an fp32 -> fp16 -> fp32 round trip inside a fused kernel (its
 #: ``emulate_precision_casts`` is off by default), so ``.half().float()`` compiles to nothing
-FP16 = Fp8Spec("fp16", torch.float16, mbits=10, emin=-14, emax=15, max=65504.0, has_inf=True,
-               nan_bits=0x7FFFFFFF)
+FP16 = Fp8Spec("fp16", torch.float16, mbits=10, emin=-14, emax=15, max=65504.0, has_inf=True, nan_bits=0x7FFFFFFF)
 
 
 @dataclass(frozen=True)
@@ -49,14 +48,17 @@ class ElementFormat:
         return self.spec.mbits
 
 
-ELEMENTS: dict[str, ElementFormat] = {"e4m3": ElementFormat("e4m3", E4M3), "e5m2": ElementFormat("e5m2", E5M2),
-                                      "fp16": ElementFormat("fp16", FP16)}
+ELEMENTS: dict[str, ElementFormat] = {
+    "e4m3": ElementFormat("e4m3", E4M3),
+    "e5m2": ElementFormat("e5m2", E5M2),
+    "fp16": ElementFormat("fp16", FP16),
+}
 
 
 def exp2i(e: torch.Tensor) -> torch.Tensor:
     """``2^e`` as fp32, exactly, for int32 ``e`` in [-127, 127] (``2^-127`` is subnormal)."""
     normal = ((e.clamp(min=-126) + 127) << 23).view(torch.float32)
-    return torch.where(e == -127, 2.0 ** -127, normal)
+    return torch.where(e == -127, 2.0**-127, normal)
 
 
 def mx_exponent(amax: torch.Tensor, elem: ElementFormat | str, mode: str = "floor") -> torch.Tensor:
@@ -87,8 +89,7 @@ def mx_exponent(amax: torch.Tensor, elem: ElementFormat | str, mode: str = "floo
     return e.clamp(-127, 127)
 
 
-def amax_scale(amax: torch.Tensor, elem: ElementFormat | str, pow2: bool,
-               amax_floor: float = 0.0) -> torch.Tensor:
+def amax_scale(amax: torch.Tensor, elem: ElementFormat | str, pow2: bool, amax_floor: float = 0.0) -> torch.Tensor:
     """TE's ``compute_scale_from_amax``: ``s = fmt_max / max(amax, amax_floor)``; 1 for a zero
     amax, ``FLT_MAX`` where that overflows; rounded down to a power of two if ``pow2``."""
     elem = ELEMENTS[elem] if isinstance(elem, str) else elem

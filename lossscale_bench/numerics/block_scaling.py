@@ -83,8 +83,16 @@ from .lazy_compile import LazyCompiled, same_values
 from .native import ProbeChecked
 from .native import disabled as native_disabled
 
-__all__ = ["GRANULARITIES", "PROBE", "block_round", "count_flush_saturate", "FlushSaturate", "native_block",
-           "native_takes", "NativeBlock"]
+__all__ = [
+    "GRANULARITIES",
+    "PROBE",
+    "block_round",
+    "count_flush_saturate",
+    "FlushSaturate",
+    "native_block",
+    "native_takes",
+    "NativeBlock",
+]
 
 GRANULARITIES = ("tensor", "tile128", "mx32")
 _BLOCK = {"tile128": 128, "mx32": 32}
@@ -118,8 +126,7 @@ def _round_elem(v: torch.Tensor, elem: ElementFormat, eager: bool) -> torch.Tens
 
 def _counts(x2, out2, scaled, finite, elem) -> FlushSaturate:
     nonzero = (x2 != 0) & (x2.abs() <= _F32_MAX)
-    return FlushSaturate(nonzero.sum(), (nonzero & (out2 == 0)).sum(),
-                         ((scaled.abs() > elem.max) & finite).sum())
+    return FlushSaturate(nonzero.sum(), (nonzero & (out2 == 0)).sum(), ((scaled.abs() > elem.max) & finite).sum())
 
 
 def _mx_core(x1, elem: ElementFormat, mode: str, with_counts: bool, eager: bool):
@@ -135,8 +142,7 @@ def _mx_core(x1, elem: ElementFormat, mode: str, with_counts: bool, eager: bool)
     return out2.view(-1), *_counts(x2, out2, scaled, amax <= _F32_MAX, elem)
 
 
-def _amax_core(x1, block: int, elem: ElementFormat, pow2: bool, amax_floor: float,
-               with_counts: bool, eager: bool):
+def _amax_core(x1, block: int, elem: ElementFormat, pow2: bool, amax_floor: float, with_counts: bool, eager: bool):
     """Per-tensor (``block`` 0) or per-tile scaling of a flat fp32 tensor."""
     x2 = x1.view(1, -1) if block == 0 else x1.view(-1, block)
     amax = x2.abs().amax(dim=1, keepdim=True)
@@ -167,12 +173,23 @@ class NativeBlock(ProbeChecked):
     _MODES = {"": 0, "floor": 0, "ceil": 1, "even": 2, "rceil": 3}
     function = "lsb_block_round"
 
-    def __init__(self, kind: int, block: int, mode: str, spec: Fp8Spec, stochastic: bool, with_counts: bool,
-                 eager, probe: tuple) -> None:
+    def __init__(
+        self, kind: int, block: int, mode: str, spec: Fp8Spec, stochastic: bool, with_counts: bool, eager, probe: tuple
+    ) -> None:
         super().__init__()
         self.kind = kind
-        self._args = (block, kind, self._MODES[mode], spec.mbits, spec.emin, spec.emax, spec.max, spec.max_bits,
-                      spec.nan_bits, int(stochastic))
+        self._args = (
+            block,
+            kind,
+            self._MODES[mode],
+            spec.mbits,
+            spec.emin,
+            spec.emax,
+            spec.max,
+            spec.max_bits,
+            spec.nan_bits,
+            int(stochastic),
+        )
         self.with_counts = with_counts
         self._eager, self._probe = eager, probe
 
@@ -188,7 +205,7 @@ class NativeBlock(ProbeChecked):
         (a 3x3 weight gradient's), which must agree too; and [1, 16|32|64, 4, 8] images of the probe repeated,
         the by-columns pass the loop compiles for those channel counts."""
         x, *rest = self._probe
-        for v in (x, torch.where(x.abs() < 2.0 ** 64, x, torch.zeros_like(x))):
+        for v in (x, torch.where(x.abs() < 2.0**64, x, torch.zeros_like(x))):
             want = self._eager(v, *rest)
             if not same_values(self(v, *rest), want):
                 return False
@@ -216,8 +233,18 @@ class NativeBlock(ProbeChecked):
         """``lsb_block_round`` on ``x`` with its layout code (0 dense, 1 channels_last, 2/3 weight tiles)."""
         y = torch.empty_like(x)
         counts = torch.zeros(3, dtype=torch.int64) if self.with_counts else None
-        if self._fn(x.data_ptr(), y.data_ptr(), x.numel(), layout, c, h, w, *self._args,
-                    int(key) if key is not None else 0, counts.data_ptr() if counts is not None else None):
+        if self._fn(
+            x.data_ptr(),
+            y.data_ptr(),
+            x.numel(),
+            layout,
+            c,
+            h,
+            w,
+            *self._args,
+            int(key) if key is not None else 0,
+            counts.data_ptr() if counts is not None else None,
+        ):
             raise MemoryError(f"the C block rounding could not allocate {2 * 4 * x.numel()} bytes")
         return (y, *counts.unbind()) if counts is not None else y
 
@@ -247,22 +274,29 @@ def native_block(key: tuple, make) -> NativeBlock | None:
 def native_takes(x: torch.Tensor) -> bool:
     """A tensor the C loop takes as it lies: fp32 on the CPU, contiguous or channels_last, at a size where
     it beats Inductor's parallel kernel (``fp8.NATIVE_SERIAL_MAX``)."""
-    return (x.dtype == torch.float32 and (x.is_contiguous() or is_channels_last(x)) and native_fits(x)
-            and x.numel() < 2 ** 31)
+    return (
+        x.dtype == torch.float32 and (x.is_contiguous() or is_channels_last(x)) and native_fits(x) and x.numel() < 2**31
+    )
 
 
 def _probe_blocks() -> torch.Tensor:
     """256 finite values (8 MX blocks, 2 tiles) the compiled kernels must reproduce exactly
     before use: a zero block, an fp32-subnormal block, blocks whose max saturates under floor,
     a block at fp32's max, and ordinary and fp8 edge values."""
+
     def block(head: list[float]) -> list[float]:
         return head + [0.0] * (32 - len(head))
 
-    blocks = [block([-0.0]), block([2.0 ** -130, -3 * 2.0 ** -135, 2.0 ** -140, 2.0 ** -149]),
-              block([1.9, -0.5, 1e-6, 0.01] + [0.25] * 28), block([1.95, -0.5, 1e-6, 0.01] + [0.25] * 28),
-              block([_F32_MAX, -_F32_MAX, 1.0, -1e30]),
-              (torch.linspace(-3.0, 3.0, 32) * 2.0 ** -20).tolist(), (torch.linspace(-1.0, 1.0, 32) * 1e5).tolist(),
-              block([448.0, -448.0, 464.0, 17.0, 19.0, 0.3, 2.0 ** -9, 1.5 * 2.0 ** -9, 65504.0, 57344.0])]
+    blocks = [
+        block([-0.0]),
+        block([2.0**-130, -3 * 2.0**-135, 2.0**-140, 2.0**-149]),
+        block([1.9, -0.5, 1e-6, 0.01] + [0.25] * 28),
+        block([1.95, -0.5, 1e-6, 0.01] + [0.25] * 28),
+        block([_F32_MAX, -_F32_MAX, 1.0, -1e30]),
+        (torch.linspace(-3.0, 3.0, 32) * 2.0**-20).tolist(),
+        (torch.linspace(-1.0, 1.0, 32) * 1e5).tolist(),
+        block([448.0, -448.0, 464.0, 17.0, 19.0, 0.3, 2.0**-9, 1.5 * 2.0**-9, 65504.0, 57344.0]),
+    ]
     return torch.tensor(sum(blocks, []), dtype=torch.float32)
 
 
@@ -270,19 +304,22 @@ PROBE = _probe_blocks()
 _KERNELS: dict[tuple, LazyCompiled] = {}
 
 
-def _kernel(granularity: str, elem: ElementFormat, mode: str, pow2: bool, amax_floor: float,
-            with_counts: bool) -> LazyCompiled:
+def _kernel(
+    granularity: str, elem: ElementFormat, mode: str, pow2: bool, amax_floor: float, with_counts: bool
+) -> LazyCompiled:
     """The compiled kernel for one configuration (its own code object: see ``_compile``)."""
     key = (granularity, elem.name, mode, pow2, amax_floor, with_counts)
     k = _KERNELS.get(key)
     if k is not None:
         return k
     if granularity == "mx32":
+
         def fused(x1):
             return _mx_core(x1, elem, mode, with_counts, False)
 
         def eager(x1):
             return _mx_core(x1, elem, mode, with_counts, True)
+
         tag = f"mx32_{elem.name}_{mode}"
     else:
         block = _BLOCK.get(granularity, 0)
@@ -292,6 +329,7 @@ def _kernel(granularity: str, elem: ElementFormat, mode: str, pow2: bool, amax_f
 
         def eager(x1):
             return _amax_core(x1, block, elem, pow2, amax_floor, with_counts, True)
+
         tag = f"{granularity}_{elem.name}_{'pow2' if pow2 else 'exact'}_{amax_floor:g}"
     tag += "_counts" if with_counts else ""
     return _KERNELS.setdefault(key, LazyCompiled(fused, tag, eager=eager, probe=(PROBE,)))
@@ -316,9 +354,17 @@ def _flatten(x: torch.Tensor, granularity: str) -> tuple[torch.Tensor, tuple[int
     return x2.reshape(-1).detach(), (rows, cols, pad)
 
 
-def block_round(x: torch.Tensor, fmt: str = "e4m3", granularity: str = "mx32", *,
-                mode: str | None = None, pow2: bool | None = None, amax_floor: float = 0.0,
-                counts: bool = False, compiled: bool | None = None):
+def block_round(
+    x: torch.Tensor,
+    fmt: str = "e4m3",
+    granularity: str = "mx32",
+    *,
+    mode: str | None = None,
+    pow2: bool | None = None,
+    amax_floor: float = 0.0,
+    counts: bool = False,
+    compiled: bool | None = None,
+):
     """Block-scaled round trip of ``x`` (module doc): what the block-scaled ``fmt`` gradient
     dequantises to, in ``x``'s shape and dtype, with no autograd history.
 
@@ -356,8 +402,10 @@ def block_round(x: torch.Tensor, fmt: str = "e4m3", granularity: str = "mx32", *
     k = _kernel(granularity, elem, mode or "", pow2, float(amax_floor), counts)
 
     def c_loop() -> NativeBlock | None:
-        return native_block(("mx32", elem.name, mode, counts),
-                            lambda: NativeBlock(1, 32, mode, elem.spec, False, counts, k.eager, (PROBE,)))
+        return native_block(
+            ("mx32", elem.name, mode, counts),
+            lambda: NativeBlock(1, 32, mode, elem.spec, False, counts, k.eager, (PROBE,)),
+        )
 
     if compiled is None and granularity == "mx32" and native_takes(x) and (nk := c_loop()) is not None:
         res = nk(x.detach())  # the tensor as it lies: no flattening, padding or layout copies

@@ -33,8 +33,7 @@ def _census(x: torch.Tensor, min_normal: float, flush: float, max_: float) -> to
     """``[non-zero, subnormal, flushed, saturated]`` of ``x`` (NaN counts as past ``max_``)."""
     a = x.abs()
     nz = a != 0
-    return torch.stack([nz.sum(), (nz & (a < min_normal)).sum(), (nz & (a <= flush)).sum(),
-                        (nz & ~(a <= max_)).sum()])
+    return torch.stack([nz.sum(), (nz & (a < min_normal)).sum(), (nz & (a <= flush)).sum(), (nz & ~(a <= max_)).sum()])
 
 
 def _kernel(min_normal: float, flush: float, max_: float):
@@ -44,9 +43,31 @@ def _kernel(min_normal: float, flush: float, max_: float):
     return census
 
 
-_PROBE = torch.tensor([0.0, -0.0, 1e-45, 2.0 ** -149, 2.0 ** -25, 2.0 ** -24, 2.0 ** -17, 2.0 ** -16, 2.0 ** -14,
-                       2.0 ** -10, 2.0 ** -9, 2.0 ** -6, 0.5, 448.0, 448.00003, 57344.0, 65504.0, 65520.0, 1e30,
-                       float("inf"), float("nan")])
+_PROBE = torch.tensor(
+    [
+        0.0,
+        -0.0,
+        1e-45,
+        2.0**-149,
+        2.0**-25,
+        2.0**-24,
+        2.0**-17,
+        2.0**-16,
+        2.0**-14,
+        2.0**-10,
+        2.0**-9,
+        2.0**-6,
+        0.5,
+        448.0,
+        448.00003,
+        57344.0,
+        65504.0,
+        65520.0,
+        1e30,
+        float("inf"),
+        float("nan"),
+    ]
+)
 _KERNELS: dict[tuple[float, float, float], LazyCompiled] = {}
 #: per threshold triple: whether the C census passed its probe (absent: not checked yet)
 _NATIVE_OK: dict[tuple[float, float, float], bool] = {}
@@ -67,19 +88,23 @@ def _native_census(x: torch.Tensor, key: tuple[float, float, float]) -> torch.Te
         lib.lsb_census(probe.data_ptr(), probe.numel(), *key, got.data_ptr())
         ok = _NATIVE_OK.setdefault(key, same_values(got, _census(probe, *key)))
         if not ok:
-            warnings.warn(f"lossscale_bench.numerics: the C census for thresholds {key} differs from the "
-                          "eager expression on the probe values; using the compiled torch kernel (same counts)",
-                          RuntimeWarning, stacklevel=3)
+            warnings.warn(
+                f"lossscale_bench.numerics: the C census for thresholds {key} differs from the "
+                "eager expression on the probe values; using the compiled torch kernel (same counts)",
+                RuntimeWarning,
+                stacklevel=3,
+            )
     if not ok:
         return None
     out = torch.empty(4, dtype=torch.int64)
     lib.lsb_census(x.data_ptr(), x.numel(), *key, out.data_ptr())
     return out
 
+
 #: tensors with fewer elements are counted by the eager expression: below ~2**18 elements its dozen
 #: op calls cost about what one compiled call's dispatch does, and a process that only ever sees small
 #: tensors (the test suite's tiny models) then never pays the compilation (seconds per process)
-COMPILED_FROM = 2 ** 18
+COMPILED_FROM = 2**18
 
 
 def census(x: torch.Tensor, min_normal: float, flush: float, max_: float) -> torch.Tensor:

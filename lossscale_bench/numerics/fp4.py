@@ -108,8 +108,9 @@ class Fp4Stream:
     def load_state_dict(self, state: dict[str, int]) -> None:
         """Continue from ``state``; a stream of another seed is refused (it would be another trial's)."""
         if int(state["seed"]) != self.seed:
-            raise ValueError(f"stochastic-rounding stream of seed {state['seed']} cannot continue a stream of "
-                             f"seed {self.seed}")
+            raise ValueError(
+                f"stochastic-rounding stream of seed {state['seed']} cannot continue a stream of seed {self.seed}"
+            )
         self.calls = int(state["calls"])
 
     def next_key(self) -> torch.Tensor:
@@ -137,7 +138,7 @@ def uniform(n: int, key: torch.Tensor, device=None) -> torch.Tensor:
     """``n`` fp32 values in [0, 1), multiples of 2^-24, from the 64-bit ``key`` (module doc)."""
     i = torch.arange(n, dtype=torch.int64, device=device)
     h = _mix(((i ^ ((key >> 32) & _M32)) + (key & _M32)) & _M32)
-    return (h >> 8).to(torch.float32) * 2.0 ** -24
+    return (h >> 8).to(torch.float32) * 2.0**-24
 
 
 def _e2m1_nearest(v: torch.Tensor, eager: bool) -> torch.Tensor:
@@ -150,7 +151,7 @@ def _e2m1_stochastic(v: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     around ``|v|`` (0.5 below 2, 1 below 4, 2 above), a power of two, so ``|v| / q``, its floor and
     the fraction are exact; inf gives a NaN fraction, never rounds up, and is clamped to 6."""
     a = v.abs()
-    q = rounding_magic(a, E2M1) * 2.0 ** -23
+    q = rounding_magic(a, E2M1) * 2.0**-23
     t = a / q
     f = torch.floor(t)
     r = ((f + ((t - f) > u).to(torch.float32)) * q).clamp(max=E2M1.max)
@@ -210,9 +211,17 @@ def _probe() -> tuple[torch.Tensor, torch.Tensor]:
     value and its midpoints at several scales, a zero block, fp32 subnormals, fp32's max, values
     whose scaled block max saturates, and random values; and one key for the stochastic kernels."""
     grid = torch.tensor(E2M1_VALUES + (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 7.0))
-    hand = torch.cat([grid, -grid, grid * 2.0 ** -20, grid * 1e6, torch.zeros(32),
-                      torch.tensor([2.0 ** -130, -3 * 2.0 ** -140, 2.0 ** -149, _F32_MAX, -_F32_MAX, 1.0]),
-                      torch.tensor([1.75, 0.3, -0.1] * 10)])
+    hand = torch.cat(
+        [
+            grid,
+            -grid,
+            grid * 2.0**-20,
+            grid * 1e6,
+            torch.zeros(32),
+            torch.tensor([2.0**-130, -3 * 2.0**-140, 2.0**-149, _F32_MAX, -_F32_MAX, 1.0]),
+            torch.tensor([1.75, 0.3, -0.1] * 10),
+        ]
+    )
     rand = torch.randn(512 - hand.numel(), generator=torch.Generator().manual_seed(4)) * 3.0
     return torch.cat([hand, rand]).float(), torch.tensor(0x123456789ABCDEF, dtype=torch.int64)
 
@@ -280,14 +289,23 @@ def _unflatten(out1: torch.Tensor, lay: Layout) -> torch.Tensor:
     if lay.unflatten is not None:
         return lay.unflatten(out1)
     if not lay.tiles16:
-        return out1[:lay.cols].reshape(lay.shape)
+        return out1[: lay.cols].reshape(lay.shape)
     r, c = lay.rows + (-lay.rows % 16), lay.cols + (-lay.cols % 16)
     x2 = out1.view(r // 16, c // 16, 16, 16).permute(0, 2, 1, 3).reshape(r, c)
-    return x2[:lay.rows, :lay.cols].reshape(lay.shape)
+    return x2[: lay.rows, : lay.cols].reshape(lay.shape)
 
 
-def fp4_round(x: torch.Tensor, kind: str = "nvfp4", *, stochastic: bool = False, key: torch.Tensor | None = None,
-              mode: str = "floor", weight: bool = False, counts: bool = False, compiled: bool | None = None):
+def fp4_round(
+    x: torch.Tensor,
+    kind: str = "nvfp4",
+    *,
+    stochastic: bool = False,
+    key: torch.Tensor | None = None,
+    mode: str = "floor",
+    weight: bool = False,
+    counts: bool = False,
+    compiled: bool | None = None,
+):
     """FP4 round trip of ``x`` (module doc): ``kind`` ``"e2m1"``, ``"nvfp4"`` or ``"mxfp4"``; in
     ``x``'s shape, dtype and layout, no autograd history. ``stochastic``: stochastic rounding of
     the elements with the 0-d int64 ``key`` (:class:`Fp4Stream`; required then). ``mode``: the
@@ -311,12 +329,22 @@ def fp4_round(x: torch.Tensor, kind: str = "nvfp4", *, stochastic: bool = False,
     k = _kernel(kind, block, mode, stochastic, counts)
     seed = key if key is not None else PROBE[1]
 
-    if (compiled is None and not weight and native_takes(x)
-            and (nk := _c_loop(kind, block, mode, stochastic, counts)) is not None):
+    if (
+        compiled is None
+        and not weight
+        and native_takes(x)
+        and (nk := _c_loop(kind, block, mode, stochastic, counts)) is not None
+    ):
         res = nk(x.detach(), seed)  # the tensor as it lies: no flattening, padding or layout copies
         return (res[0], FlushSaturate(*res[1:])) if counts else res
-    if (weight and compiled is None and x.dim() in (2, 4) and native_takes(x)
-            and (nk := _c_loop(kind, block, mode, stochastic, counts)) is not None and _weight_tiles_ok(nk)):
+    if (
+        weight
+        and compiled is None
+        and x.dim() in (2, 4)
+        and native_takes(x)
+        and (nk := _c_loop(kind, block, mode, stochastic, counts)) is not None
+        and _weight_tiles_ok(nk)
+    ):
         res = nk.weight_tiles(x.detach(), seed)  # the tiles gathered and scattered in C: no layout copies
         return (res[0], FlushSaturate(*res[1:])) if counts else res
     x1, lay = _flatten(x, block, weight)
@@ -348,12 +376,12 @@ def _weight_tiles_ok(nk: NativeBlock) -> bool:
     ok = _WEIGHT_TILES_OK.get(id(nk))
     if ok is None:
         x, key = PROBE
-        v = torch.cat([x, torch.where(x.abs() < 2.0 ** 64, x, torch.zeros_like(x))])
+        v = torch.cat([x, torch.where(x.abs() < 2.0**64, x, torch.zeros_like(x))])
         ok = True
         for shape in ((20, 3, 3, 3), (16, 8, 2, 2), (33, 5, 1, 3), (17, 29), (32, 16)):
             n = math.prod(shape)
             w = v.repeat(n // v.numel() + 1)[:n].reshape(shape)
-            for layout in ((w, w.contiguous(memory_format=torch.channels_last)) if w.dim() == 4 else (w,)):
+            for layout in (w, w.contiguous(memory_format=torch.channels_last)) if w.dim() == 4 else (w,):
                 got = nk.weight_tiles(layout, key)
                 x1, lay = _flatten(layout, 256, True)
                 res = nk(x1, key)
@@ -362,20 +390,41 @@ def _weight_tiles_ok(nk: NativeBlock) -> bool:
                 ok = ok and all(a.shape == b.shape and same_values(a.contiguous(), b.contiguous()) for a, b in pairs)
         _WEIGHT_TILES_OK[id(nk)] = ok
         if not ok:
-            warnings.warn("lossscale_bench.numerics: the C NVFP4 weight tiles differ from the layout path on the "
-                          "probe weights; using the layout path (same results)", RuntimeWarning, stacklevel=3)
+            warnings.warn(
+                "lossscale_bench.numerics: the C NVFP4 weight tiles differ from the layout path on the "
+                "probe weights; using the layout path (same results)",
+                RuntimeWarning,
+                stacklevel=3,
+            )
     return ok
 
 
 def _c_loop(kind: str, block: int, mode: str, stochastic: bool, counts: bool) -> NativeBlock | None:
     """The probe-checked C loop of one FP4 configuration (``mode`` "" but for MXFP4), or None."""
-    return native_block(("fp4", kind, block, mode, stochastic, counts),
-                        lambda: NativeBlock(("e2m1", "mxfp4", "nvfp4").index(kind), block, mode, E2M1, stochastic,
-                                            counts, _kernel(kind, block, mode, stochastic, counts).eager, PROBE))
+    return native_block(
+        ("fp4", kind, block, mode, stochastic, counts),
+        lambda: NativeBlock(
+            ("e2m1", "mxfp4", "nvfp4").index(kind),
+            block,
+            mode,
+            E2M1,
+            stochastic,
+            counts,
+            _kernel(kind, block, mode, stochastic, counts).eager,
+            PROBE,
+        ),
+    )
 
 
-def fp4_round_each_(xs: list[torch.Tensor], keys: list, kind: str = "nvfp4", *, stochastic: bool = False,
-                    mode: str = "floor", weight: bool = False) -> None:
+def fp4_round_each_(
+    xs: list[torch.Tensor],
+    keys: list,
+    kind: str = "nvfp4",
+    *,
+    stochastic: bool = False,
+    mode: str = "floor",
+    weight: bool = False,
+) -> None:
     """``x.copy_(fp4_round(x, kind, key=keys[i], ...))`` for every ``xs[i]``, the same values, with the C
     loop looked up once: what a backward's parameter gradients cost in dispatch (``fp4_round``'s checks
     and lookups, ~40 us a call) is paid once, not per tensor. Tensors the loop does not take go through

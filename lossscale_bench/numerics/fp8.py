@@ -78,12 +78,31 @@ from .lazy_compile import LazyCompiled, same_values
 from .native import ProbeChecked
 from .native import disabled as native_disabled
 
-__all__ = ["E4M3", "E5M2", "IMPLS", "NATIVE_SERIAL_MAX", "PROBE", "SPECS", "compiled_kernel", "fastest_eager",
-           "Fp8Spec", "is_channels_last", "memory_order_flat", "native_fits", "native_kernel", "NativeKernel",
-           "not_a_view", "round_bits_eager", "round_bits_fused", "round_e4m3", "round_e5m2", "round_fp8",
-           "rounding_magic"]
+__all__ = [
+    "E4M3",
+    "E5M2",
+    "IMPLS",
+    "NATIVE_SERIAL_MAX",
+    "PROBE",
+    "SPECS",
+    "compiled_kernel",
+    "fastest_eager",
+    "Fp8Spec",
+    "is_channels_last",
+    "memory_order_flat",
+    "native_fits",
+    "native_kernel",
+    "NativeKernel",
+    "not_a_view",
+    "round_bits_eager",
+    "round_bits_fused",
+    "round_e4m3",
+    "round_e5m2",
+    "round_fp8",
+    "rounding_magic",
+]
 
-_SIGN = -(2 ** 31)            # int32 with only the sign bit set (0x80000000)
+_SIGN = -(2**31)  # int32 with only the sign bit set (0x80000000)
 _EXP_MASK = 0x7F800000
 _F32_INF_BITS = 0x7F800000
 
@@ -134,10 +153,8 @@ class Fp8Spec:
         return self.max + 2.0 ** (self.emax - self.mbits - 1)
 
 
-E4M3 = Fp8Spec("e4m3", torch.float8_e4m3fn, mbits=3, emin=-6, emax=8, max=448.0, has_inf=False,
-               nan_bits=0x7FF00000)
-E5M2 = Fp8Spec("e5m2", torch.float8_e5m2, mbits=2, emin=-14, emax=15, max=57344.0, has_inf=True,
-               nan_bits=0x7FE00000)
+E4M3 = Fp8Spec("e4m3", torch.float8_e4m3fn, mbits=3, emin=-6, emax=8, max=448.0, has_inf=False, nan_bits=0x7FF00000)
+E5M2 = Fp8Spec("e5m2", torch.float8_e5m2, mbits=2, emin=-14, emax=15, max=57344.0, has_inf=True, nan_bits=0x7FE00000)
 SPECS: dict[str, Fp8Spec] = {"e4m3": E4M3, "e5m2": E5M2}
 IMPLS = ("auto", "bits", "bits_compiled", "cast", "cast_compiled", "native")
 
@@ -236,10 +253,43 @@ def _probe_values() -> torch.Tensor:
     """Values a compiled kernel must round exactly like the eager one before it is used
     (``LazyCompiled``'s probe): zeros, fp32 subnormals, both formats' subnormal ties, ties in the
     normal range, the overflow edges of E4M3, E5M2 and fp16, huge values, inf and NaN."""
-    v = [0.0, 1e-45, 3 * 2.0 ** -149, 2.0 ** -127, 2.0 ** -126, 2.0 ** -20, 2.0 ** -17, 3 * 2.0 ** -17,
-         2.0 ** -16, 2.0 ** -10, 1.5 * 2.0 ** -9, 2.5 * 2.0 ** -9, 2.0 ** -6 - 2.0 ** -20, 0.3, 1.0, 1.0625,
-         17.0, 19.0, 240.0, 448.0, 463.99997, 464.0, 464.00003, 480.0, 500.0, 57344.0, 61439.996, 61440.0,
-         65504.0, 65520.0, 1e6, 1e38, 3.4028234663852886e38, float("inf"), float("nan")]
+    v = [
+        0.0,
+        1e-45,
+        3 * 2.0**-149,
+        2.0**-127,
+        2.0**-126,
+        2.0**-20,
+        2.0**-17,
+        3 * 2.0**-17,
+        2.0**-16,
+        2.0**-10,
+        1.5 * 2.0**-9,
+        2.5 * 2.0**-9,
+        2.0**-6 - 2.0**-20,
+        0.3,
+        1.0,
+        1.0625,
+        17.0,
+        19.0,
+        240.0,
+        448.0,
+        463.99997,
+        464.0,
+        464.00003,
+        480.0,
+        500.0,
+        57344.0,
+        61439.996,
+        61440.0,
+        65504.0,
+        65520.0,
+        1e6,
+        1e38,
+        3.4028234663852886e38,
+        float("inf"),
+        float("nan"),
+    ]
     t = torch.tensor(v, dtype=torch.float32)
     return torch.cat([t, -t])
 
@@ -272,8 +322,9 @@ def compiled_kernel(kind: str, spec: Fp8Spec, saturate: bool) -> LazyCompiled:
         fused = round_bits_fused if kind == "bits" else _cast_fused
         eager = fastest_eager(spec) if kind == "bits" else _cast_eager
         tag = f"{kind}_{spec.name}_{'sat' if saturate else 'nosat'}"
-        k = _COMPILED.setdefault(key, LazyCompiled(_kernel(fused, spec, saturate), tag,
-                                                   eager=_kernel(eager, spec, saturate), probe=(PROBE,)))
+        k = _COMPILED.setdefault(
+            key, LazyCompiled(_kernel(fused, spec, saturate), tag, eager=_kernel(eager, spec, saturate), probe=(PROBE,))
+        )
     return k
 
 
@@ -351,8 +402,7 @@ def _round_f32(x: torch.Tensor, spec: Fp8Spec, saturate: bool, impl: str) -> tor
     return k(x)
 
 
-def round_fp8(x: torch.Tensor, fmt: str | Fp8Spec, saturate: bool | None = None,
-              impl: str = "auto") -> torch.Tensor:
+def round_fp8(x: torch.Tensor, fmt: str | Fp8Spec, saturate: bool | None = None, impl: str = "auto") -> torch.Tensor:
     """Round ``x`` to E4M3 or E5M2 and back, bit-identical to torch's cast (module doc).
 
     ``saturate`` None means the format's torch behaviour: E4M3 saturates at +-448 (torch's CPU
@@ -369,8 +419,7 @@ def round_fp8(x: torch.Tensor, fmt: str | Fp8Spec, saturate: bool | None = None,
         return _cast_eager(x, spec, saturate)
     if x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
         raise TypeError(f"round_fp8 takes floating-point tensors, not {x.dtype}")
-    if (impl == "auto" and x.dtype == torch.float32 and native_fits(x)
-            and (x.is_contiguous() or is_channels_last(x))):
+    if impl == "auto" and x.dtype == torch.float32 and native_fits(x) and (x.is_contiguous() or is_channels_last(x)):
         k = native_kernel(spec, saturate)
         if k is not None:  # a dense tensor needs no flattening: the C loop runs over memory order
             return k(x)

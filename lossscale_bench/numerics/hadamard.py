@@ -65,7 +65,7 @@ def _products_torch(h: torch.Tensor, x: torch.Tensor, out_rows: int) -> torch.Te
     x3 = (F.pad(x, (0, 0, 0, pad)) if pad else x).reshape(-1, SIZE, c)
     acc = torch.zeros_like(x3)
     for j in range(SIZE):
-        acc += h[:, j].view(1, SIZE, 1) * x3[:, j:j + 1, :]
+        acc += h[:, j].view(1, SIZE, 1) * x3[:, j : j + 1, :]
     return acc.reshape(-1, c)[:out_rows]
 
 
@@ -83,7 +83,7 @@ class NativeHadamard(ProbeChecked):
         other = torch.arange(256, dtype=torch.float32).reshape(16, 16).sin()  # no sign structure: the plain loop
         for h in (H16, H16_T, other):
             for k, c in ((48, 16), (40, 6), (37, 40), (16, 1)):
-                xs = x[:k * c].reshape(k, c).clone()
+                xs = x[: k * c].reshape(k, c).clone()
                 xs[16:32] = 0.0  # a group of zeros: sums of +0, whatever the row's sign
                 rows = k + -k % SIZE
                 if not same_values(self(h, xs, rows), _products_torch(h, xs, rows)):

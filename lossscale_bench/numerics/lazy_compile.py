@@ -114,8 +114,7 @@ class LazyCompiled:
     the tests check.
     """
 
-    def __init__(self, fn: Callable, tag: str, eager: Callable | None = None,
-                 probe: tuple | None = None) -> None:
+    def __init__(self, fn: Callable, tag: str, eager: Callable | None = None, probe: tuple | None = None) -> None:
         #: what runs when compiling is off or failed (``fn`` unless a faster eager version is given)
         self.eager = fn if eager is None else eager
         self.tag = tag
@@ -176,7 +175,10 @@ class LazyCompiled:
         except Exception as exc:  # noqa: BLE001 - any compiler failure means: run eager
             out = self.eager(*args)  # a genuine error in the inputs raises here, uncaught
             self._broken = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-            warnings.warn(f"lossscale_bench.numerics: torch.compile failed for {self.tag} "
-                          f"({self._broken}); using the eager kernel (same results, slower)",
-                          RuntimeWarning, stacklevel=2)
+            warnings.warn(
+                f"lossscale_bench.numerics: torch.compile failed for {self.tag} "
+                f"({self._broken}); using the eager kernel (same results, slower)",
+                RuntimeWarning,
+                stacklevel=2,
+            )
             return out

@@ -74,16 +74,52 @@ CACHE_ENV = "LSBENCH_NATIVE_CACHE"
 #: the folder of the C sources (package data): every ``*.c`` in it is compiled, every ``*.c`` and ``*.h`` keys the cache
 SOURCE_DIR = Path(__file__).resolve().parent / "csrc"
 
-_FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fno-fast-math", "-fno-trapping-math", "-std=c99", "-fPIC",
-          "-shared")
+_FLAGS = (
+    "-O3",
+    "-march=native",
+    "-ffp-contract=off",
+    "-fno-fast-math",
+    "-fno-trapping-math",
+    "-std=c99",
+    "-fPIC",
+    "-shared",
+)
 
-_c_void_p, _i32, _i64, _u32, _u64, _f32 = (ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64, ctypes.c_uint32,
-                                           ctypes.c_uint64, ctypes.c_float)
+_c_void_p, _i32, _i64, _u32, _u64, _f32 = (
+    ctypes.c_void_p,
+    ctypes.c_int32,
+    ctypes.c_int64,
+    ctypes.c_uint32,
+    ctypes.c_uint64,
+    ctypes.c_float,
+)
 #: each exported function: (result type, argument types), as the C sources declare them
 _SIGNATURES = {
     "lsb_round_fp8": (None, [_c_void_p, _c_void_p, _i64, _i32, _i32, _i32, _f32, _u32, _u32]),
-    "lsb_block_round": (_i32, [_c_void_p, _c_void_p, _i64, _i32, _i64, _i64, _i64, _i64, _i32, _i32, _i32, _i32,
-                               _i32, _f32, _u32, _u32, _i32, _u64, _c_void_p]),
+    "lsb_block_round": (
+        _i32,
+        [
+            _c_void_p,
+            _c_void_p,
+            _i64,
+            _i32,
+            _i64,
+            _i64,
+            _i64,
+            _i64,
+            _i32,
+            _i32,
+            _i32,
+            _i32,
+            _i32,
+            _f32,
+            _u32,
+            _u32,
+            _i32,
+            _u64,
+            _c_void_p,
+        ],
+    ),
     "lsb_max_abs_bits": (_u32, [_c_void_p, _i64]),
     "lsb_hadamard16": (None, [_c_void_p, _c_void_p, _i64, _i64, _i64, _c_void_p]),
     "lsb_census": (None, [_c_void_p, _i64, _f32, _f32, _f32, _c_void_p]),
@@ -144,8 +180,9 @@ def _key(cc: str, folder: Path = SOURCE_DIR) -> str:
     except OSError:
         version = ""
     texts = [f"{p.name}\0{p.read_text()}" for p in _sources(folder)]
-    return hashlib.sha256("\0".join([*texts, " ".join(_FLAGS), version, _cpu_flags(), platform.machine()])
-                          .encode()).hexdigest()[:20]
+    return hashlib.sha256(
+        "\0".join([*texts, " ".join(_FLAGS), version, _cpu_flags(), platform.machine()]).encode()
+    ).hexdigest()[:20]
 
 
 def _build(cc: str, folder: Path = SOURCE_DIR) -> Path:
@@ -197,8 +234,12 @@ def library() -> ctypes.CDLL | None:
                 _lib = _load()
             except Exception as exc:  # noqa: BLE001 - any failure means: use the Inductor kernel
                 _failed = f"{type(exc).__name__}: {exc}"
-                warnings.warn(f"lossscale_bench.numerics: the C rounding kernel is not available ({_failed}); "
-                              "using the compiled torch kernel (same results)", RuntimeWarning, stacklevel=3)
+                warnings.warn(
+                    f"lossscale_bench.numerics: the C rounding kernel is not available ({_failed}); "
+                    "using the compiled torch kernel (same results)",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
     return _lib
 
 
@@ -237,7 +278,11 @@ class ProbeChecked:
         if not self.matches_probe():
             self._fn = None
             self.broken = "differs from the eager kernel on the probe values"
-            warnings.warn(f"lossscale_bench.numerics: the C {self.describe()} {self.broken}; using the compiled "
-                          "torch kernel (same results)", RuntimeWarning, stacklevel=3)
+            warnings.warn(
+                f"lossscale_bench.numerics: the C {self.describe()} {self.broken}; using the compiled "
+                "torch kernel (same results)",
+                RuntimeWarning,
+                stacklevel=3,
+            )
             return False
         return True

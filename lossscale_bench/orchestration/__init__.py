@@ -29,6 +29,19 @@ from .signals import Interrupted
 from .study_runner import run_study, study_dir
 from .tune_sink import TuneSink
 
-__all__ = ["ClusterUnavailable", "Infeasible", "Interrupted", "Progress", "RunsFolderBusy", "StudyResult", "TuneSink",
-           "check_feasible", "cluster_nodes", "connect_ray", "placement_text", "probe_address", "run_study",
-           "study_dir"]
+__all__ = [
+    "ClusterUnavailable",
+    "Infeasible",
+    "Interrupted",
+    "Progress",
+    "RunsFolderBusy",
+    "StudyResult",
+    "TuneSink",
+    "check_feasible",
+    "cluster_nodes",
+    "connect_ray",
+    "placement_text",
+    "probe_address",
+    "run_study",
+    "study_dir",
+]

@@ -88,14 +88,17 @@ def probe_address(address: str, timeout: float = PROBE_TIMEOUT_S) -> None:
         return
     host, port = hp
     if port > _MAX_PORT:
-        raise ClusterUnavailable(f"cannot join the Ray cluster at {address}: port {port} is not a TCP port "
-                                 f"(0 to {_MAX_PORT})")
+        raise ClusterUnavailable(
+            f"cannot join the Ray cluster at {address}: port {port} is not a TCP port (0 to {_MAX_PORT})"
+        )
     try:
         with socket.create_connection((host, port), timeout=timeout) as sock:
             if os.environ.get("RAY_USE_TLS", "0").lower() in ("1", "true") or _speaks_grpc(sock, timeout):
                 return
-        why = (f"something answers on {host} port {port}, but not a Ray cluster (no gRPC reply within "
-               f"{timeout:g} s; the head's `ray status` prints the address to use)")
+        why = (
+            f"something answers on {host} port {port}, but not a Ray cluster (no gRPC reply within "
+            f"{timeout:g} s; the head's `ray status` prints the address to use)"
+        )
     except socket.gaierror:
         why = f"the host name {host!r} does not resolve"
     except TimeoutError:
@@ -113,7 +116,7 @@ def _first_words(text: str, cause: BaseException) -> str:
     first = text.strip().splitlines()[0] if text.strip() else type(cause).__name__
     for marker in ("Last connection error", "Traceback"):
         if marker in first:
-            first = first[:first.index(marker)]
+            first = first[: first.index(marker)]
     return first.strip().rstrip(".:;, ")[:300] or type(cause).__name__
 
 
@@ -140,8 +143,12 @@ def connect_ray(address: str | None, num_cpus: int | None, quiet: bool, env_vars
     if ray.is_initialized():
         return False
     address = address or os.environ.get("RAY_ADDRESS")
-    kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": not quiet,
-                              "configure_logging": True, "logging_level": "WARNING"}
+    kwargs: dict[str, Any] = {
+        "include_dashboard": False,
+        "log_to_driver": not quiet,
+        "configure_logging": True,
+        "logging_level": "WARNING",
+    }
     if address:
         probe_address(address)
         if env_vars:
@@ -151,9 +158,11 @@ def connect_ray(address: str | None, num_cpus: int | None, quiet: bool, env_vars
         except ValueError as exc:
             # Ray's own check of the address text ("Invalid address format: foo"), or a ray:// address
             # without the ray[client] extra: a user error, said before any connection is tried
-            raise ClusterUnavailable(f"cannot join the Ray cluster at {address}: {str(exc).strip()[:300]} "
-                                     "(--address takes host:port, ray://host:port or auto; "
-                                     "see docs/cluster.md)") from None
+            raise ClusterUnavailable(
+                f"cannot join the Ray cluster at {address}: {str(exc).strip()[:300]} "
+                "(--address takes host:port, ray://host:port or auto; "
+                "see docs/cluster.md)"
+            ) from None
         except (ConnectionError, RuntimeError) as exc:
             cause = exc
             while cause.__cause__ is not None:
@@ -164,10 +173,13 @@ def connect_ray(address: str | None, num_cpus: int | None, quiet: bool, env_vars
                     f"cannot join the Ray cluster at {address}: the cluster's authentication token is missing "
                     "or wrong (a cluster started with token authentication, Ray's default, needs "
                     "RAY_AUTH_MODE=token and its token in ~/.ray/auth_token or RAY_AUTH_TOKEN on this "
-                    "machine; see docs/cluster.md)") from None
-            raise ClusterUnavailable(f"cannot join the Ray cluster at {address}: {_first_words(text, cause)} "
-                                     "(is a Ray head running there and reachable from here? "
-                                     "see docs/cluster.md)") from None
+                    "machine; see docs/cluster.md)"
+                ) from None
+            raise ClusterUnavailable(
+                f"cannot join the Ray cluster at {address}: {_first_words(text, cause)} "
+                "(is a Ray head running there and reachable from here? "
+                "see docs/cluster.md)"
+            ) from None
     else:
         os.environ.update(env_vars or {})  # inherited by the raylet and every worker (see above)
         # address="local": always a fresh instance of our own, never a cluster some other
@@ -212,11 +224,18 @@ def check_feasible(study, trials, nodes: list[dict[str, float]], *, local: bool 
         most = max((float(n.get("CPU", 0.0)) for n in nodes), default=0.0)
         # logical CPUs share the real ones: worth saying for a few more, not for a typo's thousand
         sensible = local and cpus_short and cpus_short <= max(4 * most, 4)
-        advice = (f"--num-cpus {int(math.ceil(cpus_short))} gives this machine's Ray that many logical CPUs "
-                  "(trials then share its cores); " if sensible else "")
-        raise Infeasible(f"{src}: " + "; ".join(f"{f}: {why}" for f, why in problems.items())
-                         + f" ({advice}if an autoscaler adds such nodes on demand: --no-resource-check or "
-                           "LSBENCH_SKIP_RESOURCE_CHECK=1)")
+        advice = (
+            f"--num-cpus {int(math.ceil(cpus_short))} gives this machine's Ray that many logical CPUs "
+            "(trials then share its cores); "
+            if sensible
+            else ""
+        )
+        raise Infeasible(
+            f"{src}: "
+            + "; ".join(f"{f}: {why}" for f, why in problems.items())
+            + f" ({advice}if an autoscaler adds such nodes on demand: --no-resource-check or "
+            "LSBENCH_SKIP_RESOURCE_CHECK=1)"
+        )
 
 
 def cluster_nodes() -> list[dict[str, float]]:

@@ -159,11 +159,24 @@ def _replica(spec: dict, rank: int, world: int, channel, grad_sync) -> None:
     from ..trial import run_trial
 
     sink = QueueSink(channel.put) if rank == 0 else Sink()
-    outcome = run_trial(spec["cfg"], sink=sink, trial_dir=spec["trial_dir"], threads=spec["threads"],
-                        rank=rank, world_size=world, grad_sync=grad_sync)
+    outcome = run_trial(
+        spec["cfg"],
+        sink=sink,
+        trial_dir=spec["trial_dir"],
+        threads=spec["threads"],
+        rank=rank,
+        world_size=world,
+        grad_sync=grad_sync,
+    )
     params = getattr(grad_sync, "params", None) or []
-    record = {"kind": "end", "rank": rank, "status": outcome.status, "steps": outcome.steps,
-              "error": outcome.error, "stats": param_stats(params) if outcome.status == "finished" else []}
+    record = {
+        "kind": "end",
+        "rank": rank,
+        "status": outcome.status,
+        "steps": outcome.steps,
+        "error": outcome.error,
+        "stats": param_stats(params) if outcome.status == "finished" else [],
+    }
     if rank != 0:
         channel.put(record)
         if outcome.status == "failed":
@@ -183,13 +196,15 @@ def _replica(spec: dict, rank: int, world: int, channel, grad_sync) -> None:
         tags["lsbench.replicas_missing"] = ",".join(map(str, missing))
     bad = [e for e in ends if e["status"] != outcome.status]
     if bad:
-        tags["lsbench.replica_status"] = "; ".join(f"rank {e['rank']}: {e['status']} {e['error'] or ''}".strip()
-                                                   for e in bad)[:5000]
+        tags["lsbench.replica_status"] = "; ".join(
+            f"rank {e['rank']}: {e['status']} {e['error'] or ''}".strip() for e in bad
+        )[:5000]
     sink.tags(tags)
     sink.flush(outcome=outcome.to_dict())
     if missing:
-        raise RuntimeError(f"replicas {missing} did not finish within {END_WAIT_S:.0f} s after rank 0; "
-                           "stopping the worker group")
+        raise RuntimeError(
+            f"replicas {missing} did not finish within {END_WAIT_S:.0f} s after rank 0; stopping the worker group"
+        )
 
 
 class Channel:
@@ -305,8 +320,14 @@ def torch_config(backend: str, pg_backend: str | None = None):
     return TorchConfig(backend=pg, timeout_s=COLLECTIVE_TIMEOUT_S)
 
 
-def fit_streaming(spec: dict, on_item: Callable[[dict], None], *, worker_fn: Callable[[dict], None] | None = None,
-                  pg_backend: str | None = None, train_torch_config=None) -> BaseException | None:
+def fit_streaming(
+    spec: dict,
+    on_item: Callable[[dict], None],
+    *,
+    worker_fn: Callable[[dict], None] | None = None,
+    pg_backend: str | None = None,
+    train_torch_config=None,
+) -> BaseException | None:
     """Run the Train worker group for ``spec`` and call ``on_item`` for every queued report, live.
 
     ``trainer.fit()`` runs in a background thread; this thread polls the queue
@@ -324,15 +345,21 @@ def fit_streaming(spec: dict, on_item: Callable[[dict], None], *, worker_fn: Cal
     reports = Queue(actor_options={"num_cpus": 0})
     ends = Queue(actor_options={"num_cpus": 0})
     channel = Channel(reports, ends)
-    scaling = ScalingConfig(num_workers=len(bundles), use_gpu=backend == "cuda", use_tpu=backend == "xla",
-                            resources_per_worker=dict(bundles[0]))
+    scaling = ScalingConfig(
+        num_workers=len(bundles),
+        use_gpu=backend == "cuda",
+        use_tpu=backend == "xla",
+        resources_per_worker=dict(bundles[0]),
+    )
     storage = os.path.join(os.path.abspath(spec["trial_dir"]), "ray_train")
     name = f"{spec['cfg']['trial_id']}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
-    trainer = TorchTrainer(worker_fn or _train_worker,
-                           train_loop_config={"spec": spec, "queue": channel}, scaling_config=scaling,
-                           torch_config=train_torch_config or torch_config(backend, pg_backend),
-                           run_config=RunConfig(name=name, storage_path=storage,
-                                                failure_config=FailureConfig(max_failures=0)))
+    trainer = TorchTrainer(
+        worker_fn or _train_worker,
+        train_loop_config={"spec": spec, "queue": channel},
+        scaling_config=scaling,
+        torch_config=train_torch_config or torch_config(backend, pg_backend),
+        run_config=RunConfig(name=name, storage_path=storage, failure_config=FailureConfig(max_failures=0)),
+    )
     box: dict[str, BaseException] = {}
 
     def fit() -> None:

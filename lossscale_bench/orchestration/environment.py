@@ -35,8 +35,10 @@ def environment_problems(study=None) -> list[str]:
     for name, what in FLAG_SWITCHES.items():
         value = os.environ.get(name)
         if value is not None and value.strip().lower() not in _ON + _OFF:
-            out.append(f"{name}={value!r} in the environment: allowed: 1, true, yes, on (turns {what} off) "
-                       f"or 0, false, no, off, empty or unset (on, the default)")
+            out.append(
+                f"{name}={value!r} in the environment: allowed: 1, true, yes, on (turns {what} off) "
+                f"or 0, false, no, off, empty or unset (on, the default)"
+            )
     if study is not None and study.resources.repeatable:
         from ..core.portable import pin_problems
 

@@ -49,9 +49,17 @@ class MlflowFunnel(Callback):
     taken up again as each starts (:func:`.outcomes.begin_trial`).
     """
 
-    def __init__(self, tracker: Tracker, run_ids: dict[str, str], labels: dict[str, str],
-                 study_result: StudyResult, progress: Progress, iterations: dict[str, int],
-                 trial_plots=None, continued: dict[str, tuple] | None = None) -> None:
+    def __init__(
+        self,
+        tracker: Tracker,
+        run_ids: dict[str, str],
+        labels: dict[str, str],
+        study_result: StudyResult,
+        progress: Progress,
+        iterations: dict[str, int],
+        trial_plots=None,
+        continued: dict[str, tuple] | None = None,
+    ) -> None:
         super().__init__()
         self.continued = {} if continued is None else continued
         self.tracker, self.run_ids, self.labels = tracker, run_ids, labels
@@ -84,8 +92,17 @@ class MlflowFunnel(Callback):
             self.tracker.log_artifact(run_id, path, apath)
         if "outcome" in payload:
             tdir = trial.config["trial"].get("trial_dir")
-            record_end(self.tracker, self.study_result, self.progress, tid, self.labels[tid], run_id,
-                       payload["outcome"], Path(tdir) / "plots" if tdir else None, self.trial_plots)
+            record_end(
+                self.tracker,
+                self.study_result,
+                self.progress,
+                tid,
+                self.labels[tid],
+                run_id,
+                payload["outcome"],
+                Path(tdir) / "plots" if tdir else None,
+                self.trial_plots,
+            )
 
     def on_trial_error(self, iteration, trials, trial, **info):
         # Retries (FailureConfig.max_failures) are exhausted: the process kept dying.

@@ -22,8 +22,8 @@ if TYPE_CHECKING:
 class StudyResult:
     study: str
     tracking_uri: str
-    outcomes: dict[str, dict] = field(default_factory=dict)   # trial_id -> outcome dict
-    skipped: list[str] = field(default_factory=list)          # already done before this run
+    outcomes: dict[str, dict] = field(default_factory=dict)  # trial_id -> outcome dict
+    skipped: list[str] = field(default_factory=list)  # already done before this run
 
     def counts(self) -> dict[str, int]:
         c = {"finished": 0, "diverged": 0, "failed": 0}
@@ -56,8 +56,17 @@ def begin_trial(tracker: Tracker, continued: dict[str, tuple], tid: str) -> None
         tracker.continue_trial_run(*continued.pop(tid))
 
 
-def record_end(tracker: Tracker, result: StudyResult, progress: Progress, tid: str, label: str, run_id: str,
-               outcome: dict, plots_dir: Path | None, draw=None) -> None:
+def record_end(
+    tracker: Tracker,
+    result: StudyResult,
+    progress: Progress,
+    tid: str,
+    label: str,
+    run_id: str,
+    outcome: dict,
+    plots_dir: Path | None,
+    draw=None,
+) -> None:
     """A trial delivered its outcome: keep it, log its plots (when it has a folder), end its run, say so."""
     result.outcomes[tid] = outcome
     if plots_dir is not None:

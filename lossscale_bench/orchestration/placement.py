@@ -13,7 +13,6 @@ DRIVER_CPUS = 0.25
 DEVICE_RESOURCE = {"cpu": None, "cuda": "GPU", "hpu": "HPU", "xla": "TPU"}
 
 
-
 def devices_of(resources: dict) -> int:
     return int(resources.get("devices_per_trial", 1) or 1)
 
@@ -31,8 +30,10 @@ def backend_of(resources: dict) -> str:
     """The trial's backend; ``auto`` is refused for several devices (Ray reserves devices by name)."""
     backend = resources.get("backend", "cpu")
     if backend == "auto" and is_distributed(resources):
-        raise ValueError("resources.backend auto cannot be used with devices_per_trial > 1: "
-                         "name the backend (cpu, cuda, hpu, xla) so Ray can reserve its devices")
+        raise ValueError(
+            "resources.backend auto cannot be used with devices_per_trial > 1: "
+            "name the backend (cpu, cuda, hpu, xla) so Ray can reserve its devices"
+        )
     return backend
 
 
@@ -86,8 +87,10 @@ def infeasible(resources: dict, cluster: dict[str, float]) -> str | None:
     if not short:
         return None
     what = ", ".join(f"{k} {_fmt(v)} (cluster has {_fmt(have)})" for k, (v, have) in short.items())
-    return (f"a {devices_of(resources)}-device {resources.get('backend')} trial needs {what}; "
-            f"add nodes with that resource (docs/cluster.md) or lower resources.devices_per_trial")
+    return (
+        f"a {devices_of(resources)}-device {resources.get('backend')} trial needs {what}; "
+        f"add nodes with that resource (docs/cluster.md) or lower resources.devices_per_trial"
+    )
 
 
 def tune_concurrency(trial_resources: list[dict], cluster: dict[str, float]) -> int | None:
@@ -111,7 +114,7 @@ def tune_concurrency(trial_resources: list[dict], cluster: dict[str, float]) -> 
     for rs in kinds.values():
         r = rs[0]
         need: dict[str, float] = {}
-        for b in (worker_bundles(r) if is_distributed(r) else [single_bundle(r)]):
+        for b in worker_bundles(r) if is_distributed(r) else [single_bundle(r)]:
             for k, v in b.items():
                 need[k] = need.get(k, 0.0) + v
         fit = min((int(float(cluster.get(k, 0.0)) // v) for k, v in need.items() if v > 0), default=len(rs))
@@ -123,8 +126,9 @@ def single_bundle(resources: dict) -> dict[str, float]:
     """The one Tune bundle of a single-device trial (``CPU`` plus its device)."""
     from ..backends import ray_resources
 
-    return ray_resources(resources.get("backend", "cpu"), devices_of(resources),
-                         float(resources.get("cpus_per_trial", 1)))
+    return ray_resources(
+        resources.get("backend", "cpu"), devices_of(resources), float(resources.get("cpus_per_trial", 1))
+    )
 
 
 # --------------------------------------------------------------------------- can the cluster ever hold it?
@@ -208,6 +212,8 @@ def unplaceable(resources: dict, nodes: list[dict[str, float]]) -> tuple[str, st
             v, have = need[k], sum(float(n.get(k, 0.0)) for n in nodes)
             if have + 1e-9 < v:
                 key = "devices_per_trial" if k == dev else "cpus_per_trial"
-                return key, (f"a {devices_of(resources)}-device trial needs {_plural(v, k)} in all "
-                             f"(its {len(bundles) - 1} workers and driver), but {where}")
+                return key, (
+                    f"a {devices_of(resources)}-device trial needs {_plural(v, k)} in all "
+                    f"(its {len(bundles) - 1} workers and driver), but {where}"
+                )
     return None

@@ -46,8 +46,10 @@ class Progress:
         if self.durations and remaining:
             mean = sum(self.durations) / len(self.durations)
             eta = f", ETA ~{mean * remaining / self.concurrency / 60:.1f} min"
-        return (f"[{done}/{self.total} done, {running} running, {vals.count('failed')} failed, "
-                f"{vals.count('diverged')} diverged{eta}]")
+        return (
+            f"[{done}/{self.total} done, {running} running, {vals.count('failed')} failed, "
+            f"{vals.count('diverged')} diverged{eta}]"
+        )
 
     def start(self, tid: str, label: str) -> None:
         self.started[tid] = time.time()

@@ -51,9 +51,8 @@ class GradSync:
             offset = 0
             for g in grads:
                 n = g.numel()
-                g.copy_(flat[offset:offset + n].view_as(g))
+                g.copy_(flat[offset : offset + n].view_as(g))
                 offset += n
-
 
     def mean(self, t):
         """The loop's replica mean of the step's loss values (see :func:`mean_across_replicas`)."""

@@ -61,14 +61,16 @@ def _holder(path: Path, patience: float = 1.0) -> str:
     if not info:
         return "another lsbench run"
     since = datetime.fromtimestamp(info.get("since", 0)).strftime("%Y-%m-%d %H:%M:%S")
-    return (f"lsbench run of study {info.get('study', '?')!r} (pid {info.get('pid', '?')} on "
-            f"{info.get('host', '?')}, since {since})")
+    return (
+        f"lsbench run of study {info.get('study', '?')!r} (pid {info.get('pid', '?')} on "
+        f"{info.get('host', '?')}, since {since})"
+    )
 
 
 def _what(path: Path) -> str:
     if path.name == LOCK_NAME:
         return f"runs folder {path.parent}"
-    return f"MLflow store {path.parent / path.name[1:-len(LOCK_NAME)]}"
+    return f"MLflow store {path.parent / path.name[1 : -len(LOCK_NAME)]}"
 
 
 def _open(path: Path, store_db: Path | None) -> IO[str]:
@@ -81,8 +83,10 @@ def _open(path: Path, store_db: Path | None) -> IO[str]:
     except OSError as e:
         what = f"MLflow store {store_db}" if store_db is not None else f"runs folder {path.parent}"
         cause = "is read-only" if e.errno in (errno.EROFS, errno.EACCES, errno.EPERM) else "cannot be written"
-        raise StoreError(f"{what} {cause} ({e.strerror}: {e.filename or path}); a study needs to write it: "
-                         "make it writable or pass another --runs-dir") from None
+        raise StoreError(
+            f"{what} {cause} ({e.strerror}: {e.filename or path}); a study needs to write it: "
+            "make it writable or pass another --runs-dir"
+        ) from None
 
 
 def _acquire(path: Path, store_db: Path | None, study: str, wait: bool, stream: IO[str]) -> IO[str]:
@@ -95,14 +99,15 @@ def _acquire(path: Path, store_db: Path | None, study: str, wait: bool, stream: 
         except BlockingIOError:
             holder = _holder(path)
             if not wait:
-                raise RunsFolderBusy(f"{_what(path)} is in use by {holder}; wait for it to end, pass --wait "
-                                     "to queue behind it, or use another --runs-dir") from None
+                raise RunsFolderBusy(
+                    f"{_what(path)} is in use by {holder}; wait for it to end, pass --wait "
+                    "to queue behind it, or use another --runs-dir"
+                ) from None
             print(f"waiting for {holder} to release {_what(path)} ...", file=stream, flush=True)
             fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
         fh.seek(0)
         fh.truncate()
-        fh.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "study": study,
-                             "since": time.time()}))
+        fh.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "study": study, "since": time.time()}))
         fh.flush()
         return fh
     except BaseException:
@@ -111,8 +116,9 @@ def _acquire(path: Path, store_db: Path | None, study: str, wait: bool, stream: 
 
 
 @contextmanager
-def runs_lock(runs_dir: Path, store_db: Path | None, study: str, *, wait: bool = False,
-              stream: IO[str] | None = None) -> Iterator[None]:
+def runs_lock(
+    runs_dir: Path, store_db: Path | None, study: str, *, wait: bool = False, stream: IO[str] | None = None
+) -> Iterator[None]:
     """Hold the runs folder's (and the store's) lock for the block; raise :class:`RunsFolderBusy` if taken.
 
     ``wait=True`` blocks until the holder ends instead (after saying whom it waits for).

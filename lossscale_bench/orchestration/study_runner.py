@@ -49,10 +49,22 @@ class _Options:
     trials: Any = None
 
 
-def run_study(study, *, runs_dir: str | Path = "runs", tracking_uri: str | None = None,
-              max_concurrent: int | None = None, address: str | None = None, num_cpus: int | None = None,
-              executor: str = "ray", quiet: bool = False, stream=None, trial_plots=None,
-              check_resources: bool = True, wait: bool = False, trials=None) -> StudyResult:
+def run_study(
+    study,
+    *,
+    runs_dir: str | Path = "runs",
+    tracking_uri: str | None = None,
+    max_concurrent: int | None = None,
+    address: str | None = None,
+    num_cpus: int | None = None,
+    executor: str = "ray",
+    quiet: bool = False,
+    stream=None,
+    trial_plots=None,
+    check_resources: bool = True,
+    wait: bool = False,
+    trials=None,
+) -> StudyResult:
     """Run every trial of ``study`` that has not finished or diverged yet.
 
     ``trial_plots(client, run_id, out_dir)``, if given, draws each finished trial's plots from
@@ -83,8 +95,17 @@ def run_study(study, *, runs_dir: str | Path = "runs", tracking_uri: str | None 
     runs_dir = Path(runs_dir).expanduser().resolve()
     uri = resolve_tracking_uri(tracking_uri, runs_dir)
     check_scheme(uri)  # foo:// is refused before the runs folder (and its lock file) is created
-    opts = _Options(max_concurrent, address, num_cpus, executor, quiet, stream, trial_plots, check_resources,
-                    None if trials is None else list(trials))
+    opts = _Options(
+        max_concurrent,
+        address,
+        num_cpus,
+        executor,
+        quiet,
+        stream,
+        trial_plots,
+        check_resources,
+        None if trials is None else list(trials),
+    )
     with runs_lock(runs_dir, sqlite_path(uri), study.name, wait=wait, stream=stream):
         return _run_locked(study, runs_dir, uri, opts)
 
@@ -174,8 +195,12 @@ class _StudyRun:
         from ..core.portable import PORTABLE_ENV
 
         # a repeatable study's pins reach every worker, a joined cluster's too (core/portable.py)
-        self.ray_started = connect_ray(self.opts.address, self.opts.num_cpus, self.opts.quiet,
-                                       env_vars=PORTABLE_ENV if self.study.resources.repeatable else None)
+        self.ray_started = connect_ray(
+            self.opts.address,
+            self.opts.num_cpus,
+            self.opts.quiet,
+            env_vars=PORTABLE_ENV if self.study.resources.repeatable else None,
+        )
         guard.install()  # ray.init put its own SIGTERM handler (sys.exit) in place
         if self.opts.check_resources and not resource_check_skipped():
             local = not (self.opts.address or os.environ.get("RAY_ADDRESS"))  # a Ray of our own: --num-cpus helps
@@ -203,8 +228,11 @@ class _StudyRun:
         trials, skipped, opts = self.trials, self.result.skipped, self.opts
         cpus_per_trial = max(1.0, float(trials[0].resources.get("cpus_per_trial", 1)))
         # the ETA divides by it: the local executor runs one trial at a time, whatever the CPUs
-        concurrency = 1 if opts.executor == "local" else (
-            opts.max_concurrent or max(1, int((opts.num_cpus or os.cpu_count() or 1) // cpus_per_trial)))
+        concurrency = (
+            1
+            if opts.executor == "local"
+            else (opts.max_concurrent or max(1, int((opts.num_cpus or os.cpu_count() or 1) // cpus_per_trial)))
+        )
         progress = Progress(len(trials), len(skipped), concurrency, opts.quiet, opts.stream)
         if skipped:
             progress.line(f"{len(skipped)} of {len(trials)} trials already finished or diverged: not run again")
@@ -219,14 +247,33 @@ class _StudyRun:
     def _run_trials(self, progress: Progress) -> None:
         """The pending trials on the chosen executor; Tune (and so Ray) is imported only for ``ray``."""
         if self.opts.executor == "local":
-            _run_local(self.todo, self.tracker, self.run_ids, self.continued, self.sdir, self.result, progress,
-                       self.opts.trial_plots)
+            _run_local(
+                self.todo,
+                self.tracker,
+                self.run_ids,
+                self.continued,
+                self.sdir,
+                self.result,
+                progress,
+                self.opts.trial_plots,
+            )
             return
         from .tune_runner import run_tune
 
         labels = {cfg.trial_id: cfg.label for cfg in self.trials}
-        run_tune(self.study, self.todo, self.tracker, self.run_ids, self.continued, labels, self.sdir, self.result,
-                 progress, self.opts.max_concurrent, self.opts.trial_plots)
+        run_tune(
+            self.study,
+            self.todo,
+            self.tracker,
+            self.run_ids,
+            self.continued,
+            labels,
+            self.sdir,
+            self.result,
+            progress,
+            self.opts.max_concurrent,
+            self.opts.trial_plots,
+        )
 
     def end_interrupted(self) -> int:
         """After a signal: close this invocation's open runs (if any were opened); how many were KILLED."""
@@ -257,8 +304,9 @@ class _StudyRun:
             pass
 
 
-def _close_open_runs(tracker: Tracker, parent: str, trial_ids: set[str], result: StudyResult,
-                     error: str | None = None) -> int:
+def _close_open_runs(
+    tracker: Tracker, parent: str, trial_ids: set[str], result: StudyResult, error: str | None = None
+) -> int:
     """End this invocation's still-RUNNING trial runs; return how many were marked KILLED.
 
     A run whose outcome already arrived (status tag finished/diverged) but was not closed
@@ -283,8 +331,16 @@ def _close_open_runs(tracker: Tracker, parent: str, trial_ids: set[str], result:
     return killed
 
 
-def _run_local(todo, tracker: Tracker, run_ids: dict[str, str], continued: dict[str, tuple], sdir: Path,
-               result: StudyResult, progress: Progress, trial_plots=None) -> None:
+def _run_local(
+    todo,
+    tracker: Tracker,
+    run_ids: dict[str, str],
+    continued: dict[str, tuple],
+    sdir: Path,
+    result: StudyResult,
+    progress: Progress,
+    trial_plots=None,
+) -> None:
     """Trials one after another in this process (debugging; no Ray)."""
     from ..trial import run_trial
 
@@ -294,5 +350,14 @@ def _run_local(todo, tracker: Tracker, run_ids: dict[str, str], continued: dict[
         sink = MlflowSink(tracker, run_ids[cfg.trial_id])
         tdir = sdir / "trials" / cfg.trial_id
         outcome = run_trial(cfg, sink=sink, trial_dir=tdir, threads=threads_of(cfg.resources)).to_dict()
-        record_end(tracker, result, progress, cfg.trial_id, cfg.label, run_ids[cfg.trial_id], outcome,
-                   tdir / "plots", trial_plots)
+        record_end(
+            tracker,
+            result,
+            progress,
+            cfg.trial_id,
+            cfg.label,
+            run_ids[cfg.trial_id],
+            outcome,
+            tdir / "plots",
+            trial_plots,
+        )

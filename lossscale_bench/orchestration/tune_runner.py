@@ -63,16 +63,35 @@ def _trial_specs(todo, sdir) -> list[dict]:
 
     specs = []
     for cfg in todo:
-        res = ray_resources(cfg.resources.get("backend", "cpu"), int(cfg.resources.get("devices_per_trial", 1)),
-                            float(cfg.resources.get("cpus_per_trial", 1)))
-        specs.append({"cfg": cfg.to_dict(), "trial_dir": str(sdir / "trials" / cfg.trial_id),
-                      "threads": threads_of(cfg.resources), "resources": res})
+        res = ray_resources(
+            cfg.resources.get("backend", "cpu"),
+            int(cfg.resources.get("devices_per_trial", 1)),
+            float(cfg.resources.get("cpus_per_trial", 1)),
+        )
+        specs.append(
+            {
+                "cfg": cfg.to_dict(),
+                "trial_dir": str(sdir / "trials" / cfg.trial_id),
+                "threads": threads_of(cfg.resources),
+                "resources": res,
+            }
+        )
     return specs
 
 
-def run_tune(study, todo, tracker: Tracker, run_ids: dict[str, str], continued: dict[str, tuple],
-             labels: dict[str, str], sdir, result: StudyResult, progress: Progress, max_concurrent: int | None,
-             trial_plots=None) -> None:
+def run_tune(
+    study,
+    todo,
+    tracker: Tracker,
+    run_ids: dict[str, str],
+    continued: dict[str, tuple],
+    labels: dict[str, str],
+    sdir,
+    result: StudyResult,
+    progress: Progress,
+    max_concurrent: int | None,
+    trial_plots=None,
+) -> None:
     """The trials as one Tune run on the cluster :func:`.cluster.connect_ray` joined; ``continued``:
     the trials whose stored runs are taken up again as each starts (:func:`.outcomes.begin_trial`)."""
     import ray
@@ -86,8 +105,16 @@ def run_tune(study, todo, tracker: Tracker, run_ids: dict[str, str], continued: 
         from .placement import tune_concurrency
 
         max_concurrent = tune_concurrency([c.resources for c in todo], ray.cluster_resources())
-    funnel = MlflowFunnel(tracker, run_ids, labels, result, progress,
-                          {c.trial_id: int(c.schedule["iterations"]) for c in todo}, trial_plots, continued)
+    funnel = MlflowFunnel(
+        tracker,
+        run_ids,
+        labels,
+        result,
+        progress,
+        {c.trial_id: int(c.schedule["iterations"]) for c in todo},
+        trial_plots,
+        continued,
+    )
     # Tune's own result files are off (TUNE_DISABLE_AUTO_CALLBACK_LOGGERS): MLflow holds the results,
     # so its end-of-run complaint that they are missing is noise.
     import logging
@@ -100,11 +127,18 @@ def run_tune(study, todo, tracker: Tracker, run_ids: dict[str, str], continued: 
         # start, the imports of torch and the package, and the rounding kernels' compilation (~10 s a
         # trial on 2 cores, benchmarks/trial_cost.py); run_trial seeds every RNG and sets its threads
         # itself, so a trial in a reused worker trains bit for bit as in a fresh one (tested)
-        tune_config=tune.TuneConfig(max_concurrent_trials=max_concurrent, reuse_actors=True,
-                                    trial_dirname_creator=lambda t: t.config["trial"]["cfg"]["trial_id"]),
-        run_config=tune.RunConfig(name=f"{study.name}-{time.strftime('%Y%m%d-%H%M%S')}",
-                                  storage_path=str(sdir / "ray"), callbacks=[funnel], verbose=0,
-                                  failure_config=tune.FailureConfig(max_failures=study.max_failures)),
+        tune_config=tune.TuneConfig(
+            max_concurrent_trials=max_concurrent,
+            reuse_actors=True,
+            trial_dirname_creator=lambda t: t.config["trial"]["cfg"]["trial_id"],
+        ),
+        run_config=tune.RunConfig(
+            name=f"{study.name}-{time.strftime('%Y%m%d-%H%M%S')}",
+            storage_path=str(sdir / "ray"),
+            callbacks=[funnel],
+            verbose=0,
+            failure_config=tune.FailureConfig(max_failures=study.max_failures),
+        ),
     )
     # Ctrl-C is ours (run_study's SignalsRaise), not Tune's: its handler ends the run quietly as if done
     os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"

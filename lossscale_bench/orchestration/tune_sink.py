@@ -28,8 +28,12 @@ class TuneSink(Sink):
 
     ``report`` and ``clock`` default to ``ray.tune.report`` and ``time.monotonic`` (tests pass their own)."""
 
-    def __init__(self, report: Callable[[dict], None] | None = None,
-                 clock: Callable[[], float] = time.monotonic, interval: float = REPORT_INTERVAL_S) -> None:
+    def __init__(
+        self,
+        report: Callable[[dict], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        interval: float = REPORT_INTERVAL_S,
+    ) -> None:
         self._metrics: list = []
         self._tags: dict = {}
         self._artifacts: list = []
@@ -43,8 +47,9 @@ class TuneSink(Sink):
         self._metrics.extend((k, float(v), int(s)) for k, v, s in items)
 
     def tags(self, tags):
-        self._tags.update({k: (None if v is None else v if isinstance(v, (int, float, str)) else str(v))
-                           for k, v in tags.items()})
+        self._tags.update(
+            {k: (None if v is None else v if isinstance(v, (int, float, str)) else str(v)) for k, v in tags.items()}
+        )
 
     def artifact(self, path, artifact_path=None):
         self._artifacts.append((str(path), artifact_path))

@@ -16,5 +16,18 @@ from .layers import EMULATED_LAYERS, EmulationHandle, install_emulation, install
 from .runtime import GRAD_ROUNDINGS, Precision, get_precision
 from .telemetry import LayerHistory, UnderflowProbe
 
-__all__ = ["EMULATED_LAYERS", "FORMATS", "FP16", "GRAD_ROUNDINGS", "EmulationHandle", "FloatFormat", "LayerHistory",
-           "Precision", "UnderflowProbe", "get_precision", "install_emulation", "install_fp16_emulation", "round_fp16"]
+__all__ = [
+    "EMULATED_LAYERS",
+    "FORMATS",
+    "FP16",
+    "GRAD_ROUNDINGS",
+    "EmulationHandle",
+    "FloatFormat",
+    "LayerHistory",
+    "Precision",
+    "UnderflowProbe",
+    "get_precision",
+    "install_emulation",
+    "install_fp16_emulation",
+    "round_fp16",
+]

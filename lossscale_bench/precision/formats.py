@@ -105,12 +105,17 @@ class FloatFormat:
     @property
     def thresholds(self) -> dict[str, float]:
         """What the telemetry's rates count against, for labels and the layer history."""
-        return {"subnormal_below": self.min_normal, "flush_at_or_below": self.flush_threshold,
-                "saturate_above": self.max}
+        return {
+            "subnormal_below": self.min_normal,
+            "flush_at_or_below": self.flush_threshold,
+            "saturate_above": self.max,
+        }
 
 
 #: the ranges come from :mod:`lossscale_bench.core.float_ranges` (torch-free: validation bounds options by them)
 FP16 = FloatFormat("fp16", torch.float16, **RANGES["fp16"].fields(), reference_u_min=6.0e-8)
+
+
 def _round_e4m3(t: torch.Tensor) -> torch.Tensor:
     from ..numerics.fp8 import round_e4m3
 
@@ -125,8 +130,9 @@ def _round_e4m3_nan(t: torch.Tensor) -> torch.Tensor:
 
 #: FP8 recipes' forward format (and every tensor's in TE's Format.E4M3): 4 exponent bits, 3 mantissa
 #: bits, no inf. torch's cast saturates (+-448, even for inf): an overflow leaves no trace
-E4M3 = FloatFormat("e4m3", torch.float8_e4m3fn, **RANGES["e4m3"].fields(), saturates=True, rounder=_round_e4m3,
-                   overflow="saturate")
+E4M3 = FloatFormat(
+    "e4m3", torch.float8_e4m3fn, **RANGES["e4m3"].fields(), saturates=True, rounder=_round_e4m3, overflow="saturate"
+)
 #: E4M3 whose overflow is NaN (OCP's non-saturating conversion): what an overflow-driven scaler needs to see
 E4M3_NAN = replace(E4M3, name="e4m3-nan", saturates=False, rounder=_round_e4m3_nan, overflow="nan")
 #: gradients of FP8 recipes: 5 exponent bits (fp16's range), 2 mantissa bits
@@ -134,6 +140,7 @@ E5M2 = FloatFormat("e5m2", torch.float8_e5m2, **RANGES["e5m2"].fields())
 
 #: bf16 autocast: fp32's exponent range, so loss scaling has nothing to rescue
 BF16 = FloatFormat("bf16", torch.bfloat16, **RANGES["bf16"].fields())
+
 
 def _round_e2m1(t: torch.Tensor) -> torch.Tensor:
     from ..numerics.fp4 import round_e2m1
@@ -144,8 +151,9 @@ def _round_e2m1(t: torch.Tensor) -> torch.Tensor:
 #: FP4 with no scale but the loss scale: +-{0, 0.5, 1, 1.5, 2, 3, 4, 6}, saturating (E2M1 has no inf);
 #: round to nearest even (:class:`Fp4Format` for its stochastic and block-scaled variants). ``dtype``
 #: is torch's packed fp4 dtype, which no tensor the emulation rounds has (torch cannot cast to it)
-E2M1 = FloatFormat("e2m1", torch.float4_e2m1fn_x2, **RANGES["e2m1"].fields(), saturates=True, rounder=_round_e2m1,
-                   overflow="saturate")
+E2M1 = FloatFormat(
+    "e2m1", torch.float4_e2m1fn_x2, **RANGES["e2m1"].fields(), saturates=True, rounder=_round_e2m1, overflow="saturate"
+)
 
 FORMATS: dict[str, FloatFormat] = {f.name: f for f in (FP16, BF16, E4M3, E4M3_NAN, E5M2, E2M1)}
 
@@ -194,8 +202,15 @@ def block_scaled(element: FloatFormat, granularity: str, mode: str = "ceil") -> 
     """``element`` (E4M3, E5M2, fp16) with block scaling of the given granularity."""
     name = f"{element.name}-{granularity}" + (f"-{mode}" if granularity == "mx32" else "")
     base = {k: getattr(element, k) for k in ("dtype", "max", "min_normal", "min_subnormal", "reference_u_min")}
-    return BlockScaledFormat(name, **base, saturates=True, overflow="saturate", element=element.name.split("-")[0],
-                             granularity=granularity, mode=mode)
+    return BlockScaledFormat(
+        name,
+        **base,
+        saturates=True,
+        overflow="saturate",
+        element=element.name.split("-")[0],
+        granularity=granularity,
+        mode=mode,
+    )
 
 
 @dataclass(frozen=True)
@@ -222,8 +237,9 @@ class Fp4Format(FloatFormat):
     def round(self, t: torch.Tensor) -> torch.Tensor:
         from ..numerics.fp4 import fp4_round
 
-        return fp4_round(t, self.kind, stochastic=self.stochastic, key=self.next_key(), mode=self.mode,
-                         weight=self.weight)
+        return fp4_round(
+            t, self.kind, stochastic=self.stochastic, key=self.next_key(), mode=self.mode, weight=self.weight
+        )
 
     def next_key(self):
         return self.stream.next_key() if self.stochastic else None
@@ -248,13 +264,26 @@ class Fp4Format(FloatFormat):
         return super().thresholds if self.kind == "e2m1" else {}
 
 
-def fp4_format(kind: str, stochastic: bool = False, mode: str = "floor", weight: bool = False,
-               seed: int = 0) -> Fp4Format:
+def fp4_format(
+    kind: str, stochastic: bool = False, mode: str = "floor", weight: bool = False, seed: int = 0
+) -> Fp4Format:
     """An FP4 format (``kind`` ``e2m1``, ``nvfp4``, ``mxfp4``), named after what it is
     (``nvfp4-sr``, ``mxfp4-ceil``, ``nvfp4-w16x16``); stochastic ones draw from a stream seeded by ``seed``."""
     from ..numerics.fp4 import Fp4Stream
 
-    name = kind + ("-w16x16" if weight else "") + (f"-{mode}" if kind == "mxfp4" else "") + ("-sr" if stochastic else "")
-    return Fp4Format(name, E2M1.dtype, **RANGES["e2m1"].fields(), saturates=True, overflow="saturate",
-                     elementwise=kind == "e2m1", kind=kind, stochastic=stochastic, mode=mode, weight=weight,
-                     stream=Fp4Stream(seed) if stochastic else None)
+    name = (
+        kind + ("-w16x16" if weight else "") + (f"-{mode}" if kind == "mxfp4" else "") + ("-sr" if stochastic else "")
+    )
+    return Fp4Format(
+        name,
+        E2M1.dtype,
+        **RANGES["e2m1"].fields(),
+        saturates=True,
+        overflow="saturate",
+        elementwise=kind == "e2m1",
+        kind=kind,
+        stochastic=stochastic,
+        mode=mode,
+        weight=weight,
+        stream=Fp4Stream(seed) if stochastic else None,
+    )

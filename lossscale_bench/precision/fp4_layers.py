@@ -38,7 +38,7 @@ def supported(m: nn.Module) -> bool:
     """Whether :func:`fp4_layer` can split this layer's backward."""
     if isinstance(m, nn.Linear):
         return True
-    return (type(m) is nn.Conv2d and m.padding_mode == "zeros" and not isinstance(m.padding, str))
+    return type(m) is nn.Conv2d and m.padding_mode == "zeros" and not isinstance(m.padding, str)
 
 
 def _grads(m: nn.Module, x, w, b, g_in, g_w, need_x: bool):
@@ -49,8 +49,20 @@ def _grads(m: nn.Module, x, w, b, g_in, g_w, need_x: bool):
         return dx, gw2.T @ x2, (gi2.sum(0) if b is not None else None)
 
     def conv_bwd(g, mask):
-        return torch.ops.aten.convolution_backward(g, x, w, [w.shape[0]] if b is not None else None, list(m.stride),
-                                                   list(m.padding), list(m.dilation), False, [0, 0], m.groups, mask)
+        return torch.ops.aten.convolution_backward(
+            g,
+            x,
+            w,
+            [w.shape[0]] if b is not None else None,
+            list(m.stride),
+            list(m.padding),
+            list(m.dilation),
+            False,
+            [0, 0],
+            m.groups,
+            mask,
+        )
+
     if g_in is g_w:
         return conv_bwd(g_in, [need_x, True, b is not None])
     # the bias gradient as a sum, not from the dgrad call: oneDNN computes a bias gradient with its
@@ -107,8 +119,15 @@ def round_weight(m: nn.Module, weight_fmt: FloatFormat) -> torch.Tensor:
     return weight_fmt.round(m.weight.detach())
 
 
-def fp4_layer(m: nn.Module, x: torch.Tensor, y: torch.Tensor, fwd: FloatFormat | None, bwd: FloatFormat | None,
-              wq: torch.Tensor | None, hadamard: bool) -> torch.Tensor:
+def fp4_layer(
+    m: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    fwd: FloatFormat | None,
+    bwd: FloatFormat | None,
+    wq: torch.Tensor | None,
+    hadamard: bool,
+) -> torch.Tensor:
     """The layer output ``y = m(x)`` replaced by one whose backward splits as the module doc says; ``wq``:
     the rounded weight ``y`` was computed with (:func:`round_weight`), or None for the weight itself."""
     return _Fp4Layer.apply(x, y.detach(), m.weight, m.bias, wq, m, fwd, bwd, hadamard)

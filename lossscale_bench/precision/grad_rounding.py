@@ -61,5 +61,5 @@ def round_block_grads_(fmt: FloatFormat, grads: list[torch.Tensor]) -> None:
         out = fmt.round(flat)
         start = 0
         for g, n in zip(group, sizes):
-            g.copy_(out[start:start + n].view(g.shape))
+            g.copy_(out[start : start + n].view(g.shape))
             start += n + (-n % block)

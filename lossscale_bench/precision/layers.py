@@ -26,8 +26,15 @@ from .formats import FP16, FloatFormat
 from .fp4_layers import fp4_layer, round_weight, supported
 from .grad_rounding import round_block_grads_, round_grads_
 
-__all__ = ["EMULATED_LAYERS", "EmulationHandle", "fp16_round_through", "install_emulation", "install_fp16_emulation",
-           "round_fp16", "round_through"]
+__all__ = [
+    "EMULATED_LAYERS",
+    "EmulationHandle",
+    "fp16_round_through",
+    "install_emulation",
+    "install_fp16_emulation",
+    "round_fp16",
+    "round_through",
+]
 
 #: layer types whose outputs (and the gradients arriving at them) are rounded
 EMULATED_LAYERS = (nn.Conv2d, nn.Linear, nn.ConvTranspose2d)
@@ -93,9 +100,14 @@ class EmulationHandle:
         return len(self._handles)
 
 
-def install_emulation(model: nn.Module, forward_format: FloatFormat | None, grad_format: FloatFormat | None,
-                      round_param_grads: bool = True, weight_format: FloatFormat | None = None,
-                      wgrad_hadamard: bool = False) -> EmulationHandle:
+def install_emulation(
+    model: nn.Module,
+    forward_format: FloatFormat | None,
+    grad_format: FloatFormat | None,
+    round_param_grads: bool = True,
+    weight_format: FloatFormat | None = None,
+    wgrad_hadamard: bool = False,
+) -> EmulationHandle:
     """Round layer outputs to ``forward_format``, their incoming gradients and (unless
     ``round_param_grads`` is false: ``grad_rounding: after_unscale``) the accumulated parameter
     gradients to ``grad_format``. A format that is None leaves its direction in fp32 (the precision
@@ -111,8 +123,13 @@ def install_emulation(model: nn.Module, forward_format: FloatFormat | None, grad
     return EmulationHandle(handles, observers if round_param_grads else None)
 
 
-def _layer_hooks(model: nn.Module, forward_format: FloatFormat | None, grad_format: FloatFormat | None,
-                 weight_format: FloatFormat | None, wgrad_hadamard: bool) -> list:
+def _layer_hooks(
+    model: nn.Module,
+    forward_format: FloatFormat | None,
+    grad_format: FloatFormat | None,
+    weight_format: FloatFormat | None,
+    wgrad_hadamard: bool,
+) -> list:
     """The forward hooks of every emulated layer: its output rounded (and the gradient arriving at it),
     or, for the FP4 recipes, the layer's product split by :func:`.fp4_layers.fp4_layer`."""
     handles = []

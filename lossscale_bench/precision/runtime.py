@@ -49,7 +49,6 @@ __all__ = ["GRAD_ROUNDINGS", "Precision", "get_precision"]
 GRAD_ROUNDINGS = ("before_unscale", "after_unscale")
 
 
-
 @dataclass(frozen=True)
 class Precision:
     """What a trial computes in: the autocast dtype, the formats of forward values and gradients, and
@@ -100,9 +99,14 @@ class Precision:
     def prepare(self, model: nn.Module) -> EmulationHandle | None:
         """Install whatever the precision needs on the model (the emulation's rounding hooks)."""
         if self.emulated:
-            return install_emulation(model, self.forward_format, self.grad_format,
-                                     round_param_grads=not self.rounds_after_unscale,
-                                     weight_format=self.weight_format, wgrad_hadamard=self.wgrad_hadamard)
+            return install_emulation(
+                model,
+                self.forward_format,
+                self.grad_format,
+                round_param_grads=not self.rounds_after_unscale,
+                weight_format=self.weight_format,
+                wgrad_hadamard=self.wgrad_hadamard,
+            )
         return None
 
     def round_unscaled_grads(self, params) -> torch.Tensor | None:
@@ -145,18 +149,35 @@ def _build(name: str, seed: int = 0, options: dict | None = None) -> Precision:
     grad = FORMATS[spec.grad_format] if spec.grad_format else None
     weight = None
     if spec.grad_format == "e2m1":
-        grad = fp4_format(spec.grad_scaling or "e2m1", stochastic=opts["fp4_rounding"] == "stochastic",
-                          mode=opts["mx_exponent"], seed=seed)
+        grad = fp4_format(
+            spec.grad_scaling or "e2m1",
+            stochastic=opts["fp4_rounding"] == "stochastic",
+            mode=opts["mx_exponent"],
+            seed=seed,
+        )
     if spec.forward_scaling == "nvfp4":  # forward values are rounded to nearest (NVIDIA's recipe)
         fwd, weight = fp4_format("nvfp4"), fp4_format("nvfp4", weight=True)
-    return Precision(spec.name, getattr(torch, spec.autocast) if spec.autocast else None,
-                     needs_scaler=spec.needs_scaler, emulated=spec.emulated, forward_format=fwd, grad_format=grad,
-                     weight_format=weight, wgrad_hadamard=bool(opts["wgrad_hadamard"]))
+    return Precision(
+        spec.name,
+        getattr(torch, spec.autocast) if spec.autocast else None,
+        needs_scaler=spec.needs_scaler,
+        emulated=spec.emulated,
+        forward_format=fwd,
+        grad_format=grad,
+        weight_format=weight,
+        wgrad_hadamard=bool(opts["wgrad_hadamard"]),
+    )
 
 
-def get_precision(name: str, grad_rounding: str | None = None, grad_overflow: str | None = None,
-                  grad_blocks: str | None = None, block_rounding: str | None = None, seed: int = 0,
-                  **options) -> Precision:
+def get_precision(
+    name: str,
+    grad_rounding: str | None = None,
+    grad_overflow: str | None = None,
+    grad_blocks: str | None = None,
+    block_rounding: str | None = None,
+    seed: int = 0,
+    **options,
+) -> Precision:
     """The precision ``name``; ``grad_rounding`` (emulated precisions only) as in the module doc;
     ``grad_overflow`` ``nan`` (E4M3 gradients overflow to NaN instead of saturating) and
     ``grad_blocks`` (block-scaled fp8 gradients, :class:`~.formats.BlockScaledFormat`) change the
@@ -173,8 +194,9 @@ def get_precision(name: str, grad_rounding: str | None = None, grad_overflow: st
     return replace(prec, grad_rounding=grad_rounding)
 
 
-def _with_grad_format(name: str, grad_overflow, grad_blocks, block_rounding, seed: int = 0,
-                      options: dict | None = None) -> Precision:
+def _with_grad_format(
+    name: str, grad_overflow, grad_blocks, block_rounding, seed: int = 0, options: dict | None = None
+) -> Precision:
     try:
         prec = _build(name, seed, options)
     except KeyError:

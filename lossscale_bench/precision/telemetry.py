@@ -48,8 +48,14 @@ PARAM_RATES = ("param_flush_rate", "param_saturate_rate")
 
 
 class UnderflowProbe:
-    def __init__(self, model: nn.Module, layer_types=EMULATED_LAYERS, fmt: FloatFormat = FP16,
-                 emulation=None, param_grads: bool = True) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        layer_types=EMULATED_LAYERS,
+        fmt: FloatFormat = FP16,
+        emulation=None,
+        param_grads: bool = True,
+    ) -> None:
         """``emulation``: the precision's :class:`~lossscale_bench.precision.layers.EmulationHandle`, if any;
         ``param_grads=False`` counts activation gradients only."""
         #: the format whose thresholds are counted against (the precision's gradient format)
@@ -122,10 +128,16 @@ class UnderflowProbe:
         allc = allc.double().cpu().tolist()  # the one host synchronisation
         out = {}
         for n, (nz, sub, flush, sat) in zip(names, allc):
-            out[n] = {"nonzero": nz, "underflow_rate": (sub / nz if nz else 0.0) if sub >= 0 else float("nan"),
-                      "flush_rate": flush / nz if nz else 0.0, "saturate_rate": sat / nz if nz else 0.0}
-        for n, (nz, _, flush, sat) in zip(pnames, allc[len(names):]):
-            out[n].update({"param_flush_rate": flush / nz if nz else 0.0, "param_saturate_rate": sat / nz if nz else 0.0})
+            out[n] = {
+                "nonzero": nz,
+                "underflow_rate": (sub / nz if nz else 0.0) if sub >= 0 else float("nan"),
+                "flush_rate": flush / nz if nz else 0.0,
+                "saturate_rate": sat / nz if nz else 0.0,
+            }
+        for n, (nz, _, flush, sat) in zip(pnames, allc[len(names) :]):
+            out[n].update(
+                {"param_flush_rate": flush / nz if nz else 0.0, "param_saturate_rate": sat / nz if nz else 0.0}
+            )
         return out
 
     def remove(self) -> None:
@@ -151,14 +163,27 @@ def summarize(rates: dict[str, dict[str, float]]) -> dict[str, float]:
 class LayerHistory:
     """Appends one row per layer per logged step to a CSV in the trial directory (for heatmaps)."""
 
-    FIELDS = ["step", "layer", "underflow_rate", "flush_rate", "saturate_rate", *PARAM_RATES, "nonzero", "scale",
-              "accum_scale", "grad_format", "subnormal_below", "flush_at_or_below", "saturate_above"]
+    FIELDS = [
+        "step",
+        "layer",
+        "underflow_rate",
+        "flush_rate",
+        "saturate_rate",
+        *PARAM_RATES,
+        "nonzero",
+        "scale",
+        "accum_scale",
+        "grad_format",
+        "subnormal_below",
+        "flush_at_or_below",
+        "saturate_above",
+    ]
 
     def __init__(self, path: Path, fmt: FloatFormat | None = None) -> None:
         self.path = Path(path)
         #: the gradient format the rates were counted in: its name and thresholds go in every row, so
         #: the heatmaps label what was counted (E4M3's 2^-6, not fp16's 2^-14)
-        self.format_columns = ({"grad_format": fmt.name, **fmt.thresholds} if fmt is not None else {})
+        self.format_columns = {"grad_format": fmt.name, **fmt.thresholds} if fmt is not None else {}
 
     def append(self, step: int, rates: dict[str, dict[str, float]], scaler_rows: list[dict[str, Any]]) -> None:
         scales = {r.get("layer"): r for r in scaler_rows}
@@ -171,11 +196,20 @@ class LayerHistory:
             for layer in list(rates) + [n for n in scales if n not in rates]:
                 r = rates.get(layer, {})
                 s = scales.get(layer, {})
-                w.writerow({"step": step, "layer": layer, "underflow_rate": r.get("underflow_rate", ""),
-                            "flush_rate": r.get("flush_rate", ""), "saturate_rate": r.get("saturate_rate", ""),
-                            **{k: r.get(k, "") for k in PARAM_RATES},
-                            "nonzero": r.get("nonzero", ""), "scale": s.get("scale", ""),
-                            "accum_scale": s.get("accum_scale", ""), **self.format_columns})
+                w.writerow(
+                    {
+                        "step": step,
+                        "layer": layer,
+                        "underflow_rate": r.get("underflow_rate", ""),
+                        "flush_rate": r.get("flush_rate", ""),
+                        "saturate_rate": r.get("saturate_rate", ""),
+                        **{k: r.get(k, "") for k in PARAM_RATES},
+                        "nonzero": r.get("nonzero", ""),
+                        "scale": s.get("scale", ""),
+                        "accum_scale": s.get("accum_scale", ""),
+                        **self.format_columns,
+                    }
+                )
 
     def truncate_after(self, step: int) -> None:
         """On resume, drop rows newer than the checkpoint so the history has no duplicates."""

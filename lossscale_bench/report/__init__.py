@@ -53,15 +53,34 @@ __all__ = [
 
 #: submodule -> the names this package offers from it
 _EXPORTS: dict[str, tuple[str, ...]] = {
-    "runs": ("ReportError", "load_runs", "derive_label", "model_name", "is_emulated", "MODEL_NAMES",
-             "RUN_COLUMNS", "STATUSES", "TAG", "EMULATED_SUFFIX"),
+    "runs": (
+        "ReportError",
+        "load_runs",
+        "derive_label",
+        "model_name",
+        "is_emulated",
+        "MODEL_NAMES",
+        "RUN_COLUMNS",
+        "STATUSES",
+        "TAG",
+        "EMULATED_SUFFIX",
+    ),
     "stats": ("ALPHA", "DEFAULT_MARGIN", "noise_verdict", "paired_verdict", "compare_cells"),
     "compare": ("compare_rows", "letter_groups", "PAIR_COLUMNS", "RANK_COLUMNS"),
     "summary": ("summarize", "SUMMARY_COLUMNS", "RUNNING_TEXT"),
     "tables": ("EMULATED_MARK", "EMULATION_NOTES", "HEADERS", "SEEDS_NOTE", "VS_HEADER", "_verdict_note"),
     "metric_names": ("REPORT_METRICS", "check_metric"),
-    "renderers": ("FORMATS", "render", "render_compare", "render_markdown", "render_csv", "render_html", "render_latex",
-                  "from_csv", "latex_escape"),
+    "renderers": (
+        "FORMATS",
+        "render",
+        "render_compare",
+        "render_markdown",
+        "render_csv",
+        "render_html",
+        "render_latex",
+        "from_csv",
+        "latex_escape",
+    ),
     "write": ("write_report", "check_margin"),
 }
 _HOME = {name: module for module, names in _EXPORTS.items() for name in names}

@@ -8,8 +8,15 @@ from __future__ import annotations
 
 import pandas as pd
 
-__all__ = ["NOT_VALUE", "RUNNING_TEXT", "format_cell", "format_value", "higher_is_better", "is_map_metric",
-           "metric_scale"]
+__all__ = [
+    "NOT_VALUE",
+    "RUNNING_TEXT",
+    "format_cell",
+    "format_value",
+    "higher_is_better",
+    "is_map_metric",
+    "metric_scale",
+]
 
 RUNNING_TEXT = "–"  # en dash: still running, or no value for the metric yet
 #: what a cell counts beside its values; ``interrupted``: stopped by a signal (SIGINT/SIGTERM), resumed by

@@ -40,10 +40,33 @@ __all__ = ["PAIR_COLUMNS", "RANK_COLUMNS", "compare_rows", "letter_groups"]
 _TABLE = ["table", "study", "setting", "setting_id", "model", "model_name", "batch_size", "metric"]
 #: one line per pair of rows of one table; numbers in the metric's unit (fractions for mAP)
 PAIR_COLUMNS = _TABLE + [
-    "row_a", "label_a", "precision_a", "row_b", "label_b", "precision_b", "test", "n_a", "n_b", "mean_a", "mean_b",
-    "diff", "diff_ci_low", "diff_ci_high", "half_width", "p_value", "p_holm", "tost_p", "tost_ci_low", "tost_ci_high",
-    "margin", "seeds_needed",
-    "p_better", "p_better_low", "p_better_high", "outcome", "verdict",
+    "row_a",
+    "label_a",
+    "precision_a",
+    "row_b",
+    "label_b",
+    "precision_b",
+    "test",
+    "n_a",
+    "n_b",
+    "mean_a",
+    "mean_b",
+    "diff",
+    "diff_ci_low",
+    "diff_ci_high",
+    "half_width",
+    "p_value",
+    "p_holm",
+    "tost_p",
+    "tost_ci_low",
+    "tost_ci_high",
+    "margin",
+    "seeds_needed",
+    "p_better",
+    "p_better_low",
+    "p_better_high",
+    "outcome",
+    "verdict",
 ]
 #: one line per row with a value, best first
 RANK_COLUMNS = _TABLE + ["rank", "row", "label", "precision", "cell", "mean", "std", "n", "group"]
@@ -92,23 +115,34 @@ def _pair_verdict(outcome: str, v: dict, p_holm: float, shown_margin: float, alp
     if outcome in ("better", "worse"):
         return f"{outcome} ({'paired, ' if paired else ''}Holm {format_p(p_holm, alpha)})"
     if outcome == "equivalent":
-        return (f"equivalent (±{format_margin(shown_margin)}, {'paired ' if paired else ''}"
-                f"TOST {format_p(v['tost_p'], alpha)})")
+        return (
+            f"equivalent (±{format_margin(shown_margin)}, {'paired ' if paired else ''}"
+            f"TOST {format_p(v['tost_p'], alpha)})"
+        )
     if outcome == "inconclusive":
-        return (f"inconclusive ({'paired, ' if paired else ''}{format_p(v['p_value'], alpha)}, "
-                f"Holm {format_p(p_holm, alpha)})")
+        return (
+            f"inconclusive ({'paired, ' if paired else ''}{format_p(v['p_value'], alpha)}, "
+            f"Holm {format_p(p_holm, alpha)})"
+        )
     return v["verdict"]  # too few seeds, no seed variance
 
 
-def _table_pairs(g: pd.DataFrame, labels: dict, margin: float, scale: float, higher: bool,
-                 alpha: float) -> list[dict]:
+def _table_pairs(g: pd.DataFrame, labels: dict, margin: float, scale: float, higher: bool, alpha: float) -> list[dict]:
     """The pairs of one table (rows with a value, in row order), Holm-corrected over the table."""
     idx = [i for i in g.index if g.at[i, "n"] > 0]
     found = []
     for i, j in itertools.combinations(idx, 2):
         a, b = g.loc[i], g.loc[j]
-        v = compare_cells(a["values"], a["values_by_seed"], b["values"], b["values_by_seed"], margin=margin,
-                          alpha=alpha, higher_is_better=higher, shown_scale=scale)
+        v = compare_cells(
+            a["values"],
+            a["values_by_seed"],
+            b["values"],
+            b["values_by_seed"],
+            margin=margin,
+            alpha=alpha,
+            higher_is_better=higher,
+            shown_scale=scale,
+        )
         found.append((i, j, v))
     corrected = holm([v["p_value"] for *_, v in found], alpha)
     out = []
@@ -116,18 +150,45 @@ def _table_pairs(g: pd.DataFrame, labels: dict, margin: float, scale: float, hig
         a, b = g.loc[i], g.loc[j]
         tested = not math.isnan(v["p_value"])
         outcome = decide(p_holm, v["tost_p"], v["diff"], alpha, higher) if tested else v["outcome"]
-        out.append({
-            **{c: a[c] for c in _TABLE},
-            "row_a": a["row"], "label_a": labels[i], "precision_a": a["precision"],
-            "row_b": b["row"], "label_b": labels[j], "precision_b": b["precision"],
-            "test": v["test"], "n_a": v["n"], "n_b": v["n_baseline"], "mean_a": v["mean"], "mean_b": v["mean_baseline"],
-            **{c: v[c] for c in ("diff", "diff_ci_low", "diff_ci_high", "half_width", "p_value", "tost_p",
-                                 "tost_ci_low", "tost_ci_high", "margin", "seeds_needed", "p_better", "p_better_low",
-                                 "p_better_high")},
-            "p_holm": p_holm, "outcome": outcome,
-            "verdict": _pair_verdict(outcome, v, p_holm, margin * scale, alpha),
-            "_a": i, "_b": j,
-        })
+        out.append(
+            {
+                **{c: a[c] for c in _TABLE},
+                "row_a": a["row"],
+                "label_a": labels[i],
+                "precision_a": a["precision"],
+                "row_b": b["row"],
+                "label_b": labels[j],
+                "precision_b": b["precision"],
+                "test": v["test"],
+                "n_a": v["n"],
+                "n_b": v["n_baseline"],
+                "mean_a": v["mean"],
+                "mean_b": v["mean_baseline"],
+                **{
+                    c: v[c]
+                    for c in (
+                        "diff",
+                        "diff_ci_low",
+                        "diff_ci_high",
+                        "half_width",
+                        "p_value",
+                        "tost_p",
+                        "tost_ci_low",
+                        "tost_ci_high",
+                        "margin",
+                        "seeds_needed",
+                        "p_better",
+                        "p_better_low",
+                        "p_better_high",
+                    )
+                },
+                "p_holm": p_holm,
+                "outcome": outcome,
+                "verdict": _pair_verdict(outcome, v, p_holm, margin * scale, alpha),
+                "_a": i,
+                "_b": j,
+            }
+        )
     return out
 
 
@@ -137,14 +198,26 @@ def _table_ranking(g: pd.DataFrame, labels: dict, pairs: list[dict], higher: boo
     order = sorted(idx, key=lambda i: -g.at[i, "mean"] if higher else g.at[i, "mean"])
     different = {frozenset((p["_a"], p["_b"])) for p in pairs if p["outcome"] in ("better", "worse")}
     letters = letter_groups(order, different)
-    return [{**{c: g.at[i, c] for c in _TABLE}, "rank": k + 1, "row": g.at[i, "row"], "label": labels[i],
-             "precision": g.at[i, "precision"], "cell": g.at[i, "cell"], "mean": g.at[i, "mean"],
-             "std": g.at[i, "std"], "n": g.at[i, "n"], "group": letters[i]}
-            for k, i in enumerate(order)]
+    return [
+        {
+            **{c: g.at[i, c] for c in _TABLE},
+            "rank": k + 1,
+            "row": g.at[i, "row"],
+            "label": labels[i],
+            "precision": g.at[i, "precision"],
+            "cell": g.at[i, "cell"],
+            "mean": g.at[i, "mean"],
+            "std": g.at[i, "std"],
+            "n": g.at[i, "n"],
+            "group": letters[i],
+        }
+        for k, i in enumerate(order)
+    ]
 
 
-def compare_rows(summary: pd.DataFrame, margin: float = DEFAULT_MARGIN,
-                 alpha: float = ALPHA) -> tuple[pd.DataFrame, pd.DataFrame]:
+def compare_rows(
+    summary: pd.DataFrame, margin: float = DEFAULT_MARGIN, alpha: float = ALPHA
+) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(pairs, ranking) of every table in ``summary`` (from ``summarize(..., values=True)``).
 
     ``margin`` is in the unit the tables show (mAP points).  ``pairs``
@@ -168,5 +241,7 @@ def compare_rows(summary: pd.DataFrame, margin: float = DEFAULT_MARGIN,
         found = _table_pairs(g, labels, margin / scale, scale, higher, alpha)
         ranking += _table_ranking(g, labels, found, higher)
         pairs += found
-    return (pd.DataFrame(pairs, columns=PAIR_COLUMNS + ["_a", "_b"])[PAIR_COLUMNS].reset_index(drop=True),
-            pd.DataFrame(ranking, columns=RANK_COLUMNS))
+    return (
+        pd.DataFrame(pairs, columns=PAIR_COLUMNS + ["_a", "_b"])[PAIR_COLUMNS].reset_index(drop=True),
+        pd.DataFrame(ranking, columns=RANK_COLUMNS),
+    )

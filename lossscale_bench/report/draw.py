@@ -30,8 +30,16 @@ import pandas as pd
 
 from .summary import model_name
 
-__all__ = ["PlotError", "curves_png", "map_bars_png", "layer_heatmap_png", "label_colors", "read_layers_csv",
-           "slug", "has_values"]
+__all__ = [
+    "PlotError",
+    "curves_png",
+    "map_bars_png",
+    "layer_heatmap_png",
+    "label_colors",
+    "read_layers_csv",
+    "slug",
+    "has_values",
+]
 
 DPI = 100
 MAX_POINTS = 2000  # per line: longer histories are subsampled evenly
@@ -46,7 +54,6 @@ class PlotError(Exception):
 
 # --------------------------------------------------------------------------
 # matplotlib plumbing (no pyplot)
-
 
 
 def _quiet_numerics(fn):
@@ -153,8 +160,9 @@ def label_colors(labels: Iterable[str]) -> dict[str, str]:
     return out
 
 
-def _draw_curves(ax, curves: Mapping[str, Sequence[Series]], *, log2: bool, positive: bool,
-                 colors: Mapping[str, str] | None) -> int:
+def _draw_curves(
+    ax, curves: Mapping[str, Sequence[Series]], *, log2: bool, positive: bool, colors: Mapping[str, str] | None
+) -> int:
     """Thin line per seed, bold mean per label; returns the number of labels drawn."""
     drawn = 0
     for i, (label, seeds) in enumerate(curves.items()):
@@ -178,15 +186,24 @@ def _draw_curves(ax, curves: Mapping[str, Sequence[Series]], *, log2: bool, posi
                 ax.plot(raw[0].index, raw[0].values, color=color, lw=0.5, alpha=0.3)
         if len(cleaned) == 1:
             c = cleaned[0]
-            ax.plot(c.index, c.values, color=color, lw=1.4, label=label, drawstyle=style,
-                    marker="o" if len(c) < 3 else None, ms=4)  # a trial that diverged at once: a dot
+            ax.plot(
+                c.index,
+                c.values,
+                color=color,
+                lw=1.4,
+                label=label,
+                drawstyle=style,
+                marker="o" if len(c) < 3 else None,
+                ms=4,
+            )  # a trial that diverged at once: a dot
             continue
         for c in cleaned:
             ax.plot(c.index, c.values, color=color, lw=0.6, alpha=0.35, drawstyle=style)
         table = pd.concat(cleaned, axis=1).sort_index()
         mean = np.exp2(np.log2(table).mean(axis=1)) if log2 else table.mean(axis=1)  # geometric mean for scales
-        ax.plot(mean.index, mean.values, color=color, lw=1.6, label=f"{label} (mean of {len(cleaned)})",
-                drawstyle=style)
+        ax.plot(
+            mean.index, mean.values, color=color, lw=1.6, label=f"{label} (mean of {len(cleaned)})", drawstyle=style
+        )
     return drawn
 
 
@@ -239,11 +256,7 @@ def curves_png(
 
 @_quiet_numerics
 def map_bars_png(
-    summary: pd.DataFrame,
-    *,
-    title: str = "",
-    ylabel: str | None = None,
-    colors: Mapping[str, str] | None = None,
+    summary: pd.DataFrame, *, title: str = "", ylabel: str | None = None, colors: Mapping[str, str] | None = None
 ) -> bytes | None:
     """Bar chart of the mean metric per method, error bars = sample std over seeds.
 
@@ -269,8 +282,15 @@ def map_bars_png(
         stds = g["std"].astype(float).fillna(0.0).to_numpy() * unit
         heights = np.where(np.isnan(means), 0.0, means)
         bar_colors = [_color(str(lab), i, colors) for i, lab in enumerate(g["label"])]
-        ax.bar(x, heights, yerr=np.where(np.isnan(means), 0.0, stds), color=bar_colors, alpha=0.85,
-               capsize=4, error_kw={"lw": 1.0})
+        ax.bar(
+            x,
+            heights,
+            yerr=np.where(np.isnan(means), 0.0, stds),
+            color=bar_colors,
+            alpha=0.85,
+            capsize=4,
+            error_kw={"lw": 1.0},
+        )
         top = np.nanmax(np.concatenate([means + stds, [1e-9]]))
         top = top if top > 0 else 1.0
         for i, r in g.iterrows():
@@ -279,12 +299,18 @@ def map_bars_png(
                 note = f"{means[i]:.1f}" if unit == 100.0 else f"{means[i]:.3g}"
                 if n_div:
                     note += f"\n{n_div}/{n_runs} div."
-                ax.text(i, means[i] + stds[i] + 0.01 * top, note, ha="center", va="bottom", fontsize=7,
-                        color="crimson" if n_div else "black")
+                ax.text(
+                    i,
+                    means[i] + stds[i] + 0.01 * top,
+                    note,
+                    ha="center",
+                    va="bottom",
+                    fontsize=7,
+                    color="crimson" if n_div else "black",
+                )
             elif n_div:
                 ax.plot([i], [0], marker="x", color="crimson", ms=10, mew=2.5, clip_on=False)
-                ax.text(i, 0.06 * top, "diverged", ha="center", va="bottom", fontsize=8, color="crimson",
-                        rotation=90)
+                ax.text(i, 0.06 * top, "diverged", ha="center", va="bottom", fontsize=8, color="crimson", rotation=90)
             else:
                 word = "failed" if int(r["n_failed"]) else "running"
                 ax.text(i, 0.04 * top, word, ha="center", va="bottom", fontsize=8, color="grey", rotation=90)
@@ -319,8 +345,9 @@ def rate_columns(table) -> tuple[str, ...]:
     """The rate panels a layer history can fill: underflow (where the format has a subnormal
     threshold), flush, and saturation of activation gradients, and saturation of parameter
     gradients (histories written since each was counted)."""
-    cols = tuple(c for c in ("underflow_rate", "flush_rate", "saturate_rate", "param_saturate_rate")
-                 if has_values(table, c))
+    cols = tuple(
+        c for c in ("underflow_rate", "flush_rate", "saturate_rate", "param_saturate_rate") if has_values(table, c)
+    )
     return cols or ("underflow_rate",)
 
 
@@ -346,8 +373,12 @@ _HEATMAP_LABELS = {
     "accum_scale": "log2 accumulated scale",
 }
 #: the layer history's threshold column behind each rate (telemetry.LayerHistory)
-_THRESHOLD_OF = {"underflow_rate": ("subnormal_below", "|g| < "), "flush_rate": ("flush_at_or_below", "|g| <= "),
-                 "saturate_rate": ("saturate_above", "|g| > "), "param_saturate_rate": ("saturate_above", "|g| > ")}
+_THRESHOLD_OF = {
+    "underflow_rate": ("subnormal_below", "|g| < "),
+    "flush_rate": ("flush_at_or_below", "|g| <= "),
+    "saturate_rate": ("saturate_above", "|g| > "),
+    "param_saturate_rate": ("saturate_above", "|g| > "),
+}
 
 
 def _pow2(x: float) -> str:
@@ -371,11 +402,7 @@ def heatmap_label(table: pd.DataFrame, col: str) -> str:
 
 @_quiet_numerics
 def layer_heatmap_png(
-    table: pd.DataFrame,
-    values: Sequence[str] = ("underflow_rate",),
-    *,
-    title: str = "",
-    log2: bool = False,
+    table: pd.DataFrame, values: Sequence[str] = ("underflow_rate",), *, title: str = "", log2: bool = False
 ) -> bytes | None:
     """Heatmap(s) layer x step, one panel per column in ``values``.
 
@@ -390,6 +417,7 @@ def layer_heatmap_png(
     if not values:
         return None
     from matplotlib.colors import Normalize, PowerNorm
+
     # the probe writes a step's layers in the order their gradients arrive (backward): reversed,
     # the input side is at the top and the heads at the bottom
     layers = list(reversed(pd.unique(table["layer"]).tolist()))
@@ -417,8 +445,14 @@ def layer_heatmap_png(
             norm, cmap = Normalize(vmin=lo, vmax=hi), "viridis"
         else:  # rates: the same 0..1 scale for every trial, stretched so that a few percent shows
             norm, cmap = PowerNorm(gamma=0.4, vmin=0.0, vmax=1.0), "magma"
-        mesh = ax.pcolormesh(_edges(steps), np.arange(n_layers + 1) - 0.5, np.ma.masked_invalid(data),
-                             cmap=cmap, norm=norm, shading="flat")
+        mesh = ax.pcolormesh(
+            _edges(steps),
+            np.arange(n_layers + 1) - 0.5,
+            np.ma.masked_invalid(data),
+            cmap=cmap,
+            norm=norm,
+            shading="flat",
+        )
         ax.set_ylim(n_layers - 0.5, -0.5)
         ax.set_xlabel("step")
         ax.set_title(heatmap_label(table, col), fontsize=9)

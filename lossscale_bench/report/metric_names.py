@@ -28,8 +28,10 @@ def check_metric(metric: str) -> str:
     if metric not in REPORT_METRICS:
         from .runs import ReportError
 
-        raise ReportError(f"unknown report metric {metric!r}; choose one of: {', '.join(REPORT_METRICS)} "
-                          "(mAP of the trials' last evaluation, its IoU 0.5 variant, the best evaluation's)")
+        raise ReportError(
+            f"unknown report metric {metric!r}; choose one of: {', '.join(REPORT_METRICS)} "
+            "(mAP of the trials' last evaluation, its IoU 0.5 variant, the best evaluation's)"
+        )
     return metric
 
 

@@ -13,8 +13,14 @@ from pathlib import Path
 #: format name -> the file extension the report writes
 FORMATS: dict[str, str] = {"markdown": "md", "csv": "csv", "html": "html", "latex": "tex"}
 #: file extension -> the format it means
-EXTENSION_FORMATS: dict[str, str] = {".md": "markdown", ".markdown": "markdown", ".csv": "csv", ".html": "html",
-                                     ".htm": "html", ".tex": "latex"}
+EXTENSION_FORMATS: dict[str, str] = {
+    ".md": "markdown",
+    ".markdown": "markdown",
+    ".csv": "csv",
+    ".html": "html",
+    ".htm": "html",
+    ".tex": "latex",
+}
 DEFAULT_FORMAT = "markdown"
 
 
@@ -30,6 +36,8 @@ def resolve_format(fmt: str | None, out: str | None) -> str:
     if fmt not in FORMATS:
         raise ValueError(f"--format {fmt}: unknown format; allowed: {', '.join(FORMATS)}")
     if implied is not None and implied != fmt:
-        raise ValueError(f"--out {out}: a {Path(out).suffix} file is {implied}, but --format is {fmt}; "
-                         f"give --format {implied}, or an --out ending in .{FORMATS[fmt]}")
+        raise ValueError(
+            f"--out {out}: a {Path(out).suffix} file is {implied}, but --format is {fmt}; "
+            f"give --format {implied}, or an --out ending in .{FORMATS[fmt]}"
+        )
     return fmt

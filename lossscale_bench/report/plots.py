@@ -80,9 +80,7 @@ class Plot:
 
 
 def trial_plots(
-    metrics: Mapping[str, Sequence[tuple[int, float]]],
-    layers_csv: str | Path | None,
-    out_dir: str | Path,
+    metrics: Mapping[str, Sequence[tuple[int, float]]], layers_csv: str | Path | None, out_dir: str | Path
 ) -> list[Path]:
     """PNG files for one trial, written to ``out_dir``; returns the paths written.
 
@@ -104,14 +102,22 @@ def trial_plots(
         written.append(path)
 
     put("loss.png", curves_png({"": {"loss": [metrics.get("loss") or []]}}, ylabel="loss", title="Training loss"))
-    put("loss_scale.png", curves_png({"": {"loss scale": [metrics.get("loss_scale") or []]}},
-                                     ylabel="loss scale", title="Loss scale", log2=True))
+    put(
+        "loss_scale.png",
+        curves_png(
+            {"": {"loss scale": [metrics.get("loss_scale") or []]}}, ylabel="loss scale", title="Loss scale", log2=True
+        ),
+    )
     if layers_csv is not None and Path(layers_csv).is_file() and Path(layers_csv).stat().st_size > 0:
         table = read_layers_csv(layers_csv)
-        put("underflow_heatmap.png", layer_heatmap_png(table, rate_columns(table),
-                                                       title="Per-layer gradient underflow, flush and saturation"))
-        put("scale_heatmap.png", layer_heatmap_png(table, ("scale", "accum_scale"), log2=True,
-                                                   title="Per-layer loss scale"))
+        put(
+            "underflow_heatmap.png",
+            layer_heatmap_png(table, rate_columns(table), title="Per-layer gradient underflow, flush and saturation"),
+        )
+        put(
+            "scale_heatmap.png",
+            layer_heatmap_png(table, ("scale", "accum_scale"), log2=True, title="Per-layer loss scale"),
+        )
     return written
 
 
@@ -191,8 +197,17 @@ def _download_layers(client, run_id: str, dst: Path) -> Path | None:
     return p if p.is_file() and p.stat().st_size > 0 else None
 
 
-def _study_plot_list(client, study: str, runs: pd.DataFrame, metric: str, prefix: str, *,
-                     max_curve_runs: int, seeds_per_label: int, max_layer_runs: int) -> list[Plot]:
+def _study_plot_list(
+    client,
+    study: str,
+    runs: pd.DataFrame,
+    metric: str,
+    prefix: str,
+    *,
+    max_curve_runs: int,
+    seeds_per_label: int,
+    max_layer_runs: int,
+) -> list[Plot]:
     plots: list[Plot] = []
     runs = latest_setting(runs)  # a study whose file changed: its latest configuration (the report has all)
     summary = _display_labels(summarize(runs, metric))
@@ -206,12 +221,18 @@ def _study_plot_list(client, study: str, runs: pd.DataFrame, metric: str, prefix
     if keys and len(chosen):
         # every chosen run (a diverged run's latest loss may be NaN, its history still matters)
         hist = metric_histories(client, chosen["run_id"].tolist(), keys)
-    png = curves_png(_curve_panels(chosen, hist, "loss"), ylabel="loss", title=f"{study}: training loss per method",
-                     colors=colors)
+    png = curves_png(
+        _curve_panels(chosen, hist, "loss"), ylabel="loss", title=f"{study}: training loss per method", colors=colors
+    )
     if png:
         plots.append(Plot(prefix + "loss", f"{study}: loss curves per scaling method", png))
-    png = curves_png(_curve_panels(chosen, hist, "loss_scale"), ylabel="loss scale", log2=True,
-                     title=f"{study}: loss-scale trajectories", colors=colors)
+    png = curves_png(
+        _curve_panels(chosen, hist, "loss_scale"),
+        ylabel="loss scale",
+        log2=True,
+        title=f"{study}: loss-scale trajectories",
+        colors=colors,
+    )
     if png:
         plots.append(Plot(prefix + "loss_scale", f"{study}: loss-scale trajectories (log2 axis)", png))
 
@@ -241,22 +262,36 @@ def _study_plot_list(client, study: str, runs: pd.DataFrame, metric: str, prefix
                 seed = "?" if pd.isna(r.get("seed")) else r["seed"]
                 where = f"{_group_title(r['model'], r['batch_size'])}, seed {seed}"
                 tag = slug(label) + (f"_{slug(r['model'])}_b{r['batch_size']}" if several_groups else "")
-                png = layer_heatmap_png(table, rate_columns(table),
-                                        title=f"{study}: per-layer underflow, flush and saturation, {label} ({where})")
+                png = layer_heatmap_png(
+                    table,
+                    rate_columns(table),
+                    title=f"{study}: per-layer underflow, flush and saturation, {label} ({where})",
+                )
                 if png:
-                    plots.append(Plot(f"{prefix}underflow_{tag}",
-                                      f"{study}: per-layer underflow-rate heatmap, {label} ({where})", png))
+                    plots.append(
+                        Plot(
+                            f"{prefix}underflow_{tag}",
+                            f"{study}: per-layer underflow-rate heatmap, {label} ({where})",
+                            png,
+                        )
+                    )
                 if has_values(table, "scale"):  # the per-layer methods log a scale per layer
-                    png = layer_heatmap_png(table, ("scale", "accum_scale"), log2=True,
-                                            title=f"{study}: per-layer loss scale, {label} ({where})")
+                    png = layer_heatmap_png(
+                        table,
+                        ("scale", "accum_scale"),
+                        log2=True,
+                        title=f"{study}: per-layer loss scale, {label} ({where})",
+                    )
                     if png:
-                        plots.append(Plot(f"{prefix}scale_{tag}",
-                                          f"{study}: per-layer scale heatmap, {label} ({where})", png))
+                        plots.append(
+                            Plot(f"{prefix}scale_{tag}", f"{study}: per-layer scale heatmap, {label} ({where})", png)
+                        )
     return plots
 
 
-def run_plots(client, run_id: str, out_dir: str | Path, *, log: bool = True,
-              artifact_path: str = "plots") -> list[Path]:
+def run_plots(
+    client, run_id: str, out_dir: str | Path, *, log: bool = True, artifact_path: str = "plots"
+) -> list[Path]:
     """:func:`trial_plots` for one MLflow run, from the store alone.
 
     Reads the run's ``loss`` and ``loss_scale`` histories (the whole trial,
@@ -301,6 +336,14 @@ def study_plots(
     out: list[Plot] = []
     for name, g in runs.groupby("study", dropna=False, sort=False):
         prefix = "" if study is not None else slug(str(name)) + "_"
-        out += _study_plot_list(client, str(name), g, metric, prefix, max_curve_runs=max_curve_runs,
-                                seeds_per_label=seeds_per_label, max_layer_runs=max_layer_runs)
+        out += _study_plot_list(
+            client,
+            str(name),
+            g,
+            metric,
+            prefix,
+            max_curve_runs=max_curve_runs,
+            seeds_per_label=seeds_per_label,
+            max_layer_runs=max_layer_runs,
+        )
     return out

@@ -34,8 +34,21 @@ import pandas as pd
 
 from ..study.configs import config_params, run_config_id, setting_id
 
-__all__ = ["ReportError", "load_runs", "derive_label", "model_name", "is_emulated", "MODEL_NAMES", "RUN_COLUMNS",
-           "STATUSES", "TAG", "EMULATED_SUFFIX", "is_true", "isna", "to_int"]
+__all__ = [
+    "ReportError",
+    "load_runs",
+    "derive_label",
+    "model_name",
+    "is_emulated",
+    "MODEL_NAMES",
+    "RUN_COLUMNS",
+    "STATUSES",
+    "TAG",
+    "EMULATED_SUFFIX",
+    "is_true",
+    "isna",
+    "to_int",
+]
 
 # --------------------------------------------------------------------------
 # constants
@@ -130,8 +143,11 @@ def derive_label(params: Mapping[str, str], precision: str | None = None) -> str
     logged, so a stored run and a new one of the same entry read alike."""
     from ..study.methods import default_label
 
-    scaling = {k[len("scaling."):]: _param_value(str(v)) for k, v in params.items()
-               if k.startswith("scaling.") and v is not None}
+    scaling = {
+        k[len("scaling.") :]: _param_value(str(v))
+        for k, v in params.items()
+        if k.startswith("scaling.") and v is not None
+    }
     scaling["method"] = str(scaling.get("method") or "none").lower()
     return default_label(scaling, (precision or params.get("precision") or "").lower())
 
@@ -158,11 +174,7 @@ def _status(tag_status: str | None, mlflow_status: str) -> str:
         if s in ("running", "pending") and mlflow_status in ("FAILED", "KILLED"):
             return "failed"
         return s
-    return {
-        "FINISHED": "finished",
-        "FAILED": "failed",
-        "KILLED": "failed",
-    }.get(mlflow_status, "running")
+    return {"FINISHED": "finished", "FAILED": "failed", "KILLED": "failed"}.get(mlflow_status, "running")
 
 
 def _run_record(run) -> dict:
@@ -214,8 +226,11 @@ def _data_dropped(tags: Mapping[str, str]) -> dict[str, dict[str, int]]:
             except ValueError:
                 continue
             for k, v in found.items():
-                if attr == "dropped_annotations" and k == "unknown_class" and tags.get(
-                        f"{TAG}data.{split}.unknown_objects"):
+                if (
+                    attr == "dropped_annotations"
+                    and k == "unknown_class"
+                    and tags.get(f"{TAG}data.{split}.unknown_objects")
+                ):
                     continue  # counted by name instead
                 name = f"{prefix}{k!s}" if prefix else str(k).replace("_", " ")
                 counts[name] = counts.get(name, 0) + int(v)

@@ -36,8 +36,22 @@ __all__ = ["LOOK_COLUMNS", "reached", "rows_to_grow", "seed_looks"]
 
 #: one line per pair: ``outcome`` better | worse | equivalent | continue | undecided; ``looks``: how many
 #: looks the pair had, ``n`` the seeds at its last; ``p_seq``/``p_holm`` the repeated p-value and Holm's
-LOOK_COLUMNS = ["setting_id", "model", "batch_size", "row_a", "label_a", "row_b", "label_b", "outcome", "looks", "n",
-                "diff", "p_seq", "p_holm", "verdict"]
+LOOK_COLUMNS = [
+    "setting_id",
+    "model",
+    "batch_size",
+    "row_a",
+    "label_a",
+    "row_b",
+    "label_b",
+    "outcome",
+    "looks",
+    "n",
+    "diff",
+    "p_seq",
+    "p_holm",
+    "verdict",
+]
 
 
 def reached(done_seeds: set, looks: list[int]) -> int:
@@ -69,8 +83,16 @@ def _look_stats(a: Mapping, b: Mapping, upto: int) -> tuple[int, float, float]:
     return n, mean, sd / math.sqrt(n)
 
 
-def _table(g: pd.DataFrame, stage: Mapping, looks: list[int], maximum: int, margin: float, alpha: float,
-           all_pairs: bool, spending: str) -> list[dict]:
+def _table(
+    g: pd.DataFrame,
+    stage: Mapping,
+    looks: list[int],
+    maximum: int,
+    margin: float,
+    alpha: float,
+    all_pairs: bool,
+    spending: str,
+) -> list[dict]:
     pairs = _pairs(g, all_pairs)
     state = {p: {"outcome": "continue", "history": [], "p": math.nan, "diff": math.nan} for p in pairs}
     for s in looks:
@@ -106,16 +128,37 @@ def _table(g: pd.DataFrame, stage: Mapping, looks: list[int], maximum: int, marg
         h = st["history"]
         word = st["outcome"]
         verdict = {"undecided": UNDECIDED_TEXT, "continue": "undecided, more seeds to come"}.get(word, word)
-        out.append({"setting_id": g.at[i, "setting_id"], "model": g.at[i, "model"], "batch_size": g.at[i, "batch_size"],
-                    "row_a": g.at[i, "row"], "label_a": g.at[i, "label"], "row_b": g.at[j, "row"],
-                    "label_b": g.at[j, "label"], "outcome": word, "looks": len(h), "n": h[-1][0] if h else 0,
-                    "diff": st["diff"] * PERCENT, "p_seq": st["p"], "p_holm": st.get("p_holm", math.nan),
-                    "verdict": f"{verdict} ({len(h)} look{'s' if len(h) != 1 else ''}, n={h[-1][0] if h else 0})"})
+        out.append(
+            {
+                "setting_id": g.at[i, "setting_id"],
+                "model": g.at[i, "model"],
+                "batch_size": g.at[i, "batch_size"],
+                "row_a": g.at[i, "row"],
+                "label_a": g.at[i, "label"],
+                "row_b": g.at[j, "row"],
+                "label_b": g.at[j, "label"],
+                "outcome": word,
+                "looks": len(h),
+                "n": h[-1][0] if h else 0,
+                "diff": st["diff"] * PERCENT,
+                "p_seq": st["p"],
+                "p_holm": st.get("p_holm", math.nan),
+                "verdict": f"{verdict} ({len(h)} look{'s' if len(h) != 1 else ''}, n={h[-1][0] if h else 0})",
+            }
+        )
     return out
 
 
-def seed_looks(summary: pd.DataFrame, done: Mapping, looks: list[int], *, margin: float, alpha: float = ALPHA,
-               all_pairs: bool = False, spending: str = "obf") -> pd.DataFrame:
+def seed_looks(
+    summary: pd.DataFrame,
+    done: Mapping,
+    looks: list[int],
+    *,
+    margin: float,
+    alpha: float = ALPHA,
+    all_pairs: bool = False,
+    spending: str = "obf",
+) -> pd.DataFrame:
     """The pairs' decisions (:data:`LOOK_COLUMNS`) after the rounds in the store.
 
     ``summary``: ``summarize(runs, values=True)`` of the study's mAP (higher is
@@ -128,8 +171,12 @@ def seed_looks(summary: pd.DataFrame, done: Mapping, looks: list[int], *, margin
     out: list[dict] = []
     keys = ["setting_id", "model", "batch_size"]
     for _, g in summary.groupby(keys, dropna=False, sort=False):
-        stage = {i: reached(done.get((g.at[i, "setting_id"], g.at[i, "model"], g.at[i, "batch_size"], g.at[i, "row"]),
-                                     set()), looks) for i in g.index}
+        stage = {
+            i: reached(
+                done.get((g.at[i, "setting_id"], g.at[i, "model"], g.at[i, "batch_size"], g.at[i, "row"]), set()), looks
+            )
+            for i in g.index
+        }
         out += _table(g, stage, looks, looks[-1], margin / PERCENT, alpha, all_pairs, spending)
     return pd.DataFrame(out, columns=LOOK_COLUMNS)
 

@@ -29,11 +29,19 @@ def seed_section(tracking_uri: str, study: str) -> str:
     if f"{SEEDS_TAG}method" not in tags:
         return ""
     pairs = sorted((k, v) for k, v in tags.items() if k.startswith(f"{SEEDS_TAG}pair."))
-    lines = ["", "## Seeds added until decided", "",
-             (f"Plan: {tags.get(f'{SEEDS_TAG}plan', '?')}. Method: {tags[f'{SEEDS_TAG}method']}; alpha 0.05 for a "
-             "false difference and for a false equivalence, per pair. The vs baseline column above is each row's "
-             "fixed-n test on all its seeds and does not account for the looks; these verdicts do (looks: how many "
-             "times the pair was judged, n: its seeds at the last)."), ""]
-    lines += [f"- {k[len(SEEDS_TAG) + len('pair.'):].split('.row')[0].replace('.b', ' batch ', 1)}: {v}"
-              for k, v in pairs]
+    lines = [
+        "",
+        "## Seeds added until decided",
+        "",
+        (
+            f"Plan: {tags.get(f'{SEEDS_TAG}plan', '?')}. Method: {tags[f'{SEEDS_TAG}method']}; alpha 0.05 for a "
+            "false difference and for a false equivalence, per pair. The vs baseline column above is each row's "
+            "fixed-n test on all its seeds and does not account for the looks; these verdicts do (looks: how many "
+            "times the pair was judged, n: its seeds at the last)."
+        ),
+        "",
+    ]
+    lines += [
+        f"- {k[len(SEEDS_TAG) + len('pair.') :].split('.row')[0].replace('.b', ' batch ', 1)}: {v}" for k, v in pairs
+    ]
     return "\n".join(lines) + "\n"

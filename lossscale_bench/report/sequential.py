@@ -61,9 +61,24 @@ import math
 from collections.abc import Sequence
 from functools import lru_cache
 
-__all__ = ["CONTINUE", "DIFFERENT", "EQUIVALENT", "SPENDING", "UNDECIDED", "UNDECIDED_TEXT", "fixed_critical",
-           "look", "look_sizes", "method_text", "run_rule", "sequential_p", "simulate", "spent", "t_boundaries",
-           "z_boundaries"]
+__all__ = [
+    "CONTINUE",
+    "DIFFERENT",
+    "EQUIVALENT",
+    "SPENDING",
+    "UNDECIDED",
+    "UNDECIDED_TEXT",
+    "fixed_critical",
+    "look",
+    "look_sizes",
+    "method_text",
+    "run_rule",
+    "sequential_p",
+    "simulate",
+    "spent",
+    "t_boundaries",
+    "z_boundaries",
+]
 
 #: the spending functions :func:`spent` knows
 SPENDING = ("obf", "pocock")
@@ -88,8 +103,10 @@ _TAIL_SD = 9.0
 def method_text(spending: str = "obf") -> str:
     """One line for a report saying how the looks were judged, with the citations."""
     name = {"obf": "O'Brien-Fleming type", "pocock": "Pocock type"}[spending]
-    return (f"group-sequential paired t-test and TOST (Jennison & Turnbull 2000), Lan-DeMets alpha spending "
-            f"({name}; Lan & DeMets 1983), t-scale boundaries set by a seeded null simulation, Holm over pairs")
+    return (
+        f"group-sequential paired t-test and TOST (Jennison & Turnbull 2000), Lan-DeMets alpha spending "
+        f"({name}; Lan & DeMets 1983), t-scale boundaries set by a seeded null simulation, Holm over pairs"
+    )
 
 
 def look_sizes(start: int, step: int, maximum: int) -> list[int]:
@@ -99,8 +116,7 @@ def look_sizes(start: int, step: int, maximum: int) -> list[int]:
     (3, 5, 12 gives 3, 8, 12).  ``start`` must be at least 2 (a spread needs two seeds).
     """
     if not (2 <= start <= maximum and step >= 1):
-        raise ValueError(f"need 2 <= start <= maximum and step >= 1, got start={start}, step={step}, "
-                         f"maximum={maximum}")
+        raise ValueError(f"need 2 <= start <= maximum and step >= 1, got start={start}, step={step}, maximum={maximum}")
     sizes = list(range(start, maximum + 1, step))
     if sizes[-1] != maximum:
         sizes.append(maximum)
@@ -204,7 +220,7 @@ def _null_t(maximum: int):
         d = rng.standard_normal((min(_CHUNK, _NULL_PATHS - lo), maximum))
         mean = np.cumsum(d, axis=1)[:, 1:] / n
         ss = np.cumsum(d * d, axis=1)[:, 1:] - n * mean * mean
-        out[lo:lo + d.shape[0]] = mean / np.sqrt(ss / (n - 1) / n)
+        out[lo : lo + d.shape[0]] = mean / np.sqrt(ss / (n - 1) / n)
     return out
 
 
@@ -223,8 +239,9 @@ def _t_boundaries(sizes: tuple[int, ...], maximum: int, alpha: float, spending: 
     from scipy import special
 
     zs = z_boundaries([n / maximum for n in sizes], alpha, spending)
-    nominal = [float(special.stdtrit(n - 1, special.ndtr(z))) if math.isfinite(z) else math.inf
-               for z, n in zip(zs, sizes)]
+    nominal = [
+        float(special.stdtrit(n - 1, special.ndtr(z))) if math.isfinite(z) else math.inf for z, n in zip(zs, sizes)
+    ]
     paths = _null_paths(sizes, maximum)
     total = paths.shape[0]
     alive = np.ones(total, dtype=bool)
@@ -274,8 +291,7 @@ def fixed_critical(sizes: Sequence[int], alpha: float) -> list[float]:
     return [float(stats.t.isf(alpha, n - 1)) for n in sizes]
 
 
-def run_rule(diffs, sizes: Sequence[int], margin: float, crit_diff: Sequence[float],
-             crit_equiv: Sequence[float]):
+def run_rule(diffs, sizes: Sequence[int], margin: float, crit_diff: Sequence[float], crit_equiv: Sequence[float]):
     """Apply the stopping rule to many comparisons at once: (outcome codes, seeds used, sign of Δ̂).
 
     ``diffs``: an array (comparisons × at least max(sizes)) of paired
@@ -310,6 +326,7 @@ def run_rule(diffs, sizes: Sequence[int], margin: float, crit_diff: Sequence[flo
 @lru_cache(maxsize=4096)
 def _p_at(t_abs: Sequence[float], sizes: Sequence[int], maximum: int, spending: str) -> float:
     """Smallest two-sided alpha whose boundaries the |t| values at the looks cross (bisection on log alpha)."""
+
     def crosses(alpha: float) -> bool:
         crit = t_boundaries(sizes, maximum, alpha / 2.0, spending)
         return any(v >= c for v, c in zip(t_abs, crit))
@@ -338,8 +355,15 @@ def sequential_p(t_abs: Sequence[float], sizes: Sequence[int], maximum: int, spe
     return _p_at(tuple(float(v) for v in t_abs), tuple(int(n) for n in sizes), int(maximum), spending)
 
 
-def look(diffs: Sequence[float], sizes: Sequence[int], maximum: int, margin: float, alpha: float = 0.05,
-         spending: str = "obf", higher_is_better: bool = True) -> dict:
+def look(
+    diffs: Sequence[float],
+    sizes: Sequence[int],
+    maximum: int,
+    margin: float,
+    alpha: float = 0.05,
+    spending: str = "obf",
+    higher_is_better: bool = True,
+) -> dict:
     """The verdict of one comparison after the looks so far (``diffs`` seed by seed, training order).
 
     ``sizes``: the numbers of seeds at which it was looked at (the last must be
@@ -354,8 +378,9 @@ def look(diffs: Sequence[float], sizes: Sequence[int], maximum: int, margin: flo
 
     sizes = [int(n) for n in sizes]
     if not sizes or sizes[-1] != len(diffs) or sizes[-1] > maximum:
-        raise ValueError(f"the last look must be at all {len(diffs)} differences and <= maximum {maximum}, "
-                         f"got looks at {sizes}")
+        raise ValueError(
+            f"the last look must be at all {len(diffs)} differences and <= maximum {maximum}, got looks at {sizes}"
+        )
     cd = t_boundaries(sizes, maximum, alpha / 2.0, spending)
     ce = t_boundaries(sizes, maximum, alpha, spending)
     outcome, n, sign = run_rule(np.asarray([diffs], dtype=float), sizes, margin, cd, ce)
@@ -365,18 +390,43 @@ def look(diffs: Sequence[float], sizes: Sequence[int], maximum: int, margin: flo
         code = CONTINUE
     d = np.asarray(diffs[:used], dtype=float)
     se = d.std(ddof=1) / math.sqrt(used)
-    t_abs = [abs(float(np.mean(diffs[:m]))) / (float(np.std(diffs[:m], ddof=1)) / math.sqrt(m))
-             if np.std(diffs[:m], ddof=1) > 0 else math.inf for m in sizes[:k + 1]]
-    word = {DIFFERENT: "better" if (sign[0] > 0) == higher_is_better else "worse", EQUIVALENT: "equivalent",
-            CONTINUE: "continue", UNDECIDED: "undecided"}[code]
+    t_abs = [
+        abs(float(np.mean(diffs[:m]))) / (float(np.std(diffs[:m], ddof=1)) / math.sqrt(m))
+        if np.std(diffs[:m], ddof=1) > 0
+        else math.inf
+        for m in sizes[: k + 1]
+    ]
+    word = {
+        DIFFERENT: "better" if (sign[0] > 0) == higher_is_better else "worse",
+        EQUIVALENT: "equivalent",
+        CONTINUE: "continue",
+        UNDECIDED: "undecided",
+    }[code]
     text = {"continue": f"undecided after {used} seeds, more to come", "undecided": UNDECIDED_TEXT}.get(word, word)
-    return {"outcome": word, "looks": k + 1, "n": used, "diff": float(d.mean()), "se": float(se),
-            "p_seq": sequential_p(t_abs, sizes[:k + 1], maximum, spending), "verdict": text}
+    return {
+        "outcome": word,
+        "looks": k + 1,
+        "n": used,
+        "diff": float(d.mean()),
+        "se": float(se),
+        "p_seq": sequential_p(t_abs, sizes[: k + 1], maximum, spending),
+        "verdict": text,
+    }
 
 
-def simulate(delta: float, sd: float, *, sizes: Sequence[int], maximum: int, margin: float = 1.0,
-             reps: int = 10_000, seed: int = 0, alpha: float = 0.05, spending: str = "obf",
-             naive: bool = False) -> dict:
+def simulate(
+    delta: float,
+    sd: float,
+    *,
+    sizes: Sequence[int],
+    maximum: int,
+    margin: float = 1.0,
+    reps: int = 10_000,
+    seed: int = 0,
+    alpha: float = 0.05,
+    spending: str = "obf",
+    naive: bool = False,
+) -> dict:
     """Run the rule on ``reps`` synthetic comparisons: paired differences ~ N(``delta``, ``sd``²), seeded.
 
     ``naive``: a plain paired t-test and TOST at every look at the fixed-n
@@ -393,6 +443,11 @@ def simulate(delta: float, sd: float, *, sizes: Sequence[int], maximum: int, mar
         cd, ce = t_boundaries(sizes, maximum, alpha / 2.0, spending), t_boundaries(sizes, maximum, alpha, spending)
     outcome, used, sign = run_rule(d, sizes, margin, cd, ce)
     diff = outcome == DIFFERENT
-    return {"different": float(diff.mean()), "better": float((diff & (sign > 0)).mean()),
-            "worse": float((diff & (sign < 0)).mean()), "equivalent": float((outcome == EQUIVALENT).mean()),
-            "undecided": float((outcome == UNDECIDED).mean()), "seeds": float(used.mean())}
+    return {
+        "different": float(diff.mean()),
+        "better": float((diff & (sign > 0)).mean()),
+        "worse": float((diff & (sign < 0)).mean()),
+        "equivalent": float((outcome == EQUIVALENT).mean()),
+        "undecided": float((outcome == UNDECIDED).mean()),
+        "seeds": float(used.mean()),
+    }

@@ -54,8 +54,22 @@ import math
 import warnings
 from collections.abc import Mapping, Sequence
 
-__all__ = ["ALPHA", "DEFAULT_MARGIN", "noise_verdict", "paired_verdict", "compare_cells", "can_pair", "decide",
-           "holm", "seeds_needed", "prob_better", "clopper_pearson", "tost_p", "format_p", "format_margin"]
+__all__ = [
+    "ALPHA",
+    "DEFAULT_MARGIN",
+    "noise_verdict",
+    "paired_verdict",
+    "compare_cells",
+    "can_pair",
+    "decide",
+    "holm",
+    "seeds_needed",
+    "prob_better",
+    "clopper_pearson",
+    "tost_p",
+    "format_p",
+    "format_margin",
+]
 
 #: significance level of the verdicts
 ALPHA = 0.05
@@ -121,8 +135,14 @@ def tost_p(x: Sequence[float], y: Sequence[float], margin: float, paired: bool) 
         return float(ttost_ind(x, y, -margin, margin, usevar="unequal")[0])
 
 
-def seeds_needed(margin: float, alpha: float = ALPHA, *, var_diff: float | None = None,
-                 var_a: float | None = None, var_b: float | None = None) -> float:
+def seeds_needed(
+    margin: float,
+    alpha: float = ALPHA,
+    *,
+    var_diff: float | None = None,
+    var_a: float | None = None,
+    var_b: float | None = None,
+) -> float:
     """Roughly how many seeds would bring the ``1 - alpha`` interval's half-width to ``margin``.
 
     From the observed spread, as if it stayed the same: paired (``var_diff``, the
@@ -144,7 +164,8 @@ def seeds_needed(margin: float, alpha: float = ALPHA, *, var_diff: float | None 
         total = var_a + var_b
 
         def df(n: int) -> float:
-            return total ** 2 * (n - 1) / (var_a ** 2 + var_b ** 2)
+            return total**2 * (n - 1) / (var_a**2 + var_b**2)
+
     if total <= 0.0:
         return 2.0
     # t > z, so the normal approximation's n is a lower bound: start there and step up
@@ -178,8 +199,9 @@ def clopper_pearson(k: int, n: int, confidence: float = 0.95) -> tuple[float, fl
     return low, high
 
 
-def prob_better(x: Sequence[float], y: Sequence[float], *, paired: bool, higher_is_better: bool = True,
-                confidence: float = 0.95) -> tuple[float, float, float]:
+def prob_better(
+    x: Sequence[float], y: Sequence[float], *, paired: bool, higher_is_better: bool = True, confidence: float = 0.95
+) -> tuple[float, float, float]:
     """(P(x better than y), interval low, high).
 
     Paired (``x[i]``, ``y[i]`` the same seed): the share of seeds on which x is
@@ -235,7 +257,9 @@ def _verdict_text(outcome: str, p: float, tost: float, paired: bool, shown_margi
     """The ``vs baseline`` verdict: ``worse than baseline (paired, p=0.003)``, ``equivalent (±1.0, paired
     TOST p=0.01)``, ``inconclusive (paired, p=0.53)``."""
     if outcome == "equivalent":
-        return f"{EQUIVALENT} (±{format_margin(shown_margin)}, {'paired ' if paired else ''}TOST {format_p(tost, alpha)})"
+        return (
+            f"{EQUIVALENT} (±{format_margin(shown_margin)}, {'paired ' if paired else ''}TOST {format_p(tost, alpha)})"
+        )
     text = {"better": BETTER, "worse": WORSE}.get(outcome, INCONCLUSIVE)
     return f"{text} ({'paired, ' if paired else ''}{format_p(p, alpha)})"
 
@@ -243,12 +267,40 @@ def _verdict_text(outcome: str, p: float, tost: float, paired: bool, shown_margi
 # --------------------------------------------------------------------------- a row against another
 
 
-_NUMBERS = ("mean", "mean_baseline", "diff", "diff_ci_low", "diff_ci_high", "half_width", "df", "t", "p_value",
-            "tost_p", "tost_ci_low", "tost_ci_high", "seeds_needed", "p_better", "p_better_low", "p_better_high")
+_NUMBERS = (
+    "mean",
+    "mean_baseline",
+    "diff",
+    "diff_ci_low",
+    "diff_ci_high",
+    "half_width",
+    "df",
+    "t",
+    "p_value",
+    "tost_p",
+    "tost_ci_low",
+    "tost_ci_high",
+    "seeds_needed",
+    "p_better",
+    "p_better_low",
+    "p_better_high",
+)
 
 
-def _result(x: Sequence[float], y: Sequence[float], *, paired: bool, alpha: float, higher_is_better: bool,
-            margin: float, shown_scale: float, t_result, df: float, se: float, var_kw: dict) -> dict:
+def _result(
+    x: Sequence[float],
+    y: Sequence[float],
+    *,
+    paired: bool,
+    alpha: float,
+    higher_is_better: bool,
+    margin: float,
+    shown_scale: float,
+    t_result,
+    df: float,
+    se: float,
+    var_kw: dict,
+) -> dict:
     """Every number and the verdict of one comparison whose t-test ran (``t_result`` from scipy)."""
     from scipy import stats
 
@@ -258,12 +310,24 @@ def _result(x: Sequence[float], y: Sequence[float], *, paired: bool, alpha: floa
     p, tost = float(t_result.pvalue), tost_p(x, y, margin, paired)
     pb, pb_lo, pb_hi = prob_better(x, y, paired=paired, higher_is_better=higher_is_better)
     outcome = decide(p, tost, diff, alpha, higher_is_better)
-    return {"t": float(t_result.statistic), "p_value": p, "df": float(df), "diff": diff,
-            "diff_ci_low": diff - half, "diff_ci_high": diff + half, "half_width": half, "tost_p": tost,
-            "tost_ci_low": diff - half_tost, "tost_ci_high": diff + half_tost,
-            "seeds_needed": seeds_needed(margin, alpha, **var_kw), "p_better": pb, "p_better_low": pb_lo,
-            "p_better_high": pb_hi, "outcome": outcome,
-            "verdict": _verdict_text(outcome, p, tost, paired, margin * shown_scale, alpha)}
+    return {
+        "t": float(t_result.statistic),
+        "p_value": p,
+        "df": float(df),
+        "diff": diff,
+        "diff_ci_low": diff - half,
+        "diff_ci_high": diff + half,
+        "half_width": half,
+        "tost_p": tost,
+        "tost_ci_low": diff - half_tost,
+        "tost_ci_high": diff + half_tost,
+        "seeds_needed": seeds_needed(margin, alpha, **var_kw),
+        "p_better": pb,
+        "p_better_low": pb_lo,
+        "p_better_high": pb_hi,
+        "outcome": outcome,
+        "verdict": _verdict_text(outcome, p, tost, paired, margin * shown_scale, alpha),
+    }
 
 
 def _check_margin(margin: float) -> None:
@@ -271,8 +335,15 @@ def _check_margin(margin: float) -> None:
         raise ValueError(f"equivalence margin must be a finite number > 0, got {margin!r}")
 
 
-def noise_verdict(a: Sequence[float], b: Sequence[float], *, margin: float, alpha: float = ALPHA,
-                  higher_is_better: bool = True, shown_scale: float = 1.0) -> dict:
+def noise_verdict(
+    a: Sequence[float],
+    b: Sequence[float],
+    *,
+    margin: float,
+    alpha: float = ALPHA,
+    higher_is_better: bool = True,
+    shown_scale: float = 1.0,
+) -> dict:
     """Compare sample ``a`` (a row's seed values) with ``b`` (the baseline's), unpaired: Welch.
 
     Returns a dict:
@@ -326,14 +397,35 @@ def noise_verdict(a: Sequence[float], b: Sequence[float], *, margin: float, alph
         # one side constant: scipy warns about "catastrophic cancellation" although the test is fine
         warnings.simplefilter("ignore", RuntimeWarning)
         res = stats.ttest_ind(a, b, equal_var=False)
-    df = se2 ** 2 / (sa ** 2 / (len(a) - 1) + sb ** 2 / (len(b) - 1))
-    return {**out, "test": "welch",
-            **_result(a, b, paired=False, alpha=alpha, higher_is_better=higher_is_better, margin=margin,
-                      shown_scale=shown_scale, t_result=res, df=df, se=math.sqrt(se2), var_kw={"var_a": va, "var_b": vb})}
+    df = se2**2 / (sa**2 / (len(a) - 1) + sb**2 / (len(b) - 1))
+    return {
+        **out,
+        "test": "welch",
+        **_result(
+            a,
+            b,
+            paired=False,
+            alpha=alpha,
+            higher_is_better=higher_is_better,
+            margin=margin,
+            shown_scale=shown_scale,
+            t_result=res,
+            df=df,
+            se=math.sqrt(se2),
+            var_kw={"var_a": va, "var_b": vb},
+        ),
+    }
 
 
-def paired_verdict(a: Mapping, b: Mapping, *, margin: float, alpha: float = ALPHA, higher_is_better: bool = True,
-                   shown_scale: float = 1.0) -> dict:
+def paired_verdict(
+    a: Mapping,
+    b: Mapping,
+    *,
+    margin: float,
+    alpha: float = ALPHA,
+    higher_is_better: bool = True,
+    shown_scale: float = 1.0,
+) -> dict:
     """Compare a row with the baseline seed by seed: ``a``/``b`` map seed -> value.
 
     Uses the seeds both have (``n`` of them). Same keys and meaning as
@@ -347,8 +439,13 @@ def paired_verdict(a: Mapping, b: Mapping, *, margin: float, alpha: float = ALPH
     x = [float(a[k]) for k in common]
     y = [float(b[k]) for k in common]
     d = [u - v for u, v in zip(x, y)]
-    out = {"n": len(common), "n_baseline": len(common), "test": "", "margin": margin,
-           **dict.fromkeys(_NUMBERS, math.nan)}
+    out = {
+        "n": len(common),
+        "n_baseline": len(common),
+        "test": "",
+        "margin": margin,
+        **dict.fromkeys(_NUMBERS, math.nan),
+    }
     if common:
         out.update(mean=_mean_var(x)[0], mean_baseline=_mean_var(y)[0], diff=_mean_var(d)[0])
     if not x:
@@ -363,10 +460,23 @@ def paired_verdict(a: Mapping, b: Mapping, *, margin: float, alpha: float = ALPH
     from scipy import stats
 
     res = stats.ttest_rel(x, y)
-    return {**out, "test": "paired",
-            **_result(x, y, paired=True, alpha=alpha, higher_is_better=higher_is_better, margin=margin,
-                      shown_scale=shown_scale, t_result=res, df=len(d) - 1.0, se=math.sqrt(vd / len(d)),
-                      var_kw={"var_diff": vd})}
+    return {
+        **out,
+        "test": "paired",
+        **_result(
+            x,
+            y,
+            paired=True,
+            alpha=alpha,
+            higher_is_better=higher_is_better,
+            margin=margin,
+            shown_scale=shown_scale,
+            t_result=res,
+            df=len(d) - 1.0,
+            se=math.sqrt(vd / len(d)),
+            var_kw={"var_diff": vd},
+        ),
+    }
 
 
 def can_pair(a_by_seed: Mapping, n_a: int, b_by_seed: Mapping, n_b: int) -> bool:
@@ -376,9 +486,17 @@ def can_pair(a_by_seed: Mapping, n_a: int, b_by_seed: Mapping, n_b: int) -> bool
     return whole and len(set(a_by_seed) & set(b_by_seed)) >= 2 and set(a_by_seed) == set(b_by_seed)
 
 
-def compare_cells(a_vals: Sequence[float], a_by_seed: Mapping, b_vals: Sequence[float], b_by_seed: Mapping, *,
-                  margin: float, alpha: float = ALPHA, higher_is_better: bool = True,
-                  shown_scale: float = 1.0) -> dict:
+def compare_cells(
+    a_vals: Sequence[float],
+    a_by_seed: Mapping,
+    b_vals: Sequence[float],
+    b_by_seed: Mapping,
+    *,
+    margin: float,
+    alpha: float = ALPHA,
+    higher_is_better: bool = True,
+    shown_scale: float = 1.0,
+) -> dict:
     """Row a against row b: :func:`paired_verdict` when :func:`can_pair`, else :func:`noise_verdict`."""
     kw = {"margin": margin, "alpha": alpha, "higher_is_better": higher_is_better, "shown_scale": shown_scale}
     if can_pair(a_by_seed, len(a_vals), b_by_seed, len(b_vals)):

@@ -143,8 +143,9 @@ SUMMARY_COLUMNS = [
 TABLE_KEYS = ["study", "setting_id", "model", "batch_size"]
 
 
-def summarize(df: pd.DataFrame, metric: str = "final_map", margin: float = DEFAULT_MARGIN, *,
-              values: bool = False) -> pd.DataFrame:
+def summarize(
+    df: pd.DataFrame, metric: str = "final_map", margin: float = DEFAULT_MARGIN, *, values: bool = False
+) -> pd.DataFrame:
     """One row per table cell: (study, setting, model, batch_size, row, label, precision, configuration).
 
     Columns: see ``SUMMARY_COLUMNS``.  ``mean``/``std`` are in the metric's
@@ -201,8 +202,22 @@ def _classify_runs(df: pd.DataFrame, metric: str) -> tuple[pd.DataFrame, pd.Seri
     counts (``NOT_VALUE``); a finished run without the metric counts as running.
     """
     df = df.copy()
-    for c in ("study", "model", "batch_size", "row", "label", "precision", "eval_metric", "seed", "status",
-              "baseline", "config_id", "setting_id", "config_params", "start_time"):
+    for c in (
+        "study",
+        "model",
+        "batch_size",
+        "row",
+        "label",
+        "precision",
+        "eval_metric",
+        "seed",
+        "status",
+        "baseline",
+        "config_id",
+        "setting_id",
+        "config_params",
+        "start_time",
+    ):
         if c not in df.columns:
             df[c] = None
     df["baseline"] = [is_true(v) for v in df["baseline"]]
@@ -283,7 +298,8 @@ def _order_cells(runs: pd.DataFrame, out: pd.DataFrame) -> pd.DataFrame:
     out["variant"] = _variants(out)
     return out.sort_values(
         ["study", "_setting_rank", "model", "batch_size", "row", "label", "precision", "_newest"],
-        kind="stable", na_position="last"
+        kind="stable",
+        na_position="last",
     ).reset_index(drop=True)
 
 
@@ -344,8 +360,7 @@ def _settings(runs: pd.DataFrame, cells: pd.DataFrame) -> tuple[list[str], list[
         fields = differing_fields(params.values())
         for n, sid in enumerate(order):
             what = describe(params[sid], fields) if fields else f"setting {sid[:8]}"
-            text[(study, sid)] = (f"configuration {n + 1} of {len(order)} "
-                                  f"({'latest' if n == 0 else 'earlier'}): {what}")
+            text[(study, sid)] = f"configuration {n + 1} of {len(order)} ({'latest' if n == 0 else 'earlier'}): {what}"
     keys = list(zip(cells["study"], cells["setting_id"]))
     return [text.get(k, "") for k in keys], [rank.get(k, 0) for k in keys]
 
@@ -366,11 +381,14 @@ def _variants(cells: pd.DataFrame) -> list[str]:
 def table_labels(table: pd.DataFrame) -> list[str]:
     """The row names one table prints, in its order: the label, ``label [variant]`` for a row with two
     configurations in the table, and ``[precision]`` after a name two rows would share."""
+
     def text(v) -> str:
         return "" if v is None or isna(v) else str(v)
 
-    labels = [str(r["label"]) + (f" [{text(r.get('variant'))}]" if text(r.get("variant")) else "")
-              for _, r in table.iterrows()]
+    labels = [
+        str(r["label"]) + (f" [{text(r.get('variant'))}]" if text(r.get("variant")) else "")
+        for _, r in table.iterrows()
+    ]
     dup = {lab for lab in labels if labels.count(lab) > 1}
     return [f"{lab} [{p}]" if lab in dup and not isna(p) else lab for lab, p in zip(labels, table["precision"])]
 
@@ -412,8 +430,21 @@ def _add_verdicts(out: pd.DataFrame, higher: bool, margin: float, shown_scale: f
     "too few seeds", which would blame the row's own seeds.
     """
     out = out.copy()
-    numbers = ("p_value", "diff", "diff_ci_low", "diff_ci_high", "half_width", "tost_p", "tost_ci_low", "tost_ci_high",
-               "margin", "seeds_needed", "p_better", "p_better_low", "p_better_high")
+    numbers = (
+        "p_value",
+        "diff",
+        "diff_ci_low",
+        "diff_ci_high",
+        "half_width",
+        "tost_p",
+        "tost_ci_low",
+        "tost_ci_high",
+        "margin",
+        "seeds_needed",
+        "p_better",
+        "p_better_low",
+        "p_better_high",
+    )
     for c in numbers:
         out[c] = math.nan
     for c in ("baseline_label", "outcome", "test", "verdict"):
@@ -434,8 +465,16 @@ def _add_verdicts(out: pd.DataFrame, higher: bool, margin: float, shown_scale: f
             if empty:
                 out.at[i, "outcome"], out.at[i, "verdict"] = NO_BASELINE, empty
                 continue
-            v = compare_cells(out.at[i, "_vals"], out.at[i, "_by_seed"], out.at[b, "_vals"], out.at[b, "_by_seed"],
-                              margin=margin, alpha=ALPHA, higher_is_better=higher, shown_scale=shown_scale)
+            v = compare_cells(
+                out.at[i, "_vals"],
+                out.at[i, "_by_seed"],
+                out.at[b, "_vals"],
+                out.at[b, "_by_seed"],
+                margin=margin,
+                alpha=ALPHA,
+                higher_is_better=higher,
+                shown_scale=shown_scale,
+            )
             for c in (*numbers, "outcome", "test", "verdict"):
                 out.at[i, c] = v[c]
     return out

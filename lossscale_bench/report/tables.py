@@ -19,20 +19,30 @@ from .cell_text import is_map_metric, metric_scale
 from .stats import MAX_SEEDS, format_margin
 from .summary import ALPHA, DEFAULT_MARGIN, EMULATED_SUFFIX, STATUSES, is_emulated, isna, model_name, table_labels
 
-__all__ = ["HEADERS", "VS_HEADER", "SEEDS_NOTE", "EMULATED_MARK", "EMULATION_NOTES", "TableStudy", "TOST_CI_NOTE",
-           "P_BETTER_NOTE", "interval_text", "emulation_notes", "table_heading", "margin_text", "metric_description",
-           "needs_text", "p_better_text", "column_text", "bold_split", "study_notes", "report_tables"]
+__all__ = [
+    "HEADERS",
+    "VS_HEADER",
+    "SEEDS_NOTE",
+    "EMULATED_MARK",
+    "EMULATION_NOTES",
+    "TableStudy",
+    "TOST_CI_NOTE",
+    "P_BETTER_NOTE",
+    "interval_text",
+    "emulation_notes",
+    "table_heading",
+    "margin_text",
+    "metric_description",
+    "needs_text",
+    "p_better_text",
+    "column_text",
+    "bold_split",
+    "study_notes",
+    "report_tables",
+]
 
-_EVAL_METRIC_NAMES = {
-    "coco": "COCO mAP@[.5:.95]",
-    "voc07": "VOC07 11-point mAP",
-    "voc": "VOC area mAP",
-}
-_EVAL_METRIC_NAMES_50 = {
-    "coco": "COCO mAP@0.5",
-    "voc07": "VOC07 11-point mAP",
-    "voc": "VOC area mAP",
-}
+_EVAL_METRIC_NAMES = {"coco": "COCO mAP@[.5:.95]", "voc07": "VOC07 11-point mAP", "voc": "VOC area mAP"}
+_EVAL_METRIC_NAMES_50 = {"coco": "COCO mAP@0.5", "voc07": "VOC07 11-point mAP", "voc": "VOC area mAP"}
 
 EMULATED_MARK = "†"
 #: what each emulation rounds; an emulation not listed here gets a generic note
@@ -89,13 +99,17 @@ def _verdict_note(metric: str, margin: float = DEFAULT_MARGIN) -> str:
 
 
 #: how an equivalent row's interval reads (the main tables and ``--compare``)
-TOST_CI_NOTE = ("on an equivalent row, the 90% interval the two one-sided tests decided on, marked 90% CI: it "
-                "lies inside the margin, where the 95% interval may not.")
+TOST_CI_NOTE = (
+    "on an equivalent row, the 90% interval the two one-sided tests decided on, marked 90% CI: it "
+    "lies inside the margin, where the 95% interval may not."
+)
 #: how P(>) and its interval are computed (the main tables and ``--compare``, after "P(A > B): ")
-P_BETTER_NOTE = ("paired: the share of seeds on which it does (ties count one half), with an exact binomial "
-                 "(Clopper–Pearson) 95% interval for the chance of winning on a seed (a tie counted either way); "
-                 "Welch: the Mann–Whitney probability U/(n·m) over all pairs of values, without an interval "
-                 "(the pairs share their values, and no exact interval exists).")
+P_BETTER_NOTE = (
+    "paired: the share of seeds on which it does (ties count one half), with an exact binomial "
+    "(Clopper–Pearson) 95% interval for the chance of winning on a seed (a tie counted either way); "
+    "Welch: the Mann–Whitney probability U/(n·m) over all pairs of values, without an interval "
+    "(the pairs share their values, and no exact interval exists)."
+)
 
 
 _P_SYMBOL = "P(>)"
@@ -136,8 +150,11 @@ def p_better_text(p: float, lo: float, hi: float, symbol: str = _P_SYMBOL) -> st
     """``P(>)=0.67 [0.33, 1.00]`` (no ``symbol``: ``0.67 [0.33, 1.00]``); without an interval, the number alone."""
     if math.isnan(p):
         return ""
-    return (f"{symbol}=" if symbol else "") + f"{p:.2f}" + (
-        f" [{lo:.2f}, {hi:.2f}]" if not (math.isnan(lo) or math.isnan(hi)) else "")
+    return (
+        (f"{symbol}=" if symbol else "")
+        + f"{p:.2f}"
+        + (f" [{lo:.2f}, {hi:.2f}]" if not (math.isnan(lo) or math.isnan(hi)) else "")
+    )
 
 
 def interval_text(r, k: float) -> str:
@@ -201,8 +218,10 @@ def report_tables(summary: pd.DataFrame, metric: str = "final_map"):
         k = dict(zip(keys, key))
         study, model, bs = k["study"], k["model"], k["batch_size"]
         setting = column_text(g["setting"].iloc[0]) if "setting" in g.columns else ""
-        rows = [(label, str(r["cell"]), bool(r["best"]), is_emulated(r["precision"]), _vs_text(r, metric))
-                for label, (_, r) in zip(table_labels(g), g.iterrows())]
+        rows = [
+            (label, str(r["cell"]), bool(r["best"]), is_emulated(r["precision"]), _vs_text(r, metric))
+            for label, (_, r) in zip(table_labels(g), g.iterrows())
+        ]
         has_baseline = "verdict" in g.columns and g["verdict"].map(column_text).eq("baseline").any()
         yield TableStudy(study, setting), model, bs, rows, bool(has_baseline)
 
@@ -222,8 +241,10 @@ def table_heading(study, model, bs) -> str:
 
 def emulation_notes(precisions: Iterable) -> list[str]:
     """One † line per emulation that appears, in registry-ish order (fp16 before fp8)."""
-    found = sorted({str(p) for p in precisions if is_emulated(p)},
-                   key=lambda p: (list(EMULATION_NOTES).index(p) if p in EMULATION_NOTES else len(EMULATION_NOTES), p))
+    found = sorted(
+        {str(p) for p in precisions if is_emulated(p)},
+        key=lambda p: (list(EMULATION_NOTES).index(p) if p in EMULATION_NOTES else len(EMULATION_NOTES), p),
+    )
     lines = []
     for p in found:
         fmt = p[: -len(EMULATED_SUFFIX)]
@@ -302,7 +323,8 @@ def _trial_counts(summary: pd.DataFrame, runs: pd.DataFrame) -> list[str]:
     lines.append(
         "The store holds several configurations of this study (its file changed under the same name): "
         "each has its own tables, headed by the fields in which they differ; seeds are pooled only "
-        "within one configuration. Latest: the configuration whose newest trial started last.")
+        "within one configuration. Latest: the configuration whose newest trial started last."
+    )
     for sid, text in sorted(names.items(), key=lambda kv: kv[1]):
         lines.append(f"Trials of {text}: {_count_text(runs[runs['setting_id'] == sid])}.")
     return lines

@@ -69,8 +69,9 @@ def _run_values(client, run_id: str) -> dict[str, float]:
     for col, (metric, how) in TELEMETRY_COLUMNS.items():
         if how == "layer_scale":
             names = sorted(k for k in client.get_run(run_id).data.metrics if k.endswith(LAYER_SCALE_SUFFIX))
-            out[col] = next((v for v in (_reduce(client.get_metric_history(run_id, m), "last") for m in names)
-                             if v == v), math.nan)
+            out[col] = next(
+                (v for v in (_reduce(client.get_metric_history(run_id, m), "last") for m in names) if v == v), math.nan
+            )
         else:
             out[col] = _reduce(client.get_metric_history(run_id, metric), how)
     return out
@@ -90,11 +91,22 @@ def telemetry_rows(tracking_uri: str, study: str | None = None) -> pd.DataFrame:
     left_out = _left_out(runs[~kept])
     runs = runs[kept]
     if not len(runs):
-        raise ReportError(f"no finished or diverged trial runs for {study or 'any study'} in {tracking_uri}"
-                          + (f" ({left_out})" if left_out else ""))
+        raise ReportError(
+            f"no finished or diverged trial runs for {study or 'any study'} in {tracking_uri}"
+            + (f" ({left_out})" if left_out else "")
+        )
     client = MlflowClient(tracking_uri=tracking_uri)
-    records = [{"model": r.model, "batch_size": r.batch_size, "row": r.row, "label": r.label,
-                "precision": r.precision, **_run_values(client, r.run_id)} for r in runs.itertuples()]
+    records = [
+        {
+            "model": r.model,
+            "batch_size": r.batch_size,
+            "row": r.row,
+            "label": r.label,
+            "precision": r.precision,
+            **_run_values(client, r.run_id),
+        }
+        for r in runs.itertuples()
+    ]
     df = pd.DataFrame(records)
     keys = ["model", "batch_size", "row", "label", "precision"]
     cols = list(TELEMETRY_COLUMNS)
@@ -123,8 +135,10 @@ def _left_out(runs: pd.DataFrame) -> str:
 
     parts = []
     for status, group in runs.groupby("status", sort=True):
-        names = ", ".join(f"{md_cell(r.label)} ({'' if pd.isna(r.seed) else f'seed {int(r.seed)}, '}{r.trial_id})"
-                          for r in group.itertuples())
+        names = ", ".join(
+            f"{md_cell(r.label)} ({'' if pd.isna(r.seed) else f'seed {int(r.seed)}, '}{r.trial_id})"
+            for r in group.itertuples()
+        )
         parts.append(f"{len(group)} {status} trial{'s' if len(group) > 1 else ''}: {names}")
     return "Left out (only finished and diverged trials are summed up): " + "; ".join(parts) + "."
 
@@ -153,9 +167,12 @@ def render_telemetry_markdown(df: pd.DataFrame) -> str:
         lines.append("| " + " | ".join(cells) + " |")
     if df.attrs.get("left_out"):
         lines += ["", df.attrs["left_out"]]
-    lines += ["", "Rates: share of the non-zero gradient elements the row's gradient format flushes to zero or "
-              "saturates (past its maximum), per logged step, averaged over layers, steps and seeds (range over "
-              "seeds in brackets where it is wide); rows without an emulated format are counted against fp16's "
-              "thresholds (what fp16 would lose). Activation gradients are seen arriving at each conv/linear "
-              "output, parameter gradients before they are rounded, both carrying the loss scale."]
+    lines += [
+        "",
+        "Rates: share of the non-zero gradient elements the row's gradient format flushes to zero or "
+        "saturates (past its maximum), per logged step, averaged over layers, steps and seeds (range over "
+        "seeds in brackets where it is wide); rows without an emulated format are counted against fp16's "
+        "thresholds (what fp16 would lose). Activation gradients are seen arriving at each conv/linear "
+        "output, parameter gradients before they are rounded, both carrying the loss scale.",
+    ]
     return "\n".join(lines) + "\n"

@@ -37,8 +37,10 @@ def _plot_list(tracking_uri: str, study: str | None, runs: pd.DataFrame, metric:
         return study_plots(tracking_uri, study, runs=runs, metric=metric)
     except Exception as e:  # PlotError, matplotlib or MLflow errors: one line, and the way out
         msg = " ".join(str(e).split())
-        raise ReportError(f"cannot draw the report's plots: {type(e).__name__}: {msg[:300]} "
-                          f"(plots=False / --no-plots writes the tables alone)") from None
+        raise ReportError(
+            f"cannot draw the report's plots: {type(e).__name__}: {msg[:300]} "
+            f"(plots=False / --no-plots writes the tables alone)"
+        ) from None
 
 
 def _md_alt(text: str) -> str:
@@ -69,8 +71,9 @@ def check_margin(margin) -> float:
     points any two rows would be equivalent)."""
     lo, hi = EQUIVALENCE_MARGIN_RANGE
     if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not lo <= margin <= hi:
-        raise ReportError(f"equivalence margin {margin!r}: a number of mAP points from {lo:g} to {hi:g} "
-                          f"(e.g. {DEFAULT_MARGIN})")
+        raise ReportError(
+            f"equivalence margin {margin!r}: a number of mAP points from {lo:g} to {hi:g} (e.g. {DEFAULT_MARGIN})"
+        )
     return float(margin)
 
 
@@ -154,8 +157,9 @@ def write_report(
     return text, _write(path, text, files)
 
 
-def write_telemetry_report(tracking_uri: str, *, study: str | None = None,
-                           out: str | Path | None = None) -> tuple[str, Path | None]:
+def write_telemetry_report(
+    tracking_uri: str, *, study: str | None = None, out: str | Path | None = None
+) -> tuple[str, Path | None]:
     """``lsbench report --telemetry``: the telemetry table (markdown), written as :func:`write_report` writes.
 
     ``out`` None or ``-``: nothing is written (path None, the caller prints the text); a folder (or a name

@@ -45,8 +45,11 @@ def _recipe_without_pydantic(entry: dict[str, Any]) -> tuple[str, dict, bool, bo
     module named after it (``none`` lives with ``fixed``); every option given is passed on."""
     method = entry["method"]
     module = import_module(f"{__name__}.{'fixed' if method == 'none' else method}")
-    cls = next(c for c in vars(module).values()
-               if isinstance(c, type) and issubclass(c, LossScaler) and c.__dict__.get("method") == method)
+    cls = next(
+        c
+        for c in vars(module).values()
+        if isinstance(c, type) and issubclass(c, LossScaler) and c.__dict__.get("method") == method
+    )
     params = inspect.signature(cls.__init__).parameters
     kwargs = {k: v for k, v in entry.items() if k in params and k not in ("self", "model") and v is not None}
     return f"{module.__name__}:{cls.__name__}", kwargs, "model" in params, "grad_format" in params

@@ -50,9 +50,20 @@ from .per_layer import PerLayerLossScaler
 from .per_layer.functions import LayerInfo, PointInfo, point_hook
 from .per_layer.iteration import Iteration
 
-__all__ = ["AdaptiveLossScaler", "approx_range_scale", "approx_range_scale_tensor", "unbounded_scale_tensor",
-           "bound_scale_tensor", "branch_target_scale", "backward_fan_in", "output_scale_tensor",
-           "find_output_points", "UPDATE_COUNTS", "U_MIN", "U_MAX"]
+__all__ = [
+    "AdaptiveLossScaler",
+    "approx_range_scale",
+    "approx_range_scale_tensor",
+    "unbounded_scale_tensor",
+    "bound_scale_tensor",
+    "branch_target_scale",
+    "backward_fan_in",
+    "output_scale_tensor",
+    "find_output_points",
+    "UPDATE_COUNTS",
+    "U_MIN",
+    "U_MAX",
+]
 
 #: what ``update_every`` counts: optimizer steps (ours) or each layer's backward calls (the reference)
 UPDATE_COUNTS = ("steps", "calls")
@@ -83,8 +94,9 @@ def find_output_points(model: nn.Module) -> list[tuple[str, nn.Module, str, bool
         if isinstance(mod, (SSDClassificationHead, SSDRegressionHead)):
             is_cls = isinstance(mod, SSDClassificationHead)
             for i, conv in enumerate(mod.module_list):
-                points.append((f"{name}.module_list.{i}/output", conv, "class_output" if is_cls else "box_output",
-                               is_cls))
+                points.append(
+                    (f"{name}.module_list.{i}/output", conv, "class_output" if is_cls else "box_output", is_cls)
+                )
     return points
 
 
@@ -114,13 +126,24 @@ class AdaptiveLossScaler(PerLayerLossScaler):
     method = "adaptive"
     metric_prefix = "ada_"
 
-    def __init__(self, model: nn.Module, update_every: int = 1, init_scale: float = 1.0,
-                 n_uf_threshold: float = 1e-3, scale_upper_bound: float = 16.0,
-                 accum_upper_bound: float = 1024.0, power_of_two: bool = True, *,
-                 sync_scales: bool = True, unscale_in_backward: bool | None = None,
-                 scale_fn: Callable[[str, torch.Tensor, torch.Tensor, torch.Tensor], Any] | None = None,
-                 layer_types: tuple[type, ...] = (nn.Conv2d, nn.Linear), grad_format: FloatFormat = FP16,
-                 output_scaling: bool = False, update_count: str = "steps") -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        update_every: int = 1,
+        init_scale: float = 1.0,
+        n_uf_threshold: float = 1e-3,
+        scale_upper_bound: float = 16.0,
+        accum_upper_bound: float = 1024.0,
+        power_of_two: bool = True,
+        *,
+        sync_scales: bool = True,
+        unscale_in_backward: bool | None = None,
+        scale_fn: Callable[[str, torch.Tensor, torch.Tensor, torch.Tensor], Any] | None = None,
+        layer_types: tuple[type, ...] = (nn.Conv2d, nn.Linear),
+        grad_format: FloatFormat = FP16,
+        output_scaling: bool = False,
+        update_count: str = "steps",
+    ) -> None:
         if update_count not in UPDATE_COUNTS:
             raise ValueError(f"update_count must be one of {', '.join(UPDATE_COUNTS)}, got {update_count!r}")
         if model is None:
@@ -132,8 +155,13 @@ class AdaptiveLossScaler(PerLayerLossScaler):
         if not (scale_upper_bound > 0 and accum_upper_bound > 0):
             raise ValueError("scale_upper_bound and accum_upper_bound must be > 0")
         underflow_k(n_uf_threshold)  # validates
-        super().__init__(model, init_scale=init_scale, grad_format=grad_format,
-                         unscale_in_backward=unscale_in_backward, layer_types=layer_types)
+        super().__init__(
+            model,
+            init_scale=init_scale,
+            grad_format=grad_format,
+            unscale_in_backward=unscale_in_backward,
+            layer_types=layer_types,
+        )
         self.update_every = int(update_every)
         self.update_count = update_count
         self.output_scaling = bool(output_scaling)
@@ -159,8 +187,7 @@ class AdaptiveLossScaler(PerLayerLossScaler):
             self._by_name[info.name] = info
             self._point_handles.append(mod.register_forward_hook(point_hook(info)))
         if not self._output_points:
-            warnings.warn("output_scaling: the model has no SSD head or marked module; nothing added",
-                          stacklevel=3)
+            warnings.warn("output_scaling: the model has no SSD head or marked module; nothing added", stacklevel=3)
 
     # -- the loop's interface ------------------------------------------------
     def _iteration_recomputes(self) -> bool:
@@ -176,8 +203,9 @@ class AdaptiveLossScaler(PerLayerLossScaler):
         super().update()
 
     # -- the rule --------------------------------------------------------------
-    def layer_factor(self, it: Iteration, layer: LayerInfo, grad: torch.Tensor, weight: torch.Tensor | None,
-                     incoming: torch.Tensor) -> torch.Tensor:
+    def layer_factor(
+        self, it: Iteration, layer: LayerInfo, grad: torch.Tensor, weight: torch.Tensor | None, incoming: torch.Tensor
+    ) -> torch.Tensor:
         """The adaptive rule's layer scale (steps 1-9 of docs/adaptive_algorithm.md), bounded against
         the ``incoming`` scale; statistics recomputed when due, else the layer's last ones reused."""
         info, g, w, prev = layer, grad, weight, incoming
@@ -197,25 +225,52 @@ class AdaptiveLossScaler(PerLayerLossScaler):
         u = None  # the unbounded scale as a float, where the host computed it
         if recompute or unb is None:
             if getattr(info, "is_point", False):
-                unb = output_scale_tensor(g, lognormal=info.lognormal, n_uf_threshold=self.n_uf_threshold,
-                                          u_min=self.grad_format.u_min, u_max=self.grad_format.u_max)
+                unb = output_scale_tensor(
+                    g,
+                    lognormal=info.lognormal,
+                    n_uf_threshold=self.n_uf_threshold,
+                    u_min=self.grad_format.u_min,
+                    u_max=self.grad_format.u_max,
+                )
             elif host:
-                u = unbounded_scale_host(g, w, n_uf_threshold=self.n_uf_threshold, fan_in=info.fan_in,
-                                         u_min=self.grad_format.u_min, u_max=self.grad_format.u_max)
+                u = unbounded_scale_host(
+                    g,
+                    w,
+                    n_uf_threshold=self.n_uf_threshold,
+                    fan_in=info.fan_in,
+                    u_min=self.grad_format.u_min,
+                    u_max=self.grad_format.u_max,
+                )
                 unb = torch.tensor(u, dtype=_F32)
             else:
-                unb = unbounded_scale_tensor(g, w, n_uf_threshold=self.n_uf_threshold, fan_in=info.fan_in,
-                                             u_min=self.grad_format.u_min, u_max=self.grad_format.u_max)
+                unb = unbounded_scale_tensor(
+                    g,
+                    w,
+                    n_uf_threshold=self.n_uf_threshold,
+                    fan_in=info.fan_in,
+                    u_min=self.grad_format.u_min,
+                    u_max=self.grad_format.u_max,
+                )
             info.last_unbounded = unb
             self.stat_computations += 1
         elif unb.device != g.device:
             unb = info.last_unbounded = unb.to(g.device)
         if host and prev.device.type == "cpu":
-            s = bound_scale_host(float(unb) if u is None else u, float(prev), scale_upper_bound=self.scale_upper_bound,
-                                 accum_upper_bound=self.accum_upper_bound, power_of_two=self.power_of_two)
+            s = bound_scale_host(
+                float(unb) if u is None else u,
+                float(prev),
+                scale_upper_bound=self.scale_upper_bound,
+                accum_upper_bound=self.accum_upper_bound,
+                power_of_two=self.power_of_two,
+            )
             return torch.tensor(s, dtype=_F32)
-        return bound_scale_tensor(unb, prev, scale_upper_bound=self.scale_upper_bound,
-                                  accum_upper_bound=self.accum_upper_bound, power_of_two=self.power_of_two)
+        return bound_scale_tensor(
+            unb,
+            prev,
+            scale_upper_bound=self.scale_upper_bound,
+            accum_upper_bound=self.accum_upper_bound,
+            power_of_two=self.power_of_two,
+        )
 
     def agree_scales(self) -> None:
         """All-reduce MIN of the stored unbounded layer scales across replicas (no-op when not distributed)."""
@@ -230,13 +285,13 @@ class AdaptiveLossScaler(PerLayerLossScaler):
         if dist.get_backend() == "nccl" and dev.type != "cuda":
             dev = torch.device("cuda", torch.cuda.current_device())
         inf = torch.full((), float("inf"), dtype=_F32, device=dev)
-        vec = torch.stack([i.last_unbounded.to(dev, _F32) if i.last_unbounded is not None else inf
-                           for i in infos])
+        vec = torch.stack([i.last_unbounded.to(dev, _F32) if i.last_unbounded is not None else inf for i in infos])
         dist.all_reduce(vec, op=dist.ReduceOp.MIN)
         for info, v in zip(infos, vec):
             if info.last_unbounded is not None:  # layers without statistics (no input gradient) stay so
                 info.last_unbounded = torch.where(torch.isfinite(v), v, torch.ones_like(v)).to(
-                    info.last_unbounded.device)
+                    info.last_unbounded.device
+                )
 
     # -- introspection -------------------------------------------------------
     def _table_columns(self, k: int, info: Any, unbounded: float, ran: bool) -> dict[str, Any]:
@@ -252,10 +307,19 @@ class AdaptiveLossScaler(PerLayerLossScaler):
         for info in self._layers + self._output_points:
             s, p, _ = rec.get(info.name, (None, None, None))
             u = None if info.last_unbounded is None else float(info.last_unbounded)
-            layers[info.name] = {"unbounded": u, "scale": s if info.applied else None, "prev_scale": p,
-                                 "calls": info.calls}
-        return {"method": self.method, "iteration": self._iter, "init_scale": self.init_scale,
-                "update_every": self.update_every, "layers": layers}
+            layers[info.name] = {
+                "unbounded": u,
+                "scale": s if info.applied else None,
+                "prev_scale": p,
+                "calls": info.calls,
+            }
+        return {
+            "method": self.method,
+            "iteration": self._iter,
+            "init_scale": self.init_scale,
+            "update_every": self.update_every,
+            "layers": layers,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._iter = int(state.get("iteration", 0))
@@ -263,11 +327,15 @@ class AdaptiveLossScaler(PerLayerLossScaler):
             info = self._by_name.get(name)
             if info is None:
                 continue
-            dev = (self._device if getattr(info, "is_point", False)
-                   else self._modules[self._layers.index(info)].weight.device)
+            dev = (
+                self._device
+                if getattr(info, "is_point", False)
+                else self._modules[self._layers.index(info)].weight.device
+            )
             info.calls = int(rec.get("calls", 0))
-            info.last_unbounded = (None if rec.get("unbounded") is None
-                                   else torch.tensor(float(rec["unbounded"]), dtype=_F32, device=dev))
+            info.last_unbounded = (
+                None if rec.get("unbounded") is None else torch.tensor(float(rec["unbounded"]), dtype=_F32, device=dev)
+            )
             p = rec.get("prev_scale")
             s = rec.get("scale")
             info.last_prev = None if p is None else torch.tensor(float(p), dtype=_F32, device=dev)

@@ -63,10 +63,23 @@ from .host_fp32 import floor_log2 as _floor_log2
 from .host_fp32 import fmin as _fmin
 from .host_fp32 import recip as _recip
 
-__all__ = ["approx_range_scale", "approx_range_scale_tensor", "unbounded_scale_tensor", "bound_scale_tensor",
-           "branch_target_scale", "backward_fan_in", "underflow_k", "output_scale_tensor", "U_MIN", "U_MAX",
-           "MIN_BRANCH_SCALE", "unbounded_scale_host", "bound_scale_host", "branch_target_scale_host",
-           "branch_fallback_scale_host"]
+__all__ = [
+    "approx_range_scale",
+    "approx_range_scale_tensor",
+    "unbounded_scale_tensor",
+    "bound_scale_tensor",
+    "branch_target_scale",
+    "backward_fan_in",
+    "underflow_k",
+    "output_scale_tensor",
+    "U_MIN",
+    "U_MAX",
+    "MIN_BRANCH_SCALE",
+    "unbounded_scale_host",
+    "bound_scale_host",
+    "branch_target_scale_host",
+    "branch_fallback_scale_host",
+]
 
 #: fp16's smallest subnormal, as the reference uses it (the default ``u_min``; other gradient
 #: formats bring their own, see ``AdaptiveLossScaler(grad_format=...)``)
@@ -94,8 +107,15 @@ def backward_fan_in(weight: torch.Tensor) -> int:
     return int(weight.shape[0] * math.prod(weight.shape[2:]))
 
 
-def unbounded_scale_tensor(grad: torch.Tensor, weight: torch.Tensor, *, n_uf_threshold: float = 1e-3,
-                           fan_in: int | None = None, u_min: float = U_MIN, u_max: float = U_MAX) -> torch.Tensor:
+def unbounded_scale_tensor(
+    grad: torch.Tensor,
+    weight: torch.Tensor,
+    *,
+    n_uf_threshold: float = 1e-3,
+    fan_in: int | None = None,
+    u_min: float = U_MIN,
+    u_max: float = U_MAX,
+) -> torch.Tensor:
     """Steps 1-6: the statistical scale before the heuristic bounds, a 0-d fp32 tensor on grad's device.
 
     ``u_min``/``u_max`` are the gradient format's range (the reference's ``get_range(dtype)``):
@@ -124,8 +144,14 @@ def unbounded_scale_tensor(grad: torch.Tensor, weight: torch.Tensor, *, n_uf_thr
     return torch.where(ok, s, torch.ones_like(s))
 
 
-def output_scale_tensor(grad: torch.Tensor, *, lognormal: bool = False, n_uf_threshold: float = 1e-3,
-                        u_min: float = U_MIN, u_max: float = U_MAX) -> torch.Tensor:
+def output_scale_tensor(
+    grad: torch.Tensor,
+    *,
+    lognormal: bool = False,
+    n_uf_threshold: float = 1e-3,
+    u_min: float = U_MIN,
+    u_max: float = U_MAX,
+) -> torch.Tensor:
     """The unbounded scale of an output scaling point (module doc): statistics of ``grad`` alone.
 
     A 0-d fp32 tensor on grad's device, no host sync. An all-zero gradient, zero spread or
@@ -167,9 +193,14 @@ def _floor_pow2(s: torch.Tensor) -> torch.Tensor:
     return torch.where((s > 0) & torch.isfinite(s), p, s)
 
 
-def bound_scale_tensor(unbounded: torch.Tensor, prev_scale: torch.Tensor | float = 1.0, *,
-                       scale_upper_bound: float = 16.0, accum_upper_bound: float = 1024.0,
-                       power_of_two: bool = True) -> torch.Tensor:
+def bound_scale_tensor(
+    unbounded: torch.Tensor,
+    prev_scale: torch.Tensor | float = 1.0,
+    *,
+    scale_upper_bound: float = 16.0,
+    accum_upper_bound: float = 1024.0,
+    power_of_two: bool = True,
+) -> torch.Tensor:
     """Steps 7-9: heuristic bounds, power of two, fp16 storage. ``prev_scale`` is ``P``."""
     unbounded = unbounded.to(_F32)
     if not isinstance(prev_scale, torch.Tensor):
@@ -181,21 +212,41 @@ def bound_scale_tensor(unbounded: torch.Tensor, prev_scale: torch.Tensor | float
     return s.to(torch.float16).to(_F32)
 
 
-def approx_range_scale_tensor(grad: torch.Tensor, weight: torch.Tensor, prev_scale: torch.Tensor | float = 1.0, *,
-                              n_uf_threshold: float = 1e-3, scale_upper_bound: float = 16.0,
-                              accum_upper_bound: float = 1024.0, power_of_two: bool = True,
-                              grad_format: FloatFormat = FP16) -> torch.Tensor:
+def approx_range_scale_tensor(
+    grad: torch.Tensor,
+    weight: torch.Tensor,
+    prev_scale: torch.Tensor | float = 1.0,
+    *,
+    n_uf_threshold: float = 1e-3,
+    scale_upper_bound: float = 16.0,
+    accum_upper_bound: float = 1024.0,
+    power_of_two: bool = True,
+    grad_format: FloatFormat = FP16,
+) -> torch.Tensor:
     """ADAPTIVE.md steps 1-9 as a 0-d fp32 device tensor (no host sync)."""
-    unb = unbounded_scale_tensor(grad, weight, n_uf_threshold=n_uf_threshold, u_min=grad_format.u_min,
-                                 u_max=grad_format.u_max)
-    return bound_scale_tensor(unb, prev_scale, scale_upper_bound=scale_upper_bound,
-                              accum_upper_bound=accum_upper_bound, power_of_two=power_of_two)
+    unb = unbounded_scale_tensor(
+        grad, weight, n_uf_threshold=n_uf_threshold, u_min=grad_format.u_min, u_max=grad_format.u_max
+    )
+    return bound_scale_tensor(
+        unb,
+        prev_scale,
+        scale_upper_bound=scale_upper_bound,
+        accum_upper_bound=accum_upper_bound,
+        power_of_two=power_of_two,
+    )
 
 
-def approx_range_scale(grad: torch.Tensor, weight: torch.Tensor, prev_scale: float = 1.0, *,
-                       n_uf_threshold: float = 1e-3, scale_upper_bound: float = 16.0,
-                       accum_upper_bound: float = 1024.0, power_of_two: bool = True,
-                       grad_format: FloatFormat = FP16) -> float:
+def approx_range_scale(
+    grad: torch.Tensor,
+    weight: torch.Tensor,
+    prev_scale: float = 1.0,
+    *,
+    n_uf_threshold: float = 1e-3,
+    scale_upper_bound: float = 16.0,
+    accum_upper_bound: float = 1024.0,
+    power_of_two: bool = True,
+    grad_format: FloatFormat = FP16,
+) -> float:
     """The layer scale of ADAPTIVE.md (steps 1-9) for gradient ``grad`` at a layer with ``weight``.
 
     ``grad``: Linear ``(N, out)`` (or ``(*, out)``), Conv2d ``(N, Cout, H, W)``;
@@ -203,10 +254,18 @@ def approx_range_scale(grad: torch.Tensor, weight: torch.Tensor, prev_scale: flo
     accumulated scale ``P`` the gradient already carries; ``grad_format``: the format whose
     range the gradient must stay in.
     """
-    return float(approx_range_scale_tensor(grad, weight, prev_scale, n_uf_threshold=n_uf_threshold,
-                                           scale_upper_bound=scale_upper_bound,
-                                           accum_upper_bound=accum_upper_bound, power_of_two=power_of_two,
-                                           grad_format=grad_format))
+    return float(
+        approx_range_scale_tensor(
+            grad,
+            weight,
+            prev_scale,
+            n_uf_threshold=n_uf_threshold,
+            scale_upper_bound=scale_upper_bound,
+            accum_upper_bound=accum_upper_bound,
+            power_of_two=power_of_two,
+            grad_format=grad_format,
+        )
+    )
 
 
 def branch_target_scale(max_abs: torch.Tensor, scales: torch.Tensor, u_max: float = U_MAX) -> torch.Tensor:
@@ -230,8 +289,15 @@ def branch_target_scale(max_abs: torch.Tensor, scales: torch.Tensor, u_max: floa
     return torch.where(fits.any(), best, fallback)
 
 
-def unbounded_scale_host(grad: torch.Tensor, weight: torch.Tensor, *, n_uf_threshold: float = 1e-3,
-                         fan_in: int | None = None, u_min: float = U_MIN, u_max: float = U_MAX) -> float:
+def unbounded_scale_host(
+    grad: torch.Tensor,
+    weight: torch.Tensor,
+    *,
+    n_uf_threshold: float = 1e-3,
+    fan_in: int | None = None,
+    u_min: float = U_MIN,
+    u_max: float = U_MAX,
+) -> float:
     """:func:`unbounded_scale_tensor` for CPU tensors, its statistics read to the host and the rest computed
     there: the same value, as a Python float.
 
@@ -257,8 +323,14 @@ def unbounded_scale_host(grad: torch.Tensor, weight: torch.Tensor, *, n_uf_thres
     return _fmin(s, _f32(_recip(o_max) * _f32(u_max / fan_in)))
 
 
-def bound_scale_host(unbounded: float, prev_scale: float = 1.0, *, scale_upper_bound: float = 16.0,
-                     accum_upper_bound: float = 1024.0, power_of_two: bool = True) -> float:
+def bound_scale_host(
+    unbounded: float,
+    prev_scale: float = 1.0,
+    *,
+    scale_upper_bound: float = 16.0,
+    accum_upper_bound: float = 1024.0,
+    power_of_two: bool = True,
+) -> float:
     """:func:`bound_scale_tensor` on fp32 values held as floats (:func:`unbounded_scale_host`'s reasons and
     checks): steps 7-9, the same value, the fp16 storage by torch's own conversion."""
     s = _fmin(unbounded, _f32(_recip(prev_scale) * _f32(accum_upper_bound)))
@@ -323,4 +395,4 @@ def branch_fallback_scale_host(max_abs: list[float], scales: list[float], u_max:
         j = _floor_log2(x) + 1.0
     if j > 100.0:
         return None
-    return max(_f32(mn * 2.0 ** -j), MIN_BRANCH_SCALE)
+    return max(_f32(mn * 2.0**-j), MIN_BRANCH_SCALE)

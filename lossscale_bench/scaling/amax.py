@@ -63,10 +63,11 @@ _F32 = torch.float32
 RECIPES = ("current", "delayed")
 
 
-def scale_from_amax(amax: torch.Tensor, prev: torch.Tensor, fmax: float, margin: float,
-                    power_of_two: bool) -> torch.Tensor:
+def scale_from_amax(
+    amax: torch.Tensor, prev: torch.Tensor, fmax: float, margin: float, power_of_two: bool
+) -> torch.Tensor:
     """TE's default scaling factor: ``(fmax / amax) / 2**margin``; ``prev`` where amax is 0 or not finite."""
-    sf = (fmax / amax) / (2.0 ** margin)
+    sf = (fmax / amax) / (2.0**margin)
     if power_of_two:
         sf = torch.exp2(torch.floor(torch.log2(sf)))
     ok = (amax > 0) & torch.isfinite(amax) & torch.isfinite(sf) & (sf > 0)
@@ -78,7 +79,7 @@ def scale_from_amax_host(amax: float, prev: float, fmax: float, margin: float, p
     each tensor operation one rounded float operation (``fmax / amax`` is ``reciprocal(amax) * fmax``)."""
     if not (amax > 0.0 and math.isfinite(amax)):
         return prev
-    sf = f32(f32(recip(amax) * f32(fmax)) / f32(2.0 ** margin))
+    sf = f32(f32(recip(amax) * f32(fmax)) / f32(2.0**margin))
     if not (sf > 0.0 and math.isfinite(sf)):
         return prev
     return floor_pow2_log2(sf) if power_of_two else sf
@@ -93,9 +94,18 @@ class AmaxLossScaler(PointLossScaler):
     #: compare it with the tensor path, which runs on every other device)
     host_rule = True
 
-    def __init__(self, model: nn.Module, recipe: str = "delayed", history: int = 1024, margin: float = 0.0,
-                 power_of_two: bool = True, init_scale: float = 1.0, *, grad_format: FloatFormat = FP16,
-                 **kwargs: Any) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        recipe: str = "delayed",
+        history: int = 1024,
+        margin: float = 0.0,
+        power_of_two: bool = True,
+        init_scale: float = 1.0,
+        *,
+        grad_format: FloatFormat = FP16,
+        **kwargs: Any,
+    ) -> None:
         if recipe not in RECIPES:
             raise ValueError(f"amax recipe must be one of {', '.join(RECIPES)}, got {recipe!r}")
         if int(history) != history or history < 1:
@@ -110,10 +120,10 @@ class AmaxLossScaler(PointLossScaler):
         self.fmax = float(grad_format.max)
         n = len(self.points)
         #: device state, created at the first backward on the gradients' device
-        self._scales: torch.Tensor | None = None     # (n,) scale of every point
-        self._hist: torch.Tensor | None = None       # (history, n) true amaxes, newest first; 0 = none
-        self._now: torch.Tensor | None = None        # (n,) this step's true amaxes (0 = not measured)
-        self._hist_max: torch.Tensor | None = None   # (n,) max over the history window, once per step
+        self._scales: torch.Tensor | None = None  # (n,) scale of every point
+        self._hist: torch.Tensor | None = None  # (history, n) true amaxes, newest first; 0 = none
+        self._now: torch.Tensor | None = None  # (n,) this step's true amaxes (0 = not measured)
+        self._hist_max: torch.Tensor | None = None  # (n,) max over the history window, once per step
         #: on the CPU with the host rule: (scales, hist_max, now) as float lists during a backward, written back
         #: to the tensors by :meth:`_flush_host` (a write or read of one element of a tensor is a dispatch)
         self._host: tuple[list[float], list[float], list[float]] | None = None
@@ -193,8 +203,9 @@ class AmaxLossScaler(PointLossScaler):
         self._hist_max = self._hist.amax(0)
         amax = self._hist[0, 0] if self.recipe == "current" else self._hist_max[0]
         if self.host_rule and self._scales.device.type == "cpu":
-            self._scales[0] = scale_from_amax_host(float(amax), float(self._scales[0]), self.fmax, self.margin,
-                                                   self.power_of_two)
+            self._scales[0] = scale_from_amax_host(
+                float(amax), float(self._scales[0]), self.fmax, self.margin, self.power_of_two
+            )
         else:
             self._scales[0] = scale_from_amax(amax, self._scales[0], self.fmax, self.margin, self.power_of_two)
         self._loss_scale = float(self._scales[0])
@@ -219,8 +230,14 @@ class AmaxLossScaler(PointLossScaler):
         return rows
 
     def state_dict(self) -> dict[str, Any]:
-        state = {"method": self.method, "iteration": self._iter, "recipe": self.recipe, "history": self.history,
-                 "loss_scale": self._loss_scale, "points": list(self.points)}
+        state = {
+            "method": self.method,
+            "iteration": self._iter,
+            "recipe": self.recipe,
+            "history": self.history,
+            "loss_scale": self._loss_scale,
+            "points": list(self.points),
+        }
         self._flush_host()
         if self._scales is not None:
             state["scales"] = self._scales.cpu().tolist()

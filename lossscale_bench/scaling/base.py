@@ -117,8 +117,9 @@ class LossScaler(ABC):
         self._found_inf = all_reduce_flag(found)
         self._unscaled = True
 
-    def step(self, optimizer: torch.optim.Optimizer,
-             step_fn: Callable[[torch.optim.Optimizer], Any] | None = None) -> StepResult:
+    def step(
+        self, optimizer: torch.optim.Optimizer, step_fn: Callable[[torch.optim.Optimizer], Any] | None = None
+    ) -> StepResult:
         """Unscale if not done yet, then run ``step_fn(optimizer)`` unless a gradient overflowed.
 
         ``step_fn`` lets a backend substitute its own optimizer step
@@ -142,8 +143,11 @@ class LossScaler(ABC):
         if flag is None:
             return
         flag = all_reduce_flag(flag.float().reshape(()))
-        self._found_inf = flag if self._found_inf is None else torch.maximum(
-            self._found_inf.reshape(()), flag.to(self._found_inf.device))
+        self._found_inf = (
+            flag
+            if self._found_inf is None
+            else torch.maximum(self._found_inf.reshape(()), flag.to(self._found_inf.device))
+        )
 
     def update(self) -> None:
         """Adjust the scale for the next step (after ``step``)."""

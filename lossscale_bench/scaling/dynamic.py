@@ -34,10 +34,18 @@ from .base import LossScaler
 class DynamicLossScaler(LossScaler):
     method = "dynamic"
 
-    def __init__(self, style: str = "chainer", init_scale: float | None = None, interval: int | None = None,
-                 growth_factor: float = 2.0, backoff_factor: float = 0.5,
-                 min_scale: float | None = None, max_scale: float | None = None,
-                 hysteresis: int | None = None, consecutive_hysteresis: bool = False) -> None:
+    def __init__(
+        self,
+        style: str = "chainer",
+        init_scale: float | None = None,
+        interval: int | None = None,
+        growth_factor: float = 2.0,
+        backoff_factor: float = 0.5,
+        min_scale: float | None = None,
+        max_scale: float | None = None,
+        hysteresis: int | None = None,
+        consecutive_hysteresis: bool = False,
+    ) -> None:
         super().__init__()
         if style not in ("chainer", "torch", "deepspeed"):
             raise ValueError(f"dynamic style must be 'chainer', 'torch' or 'deepspeed', got {style!r}")
@@ -48,7 +56,7 @@ class DynamicLossScaler(LossScaler):
         self.hysteresis = 1
         self.consecutive_hysteresis = bool(consecutive_hysteresis)
         if style == "deepspeed":
-            self._scale = float(2.0 ** 16 if init_scale is None else init_scale)
+            self._scale = float(2.0**16 if init_scale is None else init_scale)
             self.interval = int(1000 if interval is None else interval)
             self.min_scale = 1.0 if min_scale is None else float(min_scale)
             self.max_scale = float("inf") if max_scale is None else float(max_scale)
@@ -141,11 +149,17 @@ class DynamicLossScaler(LossScaler):
         return out
 
     def state_dict(self) -> dict[str, Any]:
-        state = {"style": self.style, "scale": self._scale, "growth_tracker": self._growth_tracker,
-                 "seen_overflow": self._seen_overflow, "interval": self.interval}
+        state = {
+            "style": self.style,
+            "scale": self._scale,
+            "growth_tracker": self._growth_tracker,
+            "seen_overflow": self._seen_overflow,
+            "interval": self.interval,
+        }
         if self.style == "deepspeed":
-            state.update(iteration=self._iter, last_overflow_iter=self._last_overflow_iter,
-                         cur_hysteresis=self._cur_hysteresis)
+            state.update(
+                iteration=self._iter, last_overflow_iter=self._last_overflow_iter, cur_hysteresis=self._cur_hysteresis
+            )
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

@@ -37,7 +37,7 @@ def fmin(a: float, b: float) -> float:
 
 
 #: a value whose significand lies this close below 2 (or is exactly 1) is decided by torch itself
-_NEAR_POWER = 2.0 - 2.0 ** -12
+_NEAR_POWER = 2.0 - 2.0**-12
 
 
 def floor_log2(x: float) -> float:

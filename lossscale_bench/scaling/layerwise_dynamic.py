@@ -53,9 +53,19 @@ class LayerwiseDynamicLossScaler(PointLossScaler):
     method = "layerwise_dynamic"
     metric_prefix = "lw_"
 
-    def __init__(self, model: nn.Module, init_scale: float = 65536.0, interval: int = 10000,
-                 growth_factor: float = 2.0, backoff_factor: float = 0.5, min_scale: float | None = None,
-                 max_scale: float | None = None, *, grad_format: FloatFormat = FP16, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        init_scale: float = 65536.0,
+        interval: int = 10000,
+        growth_factor: float = 2.0,
+        backoff_factor: float = 0.5,
+        min_scale: float | None = None,
+        max_scale: float | None = None,
+        *,
+        grad_format: FloatFormat = FP16,
+        **kwargs: Any,
+    ) -> None:
         if int(interval) != interval or interval < 1:
             raise ValueError(f"interval must be a positive integer, got {interval}")
         if not growth_factor > 1.0 or not 0.0 < backoff_factor < 1.0:  # fairscale's assertions
@@ -202,8 +212,13 @@ class LayerwiseDynamicLossScaler(PointLossScaler):
         return rows
 
     def state_dict(self) -> dict[str, Any]:
-        return {"method": self.method, "iteration": self._iter, "interval": self.interval,
-                "scales": dict(zip(self.points, self._scales)), "growth_trackers": dict(zip(self.points, self._trackers))}
+        return {
+            "method": self.method,
+            "iteration": self._iter,
+            "interval": self.interval,
+            "scales": dict(zip(self.points, self._scales)),
+            "growth_trackers": dict(zip(self.points, self._trackers)),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._iter = int(state.get("iteration", 0))

@@ -27,9 +27,18 @@ from .base import LossScaler, optimizer_grads
 class SaturationLossScaler(LossScaler):
     method = "saturation"
 
-    def __init__(self, init_scale: float = 1.0, interval: int = 1000, threshold: float = 1e-5,
-                 growth_factor: float = 2.0, backoff_factor: float = 0.5, min_scale: float | None = None,
-                 max_scale: float | None = None, *, grad_format: FloatFormat = FP16) -> None:
+    def __init__(
+        self,
+        init_scale: float = 1.0,
+        interval: int = 1000,
+        threshold: float = 1e-5,
+        growth_factor: float = 2.0,
+        backoff_factor: float = 0.5,
+        min_scale: float | None = None,
+        max_scale: float | None = None,
+        *,
+        grad_format: FloatFormat = FP16,
+    ) -> None:
         super().__init__()
         if not init_scale > 0:
             raise ValueError(f"init_scale must be > 0, got {init_scale}")

@@ -32,8 +32,19 @@ import hashlib
 import json
 from collections.abc import Iterable, Mapping
 
-__all__ = ["CONFIG_TAG", "NOT_CONFIG_PARAMS", "PATH_PARAMS", "config_params", "params_config_id", "run_config_id",
-           "study_setting", "setting_id", "differing_fields", "describe", "change_note"]
+__all__ = [
+    "CONFIG_TAG",
+    "NOT_CONFIG_PARAMS",
+    "PATH_PARAMS",
+    "config_params",
+    "params_config_id",
+    "run_config_id",
+    "study_setting",
+    "setting_id",
+    "differing_fields",
+    "describe",
+    "change_note",
+]
 
 CONFIG_TAG = "lsbench.config_id"
 #: params that do not change a trial's result (or that vary between the seeds of one configuration)
@@ -68,8 +79,11 @@ def run_config_id(tags: Mapping[str, str], params: Mapping[str, str]) -> str:
 
 def study_setting(params: Mapping[str, str]) -> dict[str, str]:
     """The study-level part of a run's configuration: no row params, no paths."""
-    return {k: v for k, v in config_params(params).items()
-            if k not in _ROW_PARAMS and not k.startswith(_ROW_PREFIXES) and k not in PATH_PARAMS}
+    return {
+        k: v
+        for k, v in config_params(params).items()
+        if k not in _ROW_PARAMS and not k.startswith(_ROW_PREFIXES) and k not in PATH_PARAMS
+    }
 
 
 def setting_id(params: Mapping[str, str]) -> str:
@@ -105,21 +119,33 @@ def change_note(study_name: str, current: Iterable, existing: Mapping[str, tuple
     ids = {c.trial_id for c in current}
     cur_params = [c.flat_params() for c in current]
     cur_configs = {c.config_id() for c in current} | {params_config_id(p) for p in cur_params}
-    stale = [(tags, params) for tid, (tags, params) in existing.items()
-             if tid not in ids and run_config_id(tags, params) not in cur_configs]
+    stale = [
+        (tags, params)
+        for tid, (tags, params) in existing.items()
+        if tid not in ids and run_config_id(tags, params) not in cur_configs
+    ]
     if not stale:
         return None
     fields = []
-    for k in sorted({k for _, p in stale for k in config_params(p)} | {k for p in cur_params for k in config_params(p)}):
+    for k in sorted(
+        {k for _, p in stale for k in config_params(p)} | {k for p in cur_params for k in config_params(p)}
+    ):
         old = {str(p.get(k, NOT_RECORDED)) for _, p in stale}
         new = {str(p.get(k, NOT_RECORDED)) for p in cur_params}
         if not old <= new:  # a value none of the current trials has
             fields.append(k)
     n, k = len(stale), len({run_config_id(t, p) for t, p in stale})
-    what = (f"{n} trial{'s' if n != 1 else ''} of "
-            + ("an earlier configuration" if k == 1 else f"{k} earlier configurations")
-            + (" are" if n != 1 else " is"))
-    differs = (f" (differs in {', '.join(fields[:6])}{', ...' if len(fields) > 6 else ''})" if fields
-               else " (differs in what its trial ids cover beyond the params: a model or method version)")
-    return (f"study {study_name!r} changed since its earlier runs: {what} kept in the store and reported "
-            f"separately{differs}")
+    what = (
+        f"{n} trial{'s' if n != 1 else ''} of "
+        + ("an earlier configuration" if k == 1 else f"{k} earlier configurations")
+        + (" are" if n != 1 else " is")
+    )
+    differs = (
+        f" (differs in {', '.join(fields[:6])}{', ...' if len(fields) > 6 else ''})"
+        if fields
+        else " (differs in what its trial ids cover beyond the params: a model or method version)"
+    )
+    return (
+        f"study {study_name!r} changed since its earlier runs: {what} kept in the store and reported "
+        f"separately{differs}"
+    )

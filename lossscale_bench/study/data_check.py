@@ -53,9 +53,13 @@ def _bad_annotations(drops: Drops, policy: str, src: str) -> None:
     if policy == "drop" or drops.first is None:
         return
     more = drops.total - 1
-    raise StudyError(src, "dataset", drops.first.bare + (f" (and {more} more bad annotation{'s' if more > 1 else ''})"
-                                                         if more else "")
-                     + f"; fix the file, or {DROP_HINT}")
+    raise StudyError(
+        src,
+        "dataset",
+        drops.first.bare
+        + (f" (and {more} more bad annotation{'s' if more > 1 else ''})" if more else "")
+        + f"; fix the file, or {DROP_HINT}",
+    )
 
 
 def _voc_side(sources, labels: dict, drops: Drops, max_images, src: str, field: str) -> tuple[int, int, str]:
@@ -69,9 +73,13 @@ def _voc_side(sources, labels: dict, drops: Drops, max_images, src: str, field: 
                 raise StudyError(src, field, f"{list_file} lists {img_id!r}, but {xml} is not there")
             rec = parse_voc(xml, labels, drops)
             if not any(os.path.isfile(p) for p in image_candidates(year_dir, img_id, rec["file_name"])):
-                raise StudyError(src, field, f"{list_file} line {_line_of(list_file, img_id)} lists "
-                                 f"{img_id!r}, but its image is not there: "
-                                 f"{next(image_candidates(year_dir, img_id))}")
+                raise StudyError(
+                    src,
+                    field,
+                    f"{list_file} line {_line_of(list_file, img_id)} lists "
+                    f"{img_id!r}, but its image is not there: "
+                    f"{next(image_candidates(year_dir, img_id))}",
+                )
             images += 1
             if max_images is None or images <= max_images:
                 objects += sum(1 for _, _, difficult in rec["objects"] if not difficult)
@@ -92,17 +100,27 @@ def _check_voc(cfg: dict, max_images, src: str) -> None:
     labels = {str(c): i for i, c in enumerate(cfg.get("classes") or (), start=1)}
     train, val = voc_sources(cfg)
     drops = Drops("drop")  # collect: the first problem and the count make the message
-    for side, sources, field, limit in (("training", train, "dataset.train_split", None),
-                                        ("evaluation", val, "dataset.val_split", max_images)):
+    for side, sources, field, limit in (
+        ("training", train, "dataset.train_split", None),
+        ("evaluation", val, "dataset.val_split", max_images),
+    ):
         images, objects, lists = _voc_side(sources, labels, drops, limit, src, field)
         if images == 0:
-            raise StudyError(src, field, f"{lists} lists no images: nothing to "
-                             f"{'train' if side == 'training' else 'score (the trial would finish with mAP 0)'}")
+            raise StudyError(
+                src,
+                field,
+                f"{lists} lists no images: nothing to "
+                f"{'train' if side == 'training' else 'score (the trial would finish with mAP 0)'}",
+            )
         if objects == 0:
             _bad_annotations(drops, cfg.get("bad_annotations", "error"), src)
             where = f"the first {limit} images" if limit is not None and limit < images else f"the {images} images"
-            raise StudyError(src, field, f"no objects of dataset.classes that are not difficult in {where} of "
-                             f"{lists}: nothing to {'train on' if side == 'training' else 'score (mAP would be 0)'}")
+            raise StudyError(
+                src,
+                field,
+                f"no objects of dataset.classes that are not difficult in {where} of "
+                f"{lists}: nothing to {'train on' if side == 'training' else 'score (mAP would be 0)'}",
+            )
     _bad_annotations(drops, cfg.get("bad_annotations", "error"), src)
 
 
@@ -115,5 +133,9 @@ def _check_coco(cfg: dict, max_images, src: str) -> None:
     objects = sum(1 for i in ids for a in index.per_image[i] if not a.get("iscrowd", 0))
     if objects == 0:
         where = f"the first {len(ids)} images" if len(ids) < len(index.images) else f"its {len(ids)} images"
-        raise StudyError(src, "dataset", f"{ann_file}: no annotations (other than crowd) of its categories on "
-                         f"{where}: nothing to score (mAP would be 0)")
+        raise StudyError(
+            src,
+            "dataset",
+            f"{ann_file}: no annotations (other than crowd) of its categories on "
+            f"{where}: nothing to score (mAP would be 0)",
+        )

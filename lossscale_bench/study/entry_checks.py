@@ -38,9 +38,11 @@ def unique_labels(study, fail) -> None:
                 j = owner.setdefault((m, b, p, label), k)
                 if j != k:
                     how = "its label" if e.label is not None else "its default label"
-                    fail(f"scaling[{k}].label" if e.label is not None else f"scaling[{k}]",
-                         f"{how} {label!r} is also scaling[{j}]'s for {m} batch {b} {p}: the report could not "
-                         f"tell the two rows apart; give one of them a distinct 'label:'")
+                    fail(
+                        f"scaling[{k}].label" if e.label is not None else f"scaling[{k}]",
+                        f"{how} {label!r} is also scaling[{j}]'s for {m} batch {b} {p}: the report could not "
+                        f"tell the two rows apart; give one of them a distinct 'label:'",
+                    )
 
 
 def check_method_options(study, fail) -> None:
@@ -59,14 +61,23 @@ def check_grad_rounding(study, fail) -> None:
         for opt, problem, allowed in precision_option_problems(dict(e), prec):
             fail(f"scaling[{k}].{opt}", problem, allowed)
         if e.grad_rounding is not None and prec not in EMULATED_PRECISIONS:
-            fail(f"scaling[{k}].grad_rounding", f"only for the emulated precisions, but this entry trains in {prec}",
-                 ", ".join(EMULATED_PRECISIONS))
+            fail(
+                f"scaling[{k}].grad_rounding",
+                f"only for the emulated precisions, but this entry trains in {prec}",
+                ", ".join(EMULATED_PRECISIONS),
+            )
         for opt in ("grad_blocks", "block_rounding"):
             if getattr(e, opt) is not None and prec not in FP8_GRAD_PRECISIONS:
-                fail(f"scaling[{k}].{opt}", f"only for the emulated fp8 precisions, but this entry trains in {prec}",
-                     ", ".join(FP8_GRAD_PRECISIONS))
+                fail(
+                    f"scaling[{k}].{opt}",
+                    f"only for the emulated fp8 precisions, but this entry trains in {prec}",
+                    ", ".join(FP8_GRAD_PRECISIONS),
+                )
         if e.block_rounding is not None and e.grad_blocks != "mx32":
             fail(f"scaling[{k}].block_rounding", "only meaningful with grad_blocks: mx32")
         if e.grad_overflow is not None and PRECISION_SPECS[prec].grad_format != "e4m3":
-            fail(f"scaling[{k}].grad_overflow", f"only for E4M3 gradients, but this entry trains in {prec}",
-                 ", ".join(n for n, p in PRECISION_SPECS.items() if p.emulated and p.grad_format == "e4m3"))
+            fail(
+                f"scaling[{k}].grad_overflow",
+                f"only for E4M3 gradients, but this entry trains in {prec}",
+                ", ".join(n for n, p in PRECISION_SPECS.items() if p.emulated and p.grad_format == "e4m3"),
+            )

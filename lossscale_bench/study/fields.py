@@ -31,9 +31,27 @@ from ..core.wording import suggest
 from .as_written import AsWritten
 from .errors import field_error, fmt_num, show_value
 
-__all__ = ["DEFAULT_SOURCE", "NOT_BLANK", "STRICT", "as_list", "Bool", "choice_field", "ctx_base_dir",
-           "ctx_source", "Label", "ListOf", "mapping_or_empty", "NonNegInt", "number_field", "OptStr", "PosFloat",
-           "PosInt", "resolve_path", "Scale", "Str"]
+__all__ = [
+    "DEFAULT_SOURCE",
+    "NOT_BLANK",
+    "STRICT",
+    "as_list",
+    "Bool",
+    "choice_field",
+    "ctx_base_dir",
+    "ctx_source",
+    "Label",
+    "ListOf",
+    "mapping_or_empty",
+    "NonNegInt",
+    "number_field",
+    "OptStr",
+    "PosFloat",
+    "PosInt",
+    "resolve_path",
+    "Scale",
+    "Str",
+]
 
 DEFAULT_SOURCE = "<string>"
 #: "not blank": the pattern of :data:`Str` (load.py words its mismatch as "must not be empty");
@@ -94,8 +112,7 @@ def number_field(kind: str, *, gt=None, ge=None, lt=None, le=None, nullable: boo
     allowed = _range_text(kind, gt, ge, lt, le, nullable) + (f" ({why})" if why else "")
     expected = "an integer" if kind == "int" else "a number"
     bounds = {"gt": gt, "ge": ge, "lt": lt, "le": le}
-    base = Annotated[int, Field(**bounds)] if kind == "int" else \
-        Annotated[float, Field(**bounds, allow_inf_nan=False)]
+    base = Annotated[int, Field(**bounds)] if kind == "int" else Annotated[float, Field(**bounds, allow_inf_nan=False)]
 
     def check(v: Any, handler):
         orig = v
@@ -136,8 +153,11 @@ def choice_field(kind: str, names):
         except ValidationError:
             if not isinstance(v, str) and str(v).lower() in {str(n).lower() for n in names}:
                 # `.nan`, `yes`, `1e3`: YAML read a number or a boolean where a name was meant
-                raise field_error(f"YAML reads this value as the {type(v).__name__} {show_value(v)}, not as a name; "
-                           f"write it in quotes ({kind}: \"{str(v).lower()}\")", ", ".join(names)) from None
+                raise field_error(
+                    f"YAML reads this value as the {type(v).__name__} {show_value(v)}, not as a name; "
+                    f'write it in quotes ({kind}: "{str(v).lower()}")',
+                    ", ".join(names),
+                ) from None
             raise field_error(f"unknown {kind} {show_value(v)}{suggest(v, names)}", ", ".join(names)) from None
 
     return Annotated[Literal[names], WrapValidator(check)]  # type: ignore[valid-type]

@@ -17,8 +17,17 @@ from ..core import registry
 from .fingerprint import canonical_json, trial_fingerprint
 from .methods import default_label, scaling_tag
 
-__all__ = ["DALI_DATASETS", "TRIAL_ID_VERSION", "config_id", "default_batched_loss", "default_loader", "expand",
-           "make_trial_id", "trial_identity", "trial_table"]
+__all__ = [
+    "DALI_DATASETS",
+    "TRIAL_ID_VERSION",
+    "config_id",
+    "default_batched_loss",
+    "default_loader",
+    "expand",
+    "make_trial_id",
+    "trial_identity",
+    "trial_table",
+]
 
 #: bump when the trial_id recipe changes on purpose (it is part of the hash). Still 1 after the
 #: fingerprints came in (see :func:`trial_identity`): a trial that reads no file has the identity it had,
@@ -31,9 +40,23 @@ _SAFE_ID_RE = re.compile(r"[^A-Za-z0-9_.-]+")
 # --------------------------------------------------------------------------- trial ids
 
 
-def trial_identity(model, batch_size, precision, scaling, seed, dataset, schedule, eval_, resources,
-              model_options, divergence, loader, fingerprint=None, on_divergence="stop",
-              seed_streams=None) -> dict:
+def trial_identity(
+    model,
+    batch_size,
+    precision,
+    scaling,
+    seed,
+    dataset,
+    schedule,
+    eval_,
+    resources,
+    model_options,
+    divergence,
+    loader,
+    fingerprint=None,
+    on_divergence="stop",
+    seed_streams=None,
+) -> dict:
     """Everything that changes a trial's result, and no machine-specific path.
 
     Content, not paths (:mod:`.fingerprint` says why): the dataset root and the
@@ -76,14 +99,28 @@ def trial_identity(model, batch_size, precision, scaling, seed, dataset, schedul
     method = scaling.get("method")
     return {
         "v": TRIAL_ID_VERSION,
-        "model": model, "batch_size": batch_size, "precision": precision, "scaling": dict(scaling),
-        "seed": seed, "dataset": ds, "schedule": dict(schedule), "eval": dict(eval_),
-        "resources": {"backend": resources.get("backend"), "devices_per_trial": resources.get("devices_per_trial"),
-                      **({"cpu_threads": max(1, int(float(resources.get("cpus_per_trial") or 1)))}
-                         if resources.get("backend") == "cpu" else {}),
-                      # kernels pinned at AVX2 (study/resources.py says why this is in); absent when off
-                      **({"repeatable": True} if resources.get("repeatable") else {})},
-        "model_options": mo, "divergence": dict(divergence), "loader": loader,
+        "model": model,
+        "batch_size": batch_size,
+        "precision": precision,
+        "scaling": dict(scaling),
+        "seed": seed,
+        "dataset": ds,
+        "schedule": dict(schedule),
+        "eval": dict(eval_),
+        "resources": {
+            "backend": resources.get("backend"),
+            "devices_per_trial": resources.get("devices_per_trial"),
+            **(
+                {"cpu_threads": max(1, int(float(resources.get("cpus_per_trial") or 1)))}
+                if resources.get("backend") == "cpu"
+                else {}
+            ),
+            # kernels pinned at AVX2 (study/resources.py says why this is in); absent when off
+            **({"repeatable": True} if resources.get("repeatable") else {}),
+        },
+        "model_options": mo,
+        "divergence": dict(divergence),
+        "loader": loader,
         # only models that changed carry a version, so other models' ids stay as they were
         **({"model_version": versions[model]} if model in versions else {}),
         **({"method_version": method_versions[method]} if method in method_versions else {}),
@@ -109,10 +146,15 @@ def make_trial_id(identity: dict) -> str:
     """The trial id of ``identity``: a readable prefix (model, batch size, precision, method,
     seed) and the first 8 hex digits of the SHA-256 of its canonical JSON."""
     digest = hashlib.sha256(canonical_json(identity).encode()).hexdigest()[:8]
-    readable = "-".join([
-        identity["model"], f"bs{identity['batch_size']}", identity["precision"],
-        scaling_tag(identity["scaling"]), f"s{identity['seed']}",
-    ])
+    readable = "-".join(
+        [
+            identity["model"],
+            f"bs{identity['batch_size']}",
+            identity["precision"],
+            scaling_tag(identity["scaling"]),
+            f"s{identity['seed']}",
+        ]
+    )
     readable = _SAFE_ID_RE.sub("_", readable)
     return f"{readable}-{digest}"
 
@@ -179,8 +221,9 @@ def expand(study) -> list[dict[str, Any]]:
     schedule = study.schedule.model_dump(mode="json")
     eval_ = study.eval.model_dump(mode="json")
     # an option left out is not carried (a trial's params stay what they were before it existed)
-    resources = {k: v for k, v in study.resources.model_dump(mode="json").items()
-                 if v is not None or k not in ("repeatable",)}
+    resources = {
+        k: v for k, v in study.resources.model_dump(mode="json").items() if v is not None or k not in ("repeatable",)
+    }
     # only the options given: they are passed on as keyword arguments of the model builder
     model_options = study.model_options.model_dump(mode="json", exclude_none=True)
     divergence = study.divergence.model_dump(mode="json")
@@ -196,29 +239,61 @@ def expand(study) -> list[dict[str, Any]]:
                 scaling = entry.normalized()
                 label = entry.label if entry.label is not None else default_label(scaling, p)
                 res = {**resources, **(entry.resources.given() if entry.resources is not None else {})}
-                loader = (study.loader if "loader" in study.model_fields_set
-                          else default_loader(res.get("backend"), dataset))
+                loader = (
+                    study.loader if "loader" in study.model_fields_set else default_loader(res.get("backend"), dataset)
+                )
                 mo = _resolved_model_options(model_options, res.get("backend"))
                 for seed in study.seeds:
                     streams = study.seed_streams.given()
-                    ident = trial_identity(m, b, p, scaling, seed, dataset, schedule, eval_, res,
-                                      mo, divergence, loader, fingerprint,
-                                      study.on_divergence, streams)
+                    ident = trial_identity(
+                        m,
+                        b,
+                        p,
+                        scaling,
+                        seed,
+                        dataset,
+                        schedule,
+                        eval_,
+                        res,
+                        mo,
+                        divergence,
+                        loader,
+                        fingerprint,
+                        study.on_divergence,
+                        streams,
+                    )
                     tid = make_trial_id(ident)
                     if tid in seen:
                         if entry.baseline:
                             out[seen[tid]]["baseline"] = True
                         continue
                     seen[tid] = len(out)
-                    out.append(dict(
-                        study=study.name, trial_id=tid, model=m, batch_size=b, precision=p,
-                        scaling=dict(scaling), label=label, row=row, seed=seed, baseline=entry.baseline,
-                        dataset=dict(dataset), schedule=dict(schedule), eval=dict(eval_),
-                        resources=dict(res), model_options=mo,
-                        divergence=dict(divergence), on_divergence=study.on_divergence,
-                        max_failures=study.max_failures, log_every=study.log_every, loader=loader,
-                        fingerprint=dict(fingerprint), seed_streams=streams,
-                    ))
+                    out.append(
+                        dict(
+                            study=study.name,
+                            trial_id=tid,
+                            model=m,
+                            batch_size=b,
+                            precision=p,
+                            scaling=dict(scaling),
+                            label=label,
+                            row=row,
+                            seed=seed,
+                            baseline=entry.baseline,
+                            dataset=dict(dataset),
+                            schedule=dict(schedule),
+                            eval=dict(eval_),
+                            resources=dict(res),
+                            model_options=mo,
+                            divergence=dict(divergence),
+                            on_divergence=study.on_divergence,
+                            max_failures=study.max_failures,
+                            log_every=study.log_every,
+                            loader=loader,
+                            fingerprint=dict(fingerprint),
+                            seed_streams=streams,
+                        )
+                    )
     return out
 
 
@@ -234,8 +309,13 @@ def trial_table(trials: Iterable, placement: Callable[[dict], str]) -> list[dict
     """
     return [
         {
-            "trial_id": t.trial_id, "model": t.model, "batch_size": t.batch_size, "precision": t.precision,
-            "label": t.label, "seed": t.seed, "backend": t.resources.get("backend", "cpu"),
+            "trial_id": t.trial_id,
+            "model": t.model,
+            "batch_size": t.batch_size,
+            "precision": t.precision,
+            "label": t.label,
+            "seed": t.seed,
+            "backend": t.resources.get("backend", "cpu"),
             "resources": placement(t.resources),
         }
         for t in trials

@@ -28,14 +28,14 @@ KEY_DOCS: dict[str, str] = {
     "seeds.until": "When to stop adding seeds: `decided` (every comparison different or equivalent).",
     "seeds.pairs": "The comparisons: `baseline` (each row against the baseline) or `all` (every pair of rows).",
     "seeds.spending": "The alpha-spending function of the group-sequential tests: `obf` (O'Brien-Fleming type; "
-                      "nothing decided at the first look) or `pocock` (decides large differences earlier).",
+    "nothing decided at the first look) or `pocock` (decides large differences earlier).",
     "schedule": "Iterations, learning rate and optimizer settings (required).",
     "eval": "When and how the trials are evaluated.",
     "resources": "Where and with what each trial runs.",
     "model_options": "Options of the detector.",
     "divergence": "When a trial counts as diverged.",
     "on_divergence": "stop: a diverged trial ends at once; continue: it trains to the end (and still counts as "
-                     "diverged).",
+    "diverged).",
     "max_failures": "How often Ray restarts a trial whose process died before it is failed.",
     "log_every": "Steps between logged metric windows, telemetry and the per-layer tables.",
     "schedule.iterations": "Training iterations (optimizer steps) of every trial.",
@@ -55,8 +55,7 @@ KEY_DOCS: dict[str, str] = {
     "resources.cpus_per_trial": "CPUs Ray reserves for each trial.",
     "model_options.image_size": "Input size in pixels (not given: the model's own, 300 or 512; ssd_tiny 128).",
     "model_options.width": "ssd_tiny only: its channel width (not given: the model's default, 16).",
-    "model_options.backbone_weights": "Backbone weights file (lsbench weights convert); relative to the study "
-                                      "file.",
+    "model_options.backbone_weights": "Backbone weights file (lsbench weights convert); relative to the study file.",
     "divergence.patience": "Consecutive steps with a non-finite loss after which a trial counts as diverged.",
     "divergence.max_consecutive_skips": "Consecutive skipped steps after which a trial counts as diverged.",
     "seed_streams.init": "The initial weights' seed: `trial` (the trial's seed) or a fixed integer.",
@@ -71,11 +70,11 @@ KEY_DOCS: dict[str, str] = {
     "dataset.train_split": "The training split's list file (ImageSets/Main/<split>.txt).",
     "dataset.val_split": "The validation split's list file.",
     "dataset.bad_annotations": "An annotation naming a class outside the list, or an impossible, non-finite or "
-                               "wholly-outside box: error (one line naming file, record and value) or drop "
-                               "(skipped, counted in the run's tags).",
+    "wholly-outside box: error (one line naming file, record and value) or drop "
+    "(skipped, counted in the run's tags).",
     "dataset.train_max_side": "Shrink training photos once, when first read, so that their longer side is at "
-                              "most this many pixels (boxes alike); validation photos are never shrunk. Not "
-                              "given: photos as stored.",
+    "most this many pixels (boxes alike); validation photos are never shrunk. Not "
+    "given: photos as stored.",
     "dataset.fake_data": "Generated COCO-shaped data instead of the real set.",
     "scaling[].label": "The row's label in the report (not given: one made from the method and its options).",
     "scaling[].precision": "This entry's precision, instead of the study's.",
@@ -87,20 +86,19 @@ KEY_DOCS: dict[str, str] = {
     "scaling[].resources.cpus_per_trial": "As resources.cpus_per_trial, for this entry's trials.",
     "fixed.scale": "The loss scale, applied at every step.",
     "dynamic.style": "Whose rule: chainer (start at 1, grow until the first overflow), torch (GradScaler) or "
-                     "deepspeed (DynamicLossScaler, with hysteresis and a floor).",
+    "deepspeed (DynamicLossScaler, with hysteresis and a floor).",
     "dynamic.interval": "Clean steps after which the scale doubles.",
     "dynamic.init_scale": "The starting scale.",
     "dynamic.min_scale": "style deepspeed only: the scale never drops below this.",
     "dynamic.consecutive_hysteresis": "style deepspeed only: hysteresis counts consecutive overflows only.",
     "adaptive.update_every": "Recompute the layer scales every this many steps (or backward calls).",
-    "adaptive.n_uf_threshold": "The share of gradient elements allowed to underflow when a layer's scale is "
-                               "chosen.",
+    "adaptive.n_uf_threshold": "The share of gradient elements allowed to underflow when a layer's scale is chosen.",
     "adaptive.scale_upper_bound": "Largest factor of one layer.",
     "adaptive.accum_upper_bound": "Largest accumulated scale (the product of the factors down to a layer).",
     "adaptive.power_of_two": "Keep the scales powers of two (exact to apply and to undo).",
     "adaptive.init_scale": "The starting scale.",
     "amax.recipe": "current: each step's own amax; delayed: the largest over a history of steps (Transformer "
-                   "Engine's DelayedScaling).",
+    "Engine's DelayedScaling).",
     "amax.margin": "Put a layer's largest gradient 2**margin below the format's maximum.",
     "amax.power_of_two": "Keep the scales powers of two.",
     "amax.init_scale": "The starting scale.",

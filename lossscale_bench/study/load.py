@@ -65,13 +65,18 @@ def _construct_mapping(loader, node, deep=False):
             continue  # SafeLoader reports unhashable keys itself
         if key in seen:
             raise yaml.constructor.ConstructorError(
-                None, None, f"duplicate key {key!r} (first at line {seen[key] + 1})", key_node.start_mark)
+                None, None, f"duplicate key {key!r} (first at line {seen[key] + 1})", key_node.start_mark
+            )
         seen[key] = key_node.start_mark.line
     mapping = yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
     for key_node, value_node in node.value:  # text fields as written (as_written.py says why)
-        if isinstance(key_node, yaml.ScalarNode) and key_node.value in TEXT_KEYS \
-                and isinstance(value_node, yaml.ScalarNode) \
-                and value_node.tag not in (_STR_TAG, _NULL_TAG) and not value_node.style:
+        if (
+            isinstance(key_node, yaml.ScalarNode)
+            and key_node.value in TEXT_KEYS
+            and isinstance(value_node, yaml.ScalarNode)
+            and value_node.tag not in (_STR_TAG, _NULL_TAG)
+            and not value_node.style
+        ):
             mapping[key_node.value] = AsWritten(value_node.value, mapping.get(key_node.value))
     return mapping
 
@@ -126,9 +131,12 @@ class _BoundedLoader(_UniqueKeyLoader):
             if target is not None:  # an undefined alias is PyYAML's own error
                 shape = self._shape.get(id(target))
                 if shape is None:
-                    raise _LimitExceeded(event.start_mark, f"alias *{event.anchor} is used inside its own anchor "
-                                         f"&{event.anchor} (a recursive structure has no end)",
-                                         "aliases to anchors whose value is complete")
+                    raise _LimitExceeded(
+                        event.start_mark,
+                        f"alias *{event.anchor} is used inside its own anchor "
+                        f"&{event.anchor} (a recursive structure has no end)",
+                        "aliases to anchors whose value is complete",
+                    )
                 self._grow(shape[0], self._depth + shape[1], event.start_mark, f" (through alias *{event.anchor})")
             return super().compose_node(parent, index)
         self._grow(1, self._depth + 1, event.start_mark, "")
@@ -147,12 +155,18 @@ class _BoundedLoader(_UniqueKeyLoader):
 
     def _grow(self, size: int, depth: int, mark, how: str) -> None:
         if depth > MAX_DEPTH:
-            raise _LimitExceeded(mark, f"nesting deeper than {MAX_DEPTH} levels{how}",
-                                 f"at most {MAX_DEPTH} levels of nested lists and mappings")
+            raise _LimitExceeded(
+                mark,
+                f"nesting deeper than {MAX_DEPTH} levels{how}",
+                f"at most {MAX_DEPTH} levels of nested lists and mappings",
+            )
         self._count += size
         if self._count > MAX_NODES:
-            raise _LimitExceeded(mark, f"the document holds more than {MAX_NODES} values once aliases are "
-                                 f"expanded{how}", f"at most {MAX_NODES} values, aliases expanded")
+            raise _LimitExceeded(
+                mark,
+                f"the document holds more than {MAX_NODES} values once aliases are expanded{how}",
+                f"at most {MAX_NODES} values, aliases expanded",
+            )
 
 
 def _parse_yaml(text: str) -> Any:
@@ -231,9 +245,16 @@ def _allowed_keys(parent: list, tag) -> list[str]:
 
 
 _TYPE_WORDS = {
-    "dict_type": "a mapping", "model_type": "a mapping", "model_attributes_type": "a mapping",
-    "list_type": "a list", "string_type": "a string", "int_type": "an integer", "int_parsing": "an integer",
-    "float_type": "a number", "float_parsing": "a number", "bool_type": "true or false",
+    "dict_type": "a mapping",
+    "model_type": "a mapping",
+    "model_attributes_type": "a mapping",
+    "list_type": "a list",
+    "string_type": "a string",
+    "int_type": "an integer",
+    "int_parsing": "an integer",
+    "float_type": "a number",
+    "float_parsing": "a number",
+    "bool_type": "true or false",
 }
 #: what a constraint allows, where its failure alone says it (StrictBool)
 _TYPE_ALLOWED = {"bool_type": "true, false"}
@@ -267,8 +288,11 @@ def _convert_one(source: str, first: dict, raw: Any) -> StudyError:
     elif etype == "missing":
         problem = "required key missing"
     elif etype in ("union_tag_invalid", "union_tag_not_found"):
-        key, names, kind = (("method", SCALING_METHODS, "scaling method") if loc[:1] == ["scaling"]
-                            else ("name", DATASET_NAMES, "dataset"))
+        key, names, kind = (
+            ("method", SCALING_METHODS, "scaling method")
+            if loc[:1] == ["scaling"]
+            else ("name", DATASET_NAMES, "dataset")
+        )
         loc = loc + [key]
         allowed = ", ".join(names)
         if etype == "union_tag_not_found":
@@ -290,12 +314,18 @@ def _convert_one(source: str, first: dict, raw: Any) -> StudyError:
 
 
 def _too_big(source: str, size: str) -> StudyError:
-    return StudyError(source, "", f"the file is {size}, too large for a study file",
-                      f"at most {MAX_FILE_BYTES} bytes (1 MiB)")
+    return StudyError(
+        source, "", f"the file is {size}, too large for a study file", f"at most {MAX_FILE_BYTES} bytes (1 MiB)"
+    )
 
 
-def load_study_text(text: str, source: str = DEFAULT_SOURCE, *, base_dir: str | os.PathLike | None = None,
-                    allow_large_grid: bool = False) -> Study:
+def load_study_text(
+    text: str,
+    source: str = DEFAULT_SOURCE,
+    *,
+    base_dir: str | os.PathLike | None = None,
+    allow_large_grid: bool = False,
+) -> Study:
     """Validate a study given as YAML text. Relative paths resolve against ``base_dir``
     (default: the directory of ``source`` if it is a file path, else the working directory).
 
@@ -311,8 +341,9 @@ def load_study_text(text: str, source: str = DEFAULT_SOURCE, *, base_dir: str | 
     if raw is None:
         raise StudyError(source, "", "the file is empty; expected a mapping of study keys")
     if not isinstance(raw, dict):
-        raise StudyError(source, "", f"the top level must be a mapping of study keys, got {type(raw).__name__}"
-                         f" {show_value(raw)}")
+        raise StudyError(
+            source, "", f"the top level must be a mapping of study keys, got {type(raw).__name__} {show_value(raw)}"
+        )
     raw = _str_keys(raw)
     if "source" in raw:
         keys = [k for k in Study.model_fields if k not in ("source", "seed_plan")]
@@ -337,9 +368,17 @@ def _entry_points(study: Study, entry) -> set:
     base_res = study.resources.model_dump(mode="json")
     ov = entry.overrides()
     res = {**base_res, **(entry.resources.given() if entry.resources is not None else {})}
-    return {(ov.get("model", model), ov.get("batch_size", bs), ov.get("precision", study.precision),
-             repr(sorted(entry.normalized().items())), repr(sorted(res.items())))
-            for model in study.model for bs in study.batch_size}
+    return {
+        (
+            ov.get("model", model),
+            ov.get("batch_size", bs),
+            ov.get("precision", study.precision),
+            repr(sorted(entry.normalized().items())),
+            repr(sorted(res.items())),
+        )
+        for model in study.model
+        for bs in study.batch_size
+    }
 
 
 def _repeats(study: Study) -> list[StudyError]:
@@ -354,15 +393,28 @@ def _repeats(study: Study) -> list[StudyError]:
     for i, seed in enumerate(study.seeds):
         j = first_at.setdefault(seed, i)
         if j != i:
-            out.append(StudyError(study.source, f"seeds[{i}]", f"seed {seed} is already seeds[{j}]; a seed "
-                                  "listed twice would run once", "each seed once"))
+            out.append(
+                StudyError(
+                    study.source,
+                    f"seeds[{i}]",
+                    f"seed {seed} is already seeds[{j}]; a seed listed twice would run once",
+                    "each seed once",
+                )
+            )
     points = [_entry_points(study, e) for e in study.scaling]
     for k, mine in enumerate(points):
         j = next((i for i in range(k) if mine <= points[i]), None)
         if j is not None:
-            out.append(StudyError(study.source, f"scaling[{k}]", f"gives the same trials as scaling[{j}] (the "
-                                  f"same method and options); it would merge into scaling[{j}] and its label "
-                                  "vanish", "entries that differ in an option: remove one, or change one"))
+            out.append(
+                StudyError(
+                    study.source,
+                    f"scaling[{k}]",
+                    f"gives the same trials as scaling[{j}] (the "
+                    f"same method and options); it would merge into scaling[{j}] and its label "
+                    "vanish",
+                    "entries that differ in an option: remove one, or change one",
+                )
+            )
     return out
 
 
@@ -383,23 +435,38 @@ def grid_size(study: Study) -> int:
             for entry in study.scaling:
                 ov = entry.overrides()
                 res = {**base_res, **(entry.resources.given() if entry.resources is not None else {})}
-                points.add((ov.get("model", model), ov.get("batch_size", bs), ov.get("precision", study.precision),
-                            repr(sorted(entry.normalized().items())), repr(sorted(res.items()))))
+                points.add(
+                    (
+                        ov.get("model", model),
+                        ov.get("batch_size", bs),
+                        ov.get("precision", study.precision),
+                        repr(sorted(entry.normalized().items())),
+                        repr(sorted(res.items())),
+                    )
+                )
     return len(points) * len(set(study.seeds))
 
 
 def _check_grid_size(study: Study) -> None:
     n = grid_size(study)
     if n > MAX_GRID_TRIALS:
+
         def many(k: int, one: str, more: str) -> str:
             return f"{k} {one if k == 1 else more}"
 
-        axes = " × ".join([many(len(study.model), "model", "models"),
-                           many(len(study.batch_size), "batch size", "batch sizes"),
-                           many(len(study.scaling), "scaling entry", "scaling entries"),
-                           many(len(set(study.seeds)), "seed", "seeds")])
-        raise StudyError(study.source, "", f"the grid has {n} trials ({axes}), more than {MAX_GRID_TRIALS}; "
-                         "if that is meant, pass --allow-large-grid")  # Python: load_study(..., allow_large_grid=True)
+        axes = " × ".join(
+            [
+                many(len(study.model), "model", "models"),
+                many(len(study.batch_size), "batch size", "batch sizes"),
+                many(len(study.scaling), "scaling entry", "scaling entries"),
+                many(len(set(study.seeds)), "seed", "seeds"),
+            ]
+        )
+        raise StudyError(
+            study.source,
+            "",
+            f"the grid has {n} trials ({axes}), more than {MAX_GRID_TRIALS}; if that is meant, pass --allow-large-grid",
+        )  # Python: load_study(..., allow_large_grid=True)
 
 
 def load_study(path: str | os.PathLike, *, allow_large_grid: bool = False) -> Study:
@@ -424,5 +491,6 @@ def load_study(path: str | os.PathLike, *, allow_large_grid: bool = False) -> St
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise StudyError(source, "", f"not UTF-8 text ({exc.reason} at byte {exc.start})") from None
-    return load_study_text(text, source, base_dir=os.path.dirname(os.path.abspath(source)),
-                           allow_large_grid=allow_large_grid)
+    return load_study_text(
+        text, source, base_dir=os.path.dirname(os.path.abspath(source)), allow_large_grid=allow_large_grid
+    )

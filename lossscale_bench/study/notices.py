@@ -20,8 +20,13 @@ def study_notices(study) -> list[str]:
         spec = PRECISION_SPECS[precision]
         if entry.method == "none" or spec.needs_scaler:
             continue
-        grads = ("fp32 gradients" if spec.grad_format is None
-                 else f"{spec.grad_format} gradients, which have fp32's exponent range")
-        out.append(f"{src}: scaling[{k}] ({entry.method}) in {precision}: {grads}, so a loss scale has "
-                   "nothing to rescue; the row runs as a control")
+        grads = (
+            "fp32 gradients"
+            if spec.grad_format is None
+            else f"{spec.grad_format} gradients, which have fp32's exponent range"
+        )
+        out.append(
+            f"{src}: scaling[{k}] ({entry.method}) in {precision}: {grads}, so a loss scale has "
+            "nothing to rescue; the row runs as a control"
+        )
     return out

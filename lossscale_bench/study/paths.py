@@ -34,8 +34,12 @@ from .errors import StudyError
 
 __all__ = ["path_problems", "check_paths"]
 
-_COCO_NEEDS = (("annotations/instances_train2017.json", "file"), ("annotations/instances_val2017.json", "file"),
-               ("train2017", "dir"), ("val2017", "dir"))
+_COCO_NEEDS = (
+    ("annotations/instances_train2017.json", "file"),
+    ("annotations/instances_val2017.json", "file"),
+    ("train2017", "dir"),
+    ("val2017", "dir"),
+)
 
 
 def _voc_needs(ds) -> list[tuple[str, str]]:
@@ -73,13 +77,18 @@ def path_problems(study) -> list[StudyError]:
             out.append(StudyError(src, "dataset.root", f"{what}: {ds.root}{_fetch_hint(ds)}"))
         else:
             needs = _COCO_NEEDS if ds.name == "coco2017" else None
-            pairs = ([(os.path.join(ds.root, rel), kind) for rel, kind in needs] if needs is not None
-                     else _voc_needs(ds))
+            pairs = [(os.path.join(ds.root, rel), kind) for rel, kind in needs] if needs is not None else _voc_needs(ds)
             for path, kind in pairs:
                 if not _exists(path, kind):
-                    out.append(StudyError(src, "dataset.root", f"{ds.root} does not look like a {ds.name} dataset: "
-                                          f"{'folder' if kind == 'dir' else 'file'} not found: {path}"
-                                          f"{_fetch_hint(ds)}"))
+                    out.append(
+                        StudyError(
+                            src,
+                            "dataset.root",
+                            f"{ds.root} does not look like a {ds.name} dataset: "
+                            f"{'folder' if kind == 'dir' else 'file'} not found: {path}"
+                            f"{_fetch_hint(ds)}",
+                        )
+                    )
         if not out:  # every path is there: is what they hold usable (not empty, no bad annotation)?
             # raised, not listed: the data is here, so `validate`'s "a study meant for another
             # machine? try --schema-only" advice after path problems does not apply
@@ -100,6 +109,11 @@ def check_paths(study) -> None:
     first = problems[0]
     more = len(problems) - 1
     if more:
-        raise StudyError(first.file, first.path, f"{first.problem} (and {more} more missing path"
-                         f"{'s' if more > 1 else ''}: lsbench validate {first.file} lists them)", first.allowed)
+        raise StudyError(
+            first.file,
+            first.path,
+            f"{first.problem} (and {more} more missing path"
+            f"{'s' if more > 1 else ''}: lsbench validate {first.file} lists them)",
+            first.allowed,
+        )
     raise first

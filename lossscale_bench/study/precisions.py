@@ -57,9 +57,11 @@ class PrecisionSpec:
     def __post_init__(self) -> None:
         """Refuse, when the table is imported, an entry that would fail every trial or say what a
         trial does not do (a precision described in the table must work at run time)."""
-        problems = [f"{f} {v!r} is not a format (one of {', '.join(FORMAT_NAMES)}; None for fp32)"
-                    for f, v in (("forward_format", self.forward_format), ("grad_format", self.grad_format))
-                    if v is not None and v not in FORMAT_NAMES]
+        problems = [
+            f"{f} {v!r} is not a format (one of {', '.join(FORMAT_NAMES)}; None for fp32)"
+            for f, v in (("forward_format", self.forward_format), ("grad_format", self.grad_format))
+            if v is not None and v not in FORMAT_NAMES
+        ]
         if self.autocast is not None and self.autocast not in AUTOCAST_FORMATS:
             problems.append(f"autocast {self.autocast!r} is not one of {', '.join(AUTOCAST_FORMATS)} (or None)")
         if self.emulated:
@@ -72,13 +74,14 @@ class PrecisionSpec:
         else:
             fmt = AUTOCAST_FORMATS.get(self.autocast)
             if (self.forward_format, self.grad_format) != (fmt, fmt):
-                problems.append(f"without emulation nothing rounds: forward_format and grad_format are what "
-                                f"autocast computes in ({fmt or 'None'}), or set emulated")
+                problems.append(
+                    f"without emulation nothing rounds: forward_format and grad_format are what "
+                    f"autocast computes in ({fmt or 'None'}), or set emulated"
+                )
         if self.needs_scaler and self.grad_format is None:
             problems.append("needs_scaler without a grad_format: fp32 gradients have nothing to rescue")
         if problems:
             raise ValueError(f"precision table entry {self.name!r}: " + "; ".join(problems))
-
 
 
 @dataclass(frozen=True)
@@ -99,17 +102,27 @@ class PrecisionOption:
 
 
 _OPTIONS = (
-    PrecisionOption("fp4_rounding", ("stochastic", "nearest"),
-                    "rounding of FP4 gradient elements: stochastic (NVIDIA's NVFP4 recipe, unbiased in expectation) "
-                    "or to nearest even (the OCP MX conversion)", {"nearest": "nearest-rounded grads"}),
-    PrecisionOption("wgrad_hadamard", (False, True),
-                    "16x16 random Hadamard transform of the weight-gradient product's gradient input before it is "
-                    "quantised (NVIDIA's NVFP4 recipe applies it to the wgrad GEMM's inputs)",
-                    {True: "Hadamard wgrad"}),
-    PrecisionOption("mx_exponent", ("floor", "ceil"),
-                    "MXFP4's shared exponent: floor(log2 amax) - 2 (the OCP spec: block maxima with significand "
-                    "above 1.5 saturate) or rounded up (never saturates, one bit less at the bottom)",
-                    {"ceil": "MX exponent rounded up"}),
+    PrecisionOption(
+        "fp4_rounding",
+        ("stochastic", "nearest"),
+        "rounding of FP4 gradient elements: stochastic (NVIDIA's NVFP4 recipe, unbiased in expectation) "
+        "or to nearest even (the OCP MX conversion)",
+        {"nearest": "nearest-rounded grads"},
+    ),
+    PrecisionOption(
+        "wgrad_hadamard",
+        (False, True),
+        "16x16 random Hadamard transform of the weight-gradient product's gradient input before it is "
+        "quantised (NVIDIA's NVFP4 recipe applies it to the wgrad GEMM's inputs)",
+        {True: "Hadamard wgrad"},
+    ),
+    PrecisionOption(
+        "mx_exponent",
+        ("floor", "ceil"),
+        "MXFP4's shared exponent: floor(log2 amax) - 2 (the OCP spec: block maxima with significand "
+        "above 1.5 saturate) or rounded up (never saturates, one bit less at the bottom)",
+        {"ceil": "MX exponent rounded up"},
+    ),
 )
 #: every precision option, by name (study-row key)
 PRECISION_OPTIONS: dict[str, PrecisionOption] = {o.name: o for o in _OPTIONS}
@@ -118,44 +131,88 @@ PRECISION_OPTIONS: dict[str, PrecisionOption] = {o.name: o for o in _OPTIONS}
 def _fp4(name: str, forward: str, grads: str) -> PrecisionSpec:
     """An FP4 emulation: ``forward`` ``e4m3`` or ``nvfp4``, gradients ``e2m1`` (the loss scale alone), ``nvfp4``
     or ``mxfp4``."""
-    what = {"e2m1": "plain FP4 E2M1 (no block scale: only the loss scale keeps them in range)",
-            "nvfp4": "NVFP4 (E2M1, an E4M3 scale per 16 elements and an fp32 scale per tensor: Transformer "
-                     "Engine's NVFP4BlockScaling)",
-            "mxfp4": "MXFP4 (E2M1, a power-of-two E8M0 scale per 32 elements: OCP MX v1.0)"}[grads]
-    fwd = ("conv/linear outputs rounded to float8 E4M3" if forward == "e4m3" else
-           "conv/linear outputs in NVFP4 1x16 blocks and weights in NVFP4 16x16 blocks")
+    what = {
+        "e2m1": "plain FP4 E2M1 (no block scale: only the loss scale keeps them in range)",
+        "nvfp4": "NVFP4 (E2M1, an E4M3 scale per 16 elements and an fp32 scale per tensor: Transformer "
+        "Engine's NVFP4BlockScaling)",
+        "mxfp4": "MXFP4 (E2M1, a power-of-two E8M0 scale per 32 elements: OCP MX v1.0)",
+    }[grads]
+    fwd = (
+        "conv/linear outputs rounded to float8 E4M3"
+        if forward == "e4m3"
+        else "conv/linear outputs in NVFP4 1x16 blocks and weights in NVFP4 16x16 blocks"
+    )
     options = ("fp4_rounding", "wgrad_hadamard") + (("mx_exponent",) if grads == "mxfp4" else ())
-    return PrecisionSpec(name, forward_format="e4m3" if forward == "e4m3" else "e2m1", grad_format="e2m1",
-                         emulated=True, needs_scaler=True, te_format="NVFP4BlockScaling" if grads == forward == "nvfp4"
-                         else None, grad_scaling=None if grads == "e2m1" else grads,
-                         forward_scaling="nvfp4" if forward == "nvfp4" else None, options=options,
-                         note=f"these numbers come from the CPU FP4 emulation (compute in fp32, {fwd}, every gradient "
-                              f"in {what}; gradients rounded stochastically and without the Hadamard transform "
-                              f"unless a row says otherwise), not real fp4.")
+    return PrecisionSpec(
+        name,
+        forward_format="e4m3" if forward == "e4m3" else "e2m1",
+        grad_format="e2m1",
+        emulated=True,
+        needs_scaler=True,
+        te_format="NVFP4BlockScaling" if grads == forward == "nvfp4" else None,
+        grad_scaling=None if grads == "e2m1" else grads,
+        forward_scaling="nvfp4" if forward == "nvfp4" else None,
+        options=options,
+        note=f"these numbers come from the CPU FP4 emulation (compute in fp32, {fwd}, every gradient "
+        f"in {what}; gradients rounded stochastically and without the Hadamard transform "
+        f"unless a row says otherwise), not real fp4.",
+    )
 
 
 _SPECS = (
     PrecisionSpec("fp32", doc="full fp32 training: nothing is rounded (the baseline rows)."),
-    PrecisionSpec("mixed16", autocast="float16", forward_format="fp16", grad_format="fp16", needs_scaler=True,
-                  doc="real fp16 mixed precision: torch.autocast in float16 on the device, fp32 weights."),
-    PrecisionSpec("bf16", autocast="bfloat16", forward_format="bf16", grad_format="bf16",
-                  doc="real bf16 mixed precision: torch.autocast in bfloat16 on the device, fp32 weights."),
-    PrecisionSpec("fp16-emulated", forward_format="fp16", grad_format="fp16", emulated=True, needs_scaler=True,
-                  note="these numbers come from the CPU fp16 emulation (compute in fp32, fp16 rounding of layer "
-                       "outputs and gradients), not real fp16."),
-    PrecisionSpec("fp8-emulated", forward_format="e4m3", grad_format="e5m2", emulated=True, needs_scaler=True,
-                  te_format="HYBRID",
-                  note="these numbers come from the CPU fp8 emulation (compute in fp32, conv/linear outputs "
-                       "rounded to float8 E4M3, gradients to E5M2: Transformer Engine's Format.HYBRID), "
-                       "not real fp8."),
-    PrecisionSpec("fp8-e4m3-emulated", forward_format="e4m3", grad_format="e4m3", emulated=True, needs_scaler=True,
-                  te_format="E4M3",
-                  note="these numbers come from the CPU fp8 emulation with E4M3 everywhere (compute in fp32, "
-                       "conv/linear outputs and every gradient rounded to float8 E4M3, saturating at +-448 unless "
-                       "a row says otherwise: Transformer Engine's Format.E4M3), not real fp8."),
-    *(_fp4(f"{fwd}fwd-{grads}grad-emulated", fwd, grads) for fwd in ("e4m3", "nvfp4") for grads in ("e2m1", "nvfp4", "mxfp4")),
+    PrecisionSpec(
+        "mixed16",
+        autocast="float16",
+        forward_format="fp16",
+        grad_format="fp16",
+        needs_scaler=True,
+        doc="real fp16 mixed precision: torch.autocast in float16 on the device, fp32 weights.",
+    ),
+    PrecisionSpec(
+        "bf16",
+        autocast="bfloat16",
+        forward_format="bf16",
+        grad_format="bf16",
+        doc="real bf16 mixed precision: torch.autocast in bfloat16 on the device, fp32 weights.",
+    ),
+    PrecisionSpec(
+        "fp16-emulated",
+        forward_format="fp16",
+        grad_format="fp16",
+        emulated=True,
+        needs_scaler=True,
+        note="these numbers come from the CPU fp16 emulation (compute in fp32, fp16 rounding of layer "
+        "outputs and gradients), not real fp16.",
+    ),
+    PrecisionSpec(
+        "fp8-emulated",
+        forward_format="e4m3",
+        grad_format="e5m2",
+        emulated=True,
+        needs_scaler=True,
+        te_format="HYBRID",
+        note="these numbers come from the CPU fp8 emulation (compute in fp32, conv/linear outputs "
+        "rounded to float8 E4M3, gradients to E5M2: Transformer Engine's Format.HYBRID), "
+        "not real fp8.",
+    ),
+    PrecisionSpec(
+        "fp8-e4m3-emulated",
+        forward_format="e4m3",
+        grad_format="e4m3",
+        emulated=True,
+        needs_scaler=True,
+        te_format="E4M3",
+        note="these numbers come from the CPU fp8 emulation with E4M3 everywhere (compute in fp32, "
+        "conv/linear outputs and every gradient rounded to float8 E4M3, saturating at +-448 unless "
+        "a row says otherwise: Transformer Engine's Format.E4M3), not real fp8.",
+    ),
+    *(
+        _fp4(f"{fwd}fwd-{grads}grad-emulated", fwd, grads)
+        for fwd in ("e4m3", "nvfp4")
+        for grads in ("e2m1", "nvfp4", "mxfp4")
+    ),
 )
-
 
 
 def _in_registry_order(specs) -> dict[str, PrecisionSpec]:
@@ -164,9 +221,11 @@ def _in_registry_order(specs) -> dict[str, PrecisionSpec]:
     by_name = {s.name: s for s in specs}
     missing, extra = [p for p in PRECISIONS if p not in by_name], [n for n in by_name if n not in PRECISIONS]
     if missing or extra or len(by_name) != len(specs):
-        raise ImportError("registry.PRECISIONS and the table in study/precisions.py disagree: "
-                          f"no PrecisionSpec for {missing}, not in registry.PRECISIONS: {extra}, or a name twice "
-                          "(README: Adding a method or a precision)")
+        raise ImportError(
+            "registry.PRECISIONS and the table in study/precisions.py disagree: "
+            f"no PrecisionSpec for {missing}, not in registry.PRECISIONS: {extra}, or a name twice "
+            "(README: Adding a method or a precision)"
+        )
     return {p: by_name[p] for p in PRECISIONS}
 
 
@@ -198,8 +257,11 @@ def precision_option_problems(values: dict, precision: str) -> list[tuple[str, s
 
 def precision_option_words(scaling: dict) -> list[str]:
     """What a row's default label says about its precision options (those not at their default)."""
-    return [o.words[scaling[n]] for n, o in PRECISION_OPTIONS.items()
-            if scaling.get(n) is not None and scaling[n] != o.default and scaling[n] in o.words]
+    return [
+        o.words[scaling[n]]
+        for n, o in PRECISION_OPTIONS.items()
+        if scaling.get(n) is not None and scaling[n] != o.default and scaling[n] in o.words
+    ]
 
 
 def scaler_grad_format(precision: str) -> str:

@@ -36,8 +36,12 @@ class Resources(BaseModel):
     @model_validator(mode="after")
     def _backend_options(self, info: ValidationInfo):
         if self.compile and self.backend not in ("cuda", "auto"):
-            raise StudyError(ctx_source(info), "resources.compile",
-                             f"only the cuda backend compiles the model, not {self.backend}", "cuda, auto")
+            raise StudyError(
+                ctx_source(info),
+                "resources.compile",
+                f"only the cuda backend compiles the model, not {self.backend}",
+                "cuda, auto",
+            )
         if self.repeatable and self.backend != "cpu":
             raise StudyError(ctx_source(info), "resources.repeatable", _NOT_CPU.format(self.backend), "cpu")
         return self
@@ -56,5 +60,4 @@ def check_repeatable(study, fail) -> None:
     for k, e in enumerate(study.scaling):
         backend = (e.resources.given() if e.resources is not None else {}).get("backend", "cpu")
         if backend != "cpu":
-            fail(f"scaling[{k}].resources.backend", _NOT_CPU.format(backend) + " (resources.repeatable is true)",
-                 "cpu")
+            fail(f"scaling[{k}].resources.backend", _NOT_CPU.format(backend) + " (resources.repeatable is true)", "cpu")

@@ -22,14 +22,7 @@ from pydantic import (
     model_validator,
 )
 
-from ..core.registry import (
-    DATASET_NAMES,
-    EQUIVALENCE_MARGIN_RANGE,
-    EVAL_METRICS,
-    MODEL_NAMES,
-    PRECISIONS,
-    VOC_CLASSES,
-)
+from ..core.registry import DATASET_NAMES, EQUIVALENCE_MARGIN_RANGE, EVAL_METRICS, MODEL_NAMES, PRECISIONS, VOC_CLASSES
 from ..dataset_files.annotations import BAD_ANNOTATIONS
 from .as_written import AsWritten
 from .entry_checks import check_grad_rounding, check_method_options, unique_labels
@@ -59,9 +52,24 @@ from .seed_plan import SeedPlan, split_seed_plan
 from .seed_streams import SeedStreams
 from .trial_config import TrialConfig
 
-__all__ = ["DATASET_MODELS", "MAX_NAME_CHARS", "SECTION_MODELS", "BadAnnotations", "COCODataset", "DatasetSpec",
-           "DivergenceSpec", "EvalSpec", "ModelOptions", "ReportSpec", "Schedule", "Study", "SyntheticDataset",
-           "TrainMaxSide", "VOC0712Dataset", "VOCDataset"]
+__all__ = [
+    "DATASET_MODELS",
+    "MAX_NAME_CHARS",
+    "SECTION_MODELS",
+    "BadAnnotations",
+    "COCODataset",
+    "DatasetSpec",
+    "DivergenceSpec",
+    "EvalSpec",
+    "ModelOptions",
+    "ReportSpec",
+    "Schedule",
+    "Study",
+    "SyntheticDataset",
+    "TrainMaxSide",
+    "VOC0712Dataset",
+    "VOCDataset",
+]
 
 _NAME_RE = re.compile(r"[A-Za-z0-9_.-]+")
 
@@ -82,8 +90,9 @@ class _DatasetBase(BaseModel):
         seen: dict[str, int] = {}
         for i, c in enumerate(getattr(self, "classes", None) or ()):
             if c in seen:
-                raise StudyError(ctx_source(info), f"dataset.classes[{i}]",
-                                 f"duplicate class {c!r} (also at index {seen[c]})")
+                raise StudyError(
+                    ctx_source(info), f"dataset.classes[{i}]", f"duplicate class {c!r} (also at index {seen[c]})"
+                )
             seen[c] = i
         return self
 
@@ -147,14 +156,14 @@ class COCODataset(_DatasetBase):
 
 
 DATASET_MODELS: dict[str, type[_DatasetBase]] = {
-    "synthetic": SyntheticDataset, "voc": VOCDataset, "voc0712": VOC0712Dataset, "coco2017": COCODataset,
+    "synthetic": SyntheticDataset,
+    "voc": VOCDataset,
+    "voc0712": VOC0712Dataset,
+    "coco2017": COCODataset,
 }
 assert tuple(DATASET_MODELS) == tuple(DATASET_NAMES)
 
-DatasetSpec = Annotated[
-    SyntheticDataset | VOCDataset | VOC0712Dataset | COCODataset,
-    Discriminator("name"),
-]
+DatasetSpec = Annotated[SyntheticDataset | VOCDataset | VOC0712Dataset | COCODataset, Discriminator("name")]
 
 
 # --------------------------------------------------------------------------- other sections
@@ -177,8 +186,10 @@ class Schedule(BaseModel):
     momentum: number_field("float", ge=0, lt=1) = 0.9  # type: ignore[valid-type]
     weight_decay: number_field("float", ge=0) = 5e-4  # type: ignore[valid-type]
     #: parameters without weight decay: bias (*.bias, chainercv), 1d (every 1-D parameter, NVIDIA)
-    weight_decay_exclude: ListOf(choice_field("weight_decay_exclude entry", ("bias", "1d")),  # type: ignore[valid-type]
-                                 nonempty=False) = Field(default_factory=list)
+    weight_decay_exclude: ListOf(
+        choice_field("weight_decay_exclude entry", ("bias", "1d")),  # type: ignore[valid-type]
+        nonempty=False,
+    ) = Field(default_factory=list)
     grad_clip: number_field("float", gt=0, nullable=True) = None  # type: ignore[valid-type]
     bias_grad_factor: PosFloat = 1.0  # type: ignore[valid-type]
     #: torch: PyTorch SGD (lr applied to the momentum buffer); chainer: Chainer's MomentumSGD
@@ -188,9 +199,12 @@ class Schedule(BaseModel):
     @model_validator(mode="after")
     def _warmup(self, info: ValidationInfo):
         if self.warmup_mode == "constant" and self.warmup_iterations and self.warmup_factor == 0:
-            raise StudyError(ctx_source(info), "schedule.warmup_factor",
-                             "0 with warmup_mode: constant would train at lr 0 during the warm-up",
-                             "numbers 0 < x <= 1")
+            raise StudyError(
+                ctx_source(info),
+                "schedule.warmup_factor",
+                "0 with warmup_mode: constant would train at lr 0 during the warm-up",
+                "numbers 0 < x <= 1",
+            )
         return self
 
     @model_serializer(mode="wrap")
@@ -255,13 +269,21 @@ class ReportSpec(BaseModel):
 
     #: mAP points: a row whose two one-sided tests put its difference from another inside
     #: ±equivalence_margin is "equivalent"; the report's default (report/stats.py DEFAULT_MARGIN)
-    equivalence_margin: number_field("float", ge=EQUIVALENCE_MARGIN_RANGE[0], le=EQUIVALENCE_MARGIN_RANGE[1],  # type: ignore[valid-type]
-                                why="mAP points; mAP lies in 0-100") = 1.0
+    equivalence_margin: number_field(
+        "float",
+        ge=EQUIVALENCE_MARGIN_RANGE[0],
+        le=EQUIVALENCE_MARGIN_RANGE[1],  # type: ignore[valid-type]
+        why="mAP points; mAP lies in 0-100",
+    ) = 1.0
 
 
 SECTION_MODELS: dict[str, type[BaseModel]] = {
-    "schedule": Schedule, "eval": EvalSpec, "resources": Resources,
-    "model_options": ModelOptions, "divergence": DivergenceSpec, "report": ReportSpec,
+    "schedule": Schedule,
+    "eval": EvalSpec,
+    "resources": Resources,
+    "model_options": ModelOptions,
+    "divergence": DivergenceSpec,
+    "report": ReportSpec,
     "seed_streams": SeedStreams,
 }
 
@@ -284,18 +306,24 @@ MAX_NAME_CHARS = 100
 def _check_name(v: Any):
     """A study name is an identity (experiment, folder, report file): text as written, file-name safe."""
     if isinstance(v, AsWritten):
-        raise field_error(f"YAML reads name: {v} as the {type(v.parsed).__name__} {show_value(v.parsed)}, not as the text "
-                   f"{str(v)!r}; write it in quotes (name: \"{v}\")")
+        raise field_error(
+            f"YAML reads name: {v} as the {type(v.parsed).__name__} {show_value(v.parsed)}, not as the text "
+            f'{str(v)!r}; write it in quotes (name: "{v}")'
+        )
     if not isinstance(v, str):
         raise field_error(f"expected a string, got {show_value(v)}")
     if not _NAME_RE.fullmatch(v) or set(v) == {"."}:
         raise field_error(f"{show_value(v)} is not safe for file names", "letters, digits, '_', '.', '-'")
     if v.startswith("-"):  # `lsbench report --study -x` would read it as an option
-        raise field_error(f"{show_value(v)} starts with '-', which command lines read as an option",
-                   "letters, digits, '_', '.', '-', not '-' first")
+        raise field_error(
+            f"{show_value(v)} starts with '-', which command lines read as an option",
+            "letters, digits, '_', '.', '-', not '-' first",
+        )
     if len(v) > MAX_NAME_CHARS:
-        raise field_error(f"{len(v)} characters is too long for a study name (it names folders and files)",
-                   f"at most {MAX_NAME_CHARS} characters")
+        raise field_error(
+            f"{len(v)} characters is too long for a study name (it names folders and files)",
+            f"at most {MAX_NAME_CHARS} characters",
+        )
     return v
 
 
@@ -370,25 +398,35 @@ class Study(BaseModel):
             found.append(StudyError(src, path, problem, allowed))
 
         if self.seed_streams.val is not None and self.dataset.name != "synthetic":
-            fail("seed_streams.val", f"a validation set from a seed needs the synthetic dataset, not "
-                 f"{self.dataset.name!r}", "seed_streams.val with dataset synthetic only")
+            fail(
+                "seed_streams.val",
+                f"a validation set from a seed needs the synthetic dataset, not {self.dataset.name!r}",
+                "seed_streams.val with dataset synthetic only",
+            )
         sch = self.schedule
         if sch.warmup_iterations >= sch.iterations:
-            fail("schedule.warmup_iterations",
-                 f"{sch.warmup_iterations} must be < schedule.iterations ({sch.iterations})",
-                 f"integers 0 <= x < {sch.iterations}")
+            fail(
+                "schedule.warmup_iterations",
+                f"{sch.warmup_iterations} must be < schedule.iterations ({sch.iterations})",
+                f"integers 0 <= x < {sch.iterations}",
+            )
         steps_allowed = f"increasing integers < schedule.iterations ({sch.iterations})"
         for i, s in enumerate(sch.lr_steps):
             if i and s <= sch.lr_steps[i - 1]:
-                fail(f"schedule.lr_steps[{i}]", f"{s} is not greater than the previous step {sch.lr_steps[i - 1]}",
-                     steps_allowed)
+                fail(
+                    f"schedule.lr_steps[{i}]",
+                    f"{s} is not greater than the previous step {sch.lr_steps[i - 1]}",
+                    steps_allowed,
+                )
             if s >= sch.iterations:
                 fail(f"schedule.lr_steps[{i}]", f"{s} is beyond the last iteration", steps_allowed)
 
         marked = [k for k, e in enumerate(self.scaling) if e.baseline]
         if len(marked) > 1:
-            fail(f"scaling[{marked[1]}].baseline",
-                 f"scaling[{marked[0]}] is already the baseline; at most one scaling entry may say baseline: true")
+            fail(
+                f"scaling[{marked[1]}].baseline",
+                f"scaling[{marked[0]}] is already the baseline; at most one scaling entry may say baseline: true",
+            )
 
         tiny_only = {"width": self.model_options.width, "batch_norm": self.model_options.batch_norm}
         for k, e in enumerate(self.scaling):
@@ -399,22 +437,29 @@ class Study(BaseModel):
             for opt, val in tiny_only.items():
                 for m in models:
                     if val is not None and m != "ssd_tiny":
-                        fail(f"model_options.{opt}",
-                             f"only meaningful for ssd_tiny, but the grid has {m}"
-                             + (f" (scaling[{k}].model)" if e.model is not None else ""))
+                        fail(
+                            f"model_options.{opt}",
+                            f"only meaningful for ssd_tiny, but the grid has {m}"
+                            + (f" (scaling[{k}].model)" if e.model is not None else ""),
+                        )
             if e.batch_size is not None:
                 bs_paths = [(f"scaling[{k}].batch_size", e.batch_size)]
             else:
                 bs_paths = [(f"batch_size[{i}]", b) for i, b in enumerate(self.batch_size)]
             for path, b in bs_paths:
                 if b % devices:
-                    fail(path, f"{b} is not divisible by resources.devices_per_trial ({devices})",
-                         f"multiples of {devices}")
+                    fail(
+                        path,
+                        f"{b} is not divisible by resources.devices_per_trial ({devices})",
+                        f"multiples of {devices}",
+                    )
             prec = e.precision if e.precision is not None else self.precision
             if backend == "xla" and prec == "mixed16":
-                fail(f"scaling[{k}].precision" if e.precision is not None else "precision",
-                     "mixed16 is not supported on backend xla (torch_xla has no fp16 autocast path); use bf16",
-                     ", ".join(p for p in PRECISIONS if p != "mixed16"))
+                fail(
+                    f"scaling[{k}].precision" if e.precision is not None else "precision",
+                    "mixed16 is not supported on backend xla (torch_xla has no fp16 autocast path); use bf16",
+                    ", ".join(p for p in PRECISIONS if p != "mixed16"),
+                )
         check_repeatable(self, fail)
         unique_labels(self, fail)
         check_grad_rounding(self, fail)

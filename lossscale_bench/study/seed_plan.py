@@ -61,8 +61,9 @@ class SeedPlan(BaseModel):
 
 def _whole(source: str, key: str, v: Any, low: int) -> int:
     if isinstance(v, bool) or not isinstance(v, int) or not low <= v <= _MAX_SEEDS:
-        raise StudyError(source, f"seeds.{key}", f"expected an integer, got {show_value(v)}",
-                         f"integers {low} <= x <= {_MAX_SEEDS}")
+        raise StudyError(
+            source, f"seeds.{key}", f"expected an integer, got {show_value(v)}", f"integers {low} <= x <= {_MAX_SEEDS}"
+        )
     return v
 
 
@@ -75,8 +76,12 @@ def split_seed_plan(data: Any, source: str) -> Any:
     if not isinstance(data, Mapping):
         return data
     if "seed_plan" in data:
-        raise StudyError(source, "seed_plan", "not a key of a study file",
-                         "seeds: [0, 1, 2] or seeds: {start: 3, step: 3, max: 18, until: decided}")
+        raise StudyError(
+            source,
+            "seed_plan",
+            "not a key of a study file",
+            "seeds: [0, 1, 2] or seeds: {start: 3, step: 3, max: 18, until: decided}",
+        )
     plan = data.get("seeds")
     if not isinstance(plan, Mapping):
         return data
@@ -100,8 +105,11 @@ def split_seed_plan(data: Any, source: str) -> Any:
     spending = plan.get("spending", "obf")
     if spending not in _SPENDING:
         raise StudyError(source, "seeds.spending", f"unknown value {show_value(spending)}", ", ".join(_SPENDING))
-    return {**data, "seeds": list(range(start)),
-            "seed_plan": SeedPlan(start=start, step=step, max=top, until=until, pairs=pairs, spending=spending)}
+    return {
+        **data,
+        "seeds": list(range(start)),
+        "seed_plan": SeedPlan(start=start, step=step, max=top, until=until, pairs=pairs, spending=spending),
+    }
 
 
 def planned_trials(study) -> list:
@@ -113,5 +121,7 @@ def planned_trials(study) -> list:
 
 def plan_text(plan: SeedPlan) -> str:
     """``seeds 0-2 of every row first, then 3 more at a time for the rows of undecided comparisons, up to 18``."""
-    return (f"seeds 0-{plan.start - 1} of every row first, then {plan.step} more at a time for the rows of "
-            f"undecided comparisons, up to {plan.max}")
+    return (
+        f"seeds 0-{plan.start - 1} of every row first, then {plan.step} more at a time for the rows of "
+        f"undecided comparisons, up to {plan.max}"
+    )

@@ -18,7 +18,7 @@ def _stream_seed(v: Any):
     """``trial`` (the trial's own seed) or a fixed seed, an integer in [0, 2**32)."""
     if v == "trial" or v is None:
         return v
-    if isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2 ** 32:
+    if isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**32:
         return v
     raise field_error(f"{show_value(v)} is not a seed", "'trial' (the trial's seed) or an integer 0 to 4294967295")
 

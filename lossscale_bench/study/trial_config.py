@@ -59,9 +59,23 @@ class TrialConfig(BaseModel):
 
     def identity(self) -> dict:
         """What the trial_id hashes (see :func:`.grid.trial_identity`)."""
-        return trial_identity(self.model, self.batch_size, self.precision, self.scaling, self.seed,
-                         self.dataset, self.schedule, self.eval, self.resources, self.model_options,
-                         self.divergence, self.loader, self.fingerprint, self.on_divergence, self.seed_streams)
+        return trial_identity(
+            self.model,
+            self.batch_size,
+            self.precision,
+            self.scaling,
+            self.seed,
+            self.dataset,
+            self.schedule,
+            self.eval,
+            self.resources,
+            self.model_options,
+            self.divergence,
+            self.loader,
+            self.fingerprint,
+            self.on_divergence,
+            self.seed_streams,
+        )
 
     def stream_seed(self, stream: str) -> int | None:
         """The seed of a random stream (``init``, ``data``, ``val``) for this trial: the trial's seed,
@@ -81,11 +95,31 @@ class TrialConfig(BaseModel):
         which row is the baseline may change after the trial ran (it is a tag).
         """
         out: dict[str, str] = {}
-        for k in ("study", "trial_id", "model", "batch_size", "precision", "label", "row", "seed",
-                  "on_divergence", "max_failures", "log_every", "loader"):
+        for k in (
+            "study",
+            "trial_id",
+            "model",
+            "batch_size",
+            "precision",
+            "label",
+            "row",
+            "seed",
+            "on_divergence",
+            "max_failures",
+            "log_every",
+            "loader",
+        ):
             out[k] = _param_str(getattr(self, k))
-        for section in ("scaling", "dataset", "schedule", "eval", "resources", "model_options", "divergence",
-                        "fingerprint"):
+        for section in (
+            "scaling",
+            "dataset",
+            "schedule",
+            "eval",
+            "resources",
+            "model_options",
+            "divergence",
+            "fingerprint",
+        ):
             for k, v in getattr(self, section).items():
                 out[f"{section}.{k}"] = _param_str(v)
         return out

@@ -31,6 +31,18 @@ from .store import (
 )
 from .tracker import TERMINAL, Tracker, set_study_tags, study_view_urls
 
-__all__ = ["MlflowSink", "StoreError", "StoreMissing", "TERMINAL", "Tracker", "default_tracking_uri",
-           "open_store", "relative_artifact_location", "resolve_tracking_uri", "sqlite_path", "store_error",
-           "set_study_tags", "study_view_urls"]
+__all__ = [
+    "MlflowSink",
+    "StoreError",
+    "StoreMissing",
+    "TERMINAL",
+    "Tracker",
+    "default_tracking_uri",
+    "open_store",
+    "relative_artifact_location",
+    "resolve_tracking_uri",
+    "sqlite_path",
+    "store_error",
+    "set_study_tags",
+    "study_view_urls",
+]

@@ -34,8 +34,14 @@ MLFLOW_STATUS = {"finished": "FINISHED", "diverged": "FAILED", "failed": "FAILED
 _MARKED = ("diverged", "failed")
 
 #: The columns a researcher needs on a study's trial runs, as MLflow UI column keys.
-VIEW_COLUMNS = ("tags.`lsbench.label`", "tags.`lsbench.status`", "metrics.`final_map`",
-                "metrics.`skipped_steps`", "tags.`lsbench.diverged_step`", "tags.`lsbench.precision`")
+VIEW_COLUMNS = (
+    "tags.`lsbench.label`",
+    "tags.`lsbench.status`",
+    "metrics.`final_map`",
+    "metrics.`skipped_steps`",
+    "tags.`lsbench.diverged_step`",
+    "tags.`lsbench.precision`",
+)
 #: Experiment tag ``mlflow.sharedViewState.<key>`` holds a saved runs-table view; the UI applies it
 #: when the experiment is opened with ``?viewStateShareKey=<key>`` (MLflow 3.17 has no per-experiment
 #: default view, so this link is how the columns come pre-selected).
@@ -77,13 +83,17 @@ def note(status: str, tags: dict, metrics: dict) -> str:
             text += f". Last finite loss {loss:.4g}"
             scale = _num(tags.get("lsbench.diverged_scale"))
             text += f" at loss scale {scale:.4g}" if scale is not None else ""
-        text += (". The step is the one under which the `loss`, `overflow` and `skipped` metrics are "
-                 "logged. MLflow status FAILED: no usable model (`lsbench.status` = diverged).")
+        text += (
+            ". The step is the one under which the `loss`, `overflow` and `skipped` metrics are "
+            "logged. MLflow status FAILED: no usable model (`lsbench.status` = diverged)."
+        )
         return text
     if status == "failed":
         err = str(tags.get("lsbench.error") or "no error message").strip().splitlines()
-        return (f"**failed**: {err[-1][:500] if err else ''}. Traceback: artifact `error.txt` (when the "
-                "trial got as far as writing it). A re-run of the study runs this trial again.")
+        return (
+            f"**failed**: {err[-1][:500] if err else ''}. Traceback: artifact `error.txt` (when the "
+            "trial got as far as writing it). A re-run of the study runs this trial again."
+        )
     if status == "finished":
         fm = _num(metrics.get("final_map"))
         skipped = _num(metrics.get("skipped_steps"))
@@ -94,8 +104,10 @@ def note(status: str, tags: dict, metrics: dict) -> str:
             text += f", {int(skipped)} skipped steps"
         failures = tags.get("lsbench.failed_attempts")
         if failures and failures != "0":
-            text += (f", after {failures} failed attempt(s) (the last one's error: tag `lsbench.previous_error`; "
-                     "tracebacks: artifacts `failed_attempts/<n>/error.txt`)")
+            text += (
+                f", after {failures} failed attempt(s) (the last one's error: tag `lsbench.previous_error`; "
+                "tracebacks: artifacts `failed_attempts/<n>/error.txt`)"
+            )
         return text + "."
     return f"**{status}**"
 
@@ -109,13 +121,23 @@ def view_state() -> str:
     flat. The group rows show MLflow's *average* over the group's runs, which mixes
     configurations: a status count, not a result (``lsbench report`` pools seeds correctly).
     """
-    return json.dumps({"searchFilter": "tags.`lsbench.role` = 'trial'", "selectedColumns": list(VIEW_COLUMNS),
-                       "orderByKey": "attributes.start_time", "orderByAsc": False,
-                       "groupBy": {"aggregateFunction": "average",
-                                   "groupByKeys": [{"mode": "tag", "groupByData": "lsbench.status"}]}})
+    return json.dumps(
+        {
+            "searchFilter": "tags.`lsbench.role` = 'trial'",
+            "selectedColumns": list(VIEW_COLUMNS),
+            "orderByKey": "attributes.start_time",
+            "orderByAsc": False,
+            "groupBy": {
+                "aggregateFunction": "average",
+                "groupByKeys": [{"mode": "tag", "groupByData": "lsbench.status"}],
+            },
+        }
+    )
 
 
 def view_url(base_url: str, experiment_id: str) -> str:
     """The experiment page with lsbench's columns selected (``lsbench ui`` prints it)."""
-    return (f"{base_url.rstrip('/')}/#/experiments/{experiment_id}/runs?workflowType=machine_learning"
-            f"&viewStateShareKey={VIEW_KEY}")
+    return (
+        f"{base_url.rstrip('/')}/#/experiments/{experiment_id}/runs?workflowType=machine_learning"
+        f"&viewStateShareKey={VIEW_KEY}"
+    )

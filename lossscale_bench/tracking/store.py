@@ -27,9 +27,22 @@ import tempfile
 from pathlib import Path
 from urllib.parse import quote, unquote, urlparse
 
-__all__ = ["StoreError", "StoreMissing", "ALLOWED_SCHEMES", "USABLE_STORES", "ARTIFACT_SCHEME", "open_store",
-           "store_error", "sqlite_path", "resolve_tracking_uri", "check_scheme", "default_tracking_uri",
-           "relative_artifact_location", "store_relative_repository", "ensure_artifact_scheme"]
+__all__ = [
+    "StoreError",
+    "StoreMissing",
+    "ALLOWED_SCHEMES",
+    "USABLE_STORES",
+    "ARTIFACT_SCHEME",
+    "open_store",
+    "store_error",
+    "sqlite_path",
+    "resolve_tracking_uri",
+    "check_scheme",
+    "default_tracking_uri",
+    "relative_artifact_location",
+    "store_relative_repository",
+    "ensure_artifact_scheme",
+]
 
 #: tracking-URI schemes lsbench opens (SQLAlchemy dialects may carry a driver: ``postgresql+psycopg2``).
 #: Refused before any work, though MLflow parses them: ``file:`` and plain paths (MLflow 3's
@@ -39,8 +52,10 @@ __all__ = ["StoreError", "StoreMissing", "ALLOWED_SCHEMES", "USABLE_STORES", "AR
 #: not advertised in :data:`USABLE_STORES`: lsbench has never been tried on it.
 ALLOWED_SCHEMES = ("sqlite", "http", "https", "postgresql", "mysql", "mssql", "databricks")
 #: what every refused URI's message ends with: the stores known to work
-USABLE_STORES = ("use sqlite:///path/mlflow.db (a SQLite file), http://host:port or https://host (an MLflow "
-                 "server), or a postgresql:, mysql: or mssql: database URL")
+USABLE_STORES = (
+    "use sqlite:///path/mlflow.db (a SQLite file), http://host:port or https://host (an MLflow "
+    "server), or a postgresql:, mysql: or mssql: database URL"
+)
 #: artifact-URI scheme of locations relative to the store's folder (see the module docstring)
 ARTIFACT_SCHEME = "lsbench-store"
 SQLITE_MAGIC = b"SQLite format 3\x00"
@@ -81,7 +96,7 @@ def resolve_tracking_uri(uri: str | None, runs_dir: str | Path) -> str:
     uri = uri or os.environ.get("MLFLOW_TRACKING_URI")
     if not uri:
         return default_tracking_uri(runs_dir)
-    rest = uri[len("sqlite:///"):] if uri.startswith("sqlite:///") else None
+    rest = uri[len("sqlite:///") :] if uri.startswith("sqlite:///") else None
     if rest and not rest.startswith("/") and rest.split("?", 1)[0] != ":memory:":
         # make relative SQLite paths absolute, for the same reason (in-memory SQLite is no path:
         # left as it is for check_scheme to refuse, not turned into a file named ':memory:')
@@ -155,11 +170,15 @@ def check_scheme(uri: str) -> str:
     if scheme in ("", "file"):
         raise StoreError(_folder_store(uri))
     if scheme == "sqlite" and sqlite_path(uri) is None:
-        raise StoreError(f"tracking URI {redact(uri)!r} is SQLite without a file (in memory): nothing it records "
-                         f"would outlive this process, and a rerun would train everything again; {USABLE_STORES}")
+        raise StoreError(
+            f"tracking URI {redact(uri)!r} is SQLite without a file (in memory): nothing it records "
+            f"would outlive this process, and a rerun would train everything again; {USABLE_STORES}"
+        )
     if scheme in ("uc", "databricks-uc"):
-        raise StoreError(f"tracking URI {redact(uri)!r} is a model-registry URI (MLflow has no tracking store for "
-                         f"{scheme!r}); {USABLE_STORES}")
+        raise StoreError(
+            f"tracking URI {redact(uri)!r} is a model-registry URI (MLflow has no tracking store for "
+            f"{scheme!r}); {USABLE_STORES}"
+        )
     if scheme not in ALLOWED_SCHEMES:
         raise StoreError(f"tracking URI {redact(uri)!r}: unknown scheme {scheme!r}; {USABLE_STORES}")
     return scheme
@@ -172,13 +191,17 @@ def _folder_store(uri: str) -> str:
         if folder.is_file() and _is_sqlite_file(folder):
             return f"tracking URI {uri!r} is a SQLite file, not a folder: pass sqlite:///{folder.resolve()}"
         if (folder / "mlflow.db").is_file():
-            return (f"tracking URI {uri!r} is a folder; its store is the mlflow.db in it: "
-                    f"pass sqlite:///{(folder / 'mlflow.db').resolve()}")
+            return (
+                f"tracking URI {uri!r} is a folder; its store is the mlflow.db in it: "
+                f"pass sqlite:///{(folder / 'mlflow.db').resolve()}"
+            )
     except (OSError, ValueError):  # EACCES, a name too long, an embedded NUL
         pass
     what = "names a folder" if _scheme(uri) == "file" else "has no scheme, so it names a folder"
-    return (f"tracking URI {uri!r} {what}: MLflow's file store, which MLflow 3 no longer opens "
-            f"(\"maintenance mode\"); {USABLE_STORES}")
+    return (
+        f"tracking URI {uri!r} {what}: MLflow's file store, which MLflow 3 no longer opens "
+        f'("maintenance mode"); {USABLE_STORES}'
+    )
 
 
 def _open_store(uri: str, create: bool) -> str:
@@ -222,8 +245,9 @@ def _check_sqlite(db: Path, create: bool) -> None:
         if not create:
             raise StoreMissing(f"no MLflow store at {db} (the file is empty; run a study first)")
     elif not head.startswith(SQLITE_MAGIC):
-        raise StoreError(f"MLflow store {db} is not a SQLite database (corrupt or another kind of file; "
-                         "it was left as it is)")
+        raise StoreError(
+            f"MLflow store {db} is not a SQLite database (corrupt or another kind of file; it was left as it is)"
+        )
     else:
         _check_integrity(db, create, head)
     if create:
@@ -270,14 +294,17 @@ def _check_integrity(db: Path, create: bool, head: bytes = b"") -> None:
         conn.close()
     if problems != ["ok"]:
         found = " ".join("; ".join(problems).replace("*** in database main ***", "").split())
-        raise StoreError(f"MLflow store {db} is corrupt or truncated (integrity check: {found[:200]}); "
-                         "it was left as it is")
+        raise StoreError(
+            f"MLflow store {db} is corrupt or truncated (integrity check: {found[:200]}); it was left as it is"
+        )
     half = sorted(t for t in tables if t.startswith("_alembic_tmp_"))
     if half:
         raise StoreError(half_migrated(db, half))
     if tables and "experiments" not in tables:
-        raise StoreError(f"{db} is a SQLite database but not an MLflow store (tables: "
-                         f"{', '.join(sorted(tables)[:5])}); pass another --tracking-uri or --runs-dir")
+        raise StoreError(
+            f"{db} is a SQLite database but not an MLflow store (tables: "
+            f"{', '.join(sorted(tables)[:5])}); pass another --tracking-uri or --runs-dir"
+        )
     if not tables and not create:
         raise StoreMissing(f"no MLflow store at {db} (an empty SQLite file; run a study first)")
 
@@ -290,10 +317,12 @@ def half_migrated(db: Path, leftovers: list[str]) -> str:
     whether each original table is still there, so the message says how to check, and
     lsbench repairs nothing itself.
     """
-    return (f"MLflow store {db} was left half-migrated by an interrupted schema upgrade (leftover tables: "
-            f"{', '.join(leftovers)}); it was left as it is. To repair: back it up; if each table without the "
-            f"_alembic_tmp_ prefix exists too, drop the leftovers and run `mlflow db upgrade sqlite:///{db}`; "
-            "a store with no results worth keeping can simply be deleted")
+    return (
+        f"MLflow store {db} was left half-migrated by an interrupted schema upgrade (leftover tables: "
+        f"{', '.join(leftovers)}); it was left as it is. To repair: back it up; if each table without the "
+        f"_alembic_tmp_ prefix exists too, drop the leftovers and run `mlflow db upgrade sqlite:///{db}`; "
+        "a store with no results worth keeping can simply be deleted"
+    )
 
 
 def _os_cause(e: OSError) -> str:
@@ -315,8 +344,10 @@ def _check_writable(db: Path) -> None:
             pass
     except OSError as e:
         if e.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
-            raise StoreError(f"MLflow store {db} is read-only ({e.strerror}: {e.filename or folder}); "
-                             "a study needs to write it: make it writable or pass another --runs-dir") from None
+            raise StoreError(
+                f"MLflow store {db} is read-only ({e.strerror}: {e.filename or folder}); "
+                "a study needs to write it: make it writable or pass another --runs-dir"
+            ) from None
         raise StoreError(f"MLflow store {db} cannot be written: {_os_cause(e)}") from None
     try:
         import shutil
@@ -337,8 +368,9 @@ def _check_driver(uri: str) -> None:
     except ImportError as e:
         raise StoreError(f"tracking URI {redact(uri)}: its database driver is not installed ({e})") from None
     except Exception as e:  # noqa: BLE001 - sqlalchemy.exc.ArgumentError and kin: a malformed URL
-        raise StoreError(f"tracking URI {redact(uri)} is not a valid database URL "
-                         f"({' '.join(str(e).split())[:150]})") from None
+        raise StoreError(
+            f"tracking URI {redact(uri)} is not a valid database URL ({' '.join(str(e).split())[:150]})"
+        ) from None
 
 
 def _probe_http(uri: str) -> None:
@@ -354,8 +386,10 @@ def _probe_http(uri: str) -> None:
         return  # something answered; MLflow reports what it says
     except (urllib.error.URLError, OSError, ValueError) as e:
         reason = getattr(e, "reason", e)
-        raise StoreError(f"MLflow server {redact(uri)} is unreachable ({reason}, {HTTP_TIMEOUT_S:g} s timeout); "
-                         "start it (lsbench ui / mlflow server) or pass another --tracking-uri") from None
+        raise StoreError(
+            f"MLflow server {redact(uri)} is unreachable ({reason}, {HTTP_TIMEOUT_S:g} s timeout); "
+            "start it (lsbench ui / mlflow server) or pass another --tracking-uri"
+        ) from None
 
 
 # -- faults after opening --------------------------------------------------------------------
@@ -386,21 +420,25 @@ def store_error(exc: BaseException, uri: str) -> StoreError | None:
         text = str(e).lower()
         code = getattr(e, "errno", None)
         if code == errno.ENOSPC or "database or disk is full" in text or "no space left" in text:
-            return StoreError(f"MLflow store {where}: disk full ({detail}); "
-                              "what was logged before is kept: free space and re-run to resume")
+            return StoreError(
+                f"MLflow store {where}: disk full ({detail}); "
+                "what was logged before is kept: free space and re-run to resume"
+            )
         if code == errno.EDQUOT or "quota exceeded" in text:
             return StoreError(f"MLflow store {where}: disk quota exceeded; what was logged before is kept")
         if code == errno.EROFS or "readonly database" in text or "read-only file system" in text:
             return StoreError(f"MLflow store {where} is read-only ({detail})")
         if "malformed" in text or "file is not a database" in text:
-            return StoreError(f"MLflow store {where} is corrupt ({detail}); "
-                              "it was left as it is")
+            return StoreError(f"MLflow store {where} is corrupt ({detail}); it was left as it is")
         if "out-of-date database schema" in text:
-            return StoreError(f"MLflow store {where} was written by an older MLflow ({detail}); back it up, then "
-                              f"run `mlflow db upgrade {redact(uri)}`")
+            return StoreError(
+                f"MLflow store {where} was written by an older MLflow ({detail}); back it up, then "
+                f"run `mlflow db upgrade {redact(uri)}`"
+            )
         if "disk i/o error" in text:
-            return StoreError(f"MLflow store {where}: disk I/O error (a full disk, a file-size limit "
-                              "or a failing device)")
+            return StoreError(
+                f"MLflow store {where}: disk I/O error (a full disk, a file-size limit or a failing device)"
+            )
     return None
 
 
@@ -420,8 +458,10 @@ def _store_folder(tracking_uri: str | None) -> Path:
     if db is None:
         from mlflow.exceptions import MlflowException
 
-        raise MlflowException(f"{ARTIFACT_SCHEME}: artifact locations are relative to a SQLite store's folder; "
-                              f"the tracking URI is {uri!r}")
+        raise MlflowException(
+            f"{ARTIFACT_SCHEME}: artifact locations are relative to a SQLite store's folder; "
+            f"the tracking URI is {uri!r}"
+        )
     return db.expanduser().resolve().parent
 
 

@@ -97,8 +97,12 @@ class Tracker:
             loc = relative_artifact_location(study_name)
         else:
             loc = (self.artifact_root / study_name).as_uri() if self.artifact_root else None
-        return _retry(self.client.create_experiment, study_name, artifact_location=loc,
-                      tags={"lsbench.study": study_name, **self._experiment_tags()})
+        return _retry(
+            self.client.create_experiment,
+            study_name,
+            artifact_location=loc,
+            tags={"lsbench.study": study_name, **self._experiment_tags()},
+        )
 
     def _experiment_tags(self) -> dict[str, str]:
         """The model-training page, and lsbench's saved runs-table view (``run_status.VIEW_TAG``:
@@ -116,9 +120,12 @@ class Tracker:
             if runs[0].info.status != "RUNNING":
                 _retry(self.client.update_run, run_id, status="RUNNING")
         else:
-            run = _retry(self.client.create_run, exp_id, run_name=study_name,
-                         tags={"lsbench.role": "study", "lsbench.study": study_name,
-                               "mlflow.note.content": description or ""})
+            run = _retry(
+                self.client.create_run,
+                exp_id,
+                run_name=study_name,
+                tags={"lsbench.role": "study", "lsbench.study": study_name, "mlflow.note.content": description or ""},
+            )
             run_id = run.info.run_id
             if study_file and Path(study_file).is_file():
                 _retry(self.client.log_artifact, run_id, study_file)
@@ -133,8 +140,11 @@ class Tracker:
         trial without a run, or running/interrupted, counts as pending.
         """
         exp_id = self.client.get_run(parent_run_id).info.experiment_id
-        runs = {tid: r for tid, r in self.trial_runs(exp_id).items()
-                if r.data.tags.get("mlflow.parentRunId") == parent_run_id}
+        runs = {
+            tid: r
+            for tid, r in self.trial_runs(exp_id).items()
+            if r.data.tags.get("mlflow.parentRunId") == parent_run_id
+        }
         ids = list(dict.fromkeys(trial_ids)) if trial_ids is not None else list(runs)
         c = {"finished": 0, "diverged": 0, "failed": 0, "pending": 0}
         for tid in ids:
@@ -150,13 +160,17 @@ class Tracker:
         the tag ``lsbench.trials`` says the counts in words for the runs table.
         """
         c = self.study_counts(parent_run_id, trial_ids)
-        _retry(self.client.log_batch, parent_run_id,
-               metrics=[self._metric(f"trials_{k}", v, 0) for k, v in c.items()])
+        _retry(self.client.log_batch, parent_run_id, metrics=[self._metric(f"trials_{k}", v, 0) for k, v in c.items()])
         # lsbench.status too: an earlier SIGTERM left "interrupted" on the parent, which the runs
         # table would keep showing beside a FINISHED run once a re-run completed the study
-        self.set_tags(parent_run_id, {"lsbench.trials": f"{c['finished']} finished, {c['diverged']} diverged, "
-                                                        f"{c['failed']} failed, {c['pending']} pending",
-                                      "lsbench.status": "failed" if c["failed"] else "finished"})
+        self.set_tags(
+            parent_run_id,
+            {
+                "lsbench.trials": f"{c['finished']} finished, {c['diverged']} diverged, "
+                f"{c['failed']} failed, {c['pending']} pending",
+                "lsbench.status": "failed" if c["failed"] else "finished",
+            },
+        )
         _retry(self.client.set_terminated, parent_run_id, status="FAILED" if c["failed"] else "FINISHED")
         return c
 
@@ -166,8 +180,9 @@ class Tracker:
         out: dict[str, Any] = {}
         token = None
         while True:
-            page = self.client.search_runs([exp_id], filter_string="tags.`lsbench.role` = 'trial'",
-                                           max_results=1000, page_token=token)
+            page = self.client.search_runs(
+                [exp_id], filter_string="tags.`lsbench.role` = 'trial'", max_results=1000, page_token=token
+            )
             for r in page:
                 tid = r.data.tags.get("lsbench.trial_id")
                 if tid and (tid not in out or r.info.start_time > out[tid].info.start_time):
@@ -214,8 +229,11 @@ class Tracker:
             if run is None or old is None or old == cfg.label:
                 continue
             self.set_tags(run.info.run_id, {"lsbench.label": cfg.label})
-            _retry(self.client.update_run, run.info.run_id,
-                   name=run_name(cfg.label, cfg.trial_id, run.data.tags.get("lsbench.status", "")))
+            _retry(
+                self.client.update_run,
+                run.info.run_id,
+                name=run_name(cfg.label, cfg.trial_id, run.data.tags.get("lsbench.status", "")),
+            )
             changed[(old, cfg.label)] = None
         return list(changed)
 
@@ -228,20 +246,28 @@ class Tracker:
         baseline = _bool_tag(getattr(cfg, "baseline", False))
         if existing is not None:
             return self.continue_trial_run(cfg, existing)
-        tags = {"mlflow.parentRunId": parent_run_id, "lsbench.role": "trial", "lsbench.study": cfg.study,
-                "lsbench.trial_id": cfg.trial_id, "lsbench.status": "pending", "lsbench.label": cfg.label,
-                "lsbench.row": str(cfg.row), "lsbench.precision": cfg.precision,
-                "lsbench.eval_metric": cfg.eval.get("metric", "coco"),
-                "lsbench.emulated": _bool_tag(is_emulated(cfg.precision)), "lsbench.baseline": baseline,
-                # the configuration this trial is a seed of: the report pools seeds only within one
-                "lsbench.config_id": cfg.config_id()}
+        tags = {
+            "mlflow.parentRunId": parent_run_id,
+            "lsbench.role": "trial",
+            "lsbench.study": cfg.study,
+            "lsbench.trial_id": cfg.trial_id,
+            "lsbench.status": "pending",
+            "lsbench.label": cfg.label,
+            "lsbench.row": str(cfg.row),
+            "lsbench.precision": cfg.precision,
+            "lsbench.eval_metric": cfg.eval.get("metric", "coco"),
+            "lsbench.emulated": _bool_tag(is_emulated(cfg.precision)),
+            "lsbench.baseline": baseline,
+            # the configuration this trial is a seed of: the report pools seeds only within one
+            "lsbench.config_id": cfg.config_id(),
+        }
         run = _retry(self.client.create_run, exp_id, run_name=base_run_name(cfg.label, cfg.trial_id), tags=tags)
         run_id = run.info.run_id
         from mlflow.entities import Param
 
         params = [Param(k, str(v)[:500]) for k, v in cfg.flat_params().items()]
         for i in range(0, len(params), 100):
-            _retry(self.client.log_batch, run_id, params=params[i:i + 100])
+            _retry(self.client.log_batch, run_id, params=params[i : i + 100])
         return run_id
 
     def continue_trial_run(self, cfg, existing) -> str:
@@ -322,14 +348,18 @@ class Tracker:
             items = new_points(items, logged)
         metrics = [self._metric(k, v, s) for k, v, s in items]
         for i in range(0, len(metrics), 1000):
-            _retry(self.client.log_batch, run_id, metrics=metrics[i:i + 1000])
+            _retry(self.client.log_batch, run_id, metrics=metrics[i : i + 1000])
         return len(metrics)
 
     def set_tags(self, run_id: str, tags: dict[str, Any]) -> None:
         from mlflow.entities import RunTag
 
-        clean = [RunTag(k, "" if v is None else (f"{v:.6g}" if isinstance(v, float) and not math.isnan(v)
-                                                 else str(v))[:5000]) for k, v in tags.items()]
+        clean = [
+            RunTag(
+                k, "" if v is None else (f"{v:.6g}" if isinstance(v, float) and not math.isnan(v) else str(v))[:5000]
+            )
+            for k, v in tags.items()
+        ]
         if clean:
             _retry(self.client.log_batch, run_id, tags=clean)
 

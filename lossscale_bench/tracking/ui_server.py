@@ -21,8 +21,7 @@ def port_problem(host: str, port: int) -> str | None:
     import socket
 
     try:
-        fam, typ, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
-                                                      flags=socket.AI_PASSIVE)[0]
+        fam, typ, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
     except socket.gaierror:
         return f"--host {host}: the name does not resolve"
     with socket.socket(fam, typ, proto) as s:

@@ -19,5 +19,15 @@ from .records import data_report, write_layer_table
 from .runner import run_trial, shard_batches
 from .setup import make_evaluator
 
-__all__ = ["run_trial", "TrialOutcome", "CheckpointError", "failure_text", "load_checkpoint", "atomic_done",
-           "data_report", "write_layer_table", "make_evaluator", "shard_batches"]
+__all__ = [
+    "run_trial",
+    "TrialOutcome",
+    "CheckpointError",
+    "failure_text",
+    "load_checkpoint",
+    "atomic_done",
+    "data_report",
+    "write_layer_table",
+    "make_evaluator",
+    "shard_batches",
+]

@@ -22,8 +22,11 @@ class CheckpointError(RuntimeError):
 
 def rng_state() -> dict[str, Any]:
     st = np.random.get_state()
-    return {"torch": torch.get_rng_state(), "python": random.getstate(),
-            "numpy": [st[0], st[1].tolist(), int(st[2]), int(st[3]), float(st[4])]}
+    return {
+        "torch": torch.get_rng_state(),
+        "python": random.getstate(),
+        "numpy": [st[0], st[1].tolist(), int(st[2]), int(st[3]), float(st[4])],
+    }
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
@@ -40,8 +43,10 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
     except Exception as exc:  # noqa: BLE001 - truncated zip, pickle error, foreign file
         # the advice before the detail: progress lines cut an error at 200 characters
         detail = str(exc).splitlines()[0][:200] if str(exc) else ""
-        raise CheckpointError(f"checkpoint cannot be read; delete it to restart this trial from scratch: {path} "
-                              f"({type(exc).__name__}: {detail})") from None
+        raise CheckpointError(
+            f"checkpoint cannot be read; delete it to restart this trial from scratch: {path} "
+            f"({type(exc).__name__}: {detail})"
+        ) from None
 
 
 def capture(trainer, trial_id: str, best_map: float) -> dict[str, Any]:

@@ -15,7 +15,7 @@ class TrialOutcome:
     final_map: float | None = None
     final_map_50: float | None = None
     best_map: float | None = None
-    diverged_step: int | None = None   # metric-history step that broke training (DivergenceHook)
+    diverged_step: int | None = None  # metric-history step that broke training (DivergenceHook)
     diverged_reason: str | None = None
     skipped_steps: int = 0
     seconds: float = 0.0
@@ -26,8 +26,11 @@ class TrialOutcome:
 
 
 #: errno -> what a researcher reads first in a failed trial's error (the OS text follows)
-_DISK_ERRORS = {errno.ENOSPC: "disk full", errno.EDQUOT: "disk quota exceeded",
-                errno.EFBIG: "file size limit reached (disk full, quota or ulimit -f)"}
+_DISK_ERRORS = {
+    errno.ENOSPC: "disk full",
+    errno.EDQUOT: "disk quota exceeded",
+    errno.EFBIG: "file size limit reached (disk full, quota or ulimit -f)",
+}
 
 
 def failure_text(exc: BaseException) -> str:

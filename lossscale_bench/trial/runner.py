@@ -40,9 +40,17 @@ def shard_batches(batches, rank: int, world_size: int):
         yield step, images[rank::world_size], targets[rank::world_size]
 
 
-def run_trial(cfg, *, sink: Sink, trial_dir: str | Path, threads: int | None = None,
-              checkpoint_every: int | None = None, rank: int = 0, world_size: int = 1,
-              grad_sync=None) -> TrialOutcome:
+def run_trial(
+    cfg,
+    *,
+    sink: Sink,
+    trial_dir: str | Path,
+    threads: int | None = None,
+    checkpoint_every: int | None = None,
+    rank: int = 0,
+    world_size: int = 1,
+    grad_sync=None,
+) -> TrialOutcome:
     """Train and evaluate one trial; always returns an outcome (errors become status ``failed``).
 
     For a data-parallel trial every replica calls this with its ``rank``; only rank 0
@@ -113,8 +121,18 @@ def set_aside_error(trial_dir: Path) -> Path | None:
     return dest
 
 
-def _train(cfg, sink: Sink, trial_dir: Path, threads, checkpoint_every, outcome: TrialOutcome,
-           rank: int = 0, world_size: int = 1, grad_sync=None, ckpt_dir: Path | None = None) -> None:
+def _train(
+    cfg,
+    sink: Sink,
+    trial_dir: Path,
+    threads,
+    checkpoint_every,
+    outcome: TrialOutcome,
+    rank: int = 0,
+    world_size: int = 1,
+    grad_sync=None,
+    ckpt_dir: Path | None = None,
+) -> None:
     """Set up, resume if a checkpoint is there, train, and end with a final evaluation."""
     from ..data.dali import make_batches
     from ..engine import TrialDiverged
@@ -146,8 +164,9 @@ def _train(cfg, sink: Sink, trial_dir: Path, threads, checkpoint_every, outcome:
     sink.tags({"lsbench.status": outcome.status})
 
 
-def _trainer(cfg, parts: TrialParts, sink: Sink, trial_dir: Path, ckpt_path: Path, checkpoint_every, rank: int,
-             grad_sync):
+def _trainer(
+    cfg, parts: TrialParts, sink: Sink, trial_dir: Path, ckpt_path: Path, checkpoint_every, rank: int, grad_sync
+):
     """The loop with its hooks: telemetry, metrics, divergence, periodic evaluation, checkpoints."""
     from ..engine import CheckpointHook, DivergenceHook, EvalHook, MetricsHook, TelemetryHook, Trainer
 
@@ -156,20 +175,37 @@ def _trainer(cfg, parts: TrialParts, sink: Sink, trial_dir: Path, ckpt_path: Pat
     telemetry = TelemetryHook(sink, parts.probe, parts.history, cfg.log_every)
 
     def on_eval(step: int, res: dict) -> None:
-        write_layer_table(trial_dir / "layers" / f"layers_step{step:07d}.csv", telemetry.last_rates,
-                          parts.scaler.layer_table(), sink)
+        write_layer_table(
+            trial_dir / "layers" / f"layers_step{step:07d}.csv", telemetry.last_rates, parts.scaler.layer_table(), sink
+        )
 
     eval_hook = EvalHook(sink, parts.evaluate, eval_every, on_eval=on_eval)
-    hooks = [telemetry, MetricsHook(sink, cfg.log_every),
-             DivergenceHook(sink, patience=cfg.divergence.get("patience", 10),
-                            max_consecutive_skips=cfg.divergence.get("max_consecutive_skips", 200),
-                            policy=cfg.on_divergence, check_every=cfg.log_every),
-             eval_hook]
-    trainer = Trainer(model=parts.model, optimizer=parts.optimizer, scheduler=parts.scheduler, scaler=parts.scaler,
-                      backend=parts.backend, precision=parts.precision, iterations=iterations, hooks=hooks,
-                      grad_clip=cfg.schedule.get("grad_clip"),
-                      bias_grad_factor=cfg.schedule.get("bias_grad_factor", 1.0),
-                      grad_sync=grad_sync, sync_every=cfg.log_every)  # losses read a window at a time
+    hooks = [
+        telemetry,
+        MetricsHook(sink, cfg.log_every),
+        DivergenceHook(
+            sink,
+            patience=cfg.divergence.get("patience", 10),
+            max_consecutive_skips=cfg.divergence.get("max_consecutive_skips", 200),
+            policy=cfg.on_divergence,
+            check_every=cfg.log_every,
+        ),
+        eval_hook,
+    ]
+    trainer = Trainer(
+        model=parts.model,
+        optimizer=parts.optimizer,
+        scheduler=parts.scheduler,
+        scaler=parts.scaler,
+        backend=parts.backend,
+        precision=parts.precision,
+        iterations=iterations,
+        hooks=hooks,
+        grad_clip=cfg.schedule.get("grad_clip"),
+        bias_grad_factor=cfg.schedule.get("bias_grad_factor", 1.0),
+        grad_sync=grad_sync,
+        sync_every=cfg.log_every,
+    )  # losses read a window at a time
     if rank == 0:
         every = checkpoint_every or eval_every or max(1, iterations // 10)
 
@@ -196,8 +232,13 @@ def _final_evaluation(trainer, parts: TrialParts, outcome: TrialOutcome, sink: S
     outcome.final_map, outcome.final_map_50 = res.get("map"), res.get("map_50")
     outcome.best_map = best if math.isfinite(best) else None
     step = trainer.state.step
-    final = [("map", res["map"], step), ("map_50", res["map_50"], step), ("final_map", res["map"], step),
-             ("final_map_50", res["map_50"], step), ("skipped_steps_total", float(trainer.state.skipped_steps), step)]
+    final = [
+        ("map", res["map"], step),
+        ("map_50", res["map_50"], step),
+        ("final_map", res["map"], step),
+        ("final_map_50", res["map_50"], step),
+        ("skipped_steps_total", float(trainer.state.skipped_steps), step),
+    ]
     if outcome.best_map is not None:
         final.append(("best_map", outcome.best_map, step))
     sink.metrics(final)

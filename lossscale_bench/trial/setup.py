@@ -34,6 +34,7 @@ class TrialParts:
 
 def make_evaluator(metric: str, model, val_ds, backend, precision, max_images=None):
     """Return a zero-argument function computing ``{"map", "map_50"}`` on the validation set."""
+
     def autocast():
         return backend.autocast(precision.autocast_dtype)
 
@@ -44,8 +45,14 @@ def make_evaluator(metric: str, model, val_ds, backend, precision, max_images=No
     if metric in ("voc07", "voc"):
         from ..evaluation.voc import evaluate_voc
 
-        return lambda: evaluate_voc(model, val_ds, device=backend.device, max_images=max_images, autocast=autocast,
-                                    use_07_metric=(metric == "voc07"))
+        return lambda: evaluate_voc(
+            model,
+            val_ds,
+            device=backend.device,
+            max_images=max_images,
+            autocast=autocast,
+            use_07_metric=(metric == "voc07"),
+        )
     raise ValueError(f"unknown eval metric {metric!r}")
 
 
@@ -59,8 +66,11 @@ def seeded_backend(cfg, threads):
         from ..core.portable import require_pinned
 
         require_pinned()
-    backend = get_backend(cfg.resources.get("backend", "cpu"), threads=threads,
-                          **({"compile": True} if cfg.resources.get("compile") else {}))  # cuda only (schema)
+    backend = get_backend(
+        cfg.resources.get("backend", "cpu"),
+        threads=threads,
+        **({"compile": True} if cfg.resources.get("compile") else {}),
+    )  # cuda only (schema)
     seed = cfg.stream_seed("init")
     backend.seed(seed)
     random.seed(seed)
@@ -84,25 +94,48 @@ def build_parts(cfg, sink: Sink, trial_dir: Path, threads, rank: int = 0) -> Tri
         opts["image_size"] = int(cfg.dataset.get("image_size", 128))
     val_seed = cfg.stream_seed("val")  # seed_streams.val: a validation set of the trial's own
     dataset = cfg.dataset if val_seed is None else {**cfg.dataset, "val_seed": val_seed}
-    train_ds, val_ds, classes = build_datasets(dataset, image_size=opts.get("image_size"),
-                                               max_val_images=cfg.eval.get("max_images"))
+    train_ds, val_ds, classes = build_datasets(
+        dataset, image_size=opts.get("image_size"), max_val_images=cfg.eval.get("max_images")
+    )
     sink.tags(data_report(train_ds, val_ds))
     model = backend.prepare_model(build_model(cfg.model, num_classes=len(classes) + 1, **opts))
-    precision = get_precision(cfg.precision, seed=cfg.seed, **{k: cfg.scaling.get(k) for k in  # entry options (schema)
-                                                ("grad_rounding", "grad_overflow", "grad_blocks", "block_rounding",
-                                                 *PRECISION_OPTIONS)})
+    precision = get_precision(
+        cfg.precision,
+        seed=cfg.seed,
+        **{
+            k: cfg.scaling.get(k)
+            for k in (  # entry options (schema)
+                "grad_rounding",
+                "grad_overflow",
+                "grad_blocks",
+                "block_rounding",
+                *PRECISION_OPTIONS,
+            )
+        },
+    )
     emulation = precision.prepare(model)
     scaler = build_scaler(cfg.scaling, model, grad_format=precision.grad_format)
     # after the emulation hooks: it sees activation gradients before they are rounded, and the
     # emulation hands it the parameter gradients before it rounds those
-    probe = UnderflowProbe(model, fmt=precision.telemetry_format, emulation=emulation,
-                           param_grads=not precision.rounds_after_unscale)
+    probe = UnderflowProbe(
+        model, fmt=precision.telemetry_format, emulation=emulation, param_grads=not precision.rounds_after_unscale
+    )
     optimizer = build_optimizer(model, cfg.schedule, backend.optimizer_options())
-    evaluate = make_evaluator(cfg.eval.get("metric", "coco"), model, val_ds, backend, precision,
-                              cfg.eval.get("max_images"))
+    evaluate = make_evaluator(
+        cfg.eval.get("metric", "coco"), model, val_ds, backend, precision, cfg.eval.get("max_images")
+    )
     if rank != 0:  # replicas hold identical weights: rank 0's evaluation is the trial's
         evaluate = lambda: {"map": float("nan"), "map_50": float("nan")}  # noqa: E731
-    return TrialParts(backend=backend, model=model, precision=precision, scaler=scaler, probe=probe,
-                      history=LayerHistory(trial_dir / "layers_history.csv", precision.telemetry_format), optimizer=optimizer,
-                      scheduler=build_scheduler(optimizer, cfg.schedule), train_ds=train_ds, val_ds=val_ds,
-                      evaluate=evaluate)
+    return TrialParts(
+        backend=backend,
+        model=model,
+        precision=precision,
+        scaler=scaler,
+        probe=probe,
+        history=LayerHistory(trial_dir / "layers_history.csv", precision.telemetry_format),
+        optimizer=optimizer,
+        scheduler=build_scheduler(optimizer, cfg.schedule),
+        train_ds=train_ds,
+        val_ds=val_ds,
+        evaluate=evaluate,
+    )

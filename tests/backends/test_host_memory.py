@@ -20,8 +20,10 @@ from lossscale_bench.backends import host_memory as host_memory_module
 from lossscale_bench.backends.cpu import CPUBackend
 from lossscale_bench.backends.host_memory import keep_freed_memory
 
-glibc = pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc",
-                           reason="the settings are glibc's (elsewhere keep_freed_memory does nothing)")
+glibc = pytest.mark.skipif(
+    platform.system() != "Linux" or platform.libc_ver()[0] != "glibc",
+    reason="the settings are glibc's (elsewhere keep_freed_memory does nothing)",
+)
 
 # 40 blocks of 1 MiB allocated, touched and freed together, round after round (a step's temporaries), with
 # glibc's malloc called directly and torch not imported, so that nothing else allocates in between: with
@@ -82,8 +84,19 @@ def test_the_cpu_backend_applies_them_and_reports_faults_with_the_peak_size():
     assert stats["host_minor_faults"] > 0 and stats["host_max_rss_mb"] > 0
 
 
-@pytest.mark.parametrize("value,ok", [(None, True), ("", True), ("system", True), (" System ", True), ("kept", True),
-                                      ("sytem", False), ("off", False), ("0", False)])
+@pytest.mark.parametrize(
+    "value,ok",
+    [
+        (None, True),
+        ("", True),
+        ("system", True),
+        (" System ", True),
+        ("kept", True),
+        ("sytem", False),
+        ("off", False),
+        ("0", False),
+    ],
+)
 def test_malloc_setting_values(monkeypatch, value, ok):
     # every value but the three is refused in one line naming the variable and what it takes
     from lossscale_bench.backends.host_memory import MALLOC_ENV, setting_problem
@@ -94,5 +107,6 @@ def test_malloc_setting_values(monkeypatch, value, ok):
         monkeypatch.setenv(MALLOC_ENV, value)
     problem = setting_problem()
     assert (problem is None) == ok
-    assert ok or (problem.startswith(f"LSBENCH_MALLOC={value!r} in the environment: allowed: 'system'")
-                  and "\n" not in problem)
+    assert ok or (
+        problem.startswith(f"LSBENCH_MALLOC={value!r} in the environment: allowed: 'system'") and "\n" not in problem
+    )

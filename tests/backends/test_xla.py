@@ -75,7 +75,8 @@ def test_short_ssd_tiny_bf16_trial_on_the_xla_cpu_device(tmp_path):
     from lossscale_bench.study import load_study_text
     from lossscale_bench.trial import run_trial
 
-    study = load_study_text(textwrap.dedent("""\
+    study = load_study_text(
+        textwrap.dedent("""\
         name: xla_tiny
         dataset: {name: synthetic, train_images: 8, val_images: 4, image_size: 64, seed: 0}
         model: ssd_tiny
@@ -89,7 +90,8 @@ def test_short_ssd_tiny_bf16_trial_on_the_xla_cpu_device(tmp_path):
         eval: {every: 4, metric: coco, max_images: 4}
         log_every: 2
         resources: {backend: xla}
-        """))
+        """)
+    )
     (cfg,) = study.trials()
     sink = MemorySink()
     out = run_trial(cfg, sink=sink, trial_dir=tmp_path / "t", threads=1)
@@ -111,7 +113,8 @@ def test_multi_device_launcher_path_on_one_cpu_device(tmp_path):
     from lossscale_bench.orchestration import distributed
     from lossscale_bench.study import load_study_text
 
-    (cfg,) = load_study_text(textwrap.dedent("""\
+    (cfg,) = load_study_text(
+        textwrap.dedent("""\
         name: xla_launch
         dataset: {name: synthetic, train_images: 8, val_images: 4, image_size: 64, seed: 0}
         model: ssd_tiny
@@ -124,7 +127,8 @@ def test_multi_device_launcher_path_on_one_cpu_device(tmp_path):
         eval: {every: 2, metric: coco, max_images: 2}
         log_every: 1
         resources: {backend: xla, devices_per_trial: 2}
-        """)).trials()
+        """)
+    ).trials()
     assert distributed.worker_bundles(cfg.resources) == [{"CPU": 1.0, "TPU": 2.0}]
 
     class Channel:

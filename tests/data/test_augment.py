@@ -16,8 +16,12 @@ def _random_sample(rng: np.random.Generator, h=None, w=None, n=None):
     wh = np.maximum(wh, 2.0)
     xy = rng.uniform(0, 1, size=(n, 2)) * ([w, h] - wh)
     boxes = torch.tensor(np.concatenate([xy, xy + wh], 1), dtype=torch.float32)
-    target = {"boxes": boxes, "labels": torch.arange(1, n + 1), "difficult": torch.tensor(rng.integers(0, 2, n) > 0),
-              "image_id": 7}
+    target = {
+        "boxes": boxes,
+        "labels": torch.arange(1, n + 1),
+        "difficult": torch.tensor(rng.integers(0, 2, n) > 0),
+        "image_id": 7,
+    }
     image = torch.from_numpy(rng.uniform(0, 1, size=(3, h, w)).astype(np.float32))
     return image, target
 
@@ -80,8 +84,12 @@ def test_boxes_follow_the_pixels():
     boxes = torch.tensor([[4.0, 4.0, 30.0, 24.0], [40.0, 10.0, 60.0, 50.0], [70.0, 30.0, 92.0, 60.0]])
     for (x1, y1, x2, y2), c in zip(boxes.long().tolist(), colours):
         image[:, y1:y2, x1:x2] = torch.tensor(c).view(3, 1, 1)
-    target = {"boxes": boxes, "labels": torch.tensor([1, 2, 3]), "difficult": torch.zeros(3, dtype=torch.bool),
-              "image_id": 7}
+    target = {
+        "boxes": boxes,
+        "labels": torch.tensor([1, 2, 3]),
+        "difficult": torch.zeros(3, dtype=torch.bool),
+        "image_id": 7,
+    }
     aug = SSDAugment(photometric=False, fill=(0.5, 0.5, 0.5))
     for seed in range(60):
         img2, tgt2 = aug(image, target, seed)
@@ -89,15 +97,19 @@ def test_boxes_follow_the_pixels():
         for (x1, y1, x2, y2), lab in zip(tgt2["boxes"].tolist(), tgt2["labels"].tolist()):
             # integer-aligned input, integer crops and offsets: output boxes are integer-aligned too
             assert [x1, y1, x2, y2] == [round(v) for v in (x1, y1, x2, y2)]
-            patch = img2[:, int(y1):int(y2), int(x1):int(x2)]
+            patch = img2[:, int(y1) : int(y2), int(x1) : int(x2)]
             expected = torch.tensor(colours[lab - 1]).view(3, 1, 1).expand_as(patch)
             assert torch.equal(patch, expected), (seed, lab)
 
 
 def test_expand_fills_with_the_mean_and_keeps_the_image():
     image = torch.rand(3, 20, 30)
-    target = {"boxes": torch.tensor([[0.0, 0.0, 30.0, 20.0]]), "labels": torch.tensor([1]),
-              "difficult": torch.tensor([False]), "image_id": 7}
+    target = {
+        "boxes": torch.tensor([[0.0, 0.0, 30.0, 20.0]]),
+        "labels": torch.tensor([1]),
+        "difficult": torch.tensor([False]),
+        "image_id": 7,
+    }
     aug = SSDAugment(photometric=False, crop=False, flip=False, fill=(0.25, 0.5, 0.75))
     expanded = 0
     for seed in range(20):
@@ -109,7 +121,9 @@ def test_expand_fills_with_the_mean_and_keeps_the_image():
             expanded += 1
             mask = torch.ones(img2.shape[1:], dtype=torch.bool)
             mask[y1:y2, x1:x2] = False
-            assert torch.allclose(img2[0][mask], torch.tensor(0.25)) and torch.allclose(img2[2][mask], torch.tensor(0.75))
+            assert torch.allclose(img2[0][mask], torch.tensor(0.25)) and torch.allclose(
+                img2[2][mask], torch.tensor(0.75)
+            )
             assert max(img2.shape[1] / 20, img2.shape[2] / 30) <= 4.0
     assert 3 <= expanded <= 17  # p = 0.5
 
@@ -120,8 +134,12 @@ def test_out_size_and_empty_targets():
     img2, tgt2 = SSDAugment(out_size=32)(image, target, 9)
     assert img2.shape == (3, 32, 32)
     _check_valid(img2, tgt2, 2)
-    empty = {"boxes": torch.zeros(0, 4), "labels": torch.zeros(0, dtype=torch.int64),
-             "difficult": torch.zeros(0, dtype=torch.bool), "image_id": 7}
+    empty = {
+        "boxes": torch.zeros(0, 4),
+        "labels": torch.zeros(0, dtype=torch.int64),
+        "difficult": torch.zeros(0, dtype=torch.bool),
+        "image_id": 7,
+    }
     img3, tgt3 = SSDAugment()(image, empty, 3)
     assert tgt3["boxes"].shape == (0, 4) and img3.dim() == 3
 

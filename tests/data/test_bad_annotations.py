@@ -98,8 +98,12 @@ def test_an_evaluation_split_without_objects_to_score_is_refused(voc, tmp_path, 
         tree.write(path)
     code, _, err = _lsbench(capsys, "validate", _study_file(tmp_path, _voc_dataset(root)))
     line = _one_error_line(err)
-    assert code == 2 and "dataset.val_split: no objects of dataset.classes that are not difficult in the 3 " \
-                          f"images of {root / 'ImageSets' / 'Main' / 'test.txt'}" in line, line
+    assert (
+        code == 2
+        and "dataset.val_split: no objects of dataset.classes that are not difficult in the 3 "
+        f"images of {root / 'ImageSets' / 'Main' / 'test.txt'}"
+        in line
+    ), line
 
 
 def test_no_objects_among_the_evaluated_images_counts_eval_max_images(voc, tmp_path, capsys):
@@ -116,8 +120,10 @@ def test_no_objects_among_the_evaluated_images_counts_eval_max_images(voc, tmp_p
 
 
 CASES = {  # field edits of one object -> what the line must show
-    "class in other case": ({"name": "Square"}, "class 'Square' is not in dataset.classes ['square', 'disc'] "
-                                                "(did you mean 'square'?)"),
+    "class in other case": (
+        {"name": "Square"},
+        "class 'Square' is not in dataset.classes ['square', 'disc'] (did you mean 'square'?)",
+    ),
     "box outside the image": ({"xmin": 200, "xmax": 220}, "lies outside the 128x96 image"),
     "xmin > xmax": ({"xmin": 50, "xmax": 20}, "xmin 50 > xmax 20"),
     "nan coordinate": ({"ymin": "nan"}, "ymin nan"),
@@ -189,15 +195,21 @@ def test_a_validated_study_whose_data_changed_fails_its_trial_not_finishes_at_ze
     sink = MemorySink()
     out = run_trial(study.trials()[0], sink=sink, trial_dir=tmp_path / "t", threads=1)
     assert out.status == "failed" and out.final_map is None
-    assert out.error == (f"AnnotationError: {root / 'ImageSets' / 'Main' / 'test.txt'}: no objects to score (none, "
-                         "or only difficult/crowd ones) in the 1 evaluated images: mAP would be 0")
+    assert out.error == (
+        f"AnnotationError: {root / 'ImageSets' / 'Main' / 'test.txt'}: no objects to score (none, "
+        "or only difficult/crowd ones) in the 1 evaluated images: mAP would be 0"
+    )
 
 
 def test_validate_in_a_fresh_process_prints_one_line(voc, tmp_path):
     root, ids = voc
     _edit_first_object(root, ids, xmin="inf")
-    r = subprocess.run([sys.executable, "-m", "lossscale_bench.cli", "validate",
-                        _study_file(tmp_path, _voc_dataset(root))], capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "lossscale_bench.cli", "validate", _study_file(tmp_path, _voc_dataset(root))],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert "a coordinate is not finite" in _one_error_line(r.stderr)
 
@@ -228,19 +240,30 @@ COCO_CASES = {  # edit of the evaluation json -> what the line must show after "
     "images empty": (lambda d: d.update(images=[]), "images: is empty: nothing to score (mAP would be 0)"),
     "no annotations": (lambda d: d.pop("annotations"), "no 'annotations' list"),
     "no categories": (lambda d: d.pop("categories"), "no 'categories' list"),
-    "annotations empty": (lambda d: d.update(annotations=[]), "no annotations (other than crowd) of its categories "
-                                                              "on its 3 images"),
+    "annotations empty": (
+        lambda d: d.update(annotations=[]),
+        "no annotations (other than crowd) of its categories on its 3 images",
+    ),
     "no bbox": (lambda d: d["annotations"][1].pop("bbox"), "annotations[1] (id 2, image 2): no 'bbox'"),
-    "record not an object": (lambda d: d["annotations"].__setitem__(0, [1, 2]), "annotations[0]: [1, 2] is not an "
-                                                                                 "annotation record"),
-    "nan bbox": (lambda d: d["annotations"][0].update(bbox=[1, float("nan"), 5, 5]),
-                 "annotations[0] (id 1, image 1): bbox [1, NaN, 5, 5] has a non-finite number"),
-    "unknown category": (lambda d: d["annotations"][0].update(category_id=99),
-                         "annotations[0] (id 1, image 1): category_id 99 is not in categories (ids 1, 2, 3)"),
+    "record not an object": (
+        lambda d: d["annotations"].__setitem__(0, [1, 2]),
+        "annotations[0]: [1, 2] is not an annotation record",
+    ),
+    "nan bbox": (
+        lambda d: d["annotations"][0].update(bbox=[1, float("nan"), 5, 5]),
+        "annotations[0] (id 1, image 1): bbox [1, NaN, 5, 5] has a non-finite number",
+    ),
+    "unknown category": (
+        lambda d: d["annotations"][0].update(category_id=99),
+        "annotations[0] (id 1, image 1): category_id 99 is not in categories (ids 1, 2, 3)",
+    ),
     "image without file_name": (lambda d: d["images"][2].pop("file_name"), "images[2] (id 3): no 'file_name'"),
-    "category without id": (lambda d: d["categories"][0].pop("id"), "categories[0]: {\"name\": \"rectangle\", "
-                                                                    "\"supercategory\": \"shape\"} is not a category "
-                                                                    "with an integer 'id' and a 'name'"),
+    "category without id": (
+        lambda d: d["categories"][0].pop("id"),
+        'categories[0]: {"name": "rectangle", '
+        '"supercategory": "shape"} is not a category '
+        "with an integer 'id' and a 'name'",
+    ),
 }
 
 

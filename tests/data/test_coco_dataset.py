@@ -36,10 +36,10 @@ def tiny_coco(tmp_path):
     anns = [
         {"image_id": 10, "category_id": 7, "bbox": [2, 3, 10, 8], "iscrowd": 0},
         {"image_id": 10, "category_id": 11, "bbox": [20, 5, 15, 20], "iscrowd": 0},
-        {"image_id": 10, "category_id": 3, "bbox": [0, 0, 40, 30], "iscrowd": 1},    # crowd: ignored
-        {"image_id": 20, "category_id": 3, "bbox": [5, 5, 1, 10], "iscrowd": 0},     # 1 px wide: dropped
+        {"image_id": 10, "category_id": 3, "bbox": [0, 0, 40, 30], "iscrowd": 1},  # crowd: ignored
+        {"image_id": 20, "category_id": 3, "bbox": [5, 5, 1, 10], "iscrowd": 0},  # 1 px wide: dropped
         {"image_id": 20, "category_id": 3, "bbox": [39.5, 5, 10, 10], "iscrowd": 0},  # clipped to 0.5 px: dropped
-        {"image_id": 30, "category_id": 3, "bbox": [30, 10, 12, 5], "iscrowd": 0},   # clipped to 10 px wide
+        {"image_id": 30, "category_id": 3, "bbox": [30, 10, 12, 5], "iscrowd": 0},  # clipped to 10 px wide
     ]
     for k, a in enumerate(anns, start=1):
         a.update(id=k, area=a["bbox"][2] * a["bbox"][3])
@@ -59,7 +59,7 @@ def test_label_mapping_round_trip(tiny_coco):
     assert target["image_id"] == 10
     assert target["labels"].dtype == torch.int64 and target["boxes"].dtype == torch.float32
     assert [ds.label_to_cat[int(lab)] for lab in target["labels"]] == [7, 11]
-    assert torch.equal(target["boxes"], torch.tensor([[2., 3., 12., 11.], [20., 5., 35., 25.]]))
+    assert torch.equal(target["boxes"], torch.tensor([[2.0, 3.0, 12.0, 11.0], [20.0, 5.0, 35.0, 25.0]]))
     # the pycocotools object is there for evaluation and maps back to the same categories
     assert sorted(ds.coco.getCatIds()) == [3, 7, 11]
 
@@ -69,7 +69,7 @@ def test_crowd_and_degenerate_boxes(tiny_coco):
     assert val.skipped_boxes == 2 and val.crowd_boxes == 1
     assert len(val) == 3 and val.image_ids == [10, 20, 30]
     assert val[1][1]["boxes"].shape == (0, 4)
-    assert torch.equal(val[2][1]["boxes"], torch.tensor([[30., 10., 40., 15.]]))  # clipped to the image
+    assert torch.equal(val[2][1]["boxes"], torch.tensor([[30.0, 10.0, 40.0, 15.0]]))  # clipped to the image
     train = CocoDetection(*tiny_coco, train=True)
     assert train.image_ids == [10, 30]  # no usable box in image 20: not a training sample
     assert CocoDetection(*tiny_coco, train=False, max_images=2).image_ids == [10, 20]
@@ -80,7 +80,7 @@ def test_flip_mirrors_image_and_boxes(tiny_coco):
     img, t = ds.load(0, flip=False)
     fimg, ft = ds.load(0, flip=True)
     assert torch.equal(fimg, img.flip(-1))
-    assert torch.equal(ft["boxes"], torch.tensor([[W - 12., 3., W - 2., 11.], [W - 35., 5., W - 20., 25.]]))
+    assert torch.equal(ft["boxes"], torch.tensor([[W - 12.0, 3.0, W - 2.0, 11.0], [W - 35.0, 5.0, W - 20.0, 25.0]]))
     assert torch.equal(ft["labels"], t["labels"])
     # the pixels inside a box move with it
     x0, y0, x1, y1 = t["boxes"][0].int().tolist()
@@ -145,8 +145,7 @@ def test_build_datasets_dispatches_voc_and_rejects_unknown_names(tmp_path):
 
 
 def test_build_datasets_synthetic(tmp_path):
-    cfg = {"name": "synthetic", "root": str(tmp_path), "train_images": 8, "val_images": 4, "image_size": 64,
-           "seed": 0}
+    cfg = {"name": "synthetic", "root": str(tmp_path), "train_images": 8, "val_images": 4, "image_size": 64, "seed": 0}
     train, val, names = build_datasets(cfg, max_val_images=3)
     assert names == list(CLASSES)
     assert len(train) == 8 and len(val) == 3 and train.hflip and not val.hflip
@@ -186,8 +185,9 @@ def _flips(ds, batches_targets):
 @pytest.fixture(scope="module")
 def small_synth(tmp_path_factory):
     root = tmp_path_factory.mktemp("synth")
-    train, _, _ = build_datasets({"name": "synthetic", "root": str(root), "train_images": 10, "val_images": 2,
-                                  "image_size": 32, "seed": 0})
+    train, _, _ = build_datasets(
+        {"name": "synthetic", "root": str(root), "train_images": 10, "val_images": 2, "image_size": 32, "seed": 0}
+    )
     return train
 
 
@@ -219,7 +219,7 @@ def test_infinite_batches_resume(small_synth):
             if len(out) == n:
                 return out
 
-    full = take(0, 8)   # 3 steps per epoch: crosses two epoch boundaries
+    full = take(0, 8)  # 3 steps per epoch: crosses two epoch boundaries
     assert [s for s, _, _ in full] == list(range(8))
     assert full[0][1] != full[3][1]
     for start in (2, 3, 5):

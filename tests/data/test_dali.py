@@ -40,8 +40,11 @@ def test_synthetic_coco_format_matches_dataloader(hflip):
     dali = DaliBatches(train, 4, seed=7, start_step=2)  # resumes mid-epoch like infinite_batches
     _compare(dali, infinite_batches(train, 4, seed=7, start_step=2), steps=4, image_atol=1e-6)
     if hflip:  # at least one sample was mirrored (boxes moved), the rest were not
-        seen = [(t["image_id"], torch.equal(t["boxes"], train._records[train.image_ids.index(t["image_id"])]["boxes"]))
-                for _ in range(3) for t in next(dali)[2]]
+        seen = [
+            (t["image_id"], torch.equal(t["boxes"], train._records[train.image_ids.index(t["image_id"])]["boxes"]))
+            for _ in range(3)
+            for t in next(dali)[2]
+        ]
         assert {same for _, same in seen} == {True, False}
 
 
@@ -50,20 +53,34 @@ def test_voc_matches_dataloader_with_and_without_ssd_augmentation(tmp_path):
 
     make_tiny_voc(tmp_path / "VOC2007", {"trainval": 8, "test": 2}, seed=5)
     for augment in (False, True):
-        cfg = {"name": "voc", "root": str(tmp_path / "VOC2007"), "classes": ["square", "disc"],
-               "train_split": "trainval", "val_split": "test", "augment": augment, "hflip": True}
+        cfg = {
+            "name": "voc",
+            "root": str(tmp_path / "VOC2007"),
+            "classes": ["square", "disc"],
+            "train_split": "trainval",
+            "val_split": "test",
+            "augment": augment,
+            "hflip": True,
+        }
         train, _, _ = build_voc_datasets(cfg)
         # JPEG: DALI's and PIL's decoders may round a few pixel values differently
-        _compare(DaliBatches(train, 4, seed=1), infinite_batches(train, 4, seed=1), steps=3,
-                 image_atol=3 / 255 + 1e-6, extra_keys=("difficult",))
+        _compare(
+            DaliBatches(train, 4, seed=1),
+            infinite_batches(train, 4, seed=1),
+            steps=3,
+            image_atol=3 / 255 + 1e-6,
+            extra_keys=("difficult",),
+        )
 
 
 def test_make_batches_switches_on_the_loader_and_refuses_recordless_data():
     from lossscale_bench.study import load_study_text
 
-    text = ("name: d\ndataset: {name: synthetic, train_images: 12, val_images: 4, image_size: 64}\n"
-            "model: ssd_tiny\nbatch_size: 4\nprecision: fp32\nscaling: [{method: none}]\nschedule: {iterations: 2, lr: 0.01, "
-            "warmup_iterations: 0}\nloader: %s\n")
+    text = (
+        "name: d\ndataset: {name: synthetic, train_images: 12, val_images: 4, image_size: 64}\n"
+        "model: ssd_tiny\nbatch_size: 4\nprecision: fp32\nscaling: [{method: none}]\nschedule: {iterations: 2, lr: 0.01, "
+        "warmup_iterations: 0}\nloader: %s\n"
+    )
     (cfg_t,) = load_study_text(text % "torch").trials()
     (cfg_d,) = load_study_text(text % "dali").trials()
     train, _, _ = build_datasets(SYN)
@@ -82,11 +99,23 @@ def test_voc_with_train_max_side_matches_dataloader(tmp_path):
 
     make_tiny_voc(tmp_path / "VOC2007", {"trainval": 8, "test": 2}, seed=5)
     for augment in (False, True):
-        cfg = {"name": "voc", "root": str(tmp_path / "VOC2007"), "classes": ["square", "disc"],
-               "train_split": "trainval", "val_split": "test", "augment": augment, "hflip": True,
-               "train_max_side": 80}
+        cfg = {
+            "name": "voc",
+            "root": str(tmp_path / "VOC2007"),
+            "classes": ["square", "disc"],
+            "train_split": "trainval",
+            "val_split": "test",
+            "augment": augment,
+            "hflip": True,
+            "train_max_side": 80,
+        }
         train, _, _ = build_voc_datasets(cfg)
         if not augment:  # shrunk (make_tiny_voc's photos are 96 x 128)
             assert max(next(DaliBatches(train, 4, seed=1))[1][0].shape[-2:]) == 80
-        _compare(DaliBatches(train, 4, seed=1), infinite_batches(train, 4, seed=1), steps=3,
-                 image_atol=3 / 255 + 1e-6, extra_keys=("difficult",))
+        _compare(
+            DaliBatches(train, 4, seed=1),
+            infinite_batches(train, 4, seed=1),
+            steps=3,
+            image_atol=3 / 255 + 1e-6,
+            extra_keys=("difficult",),
+        )

@@ -92,9 +92,11 @@ def _voc_archives(tmp_path: Path) -> dict[str, bytes]:
     make_tiny_voc(a / "VOCdevkit/VOC2007", {"trainval": 4}, seed=1)
     make_tiny_voc(b / "VOCdevkit/VOC2007", {"test": 3}, seed=2)
     make_tiny_voc(c / "VOCdevkit/VOC2012", {"trainval": 3}, seed=3)
-    return {"VOCtrainval_06-Nov-2007.tar": _tar(a, ["VOCdevkit"]),
-            "VOCtest_06-Nov-2007.tar": _tar(b, ["VOCdevkit"]),
-            "VOCtrainval_11-May-2012.tar": _tar(c, ["VOCdevkit"])}
+    return {
+        "VOCtrainval_06-Nov-2007.tar": _tar(a, ["VOCdevkit"]),
+        "VOCtest_06-Nov-2007.tar": _tar(b, ["VOCdevkit"]),
+        "VOCtrainval_11-May-2012.tar": _tar(c, ["VOCdevkit"]),
+    }
 
 
 def _manifest(tmp_path: Path, files: dict[str, bytes], algo: str = "sha256") -> Path:
@@ -119,8 +121,13 @@ def test_voc_download_extract_and_rerun(tmp_path, monkeypatch):
         assert _run("voc", "--root", str(root), "--checksums", str(sums)) == 0
         assert sorted(n for n, _ in srv.log) == sorted(files)
     # the layout a voc0712 study expects, and nothing left behind
-    cfg = {"name": "voc0712", "root": str(root), "classes": ["square", "disc"], "train_split": "trainval",
-           "val_split": "test"}
+    cfg = {
+        "name": "voc0712",
+        "root": str(root),
+        "classes": ["square", "disc"],
+        "train_split": "trainval",
+        "val_split": "test",
+    }
     prepare_dataset(cfg)
     train, val, _ = build_voc_datasets(cfg)
     assert len(val) == 3 and len(train) >= 5
@@ -164,8 +171,7 @@ def test_resume_across_runs_and_server_without_range(tmp_path):
     (root2 / f"{name}.part").write_bytes(b"x" * 500)
     with _Server(files) as srv:
         srv.ignore_range = True
-        assert _run("voc", "--root", str(root2), "--years", "2007", "--mirror", srv.url, "--checksums",
-                    str(sums)) == 0
+        assert _run("voc", "--root", str(root2), "--years", "2007", "--mirror", srv.url, "--checksums", str(sums)) == 0
     assert (root2 / "VOCdevkit/VOC2007/ImageSets/Main/test.txt").is_file()
 
 
@@ -174,8 +180,10 @@ def test_bad_checksum_is_refused(tmp_path):
     root = tmp_path / "data"
     with _Server(files) as srv:
         # the published MD5s do not match the tiny archives: refused, nothing extracted, nothing kept
-        with pytest.raises(DownloadError, match="checksum mismatch for VOCtrainval_06-Nov-2007.tar: expected md5 "
-                                                "c52e279531787c972589f7e41ab4ae64"):
+        with pytest.raises(
+            DownloadError,
+            match="checksum mismatch for VOCtrainval_06-Nov-2007.tar: expected md5 c52e279531787c972589f7e41ab4ae64",
+        ):
             _run("voc", "--root", str(root), "--mirror", srv.url)
         assert not (root / "VOCdevkit").exists() and not list(root.glob("*.part")) and not list(root.glob("*.tar"))
         # a manifest whose sum is wrong for one file
@@ -191,9 +199,11 @@ def test_bad_checksum_is_refused(tmp_path):
 
 
 def test_coco_layout_through_the_module_entry_point(tmp_path, capsys):
-    ann = {"images": [{"id": 1, "file_name": "000000000001.jpg", "width": 32, "height": 24}],
-           "annotations": [{"id": 1, "image_id": 1, "category_id": 3, "bbox": [2, 2, 10, 8], "area": 80, "iscrowd": 0}],
-           "categories": [{"id": 3, "name": "car"}]}
+    ann = {
+        "images": [{"id": 1, "file_name": "000000000001.jpg", "width": 32, "height": 24}],
+        "annotations": [{"id": 1, "image_id": 1, "category_id": 3, "bbox": [2, 2, 10, 8], "area": 80, "iscrowd": 0}],
+        "categories": [{"id": 3, "name": "car"}],
+    }
 
     def zipped(entries: dict[str, bytes]) -> bytes:
         buf = io.BytesIO()
@@ -207,8 +217,12 @@ def test_coco_layout_through_the_module_entry_point(tmp_path, capsys):
     jpg = io.BytesIO()
     Image.new("RGB", (32, 24), (90, 90, 90)).save(jpg, format="JPEG")
     files = {
-        "annotations_trainval2017.zip": zipped({"annotations/instances_train2017.json": json.dumps(ann).encode(),
-                                                "annotations/instances_val2017.json": json.dumps(ann).encode()}),
+        "annotations_trainval2017.zip": zipped(
+            {
+                "annotations/instances_train2017.json": json.dumps(ann).encode(),
+                "annotations/instances_val2017.json": json.dumps(ann).encode(),
+            }
+        ),
         "val2017.zip": zipped({"val2017/000000000001.jpg": jpg.getvalue()}),
         "train2017.zip": zipped({"train2017/000000000001.jpg": jpg.getvalue()}),
     }
@@ -223,8 +237,20 @@ def test_coco_layout_through_the_module_entry_point(tmp_path, capsys):
     # an archive that would write outside the root is refused
     evil = {"val2017.zip": zipped({"../escape.txt": b"x"})}
     with _Server(evil) as srv:
-        rc = dl.main(["coco", "--root", str(tmp_path / "c2"), "--parts", "val", "--mirror", srv.url, "--checksums",
-                      str(_manifest(tmp_path, evil)), "--quiet"])
+        rc = dl.main(
+            [
+                "coco",
+                "--root",
+                str(tmp_path / "c2"),
+                "--parts",
+                "val",
+                "--mirror",
+                srv.url,
+                "--checksums",
+                str(_manifest(tmp_path, evil)),
+                "--quiet",
+            ]
+        )
     assert rc == 2 and "outside" in capsys.readouterr().err
     assert not (tmp_path / "escape.txt").exists()
 

@@ -20,8 +20,9 @@ def _photos(tmp_path):
     gray = tmp_path / "gray.png"
     Image.fromarray(rng.integers(0, 256, (20, 30), dtype=np.uint8), mode="L").save(gray)
     g16 = tmp_path / "g16.png"
-    Image.fromarray(rng.integers(0, 65536, (20, 30), dtype=np.uint16).astype(np.int32), mode="I").convert(
-        "I;16").save(g16)
+    Image.fromarray(rng.integers(0, 65536, (20, 30), dtype=np.uint16).astype(np.int32), mode="I").convert("I;16").save(
+        g16
+    )
     return [rgb, gray, g16]
 
 

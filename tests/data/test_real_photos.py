@@ -30,11 +30,15 @@ def _voc_folder(tmp_path, image: Image.Image, size, boxes, *, ext="jpg", exif=No
     if exif is not None:
         kw["exif"] = exif
     image.save(tmp_path / "JPEGImages" / f"a.{ext}", **kw)
-    objects = "".join(f"<object><name>roo</name><difficult>0</difficult><bndbox><xmin>{b[0]}</xmin><ymin>{b[1]}</ymin>"
-                      f"<xmax>{b[2]}</xmax><ymax>{b[3]}</ymax></bndbox></object>" for b in boxes)
+    objects = "".join(
+        f"<object><name>roo</name><difficult>0</difficult><bndbox><xmin>{b[0]}</xmin><ymin>{b[1]}</ymin>"
+        f"<xmax>{b[2]}</xmax><ymax>{b[3]}</ymax></bndbox></object>"
+        for b in boxes
+    )
     (tmp_path / "Annotations" / "a.xml").write_text(
         f"<annotation><filename>a.{ext}</filename><size><width>{size[0]}</width><height>{size[1]}</height>"
-        f"<depth>3</depth></size>{objects}</annotation>")
+        f"<depth>3</depth></size>{objects}</annotation>"
+    )
     (tmp_path / "ImageSets" / "Main" / "test.txt").write_text("a\n")
     return VOCDetection([(tmp_path, "test")], ["roo"], train=False)
 
@@ -56,7 +60,7 @@ def _upright_photo():
 
 def _red_inside(image: torch.Tensor, box) -> float:
     x1, y1, x2, y2 = (int(round(float(v))) for v in box)
-    return float(image[0, y1 + 2:y2 - 2, x1 + 2:x2 - 2].mean())
+    return float(image[0, y1 + 2 : y2 - 2, x1 + 2 : x2 - 2].mean())
 
 
 def test_a_jpeg_short_of_its_last_bytes_is_decoded_with_a_note_naming_it(tmp_path, capsys):
@@ -77,8 +81,10 @@ def test_a_jpeg_short_of_its_last_bytes_is_decoded_with_a_note_naming_it(tmp_pat
         assert got.shape == (3, 64, 96)
         assert not caught  # a Python warning printed its source line under it, on every read
         err = capsys.readouterr().err
-        assert err == (f"lsbench: note: {short}: the JPEG file is truncated (its end is missing); decoded with the "
-                       "missing blocks grey, as libjpeg does\n"), err  # one line, once
+        assert err == (
+            f"lsbench: note: {short}: the JPEG file is truncated (its end is missing); decoded with the "
+            "missing blocks grey, as libjpeg does\n"
+        ), err  # one line, once
         assert torch.equal(got[:, :rows], expected[:, :rows])
     # broken elsewhere: still refused, naming the file
     (tmp_path / "head.jpg").write_bytes(data[:200])
@@ -163,8 +169,10 @@ def test_boxes_on_the_border_stay_on_the_image_and_score_one_when_predicted_exac
 
     class Exact(torch.nn.Module):
         def forward(self, images):
-            return [{"boxes": target["boxes"], "labels": target["labels"], "scores": torch.tensor([0.9, 0.8])}
-                    for _ in images]
+            return [
+                {"boxes": target["boxes"], "labels": target["labels"], "scores": torch.tensor([0.9, 0.8])}
+                for _ in images
+            ]
 
     assert evaluate_voc(Exact(), ds, use_07_metric=True)["map"] == pytest.approx(1.0)
 
@@ -176,18 +184,33 @@ def _coco_folder(tmp_path, image: Image.Image, size, box_xywh, exif=None):
 
     (tmp_path / "img").mkdir(parents=True)
     image.save(tmp_path / "img" / "a.jpg", quality=95, **({"exif": exif} if exif is not None else {}))
-    ann = {"images": [{"id": 1, "file_name": "a.jpg", "width": size[0], "height": size[1]}],
-           "annotations": [{"id": 1, "image_id": 1, "category_id": 3, "bbox": list(box_xywh), "iscrowd": 0,
-                            "area": box_xywh[2] * box_xywh[3]}],
-           "categories": [{"id": 3, "name": "roo"}]}
+    ann = {
+        "images": [{"id": 1, "file_name": "a.jpg", "width": size[0], "height": size[1]}],
+        "annotations": [
+            {
+                "id": 1,
+                "image_id": 1,
+                "category_id": 3,
+                "bbox": list(box_xywh),
+                "iscrowd": 0,
+                "area": box_xywh[2] * box_xywh[3],
+            }
+        ],
+        "categories": [{"id": 3, "name": "roo"}],
+    }
     (tmp_path / "ann.json").write_text(json.dumps(ann))
     return CocoDetection(tmp_path / "img", tmp_path / "ann.json", train=False)
 
 
 def test_coco_format_follows_the_same_rotation_and_size_rules(tmp_path):
     upright, _ = _upright_photo()
-    ds = _coco_folder(tmp_path / "a", upright.transpose(Image.Transpose.ROTATE_90), upright.size, (5, 30, 15, 25),
-                      exif=_orientation(6))
+    ds = _coco_folder(
+        tmp_path / "a",
+        upright.transpose(Image.Transpose.ROTATE_90),
+        upright.size,
+        (5, 30, 15, 25),
+        exif=_orientation(6),
+    )
     image, target = ds.load(0)
     assert image.shape == (3, 60, 40) and _red_inside(image, target["boxes"][0]) > 0.8
     ds = _coco_folder(tmp_path / "b", upright.resize((80, 120)), upright.size, (5, 30, 15, 25))

@@ -29,8 +29,9 @@ def _append(root, split: str, img_id: str) -> None:
 
 def _study(tmp_path, root, train_split="trainval") -> str:
     path = tmp_path / "s.yaml"
-    path.write_text(tiny_data_study(f"{{name: voc, root: {root}, classes: [square, disc], "
-                                    f"train_split: {train_split}}}", name="dup"))
+    path.write_text(
+        tiny_data_study(f"{{name: voc, root: {root}, classes: [square, disc], train_split: {train_split}}}", name="dup")
+    )
     return str(path)
 
 
@@ -45,8 +46,10 @@ def test_validate_and_run_refuse_an_id_listed_twice(tmp_path, split, field):
         r = lsbench(*cmd, cwd=tmp_path)
         assert r.returncode == 2, (cmd, r.stdout[-1500:], r.stderr[-2000:])
         (line,) = r.stderr.strip().splitlines()
-        assert line == (f"lsbench: error: {study}: {field}: {lst}: line {line_no}: image id {ids[split][0]!r} "
-                        f"is listed twice (first at line 1); list each image once"), line
+        assert line == (
+            f"lsbench: error: {study}: {field}: {lst}: line {line_no}: image id {ids[split][0]!r} "
+            f"is listed twice (first at line 1); list each image once"
+        ), line
     assert not (tmp_path / "runs" / "mlflow.db").exists()  # nothing trained, nothing recorded
 
 
@@ -57,8 +60,10 @@ def test_an_id_in_two_joined_lists_is_refused_naming_both(tmp_path):
     study = _study(tmp_path, root, train_split="train+val")
     r = lsbench("validate", study, cwd=tmp_path)
     assert r.returncode == 2, r.stderr
-    assert (f"{root / 'ImageSets/Main/val.txt'}: line 3: image id {first!r} is "
-            f"listed twice (first at {root / 'ImageSets/Main/train.txt'} line 1)") in r.stderr
+    assert (
+        f"{root / 'ImageSets/Main/val.txt'}: line 3: image id {first!r} is "
+        f"listed twice (first at {root / 'ImageSets/Main/train.txt'} line 1)"
+    ) in r.stderr
 
 
 def test_the_loader_refuses_it_too(tmp_path):

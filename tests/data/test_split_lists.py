@@ -25,8 +25,10 @@ def test_a_missing_image_is_refused_before_training_naming_list_line_and_id(tmp_
         r = lsbench(*cmd, cwd=tmp_path)
         assert r.returncode == 2 and "Traceback" not in r.stderr, (cmd, r.returncode, r.stdout[-1500:], r.stderr)
         (line,) = r.stderr.strip().splitlines()
-        assert line == (f"lsbench: error: s.yaml: dataset.val_split: {listing} line 2 lists {gone!r}, but its image "
-                        f"is not there: {root / 'JPEGImages' / gone}.jpg"), line
+        assert line == (
+            f"lsbench: error: s.yaml: dataset.val_split: {listing} line 2 lists {gone!r}, but its image "
+            f"is not there: {root / 'JPEGImages' / gone}.jpg"
+        ), line
     assert not (tmp_path / "runs" / "mlflow.db").exists()
 
 

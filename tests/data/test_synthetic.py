@@ -97,9 +97,10 @@ def test_shapes_are_drawn_where_annotated(tmp_path):
                 continue
             x, y, w, h = (int(v) for v in a["bbox"])
             cx, cy = x + w // 2, y + h // 2
-            inner = arr[cy - 1:cy + 2, cx - 1:cx + 2].reshape(-1, 3).mean(0)
-            ring = np.concatenate([arr[max(y - 3, 0):y, x:x + w].reshape(-1, 3),
-                                   arr[y + h:y + h + 3, x:x + w].reshape(-1, 3)])
+            inner = arr[cy - 1 : cy + 2, cx - 1 : cx + 2].reshape(-1, 3).mean(0)
+            ring = np.concatenate(
+                [arr[max(y - 3, 0) : y, x : x + w].reshape(-1, 3), arr[y + h : y + h + 3, x : x + w].reshape(-1, 3)]
+            )
             if len(ring) == 0:
                 continue
             total += 1
@@ -131,13 +132,22 @@ def test_concurrent_processes_yield_one_valid_dataset(tmp_path):
 
     root, sync = tmp_path / "data", tmp_path / "sync"
     sync.mkdir()
-    code = ("import sys, time, pathlib; from lossscale_bench.data.synthetic import ensure_synthetic; "
-            "sync = pathlib.Path(sys.argv[2]); (sync / ('ready' + sys.argv[3])).touch(); "
-            "[time.sleep(0.01) for _ in iter(lambda: (sync / 'go').exists(), True)]; "
-            "p = ensure_synthetic(sys.argv[1], train_images=40, val_images=10, image_size=64, seed=5); "
-            "print(p['root'])")
-    procs = [subprocess.Popen([sys.executable, "-c", code, str(root), str(sync), str(i)], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for i in range(2)]
+    code = (
+        "import sys, time, pathlib; from lossscale_bench.data.synthetic import ensure_synthetic; "
+        "sync = pathlib.Path(sys.argv[2]); (sync / ('ready' + sys.argv[3])).touch(); "
+        "[time.sleep(0.01) for _ in iter(lambda: (sync / 'go').exists(), True)]; "
+        "p = ensure_synthetic(sys.argv[1], train_images=40, val_images=10, image_size=64, seed=5); "
+        "print(p['root'])"
+    )
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code, str(root), str(sync), str(i)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(2)
+    ]
     deadline = time.time() + 120
     while len(list(sync.glob("ready*"))) < 2 and time.time() < deadline and all(p.poll() is None for p in procs):
         time.sleep(0.02)

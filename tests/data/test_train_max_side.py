@@ -33,7 +33,8 @@ def _one_photo(tmp_path, size=(400, 200), box=(101, 51, 200, 150), xml_size=None
     (tmp_path / "Annotations" / "a.xml").write_text(
         f"<annotation><filename>a.png</filename><size><width>{w}</width><height>{h}</height><depth>3</depth>"
         f"</size><object><name>roo</name><difficult>0</difficult><bndbox><xmin>{box[0]}</xmin><ymin>{box[1]}"
-        f"</ymin><xmax>{box[2]}</xmax><ymax>{box[3]}</ymax></bndbox></object></annotation>")
+        f"</ymin><xmax>{box[2]}</xmax><ymax>{box[3]}</ymax></bndbox></object></annotation>"
+    )
     (tmp_path / "ImageSets" / "Main" / "train.txt").write_text("a\n")
     return tmp_path
 
@@ -53,8 +54,8 @@ def test_a_shrunk_photos_box_covers_the_same_pixels(tmp_path):
     box = target["boxes"][0]
     assert torch.allclose(box, torch.tensor([25.0, 12.5, 50.0, 37.5]))  # (100, 50, 200, 150) x 1/4
     x1, y1, x2, y2 = (int(v) for v in box)
-    assert float(image[0, y1 + 1:y2 - 1, x1 + 1:x2 - 1].mean()) > 0.85  # red inside
-    assert float(image[0, :, :x1 - 1].mean()) < 0.55  # grey left of it
+    assert float(image[0, y1 + 1 : y2 - 1, x1 + 1 : x2 - 1].mean()) > 0.85  # red inside
+    assert float(image[0, :, : x1 - 1].mean()) < 0.55  # grey left of it
     again, target2 = ds.load(0)  # from the cache: the same, and a tensor of its own
     assert torch.equal(again, image) and again.data_ptr() != image.data_ptr()
     assert torch.equal(target2["boxes"], target["boxes"])
@@ -70,8 +71,15 @@ def test_the_xml_size_is_still_checked_against_the_decoded_photo(tmp_path):
 def test_only_the_training_split_is_shrunk(tmp_path):
     year = tmp_path / "voc"
     make_tiny_voc(year, {"train": 3, "test": 2}, size=(96, 128))
-    cfg = {"name": "voc", "root": str(year), "classes": ["square", "disc"], "train_split": "train",
-           "val_split": "test", "train_max_side": 64, "augment": False}
+    cfg = {
+        "name": "voc",
+        "root": str(year),
+        "classes": ["square", "disc"],
+        "train_split": "train",
+        "val_split": "test",
+        "train_max_side": 64,
+        "augment": False,
+    }
     train, val, _ = build_voc_datasets(cfg)
     assert max(train.load(0)[0].shape[-2:]) == 64
     assert tuple(val.load(0)[0].shape[-2:]) == (96, 128)

@@ -31,7 +31,8 @@ def _hand_written(tmp_path):
     (d / "Annotations" / "a3.xml").write_text(
         "<annotation><size><width>40</width><height>30</height></size>"
         "<object><name>dog</name><difficult>1</difficult><bndbox><xmin>1</xmin><ymin>1</ymin><xmax>9</xmax>"
-        "<ymax>9</ymax></bndbox></object></annotation>")
+        "<ymax>9</ymax></bndbox></object></annotation>"
+    )
     Image.new("RGB", (40, 30)).save(d / "JPEGImages" / "a3.png")  # not .jpg: found by extension search
     (d / "ImageSets" / "Main" / "train.txt").write_text("a1\na3\n")
     (d / "ImageSets" / "Main" / "test.txt").write_text("a2\n\na3\n")
@@ -74,7 +75,7 @@ def test_tiny_generator_boxes_cover_the_shapes(tmp_path):
             if lab != 1:
                 continue
             x1, y1, x2, y2 = int(x1), int(y1), int(x2), int(y2)
-            inside = img[:, y1 + 1:y2 - 1, x1 + 1:x2 - 1].mean(dim=(1, 2)) * 255
+            inside = img[:, y1 + 1 : y2 - 1, x1 + 1 : x2 - 1].mean(dim=(1, 2)) * 255
             assert abs(inside[0].item() - 220) < 25 and inside[1].item() < 80  # the red square fills its box
             checked += 1
     assert checked > 0
@@ -86,8 +87,15 @@ def test_voc0712_composition_and_root_resolution(tmp_path):
     make_tiny_voc(dk / "VOC2012", {"trainval": 4}, seed=2)
     for root in (tmp_path, dk):  # the folder holding VOCdevkit, or VOCdevkit itself
         assert resolve_devkit(root) == dk
-        cfg = {"name": "voc0712", "root": str(root), "classes": ["square", "disc"], "train_split": "trainval",
-               "val_split": "test", "augment": False, "hflip": False}
+        cfg = {
+            "name": "voc0712",
+            "root": str(root),
+            "classes": ["square", "disc"],
+            "train_split": "trainval",
+            "val_split": "test",
+            "augment": False,
+            "hflip": False,
+        }
         prepare_dataset(cfg)
         train, val, classes = build_voc_datasets(cfg)
         assert classes == ["square", "disc"]
@@ -98,8 +106,13 @@ def test_voc0712_composition_and_root_resolution(tmp_path):
         assert len(train) == sum(bool((~everything.load(i)[1]["difficult"]).any()) for i in range(9)) >= 7
         assert val.ids == (dk / "VOC2007/ImageSets/Main/test.txt").read_text().split()
     # a custom voc dataset: one folder, joined split lists, max_images
-    cfg = {"name": "voc", "root": str(dk / "VOC2012"), "classes": ["square", "disc"], "train_split": "train+val",
-           "val_split": "val"}
+    cfg = {
+        "name": "voc",
+        "root": str(dk / "VOC2012"),
+        "classes": ["square", "disc"],
+        "train_split": "train+val",
+        "val_split": "val",
+    }
     train, val, _ = build_voc_datasets(cfg, max_val_images=1)
     assert len(train) == 4 and len(val) == 1
 
@@ -138,18 +151,29 @@ def test_missing_data_names_the_path_and_the_fetch_command(tmp_path):
         prepare_dataset({"name": "voc0712", "root": str(root), "train_split": "trainval", "val_split": "test"})
     # a split list that does not exist
     with pytest.raises(DataNotFound, match="ImageSets/Main/nosuch.txt"):
-        prepare_dataset({"name": "voc", "root": str(root / "VOCdevkit/VOC2007"), "classes": ["square"],
-                         "train_split": "nosuch", "val_split": "test"})
+        prepare_dataset(
+            {
+                "name": "voc",
+                "root": str(root / "VOCdevkit/VOC2007"),
+                "classes": ["square"],
+                "train_split": "nosuch",
+                "val_split": "test",
+            }
+        )
     with pytest.raises(DataNotFound, match="Annotations"):
-        prepare_dataset({"name": "voc", "root": str(tmp_path), "classes": ["x"], "train_split": "trainval",
-                         "val_split": "test"})
+        prepare_dataset(
+            {"name": "voc", "root": str(tmp_path), "classes": ["x"], "train_split": "trainval", "val_split": "test"}
+        )
 
 
 def test_wrong_class_list_is_a_clear_error(tmp_path):
     d = tmp_path / "VOC2007"
     make_tiny_voc(d, {"trainval": 3, "test": 1}, classes=("square", "disc"))
-    with pytest.raises(AnnotationError, match=r"0000000\.xml: object 1: class '(square|disc)' is not in "
-                                              r"dataset\.classes \['cat', 'dog'\]"):
+    with pytest.raises(
+        AnnotationError,
+        match=r"0000000\.xml: object 1: class '(square|disc)' is not in "
+        r"dataset\.classes \['cat', 'dog'\]",
+    ):
         build_voc_datasets({"name": "voc", "root": str(d), "classes": ["cat", "dog"]})
     with pytest.raises(DataNotFound, match="names found: 'square'|names found: 'disc'"):
         build_voc_datasets({"name": "voc", "root": str(d), "classes": ["cat", "dog"], "bad_annotations": "drop"})

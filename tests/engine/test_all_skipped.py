@@ -19,19 +19,25 @@ from lossscale_bench.scaling import build_scaler
 
 
 def test_a_run_whose_every_step_was_skipped_is_diverged_through_the_cli(tmp_path):
-    study = write_study(tmp_path, name="skips", precision="fp16-emulated",
-                        scaling=["{method: fixed, scale: 1.0e+30}", "{method: fixed, scale: 128}"],
-                        schedule={"iterations": 4, "lr": 0.01, "warmup_iterations": 1})
+    study = write_study(
+        tmp_path,
+        name="skips",
+        precision="fp16-emulated",
+        scaling=["{method: fixed, scale: 1.0e+30}", "{method: fixed, scale: 128}"],
+        schedule={"iterations": 4, "lr": 0.01, "warmup_iterations": 1},
+    )
     r = lsbench("run", study, "--executor", "local", "--runs-dir", tmp_path / "runs", "--no-report", cwd=tmp_path)
     assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-3000:])
     assert "study t: 1 finished, 1 diverged, 0 failed" in r.stdout, r.stdout[-3000:]
-    line, = [x for x in r.stdout.splitlines() if "fixed1e_30" in x and "diverged at step" in x]
+    (line,) = [x for x in r.stdout.splitlines() if "fixed1e_30" in x and "diverged at step" in x]
     assert line.split("]", 1)[1].startswith(" diverged loss scale (1e+30)") and line.endswith("diverged at step 1")
-    outcome, = (json.loads(p.read_text()) for p in (tmp_path / "runs").rglob("outcome.json")
-                if "fixed1e_30" in str(p))
+    (outcome,) = (
+        json.loads(p.read_text()) for p in (tmp_path / "runs").rglob("outcome.json") if "fixed1e_30" in str(p)
+    )
     assert (outcome["status"], outcome["steps"], outcome["skipped_steps"]) == ("diverged", 4, 4)
-    assert outcome["diverged_reason"] == ("every step skipped on overflow (4 of 4; no update was applied) "
-                                          "at loss scale 1e+30")
+    assert outcome["diverged_reason"] == (
+        "every step skipped on overflow (4 of 4; no update was applied) at loss scale 1e+30"
+    )
     assert "Traceback" not in r.stderr
 
 
@@ -40,9 +46,18 @@ def _trainer(sink, policy, iterations, skips=10_000):
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     div = DivergenceHook(sink, patience=10, max_consecutive_skips=skips, policy=policy, check_every=10)
     scaler = build_scaler({"method": "fixed", "scale": 8.0})  # skips every step, and never collapses
-    return Trainer(model=model, optimizer=opt, scheduler=torch.optim.lr_scheduler.LambdaLR(opt, lambda i: 1.0),
-                   scaler=scaler, backend=get_backend("cpu"), precision=get_precision("fp32"), batches=_batches(),
-                   iterations=iterations, hooks=[MetricsHook(sink, 10), div], sync_every=10), div
+    return Trainer(
+        model=model,
+        optimizer=opt,
+        scheduler=torch.optim.lr_scheduler.LambdaLR(opt, lambda i: 1.0),
+        scaler=scaler,
+        backend=get_backend("cpu"),
+        precision=get_precision("fp32"),
+        batches=_batches(),
+        iterations=iterations,
+        hooks=[MetricsHook(sink, 10), div],
+        sync_every=10,
+    ), div
 
 
 @pytest.mark.parametrize("policy", ["stop", "continue"])

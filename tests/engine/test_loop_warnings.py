@@ -12,8 +12,14 @@ from lossscale_bench.trial import run_trial
 
 
 def test_a_skipped_first_step_raises_no_scheduler_order_warning(tmp_path):
-    study = load_study_text(study_yaml(precision="fp16-emulated", scaling=["{method: fixed, scale: 1.0e+30}"],
-                                       schedule={"iterations": 3, "lr": 0.01, "warmup_iterations": 1}), "s.yaml")
+    study = load_study_text(
+        study_yaml(
+            precision="fp16-emulated",
+            scaling=["{method: fixed, scale: 1.0e+30}"],
+            schedule={"iterations": 3, "lr": 0.01, "warmup_iterations": 1},
+        ),
+        "s.yaml",
+    )
     sink = MemorySink()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

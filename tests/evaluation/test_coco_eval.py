@@ -15,15 +15,22 @@ from lossscale_bench.evaluation import evaluate_coco, evaluate_detections
 @pytest.fixture(scope="module")
 def val_ds(tmp_path_factory):
     root = tmp_path_factory.mktemp("synth")
-    _, val, _ = build_datasets({"name": "synthetic", "root": str(root), "train_images": 0, "val_images": 12,
-                                "image_size": 64, "seed": 0})
+    _, val, _ = build_datasets(
+        {"name": "synthetic", "root": str(root), "train_images": 0, "val_images": 12, "image_size": 64, "seed": 0}
+    )
     return val
 
 
 def _gt_detections(coco, dx=0.0, score=1.0):
-    return [{"image_id": a["image_id"], "category_id": a["category_id"],
-             "bbox": [a["bbox"][0] + dx, a["bbox"][1], a["bbox"][2], a["bbox"][3]], "score": score}
-            for a in coco.dataset["annotations"]]
+    return [
+        {
+            "image_id": a["image_id"],
+            "category_id": a["category_id"],
+            "bbox": [a["bbox"][0] + dx, a["bbox"][1], a["bbox"][2], a["bbox"][3]],
+            "score": score,
+        }
+        for a in coco.dataset["annotations"]
+    ]
 
 
 def test_perfect_predictions(val_ds):
@@ -91,10 +98,21 @@ def test_evaluate_coco_maps_labels_back_to_category_ids(tmp_path):
         Image.fromarray(np.zeros((32, 32, 3), np.uint8)).save(tmp_path / "img" / f"{i}.png")
         images.append({"id": i, "file_name": f"{i}.png", "width": 32, "height": 32})
         for k, cat in enumerate((5, 90)):
-            anns.append({"id": len(anns) + 1, "image_id": i, "category_id": cat, "bbox": [2 + 12 * k, 4, 10, 12],
-                         "area": 120, "iscrowd": 0})
-    (tmp_path / "a.json").write_text(json.dumps({"images": images, "annotations": anns, "categories": [
-        {"id": 90, "name": "z"}, {"id": 5, "name": "y"}]}))
+            anns.append(
+                {
+                    "id": len(anns) + 1,
+                    "image_id": i,
+                    "category_id": cat,
+                    "bbox": [2 + 12 * k, 4, 10, 12],
+                    "area": 120,
+                    "iscrowd": 0,
+                }
+            )
+    (tmp_path / "a.json").write_text(
+        json.dumps(
+            {"images": images, "annotations": anns, "categories": [{"id": 90, "name": "z"}, {"id": 5, "name": "y"}]}
+        )
+    )
     ds = CocoDetection(tmp_path / "img", tmp_path / "a.json", train=False)
     model = _OracleModel(ds)
     r = evaluate_coco(model, ds, batch_size=3)
@@ -126,8 +144,10 @@ def test_evaluate_coco_ssd_tiny_end_to_end(val_ds):
 def test_evaluate_coco_no_detections_is_zero(val_ds):
     class Nothing(nn.Module):
         def forward(self, images):
-            return [{"boxes": torch.zeros(0, 4), "labels": torch.zeros(0, dtype=torch.int64),
-                     "scores": torch.zeros(0)} for _ in images]
+            return [
+                {"boxes": torch.zeros(0, 4), "labels": torch.zeros(0, dtype=torch.int64), "scores": torch.zeros(0)}
+                for _ in images
+            ]
 
     r = evaluate_coco(Nothing(), val_ds, max_images=5)
     assert r == {**r, "map": 0.0, "map_50": 0.0, "num_images": 5}
@@ -204,10 +224,12 @@ def test_evaluate_coco_scores_what_evaluate_detections_scores(val_ds):
     for target, out in predictions(model, val_ds, batch_size=4):
         ids.append(int(target["image_id"]))
         b = out["boxes"]
-        for box, label, score in zip(torch.cat([b[:, :2], b[:, 2:] - b[:, :2]], 1).tolist(), out["labels"].tolist(),
-                                     out["scores"].tolist()):
+        for box, label, score in zip(
+            torch.cat([b[:, :2], b[:, 2:] - b[:, :2]], 1).tolist(), out["labels"].tolist(), out["scores"].tolist()
+        ):
             if val_ds.label_to_cat.get(int(label)) is not None:
-                dets.append({"image_id": ids[-1], "category_id": val_ds.label_to_cat[int(label)], "bbox": box,
-                             "score": score})
+                dets.append(
+                    {"image_id": ids[-1], "category_id": val_ds.label_to_cat[int(label)], "bbox": box, "score": score}
+                )
     want = evaluate_detections(val_ds.coco, dets, img_ids=ids)
     assert got == want and got["num_detections"] > 0

@@ -30,8 +30,9 @@ SEEDS = [0, 1, 2, 3]
 def val_ds(tmp_path_factory):
     """The default study's kind of val set (96 px synthetic shapes), 48 images."""
     root = tmp_path_factory.mktemp("synth")
-    _, val, _ = build_datasets({"name": "synthetic", "root": str(root), "train_images": 0, "val_images": 48,
-                                "image_size": 96, "seed": 0})
+    _, val, _ = build_datasets(
+        {"name": "synthetic", "root": str(root), "train_images": 0, "val_images": 48, "image_size": 96, "seed": 0}
+    )
     return val
 
 
@@ -82,8 +83,9 @@ def _random_detections(coco, seed: int, max_per_image: int = 260) -> list[dict]:
                 box = [rng.uniform(0, size), rng.uniform(0, size), rng.uniform(-20, 20), rng.uniform(-20, 0)]
             else:  # anywhere, small to medium
                 box = [rng.uniform(-5, size), rng.uniform(-5, size), rng.uniform(2, 60), rng.uniform(2, 60)]
-            dets.append({"image_id": img_id, "category_id": cat, "bbox": [float(v) for v in box],
-                         "score": _score(rng, good)})
+            dets.append(
+                {"image_id": img_id, "category_id": cat, "bbox": [float(v) for v in box], "score": _score(rng, good)}
+            )
     # exact duplicates (same box and score: ties in the sort and in the IoUs), then a shuffled order
     dets += [dict(dets[i]) for i in rng.integers(0, len(dets), len(dets) // 10)]
     return [dets[i] for i in rng.permutation(len(dets))]
@@ -129,8 +131,16 @@ def _crowd_coco(seed: int, *, first_id: int = 1):
     def add(img, cat, box, crowd):
         w, h = box[2], box[3]
         area = w * h * (1.0 if rng.random() < 0.5 else float(rng.uniform(0.4, 1.0)))
-        anns.append({"id": first_id + len(anns), "image_id": img, "category_id": cat,
-                     "bbox": [float(v) for v in box], "area": float(area), "iscrowd": int(crowd)})
+        anns.append(
+            {
+                "id": first_id + len(anns),
+                "image_id": img,
+                "category_id": cat,
+                "bbox": [float(v) for v in box],
+                "area": float(area),
+                "iscrowd": int(crowd),
+            }
+        )
 
     for img in range(1, 14):  # image 14: no annotations
         for _ in range(int(rng.integers(0, 4))):  # crowds, each with 0-3 objects of its category inside
@@ -145,8 +155,7 @@ def _crowd_coco(seed: int, *, first_id: int = 1):
             w, h = np.exp(rng.uniform(np.log(3), np.log(230), 2))
             add(img, int(rng.choice(cats)), [rng.uniform(0, 240 - w), rng.uniform(0, 240 - h), w, h], False)
     coco = COCO()
-    coco.dataset = {"images": images, "annotations": anns,
-                    "categories": [{"id": c, "name": str(c)} for c in (7, 1, 4)]}
+    coco.dataset = {"images": images, "annotations": anns, "categories": [{"id": c, "name": str(c)} for c in (7, 1, 4)]}
     coco.createIndex()
     return coco
 
@@ -159,19 +168,28 @@ def _crowd_detections(coco, seed: int) -> list[dict]:
     dets = []
 
     def det(img, cat, box, good=False):
-        dets.append({"image_id": img, "category_id": int(cat), "bbox": [float(v) for v in box],
-                     "score": _score(rng, good)})
+        dets.append(
+            {"image_id": img, "category_id": int(cat), "bbox": [float(v) for v in box], "score": _score(rng, good)}
+        )
 
     for a in coco.dataset["annotations"]:
         x, y, w, h = a["bbox"]
         for _ in range(int(rng.integers(1, 4))):
-            det(a["image_id"], a["category_id"], [x + rng.normal() * w / 10, y + rng.normal() * h / 10,
-                                                  w * rng.uniform(0.8, 1.2), h * rng.uniform(0.8, 1.2)], True)
+            det(
+                a["image_id"],
+                a["category_id"],
+                [
+                    x + rng.normal() * w / 10,
+                    y + rng.normal() * h / 10,
+                    w * rng.uniform(0.8, 1.2),
+                    h * rng.uniform(0.8, 1.2),
+                ],
+                True,
+            )
         if a["iscrowd"]:
             for _ in range(int(rng.integers(2, 8))):  # inside the crowd: IoU (= inter / det area) near 1
                 dw, dh = rng.uniform(1, w), rng.uniform(1, h)
-                det(a["image_id"], a["category_id"], [x + rng.uniform(-2, w - dw), y + rng.uniform(-2, h - dh),
-                                                      dw, dh])
+                det(a["image_id"], a["category_id"], [x + rng.uniform(-2, w - dw), y + rng.uniform(-2, h - dh), dw, dh])
             det(a["image_id"], a["category_id"], [x - w / 2, y, w, h])  # half in
     for img in coco.imgs:
         for _ in range(int(rng.integers(0, 40))):
@@ -218,12 +236,20 @@ def test_equal_ious_go_to_the_later_gt():
         x, y = int(rng.integers(2 * s, 300 - w - 3 * s)), int(rng.integers(0, 300 - h))
         crowd = int(rng.random() < 0.2)
         for dx in (s, -s):  # the earlier gt right of the detection, the later one left of it
-            anns.append({"id": len(anns) + 1, "image_id": img, "category_id": 1, "bbox": [x + dx, y, w, h],
-                         "area": float(w * h * rng.choice([1.0, 0.5])), "iscrowd": crowd if dx < 0 else 0})
-        dets.append({"image_id": img, "category_id": 1, "bbox": [float(x), float(y), float(w), float(h)],
-                     "score": 0.9})
-        dets.append({"image_id": img, "category_id": 1, "bbox": [float(x + 3 * s), float(y), float(w), float(h)],
-                     "score": 0.8})
+            anns.append(
+                {
+                    "id": len(anns) + 1,
+                    "image_id": img,
+                    "category_id": 1,
+                    "bbox": [x + dx, y, w, h],
+                    "area": float(w * h * rng.choice([1.0, 0.5])),
+                    "iscrowd": crowd if dx < 0 else 0,
+                }
+            )
+        dets.append({"image_id": img, "category_id": 1, "bbox": [float(x), float(y), float(w), float(h)], "score": 0.9})
+        dets.append(
+            {"image_id": img, "category_id": 1, "bbox": [float(x + 3 * s), float(y), float(w), float(h)], "score": 0.8}
+        )
     coco = COCO()
     coco.dataset = {"images": images, "annotations": anns, "categories": [{"id": 1, "name": "a"}]}
     coco.createIndex()
@@ -242,8 +268,14 @@ def test_categories_and_images_without_ground_truth_and_restricted_img_ids():
     rng = np.random.default_rng(5)
     for img in (14, 3):  # image 14 has no gt
         for _ in range(30):
-            dets.append({"image_id": img, "category_id": int(rng.choice([1, 4, 7, 9, 12])),  # 12: not in the gt
-                         "bbox": [float(v) for v in rng.uniform(0, 120, 4)], "score": float(rng.random())})
+            dets.append(
+                {
+                    "image_id": img,
+                    "category_id": int(rng.choice([1, 4, 7, 9, 12])),  # 12: not in the gt
+                    "bbox": [float(v) for v in rng.uniform(0, 120, 4)],
+                    "score": float(rng.random()),
+                }
+            )
     got, ref = _both(coco, dets)
     _assert_same(got, ref)
     assert got[0] > 0

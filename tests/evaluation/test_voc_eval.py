@@ -14,8 +14,15 @@ from lossscale_bench.evaluation.voc import bbox_iou, eval_detection_voc, evaluat
 def _one_image(pred_boxes, pred_labels, pred_scores, gt_boxes, gt_labels, gt_difficult=None, **kw):
     a = lambda x, dt=np.float64: np.asarray(x, dtype=dt)  # noqa: E731
     gd = None if gt_difficult is None else [a(gt_difficult, bool)]
-    return eval_detection_voc([a(pred_boxes).reshape(-1, 4)], [a(pred_labels, np.int64)], [a(pred_scores)],
-                              [a(gt_boxes).reshape(-1, 4)], [a(gt_labels, np.int64)], gd, **kw)
+    return eval_detection_voc(
+        [a(pred_boxes).reshape(-1, 4)],
+        [a(pred_labels, np.int64)],
+        [a(pred_scores)],
+        [a(gt_boxes).reshape(-1, 4)],
+        [a(gt_labels, np.int64)],
+        gd,
+        **kw,
+    )
 
 
 # three ground-truth boxes of class 1, four detections: TP .9, FP .8, TP .7, FP .6 (one box missed)
@@ -51,8 +58,13 @@ def test_duplicate_detection_is_a_false_positive():
     res = _one_image([[0, 0, 10, 10], [0, 0, 10, 10]], [1, 1], [0.9, 0.8], [[0, 0, 10, 10]], [1])
     assert res["ap"][1] == pytest.approx(1.0)
     # the duplicate scoring higher than the only true positive of a 2-box image
-    res = _one_image([[0, 0, 10, 10], [0, 0, 10, 10], [20, 20, 30, 30]], [1, 1, 1], [0.9, 0.8, 0.7],
-                     [[0, 0, 10, 10], [20, 20, 30, 30]], [1, 1])
+    res = _one_image(
+        [[0, 0, 10, 10], [0, 0, 10, 10], [20, 20, 30, 30]],
+        [1, 1, 1],
+        [0.9, 0.8, 0.7],
+        [[0, 0, 10, 10], [20, 20, 30, 30]],
+        [1, 1],
+    )
     # prec 1, 1/2, 2/3; rec 1/2, 1/2, 1 -> envelope 1, 2/3, 2/3 -> AP = 1/2 * 1 + 1/2 * 2/3
     assert res["ap"][1] == pytest.approx(0.5 + 1 / 3)
 
@@ -73,8 +85,7 @@ def test_difficult_objects_neither_counted_nor_penalised():
     res = _one_image(dets, [1, 1], [0.9, 0.8], gt, [1, 1], gt_difficult=[False, True], use_07_metric=True)
     assert res["ap"][1] == pytest.approx(1.0)
     # a class whose only objects are difficult has no positives: NaN, left out of the mean
-    res = _one_image([[0, 0, 10, 10], [20, 20, 30, 30]], [1, 2], [0.9, 0.8], gt, [1, 2],
-                     gt_difficult=[False, True])
+    res = _one_image([[0, 0, 10, 10], [20, 20, 30, 30]], [1, 2], [0.9, 0.8], gt, [1, 2], gt_difficult=[False, True])
     assert res["ap"][1] == pytest.approx(1.0) and math.isnan(res["ap"][2])
     assert res["map"] == pytest.approx(1.0)
 
@@ -86,7 +97,8 @@ def test_absent_classes_are_nan_and_excluded_from_the_mean():
         [np.array([1, 2]), np.array([4])],
         [np.array([0.9, 0.8]), np.array([0.7])],
         [np.array([[0, 0, 10, 10]], float), np.zeros((0, 4))],
-        [np.array([1]), np.zeros(0, int)])
+        [np.array([1]), np.zeros(0, int)],
+    )
     ap = res["ap"]
     assert len(ap) == 5  # indexed by label value, up to the largest label seen
     assert ap[1] == pytest.approx(1.0)
@@ -112,9 +124,11 @@ def test_several_images_pool_their_detections():
     # image 1: TP .9; image 2: FP .95 and a missed box -> sorted: FP, TP; prec 0, 1/2; rec 0, 1/2
     res = eval_detection_voc(
         [np.array([[0, 0, 10, 10]], float), np.array([[50, 50, 60, 60]], float)],
-        [np.array([1]), np.array([1])], [np.array([0.9]), np.array([0.95])],
+        [np.array([1]), np.array([1])],
+        [np.array([0.9]), np.array([0.95])],
         [np.array([[0, 0, 10, 10]], float), np.array([[0, 0, 10, 10]], float)],
-        [np.array([1]), np.array([1])])
+        [np.array([1]), np.array([1])],
+    )
     assert res["ap"][1] == pytest.approx(0.25)  # envelope 1/2 over recall 0..1/2
     with pytest.raises(ValueError, match="one entry per image"):
         eval_detection_voc([np.zeros((0, 4))], [np.zeros(0)], [np.zeros(0)], [], [])
@@ -138,11 +152,24 @@ class _Tiny(torch.utils.data.Dataset):
 
     def __init__(self):
         self.items = [
-            (torch.zeros(3, 8, 20), {"boxes": torch.tensor([[0.0, 0.0, 10.0, 8.0]]), "labels": torch.tensor([1]),
-                                     "difficult": torch.tensor([False]), "image_id": 0}),
-            (torch.zeros(3, 8, 30), {"boxes": torch.tensor([[0.0, 0.0, 10.0, 8.0], [12.0, 0, 20, 8]]),
-                                     "labels": torch.tensor([2, 1]), "difficult": torch.tensor([False, True]),
-                                     "image_id": 1}),
+            (
+                torch.zeros(3, 8, 20),
+                {
+                    "boxes": torch.tensor([[0.0, 0.0, 10.0, 8.0]]),
+                    "labels": torch.tensor([1]),
+                    "difficult": torch.tensor([False]),
+                    "image_id": 0,
+                },
+            ),
+            (
+                torch.zeros(3, 8, 30),
+                {
+                    "boxes": torch.tensor([[0.0, 0.0, 10.0, 8.0], [12.0, 0, 20, 8]]),
+                    "labels": torch.tensor([2, 1]),
+                    "difficult": torch.tensor([False, True]),
+                    "image_id": 1,
+                },
+            ),
         ]
 
     def __len__(self):
@@ -155,9 +182,16 @@ class _Tiny(torch.utils.data.Dataset):
 def test_evaluate_voc_runs_a_model_over_a_dataset():
     ds = _Tiny()
     outputs = {
-        20: {"boxes": torch.tensor([[0.0, 0.0, 10.0, 8.0]]), "labels": torch.tensor([1]), "scores": torch.tensor([0.9])},
-        30: {"boxes": torch.tensor([[0.0, 0.0, 10.0, 8.0], [12.0, 0, 20, 8]]), "labels": torch.tensor([2, 1]),
-             "scores": torch.tensor([0.8, 0.95])},
+        20: {
+            "boxes": torch.tensor([[0.0, 0.0, 10.0, 8.0]]),
+            "labels": torch.tensor([1]),
+            "scores": torch.tensor([0.9]),
+        },
+        30: {
+            "boxes": torch.tensor([[0.0, 0.0, 10.0, 8.0], [12.0, 0, 20, 8]]),
+            "labels": torch.tensor([2, 1]),
+            "scores": torch.tensor([0.8, 0.95]),
+        },
     }
     model = _FixedDetector(outputs)
     model.train()

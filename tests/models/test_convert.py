@@ -16,8 +16,10 @@ from lossscale_bench.models.ssd import WeightsError, ssd300_vgg16, ssd512_vgg16
 
 def _random_layers(seed=0) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     rng = np.random.default_rng(seed)
-    return {name: (rng.standard_normal(ws).astype(np.float32), rng.standard_normal(bs).astype(np.float32))
-            for name, (ws, bs) in expected_shapes().items()}
+    return {
+        name: (rng.standard_normal(ws).astype(np.float32), rng.standard_normal(bs).astype(np.float32))
+        for name, (ws, bs) in expected_shapes().items()
+    }
 
 
 def _chainercv_npz(path, layers, drop=None, reshape=None):
@@ -116,8 +118,9 @@ def test_cli_writes_the_file(tmp_path, capsys):
     assert set(torch.load(out, weights_only=True)) >= {"conv6.weight", "conv7.bias", "features.28.weight"}
 
 
-@pytest.mark.parametrize("case", ["not_a_file", "garbage", "npz_missing_key", "npz_bad_shape", "pth_missing_key",
-                                  "torchvision_vgg"])
+@pytest.mark.parametrize(
+    "case", ["not_a_file", "garbage", "npz_missing_key", "npz_bad_shape", "pth_missing_key", "torchvision_vgg"]
+)
 def test_bad_input_is_one_line_exit_2(tmp_path, capsys, case):
     layers = _random_layers(4)
     src = tmp_path / "in.npz"
@@ -191,14 +194,14 @@ def test_a_read_only_output_location_is_one_line_before_work(tmp_path, capsys):
     assert f"{ro / 'backbone.pth'}: cannot write in {ro} (" in err  # was a torch traceback
 
 
-@pytest.mark.parametrize("fmt, bad, key", [("npz", np.nan, "extractor/conv6/W"), ("pth", np.inf, "31.weight"),
-                                           ("pth", -np.inf, "0.bias")])
+@pytest.mark.parametrize(
+    "fmt, bad, key", [("npz", np.nan, "extractor/conv6/W"), ("pth", np.inf, "31.weight"), ("pth", -np.inf, "0.bias")]
+)
 def test_non_finite_weights_are_refused_naming_the_tensor_and_leave_no_temp_file(tmp_path, capsys, fmt, bad, key):
     layers = _random_layers(5)
     name, part = {"extractor/conv6/W": ("conv6", 0), "31.weight": ("conv6", 0), "0.bias": ("conv1_1", 1)}[key]
     layers[name][part].flat[7] = bad
-    src = (_chainercv_npz(tmp_path / "in.npz", layers) if fmt == "npz"
-           else _reducedfc_pth(tmp_path / "in.pth", layers))
+    src = _chainercv_npz(tmp_path / "in.npz", layers) if fmt == "npz" else _reducedfc_pth(tmp_path / "in.pth", layers)
     out = tmp_path / "out" / "b.pth"
     out.parent.mkdir()
     err = _convert_cli(capsys, src, out)
@@ -213,5 +216,4 @@ def test_a_failed_conversion_keeps_the_previous_output(tmp_path, capsys):
     before = out.read_bytes()
     layers["conv7"][1][0] = np.nan
     _convert_cli(capsys, _reducedfc_pth(tmp_path / "bad.pth", layers), out)
-    assert out.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["b.pth", "bad.pth",
-                                                                                          "good.pth"]
+    assert out.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["b.pth", "bad.pth", "good.pth"]

@@ -38,11 +38,14 @@ def _chainercv_default_boxes(cfg, grids):
     return torch.tensor(out, dtype=torch.float64) / size
 
 
-@pytest.mark.parametrize("name,cfg,grids,clip", [
-    ("ssd300_vgg16", CHAINERCV_SSD300, (38, 19, 10, 5, 3, 1), False),
-    ("ssd512_vgg16", CHAINERCV_SSD512, (64, 32, 16, 8, 4, 2, 1), False),
-    ("ssd300_resnet50", DBOXES300_COCO, (38, 19, 10, 5, 3, 1), True),
-])
+@pytest.mark.parametrize(
+    "name,cfg,grids,clip",
+    [
+        ("ssd300_vgg16", CHAINERCV_SSD300, (38, 19, 10, 5, 3, 1), False),
+        ("ssd512_vgg16", CHAINERCV_SSD512, (64, 32, 16, 8, 4, 2, 1), False),
+        ("ssd300_resnet50", DBOXES300_COCO, (38, 19, 10, 5, 3, 1), True),
+    ],
+)
 def test_default_boxes_match_the_reference(name, cfg, grids, clip):
     gen = BUILDERS[name].__globals__["_anchors"](cfg, cfg["size"], clip=clip)
     ours = gen._grid_default_boxes([[g, g] for g in grids], [cfg["size"], cfg["size"]], dtype=torch.float64)
@@ -59,8 +62,13 @@ def _one_step(model, size: int, batch: int) -> dict:
     model.train()
     g = torch.Generator().manual_seed(0)
     images = [torch.rand(3, size, size, generator=g) for _ in range(batch)]
-    targets = [{"boxes": torch.tensor([[10.0, 20.0, size * 0.6, size * 0.7], [size * 0.5, 5.0, size - 1.0, size * 0.4]]),
-                "labels": torch.tensor([1, 2])} for _ in range(batch)]
+    targets = [
+        {
+            "boxes": torch.tensor([[10.0, 20.0, size * 0.6, size * 0.7], [size * 0.5, 5.0, size - 1.0, size * 0.4]]),
+            "labels": torch.tensor([1, 2]),
+        }
+        for _ in range(batch)
+    ]
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.SGD(params, lr=1e-3, momentum=0.9)
     before = [p.detach().clone() for p in params[:3]] + [params[-1].detach().clone()]
@@ -96,13 +104,16 @@ def _construction_checks(name: str, model) -> None:
     assert model.anchor_generator.clip is True
 
 
-@pytest.mark.parametrize("name,size,batch,maps", [
-    ("ssd300_vgg16", 300, 1, [38, 19, 10, 5, 3, 1]),
-    # SSD512 trained at 384 px to save CPU time (maps 48..1); its 512 px geometry is checked above
-    ("ssd512_vgg16", 384, 1, [48, 24, 12, 6, 3, 2, 1]),
-    ("ssd300_resnet34", 300, 1, [38, 19, 10, 5, 3, 1]),
-    ("ssd300_resnet50", 300, 2, [38, 19, 10, 5, 3, 1]),  # BatchNorm on the 1x1 map needs batch > 1
-])
+@pytest.mark.parametrize(
+    "name,size,batch,maps",
+    [
+        ("ssd300_vgg16", 300, 1, [38, 19, 10, 5, 3, 1]),
+        # SSD512 trained at 384 px to save CPU time (maps 48..1); its 512 px geometry is checked above
+        ("ssd512_vgg16", 384, 1, [48, 24, 12, 6, 3, 2, 1]),
+        ("ssd300_resnet34", 300, 1, [38, 19, 10, 5, 3, 1]),
+        ("ssd300_resnet50", 300, 2, [38, 19, 10, 5, 3, 1]),  # BatchNorm on the 1x1 map needs batch > 1
+    ],
+)
 def test_each_model_builds_and_trains_one_step(name, size, batch, maps):
     model = build_model(name, num_classes=3, image_size=size)
     _construction_checks(name, model)

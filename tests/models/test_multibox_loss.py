@@ -35,13 +35,13 @@ def _targets(gen: torch.Generator, anchors: torch.Tensor, size: int, counts: lis
         boxes = torch.cat([xy, (xy + wh).clamp(max=size)], 1)
         labels = torch.randint(1, 5, (n,), generator=gen)
         if n >= 4 and i % 2 == 0:
-            boxes[1] = boxes[0]                       # duplicate: both force the same anchor
+            boxes[1] = boxes[0]  # duplicate: both force the same anchor
             a = anchors[len(anchors) // 3]
-            boxes[2] = a                              # exactly an anchor (IoU 1)
+            boxes[2] = a  # exactly an anchor (IoU 1)
             half = a.clone()
-            half[2] = a[0] + (a[2] - a[0]) / 2        # IoU exactly 0.5 with that anchor
+            half[2] = a[0] + (a[2] - a[0]) / 2  # IoU exactly 0.5 with that anchor
             boxes[3] = half
-            labels[3] = 0                             # matched, but not foreground for classification
+            labels[3] = 0  # matched, but not foreground for classification
         out.append({"boxes": boxes, "labels": labels})
     return out
 
@@ -60,21 +60,35 @@ def _batched(model: SSD, targets, head, anchors, dense=None):
     anchors = torch.stack(anchors)
     boxes, labels, valid = pad_targets(targets, anchors.device)
     matched = match_anchors(boxes, valid, anchors, model.proposal_matcher.high_threshold)
-    return matched, multibox_loss(head["bbox_regression"], head["cls_logits"], anchors, boxes, labels, matched,
-                                  model.box_coder, model.neg_to_pos_ratio, dense=dense)
+    return matched, multibox_loss(
+        head["bbox_regression"],
+        head["cls_logits"],
+        anchors,
+        boxes,
+        labels,
+        matched,
+        model.box_coder,
+        model.neg_to_pos_ratio,
+        dense=dense,
+    )
 
 
 def _head(gen, batch, n_anchors, n_classes, constant_logits):
     reg = torch.randn(batch, n_anchors, 4, generator=gen)
-    logits = (torch.zeros(batch, n_anchors, n_classes) if constant_logits
-              else torch.randn(batch, n_anchors, n_classes, generator=gen) * 3)
+    logits = (
+        torch.zeros(batch, n_anchors, n_classes)
+        if constant_logits
+        else torch.randn(batch, n_anchors, n_classes, generator=gen) * 3
+    )
     return {"bbox_regression": reg.requires_grad_(), "cls_logits": logits.requires_grad_()}
 
 
 @pytest.mark.parametrize("dense", [True, False], ids=["dense", "indexed"])
 @pytest.mark.parametrize("name", list(GEOMETRIES))
-@pytest.mark.parametrize("counts,constant", [([0, 1, 7, 30], False), ([5, 0, 1], True), ([0, 0], False),
-                                             ([1], False), ([12, 12, 3, 40, 0, 2], False)])
+@pytest.mark.parametrize(
+    "counts,constant",
+    [([0, 1, 7, 30], False), ([5, 0, 1], True), ([0, 0], False), ([1], False), ([12, 12, 3, 40, 0, 2], False)],
+)
 def test_batched_equals_torchvision(name, counts, constant, dense):
     size, maps = GEOMETRIES[name]
     model = build_model(name, num_classes=5, image_size=size, batched_loss=False)
@@ -142,9 +156,11 @@ def test_model_forward_same_loss_and_gradients():
     new.load_state_dict(ref.state_dict())
     gen = torch.Generator().manual_seed(1)
     images = [torch.rand(3, 64, 64, generator=gen) for _ in range(3)]
-    targets = [{"boxes": torch.tensor([[4.0, 6.0, 40.0, 50.0], [20.0, 2.0, 60.0, 30.0]]), "labels": torch.tensor([1, 3])},
-               {"boxes": torch.zeros(0, 4), "labels": torch.zeros(0, dtype=torch.int64)},
-               {"boxes": torch.tensor([[10.0, 10.0, 20.0, 22.0]]), "labels": torch.tensor([2])}]
+    targets = [
+        {"boxes": torch.tensor([[4.0, 6.0, 40.0, 50.0], [20.0, 2.0, 60.0, 30.0]]), "labels": torch.tensor([1, 3])},
+        {"boxes": torch.zeros(0, 4), "labels": torch.zeros(0, dtype=torch.int64)},
+        {"boxes": torch.tensor([[10.0, 10.0, 20.0, 22.0]]), "labels": torch.tensor([2])},
+    ]
     losses = {}
     for tag, m in (("ref", ref), ("new", new)):
         m.train()
@@ -213,13 +229,23 @@ def test_dense_path_has_no_data_dependent_shape():
     boxes, labels, valid = pad_targets(targets, torch.device("meta"))
     matched = match_anchors(boxes, valid, an, 0.5)
     head = {k: v.detach().to("meta").requires_grad_() for k, v in _head(gen, 3, an.shape[1], 5, False).items()}
-    out = multibox_loss(head["bbox_regression"], head["cls_logits"], an, boxes, labels, matched,
-                        model.box_coder, model.neg_to_pos_ratio)  # dense chosen: not a CPU tensor
+    out = multibox_loss(
+        head["bbox_regression"], head["cls_logits"], an, boxes, labels, matched, model.box_coder, model.neg_to_pos_ratio
+    )  # dense chosen: not a CPU tensor
     sum(out.values()).backward()
     assert out["classification"].device.type == "meta" and head["cls_logits"].grad is not None
     with pytest.raises(Exception):  # noqa: B017 - the indexed path reads values, which meta tensors refuse (the type is torch's)
-        multibox_loss(head["bbox_regression"], head["cls_logits"], an, boxes, labels, matched,
-                      model.box_coder, model.neg_to_pos_ratio, dense=False)
+        multibox_loss(
+            head["bbox_regression"],
+            head["cls_logits"],
+            an,
+            boxes,
+            labels,
+            matched,
+            model.box_coder,
+            model.neg_to_pos_ratio,
+            dense=False,
+        )
 
 
 def test_fixed_size_transform_is_torchvisions_bit_for_bit():

@@ -15,7 +15,7 @@ CASES = {
     "negative max": torch.tensor([-5.0, 4.0, 0.0]),
     "signed zeros": torch.tensor([-0.0, 0.0, -0.0]),
     "all negative zero": torch.tensor([-0.0, -0.0]),
-    "subnormals": torch.tensor([2.0 ** -149, -(2.0 ** -140)]),
+    "subnormals": torch.tensor([2.0**-149, -(2.0**-140)]),
     "inf": torch.tensor([1.0, -float("inf")]),
     "nan": torch.tensor([float("inf"), float("nan"), 2.0]),
     "channels_last": (torch.randn(4, 8, 5, 3, generator=G)).contiguous(memory_format=torch.channels_last),

@@ -44,7 +44,7 @@ def elem_cast(values: list[float], fmt: str) -> list[float]:
 
 
 def floor_log2(a: float) -> int:
-    return math.frexp(a)[1] - 1          # a = m * 2^ex with m in [0.5, 1)
+    return math.frexp(a)[1] - 1  # a = m * 2^ex with m in [0.5, 1)
 
 
 def ceil_log2(a: float) -> int:
@@ -61,16 +61,16 @@ def mx_ref(block: list[float], fmt: str, mode: str) -> tuple[int, list[float]]:
         e = floor_log2(amax) - EMAX[fmt]
     elif mode == "ceil":
         e = ceil_log2(amax) - EMAX[fmt]
-    elif mode == "even":                 # amax's significand rounded half up to the element's bits
+    elif mode == "even":  # amax's significand rounded half up to the element's bits
         m, ex = math.frexp(amax)
         steps = 2 ** MBITS[fmt]
         rounded = math.floor(2 * m * steps + 0.5) / steps
         e = ex - 1 + (rounded >= 2) - EMAX[fmt]
-    else:                                # rceil: ceil(log2(amax / fmt_max)), the ratio in fp32
+    else:  # rceil: ceil(log2(amax / fmt_max)), the ratio in fp32
         d = f32(amax / FMAX[fmt])
         e = -127 if d == 0 else ceil_log2(d)
     e = max(-127, min(127, e))
-    x = 2.0 ** e
+    x = 2.0**e
     return e, [f32_sat(q * x) for q in elem_cast([v / x for v in block], fmt)]
 
 
@@ -108,14 +108,14 @@ def random_blocks(n_blocks: int, seed: int, block: int = 32) -> torch.Tensor:
 HAND_BLOCKS = {
     "zeros": [0.0] * 32,
     "signed zeros": [-0.0, 0.0] * 16,
-    "subnormal only": [2.0 ** -130, -3 * 2.0 ** -135, 2.0 ** -140, 2.0 ** -149] + [0.0] * 28,
-    "e4m3 max mixed": [448.0, -448.0, 1.0, -1.0, 0.5, 2.0 ** -9, -(2.0 ** -10)] + [3.0] * 25,
+    "subnormal only": [2.0**-130, -3 * 2.0**-135, 2.0**-140, 2.0**-149] + [0.0] * 28,
+    "e4m3 max mixed": [448.0, -448.0, 1.0, -1.0, 0.5, 2.0**-9, -(2.0**-10)] + [3.0] * 25,
     "fp32 max mixed": [FLT_MAX, -FLT_MAX, 1.0, -1e30] + [0.0] * 28,
-    "amax 2^-140": [2.0 ** -140, -(2.0 ** -141)] + [0.0] * 30,
-    "amax 1.9 * 2^127": [1.9 * 2.0 ** 127, -(2.0 ** 100), 1.0] + [0.0] * 29,
+    "amax 2^-140": [2.0**-140, -(2.0**-141)] + [0.0] * 30,
+    "amax 1.9 * 2^127": [1.9 * 2.0**127, -(2.0**100), 1.0] + [0.0] * 29,
     "max 1.9": [1.9, -0.5, 1e-6, 0.01] + [0.25] * 28,
     "max 1.95": [1.95, -0.5, 1e-6, 0.01] + [0.25] * 28,
-    "ties": [1.0, 1.0625, 1.1875, 2.0 ** -14 * 1.5, 17.0, 19.0, 3.0 * 2 ** -11] + [0.125] * 25,
+    "ties": [1.0, 1.0625, 1.1875, 2.0**-14 * 1.5, 17.0, 19.0, 3.0 * 2**-11] + [0.125] * 25,
 }
 
 
@@ -137,34 +137,34 @@ def test_mx32_hand_made_blocks_e4m3():
     assert same(r["zeros"], HAND_BLOCKS["zeros"]) and same(r["signed zeros"], HAND_BLOCKS["signed zeros"])
     # e = -127 and the scale 2^-127 is exact: 2^-130 -> 2^-3 and 3 * 2^-135 -> 3 * 2^-8 survive in
     # E4M3, 2^-140 -> 2^-13 and 2^-149 -> 2^-22 are below 2^-10 and flush
-    assert same(r["subnormal only"], [2.0 ** -130, -3 * 2.0 ** -135, 0.0, 0.0] + [0.0] * 28)
-    assert same(r["e4m3 max mixed"], [448.0, -448.0, 1.0, -1.0, 0.5, 2.0 ** -9, -0.0] + [3.0] * 25)
+    assert same(r["subnormal only"], [2.0**-130, -3 * 2.0**-135, 0.0, 0.0] + [0.0] * 28)
+    assert same(r["e4m3 max mixed"], [448.0, -448.0, 1.0, -1.0, 0.5, 2.0**-9, -0.0] + [3.0] * 25)
     # FLT_MAX = (2 - 2^-23) * 2^127: e = 119, scaled 511.99997 saturates to 448 = 1.75 * 2^8;
     # 1 and -1e30 are below 2^-10 once divided by 2^119 and flush (keeping their sign)
-    assert same(r["fp32 max mixed"], [1.75 * 2.0 ** 127, -1.75 * 2.0 ** 127, 0.0, -0.0] + [0.0] * 28)
-    assert same(r["amax 2^-140"], [0.0, -0.0] + [0.0] * 30)                 # clamped to e = -127, then flushed
+    assert same(r["fp32 max mixed"], [1.75 * 2.0**127, -1.75 * 2.0**127, 0.0, -0.0] + [0.0] * 28)
+    assert same(r["amax 2^-140"], [0.0, -0.0] + [0.0] * 30)  # clamped to e = -127, then flushed
     assert torch.isfinite(torch.cat(list(r.values()))).all()
 
 
 def test_exponent_clamp_and_the_largest_blocks():
-    amax = torch.tensor([2.0 ** -140, 1e-45, 0.0, 1.9 * 2.0 ** 127, FLT_MAX])
+    amax = torch.tensor([2.0**-140, 1e-45, 0.0, 1.9 * 2.0**127, FLT_MAX])
     assert mx_exponent(amax, "e4m3", "floor").tolist() == [-127, -127, -127, 119, 119]
     assert mx_exponent(amax, "e4m3", "ceil").tolist() == [-127, -127, -127, 120, 120]
     assert mx_exponent(amax, "e5m2", "floor").tolist() == [-127, -127, -127, 112, 112]
     big = torch.tensor(HAND_BLOCKS["amax 1.9 * 2^127"])
     # floor: 1.9 * 2^8 = 486.4 saturates to 448; ceil: 243.2 rounds to 240 = 1.875 * 2^7
-    assert block_round(big, "e4m3", "mx32", mode="floor")[0].item() == 1.75 * 2.0 ** 127
-    assert block_round(big, "e4m3", "mx32", mode="ceil")[0].item() == 1.875 * 2.0 ** 127
+    assert block_round(big, "e4m3", "mx32", mode="floor")[0].item() == 1.75 * 2.0**127
+    assert block_round(big, "e4m3", "mx32", mode="ceil")[0].item() == 1.875 * 2.0**127
     # e5m2 keeps 2^-140 (2^-140 / 2^-127 = 2^-13 >= 2^-16)
-    assert block_round(torch.tensor(HAND_BLOCKS["amax 2^-140"]), "e5m2", "mx32")[0].item() == 2.0 ** -140
+    assert block_round(torch.tensor(HAND_BLOCKS["amax 2^-140"]), "e5m2", "mx32")[0].item() == 2.0**-140
 
 
 def test_floor_saturates_a_block_max_that_ceil_keeps():
     x = torch.tensor(HAND_BLOCKS["max 1.9"])
     floor, cf = block_round(x, "e4m3", "mx32", mode="floor", counts=True)
     ceil, cc = block_round(x, "e4m3", "mx32", mode="ceil", counts=True)
-    assert floor[0].item() == 1.75 and cf.saturated.item() == 1        # 1.9 * 2^8 = 486.4 > 448
-    assert ceil[0].item() == 1.875 and cc.saturated.item() == 0        # 1.9 * 2^7 = 243.2 -> 240
+    assert floor[0].item() == 1.75 and cf.saturated.item() == 1  # 1.9 * 2^8 = 486.4 > 448
+    assert ceil[0].item() == 1.875 and cc.saturated.item() == 0  # 1.9 * 2^7 = 243.2 -> 240
     # even: 1.9 rounds to 1.875 at 3 bits (floor's exponent, saturates); 1.95 rounds to 2 (ceil's
     # exponent: 1.95 * 2^7 = 249.6, which E4M3 rounds to 256, i.e. 2.0)
     assert block_round(x, "e4m3", "mx32", mode="even")[0].item() == 1.75
@@ -174,14 +174,19 @@ def test_floor_saturates_a_block_max_that_ceil_keeps():
 
 
 @pytest.mark.parametrize("fmt", ["e4m3", "e5m2", "fp16"])
-@pytest.mark.parametrize("granularity,pow2", [("tensor", False), ("tensor", True), ("tile128", True), ("tile128", False)])
+@pytest.mark.parametrize(
+    "granularity,pow2", [("tensor", False), ("tensor", True), ("tile128", True), ("tile128", False)]
+)
 def test_tensor_and_tile_scaling_follow_transformer_engine(fmt, granularity, pow2):
     g = torch.Generator().manual_seed(7)
     x = torch.randn(6, 200, generator=g) * torch.exp2(torch.randint(-40, 20, (6, 1), generator=g).float())
-    x[2, 128:] = 0.0                                                     # an all-zero ragged tile
+    x[2, 128:] = 0.0  # an all-zero ragged tile
     x[3] *= torch.exp2(torch.randint(-20, 0, (200,), generator=g).float())
-    groups = [x.reshape(-1).tolist()] if granularity == "tensor" else [
-        row[:128] for row in x.tolist()] + [row[128:] for row in x.tolist()]
+    groups = (
+        [x.reshape(-1).tolist()]
+        if granularity == "tensor"
+        else [row[:128] for row in x.tolist()] + [row[128:] for row in x.tolist()]
+    )
     want = {}
     for i, grp in enumerate(groups):
         want[i] = amax_ref(grp, fmt, pow2)
@@ -208,18 +213,23 @@ def test_ragged_tiles_use_only_their_own_elements():
     assert out[0, 128:].tolist() != amax_ref([1000.0] + x[0, 128:].tolist(), "e4m3", True)[1:]
     assert block_round(torch.randn(5, 3, 7), "e4m3", "tile128").shape == (5, 3, 7)
     assert block_round(torch.randn(5), "e4m3", "tile128").shape == (5,)
-    assert block_round(torch.randn(45), "e4m3", "mx32").shape == (45,)      # ragged MX block
+    assert block_round(torch.randn(45), "e4m3", "mx32").shape == (45,)  # ragged MX block
 
 
 def test_tiny_zero_and_huge_groups_give_no_nan_or_inf():
     for granularity in ("tensor", "tile128", "mx32"):
-        for x in (torch.zeros(300), torch.full((300,), 1e-45), torch.full((300,), 2.0 ** -140),
-                  torch.full((300,), FLT_MAX), FLT_MAX * torch.linspace(-1.0, 1.0, 300)):
+        for x in (
+            torch.zeros(300),
+            torch.full((300,), 1e-45),
+            torch.full((300,), 2.0**-140),
+            torch.full((300,), FLT_MAX),
+            FLT_MAX * torch.linspace(-1.0, 1.0, 300),
+        ):
             for fmt in ("e4m3", "e5m2", "fp16"):
                 assert torch.isfinite(block_round(x, fmt, granularity)).all(), (granularity, fmt, x[0])
     assert (block_round(torch.zeros(300), "e4m3", "tensor") == 0).all()
     # TE's rule for a tiny amax: s overflows to FLT_MAX (2^127 with pow2), so 1e-45 * 2^127 ~ 2^-22 flushes
-    assert amax_scale(torch.tensor([1e-45]), "e4m3", pow2=True).item() == 2.0 ** 127
+    assert amax_scale(torch.tensor([1e-45]), "e4m3", pow2=True).item() == 2.0**127
     assert amax_scale(torch.tensor([1e-45]), "e4m3", pow2=False).item() == FLT_MAX
     assert amax_scale(torch.tensor([0.0]), "e4m3", pow2=False).item() == 1.0
     assert amax_scale(torch.tensor([1e-6]), "e4m3", pow2=False, amax_floor=1e-4).item() == f32(448.0 / f32(1e-4))
@@ -252,12 +262,12 @@ def test_counts_on_a_known_tensor():
     _, c = block_round(x, "e4m3", "mx32", counts=True)
     assert (c.nonzero.item(), c.flushed.item(), c.saturated.item()) == (30, 2, 1)
     # plain cast to E4M3: 1e-4 flushes (< 2^-10), 500 and -inf are past 448, NaN is neither
-    before = torch.tensor([0.0, 1e-4, 500.0, -math.inf, math.nan, 1.0, -3e-4, 2.0 ** -9])
+    before = torch.tensor([0.0, 1e-4, 500.0, -math.inf, math.nan, 1.0, -3e-4, 2.0**-9])
     after = before.to(torch.float8_e4m3fn).float()
     c = count_flush_saturate(before, after, 448.0)
     assert (c.nonzero.item(), c.flushed.item(), c.saturated.item()) == (5, 2, 2)
     big = torch.cat([before] * 1000)
-    c = count_flush_saturate(big, big.to(torch.float8_e4m3fn).float(), 448.0)     # compiled path
+    c = count_flush_saturate(big, big.to(torch.float8_e4m3fn).float(), 448.0)  # compiled path
     assert (c.nonzero.item(), c.flushed.item(), c.saturated.item()) == (5000, 2000, 2000)
     with pytest.raises(ValueError):
         count_flush_saturate(before, after[:3], 448.0)
@@ -284,8 +294,28 @@ def test_half_inputs_come_back_in_their_dtype(dtype):
 
 def test_one_compiled_graph_for_twenty_shapes():
     k = _kernel("mx32", ELEMENTS["e4m3"], "floor", True, 0.0, False)
-    shapes = [(64,), (96,), (100,), (2, 64), (3, 3, 3, 3), (64, 3, 3, 3), (16,), (2, 16, 32, 32), (1000,), (7, 33),
-              (128, 128), (5, 200), (33,), (65,), (31, 31), (10, 10, 10), (4096,), (9, 8, 7), (1, 640), (257,)]
+    shapes = [
+        (64,),
+        (96,),
+        (100,),
+        (2, 64),
+        (3, 3, 3, 3),
+        (64, 3, 3, 3),
+        (16,),
+        (2, 16, 32, 32),
+        (1000,),
+        (7, 33),
+        (128, 128),
+        (5, 200),
+        (33,),
+        (65,),
+        (31, 31),
+        (10, 10, 10),
+        (4096,),
+        (9, 8, 7),
+        (1, 640),
+        (257,),
+    ]
     for i, shape in enumerate(shapes):
         x = torch.randn(shape, generator=torch.Generator().manual_seed(i))
         assert same(block_round(x, "e4m3", "mx32"), block_round(x, "e4m3", "mx32", compiled=False))
@@ -311,9 +341,12 @@ def test_bad_arguments_are_refused():
 
 # --- torchao (optional): the maintained implementation, bit for bit ---------------------------
 
+
 def _torchao():
-    return pytest.importorskip("torchao.prototype.mx_formats.mx_tensor",
-                               reason="torchao is not installed (optional: pip install torchao==0.18.0)")
+    return pytest.importorskip(
+        "torchao.prototype.mx_formats.mx_tensor",
+        reason="torchao is not installed (optional: pip install torchao==0.18.0)",
+    )
 
 
 @pytest.mark.parametrize("mode", MX_MODES)

@@ -52,7 +52,7 @@ def nvfp4_ref(x: list[float], block: int = 16) -> list[float]:
     s_enc = 1.0 if amax == 0 else min(f32(448.0 * 6.0 / amax), FLT_MAX)
     out = []
     for i in range(0, len(x), block):
-        blk = x[i:i + block]
+        blk = x[i : i + block]
         dec = min(f32(f32(max(abs(v) for v in blk) / 6.0) * s_enc), FLT_MAX)
         s_b = e4m3_ref(dec)
         enc = FLT_MAX if s_b == 0 else min(f32(s_enc / s_b), FLT_MAX)
@@ -67,7 +67,7 @@ def floor_log2(a: float) -> int:
 def mxfp4_ref(x: list[float], mode: str) -> list[float]:
     out = []
     for i in range(0, len(x), 32):
-        blk = x[i:i + 32]
+        blk = x[i : i + 32]
         amax = max(abs(v) for v in blk)
         if not math.isfinite(amax):
             out += [math.nan] * 32
@@ -78,7 +78,7 @@ def mxfp4_ref(x: list[float], mode: str) -> list[float]:
             m, ex = math.frexp(amax)
             e = (floor_log2(amax) if mode == "floor" else (ex - 1 if m == 0.5 else ex)) - 2
         e = max(-127, min(127, e))
-        out += [f32_sat(e2m1_ref(f32(v * 2.0 ** -e)) * 2.0 ** e) for v in blk]
+        out += [f32_sat(e2m1_ref(f32(v * 2.0**-e)) * 2.0**e) for v in blk]
     return out
 
 
@@ -88,6 +88,7 @@ def same(a: torch.Tensor, b) -> bool:
 
 
 # --- E2M1 --------------------------------------------------------------------------------------
+
 
 def test_every_e2m1_code_is_kept_and_the_ties_go_to_the_even_code():
     codes = GRID + [-v for v in GRID]
@@ -108,8 +109,13 @@ def test_e2m1_saturates_past_six_and_keeps_nan():
 @pytest.mark.parametrize("compiled", [False, True])
 def test_e2m1_matches_the_definition_on_random_and_tiny_values(compiled):
     g = torch.Generator().manual_seed(0)
-    x = torch.cat([torch.randn(3000, generator=g) * 4, torch.randn(500, generator=g) * 2.0 ** -100,
-                   torch.tensor([2.0 ** -149, -2.0 ** -126, 0.25000003, 0.24999999])])
+    x = torch.cat(
+        [
+            torch.randn(3000, generator=g) * 4,
+            torch.randn(500, generator=g) * 2.0**-100,
+            torch.tensor([2.0**-149, -(2.0**-126), 0.25000003, 0.24999999]),
+        ]
+    )
     out = fp4_round(x, "e2m1", compiled=compiled)
     assert same(out, [e2m1_ref(v) for v in x.tolist()])
 
@@ -123,6 +129,7 @@ def test_e2m1_range_is_the_one_validation_uses():
 
 # --- NVFP4 -------------------------------------------------------------------------------------
 
+
 def _nvfp4_cases() -> dict[str, list[float]]:
     g = torch.Generator().manual_seed(1)
     wide = (torch.randn(256, generator=g) * torch.exp(torch.randn(256, generator=g) * 3)).tolist()
@@ -133,7 +140,7 @@ def _nvfp4_cases() -> dict[str, list[float]]:
         # the E4M3 scale rounds down (amax 6.9 / 6 * s_enc): the block max saturates at 6 after scaling
         "block max past six": [1000.0] + [0.0] * 15 + [6.2 * 6.0 / 2.688] + [2.0] * 15,
         "tiny next to huge": [1e4] + [0.0] * 15 + [1e-6, 3e-7] + [0.0] * 14,
-        "fp32 subnormals only": [2.0 ** -140, -3 * 2.0 ** -145] + [0.0] * 14,
+        "fp32 subnormals only": [2.0**-140, -3 * 2.0**-145] + [0.0] * 14,
         "near fp32 max": [FLT_MAX, -FLT_MAX / 3] + [1.0] * 14,
     }
 
@@ -173,12 +180,21 @@ def test_nvfp4_weight_tiles_are_16x16():
 
 # --- MXFP4 -------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("mode", ["floor", "ceil"])
 def test_mxfp4_matches_the_spec(mode):
     g = torch.Generator().manual_seed(2)
-    blocks = [[0.0] * 32, [2.0 ** -130, -2.0 ** -140] + [0.0] * 30, [1.75 * 8, 1.0] + [0.1] * 30,
-              [FLT_MAX, 1.0] + [0.0] * 30, [6.0, -6.0] + [0.0] * 30]
-    x = sum(blocks, []) + (torch.randn(32 * 40, generator=g) * torch.exp(torch.randn(32 * 40, generator=g) * 3)).tolist()
+    blocks = [
+        [0.0] * 32,
+        [2.0**-130, -(2.0**-140)] + [0.0] * 30,
+        [1.75 * 8, 1.0] + [0.1] * 30,
+        [FLT_MAX, 1.0] + [0.0] * 30,
+        [6.0, -6.0] + [0.0] * 30,
+    ]
+    x = (
+        sum(blocks, [])
+        + (torch.randn(32 * 40, generator=g) * torch.exp(torch.randn(32 * 40, generator=g) * 3)).tolist()
+    )
     assert same(fp4_round(torch.tensor(x), "mxfp4", mode=mode, compiled=False), mxfp4_ref(x, mode))
     _, c = fp4_round(torch.tensor(blocks[2]), "mxfp4", mode=mode, counts=True)
     assert c.saturated.item() == (1 if mode == "floor" else 0)  # 1.75 * 2^3 scaled to 7 by the spec's floor
@@ -191,6 +207,7 @@ def test_mxfp4_nan_and_inf_blocks_are_nan():
 
 
 # --- stochastic rounding -----------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("kind", ["e2m1", "nvfp4", "mxfp4"])
 def test_stochastic_rounding_is_unbiased_and_reproducible(kind):
@@ -209,7 +226,7 @@ def test_stochastic_rounding_is_unbiased_and_reproducible(kind):
     assert ((draws == draws.max(0).values) | (draws == draws.min(0).values)).all()
     assert ((nearest == draws.max(0).values) | (nearest == draws.min(0).values)).all()
     err = (draws.double().mean(0) - x.double()).abs()
-    assert (err <= 6 * spacing / 2 / math.sqrt(n) + spacing * 2.0 ** -24 + 1e-6 * x.abs()).all(), err.max()
+    assert (err <= 6 * spacing / 2 / math.sqrt(n) + spacing * 2.0**-24 + 1e-6 * x.abs()).all(), err.max()
     key = torch.tensor(12345)
     assert torch.equal(fp4_round(x, kind, stochastic=True, key=key), fp4_round(x, kind, stochastic=True, key=key))
 
@@ -243,6 +260,7 @@ def test_stochastic_rounding_needs_a_key_and_formats_are_checked():
 
 # --- compiled kernels: the same values as eager ------------------------------------------------
 
+
 @pytest.mark.parametrize("kind,stochastic", [("nvfp4", True), ("mxfp4", False)])
 def test_compiled_kernel_equals_eager(kind, stochastic, monkeypatch):
     monkeypatch.delenv(lazy_compile.NO_COMPILE_ENV, raising=False)
@@ -250,7 +268,7 @@ def test_compiled_kernel_equals_eager(kind, stochastic, monkeypatch):
     x = torch.randn(8, 16, 12, 12, generator=g) * torch.exp(torch.randn(8, 1, 1, 1, generator=g) * 4)
     # a large value, not 1e30: NVFP4's tensor scale follows the tensor's max, and next to 1e30 every other
     # block's E4M3 scale underflows and rounds it to 0, whatever the kernel does with the elements
-    x[0, 0, 0, :3] = torch.tensor([0.0, 2.0 ** -140, 1e4])
+    x[0, 0, 0, :3] = torch.tensor([0.0, 2.0**-140, 1e4])
     key = torch.tensor(77)
     got = fp4_round(x, kind, stochastic=stochastic, key=key, counts=True, compiled=True)
     want = fp4_round(x, kind, stochastic=stochastic, key=key, counts=True, compiled=False)
@@ -261,9 +279,12 @@ def test_compiled_kernel_equals_eager(kind, stochastic, monkeypatch):
 
 # --- torchao (optional): the maintained implementation -----------------------------------------
 
+
 def _torchao(module: str):
-    return pytest.importorskip(f"torchao.prototype.mx_formats.{module}",
-                               reason="torchao is not installed (optional: pip install torchao==0.18.0)")
+    return pytest.importorskip(
+        f"torchao.prototype.mx_formats.{module}",
+        reason="torchao is not installed (optional: pip install torchao==0.18.0)",
+    )
 
 
 @pytest.mark.parametrize("mode", ["floor", "ceil", "even", "rceil"])
@@ -286,7 +307,9 @@ def test_e2m1_matches_torchao():
     inputs, which we keep as NaN instead; module doc of numerics.fp4)."""
     k = _torchao("kernels")
     g = torch.Generator().manual_seed(7)
-    x = torch.cat([torch.tensor(GRID + [0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 7.0, 1e9]), torch.randn(5000, generator=g) * 3])
+    x = torch.cat(
+        [torch.tensor(GRID + [0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 7.0, 1e9]), torch.randn(5000, generator=g) * 3]
+    )
     x = torch.cat([x, -x])
     assert same(round_e2m1(x), k.f4_unpacked_to_f32(k.f32_to_f4_unpacked(x)))
 
@@ -308,9 +331,9 @@ def test_nvfp4_differs_from_torchao_only_where_documented():
     ours = fp4_round(x, "nvfp4")
     amax_b = x.view(1024, 4, 16).abs().amax(-1)
     mine = ((amax_b / 6) * (2688.0 / x.abs().max())).to(torch.float8_e4m3fn).float()
-    normal = mine >= 2.0 ** -6
+    normal = mine >= 2.0**-6
     assert 0.5 < normal.float().mean() < 1 and torch.equal(sc.float()[normal], mine[normal])
     el = normal.unsqueeze(-1).expand(-1, -1, 16).reshape(1024, 64)
     rel = ((theirs - ours).abs() / ours.abs().clamp(min=1e-38))[el]
-    assert (rel <= 2.0 ** -23).all()
+    assert (rel <= 2.0**-23).all()
     assert not torch.equal(sc.float()[~normal], mine[~normal])  # the documented difference is real

@@ -27,26 +27,40 @@ def nextafter(v: float, direction: float) -> float:
 
 
 def from_bits(*patterns: int) -> torch.Tensor:
-    return torch.tensor([p - 2 ** 32 if p >= 2 ** 31 else p for p in patterns], dtype=torch.int32).view(torch.float32)
+    return torch.tensor([p - 2**32 if p >= 2**31 else p for p in patterns], dtype=torch.int32).view(torch.float32)
 
 
 def edge_values(dtype: torch.dtype) -> torch.Tensor:
     """Every code of the format, the midpoints between neighbours (ties) and the fp32 numbers
     just either side of them, fp32 subnormals, zeros, inf, NaN payloads, huge values."""
     codes = torch.arange(256, dtype=torch.uint8).view(dtype).float()
-    codes = codes[torch.isfinite(codes)].unique()          # sorted, one zero
-    mids = (codes[1:] + codes[:-1]) / 2                     # exact in fp32
+    codes = codes[torch.isfinite(codes)].unique()  # sorted, one zero
+    mids = (codes[1:] + codes[:-1]) / 2  # exact in fp32
     near = torch.cat([torch.nextafter(mids, torch.tensor(math.inf)), torch.nextafter(mids, torch.tensor(-math.inf))])
     fmax = torch.finfo(dtype).max
-    top = [fmax, fmax * 1.03125, fmax * 1.0625, fmax * 1.07, fmax * 1.1, fmax * 1.125, fmax * 1.2, 1e6, 1e38,
-           3.4028234663852886e38]
+    top = [
+        fmax,
+        fmax * 1.03125,
+        fmax * 1.0625,
+        fmax * 1.07,
+        fmax * 1.1,
+        fmax * 1.125,
+        fmax * 1.2,
+        1e6,
+        1e38,
+        3.4028234663852886e38,
+    ]
     mid = fmax + 2.0 ** (math.floor(math.log2(fmax)) - (3 if dtype == torch.float8_e4m3fn else 2) - 1)
-    top += [mid, 2 * mid - fmax]          # the overflow tie (464, 61440) and the first code past max
+    top += [mid, 2 * mid - fmax]  # the overflow tie (464, 61440) and the first code past max
     top += [nextafter(v, d) for v in top[:3] + [mid] for d in (math.inf, -math.inf)]
-    sub = [2.0 ** -149, 3 * 2.0 ** -149, 2.0 ** -140, 2.0 ** -127, 2.0 ** -126 - 2.0 ** -149, 2.0 ** -126]
+    sub = [2.0**-149, 3 * 2.0**-149, 2.0**-140, 2.0**-127, 2.0**-126 - 2.0**-149, 2.0**-126]
     pos = torch.cat([codes, mids, near, torch.tensor(top + sub)])
-    special = torch.cat([torch.tensor([0.0, -0.0, math.inf, -math.inf, math.nan]),
-                         from_bits(0x7F800001, 0x7FFFFFFF, 0xFFC00000, 0xFF800001)])
+    special = torch.cat(
+        [
+            torch.tensor([0.0, -0.0, math.inf, -math.inf, math.nan]),
+            from_bits(0x7F800001, 0x7FFFFFFF, 0xFFC00000, 0xFF800001),
+        ]
+    )
     return torch.cat([pos, -pos, special])
 
 
@@ -84,18 +98,18 @@ def test_e5m2_is_torch_cast_bit_for_bit(impl, e5m2_values):
 def test_e4m3_hand_computed_points():
     """Round-to-nearest-even at quanta worked out by hand (E4M3: 3 significand bits, subnormal
     quantum 2^-9, max 448)."""
-    q = 2.0 ** -9
+    q = 2.0**-9
     cases = {
-        0.5 * q: 0.0,            # tie between 0 and q: even is 0
-        0.5 * q * 1.0001: q,     # just above the tie
-        1.5 * q: 2 * q,          # tie between q (odd) and 2q (even)
-        2.5 * q: 2 * q,          # tie between 2q (even) and 3q
-        17.0: 16.0,              # quantum 2 in [16, 32): tie 16 (1.000) vs 18 (1.001)
-        19.0: 20.0,              # tie 18 (1.001) vs 20 (1.010)
-        0.3: 0.3125,             # 0.3 = 1.2 * 2^-2, quantum 2^-5: nearest 10 * 2^-5
+        0.5 * q: 0.0,  # tie between 0 and q: even is 0
+        0.5 * q * 1.0001: q,  # just above the tie
+        1.5 * q: 2 * q,  # tie between q (odd) and 2q (even)
+        2.5 * q: 2 * q,  # tie between 2q (even) and 3q
+        17.0: 16.0,  # quantum 2 in [16, 32): tie 16 (1.000) vs 18 (1.001)
+        19.0: 20.0,  # tie 18 (1.001) vs 20 (1.010)
+        0.3: 0.3125,  # 0.3 = 1.2 * 2^-2, quantum 2^-5: nearest 10 * 2^-5
         240.0: 240.0,
-        1000.0: 448.0,           # saturates
-        2.0 ** -6 - 2.0 ** -20: 2.0 ** -6,   # top of the subnormal range rounds up to min normal
+        1000.0: 448.0,  # saturates
+        2.0**-6 - 2.0**-20: 2.0**-6,  # top of the subnormal range rounds up to min normal
     }
     x = torch.tensor(list(cases))
     for impl in IMPLS:
@@ -104,10 +118,10 @@ def test_e4m3_hand_computed_points():
 
 
 def test_signed_zeros_and_flushed_negatives_keep_their_sign():
-    x = torch.tensor([0.0, -0.0, -1e-45, -2.0 ** -20, 1e-45])   # -2^-20 flushes in both
+    x = torch.tensor([0.0, -0.0, -1e-45, -(2.0**-20), 1e-45])  # -2^-20 flushes in both
     for impl in IMPLS:
-        assert bits(round_e4m3(x, True, impl)).tolist() == [0, -2 ** 31, -2 ** 31, -2 ** 31, 0], impl
-        assert bits(round_e5m2(x, False, impl)).tolist() == [0, -2 ** 31, -2 ** 31, -2 ** 31, 0], impl
+        assert bits(round_e4m3(x, True, impl)).tolist() == [0, -(2**31), -(2**31), -(2**31), 0], impl
+        assert bits(round_e5m2(x, False, impl)).tolist() == [0, -(2**31), -(2**31), -(2**31), 0], impl
 
 
 def non_saturating_rule(x: torch.Tensor) -> torch.Tensor:
@@ -128,7 +142,7 @@ def test_e4m3_non_saturating_gives_nan_past_464(impl, e4m3_values):
     out = round_e4m3(edge, False, impl)
     assert out[:3].tolist() == [448.0, 448.0, 448.0]
     assert torch.isnan(out[3:]).all()
-    assert torch.signbit(out[-1]) and not torch.signbit(out[3])   # NaN keeps the input's sign
+    assert torch.signbit(out[-1]) and not torch.signbit(out[3])  # NaN keeps the input's sign
 
 
 def test_all_implementations_agree_bit_for_bit_including_nan_patterns(e4m3_values, e5m2_values):
@@ -145,7 +159,7 @@ def test_e5m2_saturating_clamps_overflow_and_inf():
         y = round_e5m2(x, True, impl)
         assert y[:6].tolist() == [57344.0] * 5 + [-57344.0], impl
         assert math.isnan(y[6]) and y[7] == 1.0
-    assert math.isinf(round_e5m2(torch.tensor([61440.0]))[0])       # torch's default: inf
+    assert math.isinf(round_e5m2(torch.tensor([61440.0]))[0])  # torch's default: inf
 
 
 def test_nan_and_inf_bit_patterns_match_torch():
@@ -170,7 +184,7 @@ def test_other_input_dtypes_round_like_a_direct_cast(dtype):
 
 
 def test_shapes_strides_and_the_input_is_untouched():
-    x = random_values(6 * 7, seed=3).reshape(6, 7).t()      # non-contiguous
+    x = random_values(6 * 7, seed=3).reshape(6, 7).t()  # non-contiguous
     keep = x.clone()
     for impl in IMPLS:
         y = round_e4m3(x, impl=impl)
@@ -192,8 +206,28 @@ def compiled_or_skip(k: LazyCompiled) -> None:
 
 def test_one_compiled_graph_serves_twenty_shapes():
     k = compiled_kernel("bits", E4M3, True)
-    shapes = [(1,), (2,), (3,), (31,), (32,), (33,), (1000,), (4, 5), (3, 3, 3, 3), (64, 3, 3, 3), (2, 16, 32, 32),
-              (7, 1), (1, 9), (128,), (129,), (10000,), (2, 3, 5, 7), (17, 19), (256, 256), (5,)]
+    shapes = [
+        (1,),
+        (2,),
+        (3,),
+        (31,),
+        (32,),
+        (33,),
+        (1000,),
+        (4, 5),
+        (3, 3, 3, 3),
+        (64, 3, 3, 3),
+        (2, 16, 32, 32),
+        (7, 1),
+        (1, 9),
+        (128,),
+        (129,),
+        (10000,),
+        (2, 3, 5, 7),
+        (17, 19),
+        (256, 256),
+        (5,),
+    ]
     for i, shape in enumerate(shapes):
         x = random_values(math.prod(shape), seed=10 + i).reshape(shape)
         assert torch.equal(bits(round_e4m3(x)), bits(x.to(torch.float8_e4m3fn).float())), shape
@@ -217,6 +251,7 @@ def test_a_failing_compiler_falls_back_to_eager_once(monkeypatch):
     def broken_compile(fn, **kwargs):
         def run(*args):
             raise RuntimeError("no C++ compiler\nsecond line")
+
         return run
 
     monkeypatch.delenv("LSBENCH_NO_COMPILE", raising=False)
@@ -261,10 +296,10 @@ def test_concurrent_first_calls_compile_once_and_agree():
 
 def test_format_facts():
     assert E4M3.overflow_midpoint == 464.0 and E5M2.overflow_midpoint == 61440.0
-    assert E4M3.min_subnormal == 2.0 ** -9 and E5M2.min_subnormal == 2.0 ** -16
+    assert E4M3.min_subnormal == 2.0**-9 and E5M2.min_subnormal == 2.0**-16
     for spec in (E4M3, E5M2):
         fi = torch.finfo(spec.dtype)
-        assert spec.max == fi.max and 2.0 ** spec.emin == fi.smallest_normal
+        assert spec.max == fi.max and 2.0**spec.emin == fi.smallest_normal
     with pytest.raises(ValueError):
         round_fp8(torch.ones(2), "e4m3", impl="fast")
     with pytest.raises(TypeError):
@@ -307,7 +342,7 @@ def test_a_compiled_kernel_that_rounds_differently_is_not_used(monkeypatch):
     """The probe: generated code that silently differs from eager (here: a 'compiler' that
     drops the rounding, as Inductor does with fp32 -> fp16 -> fp32) is caught before use."""
     monkeypatch.delenv("LSBENCH_NO_COMPILE", raising=False)
-    monkeypatch.setattr(torch, "compile", lambda f, **kw: (lambda x: x.clone()))
+    monkeypatch.setattr(torch, "compile", lambda f, **kw: lambda x: x.clone())
     probe = torch.tensor([1.0, 0.3, 500.0])
     k = LazyCompiled(lambda x: x.half().float(), "test_probe", probe=(probe,))
     with pytest.warns(RuntimeWarning, match="differs from the eager kernel"):

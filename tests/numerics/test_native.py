@@ -22,7 +22,7 @@ pytestmark = pytest.mark.skipif(native.library() is None, reason=f"no C kernel h
 def _every_fp32_pattern_sample(n=1 << 20, seed=0):
     """Random bit patterns over the whole fp32 range: NaNs with payloads, infs, fp32 subnormals, zeros."""
     g = torch.Generator().manual_seed(seed)
-    bits = torch.randint(-(2 ** 31), 2 ** 31 - 1, (n,), generator=g, dtype=torch.int64).to(torch.int32)
+    bits = torch.randint(-(2**31), 2**31 - 1, (n,), generator=g, dtype=torch.int64).to(torch.int32)
     return bits.view(torch.float32)
 
 
@@ -30,8 +30,13 @@ def _every_fp32_pattern_sample(n=1 << 20, seed=0):
 def test_native_matches_torch_cast_on_random_bit_patterns(fmt, saturate):
     x = _every_fp32_pattern_sample()
     # and the range where the formats live, densely
-    x = torch.cat([x, torch.randn(1 << 18, generator=torch.Generator().manual_seed(1)) * 2.0 ** torch.randint(
-        -30, 20, (1 << 18,), generator=torch.Generator().manual_seed(2)).float()])
+    x = torch.cat(
+        [
+            x,
+            torch.randn(1 << 18, generator=torch.Generator().manual_seed(1))
+            * 2.0 ** torch.randint(-30, 20, (1 << 18,), generator=torch.Generator().manual_seed(2)).float(),
+        ]
+    )
     assert same_values(fp8.round_fp8(x, fmt, saturate, impl="native"), fp8.round_fp8(x, fmt, saturate, impl="cast"))
 
 
@@ -111,16 +116,18 @@ def test_built_once_per_cache_and_a_failing_compiler_is_an_error_that_names_it(t
 
 def test_no_compiler_means_a_warning_and_the_torch_kernels_with_the_same_values(tmp_path):
     """In a fresh process with no compiler to be found: one warning, and every rounding as before."""
-    code = ("import warnings, torch\n"
-            "from lossscale_bench.numerics import fp8, native\n"
-            "x = torch.randn(5000) * 0.01\n"
-            "with warnings.catch_warnings(record=True) as w:\n"
-            "    warnings.simplefilter('always')\n"
-            "    y = fp8.round_fp8(x, 'e4m3')\n"
-            "assert native.library() is None and 'no C compiler' in native.failure(), native.failure()\n"
-            "assert sum('C rounding kernel is not available' in str(m.message) for m in w) == 1\n"
-            "assert torch.equal(y, x.to(torch.float8_e4m3fn).float())\n"
-            "print('ok')\n")
+    code = (
+        "import warnings, torch\n"
+        "from lossscale_bench.numerics import fp8, native\n"
+        "x = torch.randn(5000) * 0.01\n"
+        "with warnings.catch_warnings(record=True) as w:\n"
+        "    warnings.simplefilter('always')\n"
+        "    y = fp8.round_fp8(x, 'e4m3')\n"
+        "assert native.library() is None and 'no C compiler' in native.failure(), native.failure()\n"
+        "assert sum('C rounding kernel is not available' in str(m.message) for m in w) == 1\n"
+        "assert torch.equal(y, x.to(torch.float8_e4m3fn).float())\n"
+        "print('ok')\n"
+    )
     env = dict(os.environ, PATH=str(tmp_path), CC="", **{native.CACHE_ENV: str(tmp_path / "cache")})
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-2000:]
@@ -129,11 +136,11 @@ def test_no_compiler_means_a_warning_and_the_torch_kernels_with_the_same_values(
 def test_the_census_loop_counts_like_the_eager_expression_and_steps_aside_after_a_failed_probe():
     from lossscale_bench.numerics import census as census_mod
 
-    key = (2.0 ** -6, 2.0 ** -10, 448.0)
+    key = (2.0**-6, 2.0**-10, 448.0)
     x = torch.cat([census_mod._PROBE, torch.randn(5000, generator=torch.Generator().manual_seed(3)) * 1e-2])
     assert census_mod._native_census(x, key).tolist() == census_mod._census(x, *key).tolist()
     # a triple whose probe was recorded as failed goes to the compiled or eager counts
-    bad = (2.0 ** -6, 2.0 ** -10, 447.0)
+    bad = (2.0**-6, 2.0**-10, 447.0)
     census_mod._NATIVE_OK[bad] = False
     try:
         assert census_mod._native_census(x, bad) is None

@@ -24,8 +24,10 @@ HEADER = ROOT / "lossscale_bench" / "numerics" / "csrc" / "hadamard_chunk.h"
 
 def _chain() -> list[str]:
     """``hadamard_chunk``'s body: the sums of one 16 x 16 chunk, W's sign (the parity of i & j) as + or -."""
-    lines = ["lsb_v16 q, A0, A1, A2, A3, A4, A5, A6, A7, A8, A9, A10, A11, A12, A13, A14, A15;",
-             "q = b[0] * *(const lsb_v16 *)x + 0.0f;"]  # +0 + q: W's first column is all +
+    lines = [
+        "lsb_v16 q, A0, A1, A2, A3, A4, A5, A6, A7, A8, A9, A10, A11, A12, A13, A14, A15;",
+        "q = b[0] * *(const lsb_v16 *)x + 0.0f;",
+    ]  # +0 + q: W's first column is all +
     lines += [f"A{i} = q;" for i in range(16)]
     for j in range(1, 16):
         lines.append(f"q = b[{j}] * *(const lsb_v16 *)(x + {j} * xs);")
@@ -90,13 +92,29 @@ def test_the_loader_finds_its_sources_in_an_installed_wheel(tmp_path):
     if here is None:
         pytest.skip(f"no C library here: {native.failure()}")
     tree = tmp_path / "tree"  # a copy: an in-place build leaves build/ behind, whose stale files a wheel takes
-    shutil.copytree(ROOT / "lossscale_bench", tree / "lossscale_bench",
-                    ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    shutil.copytree(
+        ROOT / "lossscale_bench", tree / "lossscale_bench", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info")
+    )
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, tree / name)
-    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-                            "-w", str(tmp_path / "dist"), str(tree)], capture_output=True, text=True, timeout=600,
-                           cwd=tmp_path)
+    built = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp_path / "dist"),
+            str(tree),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+    )
     if built.returncode != 0 and "No module named pip" in built.stderr:
         pytest.skip("no pip in this interpreter")
     assert built.returncode == 0, built.stderr
@@ -107,14 +125,22 @@ def test_the_loader_finds_its_sources_in_an_installed_wheel(tmp_path):
         zf.extractall(site)
     wanted = {f"lossscale_bench/numerics/csrc/{p.name}" for p in native._sources(native.SOURCE_DIR)}
     assert wanted <= names, sorted(wanted - names)
-    code = ("import sys; from lossscale_bench.numerics import native\n"
-            "assert native.SOURCE_DIR.is_relative_to(sys.argv[1]), native.SOURCE_DIR\n"
-            "lib = native.library()\n"
-            "assert lib is not None, native.failure()\n"
-            "print(native._key(native._compiler()), lib._name)\n")
+    code = (
+        "import sys; from lossscale_bench.numerics import native\n"
+        "assert native.SOURCE_DIR.is_relative_to(sys.argv[1]), native.SOURCE_DIR\n"
+        "lib = native.library()\n"
+        "assert lib is not None, native.failure()\n"
+        "print(native._key(native._compiler()), lib._name)\n"
+    )
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", native.NO_NATIVE_ENV)}
-    run = subprocess.run([sys.executable, "-c", code, str(site)], capture_output=True, text=True, timeout=300,
-                         env={**env, "PYTHONPATH": str(site)}, cwd=tmp_path)
+    run = subprocess.run(
+        [sys.executable, "-c", code, str(site)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**env, "PYTHONPATH": str(site)},
+        cwd=tmp_path,
+    )
     assert run.returncode == 0, run.stderr
     key, path = run.stdout.split()
     assert key == native._key(native._compiler()) and path == here._name

@@ -83,8 +83,14 @@ def _gloo_rank(rank: int, port: int, out_dir: str) -> None:
     # 4. adaptive scaler: with update_every > 1 the recomputed layer scales are MIN-agreed
     def convnet():
         torch.manual_seed(2)
-        return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1), nn.ReLU(),
-                             nn.Flatten(), nn.Linear(8 * 8 * 8, 1))
+        return nn.Sequential(
+            nn.Conv2d(3, 8, 3, padding=1),
+            nn.ReLU(),
+            nn.Conv2d(8, 8, 3, padding=1),
+            nn.ReLU(),
+            nn.Flatten(),
+            nn.Linear(8 * 8 * 8, 1),
+        )
 
     img = torch.randn(4, 3, 8, 8, generator=torch.Generator().manual_seed(10 + rank)) * (1 + 3 * rank)
     for every in (1, 2):
@@ -161,15 +167,20 @@ def test_two_worker_trial_matches_one_worker_and_logs_one_run(tmp_path):
     # Cluster that another test process has running (test_placement.py's, when make test's -n 2 runs them at
     # the same time) and refuses num_cpus: "When connecting to an existing cluster, num_cpus and num_gpus
     # must not be provided" (reproduced with a Cluster held by a second process; "local" then starts its own)
-    ray.init(address="local", num_cpus=3, include_dashboard=False, log_to_driver=False, configure_logging=True,
-             logging_level="WARNING")
+    ray.init(
+        address="local",
+        num_cpus=3,
+        include_dashboard=False,
+        log_to_driver=False,
+        configure_logging=True,
+        logging_level="WARNING",
+    )
     try:
         results = {}
         for devices in (1, 2):
             study = load_study_text(STUDY.format(name=f"dp{devices}", devices=devices))
             # the 1-worker baseline is the ordinary single-device trial; in-process saves a Tune trial start
-            results[devices] = run_study(study, runs_dir=runs, quiet=True,
-                                         executor="local" if devices == 1 else "ray")
+            results[devices] = run_study(study, runs_dir=runs, quiet=True, executor="local" if devices == 1 else "ray")
     finally:
         ray.shutdown()
     for res in results.values():
@@ -182,8 +193,9 @@ def test_two_worker_trial_matches_one_worker_and_logs_one_run(tmp_path):
         runs_ = client.search_runs([exp.experiment_id], "tags.`lsbench.role` = 'trial'")
         assert len(runs_) == 1, [r.info.run_name for r in runs_]  # ONE MLflow run per trial
         trial_runs[devices] = runs_[0]
-        hist[devices] = [v for _, v in sorted((m.step, m.value)
-                                              for m in client.get_metric_history(runs_[0].info.run_id, "loss"))]
+        hist[devices] = [
+            v for _, v in sorted((m.step, m.value) for m in client.get_metric_history(runs_[0].info.run_id, "loss"))
+        ]
     two = trial_runs[2]
     assert two.data.tags["lsbench.status"] == "finished"
     assert two.data.tags["lsbench.world_size"] == "2"

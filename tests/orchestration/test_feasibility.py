@@ -26,21 +26,36 @@ LAPTOP = [{"CPU": 2.0, "memory": 8e9}]
 GPU_NODES = [{"CPU": 32.0}, {"CPU": 8.0, "GPU": 4.0}, {"CPU": 8.0, "GPU": 4.0}]
 
 
-@pytest.mark.parametrize("res, nodes, key, words", [
-    ({"backend": "cuda"}, LAPTOP, "backend", ["cuda trials need a GPU", "the cluster has 2 CPUs, no GPU"]),
-    ({"backend": "hpu", "devices_per_trial": 2}, GPU_NODES, "backend", ["HPU", "no HPU", "8 GPUs"]),
-    ({"backend": "cpu", "cpus_per_trial": 1000}, LAPTOP, "cpus_per_trial", ["CPU:1000 on one node",
-                                                                            "no node has that much"]),
-    # 16 CPUs exist on no GPU node, though the cluster has 48 CPUs and 8 GPUs
-    ({"backend": "cuda", "cpus_per_trial": 16}, GPU_NODES, "cpus_per_trial",
-     ["no node has all of it", "48 CPUs (at most 32 on one node)", "8 GPUs (at most 4 on one node)"]),
-    # eight 1-GPU workers: bundles fit nodes, but only 8 GPUs in all for 9 needed
-    ({"backend": "cuda", "devices_per_trial": 9}, GPU_NODES, "devices_per_trial", ["9 GPUs in all"]),
-    # torch_xla: one worker holds every chip, so 8 chips must be on one node
-    ({"backend": "xla", "devices_per_trial": 8}, [{"CPU": 8.0, "TPU": 4.0}] * 2, "devices_per_trial",
-     ["TPU:8 on one node"]),
-    ({"backend": "auto", "devices_per_trial": 2}, LAPTOP, "backend", ["auto cannot"]),
-])
+@pytest.mark.parametrize(
+    "res, nodes, key, words",
+    [
+        ({"backend": "cuda"}, LAPTOP, "backend", ["cuda trials need a GPU", "the cluster has 2 CPUs, no GPU"]),
+        ({"backend": "hpu", "devices_per_trial": 2}, GPU_NODES, "backend", ["HPU", "no HPU", "8 GPUs"]),
+        (
+            {"backend": "cpu", "cpus_per_trial": 1000},
+            LAPTOP,
+            "cpus_per_trial",
+            ["CPU:1000 on one node", "no node has that much"],
+        ),
+        # 16 CPUs exist on no GPU node, though the cluster has 48 CPUs and 8 GPUs
+        (
+            {"backend": "cuda", "cpus_per_trial": 16},
+            GPU_NODES,
+            "cpus_per_trial",
+            ["no node has all of it", "48 CPUs (at most 32 on one node)", "8 GPUs (at most 4 on one node)"],
+        ),
+        # eight 1-GPU workers: bundles fit nodes, but only 8 GPUs in all for 9 needed
+        ({"backend": "cuda", "devices_per_trial": 9}, GPU_NODES, "devices_per_trial", ["9 GPUs in all"]),
+        # torch_xla: one worker holds every chip, so 8 chips must be on one node
+        (
+            {"backend": "xla", "devices_per_trial": 8},
+            [{"CPU": 8.0, "TPU": 4.0}] * 2,
+            "devices_per_trial",
+            ["TPU:8 on one node"],
+        ),
+        ({"backend": "auto", "devices_per_trial": 2}, LAPTOP, "backend", ["auto cannot"]),
+    ],
+)
 def test_unplaceable_names_the_field_and_what_the_cluster_has(res, nodes, key, words):
     found = unplaceable(res, nodes)
     assert found is not None and found[0] == key, found
@@ -48,13 +63,16 @@ def test_unplaceable_names_the_field_and_what_the_cluster_has(res, nodes, key, w
         assert w in found[1], (w, found[1])
 
 
-@pytest.mark.parametrize("res, nodes", [
-    ({"backend": "cuda", "devices_per_trial": 8, "cpus_per_trial": 4}, GPU_NODES),  # workers spread over nodes
-    ({"backend": "cuda", "cpus_per_trial": 8}, GPU_NODES),
-    ({"backend": "cpu", "cpus_per_trial": 2}, LAPTOP),
-    ({"backend": "auto"}, LAPTOP),  # auto takes what the worker has: CPU here
-    ({"backend": "xla", "devices_per_trial": 4}, [{"CPU": 8.0, "TPU": 4.0}] * 2),
-])
+@pytest.mark.parametrize(
+    "res, nodes",
+    [
+        ({"backend": "cuda", "devices_per_trial": 8, "cpus_per_trial": 4}, GPU_NODES),  # workers spread over nodes
+        ({"backend": "cuda", "cpus_per_trial": 8}, GPU_NODES),
+        ({"backend": "cpu", "cpus_per_trial": 2}, LAPTOP),
+        ({"backend": "auto"}, LAPTOP),  # auto takes what the worker has: CPU here
+        ({"backend": "xla", "devices_per_trial": 4}, [{"CPU": 8.0, "TPU": 4.0}] * 2),
+    ],
+)
 def test_placeable_trials_pass(res, nodes):
     assert unplaceable(res, nodes) is None
 
@@ -67,12 +85,19 @@ def test_cluster_text():
 def _study(backend: str) -> str:
     """Three rows on ``backend``; the third asks for 1000 CPUs."""
     return study_yaml(
-        name="feasible", dataset={"name": "synthetic", "train_images": 8, "val_images": 4, "image_size": 64, "seed": 0},
-        resources={"backend": backend}, seeds=None, log_every=None,
-        scaling=["{method: none}", "{method: fixed, scale: 128}",
-                 "{method: fixed, scale: 256, resources: {backend: cpu, cpus_per_trial: 1000}}"],
+        name="feasible",
+        dataset={"name": "synthetic", "train_images": 8, "val_images": 4, "image_size": 64, "seed": 0},
+        resources={"backend": backend},
+        seeds=None,
+        log_every=None,
+        scaling=[
+            "{method: none}",
+            "{method: fixed, scale: 128}",
+            "{method: fixed, scale: 256, resources: {backend: cpu, cpus_per_trial: 1000}}",
+        ],
         schedule={"iterations": 4, "lr": 0.01, "warmup_iterations": 1},
-        eval={"every": 4, "metric": "coco", "max_images": 4})
+        eval={"every": 4, "metric": "coco", "max_images": 4},
+    )
 
 
 def test_check_feasible_names_each_field_where_the_file_sets_it():
@@ -104,8 +129,13 @@ def test_a_local_ray_short_of_cpus_is_told_the_num_cpus_that_fits():
 
 def _run(tmp_path, *extra, timeout=60):
     t0 = time.time()
-    r = subprocess.run(CLI + ["run", str(tmp_path / "s.yaml"), "--runs-dir", str(tmp_path / "runs"),
-                              "--no-report", *extra], cwd=tmp_path, capture_output=True, text=True, timeout=timeout)
+    r = subprocess.run(
+        CLI + ["run", str(tmp_path / "s.yaml"), "--runs-dir", str(tmp_path / "runs"), "--no-report", *extra],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     return r, time.time() - t0
 
 
@@ -161,11 +191,14 @@ def test_probe_tells_apart_names_that_do_not_resolve_and_ports_that_are_not_ray(
     probe_address("auto")  # no port: left to Ray
 
 
-@pytest.mark.parametrize("address, words", [
-    ("foo", "Invalid address format: foo"),         # Ray's ValueError was a traceback, exit 1
-    ("ray://foo", "cannot join the Ray cluster at ray://foo"),  # ray:// without ray[client]: a ValueError too
-    ("127.0.0.1:99999", "port 99999 is not a TCP port"),  # was "nothing listens on port 99999"
-])
+@pytest.mark.parametrize(
+    "address, words",
+    [
+        ("foo", "Invalid address format: foo"),  # Ray's ValueError was a traceback, exit 1
+        ("ray://foo", "cannot join the Ray cluster at ray://foo"),  # ray:// without ray[client]: a ValueError too
+        ("127.0.0.1:99999", "port 99999 is not a TCP port"),  # was "nothing listens on port 99999"
+    ],
+)
 def test_malformed_address_is_a_cluster_error_not_a_traceback(address, words):
     from lossscale_bench.orchestration.cluster import connect_ray
 
@@ -179,8 +212,10 @@ def test_a_ray_error_quoting_a_traceback_becomes_one_plain_line():
     (seen for an unroutable address). The one-line error keeps the first sentence, not the traceback."""
     from lossscale_bench.orchestration.cluster import _first_words
 
-    text = ("Failed to connect to GCS at address 10.255.255.1:6379 within 5 seconds. Last connection error: "
-            "Traceback (most recent call last):\n  File \"x.py\", line 1, in <module>\nRpcError: deadline")
+    text = (
+        "Failed to connect to GCS at address 10.255.255.1:6379 within 5 seconds. Last connection error: "
+        'Traceback (most recent call last):\n  File "x.py", line 1, in <module>\nRpcError: deadline'
+    )
     got = _first_words(text, ConnectionError(text))
     assert got == "Failed to connect to GCS at address 10.255.255.1:6379 within 5 seconds"
     assert "Traceback" not in _first_words("Traceback (most recent call last):", ConnectionError())

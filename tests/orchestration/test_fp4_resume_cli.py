@@ -20,16 +20,36 @@ import pytest
 
 from helpers import study_yaml
 
-ROWS = [f"{{method: fixed, scale: 1024, precision: e4m3fwd-{g}grad-emulated, label: {g}}}"
-        for g in ("e2m1", "nvfp4", "mxfp4")]
-STUDY = study_yaml(name="fp4resume", precision="e4m3fwd-nvfp4grad-emulated", scaling=ROWS,
-                   schedule={"iterations": 40, "lr": 0.01, "warmup_iterations": 4},
-                   eval={"every": 20, "metric": "coco", "max_images": 4}, log_every=1)
+ROWS = [
+    f"{{method: fixed, scale: 1024, precision: e4m3fwd-{g}grad-emulated, label: {g}}}"
+    for g in ("e2m1", "nvfp4", "mxfp4")
+]
+STUDY = study_yaml(
+    name="fp4resume",
+    precision="e4m3fwd-nvfp4grad-emulated",
+    scaling=ROWS,
+    schedule={"iterations": 40, "lr": 0.01, "warmup_iterations": 4},
+    eval={"every": 20, "metric": "coco", "max_images": 4},
+    log_every=1,
+)
 
 
 def _cmd(study: Path, runs: Path, executor: str) -> list[str]:
-    return [sys.executable, "-m", "lossscale_bench.cli", "run", str(study), "--runs-dir", str(runs),
-            "--num-cpus", "1", "--no-report", "--quiet", "--executor", executor]
+    return [
+        sys.executable,
+        "-m",
+        "lossscale_bench.cli",
+        "run",
+        str(study),
+        "--runs-dir",
+        str(runs),
+        "--num-cpus",
+        "1",
+        "--no-report",
+        "--quiet",
+        "--executor",
+        executor,
+    ]
 
 
 def _histories(runs: Path) -> dict[str, dict[str, list[tuple[int, float]]]]:
@@ -43,7 +63,8 @@ def _histories(runs: Path) -> dict[str, dict[str, list[tuple[int, float]]]]:
         assert run.data.tags["lsbench.status"] == "finished", run.data.tags
         keys = [k for k in run.data.metrics if k != "images_per_sec" and not k.startswith(("host_", "device_"))]
         out[run.data.tags["lsbench.trial_id"]] = {
-            k: sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, k)) for k in keys}
+            k: sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, k)) for k in keys
+        }
     return out
 
 
@@ -51,11 +72,19 @@ def _interrupt_and_resume(tmp_path: Path, executor: str, stop) -> tuple[dict, se
     study = tmp_path / "fp4resume.yaml"
     study.write_text(STUDY)
     runs = tmp_path / f"runs_{executor}"
-    proc = subprocess.Popen(_cmd(study, runs, executor), cwd=tmp_path, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        _cmd(study, runs, executor),
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         deadline = time.time() + 300
-        while time.time() < deadline and proc.poll() is None and not list(runs.glob("fp4resume/trials/*/checkpoint.pt")):
+        while (
+            time.time() < deadline and proc.poll() is None and not list(runs.glob("fp4resume/trials/*/checkpoint.pt"))
+        ):
             time.sleep(0.2)
         interrupted = {p.parent.name for p in runs.glob("fp4resume/trials/*/checkpoint.pt")}
         assert interrupted, "no checkpoint appeared"

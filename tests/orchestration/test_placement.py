@@ -53,9 +53,12 @@ ENV = ("CUDA_VISIBLE_DEVICES", "HABANA_VISIBLE_MODULES", "TPU_VISIBLE_CHIPS")
 
 def _where(rank=None) -> dict:
     ctx = ray.get_runtime_context()
-    return {"node": ctx.get_node_id(), "rank": rank,
-            "resources": {k: v for k, v in ctx.get_assigned_resources().items() if not k.startswith("node:")},
-            "env": {k: os.environ.get(k) for k in ENV}}
+    return {
+        "node": ctx.get_node_id(),
+        "rank": rank,
+        "resources": {k: v for k, v in ctx.get_assigned_resources().items() if not k.startswith("node:")},
+        "env": {k: os.environ.get(k) for k in ENV},
+    }
 
 
 def _probe_worker(config: dict) -> None:
@@ -93,8 +96,13 @@ def _probe_trainable(config: dict) -> None:
         workers: list = []
         # the real placement and (for cuda) the real one-GPU-per-worker config, with gloo: no devices here
         cfg = _no_setup_config() if res["backend"] == "hpu" else None
-        err = distributed.fit_streaming(spec, lambda item: workers.append(item["report"]),
-                                        worker_fn=_probe_worker, pg_backend="gloo", train_torch_config=cfg)
+        err = distributed.fit_streaming(
+            spec,
+            lambda item: workers.append(item["report"]),
+            worker_fn=_probe_worker,
+            pg_backend="gloo",
+            train_torch_config=cfg,
+        )
         out["workers"], out["error"] = workers, repr(err) if err else None
     tune.report({"probe": json.dumps(out)})
 
@@ -123,15 +131,22 @@ def test_mixed_study_trials_land_only_where_their_resource_exists(cluster, tmp_p
     cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the probe runs in Ray workers
     specs = []
     for tag, backend, devices, precision in CASES:
-        (cfg,) = load_study_text(STUDY.format(tag=tag, backend=backend, devices=devices,
-                                              precision=precision)).trials()
-        specs.append({"cfg": cfg.to_dict(), "trial_dir": str(tmp_path / tag), "threads": 1,
-                      "resources": distributed.single_bundle(cfg.resources)})
+        (cfg,) = load_study_text(STUDY.format(tag=tag, backend=backend, devices=devices, precision=precision)).trials()
+        specs.append(
+            {
+                "cfg": cfg.to_dict(),
+                "trial_dir": str(tmp_path / tag),
+                "threads": 1,
+                "resources": distributed.single_bundle(cfg.resources),
+            }
+        )
     limit = distributed.tune_concurrency([s["cfg"]["resources"] for s in specs], ray.cluster_resources())
-    tuner = tune.Tuner(tune.with_resources(_probe_trainable, _resources_of),
-                       param_space={"trial": tune.grid_search(specs)},
-                       tune_config=tune.TuneConfig(max_concurrent_trials=limit),
-                       run_config=tune.RunConfig(storage_path=str(tmp_path / "ray"), verbose=0))
+    tuner = tune.Tuner(
+        tune.with_resources(_probe_trainable, _resources_of),
+        param_space={"trial": tune.grid_search(specs)},
+        tune_config=tune.TuneConfig(max_concurrent_trials=limit),
+        run_config=tune.RunConfig(storage_path=str(tmp_path / "ray"), verbose=0),
+    )
     results = tuner.fit()
     assert not results.errors, results.errors
     probes = {p["tag"].removeprefix("place_"): p for p in (json.loads(r.metrics["probe"]) for r in results)}
@@ -166,8 +181,7 @@ def test_mixed_study_trials_land_only_where_their_resource_exists(cluster, tmp_p
 def test_placement_shapes_and_feasibility():
     gpu8 = {"backend": "cuda", "devices_per_trial": 8, "cpus_per_trial": 4}
     assert distributed.placement_text(gpu8) == "CPU:0.25 + 8×{CPU:4, GPU:1}"
-    assert distributed.placement_text({"backend": "hpu", "devices_per_trial": 1, "cpus_per_trial": 2}) == \
-        "CPU:2, HPU:1"
+    assert distributed.placement_text({"backend": "hpu", "devices_per_trial": 1, "cpus_per_trial": 2}) == "CPU:2, HPU:1"
     assert distributed.placement_text({"backend": "xla", "devices_per_trial": 8}) == "CPU:0.25 + 1×{CPU:1, TPU:8}"
     assert distributed.placement_text({"backend": "cpu", "devices_per_trial": 2}) == "CPU:0.25 + 2×{CPU:1}"
     cluster = {"CPU": 64.0, "GPU": 8.0}

@@ -20,7 +20,9 @@ def test_edited_label_renames_the_stored_rows_and_is_announced(tmp_path):
     second = load_study(write_study(tmp_path, "b.yaml", scaling=["{method: none, label: new name}"]))
     assert [t.trial_id for t in second.trials()] == [t.trial_id for t in first.trials()]
     said = io.StringIO()
-    result = run_study(second, runs_dir=runs, executor="local", stream=said, quiet=True)  # quiet hides progress, not this
+    result = run_study(
+        second, runs_dir=runs, executor="local", stream=said, quiet=True
+    )  # quiet hides progress, not this
     assert result.skipped == [first.trials()[0].trial_id]  # not trained again
     assert "'old name' -> 'new name'" in said.getvalue()
     after = load_runs(uri, study="t")

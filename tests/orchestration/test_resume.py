@@ -18,17 +18,32 @@ import pytest
 from helpers import study_yaml
 
 #: two trials long enough to be interrupted mid-run (the base study of tests/helpers.py otherwise)
-RESUME = dict(name="resume", dataset={"name": "synthetic", "train_images": 16, "val_images": 8, "image_size": 64,
-                                      "seed": 0},
-              precision="fp16-emulated", scaling=["{method: fixed, scale: 128}", "{method: dynamic, interval: 10}"],
-              schedule={"iterations": 400, "lr": 0.01, "warmup_iterations": 4},
-              eval={"every": 20, "metric": "coco", "max_images": 4}, log_every=10)
+RESUME = dict(
+    name="resume",
+    dataset={"name": "synthetic", "train_images": 16, "val_images": 8, "image_size": 64, "seed": 0},
+    precision="fp16-emulated",
+    scaling=["{method: fixed, scale: 128}", "{method: dynamic, interval: 10}"],
+    schedule={"iterations": 400, "lr": 0.01, "warmup_iterations": 4},
+    eval={"every": 20, "metric": "coco", "max_images": 4},
+    log_every=10,
+)
 STUDY = study_yaml(**RESUME)
 
 
 def _cmd(study, runs):
-    return [sys.executable, "-m", "lossscale_bench.cli", "run", str(study), "--runs-dir", str(runs),
-            "--num-cpus", "1", "--no-report", "--quiet"]
+    return [
+        sys.executable,
+        "-m",
+        "lossscale_bench.cli",
+        "run",
+        str(study),
+        "--runs-dir",
+        str(runs),
+        "--num-cpus",
+        "1",
+        "--no-report",
+        "--quiet",
+    ]
 
 
 def _checkpoints(runs: Path):
@@ -43,8 +58,9 @@ def test_kill_driver_then_resume(tmp_path):
     study.write_text(STUDY)
     runs = tmp_path / "runs"
     # one CPU: the two trials run one after the other, so the kill lands mid-study
-    proc = subprocess.Popen(_cmd(study, runs), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        _cmd(study, runs), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+    )
     deadline = time.time() + 240
     while time.time() < deadline and not _checkpoints(runs):
         time.sleep(0.5)
@@ -67,16 +83,32 @@ def test_kill_driver_then_resume(tmp_path):
     steps = [m.step for m in client.get_metric_history(resumed.info.run_id, "loss")]
     assert set(steps) == set(range(1, 401))  # no gap across the kill
     assert len(steps) == 400  # and no step twice: those after the checkpoint were not logged again
-    assert not _checkpoints(runs)      # finished trials drop their checkpoints
+    assert not _checkpoints(runs)  # finished trials drop their checkpoints
     assert len(client.search_runs([exp.experiment_id], "tags.`lsbench.role` = 'study'")) == 1
     # the report has the shape of an uninterrupted study's: one row per trial, each with a value
-    rep = subprocess.run([sys.executable, "-m", "lossscale_bench.cli", "report", "--study", "resume",
-                          "--runs-dir", str(runs), "--no-plots"], cwd=tmp_path, capture_output=True, text=True,
-                         timeout=120)
+    rep = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "lossscale_bench.cli",
+            "report",
+            "--study",
+            "resume",
+            "--runs-dir",
+            str(runs),
+            "--no-plots",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert rep.returncode == 0, rep.stderr
     rows = [ln for ln in rep.stdout.splitlines() if ln.startswith("| SSD-tiny")]
-    assert len(rows) == 2 and all(ln.rstrip(" |").split("|")[-1].strip()[:1].isdigit()
-                                  or ln.split("|")[-2].strip().strip("*")[:1].isdigit() for ln in rows), rows
+    assert len(rows) == 2 and all(
+        ln.rstrip(" |").split("|")[-1].strip()[:1].isdigit() or ln.split("|")[-2].strip().strip("*")[:1].isdigit()
+        for ln in rows
+    ), rows
 
 
 @pytest.mark.slow
@@ -84,11 +116,24 @@ def test_killed_worker_is_retried_from_its_checkpoint(tmp_path):
     from mlflow.tracking import MlflowClient
 
     study = tmp_path / "resume.yaml"
-    study.write_text(study_yaml(**{**RESUME, "scaling": ["{method: fixed, scale: 128}"],
-                                   "schedule": {"iterations": 200, "lr": 0.01, "warmup_iterations": 4}}))
+    study.write_text(
+        study_yaml(
+            **{
+                **RESUME,
+                "scaling": ["{method: fixed, scale: 128}"],
+                "schedule": {"iterations": 200, "lr": 0.01, "warmup_iterations": 4},
+            }
+        )
+    )
     runs = tmp_path / "runs"
-    proc = subprocess.Popen(_cmd(study, runs), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            start_new_session=True, text=True)
+    proc = subprocess.Popen(
+        _cmd(study, runs),
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        text=True,
+    )
     deadline = time.time() + 240
     while time.time() < deadline and not _checkpoints(runs):
         time.sleep(0.3)

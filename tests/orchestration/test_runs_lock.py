@@ -32,8 +32,9 @@ HOLD = textwrap.dedent("""\
 
 def _hold(runs, db=None, seconds=60):
     """A separate process holding the lock (flock is per open file: a real second holder)."""
-    p = subprocess.Popen([sys.executable, "-c", HOLD, str(runs), str(db or ""), str(seconds)],
-                         stdout=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        [sys.executable, "-c", HOLD, str(runs), str(db or ""), str(seconds)], stdout=subprocess.PIPE, text=True
+    )
     assert p.stdout.readline().strip() == "held"
     return p
 
@@ -100,10 +101,22 @@ def test_two_runs_started_together_on_a_new_folder(tmp_path):
     """One trains, the other exits 2 at once; with --wait it then finds the trial finished."""
     study = write_study(tmp_path)
     runs = tmp_path / "runs"
-    cmd = [sys.executable, "-m", "lossscale_bench.cli", "run", str(study), "--runs-dir", str(runs),
-           "--executor", "local", "--no-report"]
-    procs = [subprocess.Popen(cmd + extra, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for extra in ([], [])]
+    cmd = [
+        sys.executable,
+        "-m",
+        "lossscale_bench.cli",
+        "run",
+        str(study),
+        "--runs-dir",
+        str(runs),
+        "--executor",
+        "local",
+        "--no-report",
+    ]
+    procs = [
+        subprocess.Popen(cmd + extra, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for extra in ([], [])
+    ]
     outs = [p.communicate(timeout=300) for p in procs]
     codes = sorted(p.returncode for p in procs)
     assert codes == [0, 2], [o[1][-1500:] for o in outs]
@@ -113,8 +126,10 @@ def test_two_runs_started_together_on_a_new_folder(tmp_path):
     tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
     assert not [t for t in tables if t.startswith("_alembic_tmp_")]
     # both with --wait: each runs in turn, the second finds the trial done; one run per trial id
-    procs = [subprocess.Popen(cmd + ["--wait"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True) for _ in range(2)]
+    procs = [
+        subprocess.Popen(cmd + ["--wait"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
     outs = [p.communicate(timeout=300) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], [o[1][-1500:] for o in outs]
     trial_runs = con.execute("SELECT count(*) FROM tags WHERE key='lsbench.role' AND value='trial'").fetchone()[0]

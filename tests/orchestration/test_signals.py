@@ -60,8 +60,14 @@ def test_sigterm_ends_runs_killed_and_the_same_command_resumes(tmp_path):
     study.write_text(STUDY.replace("iterations: 400", "iterations: 100"))
     runs = tmp_path / "runs"
     # one CPU: the two trials run one after the other, so the signal lands mid-study
-    proc = subprocess.Popen(_cmd(study, runs), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        _cmd(study, runs),
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         deadline = time.time() + 240
         while time.time() < deadline and not _checkpoints(runs) and proc.poll() is None:
@@ -100,8 +106,9 @@ def test_ctrl_c_in_the_local_executor_exits_130_with_runs_killed(tmp_path):
     study.write_text(STUDY.replace("iterations: 400", "iterations: 100"))
     runs = tmp_path / "runs"
     cmd = _cmd(study, runs) + ["--executor", "local"]
-    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
     try:
         deadline = time.time() + 240
         while time.time() < deadline and not _checkpoints(runs) and proc.poll() is None:
@@ -130,8 +137,13 @@ def test_ui_on_a_busy_port_is_one_line_exit_2_and_starts_nothing(tmp_path):
         taken.bind(("127.0.0.1", 0))
         taken.listen(1)
         port = taken.getsockname()[1]
-        proc = subprocess.Popen(CLI + ["ui", "--port", str(port), "--runs-dir", str(tmp_path / "runs")],
-                                cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            CLI + ["ui", "--port", str(port), "--runs-dir", str(tmp_path / "runs")],
+            cwd=tmp_path,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         try:
             out, err = proc.communicate(timeout=60)
         finally:
@@ -148,9 +160,14 @@ def test_sigterm_to_ui_stops_the_whole_server(tmp_path):
     import urllib.request
 
     port = _free_port()
-    proc = subprocess.Popen(CLI + ["ui", "--port", str(port), "--runs-dir", str(tmp_path / "runs")],
-                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        CLI + ["ui", "--port", str(port), "--runs-dir", str(tmp_path / "runs")],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         deadline, up = time.time() + 120, False
         while time.time() < deadline and proc.poll() is None and not up:
@@ -179,20 +196,22 @@ def test_a_server_that_dies_early_is_one_line_and_leaves_no_workers(capsys):
     stops the whole group. A stand-in server: one lingering worker, the bind error, exit 1."""
     from lossscale_bench.tracking.ui_server import serve as _serve
 
-    fake = ("import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
-            "print('worker', flush=True); time.sleep(0.5); "
-            "sys.stderr.write('OSError: [Errno 98] error while attempting to bind: address already in use\\n'); "
-            "sys.exit(1)")
+    fake = (
+        "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+        "print('worker', flush=True); time.sleep(0.5); "
+        "sys.stderr.write('OSError: [Errno 98] error while attempting to bind: address already in use\\n'); "
+        "sys.exit(1)"
+    )
     before = {p for p, *_ in _procs()}
     rc = _serve([sys.executable, "-c", fake], 5123)
     err = capsys.readouterr().err
     assert rc == 2 and "lsbench: error: the MLflow server exited with code 1: port 5123 is in use" in err, err
+
     def cmdline(pid):
         try:
             return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
         except OSError:
             return ""
 
-    leftover = [p for p, _, _, state in _procs() if p not in before and state != "Z"
-                and "time.sleep(60)" in cmdline(p)]
+    leftover = [p for p, _, _, state in _procs() if p not in before and state != "Z" and "time.sleep(60)" in cmdline(p)]
     assert not leftover

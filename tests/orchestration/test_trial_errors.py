@@ -20,10 +20,13 @@ import pytest
 from helpers import library_lines, lsbench, study_yaml
 
 #: the template study of the trust round: two rows, short
-TWO_ROWS = dict(name="prep", dataset={"name": "synthetic", "train_images": 16, "val_images": 8, "image_size": 64,
-                                      "seed": 0},
-                scaling=["{method: none}", "{method: fixed, scale: 128}"], schedule={"iterations": 3, "lr": 0.01},
-                log_every=1)
+TWO_ROWS = dict(
+    name="prep",
+    dataset={"name": "synthetic", "train_images": 16, "val_images": 8, "image_size": 64, "seed": 0},
+    scaling=["{method: none}", "{method: fixed, scale: 128}"],
+    schedule={"iterations": 3, "lr": 0.01},
+    log_every=1,
+)
 
 
 def _runs(runs: Path, name: str):
@@ -80,14 +83,27 @@ def test_a_rerun_stopped_before_a_failed_trial_leaves_its_result(tmp_path):
     """The first run fails both trials; the second is stopped in its first trial: the second
     trial did not run again, so its run still says failed, with its error (it read pending,
     RUNNING and then KILLED: an earlier result changed by a run that never ran it)."""
-    (tmp_path / "s.yaml").write_text(study_yaml(**{**TWO_ROWS, "schedule": {"iterations": 200, "lr": 0.01},
-                                                   "eval": "{every: 20, metric: coco, max_images: 4}"}))
+    (tmp_path / "s.yaml").write_text(
+        study_yaml(
+            **{
+                **TWO_ROWS,
+                "schedule": {"iterations": 200, "lr": 0.01},
+                "eval": "{every: 20, metric: coco, max_images: 4}",
+            }
+        )
+    )
     runs = _blocked(tmp_path, "prep")
     cmd = ["run", "s.yaml", "--runs-dir", runs, "--executor", "local", "--no-report", "--quiet"]
     assert lsbench(*cmd, cwd=tmp_path).returncode == 3
     (runs / "prep" / "trials").unlink()
-    proc = subprocess.Popen([sys.executable, "-m", "lossscale_bench.cli", *map(str, cmd)], cwd=tmp_path,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "lossscale_bench.cli", *map(str, cmd)],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         _wait_for_checkpoint(proc, runs, "prep")
         os.kill(proc.pid, signal.SIGINT)
@@ -172,5 +188,8 @@ def test_a_study_stopped_by_an_error_leaves_no_run_running(tmp_path):
         run_study(study, runs_dir=runs, executor="local", stream=_ReaderLeft())
     stored = _runs(runs, "prep")
     assert sorted((r.info.status, r.data.tags["lsbench.status"]) for r in stored.values()) == [
-        ("FAILED", "failed"), ("FINISHED", "finished"), ("KILLED", "interrupted")], stored
+        ("FAILED", "failed"),
+        ("FINISHED", "finished"),
+        ("KILLED", "interrupted"),
+    ], stored
     assert "BrokenPipeError" in stored["study"].data.tags["lsbench.error"]

@@ -44,5 +44,3 @@ def test_periodic_reports_wait_for_the_interval_and_explicit_ones_do_not():
     assert len(sent) == 3
     sink.flush(outcome={"status": "finished"})  # the trial's end: the outcome alone is a report
     assert len(sent) == 4 and json.loads(sent[3]["lsbench"])["outcome"] == {"status": "finished"}
-
-

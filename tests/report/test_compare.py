@@ -25,13 +25,39 @@ def _runs(rows: dict[str, dict[int, float] | str], study: str = "s", bs: int = 8
     for row, (label, values) in enumerate(rows.items()):
         prec = "fp32" if row == 0 else "fp8-e4m3-emulated"
         if values == "diverged":
-            out += [dict(study=study, trial_id=f"{label}-{s}", model="ssd_tiny", batch_size=bs, row=row, label=label,
-                         precision=prec, seed=s, status="diverged", final_map=math.nan, eval_metric="coco")
-                    for s in range(3)]
+            out += [
+                dict(
+                    study=study,
+                    trial_id=f"{label}-{s}",
+                    model="ssd_tiny",
+                    batch_size=bs,
+                    row=row,
+                    label=label,
+                    precision=prec,
+                    seed=s,
+                    status="diverged",
+                    final_map=math.nan,
+                    eval_metric="coco",
+                )
+                for s in range(3)
+            ]
             continue
-        out += [dict(study=study, trial_id=f"{label}-{s}", model="ssd_tiny", batch_size=bs, row=row, label=label,
-                     precision=prec, seed=s, status="finished", final_map=v, eval_metric="coco")
-                for s, v in values.items()]
+        out += [
+            dict(
+                study=study,
+                trial_id=f"{label}-{s}",
+                model="ssd_tiny",
+                batch_size=bs,
+                row=row,
+                label=label,
+                precision=prec,
+                seed=s,
+                status="finished",
+                final_map=v,
+                eval_metric="coco",
+            )
+            for s, v in values.items()
+        ]
     return pd.DataFrame(out)
 
 
@@ -122,7 +148,9 @@ def test_equivalent_and_unpaired_pairs():
     assert welch["verdict"].startswith("inconclusive (p=") and "paired" not in welch["verdict"]
     # a wider margin makes the ×128 pair no less equivalent, and changes no p-value
     wide, _ = _pairs({"FP32": FP32, "x128": X128, "adaptive": ADAPTIVE, "other seeds": other_seeds}, margin=2.0)
-    assert wide["p_value"].tolist() == pairs["p_value"].tolist() and wide.iloc[0]["verdict"].startswith("equivalent (±2.0")
+    assert wide["p_value"].tolist() == pairs["p_value"].tolist() and wide.iloc[0]["verdict"].startswith(
+        "equivalent (±2.0"
+    )
 
 
 def test_rows_without_values_are_left_out_and_one_seed_is_too_few():
@@ -158,8 +186,13 @@ def test_compare_in_every_format():
     table = [[c.strip() for c in x.split("|")[1:-1]] for x in md if x.startswith("|")]
     assert table[0] == ["A", "B", "Δ A − B [95% CI]", "P(A > B) [95%]", "Verdict"]
     # equivalent: the 90% interval TOST decided on (test_stats.py), and 0 wins in 3: [0, 0.71]
-    assert table[2] == ["FP32", "x128 †", "-0.30, 90% CI [-0.64, +0.04]", "0.00 [0.00, 0.71]",
-                        "equivalent (±1.0, paired TOST p=0.013)"]
+    assert table[2] == [
+        "FP32",
+        "x128 †",
+        "-0.30, 90% CI [-0.64, +0.04]",
+        "0.00 [0.00, 0.71]",
+        "equivalent (±1.0, paired TOST p=0.013)",
+    ]
     assert table[3][:2] == ["FP32", "adaptive †"] and table[3][4].endswith("; ±1.0 needs ~17 seeds")
     assert table[5] == ["Rank", "Loss scale", "Validation mAP", "Group"]
     assert table[7] == ["1", "x128 †", "44.30 ± 1.80 (n=3)", "a"]
@@ -171,8 +204,22 @@ def test_compare_in_every_format():
     assert ",x128,fp8-e4m3-emulated,paired,3,3," in text.splitlines()[1]  # counts as counts, not 3.0
     back = pd.read_csv(io.StringIO(text))
     assert back["kind"].tolist() == ["pair"] * 3 + ["rank"] * 3
-    for c in ("diff_pct", "diff_ci_low_pct", "half_width_pct", "p_value", "p_holm", "tost_p", "margin_pct",
-              "seeds_needed", "p_better", "p_better_low", "p_better_high", "verdict", "group", "mean_pct"):
+    for c in (
+        "diff_pct",
+        "diff_ci_low_pct",
+        "half_width_pct",
+        "p_value",
+        "p_holm",
+        "tost_p",
+        "margin_pct",
+        "seeds_needed",
+        "p_better",
+        "p_better_low",
+        "p_better_high",
+        "verdict",
+        "group",
+        "mean_pct",
+    ):
         assert c in back.columns, c
     pair = back.iloc[0]
     assert pair["margin_pct"] == pytest.approx(1.0) and pair["diff_pct"] == pytest.approx(-0.3)
@@ -213,35 +260,71 @@ def ranked_store(tmp_path_factory):
     parent = client.create_run(exp, tags={"lsbench.role": "study", "lsbench.study": RANKED}).info.run_id
     for row, (label, prec, values) in enumerate(RANKED_ROWS):
         for seed, v in enumerate(values):
-            _add_trial(client, exp, parent, RANKED, trial_id=f"r{row}-s{seed}", row=row, label=label,
-                       status="finished", bs=8, seed=seed, model="ssd_tiny", precision=prec,
-                       method="none" if row == 0 else "fixed", final_map=v / 100, eval_metric="coco",
-                       baseline=row == 0)
-    _add_trial(client, exp, parent, RANKED, trial_id="r5-s0", row=5, label="amax (margin=1)", status="diverged",
-               bs=8, seed=0, model="ssd_tiny", precision="fp8-e4m3-emulated", method="amax", diverged_step=40,
-               eval_metric="coco", baseline=False)
+            _add_trial(
+                client,
+                exp,
+                parent,
+                RANKED,
+                trial_id=f"r{row}-s{seed}",
+                row=row,
+                label=label,
+                status="finished",
+                bs=8,
+                seed=seed,
+                model="ssd_tiny",
+                precision=prec,
+                method="none" if row == 0 else "fixed",
+                final_map=v / 100,
+                eval_metric="coco",
+                baseline=row == 0,
+            )
+    _add_trial(
+        client,
+        exp,
+        parent,
+        RANKED,
+        trial_id="r5-s0",
+        row=5,
+        label="amax (margin=1)",
+        status="diverged",
+        bs=8,
+        seed=0,
+        model="ssd_tiny",
+        precision="fp8-e4m3-emulated",
+        method="amax",
+        diverged_step=40,
+        eval_metric="coco",
+        baseline=False,
+    )
     return uri
 
 
 def _cells(text: str, *first: str) -> list[str]:
     """The cells of the markdown table line whose first cells are ``first``."""
     rows = [[c.strip() for c in x.split("|")[1:-1]] for x in text.splitlines() if x.startswith("|")]
-    return next(r for r in rows if r[:len(first)] == list(first))
+    return next(r for r in rows if r[: len(first)] == list(first))
 
 
 def test_cli_report_prints_the_new_verdicts(ranked_store, tmp_path):
     r = lsbench("report", "--tracking-uri", ranked_store, "--study", RANKED, "--no-plots", "--out", "-", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     # worked out by hand in test_stats.py (the same seed values)
-    assert _cells(r.stdout, "SSD-tiny", "loss scale (128) †")[-1] == \
-        "equivalent (±1.0, paired TOST p=0.013), Δ +0.30, 90% CI [-0.04, +0.64], P(>)=1.00 [0.29, 1.00]"
-    assert _cells(r.stdout, "SSD-tiny", "adaptive †")[-1] == \
-        "inconclusive (paired, p=0.89), Δ +0.17 [-4.54, +4.87], P(>)=0.67 [0.09, 0.99]; ±1.0 needs ~17 seeds"
+    assert (
+        _cells(r.stdout, "SSD-tiny", "loss scale (128) †")[-1]
+        == "equivalent (±1.0, paired TOST p=0.013), Δ +0.30, 90% CI [-0.04, +0.64], P(>)=1.00 [0.29, 1.00]"
+    )
+    assert (
+        _cells(r.stdout, "SSD-tiny", "adaptive †")[-1]
+        == "inconclusive (paired, p=0.89), Δ +0.17 [-4.54, +4.87], P(>)=0.67 [0.09, 0.99]; ±1.0 needs ~17 seeds"
+    )
     assert _cells(r.stdout, "SSD-tiny", "saturation-aware dynamic †")[-1].startswith(
-        "worse than baseline (paired, p=0.031)")
+        "worse than baseline (paired, p=0.031)"
+    )
     assert _cells(r.stdout, "SSD-tiny", "amax (margin=1) †")[-1] == "no values"
-    assert ("equivalent: the 95% two one-sided tests (TOST) put the difference inside ±1.0 mAP" in r.stdout
-            and "inconclusive: neither a difference nor equivalence shown at this n" in r.stdout)
+    assert (
+        "equivalent: the 95% two one-sided tests (TOST) put the difference inside ±1.0 mAP" in r.stdout
+        and "inconclusive: neither a difference nor equivalence shown at this n" in r.stdout
+    )
 
 
 def test_cli_compare_holm_and_ranking(ranked_store, tmp_path):
@@ -263,19 +346,25 @@ def test_cli_compare_holm_and_ranking(ranked_store, tmp_path):
     assert _cells(r.stdout, "FP32 baseline", "loss scale (128) †")[4] == "equivalent (±1.0, paired TOST p=0.013)"
     assert _cells(r.stdout, "FP32 baseline", "no loss scale †")[4].startswith("better (paired, Holm p=")
     ranking = [_cells(r.stdout, str(k))[1:] for k in range(1, 6)]
-    assert ranking == [["loss scale (128) †", "44.30 ± 1.80 (n=3)", "a"], ["adaptive †", "44.17 ± 1.26 (n=3)", "a"],
-                       ["FP32 baseline", "44.00 ± 2.00 (n=3)", "a"],
-                       ["saturation-aware dynamic †", "42.87 ± 2.17 (n=3)", "a"],
-                       ["no loss scale †", "12.17 ± 0.76 (n=3)", "b"]]
+    assert ranking == [
+        ["loss scale (128) †", "44.30 ± 1.80 (n=3)", "a"],
+        ["adaptive †", "44.17 ± 1.26 (n=3)", "a"],
+        ["FP32 baseline", "44.00 ± 2.00 (n=3)", "a"],
+        ["saturation-aware dynamic †", "42.87 ± 2.17 (n=3)", "a"],
+        ["no loss scale †", "12.17 ± 0.76 (n=3)", "b"],
+    ]
     assert "Left out (no value: diverged, failed or still running on every seed): amax (margin=1)." in r.stdout
 
 
 def test_cli_margin_from_the_study_file_and_the_flag(ranked_store, tmp_path):
     study = tmp_path / "ranked.yaml"
-    study.write_text("name: ranked\ndataset: synthetic\nmodel: ssd_tiny\nbatch_size: 8\nprecision: fp32\n"
-                     "scaling: [none]\nschedule: {iterations: 10, lr: 0.001}\nreport: {equivalence_margin: 2.0}\n")
-    r = lsbench("report", str(study), "--tracking-uri", ranked_store, "--format", "csv", "--out", f"{tmp_path}/",
-                cwd=tmp_path)
+    study.write_text(
+        "name: ranked\ndataset: synthetic\nmodel: ssd_tiny\nbatch_size: 8\nprecision: fp32\n"
+        "scaling: [none]\nschedule: {iterations: 10, lr: 0.001}\nreport: {equivalence_margin: 2.0}\n"
+    )
+    r = lsbench(
+        "report", str(study), "--tracking-uri", ranked_store, "--format", "csv", "--out", f"{tmp_path}/", cwd=tmp_path
+    )
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == str(tmp_path / "ranked.csv")
     back = pd.read_csv(tmp_path / "ranked.csv").set_index("label")
@@ -288,8 +377,20 @@ def test_cli_margin_from_the_study_file_and_the_flag(ranked_store, tmp_path):
     for c in ("tost_p", "half_width_pct", "seeds_needed", "p_better", "p_better_low", "p_better_high"):
         assert math.isfinite(back.loc["adaptive", c]), c
     # --margin overrides the file: at ±0.5 the ×128 row is not shown equivalent (test_stats works it out)
-    r = lsbench("report", str(study), "--margin", "0.5", "--tracking-uri", ranked_store, "--compare",
-                "--format", "latex", "--out", "-", cwd=tmp_path)
+    r = lsbench(
+        "report",
+        str(study),
+        "--margin",
+        "0.5",
+        "--tracking-uri",
+        ranked_store,
+        "--compare",
+        "--format",
+        "latex",
+        "--out",
+        "-",
+        cwd=tmp_path,
+    )
     assert r.returncode == 0, r.stderr
     assert r"FP32 baseline & loss scale (128)" in r.stdout
     line = next(x for x in r.stdout.splitlines() if x.startswith("FP32 baseline & loss scale (128)"))
@@ -300,8 +401,20 @@ def test_cli_margin_from_the_study_file_and_the_flag(ranked_store, tmp_path):
 def test_an_extreme_margin_is_one_line_not_a_traceback(ranked_store, tmp_path, margin):
     """Found only once the statistics ran: ZeroDivisionError (1e-300) or OverflowError (1e308), exit 1."""
     for extra in ((), ("--compare",)):
-        r = lsbench("report", "--tracking-uri", ranked_store, "--study", RANKED, "--no-plots", "--out", "-",
-                    "--margin", margin, *extra, cwd=tmp_path)
+        r = lsbench(
+            "report",
+            "--tracking-uri",
+            ranked_store,
+            "--study",
+            RANKED,
+            "--no-plots",
+            "--out",
+            "-",
+            "--margin",
+            margin,
+            *extra,
+            cwd=tmp_path,
+        )
         assert r.returncode == 2 and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
         assert r.stderr.startswith(f"lsbench: error: --margin {margin}: ")
     with pytest.raises(ReportError, match=r"equivalence margin 1e-300: a number of mAP points from 1e-06 to 100"):

@@ -22,8 +22,21 @@ def store(tmp_path_factory):
     exp = client.create_experiment("fmt", artifact_location=(root / "artifacts").resolve().as_uri())
     parent = client.create_run(exp, tags={"lsbench.role": "study", "lsbench.study": "fmt"}).info.run_id
     for seed, m in ((0, 0.30), (1, 0.31)):
-        _trial(client, exp, parent, "fmt", root / "csv", trial_id=f"r0-s{seed}", row=0, label="FP32 baseline",
-               status="finished", seed=seed, method="none", precision="fp32", final_map=m)
+        _trial(
+            client,
+            exp,
+            parent,
+            "fmt",
+            root / "csv",
+            trial_id=f"r0-s{seed}",
+            row=0,
+            label="FP32 baseline",
+            status="finished",
+            seed=seed,
+            method="none",
+            precision="fp32",
+            final_map=m,
+        )
     return uri
 
 
@@ -61,5 +74,5 @@ def test_a_study_file_reports_only_its_own_trials(store, tmp_path):
 
     both, _ = write_report(store, study="fmt", fmt="csv", out="-", plots=False)
     one, _ = write_report(store, study="fmt", fmt="csv", out="-", plots=False, trial_ids={"r0-s0"})
-    assert "30.50" in both, both                       # the mean of seeds 0 and 1 (30 and 31)
-    assert "30.00" in one and "30.50" not in one, one   # seed 0 alone
+    assert "30.50" in both, both  # the mean of seeds 0 and 1 (30 and 31)
+    assert "30.00" in one and "30.50" not in one, one  # seed 0 alone

@@ -55,28 +55,39 @@ def _is_png(png, min_w=300, min_h=200, max_side=4000) -> tuple[int, int]:
 def test_curves_png_seeds_mean_and_nonfinite():
     seeds = [[(s, 5.0 - 0.1 * s + k) for s in range(30)] for k in (0.0, 0.2)]
     diverged = [(s, 5.0 - 0.1 * s) for s in range(10)] + [(10, math.nan), (11, math.inf)]
-    png = plots.curves_png({"SSD-tiny batch 4": {"adaptive": seeds, "no loss scale": [diverged]},
-                            "SSD300 batch 8": {"adaptive": [seeds[0]]}}, ylabel="loss", title="t")
+    png = plots.curves_png(
+        {
+            "SSD-tiny batch 4": {"adaptive": seeds, "no loss scale": [diverged]},
+            "SSD300 batch 8": {"adaptive": [seeds[0]]},
+        },
+        ylabel="loss",
+        title="t",
+    )
     w, h = _is_png(png)
     assert w > h  # two panels side by side
     long = [(s, 1.0 + (s % 7) / 10) for s in range(5000)]  # smoothed, subsampled
     _is_png(plots.curves_png({"": {"x": [long]}}, ylabel="loss"))
     # a log2 axis drops non-positive values; nothing drawable -> None
-    _is_png(plots.curves_png({"": {"fixed": [[(0, 128.0), (5, 128.0)]], "zero": [[(0, 0.0)]]}},
-                             ylabel="scale", log2=True))
+    _is_png(
+        plots.curves_png({"": {"fixed": [[(0, 128.0), (5, 128.0)]], "zero": [[(0, 0.0)]]}}, ylabel="scale", log2=True)
+    )
     assert plots.curves_png({"": {"x": [[(0, math.nan)], []]}}, ylabel="loss") is None
     assert plots.curves_png({}, ylabel="loss") is None
 
 
 def test_map_bars_marks_diverged_failed_running():
     base = dict(study="s", model="ssd_tiny", batch_size=4, precision="mixed16", eval_metric="voc07")
-    rows = [dict(base, trial_id=f"a{i}", row=0, label="adaptive", seed=i, status="finished", final_map=0.3 + i / 100)
-            for i in range(3)]
-    rows += [dict(base, trial_id="d0", row=1, label="no loss scale", seed=0, status="diverged", final_map=None),
-             dict(base, trial_id="f0", row=2, label="loss scale (8)", seed=0, status="failed", final_map=None),
-             dict(base, trial_id="r0", row=3, label="loss scale (128)", seed=0, status="running", final_map=None),
-             dict(base, trial_id="p0", row=4, label="dynamic", seed=0, status="finished", final_map=0.2),
-             dict(base, trial_id="p1", row=4, label="dynamic", seed=1, status="diverged", final_map=None)]
+    rows = [
+        dict(base, trial_id=f"a{i}", row=0, label="adaptive", seed=i, status="finished", final_map=0.3 + i / 100)
+        for i in range(3)
+    ]
+    rows += [
+        dict(base, trial_id="d0", row=1, label="no loss scale", seed=0, status="diverged", final_map=None),
+        dict(base, trial_id="f0", row=2, label="loss scale (8)", seed=0, status="failed", final_map=None),
+        dict(base, trial_id="r0", row=3, label="loss scale (128)", seed=0, status="running", final_map=None),
+        dict(base, trial_id="p0", row=4, label="dynamic", seed=0, status="finished", final_map=0.2),
+        dict(base, trial_id="p1", row=4, label="dynamic", seed=1, status="diverged", final_map=None),
+    ]
     s = summarize(pd.DataFrame(rows))
     _is_png(plots.map_bars_png(s, title="mAP"))
     assert plots.map_bars_png(s.iloc[0:0]) is None
@@ -102,8 +113,11 @@ def test_layers_csv_matches_telemetry(tmp_path):
     assert LayerHistory.FIELDS == FIELDS
     h = LayerHistory(tmp_path / "layers_history.csv")
     h.append(0, {"conv1": {"underflow_rate": 0.5, "flush_rate": 0.1, "nonzero": 10}}, [])
-    h.append(5, {"conv1": {"underflow_rate": 0.25, "flush_rate": 0.0, "nonzero": 10}},
-             [{"layer": "conv1", "scale": 4.0, "accum_scale": 4.0}])
+    h.append(
+        5,
+        {"conv1": {"underflow_rate": 0.25, "flush_rate": 0.0, "nonzero": 10}},
+        [{"layer": "conv1", "scale": 4.0, "accum_scale": 4.0}],
+    )
     t = plots.read_layers_csv(h.path)
     assert t["step"].tolist() == [0, 5] and math.isnan(t["scale"][0]) and t["scale"][1] == 4.0
     _is_png(plots.layer_heatmap_png(t, ("underflow_rate",)), min_h=150)
@@ -111,8 +125,11 @@ def test_layers_csv_matches_telemetry(tmp_path):
 
 def test_trial_plots_files(tmp_path):
     had_pyplot = "matplotlib.pyplot" in sys.modules
-    metrics = {"loss": [(s, 5.0 - s / 10) for s in range(40)] + [(40, math.nan)],
-               "loss_scale": [(s, 2.0 ** (16 - s // 10)) for s in range(40)], "lr": [(0, 0.1)]}
+    metrics = {
+        "loss": [(s, 5.0 - s / 10) for s in range(40)] + [(40, math.nan)],
+        "loss_scale": [(s, 2.0 ** (16 - s // 10)) for s in range(40)],
+        "lr": [(0, 0.1)],
+    }
     out = plots.trial_plots(metrics, write_layers_csv(tmp_path / "a.csv", adaptive=True), tmp_path / "plots")
     assert [p.name for p in out] == ["loss.png", "loss_scale.png", "underflow_heatmap.png", "scale_heatmap.png"]
     for p in out:
@@ -130,8 +147,11 @@ def test_trial_plots_files(tmp_path):
 
 def test_study_plots_from_mlflow(study_plots):
     assert list(study_plots) == [
-        "loss", "loss_scale", "map",
-        "underflow_adaptive", "scale_adaptive",  # seed 0 of adaptive has the artifact
+        "loss",
+        "loss_scale",
+        "map",
+        "underflow_adaptive",
+        "scale_adaptive",  # seed 0 of adaptive has the artifact
         "underflow_no_loss_scale",  # a diverged trial's heatmap up to its divergence
     ]  # the other rows have no layers artifact (as when a trial failed before its first logged step)
     for p in study_plots.values():
@@ -144,9 +164,16 @@ def test_study_plots_limits_and_all_studies(store):
     few = plots.study_plots(store, STUDY, max_layer_runs=0, seeds_per_label=1, max_curve_runs=2)
     assert [p.name for p in few] == ["loss", "loss_scale", "map"]
     every = [p.name for p in plots.study_plots(store, None, max_layer_runs=1)]
-    assert every == [f"{STUDY}_loss", f"{STUDY}_loss_scale", f"{STUDY}_map",
-                     f"{OTHER}_loss", f"{OTHER}_loss_scale", f"{OTHER}_map",
-                     f"{OTHER}_underflow_adaptive", f"{OTHER}_scale_adaptive"]  # FP32 baseline (row 0) has no CSV
+    assert every == [
+        f"{STUDY}_loss",
+        f"{STUDY}_loss_scale",
+        f"{STUDY}_map",
+        f"{OTHER}_loss",
+        f"{OTHER}_loss_scale",
+        f"{OTHER}_map",
+        f"{OTHER}_underflow_adaptive",
+        f"{OTHER}_scale_adaptive",
+    ]  # FP32 baseline (row 0) has no CSV
 
 
 def test_markdown_report_links_pngs_beside_it(store, reuse_plots, tmp_path):
@@ -159,9 +186,9 @@ def test_markdown_report_links_pngs_beside_it(store, reuse_plots, tmp_path):
     assert links[0] == f"![{STUDY}: loss curves per scaling method]({STUDY}_loss.png)"
     assert len(links) == 6
     for ln in links:
-        fname = ln[ln.index("](") + 2:-1]
+        fname = ln[ln.index("](") + 2 : -1]
         _is_png((tmp_path / fname).read_bytes())
-    assert sorted(p.name for p in tmp_path.glob("*.png")) == sorted(ln[ln.index("](") + 2:-1] for ln in links)
+    assert sorted(p.name for p in tmp_path.glob("*.png")) == sorted(ln[ln.index("](") + 2 : -1] for ln in links)
 
     bare = tmp_path / "bare"
     text, path = write_report(store, study=STUDY, reports_dir=bare, plots=False)
@@ -190,7 +217,7 @@ def test_html_report_embeds_plots_csv_latex_unchanged(store, reuse_plots, study_
     assert path.suffix == ".html" and list(tmp_path.iterdir()) == [path]  # one self-contained file
     assert text.count('src="data:image/png;base64,') == 6
     assert text.index("<h2>Plots</h2>") > text.rindex("</table>")
-    assert f'<figcaption>{study_plots["map"].title}</figcaption>' in text
+    assert f"<figcaption>{study_plots['map'].title}</figcaption>" in text
     assert "http" not in text.replace('lang="en"', "")
     text, _ = write_report(store, study=STUDY, fmt="html", reports_dir=tmp_path, plots=False)
     assert "data:image/png" not in text and "Plots" not in text
@@ -213,10 +240,15 @@ def test_plot_failure_is_one_line_report_error(store, tmp_path, monkeypatch):
 
 
 def test_same_label_in_two_precisions_is_two_lines():
-    runs = pd.DataFrame({"label": ["adaptive", "adaptive", "FP32 baseline", None],
-                         "precision": ["mixed16", "bf16", "fp32", "fp32"]})
+    runs = pd.DataFrame(
+        {"label": ["adaptive", "adaptive", "FP32 baseline", None], "precision": ["mixed16", "bf16", "fp32", "fp32"]}
+    )
     assert plots._display_labels(runs)["label"].tolist() == [
-        "adaptive [mixed16]", "adaptive [bf16]", "FP32 baseline", "?"]
+        "adaptive [mixed16]",
+        "adaptive [bf16]",
+        "FP32 baseline",
+        "?",
+    ]
 
 
 def test_run_plots_from_the_store_logged_as_artifacts(store, tmp_path):

@@ -16,10 +16,29 @@ STUDY = "ssd512_emu"
 OTHER = "tiny_coco"
 
 
-def _add_trial(client, exp_id, parent_id, study, *, trial_id, row, label, status, bs, seed,
-               model="ssd512_vgg16", precision="fp16-emulated", method="adaptive",
-               final_map=None, eval_metric="voc07", start=None, diverged_step=None,
-               extra_params=None, label_tag=True, baseline=None):
+def _add_trial(
+    client,
+    exp_id,
+    parent_id,
+    study,
+    *,
+    trial_id,
+    row,
+    label,
+    status,
+    bs,
+    seed,
+    model="ssd512_vgg16",
+    precision="fp16-emulated",
+    method="adaptive",
+    final_map=None,
+    eval_metric="voc07",
+    start=None,
+    diverged_step=None,
+    extra_params=None,
+    label_tag=True,
+    baseline=None,
+):
     from mlflow.entities import Metric, Param
 
     tags = {
@@ -40,15 +59,27 @@ def _add_trial(client, exp_id, parent_id, study, *, trial_id, row, label, status
         tags["lsbench.baseline"] = "true" if baseline else "false"
     run = client.create_run(exp_id, start_time=start, tags=tags, run_name=trial_id)
     rid = run.info.run_id
-    params = {"model": model, "batch_size": str(bs), "seed": str(seed), "precision": precision,
-              "scaling.method": method, **(extra_params or {})}
+    params = {
+        "model": model,
+        "batch_size": str(bs),
+        "seed": str(seed),
+        "precision": precision,
+        "scaling.method": method,
+        **(extra_params or {}),
+    }
     ts = 1_700_000_000_000
-    metrics = [Metric(k, v, ts + s, s) for s in (0, 1)
-               for k, v in (("loss", 5.0 - s), ("loss_scale", 1024.0), ("skipped_steps", 0.0))]
+    metrics = [
+        Metric(k, v, ts + s, s)
+        for s in (0, 1)
+        for k, v in (("loss", 5.0 - s), ("loss_scale", 1024.0), ("skipped_steps", 0.0))
+    ]
     if final_map is not None:
-        metrics += [Metric("map", final_map - 0.01, ts, 1), Metric("final_map", final_map, ts, 2),
-                    Metric("final_map_50", min(final_map + 0.1, 1.0), ts, 2),
-                    Metric("best_map", final_map, ts, 2)]
+        metrics += [
+            Metric("map", final_map - 0.01, ts, 1),
+            Metric("final_map", final_map, ts, 2),
+            Metric("final_map_50", min(final_map + 0.1, 1.0), ts, 2),
+            Metric("best_map", final_map, ts, 2),
+        ]
     client.log_batch(rid, metrics=metrics, params=[Param(k, v) for k, v in params.items()])
     if status != "running":
         client.set_terminated(rid, "FAILED" if status == "failed" else "FINISHED")
@@ -67,38 +98,116 @@ def store(tmp_path_factory):
     parent = client.create_run(exp, tags={"lsbench.role": "study", "lsbench.study": STUDY}).info.run_id
     T = lambda **kw: _add_trial(client, exp, parent, STUDY, **kw)  # noqa: E731
     # batch 8
-    T(trial_id="r0-s0", row=0, label="FP32 baseline", status="finished", bs=8, seed=0,
-      precision="fp32", method="none", final_map=0.7894)
-    T(trial_id="r0-s1", row=0, label="FP32 baseline", status="finished", bs=8, seed=1,
-      precision="fp32", method="none", final_map=0.7900)
+    T(
+        trial_id="r0-s0",
+        row=0,
+        label="FP32 baseline",
+        status="finished",
+        bs=8,
+        seed=0,
+        precision="fp32",
+        method="none",
+        final_map=0.7894,
+    )
+    T(
+        trial_id="r0-s1",
+        row=0,
+        label="FP32 baseline",
+        status="finished",
+        bs=8,
+        seed=1,
+        precision="fp32",
+        method="none",
+        final_map=0.7900,
+    )
     # trial r1-s0 has two runs (a restore): the stale earlier one must not count
-    T(trial_id="r1-s0", row=1, label="adaptive", status="finished", bs=8, seed=0,
-      final_map=0.9999, start=t0)
-    T(trial_id="r1-s0", row=1, label="adaptive", status="finished", bs=8, seed=0,
-      final_map=0.7927, start=t0 + 60_000)
+    T(trial_id="r1-s0", row=1, label="adaptive", status="finished", bs=8, seed=0, final_map=0.9999, start=t0)
+    T(trial_id="r1-s0", row=1, label="adaptive", status="finished", bs=8, seed=0, final_map=0.7927, start=t0 + 60_000)
     T(trial_id="r2-s0", row=2, label="adaptive (freq=10)", status="finished", bs=8, seed=0, final_map=0.7924)
-    T(trial_id="r3-s0", row=3, label="no loss scale", status="diverged", bs=8, seed=0,
-      method="fixed", diverged_step=1200)
+    T(
+        trial_id="r3-s0",
+        row=3,
+        label="no loss scale",
+        status="diverged",
+        bs=8,
+        seed=0,
+        method="fixed",
+        diverged_step=1200,
+    )
     T(trial_id="r4-s0", row=4, label="loss scale (8)", status="failed", bs=8, seed=0, method="fixed")
     T(trial_id="r5-s0", row=5, label="loss scale (128)", status="running", bs=8, seed=0, method="fixed")
     for seed, m in ((0, 0.7800), (1, 0.7820)):
-        T(trial_id=f"r6-s{seed}", row=6, label="loss scale (dynamic, interval=10)", status="finished",
-          bs=8, seed=seed, method="dynamic", final_map=m)
-    T(trial_id="r6-s2", row=6, label="loss scale (dynamic, interval=10)", status="diverged", bs=8,
-      seed=2, method="dynamic", diverged_step=300)
+        T(
+            trial_id=f"r6-s{seed}",
+            row=6,
+            label="loss scale (dynamic, interval=10)",
+            status="finished",
+            bs=8,
+            seed=seed,
+            method="dynamic",
+            final_map=m,
+        )
+    T(
+        trial_id="r6-s2",
+        row=6,
+        label="loss scale (dynamic, interval=10)",
+        status="diverged",
+        bs=8,
+        seed=2,
+        method="dynamic",
+        diverged_step=300,
+    )
     # batch 32 (inserted out of row order on purpose)
-    T(trial_id="b32-r5", row=5, label="loss scale (128)", status="finished", bs=32, seed=0,
-      method="fixed", final_map=0.8001)
+    T(
+        trial_id="b32-r5",
+        row=5,
+        label="loss scale (128)",
+        status="finished",
+        bs=32,
+        seed=0,
+        method="fixed",
+        final_map=0.8001,
+    )
     T(trial_id="b32-r1", row=1, label="adaptive", status="finished", bs=32, seed=0, final_map=0.8030)
     T(trial_id="b32-r3", row=3, label="no loss scale", status="diverged", bs=32, seed=0, method="fixed")
 
     exp2 = client.create_experiment(OTHER)
     parent2 = client.create_run(exp2, tags={"lsbench.role": "study", "lsbench.study": OTHER}).info.run_id
-    _add_trial(client, exp2, parent2, OTHER, trial_id="t0", row=0, label="x", label_tag=False,
-               status="finished", bs=4, seed=0, model="ssd_tiny", precision="mixed16", method="fixed",
-               extra_params={"scaling.scale": "128"}, final_map=0.25, eval_metric="coco")
-    _add_trial(client, exp2, parent2, OTHER, trial_id="t1", row=1, label="adaptive", status="finished",
-               bs=4, seed=0, model="ssd_tiny", precision="mixed16", final_map=0.27, eval_metric="coco")
+    _add_trial(
+        client,
+        exp2,
+        parent2,
+        OTHER,
+        trial_id="t0",
+        row=0,
+        label="x",
+        label_tag=False,
+        status="finished",
+        bs=4,
+        seed=0,
+        model="ssd_tiny",
+        precision="mixed16",
+        method="fixed",
+        extra_params={"scaling.scale": "128"},
+        final_map=0.25,
+        eval_metric="coco",
+    )
+    _add_trial(
+        client,
+        exp2,
+        parent2,
+        OTHER,
+        trial_id="t1",
+        row=1,
+        label="adaptive",
+        status="finished",
+        bs=4,
+        seed=0,
+        model="ssd_tiny",
+        precision="mixed16",
+        final_map=0.27,
+        eval_metric="coco",
+    )
     return uri
 
 
@@ -111,8 +220,10 @@ FP32_B8_VALS, DYN_VALS = {0: 0.7894, 1: 0.7900}, {0: 0.7800, 1: 0.7820}
 # exact (Clopper-Pearson) interval is [0, 1 − √0.025] = [0.00, 0.84]. The per-seed differences -0.94, -0.80 points have
 # sd 0.099, so 2 seeds already give a 95% half-width of 12.71 · 0.099 / √2 = 0.89 < 1.0: the interval is
 # narrow enough, Δ sits too close to -1.0 for the tests to show equivalence.
-DYN_VS = ("inconclusive (paired, p=0.051), Δ -0.87 [-1.76, +0.02], P(>)=0.00 [0.00, 0.84]; "
-          "Δ too close to ±1.0 to show equivalence")
+DYN_VS = (
+    "inconclusive (paired, p=0.051), Δ -0.87 [-1.76, +0.02], P(>)=0.00 [0.00, 0.84]; "
+    "Δ too close to ±1.0 to show equivalence"
+)
 
 
 def _scipy_test(a, b, paired: bool):
@@ -143,8 +254,10 @@ def _vs_cell(verdict: str, a, b, paired: bool, tail: str = "") -> str:
     the interval (P(>) and, for an inconclusive row, the seeds it needs), worked out beside each use."""
     p, d, lo, hi = _scipy_test(a, b, paired)
     assert (p < 0.05) == verdict.startswith(("worse", "better"))
-    return (f"{verdict} ({'paired, ' if paired else ''}{_ptext(p)}), Δ {100 * d:+.2f} [{100 * lo:+.2f}, {100 * hi:+.2f}]"
-            + tail)
+    return (
+        f"{verdict} ({'paired, ' if paired else ''}{_ptext(p)}), Δ {100 * d:+.2f} [{100 * lo:+.2f}, {100 * hi:+.2f}]"
+        + tail
+    )
 
 
 @pytest.fixture(scope="module")
@@ -156,8 +269,24 @@ def test_load_runs_one_row_per_trial(runs):
     assert runs["study"].eq(STUDY).all()
     assert len(runs) == 13  # 14 trial runs, one trial_id twice; parent run excluded
     assert runs["trial_id"].is_unique
-    for c in ("study", "trial_id", "run_id", "status", "label", "row", "model", "batch_size", "seed",
-              "precision", "method", "final_map", "final_map_50", "best_map", "diverged_step", "eval_metric"):
+    for c in (
+        "study",
+        "trial_id",
+        "run_id",
+        "status",
+        "label",
+        "row",
+        "model",
+        "batch_size",
+        "seed",
+        "precision",
+        "method",
+        "final_map",
+        "final_map_50",
+        "best_map",
+        "diverged_step",
+        "eval_metric",
+    ):
         assert c in runs.columns
     r = runs.set_index("trial_id")
     assert r.loc["r1-s0", "final_map"] == pytest.approx(0.7927)  # the latest run of the trial
@@ -207,14 +336,13 @@ def test_markdown_exact(runs):
     # batch 8 has an fp32 row: it is the baseline (no entry is marked), so the table has verdicts.
     # dynamic finished seeds 0 and 1, the baseline's seeds (its diverged seed 2 is left out): paired test.
     # The adaptive rows have seed 0 only: Welch's test, which needs two values a side: too few seeds.
-    assert _vs_cell("inconclusive", DYN_VALS, FP32_B8_VALS, paired=True, tail=DYN_VS[DYN_VS.index(", P"):]) == DYN_VS
+    assert _vs_cell("inconclusive", DYN_VALS, FP32_B8_VALS, paired=True, tail=DYN_VS[DYN_VS.index(", P") :]) == DYN_VS
     w = len(DYN_VS)
-    assert lines[i + 1: i + 12] == [
+    assert lines[i + 1 : i + 12] == [
         "",
         "| Model  | Loss scale                          | Batch size | Validation mAP                   | "
         f"{'vs baseline':<{w}} |",
-        "| ------ | ----------------------------------- | ---------- | -------------------------------- | "
-        f"{'-' * w} |",
+        f"| ------ | ----------------------------------- | ---------- | -------------------------------- | {'-' * w} |",
         "| SSD512 | FP32 baseline                       | 8          | 78.97 ± 0.04 (n=2)               | "
         f"{'baseline':<{w}} |",
         "| SSD512 | adaptive †                          | 8          | **79.27**                        | "
@@ -233,7 +361,7 @@ def test_markdown_exact(runs):
     j = lines.index(f"### {STUDY}: SSD512 batch 32")
     assert j > i
     # batch 32 has no fp32 row and no marked one: no baseline, no verdict column
-    assert lines[j + 1: j + 8] == [
+    assert lines[j + 1 : j + 8] == [
         "",
         "| Model  | Loss scale         | Batch size | Validation mAP |",
         "| ------ | ------------------ | ---------- | -------------- |",
@@ -244,7 +372,7 @@ def test_markdown_exact(runs):
     ]
     assert lines[0] == f"## {STUDY}"
     assert sum(line.startswith("### ") for line in lines) == 2
-    assert lines[j + 8:] == [
+    assert lines[j + 8 :] == [
         "Metric: VOC07 11-point mAP (`final_map`, %). Best per table in bold.",
         "",
         report.SEEDS_NOTE,
@@ -307,8 +435,10 @@ def test_latex_escaping(runs):
     assert r"SSD512 & FP32 baseline & 8 & 78.97 $\pm$ 0.04 (n=2) & baseline \\" in tex
     assert r"SSD512 & adaptive$^\dagger$ & 8 & \textbf{79.27} & too few seeds \\" in tex
     assert r"SSD512 & adaptive$^\dagger$ & 32 & \textbf{80.30} \\" in tex
-    assert r"inconclusive (paired, p=0.051), $\Delta$ -0.87 [-1.76, +0.02], P(\textgreater{})=0.00 [0.00, 0.84]; " \
-           r"$\Delta$ too close to $\pm$1.0 to show equivalence \\" in tex
+    assert (
+        r"inconclusive (paired, p=0.051), $\Delta$ -0.87 [-1.76, +0.02], P(\textgreater{})=0.00 [0.00, 0.84]; "
+        r"$\Delta$ too close to $\pm$1.0 to show equivalence \\" in tex
+    )
     assert r"\caption{ssd512\_emu: SSD512 batch 8}" in tex
     assert r"\texttt{final\_map}, \%" in tex
     assert "±" not in tex and "–" not in tex and "Δ" not in tex and "−" not in tex
@@ -366,7 +496,6 @@ def test_cell_rules():
     assert not one["best"].any()
 
 
-
 # --------------------------------------------------------------------------
 # seeds and statistics: a second store with known seed values
 
@@ -402,14 +531,38 @@ def stats_store(tmp_path_factory):
 
     def rows(bs, row, label, values, **kw):  # values: a list (seeds 0, 1, ...) or seed -> value
         for seed, v in _by_seed(values).items():
-            _add_trial(client, exp, parent, NOISY, trial_id=f"b{bs}-r{row}-s{seed}", row=row, label=label,
-                       status="finished", bs=bs, seed=seed, final_map=v, **kw)
+            _add_trial(
+                client,
+                exp,
+                parent,
+                NOISY,
+                trial_id=f"b{bs}-r{row}-s{seed}",
+                row=row,
+                label=label,
+                status="finished",
+                bs=bs,
+                seed=seed,
+                final_map=v,
+                **kw,
+            )
 
     rows(8, 0, "FP32 baseline", BASE_VALS, precision="fp32", method="none", baseline=False)
     rows(8, 1, "bad", BAD_VALS, precision="fp8-emulated", baseline=False)
     rows(8, 2, "ok", OK_VALS, baseline=False)
-    _add_trial(client, exp, parent, NOISY, trial_id="b8-r2-s3", row=2, label="ok", status="diverged", bs=8,
-               seed=3, diverged_step=40, baseline=False)
+    _add_trial(
+        client,
+        exp,
+        parent,
+        NOISY,
+        trial_id="b8-r2-s3",
+        row=2,
+        label="ok",
+        status="diverged",
+        bs=8,
+        seed=3,
+        diverged_step=40,
+        baseline=False,
+    )
     rows(8, 3, "close", CLOSE_VALS, baseline=False)
     rows(8, 4, "other seeds", SHIFTED_VALS, baseline=False)
     rows(8, 5, "partial", PARTIAL_VALS, baseline=False)
@@ -420,8 +573,21 @@ def stats_store(tmp_path_factory):
     exp2 = client.create_experiment(ONE_SEED)
     parent2 = client.create_run(exp2, tags={"lsbench.role": "study", "lsbench.study": ONE_SEED}).info.run_id
     for row, (label, prec, v) in enumerate((("FP32 baseline", "fp32", 0.5), ("adaptive", "mixed16", 0.45))):
-        _add_trial(client, exp2, parent2, ONE_SEED, trial_id=f"o{row}", row=row, label=label, status="finished",
-                   bs=4, seed=0, precision=prec, method="none" if prec == "fp32" else "adaptive", final_map=v)
+        _add_trial(
+            client,
+            exp2,
+            parent2,
+            ONE_SEED,
+            trial_id=f"o{row}",
+            row=row,
+            label=label,
+            status="finished",
+            bs=4,
+            seed=0,
+            precision=prec,
+            method="none" if prec == "fp32" else "adaptive",
+            final_map=v,
+        )
     return uri
 
 
@@ -490,16 +656,19 @@ def test_same_seeds_are_paired_other_seeds_fall_back_to_welch(stats_store):
 
     base = _by_seed(BASE_VALS)
     # every value of "other seeds" is under every baseline value: U = 0 of 3·3 pairs (unpaired: no interval)
-    assert vs_column("other seeds") == _vs_cell("worse than baseline", SHIFTED_VALS, base, paired=False,
-                                                tail=", P(>)=0.00")
+    assert vs_column("other seeds") == _vs_cell(
+        "worse than baseline", SHIFTED_VALS, base, paired=False, tail=", P(>)=0.00"
+    )
     # close is under the baseline on all 3 seeds: 0 in 3, Clopper-Pearson [0, 1 − 0.025^(1/3)] = [0, 0.71]
-    assert vs_column("close") == _vs_cell("worse than baseline", _by_seed(CLOSE_VALS), base, paired=True,
-                                          tail=", P(>)=0.00 [0.00, 0.71]")
+    assert vs_column("close") == _vs_cell(
+        "worse than baseline", _by_seed(CLOSE_VALS), base, paired=True, tail=", P(>)=0.00 [0.00, 0.71]"
+    )
     # partial (47, 52) against (50, 51, 49): 52 beats all three, 47 none: U = 3 of 6, P = 0.50; Welch's
     # half-width with equal n, sd 3.54 and 1.00 points: t(0.975, df(n))·√((12.5 + 1)/n) <= 1.0 first at
     # n = 54, where df = 13.5²·53/(12.5² + 1²) = 61.4 and t = 1.9993: 1.9993·√(13.5/54) = 0.9997 (n = 53: 1.009)
-    assert vs_column("partial") == _vs_cell("inconclusive", PARTIAL_VALS, base, paired=False,
-                                            tail=", P(>)=0.50; ±1.0 needs ~54 seeds per row")
+    assert vs_column("partial") == _vs_cell(
+        "inconclusive", PARTIAL_VALS, base, paired=False, tail=", P(>)=0.50; ±1.0 needs ~54 seeds per row"
+    )
 
 
 def test_baseline_true_picks_a_non_fp32_row(stats_store):
@@ -524,8 +693,9 @@ def test_verdict_column_and_notes_in_every_format(stats_store):
     bad_line = next(line for line in md.splitlines() if "| bad †" in line)
     # scipy.stats.ttest_rel on the same numbers: p = 0.00022, 95% CI of the difference [-0.4148, -0.3652]
     # bad is under the baseline on every seed: P(>) = 0/3, Clopper-Pearson [0, 0.71]
-    bad_vs = _vs_cell("worse than baseline", _by_seed(BAD_VALS), _by_seed(BASE_VALS), paired=True,
-                      tail=", P(>)=0.00 [0.00, 0.71]")
+    bad_vs = _vs_cell(
+        "worse than baseline", _by_seed(BAD_VALS), _by_seed(BASE_VALS), paired=True, tail=", P(>)=0.00 [0.00, 0.71]"
+    )
     assert bad_vs == "worse than baseline (paired, p<0.001), Δ -39.00 [-41.48, -36.52], P(>)=0.00 [0.00, 0.71]"
     assert bad_line.split("|")[-2].strip() == bad_vs
     assert report.SEEDS_NOTE in md and report._verdict_note("final_map", 1.0) in md
@@ -539,9 +709,28 @@ def test_verdict_column_and_notes_in_every_format(stats_store):
     tex = render(runs, "latex")
     assert tex.count(r"\begin{tabular}{llrll}") == 2 and r"bad$^\dagger$" in tex
     back = pd.read_csv(io.StringIO(render(runs, "csv")))
-    for c in ("mean_pct", "std_pct", "n", "cell", "p_value", "diff_pct", "diff_ci_low_pct", "diff_ci_high_pct",
-              "test", "verdict", "baseline_label", "baseline", "half_width_pct", "tost_p", "margin_pct",
-              "seeds_needed", "p_better", "p_better_low", "p_better_high", "outcome"):  # mAP in %, said by the header
+    for c in (
+        "mean_pct",
+        "std_pct",
+        "n",
+        "cell",
+        "p_value",
+        "diff_pct",
+        "diff_ci_low_pct",
+        "diff_ci_high_pct",
+        "test",
+        "verdict",
+        "baseline_label",
+        "baseline",
+        "half_width_pct",
+        "tost_p",
+        "margin_pct",
+        "seeds_needed",
+        "p_better",
+        "p_better_low",
+        "p_better_high",
+        "outcome",
+    ):  # mAP in %, said by the header
         assert c in back.columns, c
     bad = back[(back["batch_size"] == 8) & (back["row"] == 1)].iloc[0]
     assert bad["n"] == 3 and bad["verdict"].startswith("worse than baseline (paired") and bad["test"] == "paired"
@@ -568,18 +757,22 @@ def test_one_seed_study_says_too_few_seeds_and_no_seeds_note(stats_store):
 
 def test_emulated_precisions_are_marked():
     base = dict(study="s", model="ssd_tiny", batch_size=4, eval_metric="voc", status="finished", seed=0)
-    rows = [dict(base, trial_id="a", row=0, label="a", precision="fp8-emulated", final_map=0.3),
-            dict(base, trial_id="b", row=1, label="b", precision="fp4-emulated", final_map=0.2),
-            dict(base, trial_id="c", row=2, label="c", precision="bf16", final_map=0.1)]
+    rows = [
+        dict(base, trial_id="a", row=0, label="a", precision="fp8-emulated", final_map=0.3),
+        dict(base, trial_id="b", row=1, label="b", precision="fp4-emulated", final_map=0.2),
+        dict(base, trial_id="c", row=2, label="c", precision="bf16", final_map=0.1),
+    ]
     md = render(pd.DataFrame(rows), "markdown")
     assert "| a † " in md and "| b † " in md and "| c " in md and "| c †" not in md
     assert "† fp8-emulated: " in md and "† fp4-emulated: these numbers come from a CPU emulation of fp4" in md
     assert "fp16-emulated" not in md
 
 
-TAGGED = ("name: tagged\ndataset: {name: synthetic}\nmodel: ssd_tiny\nbatch_size: 4\nprecision: fp8-emulated\n"
-          "scaling:\n  - {method: none, precision: fp32FP32}\n  - {method: adaptiveADAPTIVE}\n"
-          "schedule: {iterations: 10, lr: 1e-3}\n")
+TAGGED = (
+    "name: tagged\ndataset: {name: synthetic}\nmodel: ssd_tiny\nbatch_size: 4\nprecision: fp8-emulated\n"
+    "scaling:\n  - {method: none, precision: fp32FP32}\n  - {method: adaptiveADAPTIVE}\n"
+    "schedule: {iterations: 10, lr: 1e-3}\n"
+)
 
 
 def _tagged(marked: str):
@@ -620,16 +813,33 @@ def test_tracker_writes_baseline_and_emulated_tags(tmp_path):
     assert _marked(uri) == ["adaptive"]
 
 
-@pytest.mark.parametrize("params,precision,label", [
-    ({"scaling.method": "none"}, "fp32", "FP32 baseline"),
-    ({"scaling.method": "fixed", "scaling.scale": "128.0", "scaling.skip_nonfinite": "True"}, "fp16-emulated",
-     "loss scale (128)"),
-    ({"scaling.method": "dynamic", "scaling.style": "torch", "scaling.interval": "2000",
-      "scaling.init_scale": "65536.0"}, "mixed16", "loss scale (dynamic, torch, interval=2000)"),
-    ({"scaling.method": "adaptive", "scaling.update_every": "10"}, "mixed16", "adaptive (freq=10)"),
-    ({"scaling.method": "layerwise_dynamic", "scaling.interval": "100", "scaling.init_scale": "1024.0"},
-     "fp8-emulated", "layer-wise dynamic (interval=100, init=1024)"),
-])
+@pytest.mark.parametrize(
+    "params,precision,label",
+    [
+        ({"scaling.method": "none"}, "fp32", "FP32 baseline"),
+        (
+            {"scaling.method": "fixed", "scaling.scale": "128.0", "scaling.skip_nonfinite": "True"},
+            "fp16-emulated",
+            "loss scale (128)",
+        ),
+        (
+            {
+                "scaling.method": "dynamic",
+                "scaling.style": "torch",
+                "scaling.interval": "2000",
+                "scaling.init_scale": "65536.0",
+            },
+            "mixed16",
+            "loss scale (dynamic, torch, interval=2000)",
+        ),
+        ({"scaling.method": "adaptive", "scaling.update_every": "10"}, "mixed16", "adaptive (freq=10)"),
+        (
+            {"scaling.method": "layerwise_dynamic", "scaling.interval": "100", "scaling.init_scale": "1024.0"},
+            "fp8-emulated",
+            "layer-wise dynamic (interval=100, init=1024)",
+        ),
+    ],
+)
 def test_stored_runs_are_labelled_by_the_study_label_code(params, precision, label):
     """A run without an ``lsbench.label`` tag gets the label a study entry of the same scaling gets."""
     from lossscale_bench.report.runs import derive_label
@@ -638,8 +848,10 @@ def test_stored_runs_are_labelled_by_the_study_label_code(params, precision, lab
     assert derive_label(params, precision) == label
     entry = {k.split(".", 1)[1]: v for k, v in params.items()}
     yaml_entry = "{" + ", ".join(f"{k}: {v}" for k, v in entry.items()) + "}"
-    study = load_study_text(f"name: t\ndataset: synthetic\nmodel: ssd_tiny\nbatch_size: 8\nprecision: {precision}\n"
-                            f"scaling: [{yaml_entry}]\nschedule: {{iterations: 10, lr: 0.001}}\n")
+    study = load_study_text(
+        f"name: t\ndataset: synthetic\nmodel: ssd_tiny\nbatch_size: 8\nprecision: {precision}\n"
+        f"scaling: [{yaml_entry}]\nschedule: {{iterations: 10, lr: 0.001}}\n"
+    )
     assert study.trials()[0].label == label == default_label(study.trials()[0].scaling, precision)
 
 

@@ -22,8 +22,10 @@ from plot_store import _trial
 from lossscale_bench.report import write_report
 
 STUDY = "escapes"
-HOSTILE = ('a|b \\| c <script>alert("x")</script> 50% & $5_{x}^~#\n\nnew line\r\n, "quoted" '
-           "[x](javascript:alert(1)) ![i](i.png) *em* **b** `code` _u_ ~~del~~ &lt; &#42; fp8_e4m3")
+HOSTILE = (
+    'a|b \\| c <script>alert("x")</script> 50% & $5_{x}^~#\n\nnew line\r\n, "quoted" '
+    "[x](javascript:alert(1)) ![i](i.png) *em* **b** `code` _u_ ~~del~~ &lt; &#42; fp8_e4m3"
+)
 FLAT = re.sub(r"\s*[\r\n]+\s*", " ", HOSTILE)  # what a one-line table cell can show
 
 
@@ -37,11 +39,35 @@ def uri(tmp_path_factory):
     exp = client.create_experiment(STUDY, artifact_location=(root / "artifacts").resolve().as_uri())
     parent = client.create_run(exp, tags={"lsbench.role": "study", "lsbench.study": STUDY}).info.run_id
     for seed, m in ((0, 0.30), (1, 0.31)):
-        _trial(client, exp, parent, STUDY, root / "csv", trial_id=f"r0-s{seed}", row=0, label="FP32 baseline",
-               status="finished", seed=seed, method="none", precision="fp32", final_map=m)
+        _trial(
+            client,
+            exp,
+            parent,
+            STUDY,
+            root / "csv",
+            trial_id=f"r0-s{seed}",
+            row=0,
+            label="FP32 baseline",
+            status="finished",
+            seed=seed,
+            method="none",
+            precision="fp32",
+            final_map=m,
+        )
     for seed, m in ((0, 0.33), (1, 0.35)):
-        _trial(client, exp, parent, STUDY, root / "csv", trial_id=f"r1-s{seed}", row=1, label=HOSTILE,
-               status="finished", seed=seed, final_map=m)
+        _trial(
+            client,
+            exp,
+            parent,
+            STUDY,
+            root / "csv",
+            trial_id=f"r1-s{seed}",
+            row=1,
+            label=HOSTILE,
+            status="finished",
+            seed=seed,
+            final_map=m,
+        )
     return uri
 
 
@@ -122,9 +148,21 @@ def test_csv_keeps_a_hostile_label_exactly(uri, tmp_path):
     assert len({len(r) for r in rows}) == 1 and all(None not in r for r in rows)  # no stray columns
 
 
-_LATEX_BACK = {r"\textbackslash{}": "\\", r"\&": "&", r"\%": "%", r"\$": "$", r"\#": "#", r"\_": "_",
-               r"\{": "{", r"\}": "}", r"\textasciitilde{}": "~", r"\textasciicircum{}": "^",
-               r"\textless{}": "<", r"\textgreater{}": ">", r"\textbar{}": "|"}
+_LATEX_BACK = {
+    r"\textbackslash{}": "\\",
+    r"\&": "&",
+    r"\%": "%",
+    r"\$": "$",
+    r"\#": "#",
+    r"\_": "_",
+    r"\{": "{",
+    r"\}": "}",
+    r"\textasciitilde{}": "~",
+    r"\textasciicircum{}": "^",
+    r"\textless{}": "<",
+    r"\textgreater{}": ">",
+    r"\textbar{}": "|",
+}
 _LATEX_TOKEN = re.compile("|".join(re.escape(k) for k in sorted(_LATEX_BACK, key=len, reverse=True)))
 
 
@@ -140,8 +178,8 @@ def _split_row(line: str) -> list[str]:
 
 def test_latex_table_survives_a_hostile_label(uri, tmp_path):
     tex = _report(uri, "latex", tmp_path)
-    body = tex[tex.index(r"\midrule") + len(r"\midrule"):tex.index(r"\bottomrule")].strip("\n").split("\n")
-    header = _split_row(tex[tex.index(r"\toprule") + len(r"\toprule"):tex.index(r"\midrule")].strip())
+    body = tex[tex.index(r"\midrule") + len(r"\midrule") : tex.index(r"\bottomrule")].strip("\n").split("\n")
+    header = _split_row(tex[tex.index(r"\toprule") + len(r"\toprule") : tex.index(r"\midrule")].strip())
     assert len(body) == 2, body  # two rows, each on one line: no paragraph break inside the tabular
     cells = [_split_row(line) for line in body]
     assert all(len(c) == len(header) for c in cells), cells

@@ -29,8 +29,14 @@ from lossscale_bench.report import write_report
 
 
 def _find_chromium() -> str | None:
-    for name in (os.environ.get("LSBENCH_CHROMIUM"), "chromium", "chromium-browser", "google-chrome",
-                 "google-chrome-stable", "chrome"):
+    for name in (
+        os.environ.get("LSBENCH_CHROMIUM"),
+        "chromium",
+        "chromium-browser",
+        "google-chrome",
+        "google-chrome-stable",
+        "chrome",
+    ):
         if name and (path := shutil.which(name)):
             return path
     return None
@@ -55,8 +61,10 @@ def _dynamic_vs() -> str:
     ci = ref.confidence_interval(0.95)
     assert 0.05 < ref.pvalue < 0.095  # two significant digits, within noise
     diff = 100 * (0.32 + 0.325 - 0.30 - 0.31) / 2
-    return (f"inconclusive (paired, p={ref.pvalue:.2g}), Δ {diff:+.2f} [{100 * ci.low:+.2f}, {100 * ci.high:+.2f}], "
-            "P(>)=1.00 [0.16, 1.00]; ±1.0 needs ~3 seeds")
+    return (
+        f"inconclusive (paired, p={ref.pvalue:.2g}), Δ {diff:+.2f} [{100 * ci.low:+.2f}, {100 * ci.high:+.2f}], "
+        "P(>)=1.00 [0.16, 1.00]; ±1.0 needs ~3 seeds"
+    )
 
 
 # plot_store.STUDY: FP32 baseline seeds 0, 1 = 0.30, 0.31; adaptive 0.33, 0.34 (the same +3 points on both
@@ -65,8 +73,13 @@ def _dynamic_vs() -> str:
 EXPECTED_ROWS = [
     ["SSD-tiny", "FP32 baseline", "4", "30.50 ± 0.71 (n=2)", "baseline"],
     ["SSD-tiny", "adaptive", "4", "33.50 ± 0.71 (n=2)", "no seed variance"],
-    ["SSD-tiny", "loss scale (dynamic, interval=10)", "4", "32.25 ± 0.35 (n=2, 1/3 diverged)",
-     "inconclusive (paired, p=0.09), Δ +1.75 [-1.43, +4.93], P(>)=1.00 [0.16, 1.00]; ±1.0 needs ~3 seeds"],
+    [
+        "SSD-tiny",
+        "loss scale (dynamic, interval=10)",
+        "4",
+        "32.25 ± 0.35 (n=2, 1/3 diverged)",
+        "inconclusive (paired, p=0.09), Δ +1.75 [-1.43, +4.93], P(>)=1.00 [0.16, 1.00]; ±1.0 needs ~3 seeds",
+    ],
     ["SSD-tiny", "no loss scale", "4", "diverged", "no values"],
     ["SSD-tiny", "loss scale (8)", "4", "failed", "no values"],
 ]
@@ -94,11 +107,23 @@ window.addEventListener("load", () => {
 
 def _chromium(tmp: Path, *args: str) -> subprocess.CompletedProcess:
     cmd = [
-        CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync",
-        "--disable-dev-shm-usage", "--disable-extensions", "--hide-scrollbars", "--mute-audio",
+        CHROMIUM,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--disable-dev-shm-usage",
+        "--disable-extensions",
+        "--hide-scrollbars",
+        "--mute-audio",
         "--host-resolver-rules=MAP * ~NOTFOUND",  # a page that needed the network would show it
-        f"--user-data-dir={tmp / 'chromium-profile'}", "--virtual-time-budget=5000", *args,
+        f"--user-data-dir={tmp / 'chromium-profile'}",
+        "--virtual-time-budget=5000",
+        *args,
     ]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=90, env={**os.environ, "HOME": str(tmp)})
     assert r.returncode == 0, r.stderr[-2000:]

@@ -13,8 +13,17 @@ BASE = [0.440, 0.460, 0.420, 0.450, 0.430, 0.455, 0.445, 0.425, 0.435]
 def _summary(rows: dict[str, list[float]], baseline: str = "fp32") -> pd.DataFrame:
     out = []
     for k, (label, vals) in enumerate(rows.items()):
-        out.append({"setting_id": "s", "model": "ssd_tiny", "batch_size": 8, "row": k, "label": label,
-                    "baseline": label == baseline, "values_by_seed": dict(enumerate(vals))})
+        out.append(
+            {
+                "setting_id": "s",
+                "model": "ssd_tiny",
+                "batch_size": 8,
+                "row": k,
+                "label": label,
+                "baseline": label == baseline,
+                "values_by_seed": dict(enumerate(vals)),
+            }
+        )
     return pd.DataFrame(out)
 
 

@@ -40,8 +40,17 @@ DESIGNS = ((3, 3, 18), (3, 1, 10))
 def _case(design, sd, delta, naive=False):
     start, step, maximum = design
     seed = 100_000 * step + 100 * round(10 * sd) + round(10 * delta) + 50  # fixed, one per case
-    return simulate(delta, sd, sizes=look_sizes(start, step, maximum), maximum=maximum, margin=MARGIN, reps=REPS,
-                    seed=seed, alpha=ALPHA, naive=naive)
+    return simulate(
+        delta,
+        sd,
+        sizes=look_sizes(start, step, maximum),
+        maximum=maximum,
+        margin=MARGIN,
+        reps=REPS,
+        seed=seed,
+        alpha=ALPHA,
+        naive=naive,
+    )
 
 
 @pytest.mark.parametrize("design", DESIGNS)
@@ -147,9 +156,13 @@ def test_run_rule_stops_at_the_first_deciding_look():
     import numpy as np
 
     sizes = [3, 6]
-    d = np.array([[1.0, 1.1, 0.9, 1.0, 1.0, 1.0],      # different at look 1 under a lenient boundary
-                  [0.0, 0.1, -0.1, 0.0, 0.05, -0.05],  # equivalent at look 1
-                  [3.0, -3.0, 1.0, -2.0, 2.5, -1.0]])  # neither
+    d = np.array(
+        [
+            [1.0, 1.1, 0.9, 1.0, 1.0, 1.0],  # different at look 1 under a lenient boundary
+            [0.0, 0.1, -0.1, 0.0, 0.05, -0.05],  # equivalent at look 1
+            [3.0, -3.0, 1.0, -2.0, 2.5, -1.0],
+        ]
+    )  # neither
     outcome, used, sign = run_rule(d, sizes, 1.0, [4.3, 2.6], [2.9, 2.0])
     assert outcome.tolist() == [1, 2, 3] and used.tolist() == [3, 3, 6] and sign[0] == 1.0
 

@@ -22,9 +22,21 @@ def _runs(rows: dict[str, dict[int, object]], baseline: str) -> pd.DataFrame:
     for n, (label, by_seed) in enumerate(rows.items()):
         for seed, v in by_seed.items():
             value = v if isinstance(v, float) else math.nan
-            out.append({"study": "s", "model": "ssd_tiny", "batch_size": 4, "row": n, "label": label,
-                        "precision": "fp32", "seed": seed, "eval_metric": "coco", "baseline": label == baseline,
-                        "status": "finished" if isinstance(v, float) else v, "final_map": value})
+            out.append(
+                {
+                    "study": "s",
+                    "model": "ssd_tiny",
+                    "batch_size": 4,
+                    "row": n,
+                    "label": label,
+                    "precision": "fp32",
+                    "seed": seed,
+                    "eval_metric": "coco",
+                    "baseline": label == baseline,
+                    "status": "finished" if isinstance(v, float) else v,
+                    "final_map": value,
+                }
+            )
     return pd.DataFrame(out)
 
 
@@ -47,10 +59,14 @@ def test_equivalent_cell_shows_the_interval_tost_decided_on():
     runs = _runs(TWO_SEEDS, "base")
     r = _row(summarize(runs), "close")
     assert r["outcome"] == "equivalent"
-    assert (100 * r["diff_ci_low"], 100 * r["diff_ci_high"]) == (pytest.approx(-1.0706, abs=1e-3),
-                                                                 pytest.approx(1.4706, abs=1e-3))
-    assert (100 * r["tost_ci_low"], 100 * r["tost_ci_high"]) == (pytest.approx(-0.4314, abs=1e-3),
-                                                                 pytest.approx(0.8314, abs=1e-3))
+    assert (100 * r["diff_ci_low"], 100 * r["diff_ci_high"]) == (
+        pytest.approx(-1.0706, abs=1e-3),
+        pytest.approx(1.4706, abs=1e-3),
+    )
+    assert (100 * r["tost_ci_low"], 100 * r["tost_ci_high"]) == (
+        pytest.approx(-0.4314, abs=1e-3),
+        pytest.approx(0.8314, abs=1e-3),
+    )
     cell = _vs(render(runs, "markdown"), "close")
     assert cell.startswith("equivalent (±1.0, paired TOST p=")
     assert ", Δ +0.20, 90% CI [-0.43, +0.83], " in cell and "[-1.07, +1.47]" not in cell
@@ -72,8 +88,10 @@ def render_compare_markdown(runs: pd.DataFrame) -> str:
 
 def test_p_better_from_three_seeds_is_never_a_zero_width_interval():
     # worse on every one of 3 seeds: 0 wins in 3, Clopper-Pearson [0, 0.708] (the bootstrap said [0, 0])
-    runs = _runs({"base": {0: 0.50, 1: 0.51, 2: 0.49}, "bad": {0: 0.10, 1: 0.12, 2: 0.11},
-                  "good": {0: 0.52, 1: 0.53, 2: 0.515}}, "base")
+    runs = _runs(
+        {"base": {0: 0.50, 1: 0.51, 2: 0.49}, "bad": {0: 0.10, 1: 0.12, 2: 0.11}, "good": {0: 0.52, 1: 0.53, 2: 0.515}},
+        "base",
+    )
     s = summarize(runs)
     bad, good = _row(s, "bad"), _row(s, "good")
     assert (bad["p_better"], bad["p_better_low"]) == (0.0, 0.0)
@@ -105,8 +123,7 @@ def test_unpaired_p_better_has_no_interval():
 def test_a_baseline_without_values_says_so_in_every_row():
     # seeds 0, 1; the baseline diverged on both: the other rows have two values each, and every one of them used
     # to read "too few seeds", blaming their own seeds
-    runs = _runs({"base": {0: "diverged", 1: "diverged"}, "a": {0: 0.40, 1: 0.42}, "b": {0: 0.41, 1: 0.43}},
-                 "base")
+    runs = _runs({"base": {0: "diverged", 1: "diverged"}, "a": {0: 0.40, 1: 0.42}, "b": {0: 0.41, 1: 0.43}}, "base")
     s = summarize(runs)
     for label in ("a", "b"):
         r = _row(s, label)

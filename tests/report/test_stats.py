@@ -68,8 +68,10 @@ def test_tost_says_equivalent_within_the_margin():
     assert v["p_better_low"] == pytest.approx(0.025 ** (1 / 3)) == pytest.approx(0.2924, abs=1e-4)
     # the 90% interval TOST decided on: 0.3 ± t(0.95, 2) · 0.11547 = 0.3 ± 2.920 · 0.11547 = [-0.037, +0.637],
     # inside ±1.0, while the 95% one, 0.3 ± 0.497, is the wider [-0.197, +0.797]
-    assert (v["tost_ci_low"] * 100, v["tost_ci_high"] * 100) == (pytest.approx(-0.0372, abs=1e-3),
-                                                                 pytest.approx(0.6372, abs=1e-3))
+    assert (v["tost_ci_low"] * 100, v["tost_ci_high"] * 100) == (
+        pytest.approx(-0.0372, abs=1e-3),
+        pytest.approx(0.6372, abs=1e-3),
+    )
     assert v["margin"] == M
     # a tighter margin is not shown: the 90% interval 0.3 ± 2.920 · 0.11547 = [-0.04, +0.64] leaves ±0.5
     tight = paired_verdict(X128, FP32, margin=0.005, shown_scale=100)
@@ -90,8 +92,10 @@ def test_tost_says_inconclusive_and_how_many_seeds_it_would_take():
     assert v["half_width"] == pytest.approx(0.04702, abs=1e-5)  # 4.303 · 1.0929 points
     assert v["p_better"] == pytest.approx(2 / 3)
     # 2 wins in 3: Clopper-Pearson [Beta(0.025; 2, 2), Beta(0.975; 3, 1)] = [0.0943, 0.9916]
-    assert (v["p_better_low"], v["p_better_high"]) == (pytest.approx(0.09430, abs=1e-4),
-                                                       pytest.approx(0.99160, abs=1e-4))
+    assert (v["p_better_low"], v["p_better_high"]) == (
+        pytest.approx(0.09430, abs=1e-4),
+        pytest.approx(0.99160, abs=1e-4),
+    )
 
 
 def test_clopper_pearson_by_hand_and_against_statsmodels_and_scipy():
@@ -136,7 +140,7 @@ def test_welch_tost_is_the_larger_of_two_one_sided_welch_tests():
     v = noise_verdict(a, b, margin=0.02, shown_scale=100)
     va, vb = statistics.variance(a) / 4, statistics.variance(b) / 3
     se = math.sqrt(va + vb)
-    df = (va + vb) ** 2 / (va ** 2 / 3 + vb ** 2 / 2)  # Welch–Satterthwaite
+    df = (va + vb) ** 2 / (va**2 / 3 + vb**2 / 2)  # Welch–Satterthwaite
     d = statistics.mean(a) - statistics.mean(b)
     by_hand = max(stats.t.sf((d + 0.02) / se, df), stats.t.cdf((d - 0.02) / se, df))
     assert v["test"] == "welch" and v["tost_p"] == pytest.approx(by_hand, rel=1e-9)
@@ -252,7 +256,9 @@ def test_paired_verdict_matches_scipy():
     assert v["outcome"] == "worse" and ref.pvalue < 0.05
     assert v["verdict"] == f"worse than baseline (paired, {format_p(ref.pvalue)})"
     # either dict order; a seed only one side has is left out; lower-is-better reads the sign the other way
-    assert paired_verdict(dict(reversed(row.items())), {**base, 7: 0.1}, margin=M)["p_value"] == pytest.approx(ref.pvalue)
+    assert paired_verdict(dict(reversed(row.items())), {**base, 7: 0.1}, margin=M)["p_value"] == pytest.approx(
+        ref.pvalue
+    )
     assert paired_verdict(row, base, margin=M, higher_is_better=False)["outcome"] == "better"
     assert paired_verdict(base, row, margin=M)["outcome"] == "better"
     # alpha: the same p is no difference at a stricter level (and not equivalent: Δ ≈ −1.0 point)

@@ -13,9 +13,16 @@ from lossscale_bench.study import load_study_text
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
     runs = tmp_path_factory.mktemp("tele") / "runs"
-    study = load_study_text(study_yaml(name="tele", precision="fp8-e4m3-emulated", seeds=[0, 1], log_every=2,
-                                       scaling=["{method: none, label: unscaled}",
-                                                "{method: fixed, scale: 128, label: x128}"]), "tele.yaml")
+    study = load_study_text(
+        study_yaml(
+            name="tele",
+            precision="fp8-e4m3-emulated",
+            seeds=[0, 1],
+            log_every=2,
+            scaling=["{method: none, label: unscaled}", "{method: fixed, scale: 128, label: x128}"],
+        ),
+        "tele.yaml",
+    )
     run_study(study, runs_dir=runs, executor="local", quiet=True)
     return runs, f"sqlite:///{runs / 'mlflow.db'}"
 
@@ -57,8 +64,10 @@ def test_cli_out_naming_another_format_says_so(store, tmp_path):
     # no --format given: the .csv of --out said it, and "drop --format" pointed at nothing to drop
     r = lsbench("report", "--runs-dir", runs, "--study", "tele", "--telemetry", "--out", str(tmp_path / "t.csv"))
     assert r.returncode == 2 and r.stdout == ""
-    assert r.stderr.strip() == (f"lsbench: error: --telemetry: the telemetry table is markdown only; --out "
-                                f"{tmp_path / 't.csv'} names a csv file: give an --out ending in .md, a folder, or -")
+    assert r.stderr.strip() == (
+        f"lsbench: error: --telemetry: the telemetry table is markdown only; --out "
+        f"{tmp_path / 't.csv'} names a csv file: give an --out ending in .md, a folder, or -"
+    )
 
 
 def test_cli_out_to_a_place_it_cannot_write_is_one_line(store, tmp_path):
@@ -78,14 +87,17 @@ def test_cli_out_to_a_place_it_cannot_write_is_one_line(store, tmp_path):
 def test_cli_telemetry_refuses_metric_and_margin(store):
     runs, _ = store
     # --metric and --margin say nothing about the telemetry table: refused, not silently ignored
-    for flags, named in ((("--metric", "best_map"), "--metric would change nothing in it; drop it"),
-                         (("--margin", "2"), "--margin would change nothing in it; drop it"),
-                         (("--metric", "best_map", "--margin", "2"),
-                          "--metric and --margin would change nothing in it; drop them")):
+    for flags, named in (
+        (("--metric", "best_map"), "--metric would change nothing in it; drop it"),
+        (("--margin", "2"), "--margin would change nothing in it; drop it"),
+        (("--metric", "best_map", "--margin", "2"), "--metric and --margin would change nothing in it; drop them"),
+    ):
         r = lsbench("report", "--runs-dir", runs, "--study", "tele", "--telemetry", "--out", "-", *flags)
         assert r.returncode == 2 and r.stdout == ""
-        assert r.stderr.strip() == (f"lsbench: error: --telemetry: the telemetry table has no mAP column and no "
-                                    f"verdicts, so {named}, or leave out --telemetry for the mAP tables")
+        assert r.stderr.strip() == (
+            f"lsbench: error: --telemetry: the telemetry table has no mAP column and no "
+            f"verdicts, so {named}, or leave out --telemetry for the mAP tables"
+        )
 
 
 def test_a_step_logged_twice_counts_once():
@@ -115,4 +127,6 @@ def test_a_new_per_layer_method_shows_its_layer_scales_without_a_report_edit(sto
         client.log_metric(rid, "madeup_point_scale_log2_median", 7.0, step=2)
     df = telemetry_rows(uri, "tele").set_index("label")
     assert df.loc["x128", "layer scale log2, median (last)"] == 7.0
-    assert df.loc["unscaled", "layer scale log2, median (last)"] != df.loc["unscaled", "layer scale log2, median (last)"]
+    assert (
+        df.loc["unscaled", "layer scale log2, median (last)"] != df.loc["unscaled", "layer scale log2, median (last)"]
+    )

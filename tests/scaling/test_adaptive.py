@@ -73,7 +73,7 @@ def _const_linear(g0: float, w0: float, out: int = 2, n: int = 3, inp: int = 5):
 
 def test_underflow_scale_is_the_active_bound():
     g, w = _const_linear(1e-5, 0.5)  # sigma_o = 5e-6 * sqrt(0.5 * 2) = 5e-6
-    s_uf = U_MIN / (K * 5e-6)        # ~9.57: below 16, 1024/P and the overflow cap
+    s_uf = U_MIN / (K * 5e-6)  # ~9.57: below 16, 1024/P and the overflow cap
     assert 8 < s_uf < 16
     assert approx_range_scale(g, w) == _pow2_floor(s_uf) == 8.0
     assert approx_range_scale(g, w, power_of_two=False) == pytest.approx(_fp16(s_uf), rel=0, abs=0)
@@ -91,9 +91,9 @@ def test_scale_upper_bound_is_active():
 
 def test_accum_upper_bound_uses_prev_scale():
     g, w = _const_linear(1e-6, 0.5)  # unbounded ~95.7
-    assert approx_range_scale(g, w, prev_scale=256.0) == 4.0          # 1024 / 256
+    assert approx_range_scale(g, w, prev_scale=256.0) == 4.0  # 1024 / 256
     assert approx_range_scale(g, w, prev_scale=512.0, accum_upper_bound=4096.0) == 8.0
-    assert approx_range_scale(g, w, prev_scale=2048.0) == 0.5         # may scale down
+    assert approx_range_scale(g, w, prev_scale=2048.0) == 0.5  # may scale down
 
 
 def test_overflow_cap_is_active_with_signed_extremes():
@@ -120,13 +120,13 @@ def test_overflow_cap_conv():
 
 
 def test_linear_and_conv_fan_in():
-    assert backward_fan_in(torch.empty(8, 5)) == 8            # Linear: out_features
-    assert backward_fan_in(torch.empty(8, 3, 3, 3)) == 72     # Conv: out_channels * kh * kw
+    assert backward_fan_in(torch.empty(8, 5)) == 8  # Linear: out_features
+    assert backward_fan_in(torch.empty(8, 3, 3, 3)) == 72  # Conv: out_channels * kh * kw
     g0, w0 = 1e-6, 0.25
-    lin = approx_range_scale(torch.full((4, 8), g0), torch.full((8, 5), w0), power_of_two=False,
-                             scale_upper_bound=1e9)
-    conv = approx_range_scale(torch.full((2, 8, 3, 3), g0), torch.full((8, 3, 3, 3), w0), power_of_two=False,
-                              scale_upper_bound=1e9)
+    lin = approx_range_scale(torch.full((4, 8), g0), torch.full((8, 5), w0), power_of_two=False, scale_upper_bound=1e9)
+    conv = approx_range_scale(
+        torch.full((2, 8, 3, 3), g0), torch.full((8, 3, 3, 3), w0), power_of_two=False, scale_upper_bound=1e9
+    )
     assert lin == _fp16(U_MIN / (K * g0 * w0 * math.sqrt(0.5 * 8)))
     assert conv == _fp16(U_MIN / (K * g0 * w0 * math.sqrt(0.5 * 72)))
 
@@ -172,11 +172,17 @@ def test_overflow_operand_as_max_abs_product_is_the_signed_extremes_bit_for_bit(
         got = unbounded_scale_tensor(g, w)
         assert got.view(torch.int32) == want.view(torch.int32), (case, float(got), float(want))
         capped += cap_active
-    edge = [(torch.zeros(2, 8, 3, 3), torch.ones(8, 2, 3, 3)), (torch.full((2, 8, 3, 3), 2.0 ** -149), -torch.ones(8, 2, 3, 3)),
-            (torch.tensor([[float("inf"), -1.0]]).expand(8, 2).reshape(2, 8), torch.zeros(8, 3)),
-            (torch.tensor([[-float("inf"), 5.0]]).expand(8, 2).reshape(2, 8), torch.tensor([[0.0], [2.0]]).expand(2, 3).repeat(4, 1)),
-            (torch.tensor([[float("nan"), 1.0]]).expand(8, 2).reshape(2, 8), torch.ones(8, 3)),
-            (torch.full((2, 8), 1e-3), torch.tensor([[float("inf")], [0.0]]).expand(2, 3).repeat(4, 1))]
+    edge = [
+        (torch.zeros(2, 8, 3, 3), torch.ones(8, 2, 3, 3)),
+        (torch.full((2, 8, 3, 3), 2.0**-149), -torch.ones(8, 2, 3, 3)),
+        (torch.tensor([[float("inf"), -1.0]]).expand(8, 2).reshape(2, 8), torch.zeros(8, 3)),
+        (
+            torch.tensor([[-float("inf"), 5.0]]).expand(8, 2).reshape(2, 8),
+            torch.tensor([[0.0], [2.0]]).expand(2, 3).repeat(4, 1),
+        ),
+        (torch.tensor([[float("nan"), 1.0]]).expand(8, 2).reshape(2, 8), torch.ones(8, 3)),
+        (torch.full((2, 8), 1e-3), torch.tensor([[float("inf")], [0.0]]).expand(2, 3).repeat(4, 1)),
+    ]
     for g, w in edge:
         want, got = _unbounded_with_signed_extremes(g, w, backward_fan_in(w))[0], unbounded_scale_tensor(g, w)
         assert got.view(torch.int32) == want.view(torch.int32), (g, w, float(got), float(want))
@@ -196,8 +202,10 @@ def test_the_host_rule_is_the_tensor_rule_bit_for_bit():
     for case in range(1500):
         shape = rng.choice([(2, 8, 5, 5), (3, 16), (1, 4, 3, 3)])
         g = torch.randn(shape, generator=gen) * 10.0 ** rng.uniform(-45, 6)
-        w = torch.randn((shape[1], 3, 3, 3) if len(shape) == 4 else (shape[1], 5), generator=gen) * 10.0 ** rng.uniform(-4, 3)
-        u_min, u_max = rng.choice([(U_MIN, U_MAX), (2.0 ** -9, 448.0), (2.0 ** -16, 57344.0), (0.5, 6.0)])
+        w = torch.randn((shape[1], 3, 3, 3) if len(shape) == 4 else (shape[1], 5), generator=gen) * 10.0 ** rng.uniform(
+            -4, 3
+        )
+        u_min, u_max = rng.choice([(U_MIN, U_MAX), (2.0**-9, 448.0), (2.0**-16, 57344.0), (0.5, 6.0)])
         t = rng.choice([1e-3, 1e-2, 0.3])
         want = unbounded_scale_tensor(g, w, n_uf_threshold=t, u_min=u_min, u_max=u_max)
         assert _same_fp32(unbounded_scale_host(g, w, n_uf_threshold=t, u_min=u_min, u_max=u_max), want), case
@@ -208,19 +216,25 @@ def test_the_host_rule_is_the_tensor_rule_bit_for_bit():
             prev = float(torch.tensor(prev, dtype=torch.float32))
             sub, acc = rng.choice([(16.0, 1024.0), (1e9, 1e9), (2.0, 3.0)])
             for p2 in (True, False):
-                b = bound_scale_tensor(want, torch.tensor(prev), scale_upper_bound=sub, accum_upper_bound=acc,
-                                       power_of_two=p2)
-                assert _same_fp32(bound_scale_host(u, prev, scale_upper_bound=sub, accum_upper_bound=acc,
-                                                   power_of_two=p2), b), (case, u, prev, sub, acc, p2)
+                b = bound_scale_tensor(
+                    want, torch.tensor(prev), scale_upper_bound=sub, accum_upper_bound=acc, power_of_two=p2
+                )
+                assert _same_fp32(
+                    bound_scale_host(u, prev, scale_upper_bound=sub, accum_upper_bound=acc, power_of_two=p2), b
+                ), (case, u, prev, sub, acc, p2)
             seen["accum"] += acc / prev < min(u, sub) if prev > 0 else 0
             seen["upper"] += sub < min(u, acc / prev) if prev > 0 else 0
     assert min(seen.values()) > 50, seen
     # all-zero, NaN and inf gradients, inf and zero weights, empty tensors: 1 (or the tensor version's value)
-    for g, w in [(torch.zeros(2, 8, 3, 3), torch.ones(8, 2, 3, 3)), (torch.full((2, 8), float("nan")), torch.ones(8, 3)),
-                 (torch.tensor([[float("inf"), 1.0]]).repeat(1, 4), torch.ones(8, 3)),
-                 (torch.full((2, 8), 1e-3), torch.tensor([[float("inf")], [0.0]]).repeat(4, 3)),
-                 (torch.full((2, 8), 1e-3), torch.zeros(8, 3)), (torch.full((2, 8), 2.0 ** -149), torch.ones(8, 3)),
-                 (torch.empty(0, 8), torch.ones(8, 3))]:
+    for g, w in [
+        (torch.zeros(2, 8, 3, 3), torch.ones(8, 2, 3, 3)),
+        (torch.full((2, 8), float("nan")), torch.ones(8, 3)),
+        (torch.tensor([[float("inf"), 1.0]]).repeat(1, 4), torch.ones(8, 3)),
+        (torch.full((2, 8), 1e-3), torch.tensor([[float("inf")], [0.0]]).repeat(4, 3)),
+        (torch.full((2, 8), 1e-3), torch.zeros(8, 3)),
+        (torch.full((2, 8), 2.0**-149), torch.ones(8, 3)),
+        (torch.empty(0, 8), torch.ones(8, 3)),
+    ]:
         assert _same_fp32(unbounded_scale_host(g, w), unbounded_scale_tensor(g, w)), (g, w)
 
 
@@ -248,13 +262,24 @@ def _host_cases():
     """(max_abs, scales, u_max): the cases above, edges (zero, inf, NaN, fp32 overflow of m * s, a product
     at u_max exactly, ties, subnormals, scales that are not powers of two) and random fp32 values."""
     inf, nan = float("inf"), float("nan")
-    cases = [([1.0, 1.0], [4.0, 16.0], 65504.0), ([60000.0, 10.0], [2.0, 16.0], 65504.0),
-             ([1e5, 1.0], [1.0, 4.0], 65504.0), ([0.0, 0.0], [1.0, 8.0], 65504.0), ([inf, 1.0], [1.0, 2.0], 448.0),
-             ([nan, 1.0], [1.0, 2.0], 448.0), ([3e38, 1.0], [2.0 ** -100, 2.0 ** 100], 448.0),
-             ([448.0, 0.0], [1.0, 2.0], 448.0), ([224.0, 0.0], [1.0, 2.0], 448.0), ([1.0, 1.0, 1.0], [8.0, 8.0, 2.0], 6.0),
-             ([2.0 ** -149, 1e-40], [2.0 ** -126, 3.0], 448.0), ([0.3, 0.7], [1.5, 0.1], 6.0), ([1.0, 2.0], [0.0, 1.0], 6.0),
-             # fp32 rounding decides: 149.33333 * 3 is 447.99998 exactly but 448.0 in fp32; 447.99997 / 3 * 3
-             ([149.3333282470703, 0.0], [1.0, 3.0], 448.0), ([447.9999694824219, 0.0], [3.0, 3.0], 448.0)]
+    cases = [
+        ([1.0, 1.0], [4.0, 16.0], 65504.0),
+        ([60000.0, 10.0], [2.0, 16.0], 65504.0),
+        ([1e5, 1.0], [1.0, 4.0], 65504.0),
+        ([0.0, 0.0], [1.0, 8.0], 65504.0),
+        ([inf, 1.0], [1.0, 2.0], 448.0),
+        ([nan, 1.0], [1.0, 2.0], 448.0),
+        ([3e38, 1.0], [2.0**-100, 2.0**100], 448.0),
+        ([448.0, 0.0], [1.0, 2.0], 448.0),
+        ([224.0, 0.0], [1.0, 2.0], 448.0),
+        ([1.0, 1.0, 1.0], [8.0, 8.0, 2.0], 6.0),
+        ([2.0**-149, 1e-40], [2.0**-126, 3.0], 448.0),
+        ([0.3, 0.7], [1.5, 0.1], 6.0),
+        ([1.0, 2.0], [0.0, 1.0], 6.0),
+        # fp32 rounding decides: 149.33333 * 3 is 447.99998 exactly but 448.0 in fp32; 447.99997 / 3 * 3
+        ([149.3333282470703, 0.0], [1.0, 3.0], 448.0),
+        ([447.9999694824219, 0.0], [3.0, 3.0], 448.0),
+    ]
     gen = torch.Generator().manual_seed(5)
     for _ in range(3000):
         n = int(torch.randint(2, 5, (), generator=gen))
@@ -262,7 +287,9 @@ def _host_cases():
         scales = 2.0 ** torch.randint(-10, 20, (n,), generator=gen).float()
         if torch.rand((), generator=gen) < 0.3:
             scales = scales * torch.rand(n, generator=gen)  # not powers of two
-        cases.append((a.tolist(), scales.tolist(), [65504.0, 448.0, 57344.0, 6.0][int(torch.randint(4, (), generator=gen))]))
+        cases.append(
+            (a.tolist(), scales.tolist(), [65504.0, 448.0, 57344.0, 6.0][int(torch.randint(4, (), generator=gen))])
+        )
     return cases
 
 
@@ -270,17 +297,25 @@ def _fallback_cases():
     """Cases where no branch fits: ``mn * m / u_max`` at and next to powers of two (where fp32 ``log2`` may
     round up), below 1, inf and NaN maxima, the smallest scale at and below 1/8, halvings past 2**-100."""
     inf, nan = float("inf"), float("nan")
-    cases = [([1e5, 1.0], [1.0, 4.0], 65504.0), ([1e6, 1.0], [1.0, 2.0], 65504.0), ([inf, 1.0], [1.0, 2.0], 448.0),
-             ([nan, 1.0], [1.0, 2.0], 448.0), ([1.0, nan], [0.1, 2.0], 448.0), ([500.0, 0.0], [0.125, 2.0], 448.0),
-             ([500.0, 0.0], [0.0625, 2.0], 448.0), ([3e38, 1.0], [2.0 ** 60, 2.0 ** 100], 448.0),
-             ([3e38, 3e38], [3e38, 1e38], 6.0), ([1e30, 1.0], [2.0 ** 90, 2.0 ** 91], 448.0)]
+    cases = [
+        ([1e5, 1.0], [1.0, 4.0], 65504.0),
+        ([1e6, 1.0], [1.0, 2.0], 65504.0),
+        ([inf, 1.0], [1.0, 2.0], 448.0),
+        ([nan, 1.0], [1.0, 2.0], 448.0),
+        ([1.0, nan], [0.1, 2.0], 448.0),
+        ([500.0, 0.0], [0.125, 2.0], 448.0),
+        ([500.0, 0.0], [0.0625, 2.0], 448.0),
+        ([3e38, 1.0], [2.0**60, 2.0**100], 448.0),
+        ([3e38, 3e38], [3e38, 1e38], 6.0),
+        ([1e30, 1.0], [2.0**90, 2.0**91], 448.0),
+    ]
     for k in range(1, 24):  # mn * m / u_max = x next to 2**k, with mn = 2**24 so that the halving shows
         for ulps in (-3, -2, -1, 0, 1, 2):
-            x = torch.tensor(2.0 ** k, dtype=torch.float32)
+            x = torch.tensor(2.0**k, dtype=torch.float32)
             for _ in range(abs(ulps)):
                 x = torch.nextafter(x, torch.tensor(0.0 if ulps < 0 else float("inf")))
             for u in (448.0, 65504.0):
-                cases.append(([float(x) * u, 0.0], [2.0 ** 24, 2.0 ** 26], u))
+                cases.append(([float(x) * u, 0.0], [2.0**24, 2.0**26], u))
     gen = torch.Generator().manual_seed(6)
     for _ in range(2000):
         n = int(torch.randint(2, 5, (), generator=gen))
@@ -288,7 +323,9 @@ def _fallback_cases():
         scales = 2.0 ** torch.randint(-5, 20, (n,), generator=gen).float()
         if torch.rand((), generator=gen) < 0.3:
             scales = scales * torch.rand(n, generator=gen)
-        cases.append((a.tolist(), scales.tolist(), [65504.0, 448.0, 57344.0, 6.0][int(torch.randint(4, (), generator=gen))]))
+        cases.append(
+            (a.tolist(), scales.tolist(), [65504.0, 448.0, 57344.0, 6.0][int(torch.randint(4, (), generator=gen))])
+        )
     return cases
 
 
@@ -337,8 +374,10 @@ def _opt(model):
 
 # ---------------------------------------------------------------------------
 # exactness: scaling by powers of two and unscaling must give plain backward's gradients
-@pytest.mark.parametrize("name,size,batch", [("ssd_tiny", 128, 2), ("ssd300_vgg16", 300, 1),
-                                             ("ssd512_vgg16", 512, 1), ("ssd300_resnet34", 300, 2)])
+@pytest.mark.parametrize(
+    "name,size,batch",
+    [("ssd_tiny", 128, 2), ("ssd300_vgg16", 300, 1), ("ssd512_vgg16", 512, 1), ("ssd300_resnet34", 300, 2)],
+)
 def test_forced_power_of_two_scales_are_exact(name, size, batch):
     torch.manual_seed(0)
     model = build_model(name, num_classes=4)
@@ -401,14 +440,18 @@ def test_rescue_under_fp16_emulation():
 
     def run(make_scaler):
         model = copy.deepcopy(base)
-        install_fp16_emulation(model)          # the trainer's order: precision first, then the scaler
+        install_fp16_emulation(model)  # the trainer's order: precision first, then the scaler
         scaler = make_scaler(model)
         scaler.scale(_loss(model, images, targets, 1e-6)).backward()
         scaler.unscale_(_opt(model))
-        grads = {k: (model.get_parameter(k).grad if model.get_parameter(k).grad is not None
-                     else torch.zeros_like(v)) for k, v in ref.items()}
-        cos = {k: float(nn.functional.cosine_similarity(grads[k].flatten().double(), ref[k].flatten().double(),
-                                                        dim=0)) for k in ref}
+        grads = {
+            k: (model.get_parameter(k).grad if model.get_parameter(k).grad is not None else torch.zeros_like(v))
+            for k, v in ref.items()
+        }
+        cos = {
+            k: float(nn.functional.cosine_similarity(grads[k].flatten().double(), ref[k].flatten().double(), dim=0))
+            for k in ref
+        }
         zero = [k for k in ref if grads[k].abs().max() == 0]
         return cos, zero, scaler
 
@@ -452,14 +495,14 @@ def test_parameter_grads_are_rounded_while_scaled():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.Conv2d(4, 4, 3, padding=1))
     install_fp16_emulation(model)
-    scaler = AdaptiveLossScaler(model, init_scale=2.0 ** 12)
+    scaler = AdaptiveLossScaler(model, init_scale=2.0**12)
     x = torch.randn(2, 3, 6, 6)
-    scaler.scale(model(x).sum() * 2.0 ** -30).backward()
-    w = model[2].weight                  # the last layer: its gradient carries P = init_scale
+    scaler.scale(model(x).sum() * 2.0**-30).backward()
+    w = model[2].weight  # the last layer: its gradient carries P = init_scale
     scaled = w.grad.clone()
-    assert torch.equal(scaled, round_fp16(scaled))       # rounded to fp16 by the emulation, while scaled
+    assert torch.equal(scaled, round_fp16(scaled))  # rounded to fp16 by the emulation, while scaled
     scaler.unscale_(_opt(model))
-    assert torch.equal(w.grad, scaled / 2.0 ** 12)       # exact power-of-two unscale in fp32
+    assert torch.equal(w.grad, scaled / 2.0**12)  # exact power-of-two unscale in fp32
     flushed = (round_fp16(w.grad) == 0) & (w.grad != 0)  # what rounding after unscaling would have lost
     assert flushed.float().mean() > 0.5
 
@@ -468,8 +511,14 @@ def test_parameter_grads_are_rounded_while_scaled():
 # the other parts of a scaler's life
 def _all_hook_dicts_empty(model: nn.Module) -> bool:
     for m in model.modules():
-        for attr in ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks",
-                     "_forward_hooks_with_kwargs", "_forward_pre_hooks_with_kwargs"):
+        for attr in (
+            "_forward_hooks",
+            "_forward_pre_hooks",
+            "_backward_hooks",
+            "_backward_pre_hooks",
+            "_forward_hooks_with_kwargs",
+            "_forward_pre_hooks_with_kwargs",
+        ):
             if getattr(m, attr, None):
                 return False
         if "forward" in m.__dict__:
@@ -565,7 +614,7 @@ def test_state_dict_round_trip_reuses_scales():
 
     model = make()
     scaler = AdaptiveLossScaler(model, update_every=3, init_scale=8.0)
-    iteration(scaler, model, 10)               # iteration 0: statistics computed
+    iteration(scaler, model, 10)  # iteration 0: statistics computed
     state = copy.deepcopy(scaler.state_dict())
     assert state["iteration"] == 1 and state["update_every"] == 3
     assert set(state["layers"]) == set(scaler.layer_names)
@@ -574,7 +623,7 @@ def test_state_dict_round_trip_reuses_scales():
     scaler2.load_state_dict(state)
     assert scaler2.layer_table() == scaler.layer_table()  # per-layer values restored for telemetry
     n1 = scaler.stat_computations
-    a = iteration(scaler, model, 11)           # iteration 1: both reuse the stored unbounded scales
+    a = iteration(scaler, model, 11)  # iteration 1: both reuse the stored unbounded scales
     b = iteration(scaler2, twin, 11)
     assert a == b
     assert scaler.stat_computations == n1 and scaler2.stat_computations == 0
@@ -587,8 +636,14 @@ def test_state_dict_round_trip_reuses_scales():
 
 def test_update_every_counts_statistics():
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1), nn.ReLU(),
-                          nn.Flatten(), nn.Linear(8 * 4 * 4, 5))
+    model = nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1),
+        nn.ReLU(),
+        nn.Conv2d(8, 8, 3, padding=1),
+        nn.ReLU(),
+        nn.Flatten(),
+        nn.Linear(8 * 4 * 4, 5),
+    )
     scaler = AdaptiveLossScaler(model, update_every=3)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     counts = []
@@ -617,6 +672,7 @@ def test_injected_inf_skips_the_step_and_recovers():
             g = g.clone()
             g.view(-1)[0] = float("inf")
             return g
+
         output.register_hook(inject)
 
     h = layer.register_forward_hook(poison)
@@ -649,8 +705,12 @@ def test_gradient_accumulation_and_unscale_in_backward():
     for unscale_in_backward in (False, True):
         model = copy.deepcopy(base)
         rng = random.Random(1)
-        scaler = AdaptiveLossScaler(model, init_scale=4.0, unscale_in_backward=unscale_in_backward,
-                                    scale_fn=lambda *a: 2.0 ** rng.randint(-2, 5))  # noqa: B023
+        scaler = AdaptiveLossScaler(
+            model,
+            init_scale=4.0,
+            unscale_in_backward=unscale_in_backward,
+            scale_fn=lambda *a: 2.0 ** rng.randint(-2, 5),  # noqa: B023 - used in this iteration only
+        )
         for imgs, tgs in batches:
             scaler.scale(_loss(model, imgs, tgs)).backward()
         if unscale_in_backward:  # already true gradients in .grad
@@ -730,7 +790,7 @@ def test_training_loop_reduces_loss_like_fp32():
     torch.manual_seed(0)
     base = build_model("ssd_tiny", num_classes=4, batch_norm=False)  # the stack these numbers were measured on
     images, targets = _batch(4, 128, seed=7)
-    factor = 2.0 ** -20
+    factor = 2.0**-20
 
     def train(emulate: bool, make_scaler, factor: float, steps: int = 6):
         model = copy.deepcopy(base)
@@ -754,7 +814,7 @@ def test_training_loop_reduces_loss_like_fp32():
     ref = train(False, lambda m: FixedLossScaler(1.0), 1.0)
     assert train(False, lambda m: AdaptiveLossScaler(m, init_scale=16), factor, steps=3) == ref[:3]  # bitwise
     stalled = train(True, lambda m: FixedLossScaler(1.0), factor, steps=2)
-    assert stalled[0] == stalled[-1]                                # every gradient flushed to zero
+    assert stalled[0] == stalled[-1]  # every gradient flushed to zero
     ada = train(True, lambda m: AdaptiveLossScaler(m, init_scale=16), factor)
     assert all(math.isfinite(v) for v in ada)
     assert ada[-1] < 0.4 * ada[0]
@@ -780,8 +840,9 @@ def test_retained_graph_backward_twice_and_nothing_leaks():
     net.zero_grad(set_to_none=True)
     rng = random.Random(4)
     forced = {}
-    scaler = AdaptiveLossScaler(net, init_scale=4.0,
-                                scale_fn=lambda name, *a: forced.setdefault(name, 2.0 ** rng.randint(-2, 5)))
+    scaler = AdaptiveLossScaler(
+        net, init_scale=4.0, scale_fn=lambda name, *a: forced.setdefault(name, 2.0 ** rng.randint(-2, 5))
+    )
     scaled = scaler.scale(net(x).square().sum())
     nodes, seen, todo = [], set(), [scaled.grad_fn]
     while todo:
@@ -795,7 +856,7 @@ def test_retained_graph_backward_twice_and_nothing_leaks():
     del todo, n
     assert len(nodes) == 5
     scaled.backward(retain_graph=True)
-    scaled.backward()             # the same graph again: merges and scales work a second time
+    scaled.backward()  # the same graph again: merges and scales work a second time
     scaler.step(_opt(net))
     scaler.update()
     for k, r in ref.items():
@@ -813,8 +874,14 @@ def _agree_worker(rank: int, world: int, init_file: str, out_dir: str) -> None:
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     try:
         torch.manual_seed(0)
-        model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1), nn.ReLU(),
-                              nn.Flatten(), nn.Linear(8 * 4 * 4, 5))
+        model = nn.Sequential(
+            nn.Conv2d(3, 8, 3, padding=1),
+            nn.ReLU(),
+            nn.Conv2d(8, 8, 3, padding=1),
+            nn.ReLU(),
+            nn.Flatten(),
+            nn.Linear(8 * 4 * 4, 5),
+        )
         scaler = AdaptiveLossScaler(model, update_every=2)
         opt = torch.optim.SGD(model.parameters(), lr=0.0)
         x = torch.randn(4, 3, 4, 4, generator=torch.Generator().manual_seed(100 + rank)) * (1 + 3 * rank)
@@ -834,11 +901,12 @@ def test_agree_scales_across_two_processes(tmp_path):
 
     # spawn, not fork: a forked child cannot run backward once its parent's autograd engine has started
     # its threads, which an earlier test in the same pytest process (make test runs two) may have done
-    mp.start_processes(_agree_worker, args=(2, str(tmp_path / "rdv"), str(tmp_path)), nprocs=2, join=True,
-                       start_method="spawn")
+    mp.start_processes(
+        _agree_worker, args=(2, str(tmp_path / "rdv"), str(tmp_path)), nprocs=2, join=True, start_method="spawn"
+    )
     r0, r1 = (torch.load(tmp_path / f"{r}.pt") for r in (0, 1))
-    assert r0["local"][0] is None and r0["agreed"][0] is None   # first conv: no statistics
-    assert r0["local"][1:] != r1["local"][1:]                   # the replicas saw different gradients
+    assert r0["local"][0] is None and r0["agreed"][0] is None  # first conv: no statistics
+    assert r0["local"][1:] != r1["local"][1:]  # the replicas saw different gradients
     assert r0["agreed"] == r1["agreed"]
     assert r0["agreed"][1:] == [min(a, b) for a, b in zip(r0["local"][1:], r1["local"][1:])]
 
@@ -854,8 +922,8 @@ def test_copies_of_an_attached_model_run_unpatched():
     torch.save(net, buf)
     buf.seek(0)
     for twin in (copy.deepcopy(net), torch.load(buf, weights_only=False)):
-        twin(x).square().sum().backward()              # plain autograd, no scaler involved
-        twin_scaler = AdaptiveLossScaler(twin)          # a scaler can attach to the copy
+        twin(x).square().sum().backward()  # plain autograd, no scaler involved
+        twin_scaler = AdaptiveLossScaler(twin)  # a scaler can attach to the copy
         assert not twin_scaler.skipped_layers
         twin_scaler.remove()
         assert not any("forward" in m.__dict__ for m in twin.modules())

@@ -54,7 +54,7 @@ def test_plain_output_scale_by_hand():
 
 def test_lognormal_output_scale_by_hand():
     e = math.e
-    g = torch.tensor([e ** -10, -(e ** -12), 0.0, e ** -14])  # log|g| over non-zeros: -10, -12, -14
+    g = torch.tensor([e**-10, -(e**-12), 0.0, e**-14])  # log|g| over non-zeros: -10, -12, -14
     mu, sigma = -12.0, math.sqrt(8.0 / 3.0)
     expect = math.exp(math.log(U_MIN) - mu + sigma * Q)
     assert float(output_scale_tensor(g, lognormal=True)) == pytest.approx(expect, rel=1e-4)
@@ -77,8 +77,9 @@ def test_output_scale_caps_and_degenerate_cases():
     assert float(output_scale_tensor(torch.tensor([0.0, 3e-7, 0.0]), lognormal=True)) == 1.0  # sigma 0
     assert float(output_scale_tensor(torch.tensor([1.0, float("inf")]))) == 1.0
     # E5M2's range (fp8-emulated)
-    assert float(output_scale_tensor(torch.tensor([1e-6, -1e-6]), u_min=2.0 ** -16)) == pytest.approx(
-        2.0 ** -16 / (K * 1e-6), rel=1e-5)
+    assert float(output_scale_tensor(torch.tensor([1e-6, -1e-6]), u_min=2.0**-16)) == pytest.approx(
+        2.0**-16 / (K * 1e-6), rel=1e-5
+    )
 
 
 def test_branch_merge_divides_each_max_by_its_scale():
@@ -131,10 +132,13 @@ def test_output_points_scale_what_arrives_at_the_heads():
     def capture(key):
         def hook(module, inputs, output):  # runs after the scaler's hook: ``output`` is the point's output
             output.register_hook(lambda g: captured.setdefault(key, g.detach().clone()))
+
         return hook
 
-    hooks = [model.head.classification_head.module_list[0].register_forward_hook(capture("cls")),
-             model.head.regression_head.module_list[1].register_forward_hook(capture("box"))]
+    hooks = [
+        model.head.classification_head.module_list[0].register_forward_hook(capture("cls")),
+        model.head.regression_head.module_list[1].register_forward_hook(capture("box")),
+    ]
     scaler.scale(_loss(model, images, targets, 1e-6)).backward()
     for h in hooks:
         h.remove()
@@ -178,8 +182,12 @@ def _exact(name, size):
     model.zero_grad(set_to_none=True)
     rng = random.Random(0)
     forced: dict[str, float] = {}
-    scaler = AdaptiveLossScaler(model, init_scale=8.0, output_scaling=True,
-                                scale_fn=lambda n, g, w, p: forced.setdefault(n, 2.0 ** rng.randint(-2, 5)))
+    scaler = AdaptiveLossScaler(
+        model,
+        init_scale=8.0,
+        output_scaling=True,
+        scale_fn=lambda n, g, w, p: forced.setdefault(n, 2.0 ** rng.randint(-2, 5)),
+    )
     scaler.scale(_loss(model, images, targets)).backward()
     scaler.step(torch.optim.SGD(model.parameters(), lr=0.0))
     scaler.update()
@@ -255,7 +263,8 @@ def test_output_scaling_is_off_by_default_and_state_round_trips():
     other = AdaptiveLossScaler(model, output_scaling=True, update_every=3, update_count="calls")
     other.load_state_dict(state)
     assert [r for r in other.layer_table() if r["layer"] == name][0]["unbounded_scale"] == pytest.approx(
-        state["layers"][name]["unbounded"])
+        state["layers"][name]["unbounded"]
+    )
     assert other._by_name[name].calls == 1
     other.remove()
 
@@ -353,8 +362,9 @@ def test_schema_defaults_keep_ids_and_options_reach_the_trial():
     base = load_study_text(STUDY.replace("  - {method: adaptive, %s}\n", "")).trials()[0]
     # the defaults named explicitly: the same trial as the entry without them (in one study, the two entries
     # would repeat each other and be refused)
-    (same,) = load_study_text((STUDY % "output_scaling: false, update_count: steps").replace(
-        "  - {method: adaptive}\n", "")).trials()
+    (same,) = load_study_text(
+        (STUDY % "output_scaling: false, update_count: steps").replace("  - {method: adaptive}\n", "")
+    ).trials()
     assert same.trial_id == base.trial_id and "output_scaling" not in base.scaling
     a, b = load_study_text(STUDY % "output_scaling: true, update_every: 10, update_count: calls").trials()
     assert b.scaling["output_scaling"] is True and b.scaling["update_count"] == "calls"

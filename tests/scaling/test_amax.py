@@ -30,6 +30,7 @@ def _through_checkpoint(state):
     buf.seek(0)
     return torch.load(buf, map_location="cpu", weights_only=True)["scaler"]
 
+
 def _pow2_floor(x: float) -> float:
     return 2.0 ** math.floor(math.log2(x))
 
@@ -37,7 +38,7 @@ def _pow2_floor(x: float) -> float:
 def _te_scale(amax: float, prev: float, fmax: float, margin: float, pow2: bool = True) -> float:
     if not (amax > 0 and math.isfinite(amax)):
         return prev
-    sf = (fmax / amax) / 2.0 ** margin
+    sf = (fmax / amax) / 2.0**margin
     return _pow2_floor(sf) if pow2 else sf
 
 
@@ -47,7 +48,7 @@ def test_scale_from_amax_is_tes_formula():
         got = float(scale_from_amax(t(amax), t(7.0), E5M2.max, margin, True))
         assert got == _te_scale(amax, 7.0, E5M2.max, margin)
         got = float(scale_from_amax(t(amax), t(7.0), FP16.max, margin, False))
-        assert got == pytest.approx((FP16.max / amax) / 2 ** margin, rel=1e-6)
+        assert got == pytest.approx((FP16.max / amax) / 2**margin, rel=1e-6)
     assert float(scale_from_amax(t(3.0), t(7.0), E5M2.max, 2, True)) == 4096.0  # 57344 / 3 / 4 = 4778.7
     for bad in (0.0, math.inf, math.nan):
         assert float(scale_from_amax(t(bad), t(7.0), E5M2.max, 0, True)) == 7.0
@@ -64,9 +65,9 @@ def test_the_host_formula_is_the_tensor_formula_bit_for_bit():
     # log2 rounds (a floor taken from frexp alone differs there)
     for m in (448.0, E5M2.max, FP16.max, 6.0):
         for k in range(-20, 40):
-            bits = int(torch.tensor(m / 2.0 ** k, dtype=torch.float32).view(torch.int32))
+            bits = int(torch.tensor(m / 2.0**k, dtype=torch.float32).view(torch.int32))
             amaxes += [float(torch.tensor(b, dtype=torch.int32).view(torch.float32)) for b in range(bits - 3, bits + 4)]
-    amaxes += [0.0, math.inf, math.nan, 2.0 ** -149, 3.4e38]
+    amaxes += [0.0, math.inf, math.nan, 2.0**-149, 3.4e38]
     n = 0
     for a in amaxes:
         for fmax in (448.0, E5M2.max, FP16.max, 6.0):
@@ -74,8 +75,14 @@ def test_the_host_formula_is_the_tensor_formula_bit_for_bit():
             for p2 in (True, False):
                 want = scale_from_amax(torch.tensor(a), torch.tensor(7.0), fmax, margin, p2)
                 got = scale_from_amax_host(float(torch.tensor(a)), 7.0, fmax, margin, p2)
-                assert torch.tensor(got, dtype=torch.float32).view(torch.int32) == want.view(torch.int32), \
-                    (a, fmax, margin, p2, got, float(want))
+                assert torch.tensor(got, dtype=torch.float32).view(torch.int32) == want.view(torch.int32), (
+                    a,
+                    fmax,
+                    margin,
+                    p2,
+                    got,
+                    float(want),
+                )
                 n += 1
     assert n > 30000
 
@@ -90,13 +97,14 @@ def test_the_host_rule_trains_what_the_tensor_rule_trains(monkeypatch, recipe, m
         model = build_model("ssd_tiny", num_classes=4, image_size=64, width=8)
         prec = get_precision("fp8-e4m3-emulated")
         prec.prepare(model)
-        scaler = build_scaler({"method": "amax", "recipe": recipe, "margin": margin, "history": 3}, model,
-                              grad_format=prec.grad_format)
+        scaler = build_scaler(
+            {"method": "amax", "recipe": recipe, "margin": margin, "history": 3}, model, grad_format=prec.grad_format
+        )
         opt = torch.optim.SGD(model.parameters(), lr=0.05)
         g = torch.Generator().manual_seed(1)
         scales = []
         for step in range(4):
-            images = [torch.rand(3, 64, 64, generator=g) * (4.0 ** step) for _ in range(2)]
+            images = [torch.rand(3, 64, 64, generator=g) * (4.0**step) for _ in range(2)]
             targets = [{"boxes": torch.tensor([[5.0, 6.0, 40.0, 50.0]]), "labels": torch.tensor([1])}] * 2
             opt.zero_grad(set_to_none=True)
             scaler.scale(sum(model(images, targets).values())).backward()
@@ -112,8 +120,9 @@ def test_the_host_rule_trains_what_the_tensor_rule_trains(monkeypatch, recipe, m
 
 def _chain():
     torch.manual_seed(0)
-    return nn.Sequential(nn.Conv2d(3, 6, 3), nn.ReLU(), nn.Conv2d(6, 6, 3), nn.ReLU(), nn.Flatten(),
-                         nn.Linear(6 * 4 * 4, 5))
+    return nn.Sequential(
+        nn.Conv2d(3, 6, 3), nn.ReLU(), nn.Conv2d(6, 6, 3), nn.ReLU(), nn.Flatten(), nn.Linear(6 * 4 * 4, 5)
+    )
 
 
 LAYERS = ("0", "2", "5")
@@ -173,21 +182,25 @@ def test_recipes_against_independently_measured_amaxes(recipe, history, margin):
             if recipe == "current":
                 amax = true[t][n]
             else:
-                amax = max([a[n] for a in true[max(0, t - history):t]], default=0.0)
+                amax = max([a[n] for a in true[max(0, t - history) : t]], default=0.0)
             prev[n] = _te_scale(amax, prev[n], E5M2.max, margin)
             assert sent[t][n] == prev[n], (t, n)
         # the loss's scale: from earlier steps' amax at the layer the loss feeds ("5")
-        window = true[t - 1:t] if recipe == "current" else true[max(0, t - history):t]
+        window = true[t - 1 : t] if recipe == "current" else true[max(0, t - history) : t]
         loss_scale = _te_scale(max([a["5"] for a in window], default=0.0), loss_scale, E5M2.max, margin)
     assert scaler.current_scale() == _te_scale(
-        max(a["5"] for a in (true[-1:] if recipe == "current" else true[max(0, 9 - history):])), loss_scale,
-        E5M2.max, margin)
+        max(a["5"] for a in (true[-1:] if recipe == "current" else true[max(0, 9 - history) :])),
+        loss_scale,
+        E5M2.max,
+        margin,
+    )
     scaler.remove()
 
 
 def test_unscaled_gradients_are_exact_on_ssd_tiny_and_fp8_scales_follow_e5m2():
     """ssd_tiny (branches, merges, BatchNorm): in fp32 the unscaled gradients are plain autograd's
     (power-of-two scales); under fp8-emulated the loss scale is E5M2's max over the heads' amax."""
+
     def run(precision, scaler_entry):
         torch.manual_seed(0)
         model = build_model("ssd_tiny", num_classes=4)

@@ -52,7 +52,6 @@ class _DeepSpeedReference:
         self.cur_iter += 1
 
 
-
 def _through_checkpoint(state):
     """What trial.py does with a scaler's state: torch.save, then torch.load(weights_only=True)."""
     import io
@@ -61,6 +60,7 @@ def _through_checkpoint(state):
     torch.save({"scaler": state}, buf)
     buf.seek(0)
     return torch.load(buf, map_location="cpu", weights_only=True)["scaler"]
+
 
 def _run_ours(scaler: DynamicLossScaler, pattern: list[bool]):
     """Drive the scaler through a real optimizer: (scale before each step, skipped, param unchanged)."""
@@ -103,10 +103,16 @@ def test_matches_deepspeed_update_scale(name, consecutive):
         pattern = [rng.random() < 0.25 for _ in range(200)]
     else:
         pattern = PATTERNS[name]
-    window, hyst, init, floor = 4, 3 if name.startswith("random") else 2, 2.0 ** 10, 2.0 ** 3
+    window, hyst, init, floor = 4, 3 if name.startswith("random") else 2, 2.0**10, 2.0**3
     ref = _DeepSpeedReference(init, window, floor, hyst, consecutive)
-    ours = DynamicLossScaler(style="deepspeed", init_scale=init, interval=window, min_scale=floor,
-                             hysteresis=hyst, consecutive_hysteresis=consecutive)
+    ours = DynamicLossScaler(
+        style="deepspeed",
+        init_scale=init,
+        interval=window,
+        min_scale=floor,
+        hysteresis=hyst,
+        consecutive_hysteresis=consecutive,
+    )
     expected = _run_reference(ref, pattern)
     got = _run_ours(ours, pattern)
     assert [g[0] for g in got] == expected
@@ -119,8 +125,13 @@ def test_matches_deepspeed_update_scale(name, consecutive):
 
 def test_deepspeed_defaults_and_hysteresis_story():
     s = DynamicLossScaler(style="deepspeed")
-    assert (s.current_scale(), s.interval, s.hysteresis, s.min_scale, s.consecutive_hysteresis) == \
-        (65536.0, 1000, 2, 1.0, False)
+    assert (s.current_scale(), s.interval, s.hysteresis, s.min_scale, s.consecutive_hysteresis) == (
+        65536.0,
+        1000,
+        2,
+        1.0,
+        False,
+    )
     got = _run_ours(s, [True, True, True])
     # first overflow tolerated (scale kept), the second halves, the counter stays spent so the third halves too
     assert [g[0] for g in got] == [65536.0, 65536.0, 32768.0]
@@ -138,7 +149,7 @@ def test_deepspeed_at_min_scale_keeps_skipping_instead_of_raising():
 def test_deepspeed_state_dict_continues_identically():
     rng = random.Random(7)
     pattern = [rng.random() < 0.3 for _ in range(80)]
-    kw = dict(style="deepspeed", init_scale=2.0 ** 12, interval=3, hysteresis=3)
+    kw = dict(style="deepspeed", init_scale=2.0**12, interval=3, hysteresis=3)
     full = DynamicLossScaler(**kw)
     whole = _run_ours(full, pattern)
     first = DynamicLossScaler(**kw)
@@ -151,8 +162,17 @@ def test_deepspeed_state_dict_continues_identically():
 
 
 def test_build_and_reject():
-    d = build_scaler({"method": "dynamic", "style": "deepspeed", "interval": 1000, "init_scale": 65536.0,
-                      "hysteresis": 2, "min_scale": 1.0, "consecutive_hysteresis": False})
+    d = build_scaler(
+        {
+            "method": "dynamic",
+            "style": "deepspeed",
+            "interval": 1000,
+            "init_scale": 65536.0,
+            "hysteresis": 2,
+            "min_scale": 1.0,
+            "consecutive_hysteresis": False,
+        }
+    )
     assert (d.style, d.current_scale(), d.hysteresis) == ("deepspeed", 65536.0, 2)
     with pytest.raises(ValueError, match="hysteresis"):
         DynamicLossScaler(style="torch", hysteresis=2)

@@ -18,8 +18,11 @@ def _neighbours(x: float, k: int = 3) -> list[float]:
     """x and its k fp32 neighbours on each side (positive finite ones only)."""
     t = torch.tensor(x, dtype=torch.float32)
     bits = int(t.view(torch.int32))
-    out = [float(torch.tensor(b, dtype=torch.int32).view(torch.float32)) for b in range(bits - k, bits + k + 1)
-           if 0 < b < 0x7F800000]
+    out = [
+        float(torch.tensor(b, dtype=torch.int32).view(torch.float32))
+        for b in range(bits - k, bits + k + 1)
+        if 0 < b < 0x7F800000
+    ]
     return out
 
 
@@ -32,13 +35,13 @@ def test_floor_pow2_log2_is_torchs_exp2_floor_log2_at_every_power_of_two_and_its
     mismatched = [v for v in values if floor_pow2_log2(v) != _torch_floor_pow2(v)]
     assert not mismatched, mismatched[:5]
     # and it is 2**floor(log2 x) away from the powers of two (where torch is not asked)
-    assert floor_pow2_log2(3.0) == 2.0 and floor_pow2_log2(0.75) == 0.5 and floor_pow2_log2(1e-40) == 2.0 ** -133
+    assert floor_pow2_log2(3.0) == 2.0 and floor_pow2_log2(0.75) == 0.5 and floor_pow2_log2(1e-40) == 2.0**-133
 
 
 def test_f32_rounds_once_to_nearest_even_and_overflows_to_inf():
-    assert f32(1.0 + 2.0 ** -24) == 1.0 and f32(1.0 + 3 * 2.0 ** -24) == 1.0 + 2.0 ** -22
+    assert f32(1.0 + 2.0**-24) == 1.0 and f32(1.0 + 3 * 2.0**-24) == 1.0 + 2.0**-22
     assert f32(3.5e38) == math.inf and f32(-3.5e38) == -math.inf
-    assert f32(2.0 ** -150) == 0.0 and f32(3 * 2.0 ** -151) == 2.0 ** -149
+    assert f32(2.0**-150) == 0.0 and f32(3 * 2.0**-151) == 2.0**-149
     assert math.isnan(f32(math.nan))
 
 

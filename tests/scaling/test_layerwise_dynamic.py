@@ -30,10 +30,12 @@ def _through_checkpoint(state):
     buf.seek(0)
     return torch.load(buf, map_location="cpu", weights_only=True)["scaler"]
 
+
 def _chain():
     torch.manual_seed(0)
-    return nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Conv2d(4, 4, 3), nn.ReLU(), nn.Flatten(),
-                         nn.Linear(4 * 4 * 4, 5))
+    return nn.Sequential(
+        nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Conv2d(4, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 4 * 4, 5)
+    )
 
 
 def _chain_loss(model, seed=0):
@@ -65,13 +67,13 @@ def test_parameters_carry_their_points_scale_and_unscale_exactly():
     ref = {n: p.grad.clone() for n, p in model.named_parameters()}
     model.zero_grad(set_to_none=True)
     scaler = LayerwiseDynamicLossScaler(model, init_scale=1.0)
-    scaler._scales = [2.0 ** 5, 2.0 ** -3, 2.0 ** 9, 2.0 ** 2]  # points: loss, "0", "2", "5"
+    scaler._scales = [2.0**5, 2.0**-3, 2.0**9, 2.0**2]  # points: loss, "0", "2", "5"
     pts = dict(zip(scaler.points, scaler._scales))
     scaler.scale(_chain_loss(model)).backward()
     for n, p in model.named_parameters():
         assert torch.equal(p.grad, ref[n] * pts[CARRIES[n.split(".")[0]]]), n
     res = scaler.step(torch.optim.SGD(model.parameters(), lr=0.0))
-    assert (res.skipped, res.overflow, res.scale) == (False, False, 2.0 ** 5)
+    assert (res.skipped, res.overflow, res.scale) == (False, False, 2.0**5)
     for n, p in model.named_parameters():
         assert torch.equal(p.grad, ref[n]), n
     scaler.remove()
@@ -80,12 +82,14 @@ def test_parameters_carry_their_points_scale_and_unscale_exactly():
 @pytest.mark.parametrize("seed", [0, 1])
 def test_each_point_backs_off_on_its_own_overflow_and_grows_on_its_own_interval(seed):
     model = _chain()
-    scaler = LayerwiseDynamicLossScaler(model, init_scale=2.0 ** 8, interval=3)
+    scaler = LayerwiseDynamicLossScaler(model, init_scale=2.0**8, interval=3)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     layer_of = {"0": model[0], "2": model[2], "5": model[5]}
     # reference state: the points that carry parameters (point "0" carries none: the input needs no gradient)
-    ref = {name: {"found_inf_or_nan": False, "scaling_factor": 2.0 ** 8, "growth_tracker": 0}
-           for name in (LOSS_POINT, "2", "5")}
+    ref = {
+        name: {"found_inf_or_nan": False, "scaling_factor": 2.0**8, "growth_tracker": 0}
+        for name in (LOSS_POINT, "2", "5")
+    }
     rng = random.Random(seed)
     for step in range(40):
         bad = {n for n in ("0", "2", "5") if rng.random() < 0.15}
@@ -104,15 +108,17 @@ def test_each_point_backs_off_on_its_own_overflow_and_grows_on_its_own_interval(
         assert all(torch.equal(a, b) for a, b in zip(before, model.parameters())) == bool(bad)
         got = scaler.point_scales()
         assert {n: got[n] for n in ref} == {n: r["scaling_factor"] for n, r in ref.items()}, step
-        assert got["0"] == 2.0 ** 8  # never carried anything: neither grows nor backs off
+        assert got["0"] == 2.0**8  # never carried anything: neither grows nor backs off
     scaler.remove()
 
 
 def _tiny_batch(n=2, size=128, seed=1):
     g = torch.Generator().manual_seed(seed)
     images = [torch.rand(3, size, size, generator=g) for _ in range(n)]
-    targets = [{"boxes": torch.tensor([[10.0, 12.0, 60.0, 70.0], [40.0, 30.0, 120.0, 100.0]]),
-                "labels": torch.tensor([1, 2])} for _ in range(n)]
+    targets = [
+        {"boxes": torch.tensor([[10.0, 12.0, 60.0, 70.0], [40.0, 30.0, 120.0, 100.0]]), "labels": torch.tensor([1, 2])}
+        for _ in range(n)
+    ]
     return images, targets
 
 
@@ -152,18 +158,19 @@ def _train(model, scaler, steps, start=0):
 def test_fp16_overflow_backs_off_and_checkpoint_continues_identically():
     """Under fp16 emulation a huge start overflows; points back off until steps go through. A state
     saved mid-way and loaded into a fresh scaler (and model/optimizer) continues bit for bit."""
+
     def fresh():
         torch.manual_seed(0)
         m = build_model("ssd_tiny", num_classes=4)
         m.train()
         install_fp16_emulation(m)
-        return m, LayerwiseDynamicLossScaler(m, init_scale=2.0 ** 20, interval=3)
+        return m, LayerwiseDynamicLossScaler(m, init_scale=2.0**20, interval=3)
 
     model, scaler = fresh()
     opt, res = _train(model, scaler, 6)
     assert res[0].skipped and res[0].overflow
     assert not all(r.skipped for r in res)
-    assert res[-1].scale < 2.0 ** 20 and min(scaler.point_scales().values()) < 2.0 ** 20
+    assert res[-1].scale < 2.0**20 and min(scaler.point_scales().values()) < 2.0**20
     saved = (scaler.state_dict(), {k: v.clone() for k, v in model.state_dict().items()}, opt.state_dict())
     _, more = _train(model, scaler, 4, start=6)
     final = {k: v.clone() for k, v in model.state_dict().items()}
@@ -194,8 +201,13 @@ def test_telemetry_and_factory():
     _train(model, scaler, 1)
     m = scaler.metrics()
     assert m["loss_scale"] == 1024.0
-    assert {"lw_point_scale_log2_min", "lw_point_scale_log2_max", "lw_points_backed_off",
-            "lw_scale_log2_median", "lw_merge_points"} <= set(m)
+    assert {
+        "lw_point_scale_log2_min",
+        "lw_point_scale_log2_max",
+        "lw_points_backed_off",
+        "lw_scale_log2_median",
+        "lw_merge_points",
+    } <= set(m)
     rows = scaler.layer_table()
     assert rows and all({"layer", "scale", "accum_scale", "point_scale", "growth_tracker"} <= set(r) for r in rows)
     applied = [r for r in rows if r["applied"]]

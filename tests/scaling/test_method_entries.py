@@ -57,8 +57,12 @@ def test_entry_option_defaults_equal_constructor_signature_defaults(method):
     checked = 0
     for name in entry.option_names():
         field_default = entry.model_fields[name].default
-        if name in sig and sig[name].default is not inspect.Parameter.empty and sig[name].default is not None \
-                and field_default is not None:
+        if (
+            name in sig
+            and sig[name].default is not inspect.Parameter.empty
+            and sig[name].default is not None
+            and field_default is not None
+        ):
             assert field_default == sig[name].default, (method, name)
             checked += 1
     if method not in ("none", "dynamic"):  # dynamic's defaults depend on the style (the test above)

@@ -20,16 +20,20 @@ from lossscale_bench.study import load_study_text
 
 def _study(entry: str) -> str:
     """The base study in fp8-emulated, 8 iterations, one scaling row."""
-    return study_yaml(precision="fp8-emulated", scaling=[entry],
-                      schedule={"iterations": 8, "lr": 0.01, "warmup_iterations": 2})
+    return study_yaml(
+        precision="fp8-emulated", scaling=[entry], schedule={"iterations": 8, "lr": 0.01, "warmup_iterations": 2}
+    )
 
 
-@pytest.mark.parametrize("entry", [
-    "{method: dynamic, style: deepspeed, interval: 2, init_scale: 1.0e+6, hysteresis: 2}",
-    # 1.0e+6 skipped all 8 steps: such a run is now diverged (issue 29); 1.0e+5 skips, backs off, trains
-    "{method: layerwise_dynamic, init_scale: 1.0e+5, interval: 2}",
-    "{method: amax, recipe: delayed, history: 3, margin: 8}",
-])
+@pytest.mark.parametrize(
+    "entry",
+    [
+        "{method: dynamic, style: deepspeed, interval: 2, init_scale: 1.0e+6, hysteresis: 2}",
+        # 1.0e+6 skipped all 8 steps: such a run is now diverged (issue 29); 1.0e+5 skips, backs off, trains
+        "{method: layerwise_dynamic, init_scale: 1.0e+5, interval: 2}",
+        "{method: amax, recipe: delayed, history: 3, margin: 8}",
+    ],
+)
 def test_resumed_trial_continues_identically(tmp_path, monkeypatch, entry):
     cfg = load_study_text(_study(entry)).trials()[0]
 

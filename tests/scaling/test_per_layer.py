@@ -16,7 +16,7 @@ from lossscale_bench.core.registry import LAYER_SCALE_SUFFIX
 from lossscale_bench.scaling.per_layer import LOSS_POINT, PerLayerLossScaler, PointLossScaler
 
 #: a different power of two per point (the loss first), so a misplaced scale shows
-SCALES = {LOSS_POINT: 2.0 ** 3, "0": 2.0 ** 9, "2": 2.0 ** -2, "5": 2.0 ** 6}
+SCALES = {LOSS_POINT: 2.0**3, "0": 2.0**9, "2": 2.0**-2, "5": 2.0**6}
 
 
 class _Fixed(PointLossScaler):
@@ -40,8 +40,9 @@ class _Fixed(PointLossScaler):
 
 def _chain():
     torch.manual_seed(0)
-    return nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Conv2d(4, 4, 3), nn.ReLU(), nn.Flatten(),
-                         nn.Linear(4 * 4 * 4, 5))
+    return nn.Sequential(
+        nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Conv2d(4, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 4 * 4, 5)
+    )
 
 
 def _loss(model):
@@ -85,7 +86,7 @@ def test_a_rule_left_unwritten_is_refused_and_leaves_the_model_alone():
         _Fixed(None)
 
 
-@pytest.mark.parametrize("scale", [1.0, 3.0, 2.0 ** 20, 2.0 ** -130, 1e-45, 0.0, -0.0, float("inf"), float("nan"), 0.1])
+@pytest.mark.parametrize("scale", [1.0, 3.0, 2.0**20, 2.0**-130, 1e-45, 0.0, -0.0, float("inf"), float("nan"), 0.1])
 def test_unscale_group_on_the_host_is_the_tensor_path(scale):
     # the CPU path computes the reciprocal and its flag on the host (issue 28); a 0-d float64 scale takes the
     # tensor path, whose reciprocal of the same fp32 value must give the same gradients and flag
@@ -102,7 +103,7 @@ def test_unscale_group_on_the_host_is_the_tensor_path(scale):
     (host, host_found), (tensor, tensor_found) = results
     assert host_found == tensor_found
     # flagged: a non-finite gradient (planted for 3.0) or a reciprocal that is not finite in fp32 (0, 2**-130, NaN)
-    expect_bad = scale == 3.0 or scale == 0.0 or scale != scale or abs(scale) < 2.0 ** -128
+    expect_bad = scale == 3.0 or scale == 0.0 or scale != scale or abs(scale) < 2.0**-128
     assert host_found == (1.0 if expect_bad else 0.0)
     for a, b in zip(host, tensor):
         assert torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num(), b.nan_to_num())

@@ -64,12 +64,17 @@ def test_saturation_counts_are_the_eager_expression(limit):
     # the census kernel's "past the maximum" against the fp32 value just below the limit: exactly |g| >= limit
     # or NaN, on every layout the parameters come in; fp16 gradients keep the eager expression
     below = torch.nextafter(torch.tensor(limit), torch.tensor(0.0)).item()
-    edge = torch.tensor([limit, -limit, below, -below, limit * 2, 0.0, -0.0, float("nan"), float("inf"),
-                         -float("inf"), 1e-30, 1.0])
+    edge = torch.tensor(
+        [limit, -limit, below, -below, limit * 2, 0.0, -0.0, float("nan"), float("inf"), -float("inf"), 1e-30, 1.0]
+    )
     g = torch.Generator().manual_seed(1)
-    grads = [edge, torch.randn(8, 16, 3, 3, generator=g).mul(limit).contiguous(memory_format=torch.channels_last),
-             torch.randn(64, 48, generator=g).mul(limit).t(), torch.randn(5, generator=g).mul(limit).half(),
-             (torch.randn(300_000, generator=g) * limit)]
+    grads = [
+        edge,
+        torch.randn(8, 16, 3, 3, generator=g).mul(limit).contiguous(memory_format=torch.channels_last),
+        torch.randn(64, 48, generator=g).mul(limit).t(),
+        torch.randn(5, generator=g).mul(limit).half(),
+        (torch.randn(300_000, generator=g) * limit),
+    ]
     want = sum(int((~(x.abs() < limit)).sum()) for x in grads)
     got = saturation_counts(grads, limit)
     assert got.tolist() == [float(want), float(sum(x.numel() for x in grads))]

@@ -38,12 +38,19 @@ schedule: {iterations: 2, lr: 0.01}
 
 def _cli(*args, cwd=None, mem_bytes=None, timeout=60):
     """``lsbench ARGS`` in a fresh interpreter; with ``mem_bytes``, under RLIMIT_AS (virtual memory)."""
+
     def limit():
         resource.setrlimit(resource.RLIMIT_AS, (mem_bytes, mem_bytes))
 
     t0 = time.monotonic()
-    r = subprocess.run([sys.executable, "-m", "lossscale_bench.cli", *map(str, args)], capture_output=True,
-                       text=True, cwd=cwd, timeout=timeout, preexec_fn=limit if mem_bytes else None)
+    r = subprocess.run(
+        [sys.executable, "-m", "lossscale_bench.cli", *map(str, args)],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=timeout,
+        preexec_fn=limit if mem_bytes else None,
+    )
     r.seconds = time.monotonic() - t0
     return r
 
@@ -100,9 +107,12 @@ def test_billion_laughs_in_process_allocates_little():
 def test_aliases_that_stay_small_are_fine():
     """Anchors, aliases and merge keys are ordinary YAML: only their expanded size is bounded."""
     text = BASE.replace("scaling: [{method: none}]\n", "").replace(
-        "schedule: {iterations: 2, lr: 0.01}", "schedule: &sched {iterations: 4, lr: 0.01}")
-    text += "scaling:\n  - &fixed {method: fixed, scale: 8, label: eight}\n" \
-            "  - {<<: *fixed, scale: 16, label: sixteen}\ndescription: &d [*sched, *sched]\n"
+        "schedule: {iterations: 2, lr: 0.01}", "schedule: &sched {iterations: 4, lr: 0.01}"
+    )
+    text += (
+        "scaling:\n  - &fixed {method: fixed, scale: 8, label: eight}\n"
+        "  - {<<: *fixed, scale: 16, label: sixteen}\ndescription: &d [*sched, *sched]\n"
+    )
     with pytest.raises(StudyError, match="description: expected a string"):
         load_study_text(text)  # the aliases were expanded: the schema sees the list
     study = load_study_text(text.replace("description: &d [*sched, *sched]", "description: &d two schedules"))
@@ -153,8 +163,9 @@ def test_file_size_is_bounded(tmp_path):
     assert ok.stat().st_size == MAX_FILE_BYTES
     assert load_study(ok).description == "x" * pad
     big = _write(tmp_path, BASE + "description: " + "x" * (pad + 1) + "\n", "big.yaml")
-    _one_line_exit_2(_cli("validate", big, cwd=tmp_path), big, "too large for a study file",
-                     f"at most {MAX_FILE_BYTES} bytes")
+    _one_line_exit_2(
+        _cli("validate", big, cwd=tmp_path), big, "too large for a study file", f"at most {MAX_FILE_BYTES} bytes"
+    )
     with pytest.raises(StudyError, match="too large"):
         load_study_text(big.read_text(), "big.yaml")
 
@@ -169,8 +180,7 @@ def test_an_endless_file_is_not_read_forever(tmp_path):
 
 
 def test_20000_seed_grid_needs_the_flag(tmp_path):
-    text = BASE.replace("[{method: none}]", "[none, adaptive]") + \
-        "seeds: [" + ", ".join(map(str, range(20000))) + "]\n"
+    text = BASE.replace("[{method: none}]", "[none, adaptive]") + "seeds: [" + ", ".join(map(str, range(20000))) + "]\n"
     f = _write(tmp_path, text)
     for cmd in (["validate", f], ["run", f, "--dry-run"], ["run", f]):
         r = _cli(*cmd, cwd=tmp_path)
@@ -193,10 +203,14 @@ def test_the_grid_limit_is_on_trials_and_the_flag_lifts_it(tmp_path):
 def test_grid_size_counts_what_expand_builds():
     """An entry whose overrides pin the model and batch size makes one trial a seed, in the count as in the
     grid (entries that repeat each other, and repeated seeds, are refused: tests/study/test_every_problem.py)."""
-    text = BASE.replace("model: [ssd_tiny]", "model: [ssd_tiny, ssd300_vgg16]").replace(
-        "batch_size: [2]", "batch_size: [2, 4]").replace(
-        "[{method: none}]", "[{method: none, model: ssd_tiny, batch_size: 2, label: pinned}, adaptive, "
-                            "{method: fixed, scale: 8}]")
+    text = (
+        BASE.replace("model: [ssd_tiny]", "model: [ssd_tiny, ssd300_vgg16]")
+        .replace("batch_size: [2]", "batch_size: [2, 4]")
+        .replace(
+            "[{method: none}]",
+            "[{method: none, model: ssd_tiny, batch_size: 2, label: pinned}, adaptive, {method: fixed, scale: 8}]",
+        )
+    )
     study = load_study_text(text + "seeds: [0, 1]\n")
     assert grid_size(study) == len(study.trials()) == (1 + 4 + 4) * 2
     for f in sorted((REPO / "studies").glob("*.yaml")) + [REPO / "lossscale_bench" / "studies" / "smoke.yaml"]:
@@ -223,16 +237,22 @@ def test_validate_checks_every_file(tmp_path):
 
 
 def test_validate_names_missing_weights_and_data(tmp_path):
-    text = BASE.replace("{name: synthetic}", "{name: coco2017, root: coco}") + \
-        "model_options: {backbone_weights: weights/vgg16.pth}\n"
+    text = (
+        BASE.replace("{name: synthetic}", "{name: coco2017, root: coco}")
+        + "model_options: {backbone_weights: weights/vgg16.pth}\n"
+    )
     f = _write(tmp_path, text)
     r = _cli("validate", f, cwd=tmp_path)
     assert r.returncode == 2 and "ok" not in r.stdout
     lines = r.stderr.strip().splitlines()
-    assert lines[0] == (f"lsbench: error: {f}: dataset.root: not found: {tmp_path / 'coco'} "
-                        f"(fetch it with: lsbench data coco --root {tmp_path / 'coco'})")
-    assert lines[1] == f"lsbench: error: {f}: model_options.backbone_weights: file not found: " \
-                       f"{tmp_path / 'weights' / 'vgg16.pth'}"
+    assert lines[0] == (
+        f"lsbench: error: {f}: dataset.root: not found: {tmp_path / 'coco'} "
+        f"(fetch it with: lsbench data coco --root {tmp_path / 'coco'})"
+    )
+    assert (
+        lines[1] == f"lsbench: error: {f}: model_options.backbone_weights: file not found: "
+        f"{tmp_path / 'weights' / 'vgg16.pth'}"
+    )
     assert "--schema-only" in lines[2] and len(lines) == 3
     r = _cli("validate", "--schema-only", f, cwd=tmp_path)
     assert r.returncode == 0 and "ok (schema only: paths not checked)" in r.stdout, r.stderr
@@ -244,7 +264,8 @@ def test_validate_names_missing_weights_and_data(tmp_path):
     (tmp_path / "coco" / "annotations" / "instances_train2017.json").write_text("{}")  # read by the trial
     (tmp_path / "coco" / "annotations" / "instances_val2017.json").write_text(  # read here: must hold objects
         '{"images": [{"id": 1, "file_name": "1.jpg", "width": 9, "height": 9}], "categories": [{"id": 1, '
-        '"name": "a"}], "annotations": [{"id": 1, "image_id": 1, "category_id": 1, "bbox": [1, 1, 5, 5], "area": 25}]}')
+        '"name": "a"}], "annotations": [{"id": 1, "image_id": 1, "category_id": 1, "bbox": [1, 1, 5, 5], "area": 25}]}'
+    )
     r = _cli("validate", f, cwd=tmp_path)
     assert r.returncode == 0 and f"{f}: ok, study" in r.stdout, r.stderr
 
@@ -257,11 +278,16 @@ def test_coco_root_that_is_not_coco(tmp_path):
     assert all("dataset.root: " in p and "does not look like a coco2017 dataset" in p for p in problems)
     assert "instances_train2017.json" in problems[0] and problems[2].endswith(
         f"folder not found: {tmp_path / 'coco' / 'val2017'} (fetch it with: lsbench data coco --root "
-        f"{tmp_path / 'coco'})")
+        f"{tmp_path / 'coco'})"
+    )
     # fake_data never reads the root; synthetic data is generated on first use
     assert path_problems(load_study_text(BASE.replace("{name: synthetic}", "{name: coco2017, fake_data: true}"))) == []
-    assert path_problems(load_study_text(BASE.replace("{name: synthetic}",
-                                                      f"{{name: synthetic, root: {tmp_path / 'new'}}}"))) == []
+    assert (
+        path_problems(
+            load_study_text(BASE.replace("{name: synthetic}", f"{{name: synthetic, root: {tmp_path / 'new'}}}"))
+        )
+        == []
+    )
 
 
 def test_voc_paths_agree_with_the_voc_loader(tmp_path):
@@ -272,22 +298,32 @@ def test_voc_paths_agree_with_the_voc_loader(tmp_path):
     make_tiny_voc(devkit / "VOC2007", {"trainval": 2, "test": 1}, classes=("cat", "dog"))  # VOC's own classes
     make_tiny_voc(devkit / "VOC2012", {"trainval": 2}, classes=("cat", "dog"))
     voc0712 = load_study_text(BASE.replace("{name: synthetic}", f"{{name: voc0712, root: {devkit}}}"))
-    voc = load_study_text(BASE.replace("{name: synthetic}", f"{{name: voc, root: {devkit / 'VOC2012'}, "
-                                       "classes: [cat, dog], train_split: train+val, val_split: val}"))
+    voc = load_study_text(
+        BASE.replace(
+            "{name: synthetic}",
+            f"{{name: voc, root: {devkit / 'VOC2012'}, classes: [cat, dog], train_split: train+val, val_split: val}}",
+        )
+    )
     assert path_problems(voc0712) == [] and path_problems(voc) == []
-    for study, victim in ((voc0712, devkit / "VOC2012" / "JPEGImages"),
-                          (voc0712, devkit / "VOC2007" / "ImageSets" / "Main" / "test.txt"),
-                          (voc, devkit / "VOC2012" / "ImageSets" / "Main" / "val.txt")):
+    for study, victim in (
+        (voc0712, devkit / "VOC2012" / "JPEGImages"),
+        (voc0712, devkit / "VOC2007" / "ImageSets" / "Main" / "test.txt"),
+        (voc, devkit / "VOC2012" / "ImageSets" / "Main" / "val.txt"),
+    ):
         moved = victim.with_name(victim.name + ".away")
         victim.rename(moved)
         try:
             need = [str(p) for p in voc_required_paths(study.dataset.model_dump()) if not p.exists()]
             said = [str(p) for p in path_problems(study)]
             assert need == [str(victim)] and len(said) == 1, (need, said)
-            assert said[0].endswith(f"not found: {victim}" + (" (fetch it with: lsbench data voc --root "
-                                                              f"{tmp_path})" if study is voc0712 else
-                                                              " (a VOC-format folder needs Annotations/, "
-                                                              "JPEGImages/ and ImageSets/Main/<split>.txt)"))
+            assert said[0].endswith(
+                f"not found: {victim}"
+                + (
+                    f" (fetch it with: lsbench data voc --root {tmp_path})"
+                    if study is voc0712
+                    else " (a VOC-format folder needs Annotations/, JPEGImages/ and ImageSets/Main/<split>.txt)"
+                )
+            )
             assert "does not look like a" in said[0]
         finally:
             moved.rename(victim)
@@ -312,35 +348,57 @@ def test_run_refuses_missing_weights_before_anything_starts(tmp_path):
 
 
 def test_run_names_how_many_more_paths_are_missing(tmp_path):
-    text = BASE.replace("{name: synthetic}", "{name: voc0712, root: data/VOCdevkit}") + \
-        "model_options: {backbone_weights: w.pth}\n"
+    text = (
+        BASE.replace("{name: synthetic}", "{name: voc0712, root: data/VOCdevkit}")
+        + "model_options: {backbone_weights: w.pth}\n"
+    )
     f = _write(tmp_path, text)
     r = _cli("run", f, "--runs-dir", tmp_path / "runs", cwd=tmp_path, timeout=120)
-    _one_line_exit_2(r, f, "dataset.root: not found", "lsbench data voc --root " + str(tmp_path / "data"),
-                     "(and 1 more missing path: lsbench validate")
+    _one_line_exit_2(
+        r,
+        f,
+        "dataset.root: not found",
+        "lsbench data voc --root " + str(tmp_path / "data"),
+        "(and 1 more missing path: lsbench validate",
+    )
     assert not (tmp_path / "runs").exists()
 
 
 # --------------------------------------------------------------------------- duplicate labels
 
 
-@pytest.mark.parametrize("scaling, where, label", [
-    ("[{method: fixed, scale: 8, label: mine}, adaptive, {method: fixed, scale: 16, label: mine}]",
-     "scaling[2].label", "mine"),
-    # defaults: at mixed16 `none` and `fixed, scale: 1` both read "no loss scale"
-    ("[none, adaptive, {method: fixed, scale: 1}]", "scaling[2]", "no loss scale"),
-    ("[{method: adaptive, label: A}, {method: dynamic, label: A, batch_size: 2}]", "scaling[1].label", "A"),
-])
+@pytest.mark.parametrize(
+    "scaling, where, label",
+    [
+        (
+            "[{method: fixed, scale: 8, label: mine}, adaptive, {method: fixed, scale: 16, label: mine}]",
+            "scaling[2].label",
+            "mine",
+        ),
+        # defaults: at mixed16 `none` and `fixed, scale: 1` both read "no loss scale"
+        ("[none, adaptive, {method: fixed, scale: 1}]", "scaling[2]", "no loss scale"),
+        ("[{method: adaptive, label: A}, {method: dynamic, label: A, batch_size: 2}]", "scaling[1].label", "A"),
+    ],
+)
 def test_duplicate_labels_are_refused(tmp_path, scaling, where, label):
     f = _write(tmp_path, BASE.replace("precision: fp32", "precision: mixed16").replace("[{method: none}]", scaling))
-    _one_line_exit_2(_cli("validate", "--schema-only", f, cwd=tmp_path), f, f"{where}: ",
-                     f"label {label!r} is also scaling[0]'s", "ssd_tiny batch 2 mixed16", "'label:'")
+    _one_line_exit_2(
+        _cli("validate", "--schema-only", f, cwd=tmp_path),
+        f,
+        f"{where}: ",
+        f"label {label!r} is also scaling[0]'s",
+        "ssd_tiny batch 2 mixed16",
+        "'label:'",
+    )
 
 
-@pytest.mark.parametrize("scaling", [
-    "[{method: none, precision: fp32, label: L}, {method: adaptive, label: L}]",  # precision tells them apart
-    "[{method: adaptive, label: L}, {method: adaptive, label: L, batch_size: 4}]",  # another table
-    "[{method: adaptive, label: L}, {method: adaptive, label: L, model: ssd300_vgg16}]",
-])
+@pytest.mark.parametrize(
+    "scaling",
+    [
+        "[{method: none, precision: fp32, label: L}, {method: adaptive, label: L}]",  # precision tells them apart
+        "[{method: adaptive, label: L}, {method: adaptive, label: L, batch_size: 4}]",  # another table
+        "[{method: adaptive, label: L}, {method: adaptive, label: L, model: ssd300_vgg16}]",
+    ],
+)
 def test_labels_that_the_report_can_tell_apart_are_fine(scaling):
     load_study_text(BASE.replace("precision: fp32", "precision: mixed16").replace("[{method: none}]", scaling))

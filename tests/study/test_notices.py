@@ -13,8 +13,15 @@ def _load(**overrides):
 def test_a_loss_scale_where_gradients_have_fp32_range_is_accepted_with_a_note():
     from lossscale_bench.study.notices import study_notices
 
-    s = _load(precision="bf16", scaling=["none", "{method: fixed, scale: 128}", "{method: adaptive, precision: fp32}",
-                                         "{method: dynamic, precision: fp16-emulated}"])
+    s = _load(
+        precision="bf16",
+        scaling=[
+            "none",
+            "{method: fixed, scale: 128}",
+            "{method: adaptive, precision: fp32}",
+            "{method: dynamic, precision: fp16-emulated}",
+        ],
+    )
     notes = study_notices(s)
     assert len(notes) == 2
     assert notes[0].startswith("s.yaml: scaling[1] (fixed) in bf16: bf16 gradients")

@@ -17,17 +17,20 @@ from lossscale_bench.study.precisions import FORMAT_NAMES, PRECISION_SPECS, Prec
 NOTE = "an emulation (test)"
 
 
-@pytest.mark.parametrize("fields, problem", [
-    ({"grad_format": "fp32", "emulated": True, "note": NOTE}, "grad_format 'fp32' is not a format"),
-    ({"forward_format": "fp12", "emulated": True, "note": NOTE}, "forward_format 'fp12' is not a format"),
-    ({"autocast": "float8_e4m3fn", "forward_format": "e4m3", "grad_format": "e4m3"}, "autocast 'float8_e4m3fn'"),
-    ({"forward_format": "fp16", "grad_format": "fp16"}, "without emulation nothing rounds"),
-    ({"autocast": "float16", "forward_format": "fp16", "grad_format": "e5m2"}, "without emulation nothing rounds"),
-    ({"emulated": True, "note": NOTE}, "an emulation rounds something"),
-    ({"emulated": True, "grad_format": "fp16"}, "an emulation says so under its rows"),
-    ({"emulated": True, "autocast": "bfloat16", "grad_format": "e5m2", "note": NOTE}, "computes in fp32"),
-    ({"needs_scaler": True}, "needs_scaler without a grad_format"),
-])
+@pytest.mark.parametrize(
+    "fields, problem",
+    [
+        ({"grad_format": "fp32", "emulated": True, "note": NOTE}, "grad_format 'fp32' is not a format"),
+        ({"forward_format": "fp12", "emulated": True, "note": NOTE}, "forward_format 'fp12' is not a format"),
+        ({"autocast": "float8_e4m3fn", "forward_format": "e4m3", "grad_format": "e4m3"}, "autocast 'float8_e4m3fn'"),
+        ({"forward_format": "fp16", "grad_format": "fp16"}, "without emulation nothing rounds"),
+        ({"autocast": "float16", "forward_format": "fp16", "grad_format": "e5m2"}, "without emulation nothing rounds"),
+        ({"emulated": True, "note": NOTE}, "an emulation rounds something"),
+        ({"emulated": True, "grad_format": "fp16"}, "an emulation says so under its rows"),
+        ({"emulated": True, "autocast": "bfloat16", "grad_format": "e5m2", "note": NOTE}, "computes in fp32"),
+        ({"needs_scaler": True}, "needs_scaler without a grad_format"),
+    ],
+)
 def test_an_entry_that_cannot_work_is_refused_in_one_line(fields, problem):
     with pytest.raises(ValueError, match="precision table entry 'x': ") as err:
         PrecisionSpec("x", **fields)
@@ -51,8 +54,14 @@ def test_every_emulation_the_table_accepts_trains_a_step(monkeypatch, forward_fo
     from lossscale_bench.precision import get_precision
     from lossscale_bench.scaling import build_scaler
 
-    spec = PrecisionSpec("x", forward_format=forward_format, grad_format=grad_format, emulated=True,
-                         needs_scaler=grad_format is not None, note=NOTE)
+    spec = PrecisionSpec(
+        "x",
+        forward_format=forward_format,
+        grad_format=grad_format,
+        emulated=True,
+        needs_scaler=grad_format is not None,
+        note=NOTE,
+    )
     monkeypatch.setitem(PRECISION_SPECS, "x", spec)
     prec = get_precision("x")
     torch.manual_seed(0)

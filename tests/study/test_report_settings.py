@@ -33,8 +33,9 @@ SHIPPED = sorted(str(p.relative_to(ROOT)) for p in ROOT.glob("studies/*.yaml")) 
 def _pin(monkeypatch) -> None:
     real_fingerprint, real_find_spec = grid.trial_fingerprint, importlib.util.find_spec
     monkeypatch.setattr(grid, "trial_fingerprint", lambda ds, mo: {k: "pinned" for k in real_fingerprint(ds, mo)})
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *a: object() if name == "nvidia.dali" else real_find_spec(name, *a))
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: object() if name == "nvidia.dali" else real_find_spec(name, *a)
+    )
 
 
 def _ids(study) -> list[str]:
@@ -77,14 +78,23 @@ def test_shipped_study_ids_are_unchanged_and_the_margin_changes_none(rel, monkey
 
 
 def test_a_bad_margin_is_one_line_naming_the_file_and_the_field(tmp_path):
-    base = "name: t\ndataset: synthetic\nmodel: ssd_tiny\nbatch_size: 8\nprecision: fp32\nscaling: [none]\n" \
-           "schedule: {iterations: 10, lr: 0.001}\n"
+    base = (
+        "name: t\ndataset: synthetic\nmodel: ssd_tiny\nbatch_size: 8\nprecision: fp32\nscaling: [none]\n"
+        "schedule: {iterations: 10, lr: 0.001}\n"
+    )
     # outside [1e-6, 100] mAP points the report's statistics divided by zero (1e-300) or overflowed (1e308),
     # after `lsbench run` had trained every trial
-    for value, problem in (("-1", "-1 is out of range"), ("0", "0 is out of range"), ("abc", "expected a number"),
-                           (".nan", "expected a finite number"), ("true", "expected a number"),
-                           ("1.0e-300", "1e-300 is out of range"), ("1.0e+308", "1e+308 is out of range"),
-                           ("1.0e-7", "1e-07 is out of range"), ("100.5", "100.5 is out of range")):
+    for value, problem in (
+        ("-1", "-1 is out of range"),
+        ("0", "0 is out of range"),
+        ("abc", "expected a number"),
+        (".nan", "expected a finite number"),
+        ("true", "expected a number"),
+        ("1.0e-300", "1e-300 is out of range"),
+        ("1.0e+308", "1e+308 is out of range"),
+        ("1.0e-7", "1e-07 is out of range"),
+        ("100.5", "100.5 is out of range"),
+    ):
         f = tmp_path / "m.yaml"
         f.write_text(base + f"report: {{equivalence_margin: {value}}}\n")
         with pytest.raises(StudyError) as e:

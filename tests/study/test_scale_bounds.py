@@ -17,8 +17,9 @@ from lossscale_bench.core.float_ranges import FP32
 from lossscale_bench.study import StudyError, load_study_text
 from lossscale_bench.study.methods.amax import max_margin
 
-FP32_RANGE = ("numbers 1.1754943508222875e-38 <= x <= 3.4028234663852886e+38 (fp32's normal range, where loss "
-              "scales are kept)")
+FP32_RANGE = (
+    "numbers 1.1754943508222875e-38 <= x <= 3.4028234663852886e+38 (fp32's normal range, where loss scales are kept)"
+)
 
 #: (entry, precision, the field refused, what the error says, what it allows)
 REFUSED = [
@@ -31,36 +32,72 @@ REFUSED = [
     ("{method: layerwise_dynamic, min_scale: 1.0e-39}", "fp16-emulated", "min_scale", "out of range", FP32_RANGE),
     ("{method: amax, init_scale: 1.0e+39}", "fp8-emulated", "init_scale", "out of range", FP32_RANGE),
     ("{method: adaptive, init_scale: 1.0e+39}", "fp16-emulated", "init_scale", "out of range", FP32_RANGE),
-    ("{method: adaptive, scale_upper_bound: 1.0e+39}", "fp16-emulated", "scale_upper_bound", "out of range",
-     FP32_RANGE),
-    ("{method: adaptive, accum_upper_bound: 1.0e+39}", "fp16-emulated", "accum_upper_bound", "out of range",
-     FP32_RANGE),
+    (
+        "{method: adaptive, scale_upper_bound: 1.0e+39}",
+        "fp16-emulated",
+        "scale_upper_bound",
+        "out of range",
+        FP32_RANGE,
+    ),
+    (
+        "{method: adaptive, accum_upper_bound: 1.0e+39}",
+        "fp16-emulated",
+        "accum_upper_bound",
+        "out of range",
+        FP32_RANGE,
+    ),
     ("{method: saturation, init_scale: 1.0e+39}", "fp8-e4m3-emulated", "init_scale", "out of range", FP32_RANGE),
-    ("{method: amax, recipe: current, margin: 1000}", "fp16-emulated", "margin",
-     "1000 is out of range for fp16-emulated (fp16 gradients): 2**1000 is past fp32's largest value",
-     "integers 0 <= x <= 39"),
-    ("{method: amax, recipe: current, margin: 2000}", "fp16-emulated", "margin", "2000 is out of range",
-     "integers 0 <= x <= 39"),
-    ("{method: amax, margin: 40}", "fp16-emulated", "margin",
-     "40 is out of range for fp16-emulated (fp16 gradients): the largest gradient would be put at 65504 / 2**40, "
-     "below fp16's smallest subnormal", "integers 0 <= x <= 39"),
+    (
+        "{method: amax, recipe: current, margin: 1000}",
+        "fp16-emulated",
+        "margin",
+        "1000 is out of range for fp16-emulated (fp16 gradients): 2**1000 is past fp32's largest value",
+        "integers 0 <= x <= 39",
+    ),
+    (
+        "{method: amax, recipe: current, margin: 2000}",
+        "fp16-emulated",
+        "margin",
+        "2000 is out of range",
+        "integers 0 <= x <= 39",
+    ),
+    (
+        "{method: amax, margin: 40}",
+        "fp16-emulated",
+        "margin",
+        "40 is out of range for fp16-emulated (fp16 gradients): the largest gradient would be put at 65504 / 2**40, "
+        "below fp16's smallest subnormal",
+        "integers 0 <= x <= 39",
+    ),
     ("{method: amax, margin: 32}", "fp8-emulated", "margin", "(e5m2 gradients)", "integers 0 <= x <= 31"),
     ("{method: amax, margin: 18}", "fp8-e4m3-emulated", "margin", "(e4m3 gradients)", "integers 0 <= x <= 17"),
-    ("{method: amax, margin: 128}", "bf16", "margin", "2**128 is past fp32's largest value",
-     "integers 0 <= x <= 127"),
+    ("{method: amax, margin: 128}", "bf16", "margin", "2**128 is past fp32's largest value", "integers 0 <= x <= 127"),
     ("{method: amax, margin: 40}", "fp32", "margin", "(fp16 gradients)", "integers 0 <= x <= 39"),
     # plain E2M1: 6 / 2**4 is below its one subnormal, 0.5
-    ("{method: amax, margin: 4}", "e4m3fwd-e2m1grad-emulated", "margin",
-     "4 is out of range for e4m3fwd-e2m1grad-emulated (e2m1 gradients): the largest gradient would be put at "
-     "6 / 2**4, below e2m1's smallest subnormal (0.5)", "integers 0 <= x <= 3"),
+    (
+        "{method: amax, margin: 4}",
+        "e4m3fwd-e2m1grad-emulated",
+        "margin",
+        "4 is out of range for e4m3fwd-e2m1grad-emulated (e2m1 gradients): the largest gradient would be put at "
+        "6 / 2**4, below e2m1's smallest subnormal (0.5)",
+        "integers 0 <= x <= 3",
+    ),
     # NVFP4 and MXFP4 scale each block to the format's maximum: only fp32 bounds the margin (the E2M1 reason was
     # given for these too, with a bound of 3)
-    ("{method: amax, margin: 128}", "e4m3fwd-nvfp4grad-emulated", "margin",
-     "128 is out of range for e4m3fwd-nvfp4grad-emulated (nvfp4 gradients): 2**128 is past fp32's largest value",
-     "integers 0 <= x <= 127"),
-    ("{method: amax, margin: 128}", "nvfp4fwd-mxfp4grad-emulated", "margin",
-     "128 is out of range for nvfp4fwd-mxfp4grad-emulated (mxfp4 gradients): 2**128 is past fp32's largest value",
-     "integers 0 <= x <= 127"),
+    (
+        "{method: amax, margin: 128}",
+        "e4m3fwd-nvfp4grad-emulated",
+        "margin",
+        "128 is out of range for e4m3fwd-nvfp4grad-emulated (nvfp4 gradients): 2**128 is past fp32's largest value",
+        "integers 0 <= x <= 127",
+    ),
+    (
+        "{method: amax, margin: 128}",
+        "nvfp4fwd-mxfp4grad-emulated",
+        "margin",
+        "128 is out of range for nvfp4fwd-mxfp4grad-emulated (mxfp4 gradients): 2**128 is past fp32's largest value",
+        "integers 0 <= x <= 127",
+    ),
 ]
 
 
@@ -82,24 +119,29 @@ def test_lsbench_validate_refuses_each_out_of_range_scale_in_one_line(tmp_path):
         assert problem in line and line.endswith(f"; allowed: {allowed}"), (entry, line)
 
 
-@pytest.mark.parametrize("entry,precision", [
-    (f"{{method: fixed, scale: {FP32.max!r}}}", "fp16-emulated"),
-    (f"{{method: fixed, scale: {FP32.min_normal!r}}}", "fp16-emulated"),
-    ("{method: layerwise_dynamic, min_scale: 1.1754943508222875e-38, max_scale: 3.4028234663852886e+38}",
-     "fp16-emulated"),  # fairscale's own defaults, written out
-    ("{method: amax, margin: 39}", "fp16-emulated"),
-    ("{method: amax, margin: 39}", "fp32"),
-    ("{method: amax, margin: 31}", "fp8-emulated"),
-    ("{method: amax, margin: 17}", "fp8-e4m3-emulated"),
-    ("{method: amax, margin: 17, grad_blocks: mx32}", "fp8-e4m3-emulated"),
-    ("{method: amax, margin: 127}", "bf16"),
-    ("{method: amax, margin: 8}", "mixed16"),
-    ("{method: amax, margin: 3}", "e4m3fwd-e2m1grad-emulated"),
-    ("{method: amax, recipe: current, margin: 4}", "e4m3fwd-nvfp4grad-emulated"),
-    ("{method: amax, margin: 127}", "nvfp4fwd-nvfp4grad-emulated"),
-    ("{method: amax, recipe: current, margin: 4}", "e4m3fwd-mxfp4grad-emulated"),
-    ("{method: amax, margin: 127}", "nvfp4fwd-mxfp4grad-emulated"),
-])
+@pytest.mark.parametrize(
+    "entry,precision",
+    [
+        (f"{{method: fixed, scale: {FP32.max!r}}}", "fp16-emulated"),
+        (f"{{method: fixed, scale: {FP32.min_normal!r}}}", "fp16-emulated"),
+        (
+            "{method: layerwise_dynamic, min_scale: 1.1754943508222875e-38, max_scale: 3.4028234663852886e+38}",
+            "fp16-emulated",
+        ),  # fairscale's own defaults, written out
+        ("{method: amax, margin: 39}", "fp16-emulated"),
+        ("{method: amax, margin: 39}", "fp32"),
+        ("{method: amax, margin: 31}", "fp8-emulated"),
+        ("{method: amax, margin: 17}", "fp8-e4m3-emulated"),
+        ("{method: amax, margin: 17, grad_blocks: mx32}", "fp8-e4m3-emulated"),
+        ("{method: amax, margin: 127}", "bf16"),
+        ("{method: amax, margin: 8}", "mixed16"),
+        ("{method: amax, margin: 3}", "e4m3fwd-e2m1grad-emulated"),
+        ("{method: amax, recipe: current, margin: 4}", "e4m3fwd-nvfp4grad-emulated"),
+        ("{method: amax, margin: 127}", "nvfp4fwd-nvfp4grad-emulated"),
+        ("{method: amax, recipe: current, margin: 4}", "e4m3fwd-mxfp4grad-emulated"),
+        ("{method: amax, margin: 127}", "nvfp4fwd-mxfp4grad-emulated"),
+    ],
+)
 def test_the_edges_of_each_range_pass(entry, precision):
     load_study_text(one_entry_study(entry, precision), source="x.yaml")
 
@@ -109,8 +151,9 @@ def test_an_entry_with_its_own_precision_is_bounded_by_that_precision():
     with pytest.raises(StudyError) as err:
         load_study_text(text, source="x.yaml")
     assert str(err.value).startswith("x.yaml: scaling[0].margin: 20 is out of range for fp8-e4m3-emulated")
-    load_study_text(one_entry_study("{method: amax, margin: 20, precision: fp16-emulated}", "fp8-e4m3-emulated"),
-                    source="x.yaml")
+    load_study_text(
+        one_entry_study("{method: amax, margin: 20, precision: fp16-emulated}", "fp8-e4m3-emulated"), source="x.yaml"
+    )
 
 
 @pytest.mark.parametrize("fmt", ["fp16", "e5m2", "e4m3", "bf16"])

@@ -24,18 +24,21 @@ def test_a_plan_trains_its_first_seeds_with_the_list_forms_ids():
     assert pocock.seed_plan.spending == "pocock"
 
 
-@pytest.mark.parametrize("seeds, path, words", [
-    ({"start": 1, "step": 3, "max": 18}, "seeds.start", "integers 2 <= x"),
-    ({"start": 3, "step": 0, "max": 18}, "seeds.step", "integers 1 <= x"),
-    ({"start": 6, "step": 3, "max": 4}, "seeds.max", "below seeds.start"),
-    ({"start": 3, "step": 3, "max": 101}, "seeds.max", "integers 2 <= x <= 100"),
-    ({"start": 3, "step": 3}, "seeds.max", "missing"),
-    ({"start": 3, "step": 3, "max": 9, "until": "forever"}, "seeds.until", "decided"),
-    ({"start": 3, "step": 3, "max": 9, "every": 2}, "seeds.every", "unknown key"),
-    ({"start": 3, "step": 3, "max": 9, "pairs": "some"}, "seeds.pairs", "baseline, all"),
-    ({"start": 3, "step": 3, "max": 9, "spending": "linear"}, "seeds.spending", "obf, pocock"),
-    ({"start": "three", "step": 3, "max": 9}, "seeds.start", "expected an integer"),
-])
+@pytest.mark.parametrize(
+    "seeds, path, words",
+    [
+        ({"start": 1, "step": 3, "max": 18}, "seeds.start", "integers 2 <= x"),
+        ({"start": 3, "step": 0, "max": 18}, "seeds.step", "integers 1 <= x"),
+        ({"start": 6, "step": 3, "max": 4}, "seeds.max", "below seeds.start"),
+        ({"start": 3, "step": 3, "max": 101}, "seeds.max", "integers 2 <= x <= 100"),
+        ({"start": 3, "step": 3}, "seeds.max", "missing"),
+        ({"start": 3, "step": 3, "max": 9, "until": "forever"}, "seeds.until", "decided"),
+        ({"start": 3, "step": 3, "max": 9, "every": 2}, "seeds.every", "unknown key"),
+        ({"start": 3, "step": 3, "max": 9, "pairs": "some"}, "seeds.pairs", "baseline, all"),
+        ({"start": 3, "step": 3, "max": 9, "spending": "linear"}, "seeds.spending", "obf, pocock"),
+        ({"start": "three", "step": 3, "max": 9}, "seeds.start", "expected an integer"),
+    ],
+)
 def test_a_bad_plan_is_one_line_naming_the_key(seeds, path, words):
     with pytest.raises(StudyError) as e:
         load_study_text(study_yaml(seeds=seeds), source="s.yaml")

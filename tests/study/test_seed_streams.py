@@ -29,8 +29,15 @@ def test_default_streams_change_no_id_and_follow_the_seed():
     assert (t.stream_seed("init"), t.stream_seed("data"), t.stream_seed("val")) == (1, 1, None)
 
 
-@pytest.mark.parametrize("streams, want", [({"init": 0}, (0, 7, None)), ({"data": 3}, (7, 3, None)),
-                                           ({"val": "trial"}, (7, 7, 7)), ({"val": 2, "init": 0}, (0, 7, 2))])
+@pytest.mark.parametrize(
+    "streams, want",
+    [
+        ({"init": 0}, (0, 7, None)),
+        ({"data": 3}, (7, 3, None)),
+        ({"val": "trial"}, (7, 7, 7)),
+        ({"val": 2, "init": 0}, (0, 7, 2)),
+    ],
+)
 def test_a_stream_set_otherwise_has_its_own_ids_and_one_configuration(streams, want):
     plain, trials = _trials(seeds=(7, 8)), _trials(streams, seeds=(7, 8))
     assert not {t.trial_id for t in trials} & {t.trial_id for t in plain}
@@ -39,8 +46,15 @@ def test_a_stream_set_otherwise_has_its_own_ids_and_one_configuration(streams, w
     assert (t.stream_seed("init"), t.stream_seed("data"), t.stream_seed("val")) == want
 
 
-@pytest.mark.parametrize("streams, field", [({"init": -1}, "seed_streams.init"), ({"data": "x"}, "seed_streams.data"),
-                                            ({"weights": 0}, "seed_streams"), ({"val": 1.5}, "seed_streams.val")])
+@pytest.mark.parametrize(
+    "streams, field",
+    [
+        ({"init": -1}, "seed_streams.init"),
+        ({"data": "x"}, "seed_streams.data"),
+        ({"weights": 0}, "seed_streams"),
+        ({"val": 1.5}, "seed_streams.val"),
+    ],
+)
 def test_bad_streams_are_one_line_naming_the_field(tmp_path, streams, field):
     path = write_study(tmp_path, seed_streams=streams)
     out = lsbench("validate", path)
@@ -69,19 +83,22 @@ def _start(cfg):
 def test_each_stream_moves_only_what_it_seeds():
     before = torch.get_num_threads()
     try:
-        base, init_fixed, data_fixed, val_free = (_trials(s, seeds=(0, 1)) for s in
-                                                 (None, {"init": 0}, {"data": 0}, {"val": "trial"}))
-        s = {name: [_start(t) for t in trials] for name, trials in
-             (("base", base), ("init", init_fixed), ("data", data_fixed), ("val", val_free))}
+        base, init_fixed, data_fixed, val_free = (
+            _trials(s, seeds=(0, 1)) for s in (None, {"init": 0}, {"data": 0}, {"val": "trial"})
+        )
+        s = {
+            name: [_start(t) for t in trials]
+            for name, trials in (("base", base), ("init", init_fixed), ("data", data_fixed), ("val", val_free))
+        }
     finally:
         torch.set_num_threads(before)
     same = lambda a, b: torch.equal(a, b)  # noqa: E731
     (w0, b0, v0), (w1, b1, v1) = s["base"]
-    assert not same(w0, w1) and not same(b0, b1) and same(v0, v1)     # a seed: weights and batches
+    assert not same(w0, w1) and not same(b0, b1) and same(v0, v1)  # a seed: weights and batches
     (w0, b0, v0), (w1, b1, v1) = s["init"]
-    assert same(w0, w1) and not same(b0, b1) and same(v0, v1)         # weights fixed, batches follow
+    assert same(w0, w1) and not same(b0, b1) and same(v0, v1)  # weights fixed, batches follow
     (w0, b0, v0), (w1, b1, v1) = s["data"]
-    assert not same(w0, w1) and same(b0, b1) and same(v0, v1)         # batches fixed, weights follow
+    assert not same(w0, w1) and same(b0, b1) and same(v0, v1)  # batches fixed, weights follow
     (w0, b0, v0), (w1, b1, v1) = s["val"]
     assert not same(w0, w1) and not same(b0, b1) and not same(v0, v1)  # and the validation set too
     assert same(s["val"][0][2], s["base"][0][2])  # seed 0's own validation set is the dataset's (seed 0)

@@ -41,10 +41,21 @@ def _both_refuse(f, tmp_path, cache_env, *needles, prefix=()):
 def test_a_cache_that_is_a_file(tmp_path):
     f = _study(tmp_path)
     (tmp_path / "cache").write_text("not a folder")
-    _both_refuse(f, tmp_path, tmp_path / "cache", "s.yaml: dataset: ", f"$LSBENCH_DATA={tmp_path / 'cache'}",
-                 "is a file, not a folder", "set LSBENCH_DATA to a folder that can be written")
-    _both_refuse(f, tmp_path, tmp_path / "cache" / "sub", f"{tmp_path / 'cache' / 'sub'} cannot be created: "
-                 f"{tmp_path / 'cache'} is a file, not a folder")
+    _both_refuse(
+        f,
+        tmp_path,
+        tmp_path / "cache",
+        "s.yaml: dataset: ",
+        f"$LSBENCH_DATA={tmp_path / 'cache'}",
+        "is a file, not a folder",
+        "set LSBENCH_DATA to a folder that can be written",
+    )
+    _both_refuse(
+        f,
+        tmp_path,
+        tmp_path / "cache" / "sub",
+        f"{tmp_path / 'cache' / 'sub'} cannot be created: {tmp_path / 'cache'} is a file, not a folder",
+    )
     assert (tmp_path / "cache").read_text() == "not a folder"
 
 
@@ -55,9 +66,14 @@ def test_a_read_only_cache_and_dataset_root(tmp_path):
     ro.chmod(0o555)
     try:
         _both_refuse(_study(tmp_path), tmp_path, ro, f"$LSBENCH_DATA={ro} is read-only", prefix=AS_USER)
-        _both_refuse(_study(tmp_path, root=str(ro / "data")), tmp_path, tmp_path / "unused",
-                     f"s.yaml: dataset.root: the synthetic data cache {ro / 'data'} cannot be created: {ro} is "
-                     "read-only", "choose a dataset.root that can be written", prefix=AS_USER)
+        _both_refuse(
+            _study(tmp_path, root=str(ro / "data")),
+            tmp_path,
+            tmp_path / "unused",
+            f"s.yaml: dataset.root: the synthetic data cache {ro / 'data'} cannot be created: {ro} is read-only",
+            "choose a dataset.root that can be written",
+            prefix=AS_USER,
+        )
     finally:
         ro.chmod(0o755)
     assert list(ro.iterdir()) == []

@@ -30,10 +30,15 @@ def rerun(tmp_path_factory):
 
     tmp = tmp_path_factory.mktemp("rerun")
     study = tmp / "rerun.yaml"
-    study.write_text(study_yaml(name="rerun", scaling=["{method: none, label: crashes}",
-                                                                 "{method: fixed, scale: 128, label: steady}"],
-                        schedule={"iterations": ITERATIONS, "lr": 0.01, "warmup_iterations": 2},
-                        eval={"every": EVAL_EVERY, "metric": "coco", "max_images": 4}, log_every=2))
+    study.write_text(
+        study_yaml(
+            name="rerun",
+            scaling=["{method: none, label: crashes}", "{method: fixed, scale: 128, label: steady}"],
+            schedule={"iterations": ITERATIONS, "lr": 0.01, "warmup_iterations": 2},
+            eval={"every": EVAL_EVERY, "metric": "coco", "max_images": 4},
+            log_every=2,
+        )
+    )
     runs = tmp / "runs"
     args = ["run", str(study), "--executor", "local", "--runs-dir", str(runs), "--no-report", "--quiet"]
     real_step, crashed = loop.Trainer.train_step, []
@@ -54,14 +59,18 @@ def rerun(tmp_path_factory):
 
     client = MlflowClient(tracking_uri=f"sqlite:///{runs / 'mlflow.db'}")
     exp = client.get_experiment_by_name("rerun")
-    before = {r.data.tags["lsbench.label"]: r for r in client.search_runs([exp.experiment_id],
-                                                                           "tags.`lsbench.role` = 'trial'")}
+    before = {
+        r.data.tags["lsbench.label"]: r
+        for r in client.search_runs([exp.experiment_id], "tags.`lsbench.role` = 'trial'")
+    }
     return {"runs": runs, "args": args, "first": first, "client": client, "exp": exp, "before": before}
 
 
 def _trials(client, exp):
-    return {r.data.tags["lsbench.label"]: r for r in client.search_runs([exp.experiment_id],
-                                                                         "tags.`lsbench.role` = 'trial'")}
+    return {
+        r.data.tags["lsbench.label"]: r
+        for r in client.search_runs([exp.experiment_id], "tags.`lsbench.role` = 'trial'")
+    }
 
 
 def test_telemetry_report_names_the_failed_trials_it_leaves_out(rerun, capsys):

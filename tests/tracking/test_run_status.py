@@ -28,11 +28,16 @@ from lossscale_bench.orchestration.study_runner import run_study, study_dir
 from lossscale_bench.study import load_study_text
 from lossscale_bench.tracking.run_status import VIEW_COLUMNS, VIEW_TAG, view_url
 
-STUDY = study_yaml(name="status", precision="fp16-emulated", scaling=[
-    "{method: fixed, scale: 128}",
-    "{method: fixed, scale: 1.0e+30, skip_nonfinite: false, label: blow-up}",
-    "{method: dynamic, label: broken}",
-], divergence={"patience": 3})
+STUDY = study_yaml(
+    name="status",
+    precision="fp16-emulated",
+    scaling=[
+        "{method: fixed, scale: 128}",
+        "{method: fixed, scale: 1.0e+30, skip_nonfinite: false, label: blow-up}",
+        "{method: dynamic, label: broken}",
+    ],
+    divergence={"patience": 3},
+)
 
 
 def _client(uri):
@@ -62,8 +67,7 @@ def store(tmp_path_factory):
     assert sorted(o["status"] for o in result.outcomes.values()) == ["diverged", "failed", "finished"]
     client = _client(result.tracking_uri)
     exp_id = client.get_experiment_by_name(study.name).experiment_id
-    return {"study": study, "runs": runs, "uri": result.tracking_uri, "client": client, "exp_id": exp_id,
-            "ckpt": ckpt}
+    return {"study": study, "runs": runs, "uri": result.tracking_uri, "client": client, "exp_id": exp_id, "ckpt": ckpt}
 
 
 def test_diverged_and_failed_runs_are_not_a_green_tick_and_say_so_in_the_runs_table(store):
@@ -159,8 +163,13 @@ def test_parent_counts_come_from_the_store_after_resumes(store):
     _, parent = _runs(client, store["exp_id"])
     m = parent.data.metrics
     assert m["trials_finished"] == 2  # was 0: only this invocation's outcomes were counted
-    assert (m["trials_finished"], m["trials_diverged"], m["trials_failed"], m["trials_pending"],
-            m["trials_total"]) == (2, 1, 0, 0, 3)
+    assert (m["trials_finished"], m["trials_diverged"], m["trials_failed"], m["trials_pending"], m["trials_total"]) == (
+        2,
+        1,
+        0,
+        0,
+        3,
+    )
     assert parent.data.tags["lsbench.trials"] == "2 finished, 1 diverged, 0 failed, 0 pending"
     # the parent ends FAILED while a trial of the study is failed (lsbench run exits 3 then)
     assert (first_status, second_status, parent.info.status) == ("FAILED", "FINISHED", "FINISHED")
@@ -171,8 +180,9 @@ def test_experiment_carries_the_model_training_kind_and_the_saved_view(store):
     assert exp.tags["mlflow.experimentKind"] == "custom_model_development"
     view = json.loads(exp.tags[VIEW_TAG])
     assert view["selectedColumns"] == list(VIEW_COLUMNS)
-    assert {"tags.`lsbench.label`", "tags.`lsbench.status`", "metrics.`final_map`",
-            "metrics.`skipped_steps`"} <= set(view["selectedColumns"])
+    assert {"tags.`lsbench.label`", "tags.`lsbench.status`", "metrics.`final_map`", "metrics.`skipped_steps`"} <= set(
+        view["selectedColumns"]
+    )
     assert view["groupBy"]["groupByKeys"] == [{"mode": "tag", "groupByData": "lsbench.status"}]
 
 
@@ -195,9 +205,25 @@ def test_the_ui_runs_table_shows_status_and_columns(store, tmp_path):
     """The MLflow UI itself (server + headless Chromium): the link ``lsbench ui`` prints opens the
     model-training runs table with the trials grouped by status and lsbench's columns."""
     port = _free_port()
-    server = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--backend-store-uri", store["uri"],
-                               "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "mlflow",
+            "server",
+            "--backend-store-uri",
+            store["uri"],
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--workers",
+            "1",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         import urllib.request
 
@@ -210,11 +236,26 @@ def test_the_ui_runs_table_shows_status_and_columns(store, tmp_path):
                 assert time.time() < deadline and server.poll() is None, "mlflow server did not start"
                 time.sleep(0.5)
         url = view_url(f"http://127.0.0.1:{port}", store["exp_id"])
-        dom = subprocess.run([_find_chromium(), "--headless", "--no-sandbox", "--disable-gpu",
-                              "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                              "--no-first-run", f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1900,900",
-                              "--virtual-time-budget=25000", "--dump-dom", url],
-                             capture_output=True, text=True, timeout=120).stdout
+        dom = subprocess.run(
+            [
+                _find_chromium(),
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                "--no-first-run",
+                f"--user-data-dir={tmp_path / 'profile'}",
+                "--window-size=1900,900",
+                "--virtual-time-budget=25000",
+                "--dump-dom",
+                url,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        ).stdout
     finally:
         os.killpg(server.pid, 15)
         server.wait(timeout=30)
@@ -223,8 +264,7 @@ def test_the_ui_runs_table_shows_status_and_columns(store, tmp_path):
     for label in ("blow-up", "broken", "loss scale (128)"):
         assert trials[label].info.run_name in dom, label  # every trial row, flat, named with its status
     assert "[diverged] blow-up" in dom
-    for text in ("Group: finished", "Group: diverged", "final_map", "skipped_steps", "lsbench.status",
-                 "lsbench.label"):
+    for text in ("Group: finished", "Group: diverged", "final_map", "skipped_steps", "lsbench.status", "lsbench.label"):
         assert text in dom, text
 
 
@@ -245,10 +285,14 @@ def test_a_resumed_parent_run_loses_its_interrupted_tag(tmp_path):
 
 
 TAIL_NAN = study_yaml(
-    name="tail_nan", dataset={"name": "synthetic", "train_images": 8, "val_images": 4, "image_size": 64, "seed": 0},
-    model_options={"width": 8, "image_size": 64}, batch_size=2, precision="fp16-emulated",
+    name="tail_nan",
+    dataset={"name": "synthetic", "train_images": 8, "val_images": 4, "image_size": 64, "seed": 0},
+    model_options={"width": 8, "image_size": 64},
+    batch_size=2,
+    precision="fp16-emulated",
     scaling=["{method: fixed, scale: 1.0e+30, skip_nonfinite: false, label: tail-nan}"],
-    schedule={"iterations": 3, "lr": 0.01, "warmup_iterations": 0})
+    schedule={"iterations": 3, "lr": 0.01, "warmup_iterations": 0},
+)
 
 
 def test_a_loss_gone_non_finite_within_patience_of_the_end_is_diverged_not_a_zero_map(tmp_path):

@@ -85,8 +85,10 @@ def test_database_uri_without_its_driver_is_one_line_without_the_password(tmp_pa
 
 def test_report_on_a_missing_path_creates_nothing(tmp_path):
     """Before: `report` created an empty runs/mlflow.db there and printed 'no trial runs'."""
-    for args, path in ((["--runs-dir", tmp_path / "nowhere"], tmp_path / "nowhere" / "mlflow.db"),
-                       (["--tracking-uri", f"sqlite:///{tmp_path}/sub/x.db"], tmp_path / "sub" / "x.db")):
+    for args, path in (
+        (["--runs-dir", tmp_path / "nowhere"], tmp_path / "nowhere" / "mlflow.db"),
+        (["--tracking-uri", f"sqlite:///{tmp_path}/sub/x.db"], tmp_path / "sub" / "x.db"),
+    ):
         r = _lsbench("report", *args, cwd=tmp_path, timeout=120)
         assert r.returncode == 2, r.stderr[-2000:]
         _one_line(r, f"no MLflow store at {path}", "run a study first or pass --tracking-uri")
@@ -101,7 +103,7 @@ def _truncate(db: Path) -> None:
 
 def _scribble(db: Path) -> None:
     data = bytearray(db.read_bytes())
-    data[4096 * 2: 4096 * 6] = b"\xa5" * (4096 * 4)  # pages of the schema and tables, not the header
+    data[4096 * 2 : 4096 * 6] = b"\xa5" * (4096 * 4)  # pages of the schema and tables, not the header
     db.write_bytes(bytes(data))
 
 
@@ -109,8 +111,10 @@ def _text(db: Path) -> None:
     db.write_text("not a database\n")
 
 
-@pytest.mark.parametrize("damage, cause", [(_truncate, "is truncated"), (_scribble, "corrupt or truncated"),
-                                           (_text, "not a SQLite database")])
+@pytest.mark.parametrize(
+    "damage, cause",
+    [(_truncate, "is truncated"), (_scribble, "corrupt or truncated"), (_text, "not a SQLite database")],
+)
 def test_damaged_store_is_one_line_and_left_as_it_is(study_store, tmp_path, damage, cause):
     runs = _copy(study_store, tmp_path / "runs")
     db = runs / "mlflow.db"
@@ -173,8 +177,9 @@ def test_read_only_store_refuses_a_run_and_still_reports(study_store, tmp_path):
         assert r.returncode == 4, r.stderr[-2000:]
         _one_line(r, db, "read-only")
         # reading needs no write access: the report of what is there still works
-        r = _lsbench("report", "--runs-dir", runs, "--no-plots", "--reports-dir", tmp_path / "rep",
-                     cwd=tmp_path, as_user=True)
+        r = _lsbench(
+            "report", "--runs-dir", runs, "--no-plots", "--reports-dir", tmp_path / "rep", cwd=tmp_path, as_user=True
+        )
         assert r.returncode == 0, r.stderr[-2000:]
         assert "FP32 baseline" in r.stdout
     finally:
@@ -209,9 +214,26 @@ def test_full_store_disk_says_disk_full_and_keeps_what_was_logged(study_store, t
     old = MlflowClient(uri).search_runs([e.experiment_id for e in MlflowClient(uri).search_experiments()])
     f = tmp_path / "tiny2.yaml"
     f.write_text(_study("tiny2"))
-    r = subprocess.run([sys.executable, "-c", FULL, str(db), "run", str(f), "--runs-dir", str(runs),
-                        "--executor", "local", "--no-report", "--quiet"],
-                       capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            FULL,
+            str(db),
+            "run",
+            str(f),
+            "--runs-dir",
+            str(runs),
+            "--executor",
+            "local",
+            "--no-report",
+            "--quiet",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=300,
+    )
     assert r.returncode == 4, r.stdout[-2000:] + r.stderr[-3000:]
     _one_line(r, db, "disk full", "database or disk is full")
     # nothing logged before is lost: the store is intact and holds every earlier run and metric
@@ -291,14 +313,20 @@ def test_ui_of_a_moved_store_serves_its_own_artifacts(study_store, tmp_path):
     moved = Path(shutil.move(str(_copy(study_store, tmp_path / "a")), str(tmp_path / "b")))
     client = MlflowClient(f"sqlite:///{moved / 'mlflow.db'}")
     exp = client.get_experiment_by_name("tiny")
-    rid = [r for r in client.search_runs([exp.experiment_id]) if r.data.tags.get("lsbench.role") == "trial"][0].info.run_id
+    rid = [r for r in client.search_runs([exp.experiment_id]) if r.data.tags.get("lsbench.role") == "trial"][
+        0
+    ].info.run_id
     png = [p for p in moved.rglob("plots/loss.png") if rid in p.parts][0].read_bytes()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "lossscale_bench.cli", "ui", "--runs-dir", str(moved),
-                             "--port", str(port)], cwd=tmp_path, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "lossscale_bench.cli", "ui", "--runs-dir", str(moved), "--port", str(port)],
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         url = f"http://127.0.0.1:{port}"
         deadline = time.time() + 120

@@ -30,9 +30,14 @@ def _refused(r, *needles) -> str:
 
 def _uris(tmp_path):
     (tmp_path / "mlruns").mkdir()
-    return {"sqlite://": "in memory", "sqlite:///:memory:": "in memory",
-            f"file://{tmp_path}/mlruns": "MLflow's file store", str(tmp_path / "mlruns"): "MLflow's file store",
-            "%%%": "no scheme", ":::x:::": "no scheme"}
+    return {
+        "sqlite://": "in memory",
+        "sqlite:///:memory:": "in memory",
+        f"file://{tmp_path}/mlruns": "MLflow's file store",
+        str(tmp_path / "mlruns"): "MLflow's file store",
+        "%%%": "no scheme",
+        ":::x:::": "no scheme",
+    }
 
 
 def test_run_refuses_stores_that_keep_nothing_before_any_work(tmp_path):
@@ -40,12 +45,32 @@ def test_run_refuses_stores_that_keep_nothing_before_any_work(tmp_path):
     f.write_text(study_yaml(name="s", schedule={"iterations": 4, "lr": 0.01, "warmup_iterations": 2}))
     cache = tmp_path / "cache"
     for uri, why in _uris(tmp_path).items():
-        r = lsbench("run", f, "--executor", "local", "--runs-dir", tmp_path / "runs", "--tracking-uri", uri,
-                    cwd=tmp_path, timeout=180, env={"LSBENCH_DATA": str(cache)})
+        r = lsbench(
+            "run",
+            f,
+            "--executor",
+            "local",
+            "--runs-dir",
+            tmp_path / "runs",
+            "--tracking-uri",
+            uri,
+            cwd=tmp_path,
+            timeout=180,
+            env={"LSBENCH_DATA": str(cache)},
+        )
         _refused(r, repr(uri), why)
     # from the environment too
-    r = lsbench("run", f, "--executor", "local", "--runs-dir", tmp_path / "runs", cwd=tmp_path, timeout=180,
-                env={"LSBENCH_DATA": str(cache), "MLFLOW_TRACKING_URI": "sqlite://"})
+    r = lsbench(
+        "run",
+        f,
+        "--executor",
+        "local",
+        "--runs-dir",
+        tmp_path / "runs",
+        cwd=tmp_path,
+        timeout=180,
+        env={"LSBENCH_DATA": str(cache), "MLFLOW_TRACKING_URI": "sqlite://"},
+    )
     _refused(r, "'sqlite://'", "in memory")
     # nothing trained, no data generated, no runs folder, no file named ':memory:' or '%%%'
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mlruns", "s.yaml"]
@@ -73,7 +98,8 @@ def test_a_folder_or_file_holding_a_store_names_the_uri_to_pass(tmp_path):
         r = lsbench("report", "--tracking-uri", uri, cwd=tmp_path, timeout=120)
         assert r.returncode == 4 and r.stderr.strip() == (
             f"lsbench: error: tracking URI {uri!r} is a folder; its store is the mlflow.db in it: "
-            f"pass sqlite:///{runs}/mlflow.db"), r.stderr[-2000:]
+            f"pass sqlite:///{runs}/mlflow.db"
+        ), r.stderr[-2000:]
 
 
 def test_unknown_scheme_lists_only_stores_that_work(tmp_path):

@@ -36,16 +36,24 @@ from helpers import lsbench, study_yaml
 
 
 def _find_chromium() -> str | None:
-    for name in (os.environ.get("LSBENCH_CHROMIUM"), "chromium", "chromium-browser", "google-chrome",
-                 "google-chrome-stable", "chrome"):
+    for name in (
+        os.environ.get("LSBENCH_CHROMIUM"),
+        "chromium",
+        "chromium-browser",
+        "google-chrome",
+        "google-chrome-stable",
+        "chrome",
+    ):
         if name and (path := shutil.which(name)):
             return path
     return None
 
 
 CHROMIUM = _find_chromium()
-pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(CHROMIUM is None, reason="no chromium on PATH (apt-get install -y chromium)")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(CHROMIUM is None, reason="no chromium on PATH (apt-get install -y chromium)"),
+]
 
 STUDY = "uicheck"
 FINISHED, DIVERGED = "loss scale (128)", "blow-up"
@@ -78,16 +86,41 @@ class _Browser:
         # ends there and execs the browser (no preexec_fn: unsafe beside the test's reader thread); the ends
         # are moved above 9 first, so that putting one on 3 never overwrites the other
         to_browser_r, from_browser_w = (_above(fd, 10) for fd in (to_browser_r, from_browser_w))
-        launcher = ("import os, sys; r, w = int(sys.argv[1]), int(sys.argv[2]); os.dup2(r, 3); os.dup2(w, 4); "
-                    "os.close(r); os.close(w); os.execv(sys.argv[3], sys.argv[3:])")
-        cmd = [sys.executable, "-c", launcher, str(to_browser_r), str(from_browser_w), CHROMIUM, "--headless",
-               "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-dev-shm-usage",
-               "--disable-background-networking", "--disable-component-update", "--disable-sync",
-               "--disable-extensions", "--mute-audio", "--window-size=1600,1000", f"--user-data-dir={profile}",
-               "--remote-debugging-pipe", "about:blank"]
-        self.proc = subprocess.Popen(cmd, pass_fds=(to_browser_r, from_browser_w), stdin=subprocess.DEVNULL,
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-                                     env={**os.environ, "HOME": str(profile)})
+        launcher = (
+            "import os, sys; r, w = int(sys.argv[1]), int(sys.argv[2]); os.dup2(r, 3); os.dup2(w, 4); "
+            "os.close(r); os.close(w); os.execv(sys.argv[3], sys.argv[3:])"
+        )
+        cmd = [
+            sys.executable,
+            "-c",
+            launcher,
+            str(to_browser_r),
+            str(from_browser_w),
+            CHROMIUM,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--no-first-run",
+            "--disable-dev-shm-usage",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--disable-extensions",
+            "--mute-audio",
+            "--window-size=1600,1000",
+            f"--user-data-dir={profile}",
+            "--remote-debugging-pipe",
+            "about:blank",
+        ]
+        self.proc = subprocess.Popen(
+            cmd,
+            pass_fds=(to_browser_r, from_browser_w),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+            env={**os.environ, "HOME": str(profile)},
+        )
         os.close(to_browser_r)
         os.close(from_browser_w)
         self._buf, self._id = b"", 0
@@ -114,8 +147,7 @@ class _Browser:
                 return reply["result"]
 
     def evaluate(self, expression: str):
-        reply = self.send("Runtime.evaluate", {"expression": expression, "returnByValue": True},
-                          session=self.session)
+        reply = self.send("Runtime.evaluate", {"expression": expression, "returnByValue": True}, session=self.session)
         return reply["result"].get("value")
 
     def open(self, url: str, probe: str, ready, timeout: float = PAGE_S):
@@ -152,24 +184,39 @@ def ui(tmp_path_factory):
 
     tmp = tmp_path_factory.mktemp("ui-browser")
     study = tmp / f"{STUDY}.yaml"
-    study.write_text(study_yaml(name=STUDY, precision="fp16-emulated", divergence={"patience": 2}, scaling=[
-        "{method: fixed, scale: 128}", f"{{method: fixed, scale: 1.0e+30, skip_nonfinite: false, label: {DIVERGED}}}"]))
+    study.write_text(
+        study_yaml(
+            name=STUDY,
+            precision="fp16-emulated",
+            divergence={"patience": 2},
+            scaling=[
+                "{method: fixed, scale: 128}",
+                f"{{method: fixed, scale: 1.0e+30, skip_nonfinite: false, label: {DIVERGED}}}",
+            ],
+        )
+    )
     runs = tmp / "runs"
     done = lsbench("run", study, "--executor", "local", "--runs-dir", runs, "--no-report", "--quiet", timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     uri = f"sqlite:///{runs / 'mlflow.db'}"
     client = MlflowClient(tracking_uri=uri)
     exp = client.get_experiment_by_name(STUDY)
-    trials = {r.data.tags["lsbench.label"]: r for r in client.search_runs([exp.experiment_id])
-              if r.data.tags.get("lsbench.role") == "trial"}
-    assert {k: r.data.tags["lsbench.status"] for k, r in trials.items()} == {FINISHED: "finished",
-                                                                            DIVERGED: "diverged"}
+    trials = {
+        r.data.tags["lsbench.label"]: r
+        for r in client.search_runs([exp.experiment_id])
+        if r.data.tags.get("lsbench.role") == "trial"
+    }
+    assert {k: r.data.tags["lsbench.status"] for k, r in trials.items()} == {FINISHED: "finished", DIVERGED: "diverged"}
 
     port = _free_port()
     log = (tmp / "ui.log").open("w")
-    server = subprocess.Popen([sys.executable, "-m", "lossscale_bench.cli", "ui", "--runs-dir", str(runs),
-                               "--port", str(port)], stdout=subprocess.PIPE, stderr=log, text=True,
-                              start_new_session=True)
+    server = subprocess.Popen(
+        [sys.executable, "-m", "lossscale_bench.cli", "ui", "--runs-dir", str(runs), "--port", str(port)],
+        stdout=subprocess.PIPE,
+        stderr=log,
+        text=True,
+        start_new_session=True,
+    )
     try:
         # lsbench ui prints its address, then one line per study: "  uicheck: <runs table link>" (read in a
         # thread: a missing line must fail the test, not block it)
@@ -192,8 +239,15 @@ def ui(tmp_path_factory):
                 time.sleep(1)
         browser = _Browser(tmp / "chromium-profile")
         try:
-            yield {"base": f"http://127.0.0.1:{port}", "view": view, "exp_id": exp.experiment_id,
-                   "trials": trials, "client": client, "browser": browser, "runs": runs}
+            yield {
+                "base": f"http://127.0.0.1:{port}",
+                "view": view,
+                "exp_id": exp.experiment_id,
+                "trials": trials,
+                "client": client,
+                "browser": browser,
+                "runs": runs,
+            }
         finally:
             browser.close()
     finally:
@@ -207,8 +261,7 @@ def ui(tmp_path_factory):
 
 
 def test_the_experiments_list_names_the_study(ui):
-    text = ui["browser"].open(f"{ui['base']}/#/experiments", "document.body.innerText",
-                              lambda t: STUDY in t)
+    text = ui["browser"].open(f"{ui['base']}/#/experiments", "document.body.innerText", lambda t: STUDY in t)
     assert STUDY in text
 
 
@@ -295,9 +348,13 @@ def test_a_trials_plot_artifact_is_shown(ui):
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
     width, height = int.from_bytes(png[16:20], "big"), int.from_bytes(png[20:24], "big")
     url = f"{ui['base']}/#/experiments/{ui['exp_id']}/runs/{run.info.run_id}/artifacts/plots/loss.png"
-    images = json.loads(ui["browser"].open(
-        url, IMAGES, lambda d: any(i["alt"] == "plots/loss.png" and i["complete"] and i["size"][0]
-                                   for i in json.loads(d))))
+    images = json.loads(
+        ui["browser"].open(
+            url,
+            IMAGES,
+            lambda d: any(i["alt"] == "plots/loss.png" and i["complete"] and i["size"][0] for i in json.loads(d)),
+        )
+    )
     shown = [i for i in images if i["alt"] == "plots/loss.png"]
     assert shown, images
     assert shown[0]["complete"] and shown[0]["size"] == [width, height], shown  # decoded, the file's own size

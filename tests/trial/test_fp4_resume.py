@@ -21,18 +21,23 @@ SCALED = "{method: fixed, scale: 1024}"
 
 
 def _cfg(precision: str, iterations: int = 10):
-    text = study_yaml(precision=precision, scaling=[SCALED], batch_size=4,
-                      schedule={"iterations": iterations, "lr": 0.01, "warmup_iterations": 2}, log_every=1)
+    text = study_yaml(
+        precision=precision,
+        scaling=[SCALED],
+        batch_size=4,
+        schedule={"iterations": iterations, "lr": 0.01, "warmup_iterations": 2},
+        log_every=1,
+    )
     return load_study_text(text).trials()[0]
 
 
-@pytest.mark.parametrize("precision", ["e4m3fwd-e2m1grad-emulated", "e4m3fwd-nvfp4grad-emulated",
-                                       "e4m3fwd-mxfp4grad-emulated"])
+@pytest.mark.parametrize(
+    "precision", ["e4m3fwd-e2m1grad-emulated", "e4m3fwd-nvfp4grad-emulated", "e4m3fwd-mxfp4grad-emulated"]
+)
 def test_resumed_stochastic_fp4_trial_equals_the_uninterrupted_one(tmp_path, monkeypatch, precision):
     cfg = _cfg(precision)
     hashes = _hash_final_weights(monkeypatch)
-    (a, straight), _, (b, second) = crash_and_resume(cfg, tmp_path, monkeypatch, crash_at_step=6,
-                                                              checkpoint_every=4)
+    (a, straight), _, (b, second) = crash_and_resume(cfg, tmp_path, monkeypatch, crash_at_step=6, checkpoint_every=4)
     assert a.status == b.status == "finished", (a.error, b.error)
     assert second.tag_values["lsbench.resumed_from_step"] == 4
     after = _values_after(straight, 4)
@@ -61,8 +66,11 @@ def test_a_checkpoint_holds_the_stream_position(tmp_path):
 
 def _values_after(sink, step: int) -> list[tuple[str, int, float]]:
     """Every logged value after ``step``, less those that measure the machine (time, memory)."""
-    return sorted((k, s, v) for k, v, s in sink.items
-                  if s > step and k != "images_per_sec" and not k.startswith(("host_", "device_", "cuda_")))
+    return sorted(
+        (k, s, v)
+        for k, v, s in sink.items
+        if s > step and k != "images_per_sec" and not k.startswith(("host_", "device_", "cuda_"))
+    )
 
 
 def _hash_final_weights(monkeypatch) -> list[str]:

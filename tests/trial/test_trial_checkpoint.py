@@ -25,8 +25,16 @@ def _trainer(seed: int, scale: float):
     opt = build_optimizer(model, SCHED, {})
     hook = EvalHook(MemorySink(), lambda: {"map": 0.0, "map_50": 0.0}, None)
     scaler = build_scaler({"method": "dynamic", "style": "torch", "init_scale": scale})
-    return Trainer(model=model, optimizer=opt, scheduler=build_scheduler(opt, SCHED), scaler=scaler,
-                   backend=get_backend("cpu"), precision=get_precision("fp32"), iterations=10, hooks=[hook]), hook
+    return Trainer(
+        model=model,
+        optimizer=opt,
+        scheduler=build_scheduler(opt, SCHED),
+        scaler=scaler,
+        backend=get_backend("cpu"),
+        precision=get_precision("fp32"),
+        iterations=10,
+        hooks=[hook],
+    ), hook
 
 
 def test_trainer_state_round_trips_through_a_checkpoint(tmp_path):

@@ -17,12 +17,16 @@ from lossscale_bench.trial import run_trial
 BLOWUP = "{method: fixed, scale: 1.0e+30, skip_nonfinite: false}"
 
 
-def _study(scaling="{method: fixed, scale: 128}", iterations=6, every="null", policy="stop",
-           precision="fp16-emulated"):
+def _study(scaling="{method: fixed, scale: 128}", iterations=6, every="null", policy="stop", precision="fp16-emulated"):
     """The base study in fp16-emulated with one scaling row, divergence after 3 bad steps."""
-    return study_yaml(precision=precision, scaling=[scaling],
-                      schedule={"iterations": iterations, "lr": 0.01, "warmup_iterations": 2},
-                      eval={"every": every, "metric": "coco"}, divergence={"patience": 3}, on_divergence=policy)
+    return study_yaml(
+        precision=precision,
+        scaling=[scaling],
+        schedule={"iterations": iterations, "lr": 0.01, "warmup_iterations": 2},
+        eval={"every": every, "metric": "coco"},
+        divergence={"patience": 3},
+        on_divergence=policy,
+    )
 
 
 def _cfg(scaling="{method: fixed, scale: 128}", iterations=6, every="null", policy="stop", precision="fp16-emulated"):
@@ -113,7 +117,7 @@ def test_full_disk_while_checkpointing_fails_the_trial_with_the_os_error(tmp_pat
         cfg = load_study_text({_study(iterations=4, every=2)!r}).trials()[0]
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (20000, 20000))
-        out = run_trial(cfg, sink=MemorySink(), trial_dir={str(tmp_path / 'trial')!r})
+        out = run_trial(cfg, sink=MemorySink(), trial_dir={str(tmp_path / "trial")!r})
         print("STATUS", out.status, out.error)
     """)
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
@@ -192,9 +196,13 @@ def test_trial_in_a_reused_worker_matches_a_fresh_process(tmp_path):
     import torch
 
     target = _study("{method: fixed, scale: 128}", iterations=8, precision="fp8-e4m3-emulated")
-    other = study_yaml(precision="fp8-e4m3-emulated", scaling=["{method: adaptive}"], seeds=[5],
-                       schedule={"iterations": 5, "lr": 0.01, "warmup_iterations": 2},
-                       eval={"every": "null", "metric": "coco"})
+    other = study_yaml(
+        precision="fp8-e4m3-emulated",
+        scaling=["{method: adaptive}"],
+        seeds=[5],
+        schedule={"iterations": 5, "lr": 0.01, "warmup_iterations": 2},
+        eval={"every": "null", "metric": "coco"},
+    )
     before = torch.get_num_threads()
     try:
         _losses_and_map(load_study_text(other).trials()[0], tmp_path / "other", threads=2)
@@ -202,8 +210,13 @@ def test_trial_in_a_reused_worker_matches_a_fresh_process(tmp_path):
     finally:
         torch.set_num_threads(before)
     tests_dir = str(Path(__file__).resolve().parent.parent)
-    out = subprocess.run([sys.executable, "-c", _FRESH, target, tests_dir, str(tmp_path / "fresh")],
-                         capture_output=True, text=True, timeout=600, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", _FRESH, target, tests_dir, str(tmp_path / "fresh")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=True,
+    )
     fresh = json.loads(out.stdout.strip().splitlines()[-1])
     assert len(reused[0]) == 8
     assert reused[0] == fresh[0]
@@ -235,8 +248,12 @@ def test_every_step_before_a_checkpoint_is_delivered_before_the_checkpoint_is_wr
     real_save = hooks.atomic_torch_save
 
     def save(obj, path):
-        seen.append((obj["step"] if "step" in obj else obj["state"]["step"],
-                     max((s for k, _, s in sink.delivered if k == "loss"), default=0)))
+        seen.append(
+            (
+                obj["step"] if "step" in obj else obj["state"]["step"],
+                max((s for k, _, s in sink.delivered if k == "loss"), default=0),
+            )
+        )
         real_save(obj, path)
 
     monkeypatch.setattr(hooks, "atomic_torch_save", save)

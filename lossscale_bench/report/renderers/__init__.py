@@ -24,8 +24,17 @@ from .html import render_html
 from .latex import latex_escape, render_latex
 from .markdown import render_markdown
 
-__all__ = ["FORMATS", "render", "render_compare", "render_markdown", "render_csv", "render_html", "render_latex",
-           "from_csv", "latex_escape"]
+__all__ = [
+    "FORMATS",
+    "render",
+    "render_compare",
+    "render_markdown",
+    "render_csv",
+    "render_html",
+    "render_latex",
+    "from_csv",
+    "latex_escape",
+]
 
 
 from ..out_format import FORMATS  # format name -> file extension

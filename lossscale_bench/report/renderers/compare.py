@@ -70,8 +70,13 @@ def _pair_row(r, metric: str) -> list[str]:
     if r["outcome"] == "inconclusive":
         verdict += needs_text(r, r["margin"] * k, min(r["n_a"], r["n_b"]))
     pb = p_better_text(r["p_better"], r["p_better_low"], r["p_better_high"], symbol="")
-    return [_label(r["label_a"], r["precision_a"]), _label(r["label_b"], r["precision_b"]), _delta_text(r, k),
-            pb, verdict]
+    return [
+        _label(r["label_a"], r["precision_a"]),
+        _label(r["label_b"], r["precision_b"]),
+        _delta_text(r, k),
+        pb,
+        verdict,
+    ]
 
 
 def _compare_tables(pairs: pd.DataFrame, ranking: pd.DataFrame):
@@ -80,10 +85,17 @@ def _compare_tables(pairs: pd.DataFrame, ranking: pd.DataFrame):
         first = rg.iloc[0]
         metric = str(first["metric"])
         pg = pairs[pairs["table"] == table]
-        rank_rows = [[str(r["rank"]), _label(r["label"], r["precision"]), str(r["cell"]), str(r["group"])]
-                     for _, r in rg.iterrows()]
-        yield (TableStudy(first["study"], column_text(first["setting"])), first["model"], first["batch_size"],
-               [_pair_row(r, metric) for _, r in pg.iterrows()], rank_rows)
+        rank_rows = [
+            [str(r["rank"]), _label(r["label"], r["precision"]), str(r["cell"]), str(r["group"])]
+            for _, r in rg.iterrows()
+        ]
+        yield (
+            TableStudy(first["study"], column_text(first["setting"])),
+            first["model"],
+            first["batch_size"],
+            [_pair_row(r, metric) for _, r in pg.iterrows()],
+            rank_rows,
+        )
 
 
 def _compare_notes(summary: pd.DataFrame, metric: str, margin: float) -> list[str]:
@@ -142,19 +154,33 @@ def _as_markdown(summary, pairs, ranking, metric, margin) -> str:
 
 def _html_table(headers: list[str], rows: list[list[str]], caption: str) -> list[str]:
     e = _html.escape
-    return (["<table>", f"<caption>{e(caption)}</caption>",
-             "<thead><tr>" + "".join(f"<th>{e(h)}</th>" for h in headers) + "</tr></thead>", "<tbody>"]
-            + ["<tr>" + "".join(f"<td>{e(c)}</td>" for c in r) + "</tr>" for r in rows]
-            + ["</tbody>", "</table>"])
+    return (
+        [
+            "<table>",
+            f"<caption>{e(caption)}</caption>",
+            "<thead><tr>" + "".join(f"<th>{e(h)}</th>" for h in headers) + "</tr></thead>",
+            "<tbody>",
+        ]
+        + ["<tr>" + "".join(f"<td>{e(c)}</td>" for c in r) + "</tr>" for r in rows]
+        + ["</tbody>", "</table>"]
+    )
 
 
 def _as_html(summary, pairs, ranking, metric, margin) -> str:
     e = _html.escape
     studies = ", ".join(str(s) for s in pd.unique(summary["study"]))
     title = f"Loss-scaling comparisons: {studies}"
-    out = ["<!DOCTYPE html>", '<html lang="en">', "<head>", '<meta charset="utf-8">', f"<title>{e(title)}</title>",
-           f"<style>\n{HTML_STYLE}\ncaption {{ text-align: left; font-weight: bold; }}\n</style>", "</head>", "<body>",
-           f"<h1>{e(title)}</h1>"]
+    out = [
+        "<!DOCTYPE html>",
+        '<html lang="en">',
+        "<head>",
+        '<meta charset="utf-8">',
+        f"<title>{e(title)}</title>",
+        f"<style>\n{HTML_STYLE}\ncaption {{ text-align: left; font-weight: bold; }}\n</style>",
+        "</head>",
+        "<body>",
+        f"<h1>{e(title)}</h1>",
+    ]
     for study, sg, sp, sr in _by_study(summary, pairs, ranking):
         out += [f'<section class="study" id="study-{e(str(study))}">', f"<h2>{e(str(study))}</h2>"]
         for tstudy, model, bs, pair_rows, rank_rows in _compare_tables(sp, sr):
@@ -169,10 +195,20 @@ def _as_html(summary, pairs, ranking, metric, margin) -> str:
 
 
 def _latex_table(headers: list[str], rows: list[list[str]], caption: str, spec: str) -> list[str]:
-    return ["", r"\begin{table}[ht]", r"\centering", r"\caption{" + latex_escape(caption) + "}",
-            r"\begin{tabular}{" + spec + "}", r"\toprule", " & ".join(latex_escape(h) for h in headers) + r" \\",
-            r"\midrule", *(" & ".join(latex_escape(c) for c in r) + r" \\" for r in rows),
-            r"\bottomrule", r"\end{tabular}", r"\end{table}"]
+    return [
+        "",
+        r"\begin{table}[ht]",
+        r"\centering",
+        r"\caption{" + latex_escape(caption) + "}",
+        r"\begin{tabular}{" + spec + "}",
+        r"\toprule",
+        " & ".join(latex_escape(h) for h in headers) + r" \\",
+        r"\midrule",
+        *(" & ".join(latex_escape(c) for c in r) + r" \\" for r in rows),
+        r"\bottomrule",
+        r"\end{tabular}",
+        r"\end{table}",
+    ]
 
 
 def _as_latex(summary, pairs, ranking, metric, margin) -> str:
@@ -205,4 +241,6 @@ def render_compare(summary: pd.DataFrame, fmt: str, metric: str, margin: float) 
     pairs, ranking = compare_rows(summary, margin)
     if fmt == "csv":
         return _as_csv(pairs, ranking)
-    return {"markdown": _as_markdown, "html": _as_html, "latex": _as_latex}[fmt](summary, pairs, ranking, metric, margin)
+    return {"markdown": _as_markdown, "html": _as_html, "latex": _as_latex}[fmt](
+        summary, pairs, ranking, metric, margin
+    )

@@ -18,8 +18,17 @@ from ..metric_names import PERCENT, is_percent
 __all__ = ["render_csv", "from_csv", "to_csv", "PERCENT_COLUMNS"]
 
 #: summary columns in the metric's unit; percent (``_pct``) in the csv for mAP metrics
-PERCENT_COLUMNS = ("mean", "std", "diff", "diff_ci_low", "diff_ci_high", "half_width", "tost_ci_low", "tost_ci_high",
-                   "margin")
+PERCENT_COLUMNS = (
+    "mean",
+    "std",
+    "diff",
+    "diff_ci_low",
+    "diff_ci_high",
+    "half_width",
+    "tost_ci_low",
+    "tost_ci_high",
+    "margin",
+)
 
 
 def _percent(summary: pd.DataFrame) -> bool:

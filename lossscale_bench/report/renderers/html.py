@@ -27,7 +27,9 @@ figure { margin: 1em 0; } figure img { max-width: 100%; }
 def md_inline_to_html(text: str) -> str:
     """Markdown inline text as HTML: escaped, with its backquoted code spans in ``<code>``."""
     parts = re.split(r"`([^`]*)`", text)
-    return "".join(_html.escape(p) if i % 2 == 0 else "<code>" + _html.escape(p) + "</code>" for i, p in enumerate(parts))
+    return "".join(
+        _html.escape(p) if i % 2 == 0 else "<code>" + _html.escape(p) + "</code>" for i, p in enumerate(parts)
+    )
 
 
 def render_html(summary, runs, metric, images: Mapping[str, bytes] | None, title: str) -> str:
@@ -62,7 +64,8 @@ def render_html(summary, runs, metric, images: Mapping[str, bytes] | None, title
                 out.append(
                     f"<tr><td>{e(model_name(model))}</td><td>{label_html}</td>"
                     f'<td class="num">{e(str(bs))}</td><td class="num">{cell_html}</td>'
-                    + (f"<td>{e(vs)}</td>" if has_vs else "") + "</tr>"
+                    + (f"<td>{e(vs)}</td>" if has_vs else "")
+                    + "</tr>"
                 )
             out.append("</tbody>")
             out.append("</table>")

@@ -54,9 +54,7 @@ def md_inline_to_latex(text: str) -> str:
 
 
 def render_latex(summary, runs, metric) -> str:
-    out = [
-        "% lossscale_bench report; needs \\usepackage{booktabs}",
-    ]
+    out = ["% lossscale_bench report; needs \\usepackage{booktabs}"]
     for study, sg in summary.groupby("study", dropna=False, sort=False):
         out += ["", f"% study: {latex_escape(study)}"]
         for tstudy, model, bs, rows, has_vs in report_tables(sg, metric):

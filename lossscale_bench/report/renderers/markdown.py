@@ -72,8 +72,10 @@ def render_markdown(summary, runs, metric) -> str:
                 if best:
                     v, rest = bold_split(cell)
                     cell = Markdown(f"**{md_cell(v)}**{md_cell(rest)}")  # the value: numbers, no label
-                body.append([model_name(model), md_text(label + (f" {EMULATED_MARK}" if emu else "")), str(bs), cell]
-                            + ([vs] if has_vs else []))
+                body.append(
+                    [model_name(model), md_text(label + (f" {EMULATED_MARK}" if emu else "")), str(bs), cell]
+                    + ([vs] if has_vs else [])
+                )
             out += [f"### {md_text(table_heading(tstudy, model, bs))}", ""]
             out += md_table([*HEADERS, value_header(metric)] + ([VS_HEADER] if has_vs else []), body)
             out.append("")

@@ -22,8 +22,17 @@ from torch import nn
 
 from ..adaptive_rule import backward_fan_in
 
-__all__ = ["ATTACHED", "LayerInfo", "PatchedForward", "PointInfo", "SCALING_NODE_TYPES", "input_grad_weight", "is_ours",
-           "is_scaling_node", "point_hook"]
+__all__ = [
+    "ATTACHED",
+    "LayerInfo",
+    "PatchedForward",
+    "PointInfo",
+    "SCALING_NODE_TYPES",
+    "input_grad_weight",
+    "is_ours",
+    "is_scaling_node",
+    "point_hook",
+]
 
 
 class LayerInfo:
@@ -129,7 +138,10 @@ class _AdaConv2d(torch.autograd.Function):
         if _any_autocast():
             x_c, w_c, b_c, out = _forward_as_autocast_would(
                 lambda a, w, b: F.conv2d(a, w, b, info.stride, info.padding, info.dilation, info.groups),
-                x, weight, bias)
+                x,
+                weight,
+                bias,
+            )
             ctx.dtypes = (x.dtype, weight.dtype, None if bias is None else bias.dtype)
         else:  # no cast, and the gradients come out in the inputs' dtypes (~10 us a layer less)
             x_c, w_c = x, weight
@@ -150,13 +162,27 @@ class _AdaConv2d(torch.autograd.Function):
         if not (need_x or need_w or need_b):
             return None, None, None, None
         gx, gw, gb = torch.ops.aten.convolution_backward(
-            g, x, w_in, ctx.bias_sizes if need_b else None, info.stride, info.padding, info.dilation, False,
-            [0, 0], info.groups, [bool(need_x), bool(need_w), need_b])
+            g,
+            x,
+            w_in,
+            ctx.bias_sizes if need_b else None,
+            info.stride,
+            info.padding,
+            info.dilation,
+            False,
+            [0, 0],
+            info.groups,
+            [bool(need_x), bool(need_w), need_b],
+        )
         d = ctx.dtypes
         if d is None:
             return gx if need_x else None, gw if need_w else None, gb if need_b else None, None
-        return (_cast(gx, d[0]) if need_x else None, _cast(gw, d[1]) if need_w else None,
-                _cast(gb, d[2]) if need_b else None, None)
+        return (
+            _cast(gx, d[0]) if need_x else None,
+            _cast(gw, d[1]) if need_w else None,
+            _cast(gb, d[2]) if need_b else None,
+            None,
+        )
 
 
 class _AdaLinear(torch.autograd.Function):
@@ -240,8 +266,12 @@ def point_hook(info: PointInfo):
     """Forward hook putting :class:`_AdaCast` on a module's output (training graphs only)."""
 
     def hook(module, inputs, output):
-        if torch.is_grad_enabled() and isinstance(output, torch.Tensor) and output.requires_grad \
-                and output.is_floating_point():
+        if (
+            torch.is_grad_enabled()
+            and isinstance(output, torch.Tensor)
+            and output.requires_grad
+            and output.is_floating_point()
+        ):
             return _AdaCast.apply(output, info)
         return output
 
@@ -249,8 +279,11 @@ def point_hook(info: PointInfo):
 
 
 #: the backward node types of this module's Functions: they scale what they send upstream
-SCALING_NODE_TYPES = (_AdaConv2d._backward_cls, _AdaLinear._backward_cls,  # type: ignore[attr-defined]
-                       _AdaCast._backward_cls)  # type: ignore[attr-defined]
+SCALING_NODE_TYPES = (
+    _AdaConv2d._backward_cls,
+    _AdaLinear._backward_cls,  # type: ignore[attr-defined]
+    _AdaCast._backward_cls,
+)  # type: ignore[attr-defined]
 
 
 def is_scaling_node(node: Any) -> bool:

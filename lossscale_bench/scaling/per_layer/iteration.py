@@ -59,8 +59,9 @@ class Iteration:
         #: merges may see branches from several device threads (model parallel)
         self.lock = threading.Lock()
 
-    def install(self, root: Any, plan: GraphPlan, carried: dict[int, tuple[Iteration, int] | None],
-                unscaled: bool) -> None:
+    def install(
+        self, root: Any, plan: GraphPlan, carried: dict[int, tuple[Iteration, int] | None], unscaled: bool
+    ) -> None:
         """Hook this backward into ``plan``'s graph; ``root`` is the scaled loss's ``grad_fn``.
 
         ``carried`` is the scaler's: per parameter, the (iteration, scale id) whose value its
@@ -115,8 +116,9 @@ class Iteration:
             m.order = []
 
     # called from the layers' backward
-    def layer_backward(self, info: LayerInfo, g: torch.Tensor, w: torch.Tensor, in_id: int, out_id: int,
-                       need_input_grad: bool) -> torch.Tensor | None:
+    def layer_backward(
+        self, info: LayerInfo, g: torch.Tensor, w: torch.Tensor, in_id: int, out_id: int, need_input_grad: bool
+    ) -> torch.Tensor | None:
         """The layer scale ``s`` (0-d fp32 tensor), or None when no input gradient is needed."""
         prev = self.vals[in_id]
         if not need_input_grad:  # nothing upstream to scale

@@ -63,9 +63,15 @@ class PerLayerLossScaler(LossScaler):
     #: prefix of the metrics this scaler logs (module doc); a subclass sets its own
     metric_prefix = "layer_"
 
-    def __init__(self, model: nn.Module, init_scale: float = 1.0, *, grad_format: FloatFormat = FP16,
-                 unscale_in_backward: bool | None = None,
-                 layer_types: tuple[type, ...] = (nn.Conv2d, nn.Linear)) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        init_scale: float = 1.0,
+        *,
+        grad_format: FloatFormat = FP16,
+        unscale_in_backward: bool | None = None,
+        layer_types: tuple[type, ...] = (nn.Conv2d, nn.Linear),
+    ) -> None:
         super().__init__()
         if model is None:
             raise ValueError(f"{self.method} loss scaling needs the model")
@@ -89,8 +95,11 @@ class PerLayerLossScaler(LossScaler):
         self._device = next((p.device for p in model.parameters()), torch.device("cpu"))
         self._attach_layers(model, layer_types)
         if self.skipped_layers:
-            warnings.warn(f"{self.method} loss scaling leaves {len(self.skipped_layers)} layer(s) unscaled: "
-                          f"{self.skipped_layers[:3]}", stacklevel=3)
+            warnings.warn(
+                f"{self.method} loss scaling leaves {len(self.skipped_layers)} layer(s) unscaled: "
+                f"{self.skipped_layers[:3]}",
+                stacklevel=3,
+            )
         self._iter = 0
         #: iterations whose hooks may still be registered (normally only the current one)
         self._pending: list[Iteration] = []
@@ -100,8 +109,9 @@ class PerLayerLossScaler(LossScaler):
 
     # -- the hook -----------------------------------------------------------------
     @abstractmethod
-    def layer_factor(self, it: Iteration, layer: Any, grad: torch.Tensor, weight: torch.Tensor | None,
-                     incoming: torch.Tensor) -> torch.Tensor:
+    def layer_factor(
+        self, it: Iteration, layer: Any, grad: torch.Tensor, weight: torch.Tensor | None, incoming: torch.Tensor
+    ) -> torch.Tensor:
         """The factor ``s`` (a 0-d fp32 tensor) ``layer`` multiplies into the gradient it sends upstream.
 
         Called once per layer and backward, from that layer's backward, with the gradient arriving
@@ -238,11 +248,19 @@ class PerLayerLossScaler(LossScaler):
         out: dict[str, float] = {"loss_scale": float(self.current_scale())}
         rec = self._recorded()
         scales = [math.log2(s) for i, (s, _, _) in rec if i.applied and s > 0]
-        accum = [math.log2(q * (s if i.applied else 1.0)) for i, (s, q, _) in rec
-                 if q > 0 and (not i.applied or s > 0) and math.isfinite(q)]
+        accum = [
+            math.log2(q * (s if i.applied else 1.0))
+            for i, (s, q, _) in rec
+            if q > 0 and (not i.applied or s > 0) and math.isfinite(q)
+        ]
         if scales:
-            out.update({f"{p}scale_log2_min": min(scales), f"{p}{LAYER_SCALE_SUFFIX}": float(statistics.median(scales)),
-                        f"{p}scale_log2_max": max(scales)})
+            out.update(
+                {
+                    f"{p}scale_log2_min": min(scales),
+                    f"{p}{LAYER_SCALE_SUFFIX}": float(statistics.median(scales)),
+                    f"{p}scale_log2_max": max(scales),
+                }
+            )
         if accum:
             out.update({f"{p}accum_scale_log2_min": min(accum), f"{p}accum_scale_log2_max": max(accum)})
         out[f"{p}merge_points"] = float(self._last_plan["merge_points"])
@@ -257,9 +275,18 @@ class PerLayerLossScaler(LossScaler):
             s, p, u = vals.get(info.name, (float("nan"),) * 3)
             applied = info.applied and info.name in vals
             scale = s if applied else 1.0
-            table.append({"layer": info.name, "type": info.kind, "fan_in": info.fan_in, "applied": applied,
-                          "scale": scale, "prev_scale": p, "accum_scale": p * scale,
-                          **self._table_columns(k, info, u, info.name in vals)})
+            table.append(
+                {
+                    "layer": info.name,
+                    "type": info.kind,
+                    "fan_in": info.fan_in,
+                    "applied": applied,
+                    "scale": scale,
+                    "prev_scale": p,
+                    "accum_scale": p * scale,
+                    **self._table_columns(k, info, u, info.name in vals),
+                }
+            )
         return table
 
     def _table_columns(self, k: int, info: Any, unbounded: float, ran: bool) -> dict[str, Any]:
@@ -296,8 +323,9 @@ class PointLossScaler(PerLayerLossScaler):
     def point_scales(self) -> dict[str, float]:
         """Point name -> its current absolute scale (the loss first)."""
 
-    def layer_factor(self, it: Iteration, layer: Any, grad: torch.Tensor, weight: torch.Tensor | None,
-                     incoming: torch.Tensor) -> torch.Tensor:
+    def layer_factor(
+        self, it: Iteration, layer: Any, grad: torch.Tensor, weight: torch.Tensor | None, incoming: torch.Tensor
+    ) -> torch.Tensor:
         """``point_scale / incoming`` on ``grad``'s device."""
         target = self.point_scale(self._point[id(layer)], grad, incoming, incoming is it.vals[ROOT_SCALE_ID])
         return (target / incoming.to(device=target.device, dtype=_F32)).to(grad.device)
@@ -311,9 +339,13 @@ class PointLossScaler(PerLayerLossScaler):
         out = super().metrics()
         p = self.metric_prefix
         logs = [math.log2(s) for s in self.point_scales().values() if s > 0]
-        out.update({f"{p}point_scale_log2_min": min(logs),
-                    f"{p}point_{LAYER_SCALE_SUFFIX}": float(statistics.median(logs)),
-                    f"{p}point_scale_log2_max": max(logs)})
+        out.update(
+            {
+                f"{p}point_scale_log2_min": min(logs),
+                f"{p}point_{LAYER_SCALE_SUFFIX}": float(statistics.median(logs)),
+                f"{p}point_scale_log2_max": max(logs),
+            }
+        )
         return out
 
     def layer_table(self) -> list[dict[str, Any]]:

@@ -49,8 +49,11 @@ def default_label(scaling: dict, precision: str) -> str:
     blocks = scaling.get("grad_blocks")
     if blocks not in (None, "none"):
         rest = {k: v for k, v in scaling.items() if k not in ("grad_blocks", "block_rounding")}
-        how = {"tensor": "per-tensor scaled", "tile128": "1x128-tile scaled",
-               "mx32": f"MX32 block scaled, {scaling.get('block_rounding', 'ceil')}"}[blocks]
+        how = {
+            "tensor": "per-tensor scaled",
+            "tile128": "1x128-tile scaled",
+            "mx32": f"MX32 block scaled, {scaling.get('block_rounding', 'ceil')}",
+        }[blocks]
         return f"{default_label(rest, precision)} ({how} grads)"
     words = precision_option_words(scaling)
     if words:
@@ -75,5 +78,15 @@ def scaler_recipe(scaling: dict) -> tuple[str, dict, bool, bool]:
     return entry.scaler, entry.scaler_kwargs(scaling), entry.per_layer, entry.per_layer or entry.takes_grad_format
 
 
-__all__ = ["ENTRIES", "ScalingEntry", "MethodEntry", "ResourcesOverride", "Fail", "entry_of", "scaling_tag",
-           "default_label", "scaling_keys", "scaler_recipe"]
+__all__ = [
+    "ENTRIES",
+    "ScalingEntry",
+    "MethodEntry",
+    "ResourcesOverride",
+    "Fail",
+    "entry_of",
+    "scaling_tag",
+    "default_label",
+    "scaling_keys",
+    "scaler_recipe",
+]

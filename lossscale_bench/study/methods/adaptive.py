@@ -10,11 +10,23 @@ from .base import Fail, MethodEntry, num, option_parts
 
 #: the authors' defaults (ADAPTIVE.md); options added after studies ran are left out of the trial
 #: id while at their default (``LATE``), so existing ids stay
-DEFAULTS = {"update_every": 1, "n_uf_threshold": 1e-3, "scale_upper_bound": 16.0, "accum_upper_bound": 1024.0,
-            "power_of_two": True, "init_scale": 1.0, "output_scaling": False, "update_count": "steps"}
+DEFAULTS = {
+    "update_every": 1,
+    "n_uf_threshold": 1e-3,
+    "scale_upper_bound": 16.0,
+    "accum_upper_bound": 1024.0,
+    "power_of_two": True,
+    "init_scale": 1.0,
+    "output_scaling": False,
+    "update_count": "steps",
+}
 LATE = ("output_scaling", "update_count")
-_LABEL_PARTS = (("n_uf_threshold", "n_uf"), ("scale_upper_bound", "scale_ub"), ("accum_upper_bound", "accum_ub"),
-                ("init_scale", "init"))
+_LABEL_PARTS = (
+    ("n_uf_threshold", "n_uf"),
+    ("scale_upper_bound", "scale_ub"),
+    ("accum_upper_bound", "accum_ub"),
+    ("init_scale", "init"),
+)
 
 
 class AdaptiveScaling(MethodEntry):
@@ -48,8 +60,12 @@ class AdaptiveScaling(MethodEntry):
 
     def check(self, fail: Fail, precision: str) -> None:
         if self.init_scale > self.accum_upper_bound:
-            fail(".init_scale", f"{num(self.init_scale)} is above accum_upper_bound ({num(self.accum_upper_bound)}): "
-                 "the rule divides the excess out of every layer's scale", f"numbers <= {num(self.accum_upper_bound)}")
+            fail(
+                ".init_scale",
+                f"{num(self.init_scale)} is above accum_upper_bound ({num(self.accum_upper_bound)}): "
+                "the rule divides the excess out of every layer's scale",
+                f"numbers <= {num(self.accum_upper_bound)}",
+            )
 
     @classmethod
     def id_tag(cls, scaling: dict) -> str:

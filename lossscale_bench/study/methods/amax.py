@@ -46,8 +46,13 @@ class AmaxScaling(MethodEntry):
     per_layer = True
 
     def options(self) -> dict:
-        out = {"method": "amax", "recipe": self.recipe, "margin": self.margin, "power_of_two": self.power_of_two,
-               "init_scale": self.init_scale}
+        out = {
+            "method": "amax",
+            "recipe": self.recipe,
+            "margin": self.margin,
+            "power_of_two": self.power_of_two,
+            "init_scale": self.init_scale,
+        }
         if self.recipe == "delayed":
             out["history"] = self.history if self.history is not None else DEFAULTS["history"]
         return out
@@ -62,11 +67,16 @@ class AmaxScaling(MethodEntry):
             if self.margin > math.log2(FP32.max):
                 why = f"2**{self.margin} is past fp32's largest value, so every scale would be 0 and stay at init_scale"
             else:
-                why = (f"the largest gradient would be put at {num(RANGES[fmt].max)} / 2**{self.margin}, below "
-                       f"{fmt}'s smallest subnormal ({num(RANGES[fmt].min_subnormal)}): every gradient would flush")
+                why = (
+                    f"the largest gradient would be put at {num(RANGES[fmt].max)} / 2**{self.margin}, below "
+                    f"{fmt}'s smallest subnormal ({num(RANGES[fmt].min_subnormal)}): every gradient would flush"
+                )
             grads = f"{blocks} gradients" if blocks else f"{fmt} gradients"
-            fail(".margin", f"{self.margin} is out of range for {precision} ({grads}): {why}",
-                 f"integers 0 <= x <= {top}")
+            fail(
+                ".margin",
+                f"{self.margin} is out of range for {precision} ({grads}): {why}",
+                f"integers 0 <= x <= {top}",
+            )
 
     @classmethod
     def id_tag(cls, scaling: dict) -> str:

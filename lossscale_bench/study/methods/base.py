@@ -28,8 +28,20 @@ from ..precisions import PRECISION_OPTIONS
 Fail = Callable[..., None]
 
 #: keys every entry has that are not options of the method (grid axes, report settings)
-COMMON_KEYS = ("method", "label", "precision", "model", "batch_size", "resources", "baseline", "grad_rounding",
-               "grad_overflow", "grad_blocks", "block_rounding", *PRECISION_OPTIONS)
+COMMON_KEYS = (
+    "method",
+    "label",
+    "precision",
+    "model",
+    "batch_size",
+    "resources",
+    "baseline",
+    "grad_rounding",
+    "grad_overflow",
+    "grad_blocks",
+    "block_rounding",
+    *PRECISION_OPTIONS,
+)
 #: the gradient-format options of the emulated FP8 precisions, with their defaults (the trial id
 #: carries one only when it is not at its default, so earlier trials keep their ids)
 GRAD_FORMAT_DEFAULTS = {"grad_overflow": "saturate", "grad_blocks": "none", "block_rounding": "ceil"}
@@ -81,8 +93,11 @@ def _option_field(choices: tuple, name: str):
 
 
 #: the precision options (``study.precisions.PRECISION_OPTIONS``) as fields every entry has, None: not given
-_PrecisionOptionFields = create_model("_PrecisionOptionFields", __base__=BaseModel, **{
-    n: (_option_field(o.choices, n), None) for n, o in PRECISION_OPTIONS.items()})
+_PrecisionOptionFields = create_model(
+    "_PrecisionOptionFields",
+    __base__=BaseModel,
+    **{n: (_option_field(o.choices, n), None) for n, o in PRECISION_OPTIONS.items()},
+)
 
 
 class MethodEntry(_PrecisionOptionFields):

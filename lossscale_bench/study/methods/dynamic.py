@@ -15,11 +15,18 @@ from ..fields import Bool, PosInt, Scale, choice_field
 from .base import Fail, MethodEntry, differs, num
 
 #: the options per style where the entry leaves them out
-DEFAULTS = {"chainer": {"interval": 10, "init_scale": 1.0},
-            "torch": {"interval": 2000, "init_scale": 65536.0},
-            # DeepSpeed's engine defaults (initial_scale_power 16, loss_scale_window 1000, ...)
-            "deepspeed": {"interval": 1000, "init_scale": 65536.0, "hysteresis": 2, "min_scale": 1.0,
-                          "consecutive_hysteresis": False}}
+DEFAULTS = {
+    "chainer": {"interval": 10, "init_scale": 1.0},
+    "torch": {"interval": 2000, "init_scale": 65536.0},
+    # DeepSpeed's engine defaults (initial_scale_power 16, loss_scale_window 1000, ...)
+    "deepspeed": {
+        "interval": 1000,
+        "init_scale": 65536.0,
+        "hysteresis": 2,
+        "min_scale": 1.0,
+        "consecutive_hysteresis": False,
+    },
+}
 #: options only one style reads; given with another style they are an error
 STYLE_ONLY = {"hysteresis": "deepspeed", "min_scale": "deepspeed", "consecutive_hysteresis": "deepspeed"}
 _TAG_PREFIX = {"torch": "dyntorch", "deepspeed": "dynds"}
@@ -38,9 +45,12 @@ class DynamicScaling(MethodEntry):
 
     def options(self) -> dict:
         d = DEFAULTS[self.style]
-        out = {"method": "dynamic", "style": self.style,
-               "interval": self.interval if self.interval is not None else d["interval"],
-               "init_scale": self.init_scale if self.init_scale is not None else d["init_scale"]}
+        out = {
+            "method": "dynamic",
+            "style": self.style,
+            "interval": self.interval if self.interval is not None else d["interval"],
+            "init_scale": self.init_scale if self.init_scale is not None else d["init_scale"],
+        }
         for k, style in STYLE_ONLY.items():
             if style == self.style:
                 v = getattr(self, k)
@@ -53,8 +63,12 @@ class DynamicScaling(MethodEntry):
                 fail(f".{opt}", f"only meaningful with style: {style} (this entry has style: {self.style})")
         opts = self.options()
         if self.style == "deepspeed" and opts["init_scale"] < opts["min_scale"]:
-            fail(".init_scale", f"{num(opts['init_scale'])} is below min_scale ({num(opts['min_scale'])}): "
-                 "the scale would start under its own floor", f"numbers >= {num(opts['min_scale'])}")
+            fail(
+                ".init_scale",
+                f"{num(opts['init_scale'])} is below min_scale ({num(opts['min_scale'])}): "
+                "the scale would start under its own floor",
+                f"numbers >= {num(opts['min_scale'])}",
+            )
 
     @classmethod
     def id_tag(cls, scaling: dict) -> str:

@@ -36,8 +36,12 @@ class LayerwiseDynamicScaling(MethodEntry):
 
     @classmethod
     def row_label(cls, scaling: dict, precision: str) -> str:
-        return interval_label("layer-wise dynamic", scaling, DEFAULTS,
-                              (("init_scale", "init"), ("min_scale", "min"), ("max_scale", "max")))
+        return interval_label(
+            "layer-wise dynamic",
+            scaling,
+            DEFAULTS,
+            (("init_scale", "init"), ("min_scale", "min"), ("max_scale", "max")),
+        )
 
 
 ENTRY = LayerwiseDynamicScaling

@@ -27,7 +27,9 @@ class SaturationScaling(MethodEntry):
 
     @classmethod
     def row_label(cls, scaling: dict, precision: str) -> str:
-        return interval_label("saturation-aware dynamic", scaling, DEFAULTS, (("init_scale", "init"), ("threshold", "threshold")))
+        return interval_label(
+            "saturation-aware dynamic", scaling, DEFAULTS, (("init_scale", "init"), ("threshold", "threshold"))
+        )
 
 
 ENTRY = SaturationScaling
