@@ -21,6 +21,7 @@ demo: install
 # two pytest processes, each test file in one of them (--dist loadfile: a file's fixtures stay in one process);
 # CI has 2 cores and much of the suite waits on Ray and MLflow process starts
 test: install
+	$(MAKE) lint
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile
 	$(MAKE) docs
 
