@@ -1,6 +1,6 @@
 # Two entry points for a fresh machine with Python 3.11 (what the tests run on; the package declares >= 3.10) and pip:
 #   make demo   creates .venv, installs, runs the embedded smoke study, prints the report
-#   make test   creates .venv, installs, runs the test suite and builds the docs site (make docs)
+#   make test   creates .venv, installs, runs ruff (make lint), the test suite and builds the docs site (make docs)
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   ?= .venv
 BIN     = $(VENV)/bin
