@@ -1,6 +1,6 @@
 """The mAP at every evaluation of each trial, from one or more runs folders' MLflow stores, as a markdown
-table with the mean over trials per step: where a schedule reaches its plateau (issue 31: FP32 on the
-kangaroo photos before sizing the E4M3 study). `lsbench report` shows the last (or best) evaluation only.
+table with the mean over trials per step: where a schedule reaches its plateau (FP32 on the
+kangaroo photos, to size the E4M3 study). `lsbench report` shows the last (or best) evaluation only.
 
     python benchmarks/eval_curve.py RUNS_DIR [RUNS_DIR ...] [--metric map] [--study NAME]
                                     [--by-row] [--window STEPS] [--raw]
@@ -9,7 +9,7 @@ Each runs folder holds an ``mlflow.db`` (``lsbench run --runs-dir``); every tria
 tagged with a trial id) gives a column, or with ``--by-row`` every row of the study (its label: the
 mean over its seeds). ``--window N`` averages each trial's values over windows of N steps first, for the
 metrics logged every few steps (``loss``, ``saturate_rate_mean``, ...): how a row's training loss or
-telemetry moves over a run, which the report's end-of-run summary does not show (issue 31: why the
+telemetry moves over a run, which the report's end-of-run summary does not show (such as why the
 dynamic scalers lose less on the photos than on the synthetic shapes).
 """
 

@@ -113,7 +113,8 @@ def evict(files: list[Path]) -> None:
 
 
 def stat_only(devkit: Path) -> None:
-    """The fingerprint before issue 19: two ``stat`` per listed image id (string paths), no reads."""
+    """The fingerprint when it sized the XMLs instead of hashing them: two ``stat`` per listed image id (string
+    paths), no reads."""
     for year, splits in COUNTS.items():
         d = str(devkit / year)
         for split in splits:

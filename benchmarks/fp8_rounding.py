@@ -1,7 +1,7 @@
 """Cost of the emulation's rounding kernels per 2 M fp32 elements, side by side in one run.
 
 Why: the fp8 emulation rounds every conv/linear output and every gradient; torch's eager CPU cast
-to ``float8_e4m3fn`` is the slow one (issue 18 item 6), and this is the table that chose the
+to ``float8_e4m3fn`` is the slow one, and this is the table that chose the
 default implementation in ``lossscale_bench.numerics``. Rows are timed round-robin (one call of
 each row per round) so machine noise hits them alike; the median over rounds is reported. Before
 timing, every fp8 row is checked bit for bit against torch's cast, and the compiled block-scaled

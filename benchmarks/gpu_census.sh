@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 31 on a lent GPU machine, in one device call: the SSD512 census on CUDA at the published batch
+# On a GPU machine, in one device call: the SSD512 census on CUDA at the published batch
 # (studies/ssd512_census_cuda.yaml) and, on the machine's spare CPU cores meanwhile, the FP32 plateau
 # pilot on the kangaroo photos (studies/kangaroo_fp32_pilot.yaml, one process per seed: the machine has
 # no Ray, and the local executor runs one trial at a time).

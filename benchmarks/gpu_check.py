@@ -1,4 +1,4 @@
-"""One-command GPU check (issue 13): what the CPU emulation claims, measured on a real card.
+"""One-command GPU check: what the CPU emulation claims, measured on a real card.
 
     PYTHONPATH=. python benchmarks/gpu_check.py              # on a CUDA machine (make gpu-check), <= 8 min on one H100
     .venv/bin/python benchmarks/gpu_check.py --cpu-smoke     # tiny sizes on CPU, a minute or two (make gpu-check-smoke)

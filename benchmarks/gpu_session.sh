@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 20 in one device call: everything the GPU owes, bounded to fit about 9 minutes of one card.
+# Every GPU measurement in one device call, bounded to fit about 9 minutes of one card.
 #
 #   make gpu-wheels                       # here: shared/wheels (travels with the working tree)
 #   OUT=/some/dir bash benchmarks/gpu_session.sh     # on the GPU machine (the device tool sets $OUT)

@@ -1,4 +1,4 @@
-"""What the Hadamard option's transforms cost a step (issue 32, item 4): not a test.
+"""What the Hadamard option's transforms cost a step: not a test.
 
 The weight-gradient Hadamard transform (``wgrad_hadamard: true``) applies ``H`` and then ``H^T`` to every
 conv gradient of a step as a ``[tokens, channels]`` matrix (``numerics/hadamard.py``). This times, per

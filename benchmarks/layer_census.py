@@ -1,5 +1,5 @@
 """Per-layer gradient census of a finished study as markdown tables: one row per layer, one column per
-study row (issue 31's SSD512 page). ``lsbench report --telemetry`` averages over layers; the report's
+study row (docs/results/ssd512_census.md). ``lsbench report --telemetry`` averages over layers; the report's
 heatmaps show one trial each; this puts every row's per-layer rates side by side.
 
     python benchmarks/layer_census.py studies/ssd512_census.yaml [--runs-dir runs] [--rate flush_rate]

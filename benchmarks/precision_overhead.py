@@ -3,7 +3,7 @@
 Each precision gets its own Trainer (same seed, same batches, no loss scale);
 steps are interleaved round-robin so machine noise hits every precision
 alike. The figure of merit is each precision's median step time divided by
-fp32's (issue 18: every emulated precision <= 1.3x fp32). E4M3 rounding is
+fp32's (the target: every emulated precision <= 1.3x fp32). E4M3 rounding is
 compiled by Inductor where a C compiler is found; ``LSBENCH_NO_COMPILE=1``
 times the eager fallback.
 

@@ -1,4 +1,4 @@
-"""Does the emulation round the same on CPU and on CUDA? (issue 20, item 3)
+"""Does the emulation round the same on CPU and on CUDA?
 
     PYTHONPATH=. python benchmarks/rounding_agreement.py --out runs/rounding   # on a CUDA machine
     .venv/bin/python benchmarks/rounding_agreement.py --cpu-only               # CPU side only (tests)
@@ -11,7 +11,7 @@ of path are checked on one fixed tensor (random magnitudes from 2^-30 to 2^20 pl
 * the emulation's own roundings (``FloatFormat.round`` of every format in ``formats.FORMATS``, the
   E4M3/E5M2 kernels in each implementation, the block-scaled formats), which lsbench uses;
 * torch's raw casts (``x.to(dtype).to(float32)``), which lsbench does *not* use for E4M3 and whose
-  overflow behaviour (saturate to +-448 vs NaN) is what the issue asks about.
+  overflow behaviour (saturate to +-448 vs NaN) may differ between devices.
 
 Results compare bit patterns (all NaNs count as equal: payloads are not data); each row says how
 many elements differ and shows a few. Writes ``OUT/rounding_agreement.{json,md}`` and prints the

@@ -1,18 +1,18 @@
-"""What one E4M3 rounding call costs at the sizes a training step uses (issue 28, item 2): not a test.
+"""What one E4M3 rounding call costs at the sizes a training step uses: not a test.
 
 The default study's E4M3 rows pay, on every step, ~33 rounding calls (each conv/linear output in the
 forward and its gradient in the backward, plus one for all parameter gradients). This times, per
 tensor size, the call a step makes (``E4M3.round``: the format's rounder and ``round_fp8``'s checks,
 then the C kernel of ``numerics/native.py`` where it builds), the same call with the C kernel turned
 off (``LSBENCH_NO_NATIVE=1``: ``round_fp8``'s flattening, ``LazyCompiled``'s dispatch, Dynamo and
-Inductor's kernel, as before issue 28's C kernel), each kernel called directly (C, Inductor), the
+Inductor's kernel, as before the C kernel), each kernel called directly (C, Inductor), the
 eager bit-level kernel, and two references: an fp32 multiply and torch's fp16 round trip (both
 vectorised ATen kernels). Tenth-percentile of ``--calls`` timed calls each, one thread.
 
     .venv/bin/python benchmarks/rounding_call_cost.py
     .venv/bin/python benchmarks/rounding_call_cost.py --blocks
 
-``--blocks``: the block-scaled round trips instead (issues 28 and 32), on channels_last gradients of
+``--blocks``: the block-scaled round trips instead, on channels_last gradients of
 a batch of 8 (the CPU layout of every conv's), as ``block_round``/``fp4_round`` are called by a step:
 MX32 E4M3 without and with the telemetry's counts, and NVFP4, MXFP4 and plain E2M1 with stochastic
 rounding, each with the C loop (``numerics/native.py``) and with it turned off (the Inductor kernel

@@ -1,4 +1,4 @@
-"""Each row's cost per image relative to FP32, as the study's own trials measured it (issue 28).
+"""Each row's cost per image relative to FP32, as the study's own trials measured it.
 
 ``trial_cost.py`` times a row's parts in a process of its own; this script reads what the trials of a
 finished study logged while ``lsbench run`` ran them (two at a time, telemetry at the study's

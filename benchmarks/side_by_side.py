@@ -1,6 +1,6 @@
 """Two studies' shared rows side by side: each row's verdict against its own study's FP32 and its final
-training loss against that FP32's (issue 31: the default study on the kangaroo photos against the same rows
-on the synthetic shapes; docs/kangaroo_e4m3.md, "Against the synthetic shapes, row by row"). Not a test.
+training loss against that FP32's (written for the default study on the kangaroo photos against the same rows
+on the synthetic shapes; docs/results/kangaroo_e4m3.md, "Against the synthetic shapes, row by row"). Not a test.
 
 Each side is a runs folder, a study name and a loss window in steps. The verdicts are `lsbench report`'s
 "vs baseline" cells (paired Δ with its 95 % interval, and the word), the loss is `eval_curve.py --metric

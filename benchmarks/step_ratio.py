@@ -1,6 +1,6 @@
 """Each row's cost per image against the first row's, with the rows' iterations interleaved in one process.
 
-Why (issues 28 and 32): ``trial_cost.py`` times each row in a process of its own, one after another, so a
+Why: ``trial_cost.py`` times each row in a process of its own, one after another, so a
 row's ratio carries whatever the machine did between the two processes: on this 2-vCPU VM one run's
 ratio moved by about ±0.07, and two trees' identical FP32 rows once came out 12 % apart
 (docs/benchmarks.md). Targets like "≤ 1.3× FP32" cannot be decided that way. Here every row is built
@@ -140,7 +140,7 @@ def main() -> None:
 
 def logging_cost(times: list[float], logged: list[bool], log_every: int) -> str:
     """``logged / other (ms) | share``: what a logged step costs over the others, spread over ``log_every``
-    steps, as a share of the mean step (issue 28: telemetry at the study's ``log_every`` <= 5 % of a step)."""
+    steps, as a share of the mean step (the target: telemetry at the study's ``log_every`` <= 5 % of a step)."""
     on = [t for t, flag in zip(times, logged) if flag]
     off = [t for t, flag in zip(times, logged) if not flag]
     if not on or not off:

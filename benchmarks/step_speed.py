@@ -1,4 +1,4 @@
-"""The faster step (issue 13), measured side by side: torchvision's per-image SSD loss against the
+"""The faster step, measured side by side: torchvision's per-image SSD loss against the
 batched one, and the losses read every step against every ``log_every`` steps.
 
 Two tables, both interleaved (each repeat runs every variant once, in a rotated order, so load
@@ -6,8 +6,8 @@ on a shared machine hits all of them alike); each reports the median over repeat
 (lowest and highest repeat) and the ratio to the first variant.
 
 * **step**: ssd_tiny training steps through ``Trainer.run`` with the metrics and divergence
-  hooks, per variant: torchvision's loss with a per-step read and for-loop SGD (the step before
-  issue 13), then the batched loss, then reads every 10 steps, then foreach SGD (the new CPU
+  hooks, per variant: torchvision's loss with a per-step read and for-loop SGD (the old
+  step), then the batched loss, then reads every 10 steps, then foreach SGD (the new CPU
   default). Each repeat is ``--steps`` steps (a multiple of 10), timed as a block.
 * **loss**: anchor matching plus multibox loss, forward and backward, alone, on random head
   outputs for ssd_tiny's, SSD300's and SSD512's default boxes: the part the batched loss replaces.

@@ -1,4 +1,4 @@
-"""What a trial costs as ``lsbench run`` runs it, row by row, against FP32 (issue 28).
+"""What a trial costs as ``lsbench run`` runs it, row by row, against FP32.
 
 ``precision_overhead.py`` times a bare step (no telemetry, no scaler). A study trial pays more:
 a worker process that imports torch and the package, the data set read from its cache, the

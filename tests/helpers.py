@@ -119,7 +119,7 @@ def lsbench(*args, cwd=None, timeout=300, env=None, prefix=()) -> subprocess.Com
     )
 
 
-#: what a library's own message looks like on the terminal (issue 28 item 6): a Python warning
+#: what a library's own message looks like on the terminal: a Python warning
 #: (``file.py:12: UserWarning: ...``), a logging record with its level (Ray, MLflow, alembic, torch's
 #: Python loggers), torch's C++ warnings (``[W1126 09:00:00.000 ...]``), a Ray worker's or raylet's
 #: forwarded line (``(pid=123)``, ``(TrainTrainable pid=123)``, ``(raylet)``), and the texts seen

@@ -1,4 +1,4 @@
-"""Bad data gives a clear error or a counted, logged skip; never a silently wrong number (issue 6)."""
+"""Bad data gives a clear error or a counted, logged skip; never a silently wrong number."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def coco_root(tmp_path):
 
 
 def test_bad_boxes_and_unknown_classes_are_errors_naming_file_and_record(coco_root):
-    """Issue 19: no longer dropped without a word; the first one is the error, with its record and value."""
+    """Once dropped without a word; now the first one is the error, with its record and value."""
     ann = coco_root / "annotations" / "instances_train2017.json"
     with pytest.raises(AnnotationError) as e:
         CocoDetection(coco_root / "train2017", ann, train=True)

@@ -67,7 +67,7 @@ def test_missing_data_fails_before_any_trial(tmp_path):
 
 
 def test_unwritable_reports_dir_is_refused_before_any_trial(tmp_path):
-    """Before: found only when the report was written, after every trial had trained (issue 29)."""
+    """Before: found only when the report was written, after every trial had trained."""
     f = write_study(tmp_path, schedule={"iterations": 4, "lr": 0.01, "warmup_iterations": 2})
     (tmp_path / "taken").write_text("a file")
     cases = [
@@ -100,7 +100,7 @@ def test_unwritable_reports_dir_is_refused_before_any_trial(tmp_path):
 
 
 def test_a_misspelt_malloc_setting_is_refused_before_any_trial(tmp_path):
-    """LSBENCH_MALLOC=sytem used to keep the default without a word (the ninth session's note)."""
+    """LSBENCH_MALLOC=sytem used to keep the default without a word."""
     f = write_study(tmp_path, schedule={"iterations": 4, "lr": 0.01, "warmup_iterations": 2})
     r = lsbench(
         "run",

@@ -4,7 +4,7 @@ One trial trains normally; one is built to diverge (a 1e30 loss scale that
 does not skip non-finite steps), and must end as ``diverged`` while the study
 goes on. A second run of the same study trains nothing and adds no runs.
 No command prints a library's line (a warning, a log record, a Ray worker's
-forwarded output: ``helpers.LIBRARY_LINE``), diverging trial included (issue 28).
+forwarded output: ``helpers.LIBRARY_LINE``), diverging trial included.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """``lsbench run`` exit codes (README "Exit codes"): 3 when a trial failed, with the report still
-printed; 0 when every trial finished or diverged (divergence is a result). Issue 11: a study whose
+printed; 0 when every trial finished or diverged (divergence is a result). A study whose
 every trial failed (corrupt JPEG, bad annotation XML) used to exit 0.
 
 ``--executor local`` keeps these fast: the code is decided from the outcomes, whichever executor
@@ -61,7 +61,7 @@ def _break(kind: str, root: Path) -> None:
 
 
 def test_a_broken_annotation_is_a_user_error_before_any_trial(tmp_path):
-    """Issue 19: `run` reads the annotations before training (was: every trial failed, exit 3)."""
+    """`run` reads the annotations before training (was: every trial failed, exit 3)."""
     from lossscale_bench.data.voc import make_tiny_voc
 
     root = tmp_path / "voc"

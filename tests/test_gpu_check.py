@@ -1,4 +1,4 @@
-"""benchmarks/gpu_check.py (issue 13): the CPU smoke runs every section end to end; no CUDA -> exit 2."""
+"""benchmarks/gpu_check.py: the CPU smoke runs every section end to end; no CUDA -> exit 2."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""Trial identity (issue 11.1): ids by content, configurations kept apart in the store, the report and `run`.
+"""Trial identity: ids by content, configurations kept apart in the store, the report and `run`.
 
-The two cases of the issue: a study re-run under its name with another ``lr``
+The two cases behind it: a study re-run under its name with another ``lr``
 had its row average both lr values as seeds (and count the old
 configuration's failures); the same study pointed at another VOC folder
 reported "1 of 1 trials already finished" and the old mAP.
@@ -105,7 +105,7 @@ def test_voc_fingerprint_follows_the_split_lists_and_annotations(voc_folders, tm
 
 
 def test_an_annotation_edit_of_the_same_byte_length_is_another_trial(voc_folders, tmp_path):
-    """Issue 19.3: the XMLs are hashed, not sized; a fix of the same length (difficult 0 -> 1, a box
+    """The XMLs are hashed, not sized; a fix of the same length (difficult 0 -> 1, a box
     37 -> 73) kept the id and the old result was reused as "already finished"."""
     a, _, _ = voc_folders
     d = tmp_path / "v"
@@ -218,7 +218,7 @@ def test_voc_fingerprint_of_many_images_is_cheap(tmp_path):
 
 def test_fingerprint_reads_the_sources_the_loader_reads(voc_folders, tmp_path):
     """One definition of the VOC layout (dataset_files/voc_layout.py), used by the loader and the fingerprint
-    (issue 17: they were two copies that had to be kept in step)."""
+    (they were two copies that had to be kept in step)."""
     from lossscale_bench.data import voc as data_voc
     from lossscale_bench.dataset_files import voc_layout
     from lossscale_bench.study import fingerprint, paths

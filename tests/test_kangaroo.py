@@ -1,4 +1,4 @@
-"""The real-photo path (issue 31): a few training steps on the 164 kangaroo photos through ``lsbench run``
+"""The real-photo path: a few training steps on the 164 kangaroo photos through ``lsbench run``
 (Ray Tune, MLflow, the report), scored with the VOC07 metric on all 32 test photos.
 
 Every other end-to-end test trains on generated shapes: square images, three channels, no EXIF, boxes well

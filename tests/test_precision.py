@@ -159,7 +159,7 @@ def test_emulation_rounds_parameter_gradients_once_at_the_end_of_backward(precis
 @pytest.mark.parametrize("layout", ["nchw", "channels_last"])
 def test_emulation_allows_in_place_ops_after_rounded_layers(layout):
     """VGG's in-place ReLU after every rounded conv (SSD300/SSD512) used to fail: the rounding
-    returned a view, which autograd forbids modifying in place (found on an H200, issue 20). The
+    returned a view, which autograd forbids modifying in place (found on an H200). The
     gradients must also be what the same model with out-of-place ReLUs gets."""
     from lossscale_bench.precision import get_precision
     from lossscale_bench.study.precisions import EMULATED_PRECISIONS
@@ -190,7 +190,7 @@ def test_emulation_allows_in_place_ops_after_rounded_layers(layout):
 
 
 def test_an_emulated_precision_may_leave_either_direction_in_fp32():
-    """Issue 30: a precision entry with ``forward_format`` None ("fp32") validated and then failed every
+    """A precision entry with ``forward_format`` None ("fp32") validated and then failed every
     trial in the round-through; either format may be None, and that direction is then exactly fp32."""
     from lossscale_bench.precision import Precision
     from lossscale_bench.precision.formats import E4M3

@@ -1,4 +1,4 @@
-"""A dynamic scale halved to nothing ends the trial ``diverged`` with the reason (issue 18/19),
+"""A dynamic scale halved to nothing ends the trial ``diverged`` with the reason,
 not a ``ZeroDivisionError`` when the next step unscales by 1/0."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""One unit everywhere (issue 11, "Deliver 6"): mAP in percent, two decimals, in every human-facing
+"""One unit everywhere: mAP in percent, two decimals, in every human-facing
 place (progress line, tables in every format, csv), fractions in MLflow; ``--metric`` validated
 and labelled by what it is. Checked on one real trial (local executor) in a real SQLite store.
 """

@@ -1,4 +1,4 @@
-"""Issue 19, items 1, 2 and the COCO part of 8: bad or empty evaluation data is a one-line user error
+"""Bad or empty evaluation data (VOC, and the COCO annotations) is a one-line user error
 naming the file and the record (``lsbench validate`` / ``run``, exit 2), or a ``failed`` trial with
 that line, never a finished mAP 0.00; ``dataset.bad_annotations: drop`` drops and counts instead."""
 

@@ -1,4 +1,4 @@
-"""The decode cache and the four-plane HSV table (issue 28's data path): both exist only to be faster,
+"""The decode cache and the four-plane HSV table of the data path: both exist only to be faster,
 so each is checked bit for bit against the uncached / 18-plane computation it replaced."""
 
 from __future__ import annotations

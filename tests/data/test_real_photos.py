@@ -1,4 +1,4 @@
-"""What real photos bring that the generated shapes do not (issue 31): a JPEG short of its last bytes,
+"""What real photos bring that the generated shapes do not: a JPEG short of its last bytes,
 EXIF orientation tags (real, and the invalid 0 and 65537 the kangaroo photos carry), grayscale and
 16-bit files, an XML whose size is not its image's, and boxes on the image border. Each is built here
 as a one-image VOC folder, so these run without the kangaroo photos (tests/test_kangaroo.py uses them)."""

@@ -41,7 +41,7 @@ def _hand_written(tmp_path):
 
 def test_parsing_coordinates_and_difficult(tmp_path):
     d = _hand_written(tmp_path)
-    # a zebra in a cat/dog data set is an error by default (issue 19), dropped and counted on request
+    # a zebra in a cat/dog data set is an error by default, dropped and counted on request
     with pytest.raises(AnnotationError, match=r"a2\.xml: object 3: class 'zebra' is not in dataset.classes"):
         VOCDetection([(d, "test")], ["cat", "dog"], train=False)
     val = VOCDetection([(d, "test")], ["cat", "dog"], train=False, bad_annotations="drop")

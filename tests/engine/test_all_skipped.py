@@ -1,5 +1,5 @@
 """A run that skipped every step trained nothing: it ends ``diverged`` with the reason, not ``finished``
-(issue 29: a fixed scale far past what fp16 gradients carry overflowed on every step and, shorter than
+(before: a fixed scale far past what fp16 gradients carry overflowed on every step and, shorter than
 ``divergence.max_consecutive_skips``, was reported as a finished row of initial weights)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Warnings lsbench causes itself do not reach the user's terminal (issue 19: torch's scheduler-order
+"""Warnings lsbench causes itself do not reach the user's terminal (torch's scheduler-order
 warning after a skipped first step was printed by every trial whose scaler skipped step 1)."""
 
 from __future__ import annotations

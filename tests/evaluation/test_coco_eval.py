@@ -212,8 +212,8 @@ def test_keeping_the_top_100_per_image_and_category_changes_no_ap(val_ds):
 
 def test_evaluate_coco_scores_what_evaluate_detections_scores(val_ds):
     # evaluate_coco skips evaluate_detections' normalising copy (its detections are plain Python values already,
-    # issue 28): the same numbers as the public path on the same predictions, for an untrained SSD (~200
-    # detections an image)
+    # so the copy only cost time): the same numbers as the public path on the same predictions, for an untrained
+    # SSD (~200 detections an image)
     from lossscale_bench.evaluation.predict import predictions
     from lossscale_bench.models import build_model
 

@@ -145,7 +145,7 @@ def test_bad_input_is_one_line_exit_2(tmp_path, capsys, case):
     assert not out.exists()
 
 
-# --------------------------------------------------------------------------- issue 19.8: outputs, temp files, NaN
+# --------------------------------------------------------------------------- outputs, temp files, NaN
 
 
 def _convert_cli(capsys, src, out) -> str:

@@ -1,5 +1,5 @@
 """Resources no node can ever provide, a backend the cluster lacks, an unreachable ``--address``:
-one line, exit 2, well within 60 s, and no MLflow run left open (issue 11).
+one line, exit 2, well within 60 s, and no MLflow run left open.
 
 Ray itself accepts such requests and waits in silence (``lsbench run`` hung until killed after
 100-240 s). The cluster-shape arithmetic is checked on node lists here; the real ``ray.nodes()``

@@ -1,4 +1,4 @@
-"""Ray retried a trial whose process died (issue 29, group 3): the driver's funnel writes what the
+"""Ray retried a trial whose process died: the driver's funnel writes what the
 retried process reports into the same run, and the steps the dead process had logged after its
 checkpoint, recomputed by the retry, must not be logged twice (the 470 ``loss`` points of a
 400-step trial). No Ray cluster: the funnel's callbacks are called as Tune calls them."""

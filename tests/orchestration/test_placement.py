@@ -199,7 +199,7 @@ def test_placement_shapes_and_feasibility():
 
 
 def test_feasibility_check_on_the_real_cluster(cluster):
-    """``check_feasible`` on the live ``ray.nodes()`` of the three-node cluster above (issue 11)."""
+    """``check_feasible`` on the live ``ray.nodes()`` of the three-node cluster above."""
     from lossscale_bench.orchestration.cluster import Infeasible, check_feasible, cluster_nodes, probe_address
 
     nodes = cluster_nodes()

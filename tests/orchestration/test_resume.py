@@ -1,4 +1,4 @@
-"""Faults: kill -9 of the driver mid-study, then the same command again (issue 6).
+"""Faults: kill -9 of the driver mid-study, then the same command again.
 
 Finished trials are not rerun; the interrupted trial continues from its last
 checkpoint; each trial keeps one MLflow child run; the report has the same shape.

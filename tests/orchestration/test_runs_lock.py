@@ -1,6 +1,6 @@
 """One ``lsbench run`` per runs folder and store: a second one exits 2 naming the first, or waits.
 
-The case behind it (issue 19, measured before the lock): two runs started together on a new
+The case behind it (measured before the lock): two runs started together on a new
 runs folder both migrated the new MLflow store, crashed, and in 2 of 3 tries left it
 half-migrated (``_alembic_tmp_*`` tables), after which every command there was a traceback.
 """

@@ -1,4 +1,4 @@
-"""SIGTERM / Ctrl-C end a study's runs as KILLED and a re-run resumes; ``lsbench ui`` stops its server (issue 11).
+"""SIGTERM / Ctrl-C end a study's runs as KILLED and a re-run resumes; ``lsbench ui`` stops its server.
 
 Real processes and real signals: ``lsbench run`` / ``lsbench ui`` as subprocesses,
 a real Ray driver, a real ``mlflow server``; processes are found through /proc

@@ -1,4 +1,4 @@
-"""The trial's sink inside Ray Tune holds periodic reports back (orchestration/tune_sink.py, issue 28).
+"""The trial's sink inside Ray Tune holds periodic reports back (orchestration/tune_sink.py).
 
 Why: Ray's function trainable reports synchronously, so every report stalls training until the driver has
 handled it; the sink reports at ``flush_when_due`` points only every ``interval`` seconds, and at once on an

@@ -1,4 +1,4 @@
-"""``report --format`` and ``--out``'s extension (issue 29): they agree, or the tool says so in one line.
+"""``report --format`` and ``--out``'s extension: they agree, or the tool says so in one line.
 
 Through the real CLI on a real SQLite MLflow store filled the way trials fill it (``plot_store._trial``).
 """

@@ -1,4 +1,4 @@
-"""No library line on the terminal during ``lsbench report`` (issue 29): MLflow's "Downloading
+"""No library line on the terminal during ``lsbench report``: MLflow's "Downloading
 artifacts" progress bars (one per layer history read for the heatmaps) and numpy/matplotlib overflow
 warnings (a scale of 1e300 in the store) used to appear. Through the real CLI on a real store."""
 

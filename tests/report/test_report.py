@@ -401,7 +401,7 @@ def test_no_emulation_note_without_emulated_runs(store):
 def test_csv_parse_back(runs):
     text = render(runs, "csv")
     back = pd.read_csv(io.StringIO(text))
-    # mAP numbers in percent, like the cell text, and the header says so (issue 11.6)
+    # mAP numbers in percent, like the cell text, and the header says so
     from lossscale_bench.report.renderers.csv import PERCENT_COLUMNS
 
     assert list(back.columns) == [f"{c}_pct" if c in PERCENT_COLUMNS else c for c in report.SUMMARY_COLUMNS]

@@ -127,7 +127,7 @@ def test_markdown_table_survives_a_hostile_label(uri, tmp_path):
     labels = [r[1] for r in rows]
     assert labels == ["FP32 baseline", FLAT], labels
     assert "script" not in tables.tags  # `<script>` is text, not raw HTML (which GitHub would drop)
-    # markdown in a label stays text: no link, image, emphasis, code span or strikethrough (issue 29)
+    # markdown in a label stays text: no link, image, emphasis, code span or strikethrough
     assert tables.cell_tags[2][1] == [], tables.cell_tags[2][1]
     assert rows[1][3].startswith("34.00")  # the row's own numbers stayed in their column
 

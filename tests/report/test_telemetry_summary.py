@@ -114,7 +114,7 @@ def test_a_step_logged_twice_counts_once():
 
 
 def test_a_new_per_layer_method_shows_its_layer_scales_without_a_report_edit(store):
-    """The column reads any metric ending in ``scale_log2_median`` (issue 30: the report named the three
+    """The column reads any metric ending in ``scale_log2_median`` (the report used to name the three
     per-layer methods' metrics by hand, so a fourth showed '–')."""
     from mlflow import MlflowClient
 

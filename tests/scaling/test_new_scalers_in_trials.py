@@ -1,4 +1,5 @@
-"""The issue-12 scalers inside real trials (trial.py, the engine's loop and hooks, checkpoints).
+"""DeepSpeed's dynamic style, layerwise dynamic and amax scaling inside real trials (trial.py, the engine's
+loop and hooks, checkpoints).
 
 A trial stopped after its step-4 checkpoint and run again from it must log the same losses,
 loss scales, overflow and skip flags as one that never stopped: the scaler's state (per-point
@@ -29,7 +30,7 @@ def _study(entry: str) -> str:
     "entry",
     [
         "{method: dynamic, style: deepspeed, interval: 2, init_scale: 1.0e+6, hysteresis: 2}",
-        # 1.0e+6 skipped all 8 steps: such a run is now diverged (issue 29); 1.0e+5 skips, backs off, trains
+        # 1.0e+6 skipped all 8 steps: such a run is now diverged; 1.0e+5 skips, backs off, trains
         "{method: layerwise_dynamic, init_scale: 1.0e+5, interval: 2}",
         "{method: amax, recipe: delayed, history: 3, margin: 8}",
     ],

@@ -1,6 +1,6 @@
-"""Hostile study files and paths (issue 11, "Deliver 3"): every case ends in one line, exit 2, fast.
+"""Hostile study files and paths: every case ends in one line, exit 2, fast.
 
-Each test is one of the issue's "Why" bullets: a billion-laughs file grew memory without limit, a
+Each test is one case that went wrong before: a billion-laughs file grew memory without limit, a
 recursive anchor or 5,000-deep nesting was a RecursionError traceback, a 40,000-trial grid was
 accepted silently, ``validate a b c`` stopped at the first bad file, and a missing weights file was
 only found by every trial failing after Ray had started. The CLI runs in a subprocess, as a user

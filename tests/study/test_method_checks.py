@@ -1,4 +1,4 @@
-"""Contradictory scaler options are refused at validation, naming the field (issue 19, item 6)."""
+"""Contradictory scaler options are refused at validation, naming the field."""
 
 from __future__ import annotations
 

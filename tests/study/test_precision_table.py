@@ -1,7 +1,7 @@
 """The precision table (study/precisions.py) accepts only entries that work at run time.
 
-Why (issue 30): an entry the table took could still fail every trial (a format name the runtime
-does not know, forward_format None before a023492) or say what a trial does not do (formats on a
+Why: an entry the table took could still fail every trial (a format name the runtime
+does not know, forward_format None, before the runtime accepted it) or say what a trial does not do (formats on a
 precision nothing rounds to them). ``PrecisionSpec`` now refuses those when the table is imported,
 and every entry shape it accepts is built and run here.
 """

@@ -1,4 +1,4 @@
-"""Scale-like options that cannot mean what the row's label says are refused at validation (issue 29).
+"""Scale-like options that cannot mean what the row's label says are refused at validation.
 
 Every loss scale, initial scale and bound on a scale lies in fp32's normal range (``fields.Scale``):
 past fp32's largest value every step overflowed and the trial was reported ``finished``, and the

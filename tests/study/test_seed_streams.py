@@ -1,5 +1,5 @@
 """seed_streams: the initial weights, the batch order and the validation set, each on its own seed
-(issue 27 item 3: where the seed-to-seed spread comes from)."""
+(to tell where the seed-to-seed spread comes from)."""
 
 from __future__ import annotations
 

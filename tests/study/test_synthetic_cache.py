@@ -1,4 +1,4 @@
-"""The synthetic data cache is checked before any work (issue 29, "crashes on the environment").
+"""The synthetic data cache is checked before any work.
 
 Before: ``$LSBENCH_DATA`` that was a file or read-only passed ``lsbench validate`` ("ok") and
 ended ``run`` in a traceback, exit 1, from the data step. Now ``validate`` and ``run`` say the

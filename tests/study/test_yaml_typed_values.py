@@ -1,4 +1,4 @@
-"""Values YAML reads as something else, and names a command line reads as options (issue 29, group 7):
+"""Values YAML reads as something else, and names a command line reads as options:
 one line through the real ``lsbench validate``, with the fix in it."""
 
 from __future__ import annotations

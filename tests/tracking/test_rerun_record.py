@@ -1,4 +1,4 @@
-"""A failed trial rerun to the end starts a clean record (issue 29, group 3).
+"""A failed trial rerun to the end starts a clean record.
 
 Through the real CLI (``lsbench run --executor local``, in this process so that one
 training step can be made to raise once): a study of two trials whose first trial

@@ -1,4 +1,4 @@
-"""How trials end in the MLflow store and UI (issue 11.5), on a real SQLite store.
+"""How trials end in the MLflow store and UI, on a real SQLite store.
 
 One study, run in-process (``executor="local"``, no Ray), has a trial that
 finishes, one forced to diverge (a 1e30 loss scale that does not skip
@@ -296,7 +296,7 @@ TAIL_NAN = study_yaml(
 
 
 def test_a_loss_gone_non_finite_within_patience_of_the_end_is_diverged_not_a_zero_map(tmp_path):
-    """Issue 11 ("divergence is data, never a wrong number"): 3 iterations, default patience 10.
+    """Divergence is data, never a wrong number: 3 iterations, default patience 10.
     Step 1 applies a non-finite gradient, steps 2-3 lose to NaN: fewer than ``patience`` bad
     steps, but training ended on them. The trial used to end ``finished`` with mAP 0.00 (a number
     that was averaged with other seeds); it must end ``diverged``, with no final mAP, naming the

@@ -1,4 +1,4 @@
-"""Store faults (issue 11, "Deliver 4"; artifacts of "Deliver 6"), each on a real SQLite MLflow store.
+"""Store faults (runs and their artifacts), each on a real SQLite MLflow store.
 
 Corrupt, truncated, foreign, read-only, full and unreachable stores and bad URIs end in one
 line naming the store and the cause (exit 4; a store that is not there: exit 2), never a

@@ -1,4 +1,4 @@
-"""Tracking URIs that name no store lsbench can keep results in (issue 29, "a store that forgets").
+"""Tracking URIs that name no store lsbench can keep results in (a store that forgets).
 
 Before: ``--tracking-uri sqlite://`` (SQLite in memory) trained, reported and exited 0, and
 nothing survived (a rerun trained everything again; ``report`` on it made a store and printed

@@ -135,7 +135,7 @@ def _losses_and_map(cfg, trial_dir, threads):
 
 @pytest.mark.parametrize("precision", ["fp32", "fp8-emulated"])
 def test_same_trial_twice_gives_bit_identical_losses_and_map(tmp_path, precision):
-    """Determinism (issue 9): same trial id, same machine, same thread count -> the same numbers.
+    """Determinism: same trial id, same machine, same thread count -> the same numbers.
 
     Data order and flips are seeded per trial, no DataLoader workers run, and CPU kernels are
     deterministic at a fixed thread count; `threads` is pinned from `cpus_per_trial` in a sweep.
@@ -154,7 +154,7 @@ def test_same_trial_twice_gives_bit_identical_losses_and_map(tmp_path, precision
 
 
 def test_resumed_trial_ends_bit_identical_to_an_uninterrupted_one(tmp_path, monkeypatch):
-    """Determinism across a resume (issue 9): a trial stopped after its step-4 checkpoint and run
+    """Determinism across a resume: a trial stopped after its step-4 checkpoint and run
     again from it logs the same losses and the same final mAP as one that never stopped."""
     cfg = _cfg("{method: dynamic, interval: 2}", iterations=8, precision="fp8-emulated")
 
@@ -241,7 +241,7 @@ class _HoldingSink(MemorySink):
 
 def test_every_step_before_a_checkpoint_is_delivered_before_the_checkpoint_is_written(tmp_path, monkeypatch):
     # a trial resumed from a checkpoint recomputes only the steps after it, so a sink that holds reports back
-    # (TuneSink) must have delivered everything logged up to it by then (issue 28: reports every few seconds)
+    # (TuneSink) must have delivered everything logged up to it by then (it reports every few seconds)
     from lossscale_bench.engine import hooks
 
     sink, seen = _HoldingSink(), []
