@@ -6,6 +6,14 @@ Over README.md, CHANGELOG.md, docs/ (records included) and the study files:
   ``!!! note "Provenance"`` box, or a row of a table with a "commit" column;
 - every relative markdown link, and every repository path written in backticks, names a file that
   exists (outputs a run writes, such as ``runs/...`` and ``reports/...``, are not checked).
+
+Over the sources (every ``.py`` file under lossscale_bench/, tests/, benchmarks/ and tools/, the shell
+scripts and the comments of the YAML files under benchmarks/; this file, which holds the pattern, left out):
+- the same words, on every line: docstrings and comments are prose too, and no code needs them;
+- a commit hash only on a line starting with "Provenance" (after a comment's ``#``). Sources hold many
+  hex words that are data (md5 sums, upstream commits of other projects, test digests); a word counts
+  only when it names a commit of this repository (``git cat-file --batch-check``, one call for all
+  words), so the check needs a git checkout and is skipped without one.
 """
 
 from __future__ import annotations
@@ -51,8 +59,14 @@ def _prose_files() -> list[Path]:
     return [f for f in files if f.exists()]
 
 
+def _source_files() -> list[Path]:
+    files = [f for d in ("lossscale_bench", "tests", "benchmarks", "tools") for f in sorted((ROOT / d).rglob("*.py"))]
+    files += [f for d in ("benchmarks", "tools") for ext in ("*.sh", "*.yaml") for f in sorted((ROOT / d).rglob(ext))]
+    return [f for f in files if f.is_file() and f != Path(__file__).resolve()]
+
+
 def _text_lines(path: Path) -> list[tuple[int, str]]:
-    """Lines a reader reads: a study file's comments only, every line of a markdown file."""
+    """Lines a reader reads: a YAML file's comments only, every line of a markdown, Python or shell file."""
     lines = path.read_text(encoding="utf-8").splitlines()
     if path.suffix == ".yaml":
         return [(i, line[line.index("#") :]) for i, line in enumerate(lines, 1) if "#" in line]
@@ -97,28 +111,54 @@ def _commits(words: set[str]) -> set[str]:
     return {w for w, out in zip(words, r.stdout.splitlines()) if out.split()[1:2] == ["commit"]}
 
 
-def test_no_process_talk():
-    found = [
+def _process_talk(files: list[Path]) -> list[str]:
+    return [
         f"{f.relative_to(ROOT)}:{i}: {line.strip()[:120]}"
-        for f in _prose_files()
+        for f in files
         for i, line in _text_lines(f)
         if PROCESS_TALK.search(line)
     ]
+
+
+def test_no_process_talk():
+    found = _process_talk(_prose_files())
     assert not found, "\n".join(found)
 
 
-def test_commit_hashes_only_on_provenance_lines():
+def test_no_process_talk_in_sources():
+    found = _process_talk(_source_files())
+    assert not found, "\n".join(found)
+
+
+def _allowed_hash_lines(path: Path) -> set[int]:
+    """Provenance lines: the markdown rules for markdown, a line starting with "Provenance" elsewhere."""
+    if path.suffix == ".md":
+        return _provenance_lines(path)
+    lines = path.read_text(encoding="utf-8").splitlines()
+    return {i for i, line in enumerate(lines, 1) if line.strip().lstrip("#\"' ").startswith("Provenance")}
+
+
+def _misplaced_commits(files: list[Path]) -> list[str]:
     if subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True).returncode != 0:
         pytest.skip("not a git checkout: commits cannot be told from other hex words")
     hits = []
-    for f in _prose_files():
-        allowed = _provenance_lines(f) if f.suffix == ".md" else set()
+    for f in files:
+        allowed = _allowed_hash_lines(f)
         for i, line in _text_lines(f):
             for word in HEX.findall(line):
                 if re.search(r"\d", word) and re.search(r"[a-f]", word) and i not in allowed:
                     hits.append((f, i, word, line))
     commits = _commits({w for _, _, w, _ in hits})
-    found = [f"{f.relative_to(ROOT)}:{i}: {w} in {line.strip()[:100]}" for f, i, w, line in hits if w in commits]
+    return [f"{f.relative_to(ROOT)}:{i}: {w} in {line.strip()[:100]}" for f, i, w, line in hits if w in commits]
+
+
+def test_commit_hashes_only_on_provenance_lines():
+    found = _misplaced_commits(_prose_files())
+    assert not found, "\n".join(found)
+
+
+def test_commit_hashes_in_sources_only_on_provenance_lines():
+    found = _misplaced_commits(_source_files())
     assert not found, "\n".join(found)
 
 
