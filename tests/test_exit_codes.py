@@ -13,8 +13,6 @@ import sys
 import textwrap
 from pathlib import Path
 
-import pytest
-
 CLI = [sys.executable, "-m", "lossscale_bench.cli"]
 
 VOC_STUDY = textwrap.dedent("""\
@@ -76,18 +74,36 @@ def test_a_broken_annotation_is_a_user_error_before_any_trial(tmp_path):
     assert not (tmp_path / "runs" / "mlflow.db").exists()
 
 
-@pytest.mark.parametrize("kind", ["jpeg"])
-def test_every_trial_failed_exits_3_with_the_report(tmp_path, kind):
+def test_an_image_that_cannot_be_opened_is_a_user_error_before_any_trial(tmp_path):
+    """`run` opens every listed image's header before training (was: every trial failed, exit 3)."""
     from lossscale_bench.data.voc import make_tiny_voc
 
     root = tmp_path / "voc"
     make_tiny_voc(root, {"trainval": 4, "test": 2}, seed=1)
-    _break(kind, root)
+    _break("jpeg", root)
     study = tmp_path / "s.yaml"
-    study.write_text(VOC_STUDY.format(kind=kind, root=root))
+    study.write_text(VOC_STUDY.format(kind="jpeg", root=root))
+    r = _run(tmp_path, study)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, (r.returncode, r.stdout[-2000:], r.stderr[-3000:])
+    (line,) = r.stderr.strip().splitlines()
+    assert f"{study}: dataset.train_split: {root / 'ImageSets/Main/trainval.txt'} line 1 lists" in line, line
+    assert "but its image cannot be opened:" in line, line
+    assert not (tmp_path / "runs" / "mlflow.db").exists()
+
+
+def test_every_trial_failed_exits_3_with_the_report(tmp_path):
+    """Every trial fails (its folder cannot be made: the runs folder holds a file where the trials go)."""
+    from lossscale_bench.data.voc import make_tiny_voc
+
+    root = tmp_path / "voc"
+    make_tiny_voc(root, {"trainval": 4, "test": 2}, seed=1)
+    (tmp_path / "runs" / "bad_trials").mkdir(parents=True)
+    (tmp_path / "runs" / "bad_trials" / "trials").write_text("in the way\n")
+    study = tmp_path / "s.yaml"
+    study.write_text(VOC_STUDY.format(kind="trials", root=root))
     r = _run(tmp_path, study)
     assert r.returncode == 3, (r.returncode, r.stdout[-2000:], r.stderr[-3000:])
-    assert f"study bad_{kind}: 0 finished, 0 diverged, 2 failed" in r.stdout
+    assert "study bad_trials: 0 finished, 0 diverged, 2 failed" in r.stdout
     assert "(written to" in r.stdout  # the report is printed all the same
     assert "Traceback" not in r.stderr
 

@@ -6,9 +6,10 @@ Why before: an empty evaluation split, or one without objects, trained for hours
 and exit 2 now, not a result. The rules are the loaders' own (:mod:`..dataset_files.voc_xml`,
 :mod:`..dataset_files.coco_json`), so what passes here loads in the trial.
 
-What is read: every annotation XML of a VOC study's training and evaluation splits, and whether each
-image they list is there (a missing JPEG failed the trial after training had started) (VOC07+12:
-21.5k small files, 1.3 s on 2 busy cores, ``docs/benchmarks.md``), and a COCO study's evaluation JSON
+What is read: every annotation XML of a VOC study's training and evaluation splits (VOC07+12: 21.5k
+small files, 1.3 s on 2 busy cores), and whether each image they list is there and opens (its header,
+as Pillow reads it: a missing or unreadable JPEG failed the trial after training had started), and a
+COCO study's evaluation JSON
 (``instances_val2017.json``: 25 MB). Not the COCO training JSON (0.45 GB, half a minute to
 parse): the loader applies the same rules to it and a trial fails with the line naming the
 record. Synthetic and ``fake_data`` sets are generated, never bad.
@@ -72,13 +73,21 @@ def _voc_side(sources, labels: dict, drops: Drops, max_images, src: str, field: 
             if not os.path.isfile(xml):
                 raise StudyError(src, field, f"{list_file} lists {img_id!r}, but {xml} is not there")
             rec = parse_voc(xml, labels, drops)
-            if not any(os.path.isfile(p) for p in image_candidates(year_dir, img_id, rec["file_name"])):
+            image = next((p for p in image_candidates(year_dir, img_id, rec["file_name"]) if os.path.isfile(p)), None)
+            if image is None:
                 raise StudyError(
                     src,
                     field,
                     f"{list_file} line {_line_of(list_file, img_id)} lists "
                     f"{img_id!r}, but its image is not there: "
                     f"{next(image_candidates(year_dir, img_id))}",
+                )
+            if (why := _unopenable(image)) is not None:
+                raise StudyError(
+                    src,
+                    field,
+                    f"{list_file} line {_line_of(list_file, img_id)} lists {img_id!r}, but its image "
+                    f"cannot be opened: {image} ({why})",
                 )
             images += 1
             if max_images is None or images <= max_images:
@@ -88,6 +97,20 @@ def _voc_side(sources, labels: dict, drops: Drops, max_images, src: str, field: 
             raise
         raise StudyError(src, field, str(exc)) from None
     return images, objects, " + ".join(lists)
+
+
+def _unopenable(path: str) -> str | None:
+    """Why the image at ``path`` cannot be opened (its header read as the loader reads it: format and size),
+    or None. The pixels are not decoded here (a truncated file is decoded by the loader, with a note)."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(path) as im:
+            if im.width <= 0 or im.height <= 0:
+                return f"its size is {im.width}x{im.height}"
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
+        return " ".join(str(exc).split())[:160] or type(exc).__name__
+    return None
 
 
 def _line_of(list_file, img_id: str) -> int:
