@@ -1,0 +1,116 @@
+"""A trial's fixed cost: the time from a fresh process's start to its first training step's record.
+
+Every trial of a study started in a fresh worker pays it before it trains: Python and torch
+imported, the package imported, data, model and scaler built, the rounding kernels compiled (or
+loaded from Inductor's on-disk cache), the first step run and reported. The driver then pays
+matplotlib's first plot of the study (its font list, built on the first plot of a machine and kept
+in ``MPLCONFIGDIR``). Each measurement here is one fresh process that runs
+:func:`lossscale_bench.trial.runner.run_trial` on one study row (seed 0, a few iterations,
+``log_every: 1``) into a ``MemorySink`` whose first ``metrics`` call notes the time, then draws the
+trial's plots (:func:`lossscale_bench.report.plots.trial_plots`) from what the sink holds.
+
+Columns (seconds, medians over repeats): ``import`` (process start to ``run_trial`` imported),
+``first step`` (process start to the first step's record), ``plots`` (the trial's plots, the first
+drawing of the process). ``--cold`` runs every measurement with empty Inductor and matplotlib cache
+folders (a machine's first trial); by default the caches are the machine's own, warm after the
+first run.
+
+Two checkouts side by side (the process's working directory and ``PYTHONPATH`` are the tree's, so
+its package is the one imported), alternating A B B A so that load on a shared machine hits both::
+
+    git worktree add /tmp/before HEAD
+    PYTHONPATH=. .venv/bin/python benchmarks/trial_start.py --trees /tmp/before . --repeats 6
+    PYTHONPATH=. .venv/bin/python benchmarks/trial_start.py --trees /tmp/before . --repeats 3 --cold
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import ROOT, Report, child_json, cpu_description, order, parser  # noqa: E402
+
+CHILD = r"""
+import json, sys, time, tempfile
+args = json.loads(sys.argv[1])
+t_start = args["t_spawn"]
+from lossscale_bench.trial.runner import run_trial
+t_imported = time.time()
+from pathlib import Path
+from lossscale_bench.engine.sink import MemorySink
+from lossscale_bench.study import load_study
+
+class FirstRecord(MemorySink):
+    first = None
+    def metrics(self, items):
+        if self.first is None and items:
+            self.first = time.time()
+        super().metrics(items)
+
+study = load_study(args["study"])
+cfg = [t for t in study.trials() if t.seed == 0][args["row"]]
+d = cfg.to_dict()
+d["schedule"] = {**d["schedule"], "iterations": args["iterations"]}
+d["eval"] = {**d["eval"], "every": None}
+d["log_every"] = 1
+sink = FirstRecord()
+tmp = Path(tempfile.mkdtemp())
+out = run_trial(d, sink=sink, trial_dir=tmp / "trial", threads=1)
+assert out.status == "finished", out.error
+from lossscale_bench.report.plots import trial_plots
+hist = {}
+for k, v, s in sink.items:
+    hist.setdefault(k, []).append((s, v))
+t0 = time.time()
+written = trial_plots(hist, tmp / "trial" / "layers_history.csv", tmp / "plots")
+t_plots = time.time() - t0
+print(json.dumps({"import": t_imported - t_start, "first": sink.first - t_start, "plots": t_plots,
+                  "n_plots": len(written)}))
+"""
+
+
+def measure(tree: Path, study: str, row: int, iterations: int, cold: bool) -> dict:
+    """One fresh process in ``tree``; with ``cold``, empty Inductor and matplotlib cache folders."""
+    env = dict(os.environ, PYTHONPATH=str(tree))
+    with tempfile.TemporaryDirectory() as scratch:
+        if cold:
+            env["TORCHINDUCTOR_CACHE_DIR"] = str(Path(scratch) / "inductor")
+            env["MPLCONFIGDIR"] = str(Path(scratch) / "mpl")
+        args = {"study": study, "row": row, "iterations": iterations, "t_spawn": time.time()}
+        return child_json(["-c", CHILD, json.dumps(args)], env=env, cwd=tree, what=f"trial in {tree}")
+
+
+def main() -> None:
+    ap = parser(__doc__, repeats=4)
+    ap.add_argument("--trees", nargs="+", type=Path, default=[ROOT], help="checkouts to compare (default: this one)")
+    ap.add_argument("--study", default="lossscale_bench/studies/smoke.yaml")
+    ap.add_argument("--row", type=int, default=1, help="row of the study (default 1: E4M3, no loss scale)")
+    ap.add_argument("--iterations", type=int, default=3)
+    ap.add_argument("--cold", action="store_true", help="empty Inductor and matplotlib caches in every run")
+    args = ap.parse_args()
+    trees = [t.resolve() for t in args.trees]
+    report = Report.from_args(args)
+    report.note(f"CPU: {cpu_description()}; row {args.row} of {args.study}, {args.iterations} iterations, "
+                f"log_every 1, {'cold' if args.cold else 'warm'} caches, {args.repeats} repeats (A B B A)")
+    measure(trees[0], args.study, args.row, args.iterations, args.cold)  # untimed: warms the OS file cache
+    got: dict[Path, list[dict]] = {t: [] for t in trees}
+    for rnd in range(args.repeats):
+        for tree in order(trees, rnd, "abba"):
+            got[tree].append(measure(tree, args.study, args.row, args.iterations, args.cold))
+    rows = []
+    for tree in trees:
+        med = {k: statistics.median(r[k] for r in got[tree]) for k in ("import", "first", "plots")}
+        rows.append([str(tree), f"{med['import']:.2f}", f"{med['first']:.2f}", f"{med['plots']:.2f}",
+                     " ".join(f"{r['first']:.1f}" for r in got[tree])])
+    report.table(["tree", "import (s)", "first step (s)", "plots (s)", "first step, each run"], rows, name="trial start")
+    report.finish()
+
+
+if __name__ == "__main__":
+    main()
