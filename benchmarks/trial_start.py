@@ -5,15 +5,15 @@ imported, the package imported, data, model and scaler built, the rounding kerne
 loaded from Inductor's on-disk cache), the first step run and reported. The driver then pays
 matplotlib's first plot of the study (its font list, built on the first plot of a machine and kept
 in ``MPLCONFIGDIR``). Each measurement here is one fresh process that runs
-:func:`lossscale_bench.trial.runner.run_trial` on one study row (seed 0, a few iterations,
+:func:`lossscale_bench.trial.runner.run_trial` on one study row (its first seed, a few iterations,
 ``log_every: 1``) into a ``MemorySink`` whose first ``metrics`` call notes the time, then draws the
 trial's plots (:func:`lossscale_bench.report.plots.trial_plots`) from what the sink holds.
 
 Columns (seconds, medians over repeats): ``import`` (process start to ``run_trial`` imported),
 ``first step`` (process start to the first step's record), ``plots`` (the trial's plots, the first
-drawing of the process). ``--cold`` runs every measurement with empty Inductor and matplotlib cache
-folders (a machine's first trial); by default the caches are the machine's own, warm after the
-first run.
+drawing of the process). ``--caches cold`` runs a measurement with empty Inductor and matplotlib
+cache folders (a machine's first trial); ``warm`` (the default) with the machine's own, warm after the
+first run; both: the two interleaved.
 
 Two checkouts side by side (the process's working directory and ``PYTHONPATH`` are the tree's, so
 its package is the one imported), alternating A B B A so that load on a shared machine hits both::
@@ -21,6 +21,10 @@ its package is the one imported), alternating A B B A so that load on a shared m
     git worktree add /tmp/before HEAD
     PYTHONPATH=. .venv/bin/python benchmarks/trial_start.py --trees /tmp/before . --repeats 6
     PYTHONPATH=. .venv/bin/python benchmarks/trial_start.py --trees /tmp/before . --repeats 3 --caches warm cold --no-native
+
+On a GPU machine, a CUDA study's E4M3 row (its rounding kernels are compiled by Inductor there)::
+
+    python3 benchmarks/trial_start.py --study studies/gpu_smoke.yaml --row 6 --caches warm cold --repeats 2
 """
 
 from __future__ import annotations
@@ -54,7 +58,8 @@ class FirstRecord(MemorySink):
         super().metrics(items)
 
 study = load_study(args["study"])
-cfg = [t for t in study.trials() if t.seed == 0][args["row"]]
+trials = study.trials()
+cfg = [t for t in trials if t.seed == trials[0].seed][args["row"]]
 d = cfg.to_dict()
 d["schedule"] = {**d["schedule"], "iterations": args["iterations"]}
 d["eval"] = {**d["eval"], "every": None}
@@ -78,7 +83,8 @@ print(json.dumps({"import": t_imported - t_start, "first": sink.first - t_start,
 def measure(tree: Path, study: str, row: int, iterations: int, cold: bool, no_native: bool = False) -> dict:
     """One fresh process in ``tree``; with ``cold``, empty Inductor and matplotlib cache folders; with
     ``no_native``, the rounding kernels compiled by Inductor instead of the C kernels (the GPU's path)."""
-    env = dict(os.environ, PYTHONPATH=str(tree))
+    # the tree first; what PYTHONPATH already holds after it (a GPU machine's folder of extra packages)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(tree), os.environ.get("PYTHONPATH")) if p))
     if no_native:
         env["LSBENCH_NO_NATIVE"] = "1"
     with tempfile.TemporaryDirectory() as scratch:
