@@ -101,32 +101,54 @@ def main() -> None:
     ap.add_argument("--study", default="lossscale_bench/studies/smoke.yaml")
     ap.add_argument("--row", type=int, default=1, help="row of the study (default 1: E4M3, no loss scale)")
     ap.add_argument("--iterations", type=int, default=3)
-    ap.add_argument("--caches", nargs="+", choices=("warm", "cold"), default=["warm"],
-                    help="warm: the machine's own caches; cold: empty Inductor and matplotlib caches in every run "
-                         "(both: the two settings interleaved)")
-    ap.add_argument("--no-native", action="store_true",
-                    help="LSBENCH_NO_NATIVE=1: rounding kernels compiled by Inductor, as on a GPU")
+    ap.add_argument(
+        "--caches",
+        nargs="+",
+        choices=("warm", "cold"),
+        default=["warm"],
+        help="warm: the machine's own caches; cold: empty Inductor and matplotlib caches in every run "
+        "(both: the two settings interleaved)",
+    )
+    ap.add_argument(
+        "--no-native",
+        action="store_true",
+        help="LSBENCH_NO_NATIVE=1: rounding kernels compiled by Inductor, as on a GPU",
+    )
     args = ap.parse_args()
     trees = [t.resolve() for t in args.trees]
     report = Report.from_args(args)
     kernels = "Inductor kernels (LSBENCH_NO_NATIVE=1)" if args.no_native else "default kernels"
-    report.note(f"CPU: {cpu_description()}; row {args.row} of {args.study}, {args.iterations} iterations, "
-                f"log_every 1, {kernels}, {args.repeats} repeats (A B B A)")
+    report.note(
+        f"CPU: {cpu_description()}; row {args.row} of {args.study}, {args.iterations} iterations, "
+        f"log_every 1, {kernels}, {args.repeats} repeats (A B B A)"
+    )
     settings = [(t, c) for t in trees for c in args.caches]
     measure(trees[0], args.study, args.row, args.iterations, False, args.no_native)  # untimed: warms the caches
     got: dict[tuple, list[dict]] = {s: [] for s in settings}
     for rnd in range(args.repeats):
         for tree, cache in order(settings, rnd, "abba"):
-            got[tree, cache].append(measure(tree, args.study, args.row, args.iterations, cache == "cold",
-                                            args.no_native))
+            got[tree, cache].append(
+                measure(tree, args.study, args.row, args.iterations, cache == "cold", args.no_native)
+            )
     rows = []
     for tree, cache in settings:
         runs = got[tree, cache]
         med = {k: statistics.median(r[k] for r in runs) for k in ("import", "first", "plots")}
-        rows.append([str(tree), cache, f"{med['import']:.2f}", f"{med['first']:.2f}", f"{med['plots']:.2f}",
-                     " ".join(f"{r['first']:.1f}" for r in runs)])
-    report.table(["tree", "caches", "import (s)", "first step (s)", "plots (s)", "first step, each run"], rows,
-                 name="trial start")
+        rows.append(
+            [
+                str(tree),
+                cache,
+                f"{med['import']:.2f}",
+                f"{med['first']:.2f}",
+                f"{med['plots']:.2f}",
+                " ".join(f"{r['first']:.1f}" for r in runs),
+            ]
+        )
+    report.table(
+        ["tree", "caches", "import (s)", "first step (s)", "plots (s)", "first step, each run"],
+        rows,
+        name="trial start",
+    )
     report.finish()
 
 
