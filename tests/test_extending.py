@@ -42,7 +42,8 @@ def _recipe_blocks() -> list[tuple[str, str]]:
 def _append_name(registry: Path, tuple_name: str, name: str) -> None:
     """Step "its name, appended to <tuple> in lossscale_bench/core/registry.py"."""
     text = registry.read_text()
-    new, n = re.subn(rf"^({tuple_name} = \(.*?)\)", rf'\1, "{name}")', text, count=1, flags=re.M | re.S)
+    # one line or one name a line (the formatter's layout, with a trailing comma): the name goes last
+    new, n = re.subn(rf"^({tuple_name} = \(.*?)\s*,?\s*\)", rf'\1, "{name}")', text, count=1, flags=re.M | re.S)
     assert n == 1, tuple_name
     registry.write_text(new)
 
