@@ -20,7 +20,8 @@ The modules, imports only ever pointing down::
       ├─ seed_section a seed-plan study's looks, from its parent run's tags (markdown)
       └─ summary      summarize(), verdicts; re-exports runs
            ├─ runs    load_runs(): the MLflow store contract
-           └─ stats   t-tests, TOST, P(>), Holm (scipy, statsmodels)
+           └─ verdicts  a row against another: paired or Welch, the verdict text
+                └─ stats  t-tests, TOST, P(>), Holm (scipy, statsmodels)
     seed_looks        seed_looks(): a seed-plan study's verdicts after its rounds
       └─ sequential   group-sequential t-test and TOST: boundaries, repeated p-values, the rule simulated
     metric_names      the metrics a report can show, their headers and unit (no pandas)
@@ -65,7 +66,8 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "TAG",
         "EMULATED_SUFFIX",
     ),
-    "stats": ("ALPHA", "DEFAULT_MARGIN", "noise_verdict", "paired_verdict", "compare_cells"),
+    "stats": ("ALPHA", "DEFAULT_MARGIN"),
+    "verdicts": ("noise_verdict", "paired_verdict", "compare_cells"),
     "compare": ("compare_rows", "letter_groups", "PAIR_COLUMNS", "RANK_COLUMNS"),
     "summary": ("summarize", "SUMMARY_COLUMNS", "RUNNING_TEXT"),
     "tables": ("EMULATED_MARK", "EMULATION_NOTES", "HEADERS", "SEEDS_NOTE", "VS_HEADER", "_verdict_note"),
@@ -94,7 +96,7 @@ def __getattr__(name: str):
     import sys
 
     # all at once, and spelled out, so tests/test_structure.py sees these edges (and any circle through them)
-    from . import compare, metric_names, renderers, runs, stats, summary, tables, write  # noqa: F401
+    from . import compare, metric_names, renderers, runs, stats, summary, tables, verdicts, write  # noqa: F401
 
     value = getattr(sys.modules[f"{__name__}.{module}"], name)
     globals()[name] = value  # later uses skip this function

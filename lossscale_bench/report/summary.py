@@ -65,7 +65,8 @@ from .runs import (
     model_name,
     to_int,
 )
-from .stats import ALPHA, DEFAULT_MARGIN, compare_cells, noise_verdict, paired_verdict
+from .stats import ALPHA, DEFAULT_MARGIN
+from .verdicts import compare_cells, noise_verdict, paired_verdict
 
 __all__ = [
     "ReportError",
@@ -166,7 +167,7 @@ def summarize(
     tables show, mAP points) with the 90% interval it decides on
     (``tost_ci_low``/``_high``), ``seeds_needed`` for a half-width of
     ``margin`` and ``p_better`` (P(row better than baseline)) with its interval, from
-    :func:`lossscale_bench.report.stats.compare_cells`.
+    :func:`lossscale_bench.report.verdicts.compare_cells`.
 
     ``setting`` names the table's study setting when the study has several
     (``configuration 2 of 2 (earlier): schedule.lr = 0.01``), else is empty;
