@@ -14,8 +14,10 @@ torchao is not needed; the tests compare against it when it is installed.
 """
 
 from .block_scales import MX_MODES, amax_scale, mx_exponent
-from .block_scaling import GRANULARITIES, FlushSaturate, block_round, count_flush_saturate
-from .fp8 import E4M3, E5M2, Fp8Spec, round_e4m3, round_e5m2, round_fp8
+from .block_scaling import GRANULARITIES, block_round
+from .flush_counts import FlushSaturate, count_flush_saturate
+from .fp8 import round_e4m3, round_e5m2, round_fp8
+from .fp8_formats import E4M3, E5M2, Fp8Spec
 
 __all__ = [
     "E4M3",
