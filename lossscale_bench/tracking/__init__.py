@@ -27,8 +27,8 @@ from .store import (
     relative_artifact_location,
     resolve_tracking_uri,
     sqlite_path,
-    store_error,
 )
+from .store_faults import store_error
 from .tracker import TERMINAL, Tracker, set_study_tags, study_view_urls
 
 __all__ = [
