@@ -20,10 +20,12 @@ The modules, imports only ever pointing down::
       ├─ seed_section a seed-plan study's looks, from its parent run's tags (markdown)
       └─ summary      summarize(), verdicts; re-exports runs
            ├─ runs    load_runs(): the MLflow store contract
-           └─ verdicts  a row against another: paired or Welch, the verdict text
-                └─ stats  t-tests, TOST, P(>), Holm (scipy, statsmodels)
+           └─ baseline  each row of a table against the table's baseline row
+                └─ verdicts  a row against another: paired or Welch, the verdict text
+                     └─ stats  t-tests, TOST, P(>), Holm (scipy, statsmodels)
     seed_looks        seed_looks(): a seed-plan study's verdicts after its rounds
-      └─ sequential   group-sequential t-test and TOST: boundaries, repeated p-values, the rule simulated
+      └─ sequential   group-sequential t-test and TOST: boundaries, repeated p-values
+    sequential_sim    the rule simulated: its error rates and seeds used
     metric_names      the metrics a report can show, their headers and unit (no pandas)
 
 The store contract is described in :mod:`lossscale_bench.report.runs`, the

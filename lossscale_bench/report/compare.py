@@ -30,9 +30,10 @@ import string
 
 import pandas as pd
 
+from .baseline import TABLE_KEYS
 from .cell_text import higher_is_better, metric_scale
 from .stats import ALPHA, DEFAULT_MARGIN, decide, format_margin, format_p, holm
-from .summary import TABLE_KEYS, table_labels
+from .summary import table_labels
 from .verdicts import compare_cells
 
 __all__ = ["PAIR_COLUMNS", "RANK_COLUMNS", "compare_rows", "letter_groups"]

@@ -41,27 +41,27 @@ from pathlib import Path
 
 import pandas as pd
 
-from .draw import (  # noqa: F401 - DPI, MAX_POINTS, MAX_STEPS, SMOOTH_MIN: re-exported
-    DPI,
-    MAX_POINTS,
-    MAX_STEPS,
-    SMOOTH_MIN,
-    PlotError,
-    Series,
-    curves_png,
-    has_values,
-    label_colors,
-    layer_heatmap_png,
-    map_bars_png,
-    rate_columns,
-    read_layers_csv,
-    slug,
-)
-from .draw import __all__ as _DRAW_ALL  # noqa: E402
+from .draw import MAX_POINTS, SMOOTH_MIN, Series, curves_png, label_colors, map_bars_png  # noqa: F401 - MAX_POINTS, SMOOTH_MIN: re-exported
+from .figure import DPI, PlotError, slug  # noqa: F401 - DPI: re-exported
+from .heatmap import MAX_STEPS, has_values, layer_heatmap_png, rate_columns, read_layers_csv  # noqa: F401 - MAX_STEPS
 from .summary import latest_setting, load_runs, model_name, summarize
 
 # this module's own names, plus the drawing functions it re-exports
-__all__ = ["Plot", "metric_histories", "study_plots", "trial_plots", "run_plots", *_DRAW_ALL]
+__all__ = [
+    "Plot",
+    "metric_histories",
+    "study_plots",
+    "trial_plots",
+    "run_plots",
+    "PlotError",
+    "curves_png",
+    "map_bars_png",
+    "layer_heatmap_png",
+    "label_colors",
+    "read_layers_csv",
+    "slug",
+    "has_values",
+]
 
 LAYERS_ARTIFACT = "layers/layers_history.csv"
 
