@@ -1,9 +1,10 @@
 """Numerics the FP8/MX/FP4 emulation needs: exact fp8 round trips and block-scaled gradient formats.
 
 * :mod:`.fp8`: E4M3/E5M2 round trips bit-identical to torch's cast, fast on CPU (compiled by
-  Inductor on first use, eager fallback; ``LSBENCH_NO_COMPILE=1`` forces eager).
-* :mod:`.block_scaling`: per-tensor, 1x128-tile and MX-32 block-scaled round trips, and the
-  flush/saturation counts the telemetry needs; :mod:`.block_scales`: their scales.
+  Inductor on first use, eager fallback; ``LSBENCH_NO_COMPILE=1`` forces eager); the formats
+  themselves in :mod:`.fp8_formats`, memory-order flattening in :mod:`.layout`.
+* :mod:`.block_scaling`: per-tensor, 1x128-tile and MX-32 block-scaled round trips;
+  :mod:`.block_scales`: their scales; :mod:`.flush_counts`: the flush/saturation counts the telemetry needs.
 * :mod:`.fp4`: E2M1 alone, NVFP4 and MXFP4 round trips, to nearest or stochastic (seeded,
   reproducible), compiled the same way; :mod:`.hadamard`: the 16x16 random Hadamard transform.
 * :mod:`.census` and :mod:`.amax`: the telemetry's element counts and a gradient's ``max |x|``.

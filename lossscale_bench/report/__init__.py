@@ -15,7 +15,9 @@ The modules, imports only ever pointing down::
       │    │          render_compare() (compare.py): --compare in every format
       │    └─ tables  rows and footnotes shared by the renderers
       ├─ plots        study and trial plots (imported when drawn)
-      │    └─ draw    matplotlib: data in, PNG out
+      │    ├─ draw    line plots and bars: data in, PNG out
+      │    ├─ heatmap layer x step heatmaps of a layer history
+      │    └─ figure  matplotlib plumbing: a figure without pyplot, PNG bytes
       ├─ compare      compare_rows(): pairs of rows, Holm, ranking with letter groups
       ├─ seed_section a seed-plan study's looks, from its parent run's tags (markdown)
       └─ summary      summarize(), verdicts; re-exports runs
