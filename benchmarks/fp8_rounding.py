@@ -30,7 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import Report, interleave, parser  # noqa: E402
 
 from lossscale_bench.numerics.block_scaling import block_round  # noqa: E402
-from lossscale_bench.numerics.fp8 import E4M3, compiled_kernel, round_fp8  # noqa: E402
+from lossscale_bench.numerics.fp8 import compiled_kernel, round_fp8  # noqa: E402
+from lossscale_bench.numerics.fp8_formats import E4M3  # noqa: E402
 
 
 def gradient_like(n: int, seed: int = 0) -> torch.Tensor:

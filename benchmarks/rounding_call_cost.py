@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import Report, parser, percentile, time_calls  # noqa: E402
 
 from lossscale_bench.numerics import fp8
+from lossscale_bench.numerics.fp8_formats import SPECS
 from lossscale_bench.precision.formats import E4M3
 
 SIZES = (64, 4096, 65536, 294912, 2097152)
@@ -80,8 +81,8 @@ def main() -> None:
         blocks(rep, args.calls)
         rep.finish()
         return
-    kernel = fp8.compiled_kernel("bits", fp8.SPECS["e4m3"], True)
-    native = fp8.native_kernel(fp8.SPECS["e4m3"], True)
+    kernel = fp8.compiled_kernel("bits", SPECS["e4m3"], True)
+    native = fp8.native_kernel(SPECS["e4m3"], True)
 
     def without_native(x):
         os.environ["LSBENCH_NO_NATIVE"] = "1"

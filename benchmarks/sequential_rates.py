@@ -27,7 +27,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import Report, parser  # noqa: E402
 
-from lossscale_bench.report.sequential import SPENDING, look_sizes, simulate  # noqa: E402
+from lossscale_bench.report.sequential import SPENDING, look_sizes  # noqa: E402
+from lossscale_bench.report.sequential_sim import simulate  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -126,34 +126,9 @@ def cmd_run(args) -> int:
 
         pin()
     if args.dry_run:
-        print(f"study {study.name!r} from {path}")
-        _print_table(study.trials())
-        if study.seed_plan is not None:
-            from .study.seed_plan import plan_text
-
-            print(f"(the first round: {plan_text(study.seed_plan)})")
-        _print_notices(study, sys.stdout)
-        return 0
-    from .orchestration.environment import environment_problems
-    from .study.paths import check_paths
-
-    problems = environment_problems()  # the trials read them: a misspelt value would silently mean another
-    for problem in problems:
-        print(f"lsbench: error: {problem}", file=sys.stderr)
-    if problems:
+        return _dry_run(study, path)
+    if _cannot_start(study, args):
         return EXIT_USAGE
-    check_paths(study)  # missing data or weights: one line now, not a failed trial each after Ray started
-    if not args.no_report:  # written after the last trial: found unwritable now, not after hours of training
-        from .core.writable import folder_problem
-
-        problem = folder_problem(args.reports_dir)
-        if problem:
-            print(
-                f"lsbench: error: --reports-dir {args.reports_dir} {problem}; the report is written there "
-                "after the trials: pass a folder that can be written, or --no-report",
-                file=sys.stderr,
-            )
-            return EXIT_USAGE
     import functools
     import signal
 
@@ -191,6 +166,49 @@ def cmd_run(args) -> int:
             file=sys.stderr,
         )
         return EXIT_SIGINT if exc.signum == signal.SIGINT else EXIT_SIGTERM
+    return _after_run(args, study, result, looks)
+
+
+def _dry_run(study, path: str) -> int:
+    """``lsbench run --dry-run``: the trial table, the first round of a seed plan, the notices."""
+    print(f"study {study.name!r} from {path}")
+    _print_table(study.trials())
+    if study.seed_plan is not None:
+        from .study.seed_plan import plan_text
+
+        print(f"(the first round: {plan_text(study.seed_plan)})")
+    _print_notices(study, sys.stdout)
+    return 0
+
+
+def _cannot_start(study, args) -> bool:
+    """Whether a problem found before any trial starts stops the run (each one printed): the environment,
+    the study's paths (raises :class:`StudyError`), a reports folder that cannot be written."""
+    from .orchestration.environment import environment_problems
+    from .study.paths import check_paths
+
+    problems = environment_problems()  # the trials read them: a misspelt value would silently mean another
+    for problem in problems:
+        print(f"lsbench: error: {problem}", file=sys.stderr)
+    if problems:
+        return True
+    check_paths(study)  # missing data or weights: one line now, not a failed trial each after Ray started
+    if not args.no_report:  # written after the last trial: found unwritable now, not after hours of training
+        from .core.writable import folder_problem
+
+        problem = folder_problem(args.reports_dir)
+        if problem:
+            print(
+                f"lsbench: error: --reports-dir {args.reports_dir} {problem}; the report is written there "
+                "after the trials: pass a folder that can be written, or --no-report",
+                file=sys.stderr,
+            )
+            return True
+    return False
+
+
+def _after_run(args, study, result, looks) -> int:
+    """The counts, the notices, the report and the seed rounds' looks after a run; the exit code."""
     counts = result.counts()
     print(f"study {study.name}: " + ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in counts.items()))
     _print_notices(study, sys.stdout)  # with the results they qualify; stderr stays for errors
@@ -265,25 +283,22 @@ def cmd_ui(args) -> int:
     return serve(cmd, args.port)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="lsbench", description="Mixed-precision loss-scaling studies of SSD detectors")
-    from . import __version__
+def _store_args(sp) -> None:
+    """``--runs-dir`` and ``--tracking-uri``, for every command that opens the store."""
+    sp.add_argument(
+        "--runs-dir",
+        default=os.environ.get("LSBENCH_RUNS", "runs"),
+        help="study outputs and the default MLflow store (runs/mlflow.db)",
+    )
+    sp.add_argument(
+        "--tracking-uri",
+        default=None,
+        help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI or sqlite:///<runs-dir>/mlflow.db)",
+    )
 
-    p.add_argument("--version", action="version", version=f"lsbench {__version__}")
-    sub = p.add_subparsers(dest="command", required=True)
 
-    def store_args(sp):
-        sp.add_argument(
-            "--runs-dir",
-            default=os.environ.get("LSBENCH_RUNS", "runs"),
-            help="study outputs and the default MLflow store (runs/mlflow.db)",
-        )
-        sp.add_argument(
-            "--tracking-uri",
-            default=None,
-            help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI or sqlite:///<runs-dir>/mlflow.db)",
-        )
-
+def _add_run_parser(sub) -> None:
+    """``lsbench run`` and its arguments."""
     sp = sub.add_parser("run", help="run a study (default: the embedded smoke study)")
     sp.add_argument("file", nargs="?", help="study YAML file")
     sp.add_argument("--dry-run", action="store_true", help="print the trial table and exit")
@@ -292,7 +307,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="accept a grid of more than 1000 trials (refused by default: usually a typo)",
     )
-    store_args(sp)
+    _store_args(sp)
     sp.add_argument("--max-concurrent", type=int, default=None, help="at most this many trials at once")
     sp.add_argument("--address", default=None, help="join an existing Ray cluster (else $RAY_ADDRESS, else local)")
     sp.add_argument("--num-cpus", type=int, default=None, help="CPUs for a local Ray instance (default: all)")
@@ -319,6 +334,15 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--reports-dir", default="reports")
     sp.set_defaults(func=cmd_run)
 
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="lsbench", description="Mixed-precision loss-scaling studies of SSD detectors")
+    from . import __version__
+
+    p.add_argument("--version", action="version", version=f"lsbench {__version__}")
+    sub = p.add_subparsers(dest="command", required=True)
+    _add_run_parser(sub)
+
     sp = sub.add_parser("validate", help="validate study files and the paths they name; print their trial tables")
     sp.add_argument("files", nargs="+")
     sp.add_argument(
@@ -329,7 +353,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--allow-large-grid", action="store_true", help="accept a grid of more than 1000 trials")
     sp.set_defaults(func=cmd_validate)
 
-    report_parser(sub, store_args)
+    report_parser(sub, _store_args)
 
     # Listed for --help; main() hands `lsbench data ...` to data/download.py before parsing.
     sub.add_parser("data", help="download, verify and extract VOC or COCO: lsbench data {voc,coco} --root DIR")
@@ -352,7 +376,7 @@ def build_parser() -> argparse.ArgumentParser:
     wp.set_defaults(func=cmd_weights)
 
     sp = sub.add_parser("ui", help="serve the MLflow UI for the study store")
-    store_args(sp)
+    _store_args(sp)
     sp.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1: this machine only)")
     sp.add_argument("--port", type=int, default=5000)
     sp.set_defaults(func=cmd_ui)

@@ -178,82 +178,83 @@ def build_datasets(dataset_cfg, *, image_size: int | None = None, max_val_images
     max_val = max_val_images if max_val_images is not None else cfg.get("max_val_images")
 
     if name == "synthetic":
-        size = cfg.get("image_size") or image_size or 128
-        paths = ensure_synthetic(
-            cfg.get("root"),
-            train_images=int(cfg.get("train_images", 512)),
-            val_images=int(cfg.get("val_images", 128)),
-            image_size=int(size),
-            seed=int(cfg.get("seed", 0)),
-        )
-        train = CocoDetection(paths["train_images"], paths["train_ann"], train=True, hflip=hflip, max_images=max_train)
-        if cfg.get("val_seed") is not None:  # a trial's own validation set (study seed_streams.val): the
-            # one the dataset would have with that seed, generated (and cached) without its train split
-            paths = {
-                **paths,
-                **{
-                    k: v
-                    for k, v in ensure_synthetic(
-                        cfg.get("root"),
-                        train_images=0,
-                        val_images=int(cfg.get("val_images", 128)),
-                        image_size=int(size),
-                        seed=int(cfg["val_seed"]),
-                    ).items()
-                    if k.startswith("val")
-                },
-            }
-        val = CocoDetection(paths["val_images"], paths["val_ann"], train=False, max_images=max_val)
-        require_ground_truth(val, paths["val_ann"])
-        return train, val, list(train.class_names)
-
+        return _build_synthetic(cfg, image_size=image_size, hflip=hflip, max_train=max_train, max_val=max_val)
     if name == "coco2017":
-        if cfg.get("fake_data"):
-            size = cfg.get("image_size") or image_size or 300
-            k = int(cfg.get("num_classes", 80))
-            seed = int(cfg.get("seed", 0))
-            n_val = int(cfg.get("fake_val_images", 16))
-            if max_val is not None:
-                n_val = min(n_val, int(max_val))
-            train = fake_coco(int(cfg.get("fake_train_images", 64)), size, k, seed, train=hflip)
-            val = fake_coco(n_val, size, k, seed + 1, train=False)
-            return train, val, list(train.class_names)
-        root = cfg.get("root")
-        if not root:
-            raise DataNotFound(
-                "coco2017: dataset.root is not set (expected a folder holding train2017/, "
-                "val2017/ and annotations/instances_{train,val}2017.json)"
-            )
-        paths = _coco2017_paths(Path(root).expanduser())
-        for key in ("train_images", "val_images"):
-            if not paths[key].is_dir():
-                raise DataNotFound(f"coco2017: image folder not found: {paths[key]}")
-        for key in ("train_ann", "val_ann"):
-            if not paths[key].is_file():
-                raise DataNotFound(f"coco2017: annotation file not found: {paths[key]}")
-        policy = cfg.get("bad_annotations", "error")
-        train = CocoDetection(
-            paths["train_images"],
-            paths["train_ann"],
-            train=True,
-            hflip=hflip,
-            max_images=max_train,
-            bad_annotations=policy,
-        )
-        if cfg.get("augment", True):
-            # the seeds' SSD recipe: photometric, zoom-out, IoU crop, flip (as for VOC)
-            from .augment import AugmentedDataset, SSDAugment
-
-            train = AugmentedDataset(train, SSDAugment(flip=hflip, out_size=image_size))
-        val = CocoDetection(
-            paths["val_images"], paths["val_ann"], train=False, max_images=max_val, bad_annotations=policy
-        )
-        require_ground_truth(val, paths["val_ann"])
-        return train, val, list(train.class_names)
-
+        return _build_coco(cfg, image_size=image_size, hflip=hflip, max_train=max_train, max_val=max_val)
     if name in ("voc", "voc0712"):
         return _build_voc(cfg, image_size=image_size, max_val_images=max_val)
     raise ValueError(f"unknown dataset {name!r}; allowed: synthetic, coco2017, voc, voc0712")
+
+
+def _build_synthetic(cfg: dict, *, image_size, hflip: bool, max_train, max_val):
+    """synthetic: ``(train, val, class_names)``, generated (and cached) under the config's ``root``."""
+    size = cfg.get("image_size") or image_size or 128
+    paths = ensure_synthetic(
+        cfg.get("root"),
+        train_images=int(cfg.get("train_images", 512)),
+        val_images=int(cfg.get("val_images", 128)),
+        image_size=int(size),
+        seed=int(cfg.get("seed", 0)),
+    )
+    train = CocoDetection(paths["train_images"], paths["train_ann"], train=True, hflip=hflip, max_images=max_train)
+    if cfg.get("val_seed") is not None:  # a trial's own validation set (study seed_streams.val): the
+        # one the dataset would have with that seed, generated (and cached) without its train split
+        paths = {
+            **paths,
+            **{
+                k: v
+                for k, v in ensure_synthetic(
+                    cfg.get("root"),
+                    train_images=0,
+                    val_images=int(cfg.get("val_images", 128)),
+                    image_size=int(size),
+                    seed=int(cfg["val_seed"]),
+                ).items()
+                if k.startswith("val")
+            },
+        }
+    val = CocoDetection(paths["val_images"], paths["val_ann"], train=False, max_images=max_val)
+    require_ground_truth(val, paths["val_ann"])
+    return train, val, list(train.class_names)
+
+
+def _build_coco(cfg: dict, *, image_size, hflip: bool, max_train, max_val):
+    """coco2017: ``(train, val, class_names)`` from ``root`` (training split augmented), or fake data."""
+    if cfg.get("fake_data"):
+        size = cfg.get("image_size") or image_size or 300
+        k = int(cfg.get("num_classes", 80))
+        seed = int(cfg.get("seed", 0))
+        n_val = int(cfg.get("fake_val_images", 16))
+        if max_val is not None:
+            n_val = min(n_val, int(max_val))
+        train = fake_coco(int(cfg.get("fake_train_images", 64)), size, k, seed, train=hflip)
+        val = fake_coco(n_val, size, k, seed + 1, train=False)
+        return train, val, list(train.class_names)
+    root = cfg.get("root")
+    if not root:
+        raise DataNotFound(
+            "coco2017: dataset.root is not set (expected a folder holding train2017/, "
+            "val2017/ and annotations/instances_{train,val}2017.json)"
+        )
+    paths = _coco2017_paths(Path(root).expanduser())
+    for key in ("train_images", "val_images"):
+        if not paths[key].is_dir():
+            raise DataNotFound(f"coco2017: image folder not found: {paths[key]}")
+    for key in ("train_ann", "val_ann"):
+        if not paths[key].is_file():
+            raise DataNotFound(f"coco2017: annotation file not found: {paths[key]}")
+    policy = cfg.get("bad_annotations", "error")
+    train = CocoDetection(
+        paths["train_images"], paths["train_ann"], train=True, hflip=hflip, max_images=max_train, bad_annotations=policy
+    )
+    if cfg.get("augment", True):
+        # the seeds' SSD recipe: photometric, zoom-out, IoU crop, flip (as for VOC)
+        from .augment import AugmentedDataset, SSDAugment
+
+        train = AugmentedDataset(train, SSDAugment(flip=hflip, out_size=image_size))
+    val = CocoDetection(paths["val_images"], paths["val_ann"], train=False, max_images=max_val, bad_annotations=policy)
+    require_ground_truth(val, paths["val_ann"])
+    return train, val, list(train.class_names)
 
 
 def _build_voc(cfg: dict, *, image_size=None, max_val_images=None):

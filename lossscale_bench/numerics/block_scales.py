@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .fp8 import E4M3, E5M2, Fp8Spec
+from .fp8_formats import E4M3, E5M2, Fp8Spec
 
 __all__ = ["ELEMENTS", "FP16", "MX_MODES", "ElementFormat", "amax_scale", "exp2i", "mx_exponent"]
 

@@ -72,46 +72,22 @@ ops on a ``[n_blocks, block]`` view, compiled lazily by Inductor like the fp8 ke
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import torch
 import torch.nn.functional as F
 
 from .block_scales import ELEMENTS, MX_MODES, ElementFormat, amax_scale, exp2i, mx_exponent
-from .fp8 import Fp8Spec, fastest_eager, is_channels_last, native_fits, round_bits_fused
+from .flush_counts import F32_MAX, FlushSaturate
+from .fp8 import fastest_eager, native_fits, round_bits_fused
+from .fp8_formats import Fp8Spec
+from .layout import is_channels_last
 from .lazy_compile import LazyCompiled, same_values
 from .native import ProbeChecked
 from .native import disabled as native_disabled
 
-__all__ = [
-    "GRANULARITIES",
-    "PROBE",
-    "block_round",
-    "count_flush_saturate",
-    "FlushSaturate",
-    "native_block",
-    "native_takes",
-    "NativeBlock",
-]
+__all__ = ["GRANULARITIES", "PROBE", "block_round", "native_block", "native_takes", "NativeBlock"]
 
 GRANULARITIES = ("tensor", "tile128", "mx32")
 _BLOCK = {"tile128": 128, "mx32": 32}
-_F32_MAX = float(torch.finfo(torch.float32).max)
-
-
-class FlushSaturate(NamedTuple):
-    """Element counts for the telemetry, as 0-d int64 tensors (no host synchronisation).
-
-    ``nonzero``: finite non-zero elements before rounding (the denominator of a flush share:
-    exact zeros, common in SSD heads' gradients, cannot underflow). ``flushed``: of those, the
-    ones that came out zero. ``saturated``: elements whose magnitude, in the domain the cast
-    saw, exceeded the format's max: clipped to +-max, or overflowed to inf/NaN by a
-    non-saturating cast. Elements just above max that round to it count too.
-    """
-
-    nonzero: torch.Tensor
-    flushed: torch.Tensor
-    saturated: torch.Tensor
 
 
 def _round_elem(v: torch.Tensor, elem: ElementFormat, eager: bool) -> torch.Tensor:
@@ -125,7 +101,7 @@ def _round_elem(v: torch.Tensor, elem: ElementFormat, eager: bool) -> torch.Tens
 
 
 def _counts(x2, out2, scaled, finite, elem) -> FlushSaturate:
-    nonzero = (x2 != 0) & (x2.abs() <= _F32_MAX)
+    nonzero = (x2 != 0) & (x2.abs() <= F32_MAX)
     return FlushSaturate(nonzero.sum(), (nonzero & (out2 == 0)).sum(), ((scaled.abs() > elem.max) & finite).sum())
 
 
@@ -135,11 +111,11 @@ def _mx_core(x1, elem: ElementFormat, mode: str, with_counts: bool, eager: bool)
     amax = x2.abs().amax(dim=1, keepdim=True)
     e = mx_exponent(amax, elem, mode)
     scaled = x2 * exp2i(-e)
-    out2 = (_round_elem(scaled, elem, eager) * exp2i(e)).clamp(-_F32_MAX, _F32_MAX)
+    out2 = (_round_elem(scaled, elem, eager) * exp2i(e)).clamp(-F32_MAX, F32_MAX)
     out2 = out2 * ((amax - amax) + 1.0)  # 1 for a finite block, NaN for a NaN/inf block
     if not with_counts:
         return out2.view(-1)
-    return out2.view(-1), *_counts(x2, out2, scaled, amax <= _F32_MAX, elem)
+    return out2.view(-1), *_counts(x2, out2, scaled, amax <= F32_MAX, elem)
 
 
 def _amax_core(x1, block: int, elem: ElementFormat, pow2: bool, amax_floor: float, with_counts: bool, eager: bool):
@@ -148,11 +124,11 @@ def _amax_core(x1, block: int, elem: ElementFormat, pow2: bool, amax_floor: floa
     amax = x2.abs().amax(dim=1, keepdim=True)
     s = amax_scale(amax, elem, pow2, amax_floor)
     scaled = x2 * s
-    out2 = (_round_elem(scaled, elem, eager) * torch.reciprocal(s)).clamp(-_F32_MAX, _F32_MAX)
+    out2 = (_round_elem(scaled, elem, eager) * torch.reciprocal(s)).clamp(-F32_MAX, F32_MAX)
     out2 = out2 * ((amax - amax) + 1.0)  # 1 for a finite group, NaN for a NaN/inf one
     if not with_counts:
         return out2.view(-1)
-    return out2.view(-1), *_counts(x2, out2, scaled, amax <= _F32_MAX, elem)
+    return out2.view(-1), *_counts(x2, out2, scaled, amax <= F32_MAX, elem)
 
 
 class NativeBlock(ProbeChecked):
@@ -292,7 +268,7 @@ def _probe_blocks() -> torch.Tensor:
         block([2.0**-130, -3 * 2.0**-135, 2.0**-140, 2.0**-149]),
         block([1.9, -0.5, 1e-6, 0.01] + [0.25] * 28),
         block([1.95, -0.5, 1e-6, 0.01] + [0.25] * 28),
-        block([_F32_MAX, -_F32_MAX, 1.0, -1e30]),
+        block([F32_MAX, -F32_MAX, 1.0, -1e30]),
         (torch.linspace(-3.0, 3.0, 32) * 2.0**-20).tolist(),
         (torch.linspace(-1.0, 1.0, 32) * 1e5).tolist(),
         block([448.0, -448.0, 464.0, 17.0, 19.0, 0.3, 2.0**-9, 1.5 * 2.0**-9, 65504.0, 57344.0]),
@@ -425,32 +401,6 @@ def block_round(
     if is_channels_last(x):
         # blocks follow the logical (NCHW) order, so the data went through a copy; handing a
         # channels_last model its layout back costs one copy here instead of conversions in
-        # every op after (numerics.fp8.memory_order_flat has the measurement)
+        # every op after (numerics.layout.memory_order_flat has the measurement)
         out = out.contiguous(memory_format=torch.channels_last)
     return (out, extra) if counts else out
-
-
-def _count_core(before: torch.Tensor, after: torch.Tensor, fmt_max: float) -> tuple:
-    nonzero = (before != 0) & (before.abs() <= _F32_MAX)
-    return nonzero.sum(), (nonzero & (after == 0)).sum(), (before.abs() > fmt_max).sum()
-
-
-_COUNTS = LazyCompiled(_count_core, "count_flush_saturate")
-
-
-def count_flush_saturate(x_before: torch.Tensor, x_after: torch.Tensor, fmt_max: float) -> FlushSaturate:
-    """Flush and saturation counts of a plain (unscaled) cast ``x_after = round(x_before)``.
-
-    ``nonzero``: finite non-zero elements of ``x_before``; ``flushed``: those that are zero in
-    ``x_after``; ``saturated``: elements with ``|x_before| > fmt_max`` (clipped by a saturating
-    cast, inf/NaN after a non-saturating one; inf inputs included, NaN not). For block-scaled
-    rounding use ``block_round(..., counts=True)``: there the threshold is per block.
-    Both tensors must have the same shape; counts are 0-d int64 tensors (no host sync).
-    """
-    before = x_before.reshape(-1).float().detach()
-    after = x_after.reshape(-1).float().detach()
-    if before.shape != after.shape:
-        raise ValueError(f"shapes differ: {tuple(x_before.shape)} vs {tuple(x_after.shape)}")
-    if before.numel() < 2:
-        return FlushSaturate(*_count_core(before, after, float(fmt_max)))
-    return FlushSaturate(*_COUNTS(before, after, float(fmt_max)))

@@ -23,7 +23,8 @@ import warnings
 
 import torch
 
-from .fp8 import is_channels_last, memory_order_flat, native_fits
+from .fp8 import native_fits
+from .layout import is_channels_last, memory_order_flat
 from .lazy_compile import LazyCompiled, same_values
 from .native import disabled as native_disabled
 from .native import library as native_library

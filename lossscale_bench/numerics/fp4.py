@@ -71,8 +71,11 @@ import torch
 import torch.nn.functional as F
 
 from .block_scales import MX_MODES, ElementFormat, exp2i, mx_exponent
-from .block_scaling import FlushSaturate, NativeBlock, native_block, native_takes
-from .fp8 import E4M3, Fp8Spec, is_channels_last, memory_order_flat, round_bits_eager, round_bits_fused, rounding_magic
+from .block_scaling import NativeBlock, native_block, native_takes
+from .flush_counts import F32_MAX, FlushSaturate
+from .fp8 import round_bits_eager, round_bits_fused, rounding_magic
+from .fp8_formats import E4M3, Fp8Spec
+from .layout import is_channels_last, memory_order_flat
 from .lazy_compile import LazyCompiled, same_values
 
 #: E2M1 described like the fp8 formats, so the bit-level rounding of :mod:`.fp8` applies as it is
@@ -83,7 +86,6 @@ E2M1_ELEMENT = ElementFormat("e2m1", E2M1)
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 KINDS = ("e2m1", "nvfp4", "mxfp4")
 _BLOCK = {"e2m1": 1, "nvfp4": 16, "mxfp4": 32}
-_F32_MAX = float(torch.finfo(torch.float32).max)
 #: NVFP4's tensor-scale numerator: the largest E4M3 scale times the largest E2M1 value
 NVFP4_RANGE = 448.0 * 6.0
 _M32 = 0xFFFFFFFF
@@ -165,7 +167,7 @@ def _elements(v: torch.Tensor, key, stochastic: bool, eager: bool) -> torch.Tens
 
 
 def _counts(x2, out2, scaled, finite) -> FlushSaturate:
-    nonzero = (x2 != 0) & (x2.abs() <= _F32_MAX)
+    nonzero = (x2 != 0) & (x2.abs() <= F32_MAX)
     return FlushSaturate(nonzero.sum(), (nonzero & (out2 == 0)).sum(), ((scaled.abs() > E2M1.max) & finite).sum())
 
 
@@ -181,16 +183,16 @@ def _nvfp4_core(x1, key, block: int, stochastic: bool, with_counts: bool, eager:
     x2 = x1.view(-1, block)
     amax_b = x2.abs().amax(dim=1, keepdim=True)
     amax = amax_b.amax()
-    s_enc = torch.where(amax == 0, 1.0, (torch.full_like(amax, NVFP4_RANGE) / amax).clamp(max=_F32_MAX))
-    dec = ((amax_b / E2M1.max) * s_enc).clamp(max=_F32_MAX)
+    s_enc = torch.where(amax == 0, 1.0, (torch.full_like(amax, NVFP4_RANGE) / amax).clamp(max=F32_MAX))
+    dec = ((amax_b / E2M1.max) * s_enc).clamp(max=F32_MAX)
     s_b = round_bits_eager(dec, E4M3, True) if eager else round_bits_fused(dec, E4M3, True)
-    scaled = x2 * (s_enc / s_b).clamp(max=_F32_MAX)
+    scaled = x2 * (s_enc / s_b).clamp(max=F32_MAX)
     out2 = (_elements(scaled, key, stochastic, eager) * s_b) / s_enc
     out2 = out2 * ((amax - amax) + 1.0)  # 1 for a finite tensor, NaN if any element is NaN or inf
     if not with_counts:
         return out2.view(-1)
     # a block whose E4M3 scale underflowed is flushed, not saturated (its encode scale is FLT_MAX)
-    return out2.view(-1), *_counts(x2, out2, scaled, (amax <= _F32_MAX) & (s_b > 0))
+    return out2.view(-1), *_counts(x2, out2, scaled, (amax <= F32_MAX) & (s_b > 0))
 
 
 def _mxfp4_core(x1, key, mode: str, stochastic: bool, with_counts: bool, eager: bool):
@@ -199,11 +201,11 @@ def _mxfp4_core(x1, key, mode: str, stochastic: bool, with_counts: bool, eager: 
     amax = x2.abs().amax(dim=1, keepdim=True)
     e = mx_exponent(amax, E2M1_ELEMENT, mode)
     scaled = x2 * exp2i(-e)
-    out2 = (_elements(scaled, key, stochastic, eager) * exp2i(e)).clamp(-_F32_MAX, _F32_MAX)
+    out2 = (_elements(scaled, key, stochastic, eager) * exp2i(e)).clamp(-F32_MAX, F32_MAX)
     out2 = out2 * ((amax - amax) + 1.0)  # NaN for a block holding NaN or inf
     if not with_counts:
         return out2.view(-1)
-    return out2.view(-1), *_counts(x2, out2, scaled, amax <= _F32_MAX)
+    return out2.view(-1), *_counts(x2, out2, scaled, amax <= F32_MAX)
 
 
 def _probe() -> tuple[torch.Tensor, torch.Tensor]:
@@ -218,7 +220,7 @@ def _probe() -> tuple[torch.Tensor, torch.Tensor]:
             grid * 2.0**-20,
             grid * 1e6,
             torch.zeros(32),
-            torch.tensor([2.0**-130, -3 * 2.0**-140, 2.0**-149, _F32_MAX, -_F32_MAX, 1.0]),
+            torch.tensor([2.0**-130, -3 * 2.0**-140, 2.0**-149, F32_MAX, -F32_MAX, 1.0]),
             torch.tensor([1.75, 0.3, -0.1] * 10),
         ]
     )
@@ -261,7 +263,7 @@ class Layout(NamedTuple):
     rows: int
     cols: int
     tiles16: bool
-    #: element-wise rounding in memory order: the inverse of fp8.memory_order_flat
+    #: element-wise rounding in memory order: the inverse of layout.memory_order_flat
     unflatten: object
 
 
@@ -270,7 +272,7 @@ def _flatten(x: torch.Tensor, block: int, weight: bool) -> tuple[torch.Tensor, L
     consecutive elements in logical order (as MX32 does); ``weight`` lays 16x16 tiles of the
     ``[out, rest]`` view out one after another."""
     xf = x.detach().to(torch.float32)
-    if block == 1:  # element-wise: memory order, no layout copy of a channels_last tensor (fp8.memory_order_flat)
+    if block == 1:  # element-wise: memory order, no layout copy of a channels_last tensor (layout.memory_order_flat)
         flat, unflatten = memory_order_flat(xf)
         return flat.contiguous().detach(), Layout(x.shape, 0, flat.numel(), False, unflatten)
     if not weight:
@@ -310,7 +312,7 @@ def fp4_round(
     ``x``'s shape, dtype and layout, no autograd history. ``stochastic``: stochastic rounding of
     the elements with the 0-d int64 ``key`` (:class:`Fp4Stream`; required then). ``mode``: the
     MXFP4 shared-exponent rounding (``floor`` is the spec). ``weight``: NVFP4's 16x16 tiles.
-    ``counts``: also return :class:`~.block_scaling.FlushSaturate` counts, flush and saturation
+    ``counts``: also return :class:`~.flush_counts.FlushSaturate` counts, flush and saturation
     judged in the scaled domain the E2M1 cast saw. ``compiled`` as in ``block_round``; None (the default)
     on the CPU runs the C loop (:class:`~.block_scaling.NativeBlock`) where it is available, same values."""
     if kind not in KINDS:

@@ -64,36 +64,33 @@ All functions are autograd-free (inputs are detached): they are meant for hooks 
 autograd functions. bf16 and fp16 inputs are rounded through fp32 and returned in their own
 dtype, which is exact (every E4M3/E5M2 value is representable in both); float64 goes through
 torch's cast directly, so it is never rounded twice.
+
+The formats themselves are in :mod:`.fp8_formats`; flattening in memory order, and a result that is
+not an autograd view, in :mod:`.layout`.
 """
 
 from __future__ import annotations
 
 import struct
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import torch
 
+from .fp8_formats import E4M3, E5M2, SPECS, Fp8Spec
+from .layout import is_channels_last, memory_order_flat
 from .lazy_compile import LazyCompiled, same_values
 from .native import ProbeChecked
 from .native import disabled as native_disabled
 
 __all__ = [
-    "E4M3",
-    "E5M2",
     "IMPLS",
     "NATIVE_SERIAL_MAX",
     "PROBE",
-    "SPECS",
     "compiled_kernel",
     "fastest_eager",
-    "Fp8Spec",
-    "is_channels_last",
-    "memory_order_flat",
     "native_fits",
     "native_kernel",
     "NativeKernel",
-    "not_a_view",
     "round_bits_eager",
     "round_bits_fused",
     "round_e4m3",
@@ -107,11 +104,6 @@ _EXP_MASK = 0x7F800000
 _F32_INF_BITS = 0x7F800000
 
 
-def _f32_bits(v: float) -> int:
-    """The int32 bit pattern of ``v`` as fp32."""
-    return struct.unpack("<i", struct.pack("<f", v))[0]
-
-
 def _f64_nan_with_f32_payload(bits: int) -> float:
     """A Python float NaN whose conversion to fp32 has bit pattern ``bits`` (x86 and ARM keep the
     top payload bits when narrowing a NaN). ``nan_to_num(nan=...)`` takes a Python float, and this
@@ -120,42 +112,6 @@ def _f64_nan_with_f32_payload(bits: int) -> float:
     return struct.unpack("<d", struct.pack("<Q", (0x7FF << 52) | (mantissa << 29)))[0]
 
 
-@dataclass(frozen=True)
-class Fp8Spec:
-    """The facts about an 8-bit float format that the bit-level rounding needs."""
-
-    name: str
-    dtype: torch.dtype
-    #: significand bits after the leading one
-    mbits: int
-    #: exponent of the smallest normal (2^emin) and of the largest binade (2^emax)
-    emin: int
-    emax: int
-    #: largest finite value
-    max: float
-    #: whether the format has inf (E5M2) or uses the top codes for NaN only (E4M3 "fn")
-    has_inf: bool
-    #: fp32 bit pattern of the format's NaN after torch widens it back to fp32 (positive sign)
-    nan_bits: int
-    #: fp32 bit pattern of ``max``, computed here once: Dynamo cannot trace ``struct.pack``
-    max_bits: int = field(init=False)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "max_bits", _f32_bits(self.max))
-
-    @property
-    def min_subnormal(self) -> float:
-        return 2.0 ** (self.emin - self.mbits)
-
-    @property
-    def overflow_midpoint(self) -> float:
-        """Magnitudes strictly above this round past ``max`` (ties go to the even code ``max``)."""
-        return self.max + 2.0 ** (self.emax - self.mbits - 1)
-
-
-E4M3 = Fp8Spec("e4m3", torch.float8_e4m3fn, mbits=3, emin=-6, emax=8, max=448.0, has_inf=False, nan_bits=0x7FF00000)
-E5M2 = Fp8Spec("e5m2", torch.float8_e5m2, mbits=2, emin=-14, emax=15, max=57344.0, has_inf=True, nan_bits=0x7FE00000)
-SPECS: dict[str, Fp8Spec] = {"e4m3": E4M3, "e5m2": E5M2}
 IMPLS = ("auto", "bits", "bits_compiled", "cast", "cast_compiled", "native")
 
 
@@ -432,28 +388,6 @@ def round_fp8(x: torch.Tensor, fmt: str | Fp8Spec, saturate: bool | None = None,
     return unflatten(out).to(x.dtype)
 
 
-def is_channels_last(x: torch.Tensor) -> bool:
-    """A 4-D tensor laid out channels_last (and not also contiguous, as a 1x1 or single-channel one is)."""
-    return x.dim() == 4 and not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last)
-
-
-def memory_order_flat(x: torch.Tensor):
-    """``(flat, unflatten)``: ``x``'s elements as a 1-D tensor in memory order, and the inverse.
-
-    Why: an element-wise rounding does not care about order, but ``x.reshape(-1)`` of a
-    channels_last tensor (the CPU backend's layout for every conv output and weight) is a copy
-    into NCHW order, and reshaping the result back gave an NCHW tensor: every later op of the
-    channels_last model then paid a layout conversion (measured: a third of an E4M3 step's time
-    in ``copy_`` and a 5x slower max-pool). For a channels_last tensor the flat view is free and
-    ``unflatten`` gives the result channels_last strides again; anything else is flattened as
-    before (``reshape``, a view when ``x`` is contiguous).
-    """
-    if is_channels_last(x):
-        n, c, h, w = x.shape
-        return x.permute(0, 2, 3, 1).reshape(-1), lambda out: out.view(n, h, w, c).permute(0, 3, 1, 2)
-    return x.reshape(-1), lambda out: out.reshape(x.shape)
-
-
 def round_e4m3(x: torch.Tensor, saturate: bool = True, impl: str = "auto") -> torch.Tensor:
     """Round to E4M3 (``float8_e4m3fn``) and back.
 
@@ -471,19 +405,3 @@ def round_e5m2(x: torch.Tensor, saturate: bool = False, impl: str = "auto") -> t
     gives +-inf). ``saturate=True``: such values, and +-inf, give +-57344 instead.
     """
     return round_fp8(x, E5M2, saturate, impl)
-
-
-def not_a_view(out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """``out`` as a tensor that owns its place in autograd, without copying its data.
-
-    Why: the roundings return a view of their flat result (``reshape``/``permute`` back to the
-    input's shape and layout), and autograd forbids modifying a custom Function's view output in
-    place, which every in-place ReLU after a rounded conv does (SSD300/SSD512's VGG: "Output 0 of
-    _RoundThrough is a view and is being modified inplace", found on an H200 and
-    reproduced on the CPU). ``set_`` gives a fresh tensor over the same storage, shape and strides
-    that is not recorded as a view; an input returned as it is gets a copy (a no-op rounding)."""
-    if out is x:
-        return x.clone()
-    if out._base is None:
-        return out
-    return out.new_empty(0).set_(out.untyped_storage(), out.storage_offset(), out.size(), out.stride())

@@ -29,8 +29,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..numerics.fp8 import not_a_view
 from ..numerics.hadamard import hadamard_round
+from ..numerics.layout import not_a_view
 from .formats import FloatFormat
 
 

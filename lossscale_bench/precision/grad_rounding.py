@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from ..numerics.fp8 import is_channels_last
+from ..numerics.layout import is_channels_last
 from .formats import FloatFormat
 
 __all__ = ["round_block_grads_", "round_grads_"]

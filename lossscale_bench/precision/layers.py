@@ -21,7 +21,7 @@ from functools import partial
 import torch
 from torch import nn
 
-from ..numerics.fp8 import not_a_view
+from ..numerics.layout import not_a_view
 from .formats import FP16, FloatFormat
 from .fp4_layers import fp4_layer, round_weight, supported
 from .grad_rounding import round_block_grads_, round_grads_

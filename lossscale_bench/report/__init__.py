@@ -15,14 +15,19 @@ The modules, imports only ever pointing down::
       │    │          render_compare() (compare.py): --compare in every format
       │    └─ tables  rows and footnotes shared by the renderers
       ├─ plots        study and trial plots (imported when drawn)
-      │    └─ draw    matplotlib: data in, PNG out
+      │    ├─ draw    line plots and bars: data in, PNG out
+      │    ├─ heatmap layer x step heatmaps of a layer history
+      │    └─ figure  matplotlib plumbing: a figure without pyplot, PNG bytes
       ├─ compare      compare_rows(): pairs of rows, Holm, ranking with letter groups
       ├─ seed_section a seed-plan study's looks, from its parent run's tags (markdown)
       └─ summary      summarize(), verdicts; re-exports runs
            ├─ runs    load_runs(): the MLflow store contract
-           └─ stats   t-tests, TOST, P(>), Holm (scipy, statsmodels)
+           └─ baseline  each row of a table against the table's baseline row
+                └─ verdicts  a row against another: paired or Welch, the verdict text
+                     └─ stats  t-tests, TOST, P(>), Holm (scipy, statsmodels)
     seed_looks        seed_looks(): a seed-plan study's verdicts after its rounds
-      └─ sequential   group-sequential t-test and TOST: boundaries, repeated p-values, the rule simulated
+      └─ sequential   group-sequential t-test and TOST: boundaries, repeated p-values
+    sequential_sim    the rule simulated: its error rates and seeds used
     metric_names      the metrics a report can show, their headers and unit (no pandas)
 
 The store contract is described in :mod:`lossscale_bench.report.runs`, the
@@ -65,7 +70,8 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "TAG",
         "EMULATED_SUFFIX",
     ),
-    "stats": ("ALPHA", "DEFAULT_MARGIN", "noise_verdict", "paired_verdict", "compare_cells"),
+    "stats": ("ALPHA", "DEFAULT_MARGIN"),
+    "verdicts": ("noise_verdict", "paired_verdict", "compare_cells"),
     "compare": ("compare_rows", "letter_groups", "PAIR_COLUMNS", "RANK_COLUMNS"),
     "summary": ("summarize", "SUMMARY_COLUMNS", "RUNNING_TEXT"),
     "tables": ("EMULATED_MARK", "EMULATION_NOTES", "HEADERS", "SEEDS_NOTE", "VS_HEADER", "_verdict_note"),
@@ -94,7 +100,7 @@ def __getattr__(name: str):
     import sys
 
     # all at once, and spelled out, so tests/test_structure.py sees these edges (and any circle through them)
-    from . import compare, metric_names, renderers, runs, stats, summary, tables, write  # noqa: F401
+    from . import compare, metric_names, renderers, runs, stats, summary, tables, verdicts, write  # noqa: F401
 
     value = getattr(sys.modules[f"{__name__}.{module}"], name)
     globals()[name] = value  # later uses skip this function

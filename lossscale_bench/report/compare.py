@@ -5,7 +5,7 @@ Why beside the ``vs baseline`` column: a reader of a loss-scaling table asks
 neither of which is the baseline.  For each table of the report (study
 setting, model, batch size) every pair of rows that finished with a value is
 compared the way a row is compared with the baseline
-(:func:`lossscale_bench.report.stats.compare_cells`: paired when both rows
+(:func:`lossscale_bench.report.verdicts.compare_cells`: paired when both rows
 finished the same seeds, else Welch; TOST at the equivalence margin; P(A > B)),
 and, because k rows make k(k−1)/2 comparisons and some would come out
 "significant" by chance, the difference tests' p-values are corrected by Holm
@@ -30,9 +30,11 @@ import string
 
 import pandas as pd
 
+from .baseline import TABLE_KEYS
 from .cell_text import higher_is_better, metric_scale
-from .stats import ALPHA, DEFAULT_MARGIN, compare_cells, decide, format_margin, format_p, holm
-from .summary import TABLE_KEYS, table_labels
+from .stats import ALPHA, DEFAULT_MARGIN, decide, format_margin, format_p, holm
+from .summary import table_labels
+from .verdicts import compare_cells
 
 __all__ = ["PAIR_COLUMNS", "RANK_COLUMNS", "compare_rows", "letter_groups"]
 

@@ -1,112 +1,32 @@
-"""Plot primitives: data in, PNG bytes out (matplotlib, no MLflow).
-
-matplotlib is imported lazily (``lsbench --help`` and the table-only report
-do not pay for it) and never through ``pyplot``: figures are plain
-:class:`matplotlib.figure.Figure` objects on their own Agg canvas, so no
-global pyplot state, backend switch or open-figure list is touched.
+"""Line plots and bar charts: data in, PNG bytes out (matplotlib, no MLflow).
 
 * :func:`curves_png`: line plots (loss, loss scale), thin line per seed,
   bold mean;
 * :func:`map_bars_png`: mean metric per method with seed error bars, from
-  :func:`lossscale_bench.report.summary.summarize` rows;
-* :func:`layer_heatmap_png`: layer x step heatmaps from a
-  ``layers_history.csv`` (:func:`read_layers_csv`).
+  :func:`lossscale_bench.report.summary.summarize` rows.
 
-:mod:`lossscale_bench.report.plots` builds the trial and study plots from these
-(and re-exports them).  The only report module used here is the summary
-layer (:mod:`lossscale_bench.report.summary`, for model names).
+The figure plumbing (no pyplot, lazy matplotlib) is in :mod:`.figure`; the layer x step
+heatmaps in :mod:`.heatmap`.  :mod:`lossscale_bench.report.plots` builds the trial and
+study plots from these (and re-exports them).  The only report module used here is the
+summary layer (:mod:`lossscale_bench.report.summary`, for model names).
 """
 
 from __future__ import annotations
 
-import io
 import math
-import re
 from collections.abc import Iterable, Mapping, Sequence
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from .figure import panel_grid, png_bytes, quiet_numerics
 from .summary import model_name
 
-__all__ = [
-    "PlotError",
-    "curves_png",
-    "map_bars_png",
-    "layer_heatmap_png",
-    "label_colors",
-    "read_layers_csv",
-    "slug",
-    "has_values",
-]
+__all__ = ["curves_png", "map_bars_png", "label_colors"]
 
-DPI = 100
 MAX_POINTS = 2000  # per line: longer histories are subsampled evenly
-MAX_STEPS = 1500  # heatmap columns
 
 Series = Sequence[tuple[int, float]]
-
-
-class PlotError(Exception):
-    """Plots cannot be produced (e.g. matplotlib missing); one line for the user."""
-
-
-# --------------------------------------------------------------------------
-# matplotlib plumbing (no pyplot)
-
-
-def _quiet_numerics(fn):
-    """Run a plotting function with numpy's and matplotlib's overflow warnings off.
-
-    Why: a diverged or refused run can log a scale near or past float range (1e300 seen in a store);
-    ``exp2`` of a mean log2 and matplotlib's autoscaling then overflow to inf, which only means the
-    line leaves the axes. The warnings were the only library lines left on the terminal after a run;
-    the figure is the same with or without them."""
-    import functools
-    import warnings
-
-    @functools.wraps(fn)
-    def quiet(*args, **kwargs):
-        with np.errstate(all="ignore"), warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)
-            return fn(*args, **kwargs)
-
-    return quiet
-
-
-def _figure(width: float, height: float):
-    try:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
-    except ImportError as e:  # pragma: no cover - matplotlib is a dependency
-        raise PlotError(f"matplotlib is not installed ({e}); install it or turn plots off") from None
-    fig = Figure(figsize=(width, height), dpi=DPI, layout="constrained")
-    FigureCanvasAgg(fig)
-    return fig
-
-
-def _png(fig) -> bytes:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=DPI, metadata={"Software": None})
-    fig.clear()
-    return buf.getvalue()
-
-
-def _grid(n: int, panel_w: float = 6.4, panel_h: float = 3.6, ncols_max: int = 2):
-    ncols = max(1, min(ncols_max, n))
-    nrows = max(1, math.ceil(n / ncols))
-    fig = _figure(panel_w * ncols, panel_h * nrows)
-    axes = fig.subplots(nrows, ncols, squeeze=False).ravel().tolist()
-    for ax in axes[n:]:
-        ax.set_visible(False)
-    return fig, axes[:n]
-
-
-def slug(text: str) -> str:
-    """'loss scale (dynamic, interval=10)' -> 'loss_scale_dynamic_interval_10'."""
-    s = re.sub(r"[^A-Za-z0-9]+", "_", str(text)).strip("_").lower()
-    return s or "x"
 
 
 # --------------------------------------------------------------------------
@@ -207,7 +127,7 @@ def _draw_curves(
     return drawn
 
 
-@_quiet_numerics
+@quiet_numerics
 def curves_png(
     panels: Mapping[str, Mapping[str, Sequence[Series]]],
     *,
@@ -228,7 +148,7 @@ def curves_png(
     panels = {k: v for k, v in panels.items() if v}
     if not panels:
         return None
-    fig, axes = _grid(len(panels))
+    fig, axes = panel_grid(len(panels))
     total = 0
     for ax, (ptitle, curves) in zip(axes, panels.items()):
         n = _draw_curves(ax, curves, log2=log2, positive=log2, colors=colors)
@@ -251,10 +171,10 @@ def curves_png(
     if total == 0:
         fig.clear()
         return None
-    return _png(fig)
+    return png_bytes(fig)
 
 
-@_quiet_numerics
+@quiet_numerics
 def map_bars_png(
     summary: pd.DataFrame, *, title: str = "", ylabel: str | None = None, colors: Mapping[str, str] | None = None
 ) -> bytes | None:
@@ -274,7 +194,7 @@ def map_bars_png(
         ylabel = f"{metric} (%)" if unit == 100.0 else metric
     groups = list(summary.groupby(["model", "batch_size"], dropna=False, sort=False))
     widest = max(len(g) for _, g in groups)
-    fig, axes = _grid(len(groups), panel_w=max(5.0, 0.9 * widest + 2.0), panel_h=4.2)
+    fig, axes = panel_grid(len(groups), panel_w=max(5.0, 0.9 * widest + 2.0), panel_h=4.2)
     for ax, ((model, bs), g) in zip(axes, groups):
         g = g.reset_index(drop=True)
         x = np.arange(len(g))
@@ -323,143 +243,4 @@ def map_bars_png(
         ax.grid(True, axis="y", alpha=0.3)
     if title:
         fig.suptitle(title, fontsize=11)
-    return _png(fig)
-
-
-def read_layers_csv(path: str | Path) -> pd.DataFrame:
-    """``layers_history.csv`` -> DataFrame (step int, rates/scales float, blanks NaN)."""
-    df = pd.read_csv(path)
-    if "step" not in df.columns or "layer" not in df.columns:
-        raise ValueError(f"{path}: not a layers history (needs step and layer columns)")
-    df["step"] = pd.to_numeric(df["step"], errors="coerce")
-    df = df.dropna(subset=["step"])
-    df["step"] = df["step"].astype(np.int64)
-    df["layer"] = df["layer"].astype(str)
-    for c in df.columns:
-        if c not in ("step", "layer"):
-            df[c] = pd.to_numeric(df[c], errors="coerce")
-    return df
-
-
-def rate_columns(table) -> tuple[str, ...]:
-    """The rate panels a layer history can fill: underflow (where the format has a subnormal
-    threshold), flush, and saturation of activation gradients, and saturation of parameter
-    gradients (histories written since each was counted)."""
-    cols = tuple(
-        c for c in ("underflow_rate", "flush_rate", "saturate_rate", "param_saturate_rate") if has_values(table, c)
-    )
-    return cols or ("underflow_rate",)
-
-
-def has_values(df: pd.DataFrame | None, column: str) -> bool:
-    """Whether ``df`` has a ``column`` with at least one value."""
-    return df is not None and column in df.columns and bool(df[column].notna().any())
-
-
-def _edges(centers: np.ndarray) -> np.ndarray:
-    c = centers.astype(float)
-    if len(c) == 1:
-        return np.array([c[0] - 0.5, c[0] + 0.5])
-    mid = (c[1:] + c[:-1]) / 2
-    return np.concatenate([[c[0] - (mid[0] - c[0])], mid, [c[-1] + (c[-1] - mid[-1])]])
-
-
-_HEATMAP_LABELS = {
-    "underflow_rate": "underflow rate (subnormal)",
-    "flush_rate": "flush rate (to zero)",
-    "saturate_rate": "saturation rate (past the max)",
-    "param_saturate_rate": "parameter-gradient saturation rate",
-    "scale": "log2 layer scale",
-    "accum_scale": "log2 accumulated scale",
-}
-#: the layer history's threshold column behind each rate (telemetry.LayerHistory)
-_THRESHOLD_OF = {
-    "underflow_rate": ("subnormal_below", "|g| < "),
-    "flush_rate": ("flush_at_or_below", "|g| <= "),
-    "saturate_rate": ("saturate_above", "|g| > "),
-    "param_saturate_rate": ("saturate_above", "|g| > "),
-}
-
-
-def _pow2(x: float) -> str:
-    e = math.log2(x)
-    return f"2^{int(e)}" if e == int(e) else f"{x:.3g}"
-
-
-def heatmap_label(table: pd.DataFrame, col: str) -> str:
-    """A rate's panel title with the threshold it was counted against, read from the gradient
-    format the trial logged (older histories without it: no threshold, rather than fp16's)."""
-    base = _HEATMAP_LABELS.get(col, col)
-    key, words = _THRESHOLD_OF.get(col, (None, ""))
-    if key is None or key not in table.columns or "grad_format" not in table.columns:
-        return base
-    vals = pd.to_numeric(table[key], errors="coerce").dropna().unique()
-    fmt = table["grad_format"].dropna().astype(str).unique()
-    if len(vals) != 1 or len(fmt) != 1:
-        return f"{base}, {fmt[0]}" if len(fmt) == 1 else base
-    return f"{base} ({words}{_pow2(float(vals[0]))}, {fmt[0]})"
-
-
-@_quiet_numerics
-def layer_heatmap_png(
-    table: pd.DataFrame, values: Sequence[str] = ("underflow_rate",), *, title: str = "", log2: bool = False
-) -> bytes | None:
-    """Heatmap(s) layer x step, one panel per column in ``values``.
-
-    ``table``: rows (step, layer, <value columns>) as in ``layers_history.csv``.
-    Rates are drawn on a fixed 0..1 colour scale (power norm, gamma 0.4, so
-    small rates show); ``log2`` colours log2 of the value (scales).  Layers
-    in forward order (the reverse of the file's, which is backward order);
-    missing cells blank.
-    Returns None when no column has a value.
-    """
-    values = [v for v in values if has_values(table, v)]
-    if not values:
-        return None
-    from matplotlib.colors import Normalize, PowerNorm
-
-    # the probe writes a step's layers in the order their gradients arrive (backward): reversed,
-    # the input side is at the top and the heads at the bottom
-    layers = list(reversed(pd.unique(table["layer"]).tolist()))
-    steps = np.array(sorted(table["step"].unique()), dtype=np.int64)
-    if len(steps) > MAX_STEPS:
-        steps = steps[np.unique(np.linspace(0, len(steps) - 1, MAX_STEPS).round().astype(int))]
-    n_layers = len(layers)
-    height = min(16.0, max(3.2, 0.2 * n_layers + 1.6))
-    width = 7.0 * len(values) + 1.5
-    fig = _figure(width, height)
-    axes = fig.subplots(1, len(values), squeeze=False, sharey=True).ravel()
-    for ax, col in zip(axes, values):
-        grid = (
-            table.drop_duplicates(subset=["layer", "step"], keep="last")
-            .pivot(index="layer", columns="step", values=col)
-            .reindex(index=layers, columns=steps)
-        )
-        data = grid.to_numpy(dtype=float)
-        if log2:
-            with np.errstate(divide="ignore", invalid="ignore"):
-                data = np.where(data > 0, np.log2(data), np.nan)
-            lo, hi = np.nanmin(data), np.nanmax(data)
-            if lo == hi:
-                lo, hi = lo - 0.5, hi + 0.5
-            norm, cmap = Normalize(vmin=lo, vmax=hi), "viridis"
-        else:  # rates: the same 0..1 scale for every trial, stretched so that a few percent shows
-            norm, cmap = PowerNorm(gamma=0.4, vmin=0.0, vmax=1.0), "magma"
-        mesh = ax.pcolormesh(
-            _edges(steps),
-            np.arange(n_layers + 1) - 0.5,
-            np.ma.masked_invalid(data),
-            cmap=cmap,
-            norm=norm,
-            shading="flat",
-        )
-        ax.set_ylim(n_layers - 0.5, -0.5)
-        ax.set_xlabel("step")
-        ax.set_title(heatmap_label(table, col), fontsize=9)
-        fig.colorbar(mesh, ax=ax, label=("log2 " + col) if log2 else col, shrink=0.9)
-    axes[0].set_yticks(np.arange(n_layers))
-    axes[0].set_yticklabels(layers, fontsize=max(4, min(8, int(200 / max(n_layers, 1)))))
-    axes[0].set_ylabel("layer")
-    if title:
-        fig.suptitle(title, fontsize=11)
-    return _png(fig)
+    return png_bytes(fig)

@@ -41,27 +41,27 @@ from pathlib import Path
 
 import pandas as pd
 
-from .draw import (  # noqa: F401 - DPI, MAX_POINTS, MAX_STEPS, SMOOTH_MIN: re-exported
-    DPI,
-    MAX_POINTS,
-    MAX_STEPS,
-    SMOOTH_MIN,
-    PlotError,
-    Series,
-    curves_png,
-    has_values,
-    label_colors,
-    layer_heatmap_png,
-    map_bars_png,
-    rate_columns,
-    read_layers_csv,
-    slug,
-)
-from .draw import __all__ as _DRAW_ALL  # noqa: E402
+from .draw import MAX_POINTS, SMOOTH_MIN, Series, curves_png, label_colors, map_bars_png  # noqa: F401 - MAX_POINTS, SMOOTH_MIN: re-exported
+from .figure import DPI, PlotError, slug  # noqa: F401 - DPI: re-exported
+from .heatmap import MAX_STEPS, has_values, layer_heatmap_png, rate_columns, read_layers_csv  # noqa: F401 - MAX_STEPS
 from .summary import latest_setting, load_runs, model_name, summarize
 
 # this module's own names, plus the drawing functions it re-exports
-__all__ = ["Plot", "metric_histories", "study_plots", "trial_plots", "run_plots", *_DRAW_ALL]
+__all__ = [
+    "Plot",
+    "metric_histories",
+    "study_plots",
+    "trial_plots",
+    "run_plots",
+    "PlotError",
+    "curves_png",
+    "map_bars_png",
+    "layer_heatmap_png",
+    "label_colors",
+    "read_layers_csv",
+    "slug",
+    "has_values",
+]
 
 LAYERS_ARTIFACT = "layers/layers_history.csv"
 
@@ -197,6 +197,53 @@ def _download_layers(client, run_id: str, dst: Path) -> Path | None:
     return p if p.is_file() and p.stat().st_size > 0 else None
 
 
+def _layer_heatmap_plots(client, study: str, runs: pd.DataFrame, prefix: str, max_layer_runs: int) -> list[Plot]:
+    """Layer heatmaps of one representative trial per (model, batch, label): finished first, lowest seed."""
+    plots: list[Plot] = []
+    df = runs.copy()
+    df["_rank"] = df["status"].map({"finished": 0, "diverged": 1}).fillna(2)
+    df["_seed"] = pd.to_numeric(df.get("seed"), errors="coerce").fillna(1e9)
+    df = df[df["_rank"] < 2].sort_values(["row", "_rank", "_seed", "trial_id"], kind="stable", na_position="last")
+    reps = df.groupby(["model", "batch_size", "row", "label"], dropna=False, sort=False).head(1)
+    several_groups = runs.groupby(["model", "batch_size"], dropna=False).ngroups > 1
+    with tempfile.TemporaryDirectory(prefix="lsbench-plots-") as tmp:
+        for i, (_, r) in enumerate(reps.head(max_layer_runs).iterrows()):
+            path = _download_layers(client, r["run_id"], Path(tmp) / str(i))
+            if path is None:
+                continue
+            try:
+                table = read_layers_csv(path)
+            except (ValueError, pd.errors.ParserError, pd.errors.EmptyDataError):
+                continue
+            label = _label_of(r)
+            seed = "?" if pd.isna(r.get("seed")) else r["seed"]
+            where = f"{_group_title(r['model'], r['batch_size'])}, seed {seed}"
+            tag = slug(label) + (f"_{slug(r['model'])}_b{r['batch_size']}" if several_groups else "")
+            png = layer_heatmap_png(
+                table,
+                rate_columns(table),
+                title=f"{study}: per-layer underflow, flush and saturation, {label} ({where})",
+            )
+            if png:
+                plots.append(
+                    Plot(
+                        f"{prefix}underflow_{tag}", f"{study}: per-layer underflow-rate heatmap, {label} ({where})", png
+                    )
+                )
+            if has_values(table, "scale"):  # the per-layer methods log a scale per layer
+                png = layer_heatmap_png(
+                    table,
+                    ("scale", "accum_scale"),
+                    log2=True,
+                    title=f"{study}: per-layer loss scale, {label} ({where})",
+                )
+                if png:
+                    plots.append(
+                        Plot(f"{prefix}scale_{tag}", f"{study}: per-layer scale heatmap, {label} ({where})", png)
+                    )
+    return plots
+
+
 def _study_plot_list(
     client,
     study: str,
@@ -243,49 +290,7 @@ def _study_plot_list(
 
     # heatmaps: one representative trial per (model, batch, label): finished first, lowest seed
     if max_layer_runs > 0 and len(runs):
-        df = runs.copy()
-        df["_rank"] = df["status"].map({"finished": 0, "diverged": 1}).fillna(2)
-        df["_seed"] = pd.to_numeric(df.get("seed"), errors="coerce").fillna(1e9)
-        df = df[df["_rank"] < 2].sort_values(["row", "_rank", "_seed", "trial_id"], kind="stable", na_position="last")
-        reps = df.groupby(["model", "batch_size", "row", "label"], dropna=False, sort=False).head(1)
-        several_groups = runs.groupby(["model", "batch_size"], dropna=False).ngroups > 1
-        with tempfile.TemporaryDirectory(prefix="lsbench-plots-") as tmp:
-            for i, (_, r) in enumerate(reps.head(max_layer_runs).iterrows()):
-                path = _download_layers(client, r["run_id"], Path(tmp) / str(i))
-                if path is None:
-                    continue
-                try:
-                    table = read_layers_csv(path)
-                except (ValueError, pd.errors.ParserError, pd.errors.EmptyDataError):
-                    continue
-                label = _label_of(r)
-                seed = "?" if pd.isna(r.get("seed")) else r["seed"]
-                where = f"{_group_title(r['model'], r['batch_size'])}, seed {seed}"
-                tag = slug(label) + (f"_{slug(r['model'])}_b{r['batch_size']}" if several_groups else "")
-                png = layer_heatmap_png(
-                    table,
-                    rate_columns(table),
-                    title=f"{study}: per-layer underflow, flush and saturation, {label} ({where})",
-                )
-                if png:
-                    plots.append(
-                        Plot(
-                            f"{prefix}underflow_{tag}",
-                            f"{study}: per-layer underflow-rate heatmap, {label} ({where})",
-                            png,
-                        )
-                    )
-                if has_values(table, "scale"):  # the per-layer methods log a scale per layer
-                    png = layer_heatmap_png(
-                        table,
-                        ("scale", "accum_scale"),
-                        log2=True,
-                        title=f"{study}: per-layer loss scale, {label} ({where})",
-                    )
-                    if png:
-                        plots.append(
-                            Plot(f"{prefix}scale_{tag}", f"{study}: per-layer scale heatmap, {label} ({where})", png)
-                        )
+        plots += _layer_heatmap_plots(client, study, runs, prefix, max_layer_runs)
     return plots
 
 

@@ -49,9 +49,9 @@ p-value, valid at every look); Holm over those p-values (:func:`.stats.holm`)
 decides the pairs of a table as the fixed-n report does.
 
 :func:`run_rule` applies any set of per-look critical values to many simulated
-studies at once (the rule above, or :func:`fixed_critical`: a plain t-test and
-TOST at every look, what the rule replaces), so the simulation proves the code
-the report runs.
+studies at once (the rule above, or :func:`.sequential_sim.fixed_critical`: a
+plain t-test and TOST at every look, what the rule replaces), so the simulation
+(:mod:`.sequential_sim`) proves the code the report runs.
 """
 
 from __future__ import annotations
@@ -68,13 +68,11 @@ __all__ = [
     "SPENDING",
     "UNDECIDED",
     "UNDECIDED_TEXT",
-    "fixed_critical",
     "look",
     "look_sizes",
     "method_text",
     "run_rule",
     "sequential_p",
-    "simulate",
     "spent",
     "t_boundaries",
     "z_boundaries",
@@ -284,13 +282,6 @@ def t_boundaries(sizes: Sequence[int], maximum: int, alpha: float, spending: str
     return list(_t_boundaries(tuple(int(n) for n in sizes), int(maximum), float(alpha), spending))
 
 
-def fixed_critical(sizes: Sequence[int], alpha: float) -> list[float]:
-    """One-sided critical values of a fixed-n t-test at every look: what looking again without spending uses."""
-    from scipy import stats
-
-    return [float(stats.t.isf(alpha, n - 1)) for n in sizes]
-
-
 def run_rule(diffs, sizes: Sequence[int], margin: float, crit_diff: Sequence[float], crit_equiv: Sequence[float]):
     """Apply the stopping rule to many comparisons at once: (outcome codes, seeds used, sign of Δ̂).
 
@@ -411,43 +402,4 @@ def look(
         "se": float(se),
         "p_seq": sequential_p(t_abs, sizes[: k + 1], maximum, spending),
         "verdict": text,
-    }
-
-
-def simulate(
-    delta: float,
-    sd: float,
-    *,
-    sizes: Sequence[int],
-    maximum: int,
-    margin: float = 1.0,
-    reps: int = 10_000,
-    seed: int = 0,
-    alpha: float = 0.05,
-    spending: str = "obf",
-    naive: bool = False,
-) -> dict:
-    """Run the rule on ``reps`` synthetic comparisons: paired differences ~ N(``delta``, ``sd``²), seeded.
-
-    ``naive``: a plain paired t-test and TOST at every look at the fixed-n
-    level (:func:`fixed_critical`) instead of the spending boundaries.  Returns
-    the shares ``different``, ``better`` (Δ̂ > 0), ``worse``, ``equivalent``,
-    ``undecided`` (at the last look), and ``seeds`` (the mean number used).
-    """
-    import numpy as np
-
-    d = np.random.default_rng(seed).normal(delta, sd, size=(reps, maximum))
-    if naive:
-        cd, ce = fixed_critical(sizes, alpha / 2.0), fixed_critical(sizes, alpha)
-    else:
-        cd, ce = t_boundaries(sizes, maximum, alpha / 2.0, spending), t_boundaries(sizes, maximum, alpha, spending)
-    outcome, used, sign = run_rule(d, sizes, margin, cd, ce)
-    diff = outcome == DIFFERENT
-    return {
-        "different": float(diff.mean()),
-        "better": float((diff & (sign > 0)).mean()),
-        "worse": float((diff & (sign < 0)).mean()),
-        "equivalent": float((outcome == EQUIVALENT).mean()),
-        "undecided": float((outcome == UNDECIDED).mean()),
-        "seeds": float(used.mean()),
     }

@@ -49,6 +49,7 @@ import math
 import pandas as pd
 
 from ..study.configs import describe, differing_fields, study_setting
+from .baseline import TABLE_KEYS, add_verdicts
 from .cell_text import NOT_VALUE, RUNNING_TEXT, format_cell, format_value, higher_is_better, is_map_metric, metric_scale  # noqa: F401 (re-exported)
 from .runs import (
     EMULATED_SUFFIX,
@@ -65,7 +66,8 @@ from .runs import (
     model_name,
     to_int,
 )
-from .stats import ALPHA, DEFAULT_MARGIN, compare_cells, noise_verdict, paired_verdict
+from .stats import ALPHA, DEFAULT_MARGIN
+from .verdicts import noise_verdict, paired_verdict
 
 __all__ = [
     "ReportError",
@@ -87,7 +89,6 @@ __all__ = [
     "RUNNING_TEXT",
     "latest_setting",
     "table_labels",
-    "TABLE_KEYS",
     "VALUE_COLUMNS",
 ]
 
@@ -139,9 +140,6 @@ SUMMARY_COLUMNS = [
     "config_id",
 ]
 
-#: one table: a study's setting (one version of its file), model and batch size
-TABLE_KEYS = ["study", "setting_id", "model", "batch_size"]
-
 
 def summarize(
     df: pd.DataFrame, metric: str = "final_map", margin: float = DEFAULT_MARGIN, *, values: bool = False
@@ -166,7 +164,7 @@ def summarize(
     tables show, mAP points) with the 90% interval it decides on
     (``tost_ci_low``/``_high``), ``seeds_needed`` for a half-width of
     ``margin`` and ``p_better`` (P(row better than baseline)) with its interval, from
-    :func:`lossscale_bench.report.stats.compare_cells`.
+    :func:`lossscale_bench.report.verdicts.compare_cells`.
 
     ``setting`` names the table's study setting when the study has several
     (``configuration 2 of 2 (earlier): schedule.lr = 0.01``), else is empty;
@@ -184,7 +182,7 @@ def summarize(
     out = _order_cells(df, _cell_rows(df, status, metric))
     higher = higher_is_better(metric)
     out = _add_cells_and_best(out, metric, higher)
-    out = _add_verdicts(out, higher, margin / metric_scale(metric), metric_scale(metric))
+    out = add_verdicts(out, higher, margin / metric_scale(metric), metric_scale(metric))
     out["values"], out["values_by_seed"] = out["_vals"], out["_by_seed"]
     return out[columns].reset_index(drop=True)
 
@@ -391,90 +389,3 @@ def table_labels(table: pd.DataFrame) -> list[str]:
     ]
     dup = {lab for lab in labels if labels.count(lab) > 1}
     return [f"{lab} [{p}]" if lab in dup and not isna(p) else lab for lab, p in zip(labels, table["precision"])]
-
-
-def _baseline_index(table: pd.DataFrame):
-    """The index of a table's baseline row, or None.
-
-    The study's ``baseline: true`` entry wins; studies without one keep the
-    convention of the published tables, where the fp32 row is the reference.
-    Rows are in row order, so "first" is the study file's order.
-    """
-    marked = table.index[table["_marked"]]
-    if len(marked):
-        return marked[0]
-    fp32 = table.index[table["precision"].astype(str).str.lower() == "fp32"]
-    return fp32[0] if len(fp32) else None
-
-
-#: the ``outcome`` of a row whose table's baseline has no value to compare with
-NO_BASELINE = "no baseline values"
-
-
-def _no_baseline_text(counts: dict[str, int]) -> str:
-    """``baseline has no values (2 diverged, 0 failed)``: why no row of the table could be compared; runs
-    still to come (running, pending, interrupted) are named where there are any."""
-    parts = [f"{counts['diverged']} diverged", f"{counts['failed']} failed"]
-    parts += [f"{counts[s]} {s}" for s in ("running", "pending", "interrupted") if counts[s]]
-    return f"baseline has no values ({', '.join(parts)})"
-
-
-def _add_verdicts(out: pd.DataFrame, higher: bool, margin: float, shown_scale: float) -> pd.DataFrame:
-    """``baseline``, ``baseline_label`` and the comparison's numbers and ``verdict`` per row.
-
-    ``margin`` is in the metric's unit, ``shown_scale`` turns it into the tables' (percent).
-    Tables without a baseline row get no verdicts (empty strings, NaN numbers):
-    a comparison with an arbitrary row would look like a finding.  A baseline
-    row with no value (every seed diverged, failed or not yet run) cannot be
-    compared with: every other row says so (:func:`_no_baseline_text`), not
-    "too few seeds", which would blame the row's own seeds.
-    """
-    out = out.copy()
-    numbers = (
-        "p_value",
-        "diff",
-        "diff_ci_low",
-        "diff_ci_high",
-        "half_width",
-        "tost_p",
-        "tost_ci_low",
-        "tost_ci_high",
-        "margin",
-        "seeds_needed",
-        "p_better",
-        "p_better_low",
-        "p_better_high",
-    )
-    for c in numbers:
-        out[c] = math.nan
-    for c in ("baseline_label", "outcome", "test", "verdict"):
-        out[c] = pd.Series("", index=out.index, dtype=object)
-    out["baseline"] = False
-    for _, g in out.groupby(TABLE_KEYS, dropna=False, sort=False):
-        b = _baseline_index(g)
-        if b is None:
-            continue
-        base_label = str(out.at[b, "label"])
-        empty = _no_baseline_text(out.at[b, "_counts"]) if not out.at[b, "_vals"] else ""
-        for i in g.index:
-            out.at[i, "baseline_label"] = base_label
-            if i == b:
-                out.at[i, "baseline"] = True
-                out.at[i, "verdict"] = "baseline"
-                continue
-            if empty:
-                out.at[i, "outcome"], out.at[i, "verdict"] = NO_BASELINE, empty
-                continue
-            v = compare_cells(
-                out.at[i, "_vals"],
-                out.at[i, "_by_seed"],
-                out.at[b, "_vals"],
-                out.at[b, "_by_seed"],
-                margin=margin,
-                alpha=ALPHA,
-                higher_is_better=higher,
-                shown_scale=shown_scale,
-            )
-            for c in (*numbers, "outcome", "test", "verdict"):
-                out.at[i, c] = v[c]
-    return out

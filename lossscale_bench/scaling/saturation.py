@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from ..numerics.census import census
-from ..numerics.fp8 import memory_order_flat
+from ..numerics.layout import memory_order_flat
 from ..precision.formats import FP16, FloatFormat
 from .base import LossScaler, optimizer_grads
 

@@ -18,10 +18,11 @@ This package must stay free of torch, Ray and MLflow: ``lsbench validate``
 and ``lsbench run --dry-run`` use it and must be instant.
 
 Modules: ``errors`` (:class:`StudyError`, value wording), ``fields`` (the
-constrained field types), ``schema`` (the pydantic models), ``trial_config``
+constrained field types), ``schema`` (the pydantic models), ``datasets`` (the ``dataset`` section's models), ``trial_config``
 (:class:`TrialConfig`), ``methods`` (one entry per scaling method: options,
 defaults, id tag, label, scaler), ``grid`` (expansion, trial ids, the dry-run
-table), ``load`` (YAML, pydantic errors -> :class:`StudyError`).
+table), ``load`` (pydantic errors -> :class:`StudyError`, the grid limit), ``yaml_text`` (the
+YAML, bounded).
 """
 
 from __future__ import annotations
@@ -42,24 +43,12 @@ from ..core.registry import (
 )
 
 try:
+    from .datasets import DATASET_MODELS, COCODataset, DatasetSpec, SyntheticDataset, VOC0712Dataset, VOCDataset  # noqa: F401
     from .errors import StudyError
     from .grid import TRIAL_ID_VERSION, make_trial_id, trial_identity, trial_table  # noqa: F401
     from .load import load_study, load_study_text
     from .methods import ResourcesOverride, ScalingEntry, default_label  # noqa: F401
-    from .schema import (  # noqa: F401
-        DATASET_MODELS,
-        COCODataset,
-        DatasetSpec,
-        DivergenceSpec,
-        EvalSpec,
-        ModelOptions,
-        Resources,
-        Schedule,
-        Study,
-        SyntheticDataset,
-        VOC0712Dataset,
-        VOCDataset,
-    )
+    from .schema import DivergenceSpec, EvalSpec, ModelOptions, Resources, Schedule, Study  # noqa: F401
     from .trial_config import TrialConfig
 except ImportError as _exc:
     # The schema needs pydantic; the plain tables (``precisions``) do not. The bare GPU machine that

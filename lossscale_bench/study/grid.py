@@ -40,6 +40,31 @@ _SAFE_ID_RE = re.compile(r"[^A-Za-z0-9_.-]+")
 # --------------------------------------------------------------------------- trial ids
 
 
+def _identity_dataset(dataset) -> dict:
+    """The dataset's part of a trial's identity: every option but ``root`` and ``bad_annotations``."""
+    # bad_annotations changes no result that exists: on clean data both policies train the same,
+    # and on data with a bad annotation `error` gives no result at all (a user error)
+    ds = {k: v for k, v in dataset.items() if k not in ("root", "bad_annotations")}
+    if ds.get("train_max_side") is None:  # photos as stored: the ids trials had before the option existed
+        ds.pop("train_max_side", None)
+    return ds
+
+
+def _identity_resources(resources) -> dict:
+    """The resources' part of a trial's identity: backend, devices, the CPU thread count, ``repeatable``."""
+    return {
+        "backend": resources.get("backend"),
+        "devices_per_trial": resources.get("devices_per_trial"),
+        **(
+            {"cpu_threads": max(1, int(float(resources.get("cpus_per_trial") or 1)))}
+            if resources.get("backend") == "cpu"
+            else {}
+        ),
+        # kernels pinned at AVX2 (study/resources.py says why this is in); absent when off
+        **({"repeatable": True} if resources.get("repeatable") else {}),
+    }
+
+
 def trial_identity(
     model,
     batch_size,
@@ -85,11 +110,7 @@ def trial_identity(
     synthetic-data results stay reusable while every trial that reads files
     got a new id (its old one did not cover what it read).
     """
-    # bad_annotations changes no result that exists: on clean data both policies train the same,
-    # and on data with a bad annotation `error` gives no result at all (a user error)
-    ds = {k: v for k, v in dataset.items() if k not in ("root", "bad_annotations")}
-    if ds.get("train_max_side") is None:  # photos as stored: the ids trials had before the option existed
-        ds.pop("train_max_side", None)
+    ds = _identity_dataset(dataset)
     mo = dict(model_options)
     if mo.get("backbone_weights"):
         mo["backbone_weights"] = True  # which file: fingerprint["weights"], by content
@@ -107,17 +128,7 @@ def trial_identity(
         "dataset": ds,
         "schedule": dict(schedule),
         "eval": dict(eval_),
-        "resources": {
-            "backend": resources.get("backend"),
-            "devices_per_trial": resources.get("devices_per_trial"),
-            **(
-                {"cpu_threads": max(1, int(float(resources.get("cpus_per_trial") or 1)))}
-                if resources.get("backend") == "cpu"
-                else {}
-            ),
-            # kernels pinned at AVX2 (study/resources.py says why this is in); absent when off
-            **({"repeatable": True} if resources.get("repeatable") else {}),
-        },
+        "resources": _identity_resources(resources),
         "model_options": mo,
         "divergence": dict(divergence),
         "loader": loader,
@@ -208,15 +219,9 @@ def _resolved_model_options(model_options: dict, backend: str | None) -> dict:
     return mo
 
 
-def expand(study) -> list[dict[str, Any]]:
-    """A validated study's grid as :class:`~.trial_config.TrialConfig` keyword arguments, in order.
-
-    model × batch_size × scaling entry × seed, overrides applied; a point whose
-    trial id an earlier point already has is dropped (a ``baseline: true`` on it
-    moves to that earlier trial: it is the same training run).
-    """
-    out: list[dict[str, Any]] = []
-    seen: dict[str, int] = {}  # trial_id -> index in out
+def _study_sections(study) -> tuple[dict, dict, dict, dict, dict, dict, dict]:
+    """The study's sections every trial shares, as plain dicts: ``(dataset, schedule, eval, resources,
+    model_options, divergence, fingerprint)``."""
     dataset = study.dataset.model_dump(mode="json")
     schedule = study.schedule.model_dump(mode="json")
     eval_ = study.eval.model_dump(mode="json")
@@ -229,6 +234,19 @@ def expand(study) -> list[dict[str, Any]]:
     divergence = study.divergence.model_dump(mode="json")
     # once per study: a VOC fingerprint stats every listed file, a weights file is hashed
     fingerprint = trial_fingerprint(dataset, model_options)
+    return dataset, schedule, eval_, resources, model_options, divergence, fingerprint
+
+
+def expand(study) -> list[dict[str, Any]]:
+    """A validated study's grid as :class:`~.trial_config.TrialConfig` keyword arguments, in order.
+
+    model × batch_size × scaling entry × seed, overrides applied; a point whose
+    trial id an earlier point already has is dropped (a ``baseline: true`` on it
+    moves to that earlier trial: it is the same training run).
+    """
+    out: list[dict[str, Any]] = []
+    seen: dict[str, int] = {}  # trial_id -> index in out
+    dataset, schedule, eval_, resources, model_options, divergence, fingerprint = _study_sections(study)
     for model in study.model:
         for bs in study.batch_size:
             for row, entry in enumerate(study.scaling):

@@ -26,6 +26,8 @@ without limit (README "Study-file limits"):
   past 1,000 is almost always a typo (a pasted range of seeds, an extra
   zero) that would silently start days of work. ``allow_large_grid=True``
   (``--allow-large-grid``) says it is meant.
+
+The YAML reading and its bounds are in :mod:`lossscale_bench.study.yaml_text`.
 """
 
 from __future__ import annotations
@@ -39,163 +41,15 @@ from pydantic import ValidationError
 
 from ..core.registry import DATASET_NAMES, SCALING_METHODS
 from ..core.wording import suggest
-from .as_written import TEXT_KEYS, AsWritten
+from .datasets import DATASET_MODELS
 from .errors import ERROR_TYPE, StudyError, show_value
 from .fields import DEFAULT_SOURCE, NOT_BLANK
 from .methods import scaling_keys
-from .schema import DATASET_MODELS, SECTION_MODELS, Study
+from .schema import SECTION_MODELS, Study
+from .yaml_text import MAX_FILE_BYTES, parse_yaml, str_keys, yaml_error
 
-# --------------------------------------------------------------------------- YAML
-
-
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """SafeLoader that refuses duplicate keys (the later one would silently win)."""
-
-
-def _construct_mapping(loader, node, deep=False):
-    # only the mapping's own keys: a key it also takes from a merge (`<<: *defaults`) overrides that one
-    own = [pair for pair in node.value if pair[0].tag != "tag:yaml.org,2002:merge"]
-    loader.flatten_mapping(node)
-    seen = {}
-    for key_node, _ in own:
-        key = loader.construct_object(key_node, deep=deep)
-        try:
-            hash(key)
-        except TypeError:
-            continue  # SafeLoader reports unhashable keys itself
-        if key in seen:
-            raise yaml.constructor.ConstructorError(
-                None, None, f"duplicate key {key!r} (first at line {seen[key] + 1})", key_node.start_mark
-            )
-        seen[key] = key_node.start_mark.line
-    mapping = yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
-    for key_node, value_node in node.value:  # text fields as written (as_written.py says why)
-        if (
-            isinstance(key_node, yaml.ScalarNode)
-            and key_node.value in TEXT_KEYS
-            and isinstance(value_node, yaml.ScalarNode)
-            and value_node.tag not in (_STR_TAG, _NULL_TAG)
-            and not value_node.style
-        ):
-            mapping[key_node.value] = AsWritten(value_node.value, mapping.get(key_node.value))
-    return mapping
-
-
-_STR_TAG, _NULL_TAG = "tag:yaml.org,2002:str", "tag:yaml.org,2002:null"
-
-
-_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
-
-#: largest study file read, in bytes (the module docstring says why)
-MAX_FILE_BYTES = 1024 * 1024
-#: deepest nesting of lists/mappings, counting the top-level mapping as 1 and a scalar inside it as 2
-MAX_DEPTH = 64
-#: most values (scalars, lists, mappings) the document may hold once every alias is expanded
-MAX_NODES = 100_000
 #: most trials a grid may have without ``allow_large_grid``
 MAX_GRID_TRIALS = 1000
-
-
-class _LimitExceeded(yaml.YAMLError):
-    """A bound of :class:`_BoundedLoader` was hit; ``where`` is ``line L, column C``."""
-
-    def __init__(self, mark, problem: str, allowed: str) -> None:
-        super().__init__(problem)
-        self.where = f"line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        self.problem = problem
-        self.allowed = allowed
-
-
-class _BoundedLoader(_UniqueKeyLoader):
-    """:class:`_UniqueKeyLoader` whose composer bounds depth and expanded size, and refuses recursive anchors.
-
-    PyYAML composes aliases as shared nodes, so a billion-laughs file is small
-    as a node graph; it explodes in whatever walks it as a tree (our key
-    conversion, pydantic). The composer therefore records each finished
-    node's expanded size and height, adds an alias's recorded size to the
-    running count where it is used, and stops at :data:`MAX_NODES` or
-    :data:`MAX_DEPTH`. An alias to a node that has no record yet points into
-    a node still being composed: a recursive anchor.
-    """
-
-    def __init__(self, stream) -> None:
-        super().__init__(stream)
-        self._depth = 0  # collections open around the node being composed
-        self._count = 0  # values so far, aliases expanded
-        self._shape: dict[int, tuple[int, int]] = {}  # id(node) -> (expanded size, height)
-
-    def compose_node(self, parent, index):
-        event = self.peek_event()
-        if isinstance(event, yaml.AliasEvent):
-            target = self.anchors.get(event.anchor)
-            if target is not None:  # an undefined alias is PyYAML's own error
-                shape = self._shape.get(id(target))
-                if shape is None:
-                    raise _LimitExceeded(
-                        event.start_mark,
-                        f"alias *{event.anchor} is used inside its own anchor "
-                        f"&{event.anchor} (a recursive structure has no end)",
-                        "aliases to anchors whose value is complete",
-                    )
-                self._grow(shape[0], self._depth + shape[1], event.start_mark, f" (through alias *{event.anchor})")
-            return super().compose_node(parent, index)
-        self._grow(1, self._depth + 1, event.start_mark, "")
-        self._depth += 1
-        node = super().compose_node(parent, index)
-        self._depth -= 1
-        if isinstance(node, yaml.MappingNode):
-            children = [n for pair in node.value for n in pair]
-        elif isinstance(node, yaml.SequenceNode):
-            children = node.value
-        else:
-            children = []
-        shapes = [self._shape[id(c)] for c in children]
-        self._shape[id(node)] = (1 + sum(s for s, _ in shapes), 1 + max((h for _, h in shapes), default=0))
-        return node
-
-    def _grow(self, size: int, depth: int, mark, how: str) -> None:
-        if depth > MAX_DEPTH:
-            raise _LimitExceeded(
-                mark,
-                f"nesting deeper than {MAX_DEPTH} levels{how}",
-                f"at most {MAX_DEPTH} levels of nested lists and mappings",
-            )
-        self._count += size
-        if self._count > MAX_NODES:
-            raise _LimitExceeded(
-                mark,
-                f"the document holds more than {MAX_NODES} values once aliases are expanded{how}",
-                f"at most {MAX_NODES} values, aliases expanded",
-            )
-
-
-def _parse_yaml(text: str) -> Any:
-    """``text`` as Python data, every bound of :class:`_BoundedLoader` applied."""
-    loader = _BoundedLoader(text)
-    try:
-        return loader.get_single_data()
-    finally:
-        loader.dispose()
-
-
-def _yaml_error(source: str, exc: yaml.YAMLError) -> StudyError:
-    if isinstance(exc, _LimitExceeded):
-        return StudyError(source, exc.where, exc.problem, exc.allowed)
-    mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
-    where = f"line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-    problem = getattr(exc, "problem", None) or str(exc)
-    context = getattr(exc, "context", None)
-    text = f"invalid YAML: {problem}" + (f" ({context})" if context else "")
-    return StudyError(source, where, text)
-
-
-def _str_keys(v: Any):
-    """YAML allows keys like ``1`` or ``yes`` (true); make them strings so they are named as unknown keys."""
-    if isinstance(v, dict):
-        return {(k if isinstance(k, str) else show_value(k)): _str_keys(x) for k, x in v.items()}
-    if isinstance(v, list):
-        return [_str_keys(x) for x in v]
-    return v
 
 
 # --------------------------------------------------------------------------- pydantic errors -> StudyError
@@ -335,16 +189,16 @@ def load_study_text(
     if len(text) > MAX_FILE_BYTES or len(text.encode("utf-8", "surrogatepass")) > MAX_FILE_BYTES:
         raise _too_big(source, f"more than {MAX_FILE_BYTES} bytes")
     try:
-        raw = _parse_yaml(text)
+        raw = parse_yaml(text)
     except yaml.YAMLError as exc:
-        raise _yaml_error(source, exc) from None
+        raise yaml_error(source, exc) from None
     if raw is None:
         raise StudyError(source, "", "the file is empty; expected a mapping of study keys")
     if not isinstance(raw, dict):
         raise StudyError(
             source, "", f"the top level must be a mapping of study keys, got {type(raw).__name__} {show_value(raw)}"
         )
-    raw = _str_keys(raw)
+    raw = str_keys(raw)
     if "source" in raw:
         keys = [k for k in Study.model_fields if k not in ("source", "seed_plan")]
         raise StudyError(source, "source", "unknown key (set by the loader, not the file)", ", ".join(keys))

@@ -3,7 +3,8 @@
 Why a package of its own: the store is the study's record, and the code that
 touches it has separate jobs, one module each. ``store`` opens a store
 and names its faults (no MLflow writes; the ``lsbench-store:`` artifact
-resolver that pyproject.toml's entry point names). ``tracker`` is the one
+resolver that pyproject.toml's entry point names); ``store_faults`` names a
+fault that appears after opening (a disk that fills up mid-study). ``tracker`` is the one
 writer of runs (``Tracker``: experiments, parent and trial runs, batched and
 retried writes). ``run_status`` is pure text: how a trial's end shows in the
 MLflow UI. ``attempts`` is pure rules too: what a continued run's next attempt
@@ -27,8 +28,8 @@ from .store import (
     relative_artifact_location,
     resolve_tracking_uri,
     sqlite_path,
-    store_error,
 )
+from .store_faults import store_error
 from .tracker import TERMINAL, Tracker, set_study_tags, study_view_urls
 
 __all__ = [

@@ -5,8 +5,8 @@ SQLAlchemy traceback (a corrupt or truncated ``mlflow.db``, a read-only
 folder, ``foo://bar``) or quietly creates a new, empty store (a mistyped
 path in ``lsbench report``).  :func:`open_store` checks a store before
 MLflow touches it and turns every fault into one :class:`StoreError` line
-naming the store and the cause; :func:`store_error` does the same for a fault
-that appears later (a disk that fills up mid-study).  Nothing here deletes,
+naming the store and the cause; :func:`~.store_faults.store_error` does the same for a
+fault that appears later (a disk that fills up mid-study).  Nothing here deletes,
 recreates or repairs a store: what was logged stays as it was.
 
 Artifacts are stored relative to the store (:data:`ARTIFACT_SCHEME`): an
@@ -34,7 +34,7 @@ __all__ = [
     "USABLE_STORES",
     "ARTIFACT_SCHEME",
     "open_store",
-    "store_error",
+    "redact",
     "sqlite_path",
     "resolve_tracking_uri",
     "check_scheme",
@@ -271,7 +271,7 @@ def _check_integrity(db: Path, create: bool, head: bytes = b"") -> None:
     """``PRAGMA quick_check`` on a read-only connection: a truncated or damaged file is named as such.
 
     quick_check reads every page (seconds per GB): stores over :data:`QUICK_CHECK_MAX_BYTES`
-    get the header checks only, and MLflow's own "malformed" errors are mapped by :func:`store_error`.
+    get the header checks only, and MLflow's own "malformed" errors are mapped by :func:`~.store_faults.store_error`.
     """
     short = _truncated(db, head)
     if short:
@@ -390,56 +390,6 @@ def _probe_http(uri: str) -> None:
             f"MLflow server {redact(uri)} is unreachable ({reason}, {HTTP_TIMEOUT_S:g} s timeout); "
             "start it (lsbench ui / mlflow server) or pass another --tracking-uri"
         ) from None
-
-
-# -- faults after opening --------------------------------------------------------------------
-def _chain(exc: BaseException):
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        yield exc
-        orig = getattr(exc, "orig", None)  # SQLAlchemy wraps the DB-API error
-        if orig is not None and id(orig) not in seen:
-            yield orig
-        exc = exc.__cause__ or exc.__context__
-
-
-def store_error(exc: BaseException, uri: str) -> StoreError | None:
-    """The :class:`StoreError` a store fault raised by MLflow/SQLite/the OS means, or None.
-
-    A disk that fills up mid-study reaches us as SQLite's ``database or disk is full``
-    or an ``OSError`` ENOSPC; both say "disk full".
-    """
-    where = sqlite_path(uri) or redact(uri)
-    # the DB-API/OS error says it best; SQLAlchemy's wrapper adds a paragraph of advice
-    inner = next((e for e in _chain(exc) if isinstance(e, OSError) or type(e).__module__.startswith("sqlite3")), exc)
-    detail = " ".join(str(inner).split())[:150]
-    for e in _chain(exc):
-        if isinstance(e, ImportError):
-            return StoreError(f"tracking URI {redact(uri)}: the database driver is not installed ({e})")
-        text = str(e).lower()
-        code = getattr(e, "errno", None)
-        if code == errno.ENOSPC or "database or disk is full" in text or "no space left" in text:
-            return StoreError(
-                f"MLflow store {where}: disk full ({detail}); "
-                "what was logged before is kept: free space and re-run to resume"
-            )
-        if code == errno.EDQUOT or "quota exceeded" in text:
-            return StoreError(f"MLflow store {where}: disk quota exceeded; what was logged before is kept")
-        if code == errno.EROFS or "readonly database" in text or "read-only file system" in text:
-            return StoreError(f"MLflow store {where} is read-only ({detail})")
-        if "malformed" in text or "file is not a database" in text:
-            return StoreError(f"MLflow store {where} is corrupt ({detail}); it was left as it is")
-        if "out-of-date database schema" in text:
-            return StoreError(
-                f"MLflow store {where} was written by an older MLflow ({detail}); back it up, then "
-                f"run `mlflow db upgrade {redact(uri)}`"
-            )
-        if "disk i/o error" in text:
-            return StoreError(
-                f"MLflow store {where}: disk I/O error (a full disk, a file-size limit or a failing device)"
-            )
-    return None
 
 
 # -- artifacts relative to the store ---------------------------------------------------------

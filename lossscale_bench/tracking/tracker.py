@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from .run_status import base_run_name
-from .store import open_store, relative_artifact_location, sqlite_path, store_error
+from .store import open_store, relative_artifact_location, sqlite_path
+from .store_faults import store_error
 
 TERMINAL = ("finished", "diverged")
 
@@ -58,7 +59,7 @@ class Tracker:
         # Alembic/MLflow print migration chatter on first use of a store.
         logging.getLogger("alembic").setLevel(logging.WARNING)
         logging.getLogger("mlflow").setLevel(logging.WARNING)
-        # it logs a traceback for every database error; ours become one StoreError line (store.store_error)
+        # it logs a traceback for every database error; ours become one StoreError line (store_faults.store_error)
         logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
         # checked before MLflow opens it: a bad store is one StoreError line, never a traceback
         # or a new empty store; the Tracker writes, so the store may be created

@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 
 from lossscale_bench.data import download as dl
-from lossscale_bench.data.download import DownloadError, register
+from lossscale_bench.data.download import register
 from lossscale_bench.data.prepare import prepare_dataset
+from lossscale_bench.data.transfer import DownloadError, read_checksums
 from lossscale_bench.data.voc import build_voc_datasets, make_tiny_voc
 
 
@@ -258,7 +259,7 @@ def test_coco_layout_through_the_module_entry_point(tmp_path, capsys):
 def test_checksum_file_parsing(tmp_path):
     p = tmp_path / "sums"
     p.write_text("# comment\n" + "a" * 32 + "  dir/x.tar\n" + "B" * 64 + " *y.zip\n")
-    assert dl.read_checksums(p) == {"x.tar": "md5:" + "a" * 32, "y.zip": "sha256:" + "b" * 64}
+    assert read_checksums(p) == {"x.tar": "md5:" + "a" * 32, "y.zip": "sha256:" + "b" * 64}
     p.write_text("abc  x.tar\n")
     with pytest.raises(DownloadError, match="not an md5 or sha256"):
-        dl.read_checksums(p)
+        read_checksums(p)

@@ -18,7 +18,8 @@ import torch
 
 from lossscale_bench.numerics import lazy_compile
 from lossscale_bench.numerics.block_scales import ELEMENTS, MX_MODES, amax_scale, mx_exponent
-from lossscale_bench.numerics.block_scaling import _kernel, block_round, count_flush_saturate
+from lossscale_bench.numerics.block_scaling import _kernel, block_round
+from lossscale_bench.numerics.flush_counts import count_flush_saturate
 
 FMAX = {"e4m3": 448.0, "e5m2": 57344.0, "fp16": 65504.0}
 EMAX = {"e4m3": 8, "e5m2": 15, "fp16": 15}

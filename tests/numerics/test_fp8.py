@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from lossscale_bench.numerics import lazy_compile
-from lossscale_bench.numerics.fp8 import E4M3, E5M2, IMPLS, compiled_kernel, round_e4m3, round_e5m2, round_fp8
+from lossscale_bench.numerics.fp8 import IMPLS, compiled_kernel, round_e4m3, round_e5m2, round_fp8
+from lossscale_bench.numerics.fp8_formats import E4M3, E5M2
 from lossscale_bench.numerics.lazy_compile import LazyCompiled
 
 

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from lossscale_bench.numerics import fp8, native
+from lossscale_bench.numerics.fp8_formats import E4M3
 from lossscale_bench.numerics.lazy_compile import same_values
 
 pytestmark = pytest.mark.skipif(native.library() is None, reason=f"no C kernel here: {native.failure()}")
@@ -66,7 +67,7 @@ def test_the_input_is_never_written_and_grad_is_not_recorded():
 
 def test_a_kernel_that_fails_its_probe_is_not_used_and_says_why():
     # a real fault: E5M2's significand width handed to the E4M3 kernel rounds differently
-    k = fp8.NativeKernel(fp8.E4M3, True)
+    k = fp8.NativeKernel(E4M3, True)
     k._args = (2,) + k._args[1:]
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always")
@@ -78,12 +79,12 @@ def test_a_kernel_that_fails_its_probe_is_not_used_and_says_why():
 
 def test_turned_off_by_the_environment(monkeypatch):
     monkeypatch.setenv(native.NO_NATIVE_ENV, "1")
-    assert fp8.native_kernel(fp8.E4M3, True) is None
+    assert fp8.native_kernel(E4M3, True) is None
     x = torch.randn(1000) * 0.01
     assert same_values(fp8.round_fp8(x, "e4m3"), fp8.round_fp8(x, "e4m3", impl="bits"))
     monkeypatch.delenv(native.NO_NATIVE_ENV)
     monkeypatch.setenv("LSBENCH_NO_COMPILE", "1")
-    assert fp8.native_kernel(fp8.E4M3, True) is None
+    assert fp8.native_kernel(E4M3, True) is None
 
 
 def test_large_tensors_go_to_the_parallel_kernel_when_torch_has_several_threads():
@@ -100,7 +101,7 @@ def test_large_tensors_go_to_the_parallel_kernel_when_torch_has_several_threads(
 
 def test_native_refuses_what_it_cannot_round():
     with pytest.raises(ValueError, match="CPU tensors"):
-        fp8._round_f32(torch.empty(4, device="meta"), fp8.E4M3, True, "native")
+        fp8._round_f32(torch.empty(4, device="meta"), E4M3, True, "native")
 
 
 def test_built_once_per_cache_and_a_failing_compiler_is_an_error_that_names_it(tmp_path, monkeypatch):

@@ -15,7 +15,7 @@ import torch
 
 from lossscale_bench.numerics import block_scaling as bs
 from lossscale_bench.numerics import fp4, native
-from lossscale_bench.numerics.fp8 import E5M2
+from lossscale_bench.numerics.fp8_formats import E5M2
 from lossscale_bench.numerics.lazy_compile import same_values
 
 pytestmark = pytest.mark.skipif(native.library() is None, reason=f"no C kernel here: {native.failure()}")

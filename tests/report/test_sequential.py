@@ -15,16 +15,15 @@ import math
 import pytest
 
 from lossscale_bench.report.sequential import (
-    fixed_critical,
     look,
     look_sizes,
     run_rule,
     sequential_p,
-    simulate,
     spent,
     t_boundaries,
     z_boundaries,
 )
+from lossscale_bench.report.sequential_sim import fixed_critical, simulate
 
 REPS = 10_000
 MARGIN = 1.0

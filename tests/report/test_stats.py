@@ -16,17 +16,15 @@ import pytest
 from lossscale_bench import report
 from lossscale_bench.report.stats import (
     clopper_pearson,
-    compare_cells,
     decide,
     format_margin,
     format_p,
     holm,
-    noise_verdict,
-    paired_verdict,
     prob_better,
     seeds_needed,
     tost_p,
 )
+from lossscale_bench.report.verdicts import compare_cells, noise_verdict, paired_verdict
 
 M = 0.01  # the default margin, 1.0 mAP point, in the stored unit
 BASE_VALS, BAD_VALS, OK_VALS = [0.50, 0.51, 0.49], [0.10, 0.12, 0.11], [0.505, 0.49, 0.51]

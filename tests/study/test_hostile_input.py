@@ -20,8 +20,9 @@ from pathlib import Path
 import pytest
 
 from lossscale_bench.study import StudyError, load_study, load_study_text
-from lossscale_bench.study.load import MAX_DEPTH, MAX_FILE_BYTES, MAX_GRID_TRIALS, MAX_NODES, grid_size
+from lossscale_bench.study.load import MAX_GRID_TRIALS, grid_size
 from lossscale_bench.study.paths import path_problems
+from lossscale_bench.study.yaml_text import MAX_DEPTH, MAX_FILE_BYTES, MAX_NODES
 
 REPO = Path(__file__).resolve().parents[2]
 
