@@ -15,6 +15,7 @@ from typing import Any, Callable, Iterable
 
 import torch
 
+from ..core.host_path import host_shortcuts
 from .host_fp32 import recip
 
 __all__ = ["all_reduce_flag", "LossScaler", "optimizer_grads", "StepResult", "unscale_and_check", "unscale_group_"]
@@ -47,7 +48,7 @@ def unscale_group_(grads: list, scale, found: torch.Tensor) -> None:
     device = found.device
     if scale is None:
         inv = torch.ones(1, dtype=torch.float32, device=device)
-    elif device.type == "cpu" and scale.device.type == "cpu" and scale.dtype == torch.float32:
+    elif host_shortcuts() and device.type == "cpu" and scale.device.type == "cpu" and scale.dtype == torch.float32:
         # the same fp32 reciprocal and flag on the host: 2 dispatches instead of 6 per group
         v = recip(scale.item())
         if not math.isfinite(v):
