@@ -13,8 +13,8 @@ Torch-free: callers pass tensors, and only their ``device.type`` is looked at.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 __all__ = ["host_shortcuts", "on_host", "device_path"]
 

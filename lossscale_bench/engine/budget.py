@@ -31,7 +31,7 @@ READ_METHODS = ("tolist", "cpu", "numpy")
 
 
 class _OpCounter(TorchDispatchMode):
-    def __init__(self, counter: "StepCounter") -> None:
+    def __init__(self, counter: StepCounter) -> None:
         super().__init__()
         self.counter = counter
 
@@ -79,7 +79,7 @@ class StepCounter:
 
         return method
 
-    def __enter__(self) -> "StepCounter":
+    def __enter__(self) -> StepCounter:
         self.ops.clear()
         self.reads.clear()
         for name in READ_METHODS:
