@@ -18,7 +18,8 @@ import torch
 from ..core.host_path import host_shortcuts
 from .host_fp32 import recip
 
-__all__ = ["all_reduce_flag", "LossScaler", "optimizer_grads", "StepResult", "unscale_and_check", "unscale_group_"]
+__all__ = ["all_reduce_flag", "distributed", "LossScaler", "optimizer_grads", "StepResult", "unscale_and_check",
+           "unscale_group_"]
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,13 @@ def unscale_group_(grads: list, scale, found: torch.Tensor) -> None:
     torch._amp_foreach_non_finite_check_and_unscale_(grads, found, inv)
 
 
+def distributed() -> bool:
+    """True when torch.distributed is initialised with more than one worker (flags are then all-reduced)."""
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
 def all_reduce_flag(flag: torch.Tensor) -> torch.Tensor:
     """Agree on an overflow flag across data-parallel workers (max-reduce).
 
@@ -68,7 +76,7 @@ def all_reduce_flag(flag: torch.Tensor) -> torch.Tensor:
     """
     import torch.distributed as dist
 
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+    if distributed():
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
     return flag
 
