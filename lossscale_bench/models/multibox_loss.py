@@ -45,6 +45,8 @@ from torch.nn.utils.rnn import pad_sequence
 from torchvision.models.detection.ssd import SSD
 from torchvision.ops import boxes as box_ops
 
+from ..core.host_path import on_host
+
 
 def pad_targets(targets: list[dict[str, Tensor]], device: torch.device) -> tuple[Tensor, Tensor, Tensor]:
     """``boxes [B, G, 4]``, ``labels [B, G]`` and ``valid [B, G]`` (False where padded), G the most boxes
@@ -97,7 +99,7 @@ def multibox_loss(
     """
     b, a = matched.shape
     if dense is None:
-        dense = bbox_regression.device.type != "cpu"
+        dense = not on_host(bbox_regression)
     matched_fg = matched >= 0
     idx = matched.clamp(min=0)
     if gt_boxes.shape[1] == 0:  # no box in the whole batch: every anchor is background
@@ -151,7 +153,7 @@ def _check_boxes(targets: list[dict[str, Tensor]]) -> None:
     out of matching (the loaders never produce one: coco/voc drop them, the crops keep a minimum size)."""
     for target_idx, target in enumerate(targets):
         boxes = target["boxes"]
-        if boxes.device.type != "cpu" or boxes.numel() == 0:
+        if not on_host(boxes) or boxes.numel() == 0:
             continue
         bad = (boxes[:, 2:] <= boxes[:, :2]).any(dim=1)
         if bad.any():

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..core.host_path import on_host
 from ..precision.formats import FP16, FloatFormat
 
 # rule names this module does not use are re-exported: tests and callers import them from here
@@ -221,7 +222,7 @@ class AdaptiveLossScaler(PerLayerLossScaler):
         unb = info.last_unbounded
         # on the CPU the rule's scalar steps run on the host (adaptive_rule.unbounded_scale_host: the same
         # values, without ~20 dispatches of 0-d tensor ops a layer); elsewhere they stay on the device
-        host = g.device.type == "cpu" and (w is None or w.device.type == "cpu")
+        host = on_host(g, w)
         u = None  # the unbounded scale as a float, where the host computed it
         if recompute or unb is None:
             if getattr(info, "is_point", False):

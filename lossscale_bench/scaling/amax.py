@@ -51,6 +51,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..core.host_path import host_shortcuts
 from ..numerics.amax import max_abs, max_abs_value
 from ..precision.formats import FP16, FloatFormat
 from .base import all_reduce_flag
@@ -155,7 +156,11 @@ class AmaxLossScaler(PointLossScaler):
     def point_scale(self, k: int, grad: torch.Tensor, incoming: torch.Tensor, from_loss: bool) -> torch.Tensor:
         """TE's scale from point ``k``'s amax (this one or the history's); records the arriving amax."""
         self._ensure(grad.device)
-        if self.host_rule and self._scales.device.type == grad.device.type == incoming.device.type == "cpu":
+        if (
+            self.host_rule
+            and host_shortcuts()
+            and self._scales.device.type == grad.device.type == incoming.device.type == "cpu"
+        ):
             return self._point_scale_host(k, grad, float(incoming), from_loss)
         self._flush_host()
         prev = incoming.to(device=self._scales.device, dtype=_F32)
@@ -202,7 +207,7 @@ class AmaxLossScaler(PointLossScaler):
         self._now = None
         self._hist_max = self._hist.amax(0)
         amax = self._hist[0, 0] if self.recipe == "current" else self._hist_max[0]
-        if self.host_rule and self._scales.device.type == "cpu":
+        if self.host_rule and host_shortcuts() and self._scales.device.type == "cpu":
             self._scales[0] = scale_from_amax_host(
                 float(amax), float(self._scales[0]), self.fmax, self.margin, self.power_of_two
             )

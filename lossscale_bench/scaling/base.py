@@ -16,9 +16,18 @@ from typing import Any
 
 import torch
 
+from ..core.host_path import host_shortcuts
 from .host_fp32 import recip
 
-__all__ = ["all_reduce_flag", "LossScaler", "optimizer_grads", "StepResult", "unscale_and_check", "unscale_group_"]
+__all__ = [
+    "all_reduce_flag",
+    "distributed",
+    "LossScaler",
+    "optimizer_grads",
+    "StepResult",
+    "unscale_and_check",
+    "unscale_group_",
+]
 
 
 @dataclass(frozen=True)
@@ -48,7 +57,7 @@ def unscale_group_(grads: list, scale, found: torch.Tensor) -> None:
     device = found.device
     if scale is None:
         inv = torch.ones(1, dtype=torch.float32, device=device)
-    elif device.type == "cpu" and scale.device.type == "cpu" and scale.dtype == torch.float32:
+    elif host_shortcuts() and device.type == "cpu" and scale.device.type == "cpu" and scale.dtype == torch.float32:
         # the same fp32 reciprocal and flag on the host: 2 dispatches instead of 6 per group
         v = recip(scale.item())
         if not math.isfinite(v):
@@ -60,6 +69,13 @@ def unscale_group_(grads: list, scale, found: torch.Tensor) -> None:
     torch._amp_foreach_non_finite_check_and_unscale_(grads, found, inv)
 
 
+def distributed() -> bool:
+    """True when torch.distributed is initialised with more than one worker (flags are then all-reduced)."""
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
 def all_reduce_flag(flag: torch.Tensor) -> torch.Tensor:
     """Agree on an overflow flag across data-parallel workers (max-reduce).
 
@@ -68,7 +84,7 @@ def all_reduce_flag(flag: torch.Tensor) -> torch.Tensor:
     """
     import torch.distributed as dist
 
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+    if distributed():
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
     return flag
 

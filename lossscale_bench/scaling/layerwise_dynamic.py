@@ -38,7 +38,7 @@ import torch
 from torch import nn
 
 from ..precision.formats import FP16, FloatFormat
-from .base import all_reduce_flag, unscale_group_
+from .base import all_reduce_flag, distributed, unscale_group_
 from .per_layer import LOSS_POINT, PointLossScaler
 from .per_layer.graph import ROOT_SCALE_ID
 
@@ -82,7 +82,7 @@ class LayerwiseDynamicLossScaler(PointLossScaler):
         self._scale_key: tuple | None = None
         self._trackers = [0] * len(self.points)
         #: per-point overflow flags (device) of the step in flight, set by unscale_
-        self._point_flags: torch.Tensor | None = None
+        self._point_flags: torch.Tensor | list[float] | None = None
         self._point_used: list[bool] = [False] * len(self.points)
         self.last_backoffs = 0
 
@@ -166,7 +166,8 @@ class LayerwiseDynamicLossScaler(PointLossScaler):
                     host[k] = max(host[k], min(v, 1.0))
             flags = all_reduce_flag(torch.tensor(host, dtype=_F32, device=dev))
             self._found_inf = flags.amax()
-            self._point_flags = flags[:n]
+            # one worker: the flags are the host's own list (0.0 or 1.0), which update() then needs no read for
+            self._point_flags = flags[:n] if distributed() else host[:n]
         self._point_used = used
         self._unscaled = True
 
@@ -177,7 +178,9 @@ class LayerwiseDynamicLossScaler(PointLossScaler):
         self.last_backoffs = 0
         if flags is None:
             return
-        for k, (bad, used) in enumerate(zip(flags.tolist(), self._point_used)):
+        if isinstance(flags, torch.Tensor):
+            flags = flags.tolist()
+        for k, (bad, used) in enumerate(zip(flags, self._point_used)):
             if not used:
                 continue
             s = self._scales[k]

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from ...core.host_path import host_shortcuts
 from ...numerics.amax import max_abs as tensor_max_abs
 from ...numerics.amax import max_abs_value
 from ..adaptive_rule import branch_fallback_scale_host, branch_target_scale, branch_target_scale_host
@@ -154,7 +155,7 @@ class Iteration:
         # every branch scale is a candidate, also those of branches whose gradient is None (zero)
         u_max = self.scaler.grad_format.u_max
         t = None
-        if all(s.device.type == "cpu" and s.dtype == _F32 for s in scale_ts):
+        if host_shortcuts() and all(s.device.type == "cpu" and s.dtype == _F32 for s in scale_ts):
             # on the host: the same decision, without ~20 ops on 0-d tensors (branch_target_scale_host)
             max_abs = [0.0 if g is None else max_abs_value(g) for g in m.stash]
             scales = [s.item() for s in scale_ts]
