@@ -29,33 +29,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import Report, parser, time_calls  # noqa: E402
 
+from lossscale_bench.core.registry import VOC_CLASSES  # noqa: E402
 from lossscale_bench.study import load_study_text  # noqa: E402
 from lossscale_bench.study.data_check import data_problems  # noqa: E402
 from lossscale_bench.study.fingerprint import data_fingerprint  # noqa: E402
 
 COUNTS = {"VOC2007": {"trainval": 5011, "test": 4952}, "VOC2012": {"trainval": 11540}}
-CLASSES = (
-    "aeroplane",
-    "bicycle",
-    "bird",
-    "boat",
-    "bottle",
-    "bus",
-    "car",
-    "cat",
-    "chair",
-    "cow",
-    "diningtable",
-    "dog",
-    "horse",
-    "motorbike",
-    "person",
-    "pottedplant",
-    "sheep",
-    "sofa",
-    "train",
-    "tvmonitor",
-)
 
 
 def _xml(year: str, img_id: str, rng: random.Random) -> str:
@@ -63,7 +42,7 @@ def _xml(year: str, img_id: str, rng: random.Random) -> str:
     for _ in range(rng.randint(1, 4)):
         x1, y1 = rng.randint(1, 250), rng.randint(1, 180)
         objs.append(
-            f"\t<object>\n\t\t<name>{rng.choice(CLASSES)}</name>\n\t\t<pose>Unspecified</pose>\n"
+            f"\t<object>\n\t\t<name>{rng.choice(VOC_CLASSES)}</name>\n\t\t<pose>Unspecified</pose>\n"
             f"\t\t<truncated>{rng.randint(0, 1)}</truncated>\n\t\t<difficult>0</difficult>\n"
             f"\t\t<bndbox>\n\t\t\t<xmin>{x1}</xmin>\n\t\t\t<ymin>{y1}</ymin>\n"
             f"\t\t\t<xmax>{rng.randint(x1 + 1, 500)}</xmax>\n\t\t\t<ymax>{rng.randint(y1 + 1, 375)}</ymax>\n"

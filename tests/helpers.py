@@ -261,3 +261,53 @@ def kangaroo_root() -> tuple[Path | None, str]:
         None,
         f"the kangaroo photos are not here (looked in: {', '.join(map(str, candidates))}; set LSBENCH_KANGAROO)",
     )
+
+
+# --------------------------------------------------------------------------- headless Chromium
+def find_chromium() -> str | None:
+    """The Chromium (or Chrome) on PATH, or ``$LSBENCH_CHROMIUM``; None where there is none (the browser
+    tests then skip, saying so)."""
+    for name in (
+        os.environ.get("LSBENCH_CHROMIUM"),
+        "chromium",
+        "chromium-browser",
+        "google-chrome",
+        "google-chrome-stable",
+        "chrome",
+    ):
+        if name and (path := shutil.which(name)):
+            return path
+    return None
+
+
+#: the browser the browser tests use, or None
+CHROMIUM = find_chromium()
+#: the reason a browser test gives for skipping where there is none
+NO_CHROMIUM = "no chromium on PATH (apt-get install -y chromium)"
+
+
+def headless_chromium(tmp: Path, *args: str, timeout: int = 90) -> subprocess.CompletedProcess:
+    """Chromium headless with ``args`` (a page to dump, say), no network (a page that needed it would show
+    it), its profile and HOME under ``tmp``; a non-zero exit fails the test."""
+    cmd = [
+        CHROMIUM,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--disable-dev-shm-usage",
+        "--disable-extensions",
+        "--hide-scrollbars",
+        "--mute-audio",
+        "--host-resolver-rules=MAP * ~NOTFOUND",
+        f"--user-data-dir={tmp / 'chromium-profile'}",
+        "--virtual-time-budget=5000",
+        *args,
+    ]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env={**os.environ, "HOME": str(tmp)})
+    assert r.returncode == 0, r.stderr[-2000:]
+    return r

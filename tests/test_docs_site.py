@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from helpers import CHROMIUM, NO_CHROMIUM, headless_chromium
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -29,22 +31,7 @@ def _mkdocs() -> list[str] | None:
     return None
 
 
-def _find_chromium() -> str | None:
-    for name in (
-        os.environ.get("LSBENCH_CHROMIUM"),
-        "chromium",
-        "chromium-browser",
-        "google-chrome",
-        "google-chrome-stable",
-        "chrome",
-    ):
-        if name and (path := shutil.which(name)):
-            return path
-    return None
-
-
 MKDOCS = _mkdocs()
-CHROMIUM = _find_chromium()
 pytestmark = pytest.mark.skipif(MKDOCS is None, reason="mkdocs is not installed (pip install -e '.[dev]')")
 
 # Runs first in the page: records script errors, failed resource loads and console.error calls, then
@@ -94,39 +81,14 @@ def test_build_is_strict_and_offline(site):
     assert (site / "index.html").exists() and (site / "results" / "methods_fp4.html").exists()
 
 
-def _chromium(tmp: Path, *args: str) -> subprocess.CompletedProcess:
-    cmd = [
-        CHROMIUM,
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-quic",
-        "--no-first-run",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        "--disable-dev-shm-usage",
-        "--disable-extensions",
-        "--hide-scrollbars",
-        "--mute-audio",
-        "--host-resolver-rules=MAP * ~NOTFOUND",  # a page that needed the network would show it
-        f"--user-data-dir={tmp / 'chromium-profile'}",
-        "--virtual-time-budget=5000",
-        *args,
-    ]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env={**os.environ, "HOME": str(tmp)})
-    assert r.returncode == 0, r.stderr[-2000:]
-    return r
-
-
-@pytest.mark.skipif(CHROMIUM is None, reason="no chromium on PATH (apt-get install -y chromium)")
+@pytest.mark.skipif(CHROMIUM is None, reason=NO_CHROMIUM)
 @pytest.mark.parametrize("name, min_images", [("index.html", 1), ("results/methods_fp4.html", 3)])
 def test_page_loads_in_chromium(site, tmp_path, name, min_images):
     page = site / name
     probed = page.with_name("probed-" + page.name)  # beside it, so its relative links resolve alike
     text = page.read_text(encoding="utf-8")
     probed.write_text(text.replace("<head>", "<head>" + PROBE, 1), encoding="utf-8")
-    dom = _chromium(tmp_path, "--dump-dom", probed.as_uri()).stdout
+    dom = headless_chromium(tmp_path, "--dump-dom", probed.as_uri(), timeout=120).stdout
     m = re.search(r'<pre id="lsb-check">(.*?)</pre>', dom, re.S)
     assert m, f"the probe did not run; DOM starts: {dom[:300]!r}"
     import html

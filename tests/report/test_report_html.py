@@ -19,31 +19,15 @@ import json
 import os
 import re
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 from plot_store import STUDY, png_size, shared_store
 
+from helpers import CHROMIUM, NO_CHROMIUM, headless_chromium
 from lossscale_bench.report import write_report
 
-
-def _find_chromium() -> str | None:
-    for name in (
-        os.environ.get("LSBENCH_CHROMIUM"),
-        "chromium",
-        "chromium-browser",
-        "google-chrome",
-        "google-chrome-stable",
-        "chrome",
-    ):
-        if name and (path := shutil.which(name)):
-            return path
-    return None
-
-
-CHROMIUM = _find_chromium()
-pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no chromium on PATH (apt-get install -y chromium)")
+pytestmark = pytest.mark.skipif(CHROMIUM is None, reason=NO_CHROMIUM)
 
 HEADERS = ["Model", "Loss scale", "Batch size", "Validation mAP", "vs baseline"]
 
@@ -105,31 +89,6 @@ window.addEventListener("load", () => {
 """
 
 
-def _chromium(tmp: Path, *args: str) -> subprocess.CompletedProcess:
-    cmd = [
-        CHROMIUM,
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-quic",
-        "--no-first-run",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        "--disable-dev-shm-usage",
-        "--disable-extensions",
-        "--hide-scrollbars",
-        "--mute-audio",
-        "--host-resolver-rules=MAP * ~NOTFOUND",  # a page that needed the network would show it
-        f"--user-data-dir={tmp / 'chromium-profile'}",
-        "--virtual-time-budget=5000",
-        *args,
-    ]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=90, env={**os.environ, "HOME": str(tmp)})
-    assert r.returncode == 0, r.stderr[-2000:]
-    return r
-
-
 @pytest.fixture(scope="module")
 def page(tmp_path_factory) -> Path:
     uri = shared_store(tmp_path_factory)
@@ -142,7 +101,7 @@ def test_tables_render_and_every_plot_decodes(page, tmp_path):
     assert "<script" not in text
     probed = tmp_path / "probed.html"
     probed.write_text(text.replace("</body>", PROBE + "</body>"), encoding="utf-8")
-    dom = _chromium(tmp_path, "--dump-dom", probed.as_uri()).stdout
+    dom = headless_chromium(tmp_path, "--dump-dom", probed.as_uri()).stdout
     m = re.search(r'<pre id="lsbench-check">(.*?)</pre>', dom, re.S)
     assert m, f"the probe did not run; DOM starts: {dom[:300]!r}"
     got = json.loads(html.unescape(m.group(1)))
@@ -171,7 +130,7 @@ def test_screenshot_shows_tables_and_plots(page, tmp_path):
     import matplotlib.image
 
     shot = tmp_path / "report.png"
-    _chromium(tmp_path, f"--screenshot={shot}", "--window-size=1200,3000", page.as_uri())
+    headless_chromium(tmp_path, f"--screenshot={shot}", "--window-size=1200,3000", page.as_uri())
     keep = os.environ.get("LSBENCH_KEEP_SCREENSHOT")  # to look at it: LSBENCH_KEEP_SCREENSHOT=/tmp/x.png
     if keep:
         shutil.copyfile(shot, keep)

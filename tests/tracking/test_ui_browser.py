@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -32,28 +31,9 @@ from pathlib import Path
 
 import pytest
 
-from helpers import lsbench, study_yaml
+from helpers import CHROMIUM, NO_CHROMIUM, lsbench, study_yaml
 
-
-def _find_chromium() -> str | None:
-    for name in (
-        os.environ.get("LSBENCH_CHROMIUM"),
-        "chromium",
-        "chromium-browser",
-        "google-chrome",
-        "google-chrome-stable",
-        "chrome",
-    ):
-        if name and (path := shutil.which(name)):
-            return path
-    return None
-
-
-CHROMIUM = _find_chromium()
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(CHROMIUM is None, reason="no chromium on PATH (apt-get install -y chromium)"),
-]
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(CHROMIUM is None, reason=NO_CHROMIUM)]
 
 STUDY = "uicheck"
 FINISHED, DIVERGED = "loss scale (128)", "blow-up"
