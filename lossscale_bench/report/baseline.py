@@ -15,7 +15,24 @@ import pandas as pd
 from .stats import ALPHA
 from .verdicts import compare_cells
 
-__all__ = ["NO_BASELINE", "TABLE_KEYS", "add_verdicts"]
+#: the numeric columns a row's comparison with the baseline fills (NaN where no test ran)
+VERDICT_NUMBERS = (
+    "p_value",
+    "diff",
+    "diff_ci_low",
+    "diff_ci_high",
+    "half_width",
+    "tost_p",
+    "tost_ci_low",
+    "tost_ci_high",
+    "margin",
+    "seeds_needed",
+    "p_better",
+    "p_better_low",
+    "p_better_high",
+)
+
+__all__ = ["NO_BASELINE", "TABLE_KEYS", "add_verdicts", "VERDICT_NUMBERS"]
 
 #: one table: a study's setting (one version of its file), model and batch size
 TABLE_KEYS = ["study", "setting_id", "model", "batch_size"]
@@ -58,22 +75,7 @@ def add_verdicts(out: pd.DataFrame, higher: bool, margin: float, shown_scale: fl
     "too few seeds", which would blame the row's own seeds.
     """
     out = out.copy()
-    numbers = (
-        "p_value",
-        "diff",
-        "diff_ci_low",
-        "diff_ci_high",
-        "half_width",
-        "tost_p",
-        "tost_ci_low",
-        "tost_ci_high",
-        "margin",
-        "seeds_needed",
-        "p_better",
-        "p_better_low",
-        "p_better_high",
-    )
-    for c in numbers:
+    for c in VERDICT_NUMBERS:
         out[c] = math.nan
     for c in ("baseline_label", "outcome", "test", "verdict"):
         out[c] = pd.Series("", index=out.index, dtype=object)
@@ -103,6 +105,6 @@ def add_verdicts(out: pd.DataFrame, higher: bool, margin: float, shown_scale: fl
                 higher_is_better=higher,
                 shown_scale=shown_scale,
             )
-            for c in (*numbers, "outcome", "test", "verdict"):
+            for c in (*VERDICT_NUMBERS, "outcome", "test", "verdict"):
                 out.at[i, c] = v[c]
     return out

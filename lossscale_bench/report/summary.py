@@ -49,7 +49,7 @@ import math
 import pandas as pd
 
 from ..study.configs import describe, differing_fields, study_setting
-from .baseline import TABLE_KEYS, add_verdicts
+from .baseline import TABLE_KEYS, VERDICT_NUMBERS, add_verdicts
 from .cell_text import NOT_VALUE, RUNNING_TEXT, format_cell, format_value, higher_is_better, is_map_metric, metric_scale  # noqa: F401 (re-exported)
 from .runs import (
     EMULATED_SUFFIX,
@@ -118,19 +118,7 @@ SUMMARY_COLUMNS = [
     "cell",
     "best",
     "baseline_label",
-    "p_value",
-    "diff",
-    "diff_ci_low",
-    "diff_ci_high",
-    "half_width",
-    "tost_p",
-    "tost_ci_low",
-    "tost_ci_high",
-    "margin",
-    "seeds_needed",
-    "p_better",
-    "p_better_low",
-    "p_better_high",
+    *VERDICT_NUMBERS,
     "outcome",
     "test",
     "verdict",

@@ -12,11 +12,11 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
+from test_resume import _cmd as resume_cmd
 
 from helpers import study_yaml
 
@@ -35,21 +35,7 @@ STUDY = study_yaml(
 
 
 def _cmd(study: Path, runs: Path, executor: str) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "lossscale_bench.cli",
-        "run",
-        str(study),
-        "--runs-dir",
-        str(runs),
-        "--num-cpus",
-        "1",
-        "--no-report",
-        "--quiet",
-        "--executor",
-        executor,
-    ]
+    return [*resume_cmd(study, runs), "--executor", executor]
 
 
 def _histories(runs: Path) -> dict[str, dict[str, list[tuple[int, float]]]]:
