@@ -6,12 +6,15 @@ thread, and prints one line per trial: the row's label, the trial id and the SHA
 
     PYTHONPATH=. python tools/weights_digest.py lossscale_bench/studies/smoke.yaml --iterations 60 --seeds 0
 
-Same lines: the same weights, bit for bit, row by row.
+Same lines: the same weights, bit for bit, row by row. ``--device-path`` runs the trials with the CPU's host
+shortcuts switched off (``lossscale_bench.core.host_path.device_path``): the code path an accelerator takes,
+which a change to the scalers' device code must also leave bit for bit unchanged.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import sys
 import tempfile
@@ -43,8 +46,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--iterations", type=int, default=60, help="steps per trial (default 60)")
     ap.add_argument("--seeds", type=int, nargs="*", default=None, help="only these seeds (default: the study's)")
     ap.add_argument("--rows", type=int, nargs="*", default=None, help="only these scaling entries (0-based)")
+    ap.add_argument(
+        "--device-path", action="store_true", help="the accelerator's code path: the CPU's host shortcuts off"
+    )
     args = ap.parse_args(argv)
 
+    from lossscale_bench.core.host_path import device_path
     from lossscale_bench.engine import loop
     from lossscale_bench.study import load_study_text
     from lossscale_bench.trial import run_trial
@@ -59,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         return state
 
     loop.Trainer.run = run
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, device_path() if args.device_path else contextlib.nullcontext():
         for cfg in study.trials():
             if (args.seeds is not None and cfg.seed not in args.seeds) or (
                 args.rows is not None and cfg.row not in args.rows

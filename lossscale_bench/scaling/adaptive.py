@@ -31,6 +31,7 @@ from torch import nn
 
 from ..core.host_path import on_host
 from ..precision.formats import FP16, FloatFormat
+from .adaptive_bound import bound_from_parts, headroom, layer_cap, pass_headroom
 
 # rule names this module does not use are re-exported: tests and callers import them from here
 from .adaptive_rule import (
@@ -179,6 +180,8 @@ class AdaptiveLossScaler(PerLayerLossScaler):
         self._recomputed = False
         #: number of statistics computations (steps 1-6) since construction
         self.stat_computations = 0
+        #: id(layer info) -> (its unbounded scale, that scale's cap, adaptive_bound.layer_cap)
+        self._caps: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def _attach_output_points(self, model: nn.Module) -> None:
         """The reference's later scaling points (head outputs, L2Norm input), as forward hooks."""
@@ -265,13 +268,29 @@ class AdaptiveLossScaler(PerLayerLossScaler):
                 power_of_two=self.power_of_two,
             )
             return torch.tensor(s, dtype=_F32)
-        return bound_scale_tensor(
-            unb,
-            prev,
-            scale_upper_bound=self.scale_upper_bound,
-            accum_upper_bound=self.accum_upper_bound,
-            power_of_two=self.power_of_two,
-        )
+        if not self.power_of_two:
+            return bound_scale_tensor(
+                unb,
+                prev,
+                scale_upper_bound=self.scale_upper_bound,
+                accum_upper_bound=self.accum_upper_bound,
+                power_of_two=False,
+            )
+        return self._bound_in_parts(it, info, unb, prev)
+
+    def _bound_in_parts(self, it: Iteration, info: Any, unb: torch.Tensor, prev: torch.Tensor) -> torch.Tensor:
+        """:func:`bound_scale_tensor` with powers of two, as :mod:`.adaptive_bound` splits it: the layer's cap
+        once per new unbounded scale, the headroom carried from layer to layer (four operations a layer)."""
+        cap = self._caps.get(id(info))
+        if cap is None or cap[0] is not unb:
+            cap = self._caps[id(info)] = (unb, layer_cap(unb, scale_upper_bound=self.scale_upper_bound))
+        in_id, out_id = info.scale_ids
+        head = it.side[in_id]
+        if head is None:  # where a scale starts (the loss) or branches merged: shared by the layers it reaches
+            head = it.side[in_id] = headroom(prev, accum_upper_bound=self.accum_upper_bound)
+        s = bound_from_parts(cap[1], head.to(cap[1].device))
+        it.side[out_id] = pass_headroom(head, s.to(head.device))
+        return s
 
     def agree_scales(self) -> None:
         """All-reduce MIN of the stored unbounded layer scales across replicas (no-op when not distributed)."""

@@ -68,6 +68,7 @@ __all__ = [
     "approx_range_scale_tensor",
     "unbounded_scale_tensor",
     "bound_scale_tensor",
+    "floor_pow2",
     "branch_target_scale",
     "backward_fan_in",
     "underflow_k",
@@ -187,7 +188,8 @@ def _max_abs(t: torch.Tensor) -> torch.Tensor:
     return max_abs(t)
 
 
-def _floor_pow2(s: torch.Tensor) -> torch.Tensor:
+def floor_pow2(s: torch.Tensor) -> torch.Tensor:
+    """The power of two at or below each positive finite value of ``s`` (exact, by ``frexp``); other values as they are."""
     _, e = torch.frexp(s)
     p = torch.ldexp(torch.ones_like(s), e - 1)
     return torch.where((s > 0) & torch.isfinite(s), p, s)
@@ -208,7 +210,7 @@ def bound_scale_tensor(
     s = torch.minimum(unbounded, accum_upper_bound / prev_scale.to(device=unbounded.device, dtype=_F32))
     s = s.clamp(max=scale_upper_bound)
     if power_of_two:
-        s = _floor_pow2(s)
+        s = floor_pow2(s)
     return s.to(torch.float16).to(_F32)
 
 
@@ -283,8 +285,8 @@ def branch_target_scale(max_abs: torch.Tensor, scales: torch.Tensor, u_max: floa
     mn = scales.amin()
     # smallest j >= 1 with m * mn * 2^-j < u_max
     j = (torch.floor(torch.log2(mn * m / u_max)) + 1).clamp(min=1.0)
-    j = torch.where(torch.isfinite(j), j, torch.ones_like(j))
-    halved = torch.maximum(mn * torch.exp2(-j), torch.full_like(mn, MIN_BRANCH_SCALE))
+    j = torch.nan_to_num(j, nan=1.0, posinf=1.0)  # j >= 1 or NaN or inf here: 1 where not finite
+    halved = (mn * torch.exp2(-j)).clamp(min=MIN_BRANCH_SCALE)  # as maximum(), NaN stays NaN
     fallback = torch.where(mn >= MIN_BRANCH_SCALE, halved, mn)
     return torch.where(fits.any(), best, fallback)
 

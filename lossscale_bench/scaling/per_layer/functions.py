@@ -52,6 +52,9 @@ class LayerInfo:
         self.last_scale: torch.Tensor | None = None
         self.last_prev: torch.Tensor | None = None
         self.applied = False
+        #: (id of the scale arriving, id of the scale sent upstream) in the backward now at this layer, set
+        #: before the scaler's ``layer_factor`` is called (``Iteration.side`` is indexed by them)
+        self.scale_ids: tuple[int, int] | None = None
         if self.is_conv:
             self.stride = tuple(module.stride)
             self.dilation = tuple(module.dilation)
@@ -236,6 +239,7 @@ class PointInfo:
         self.last_prev: torch.Tensor | None = None
         self.applied = False
         self.calls = 0
+        self.scale_ids: tuple[int, int] | None = None
 
     record = LayerInfo.record
 

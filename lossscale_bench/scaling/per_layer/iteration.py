@@ -51,6 +51,10 @@ class Iteration:
         self.scaler = scaler
         self.vals: list[torch.Tensor | None] = [None] * n_ids
         self.vals[ROOT_SCALE_ID] = root_scale
+        #: per scale id, a value a scaler's rule carries along with the scale (adaptive: the headroom under its
+        #: accumulated bound, :mod:`..adaptive_bound`); None until the rule sets it. A rule reads the ids of
+        #: the layer it is called for from ``layer.scale_ids``.
+        self.side: list[torch.Tensor | None] = [None] * n_ids
         self.recompute = recompute
         self.merges: list[_Merge] = []
         self.layer_ids: list[tuple[Any, int, int]] = []
@@ -122,6 +126,7 @@ class Iteration:
     ) -> torch.Tensor | None:
         """The layer scale ``s`` (0-d fp32 tensor), or None when no input gradient is needed."""
         prev = self.vals[in_id]
+        info.scale_ids = (in_id, out_id)
         if not need_input_grad:  # nothing upstream to scale
             self.vals[out_id] = prev
             info.record(None, prev)

@@ -38,7 +38,7 @@ from torch import nn
 
 from ...core.registry import LAYER_SCALE_SUFFIX
 from ...precision.formats import FP16, FloatFormat
-from ..base import LossScaler, all_reduce_flag, unscale_group_
+from ..base import LossScaler, all_reduce_flag, unscale_groups_
 from .functions import ATTACHED, LayerInfo, PatchedForward, is_ours, is_scaling_node
 from .graph import ROOT_SCALE_ID, analyse
 from .iteration import Iteration
@@ -183,9 +183,8 @@ class PerLayerLossScaler(LossScaler):
             key = (id(val) if val is not None else None, g.device, g.dtype)
             groups.setdefault(key, (val, []))[1].append(g)
         found_by_dev: dict[torch.device, torch.Tensor] = {}
-        for (_, device, _), (val, grads) in groups.items():
-            found = found_by_dev.setdefault(device, torch.zeros(1, dtype=_F32, device=device))
-            unscale_group_(grads, val, found)
+        founds = [found_by_dev.setdefault(device, torch.zeros(1, dtype=_F32, device=device)) for _, device, _ in groups]
+        unscale_groups_(list(groups.values()), founds)
         if found_by_dev:
             flags = list(found_by_dev.values())
             dev = flags[0].device
