@@ -90,13 +90,14 @@ def unscale_groups_(groups: list[tuple[torch.Tensor | None, list]], founds: list
         if scaled:
             vals = [groups[k][0].to(device=device, dtype=torch.float32) for k in scaled]
             recips = torch.reciprocal(torch.stack([v if v.dim() == 0 else v.reshape(()) for v in vals]))
-            bad = ~torch.isfinite(recips)
+            bad = (~torch.isfinite(recips)).to(torch.float32)
             flagged: dict[int, tuple[torch.Tensor, list[int]]] = {}
             for i, k in enumerate(scaled):
                 flagged.setdefault(id(founds[k]), (founds[k], []))[1].append(i)
-            for found, rows in flagged.values():
-                picked = bad if len(rows) == len(scaled) else bad[rows]
-                found.add_(picked.any().to(torch.float32))
+            for found, rows in flagged.values():  # a flag of its own: its row; shared by all: their max
+                found.add_(
+                    bad[rows[0]] if len(rows) == 1 else bad.amax() if len(rows) == len(scaled) else bad[rows].amax()
+                )
             inv = dict(zip(scaled, recips.reshape(-1, 1).unbind(0)))
         one = None
         for k in ks:
@@ -178,7 +179,7 @@ class LossScaler(ABC):
         (``xm.optimizer_step`` on XLA) without the scaler knowing about it.
         """
         self.unscale_(optimizer)
-        overflow = bool(self._found_inf.item()) if self._found_inf is not None else False
+        overflow = self.read_overflow()
         skip = overflow and self.skips_on_overflow
         if not skip:
             (step_fn or (lambda opt: opt.step()))(optimizer)
@@ -188,6 +189,11 @@ class LossScaler(ABC):
         self._unscaled = False
         self._found_inf = None
         return result
+
+    def read_overflow(self) -> bool:
+        """Whether this step's gradients overflowed: the one host read of a step (a scaler with more to read
+        brings it along here)."""
+        return bool(self._found_inf.item()) if self._found_inf is not None else False
 
     def mark_overflow(self, flag: torch.Tensor | None) -> None:
         """Add a non-finite flag found after ``unscale_`` to this step's (a precision that rounds

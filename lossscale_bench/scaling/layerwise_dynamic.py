@@ -37,8 +37,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..core.host_path import host_shortcuts
 from ..precision.formats import FP16, FloatFormat
-from .base import all_reduce_flag, distributed, unscale_group_
+from .base import all_reduce_flag, distributed, unscale_groups_
 from .per_layer import LOSS_POINT, PointLossScaler
 from .per_layer.graph import ROOT_SCALE_ID
 
@@ -83,6 +84,8 @@ class LayerwiseDynamicLossScaler(PointLossScaler):
         self._trackers = [0] * len(self.points)
         #: per-point overflow flags (device) of the step in flight, set by unscale_
         self._point_flags: torch.Tensor | list[float] | None = None
+        #: off the host, one worker: (the groups' flags on the device, each group's points) until step() reads them
+        self._group_flags: tuple[torch.Tensor, list[tuple[int, ...]]] | None = None
         self._point_used: list[bool] = [False] * len(self.points)
         self.last_backoffs = 0
 
@@ -142,28 +145,34 @@ class LayerwiseDynamicLossScaler(PointLossScaler):
             groups.setdefault(key, (val, pts, []))[2].append(g)
         n = len(self.points)
         used = [False] * n
-        founds: list[torch.Tensor] = []
-        point_sets: list[tuple[int, ...]] = []
-        for (_, pts, device, _), (val, _, grads) in groups.items():
-            found = torch.zeros(1, dtype=_F32, device=device)
-            unscale_group_(grads, val, found)
-            founds.append(found)
-            point_sets.append(pts)
+        point_sets = [pts for _, pts, _, _ in groups]
+        for pts in point_sets:
             for k in pts:
                 used[k] = True
+        devices = {device for _, _, device, _ in groups}
+        if len(devices) == 1:  # the groups' flags: rows of one buffer (two operations, not one zeros() a group)
+            buffer = torch.zeros(len(groups), 1, dtype=_F32, device=devices.pop())
+            founds = list(buffer.unbind(0))
+        else:
+            buffer = None
+            founds = [torch.zeros(1, dtype=_F32, device=device) for _, _, device, _ in groups]
+        unscale_groups_([(val, grads) for val, _, grads in groups.values()], founds)
+        self._group_flags = None
         if not founds:
             self._found_inf = torch.zeros(())
+            self._point_flags = None
+        elif buffer is not None and not distributed() and (not host_shortcuts() or buffer.device.type != "cpu"):
+            # one worker, off the host: the groups' flags stay on the device until step() reads the verdict, and
+            # come to the host with it in one read (read_overflow); update() then needs no read
+            self._group_flags = (buffer.reshape(-1), point_sets)
+            self._found_inf = self._group_flags[0].amax().clamp(max=1.0)
             self._point_flags = None
         else:
             # each point's flag is the max over the groups it feeds, taken on the host from one read of the
             # groups' flags (step() reads the overflow flag there anyway): ~3 small tensor ops per point
             # and group cost ~1 ms a step on the CPU
             dev = founds[0].device
-            per_group = torch.cat([f.to(dev) for f in founds]).tolist()
-            host = [0.0] * (n + 1)  # slot n: gradients of no point
-            for v, pts in zip(per_group, point_sets):
-                for k in pts or (n,):
-                    host[k] = max(host[k], min(v, 1.0))
+            host = self._point_flags_of(torch.cat([f.to(dev) for f in founds]).tolist(), point_sets)
             flags = all_reduce_flag(torch.tensor(host, dtype=_F32, device=dev))
             self._found_inf = flags.amax()
             # one worker: the flags are the host's own list (0.0 or 1.0), which update() then needs no read for
@@ -171,7 +180,28 @@ class LayerwiseDynamicLossScaler(PointLossScaler):
         self._point_used = used
         self._unscaled = True
 
+    def _point_flags_of(self, per_group: list[float], point_sets: list[tuple[int, ...]]) -> list[float]:
+        """Each point's flag (then slot n: gradients of no point), the max over the groups that carry it."""
+        n = len(self.points)
+        host = [0.0] * (n + 1)
+        for v, pts in zip(per_group, point_sets):
+            for k in pts or (n,):
+                host[k] = max(host[k], min(v, 1.0))
+        return host
+
+    def read_overflow(self) -> bool:
+        """The verdict, and the groups' flags kept on the device, in one read."""
+        if self._group_flags is None:
+            return super().read_overflow()
+        per_group, point_sets = self._group_flags
+        self._group_flags = None
+        values = torch.cat([self._found_inf.reshape(1).to(per_group.device), per_group]).tolist()
+        self._point_flags = self._point_flags_of(values[1:], point_sets)[: len(self.points)]
+        return bool(values[0])
+
     def update(self) -> None:
+        if self._group_flags is not None:  # update() without step(): the flags are read here
+            self.read_overflow()
         flags = self._point_flags
         self._point_flags = None
         super().update()

@@ -18,7 +18,13 @@ from lossscale_bench.models import build_model
 from lossscale_bench.precision import get_precision
 from lossscale_bench.precision.formats import E5M2, FP16
 from lossscale_bench.scaling import build_scaler
-from lossscale_bench.scaling.amax import LOSS_POINT, AmaxLossScaler, scale_from_amax, scale_from_amax_host
+from lossscale_bench.scaling.amax import (
+    LOSS_POINT,
+    AmaxLossScaler,
+    scale_from_amax,
+    scale_from_amax_host,
+    scale_from_finite_amax,
+)
 
 
 def _through_checkpoint(state):
@@ -255,3 +261,18 @@ def test_checkpoint_continues_identically_and_telemetry():
         s.remove()
     with pytest.raises(ValueError, match="recipe"):
         AmaxLossScaler(_chain(), recipe="jit")
+
+
+@pytest.mark.parametrize("power_of_two", [True, False])
+def test_the_rule_for_recorded_amaxes_is_the_rule(power_of_two):
+    # scale_from_finite_amax is scale_from_amax wherever amax is finite and not negative: every recorded amax
+    g = torch.Generator().manual_seed(0)
+    logs = torch.rand(3000, generator=g, dtype=torch.float64) * 280 - 150
+    edges = [0.0, -0.0, 1e-45, 1e-40, 2.0**-126, 3.4e38, 448.0, 57344.0, 65504.0]
+    amax = torch.cat([torch.exp2(logs).to(torch.float32), torch.tensor(edges)])
+    amax = amax[torch.isfinite(amax)]
+    prev = torch.exp2(torch.randint(-20, 20, amax.shape, generator=g).float())
+    for fmax, margin in ((448.0, 0.0), (57344.0, 1.0), (65504.0, 8.0), (6.0, 3.0)):
+        want = scale_from_amax(amax, prev, fmax, margin, power_of_two)
+        got = scale_from_finite_amax(amax, prev, fmax, margin, power_of_two)
+        assert torch.equal(want.view(torch.int32), got.view(torch.int32)), (fmax, margin)

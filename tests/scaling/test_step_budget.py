@@ -147,7 +147,6 @@ OPS_TARGET = 1.10
 MISSES_READS = {
     "dynamic": "update() does its fp32 scale arithmetic on a 0-d CPU tensor and reads it back: no wait on "
     "an accelerator, but a read the counter cannot tell from one (Python floats would do)",
-    "layerwise_dynamic": "the per-group flags are read in unscale_(), besides the overflow verdict",
     "amax": "the next loss scale is read to the host every step",
 }
 MISSES_OPS = {

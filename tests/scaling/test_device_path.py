@@ -1,0 +1,89 @@
+"""The accelerator's code path of every per-layer method gives the CPU path's results, bit for bit.
+
+On the CPU the per-layer scalers take host shortcuts (Python floats for the rules' scalar arithmetic, one read
+of the groups' flags); an accelerator runs their device code: the adaptive bound in parts, amax's point lists,
+the batched unscaling, layer-wise dynamic's flags read with the verdict. ``core.host_path.device_path`` makes
+the CPU run that device code. Each method here trains a trial of the tiny SSD (E4M3 gradients, so the first
+steps overflow and the layer-wise scales back off) both ways from the same seed, and the weights after every
+step, each step's result and the scaler's metrics must be equal. ``tools/weights_digest.py --device-path``
+does the same for whole studies.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import tempfile
+from pathlib import Path
+
+import pytest
+import torch
+
+from helpers import study_yaml
+from lossscale_bench.core.host_path import device_path
+
+METHODS = {
+    "adaptive": {"method": "adaptive"},
+    # a low accumulated bound: the headroom carried from layer to layer decides most layers' scales
+    "adaptive, accum_upper_bound 4": {"method": "adaptive", "accum_upper_bound": 4},
+    "adaptive, update_every 3, output scaling": {"method": "adaptive", "update_every": 3, "output_scaling": True},
+    # an overflow the scalers see (NaN, not E4M3's saturation): steps skipped, layer-wise scales backing off
+    "layerwise_dynamic": {"method": "layerwise_dynamic", "interval": 2, "grad_overflow": "nan"},
+    "adaptive, overflow -> NaN, init_scale 1024": {"method": "adaptive", "init_scale": 1024, "grad_overflow": "nan"},
+    "amax current": {"method": "amax", "recipe": "current", "margin": 1},
+    "amax delayed": {"method": "amax", "recipe": "delayed", "history": 4},
+}
+STEPS = 8
+
+
+def _weights(model: torch.nn.Module) -> str:
+    h = hashlib.sha256()
+    for name, t in sorted(model.state_dict().items()):
+        h.update(name.encode())
+        h.update(t.detach().to(torch.float32).contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def _run(entry: dict, on_device: bool) -> list:
+    from lossscale_bench.data.dali import make_batches
+    from lossscale_bench.engine.sink import MemorySink
+    from lossscale_bench.study import load_study
+    from lossscale_bench.trial import runner, setup
+
+    torch.set_num_threads(1)
+    out = []
+    with tempfile.TemporaryDirectory() as d, device_path() if on_device else contextlib.nullcontext():
+        tmp = Path(d)
+        path = tmp / "study.yaml"
+        path.write_text(
+            study_yaml(
+                precision="fp8-e4m3-emulated",
+                scaling=[entry],
+                schedule={"iterations": 10**6, "lr": 0.01, "warmup_iterations": 2},
+                log_every=1,
+            )
+        )
+        cfg = load_study(str(path)).trials()[0]
+        sink = MemorySink()
+        parts = setup.build_parts(cfg, sink, tmp, 1)
+        trainer = runner._trainer(cfg, parts, sink, tmp, tmp / "ck.pt", 10**9, 0, None)
+        batches = iter(make_batches(cfg, parts.train_ds, 0))
+        for _ in range(STEPS):
+            record = trainer.train_step(*next(batches)[1:])
+            loss = record.loss
+            out.append(
+                (record.result, loss if loss == loss else "nan", trainer.scaler.metrics(), _weights(trainer.model))
+            )
+        trainer.scaler.remove()
+    return out
+
+
+@pytest.mark.parametrize("label", list(METHODS))
+def test_the_device_path_trains_as_the_cpu_path(label):
+    cpu, device = _run(METHODS[label], False), _run(METHODS[label], True)
+    for step, (a, b) in enumerate(zip(cpu, device), 1):
+        assert a == b, (label, step)
+    if "NaN" in label or label == "layerwise_dynamic":  # overflows were found (and drove back-offs) on both paths
+        assert any(result.overflow for result, _, _, _ in cpu)
+    if label == "layerwise_dynamic":
+        assert any(m["lw_points_backed_off"] > 0 for _, _, m, _ in cpu)
