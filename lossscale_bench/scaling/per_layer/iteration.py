@@ -12,6 +12,7 @@ through the iteration, so this module never imports :mod:`.scaler`.
 from __future__ import annotations
 
 import functools
+import math
 import threading
 from typing import Any
 
@@ -173,9 +174,7 @@ class Iteration:
                     t = torch.tensor(value, dtype=_F32)
         if t is None:
             scales = torch.stack(scale_ts)
-            zero = torch.zeros((), dtype=_F32, device=scales.device)
-            max_abs = torch.stack([zero if g is None else tensor_max_abs(g) for g in m.stash])
-            t = branch_target_scale(max_abs, scales, u_max)
+            t = branch_target_scale(_branch_max_abs(m.stash, scales.device), scales, u_max)
         self.vals[m.out_id] = t
         dtype = functools.reduce(torch.promote_types, (g.dtype for g, _ in live))
         total = None
@@ -186,6 +185,24 @@ class Iteration:
             else:
                 total.addcmul_(g.to(dtype), factor)
         return total
+
+
+def _branch_max_abs(stash: list[torch.Tensor | None], device: torch.device) -> torch.Tensor:
+    """``max|g|`` of each branch (0 for none), stacked: one ``_foreach_norm`` (the inf norm is exactly ``max|g|``,
+    NaN included) for the branches on ``device``, where one reduction a branch costs ~5 operations."""
+    live = [g for g in stash if g is not None and g.numel() > 0 and g.device == device]
+    norms = iter(torch._foreach_norm(live, math.inf) if live else ())
+    zero = None
+    out = []
+    for g in stash:
+        if g is not None and g.numel() > 0 and g.device == device:
+            out.append(next(norms))
+        elif g is not None and g.numel() > 0:  # another device (model parallel): its own reduction
+            out.append(tensor_max_abs(g).to(device))
+        else:
+            zero = torch.zeros((), dtype=_F32, device=device) if zero is None else zero
+            out.append(zero)
+    return torch.stack(out)
 
 
 def _merge_hook(it: Iteration, entries: list[tuple[int, int, int]]):
