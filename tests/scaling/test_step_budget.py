@@ -42,6 +42,10 @@ LOG_EVERY = 5
 STEPS = 11  # steps 2..11 are counted: two logged (5, 10), one adaptive update at update_every 10 (11)
 
 
+#: the model the counts are of (``__main__``'s ``--model`` changes it: ``ssd300_vgg16`` for the real network)
+MODEL = {"model": "ssd_tiny", "model_options": {"width": 16}}
+
+
 def _trainer(entry: dict, tmp: Path):
     from lossscale_bench.data.dali import make_batches
     from lossscale_bench.engine.sink import MemorySink
@@ -53,7 +57,7 @@ def _trainer(entry: dict, tmp: Path):
         study_yaml(
             precision="fp8-e4m3-emulated",
             scaling=[entry],
-            model_options={"width": 16},
+            **MODEL,
             schedule={"iterations": 10**6, "lr": 0.01, "warmup_iterations": 2},
             log_every=LOG_EVERY,
         )
@@ -207,4 +211,19 @@ def table(counts: dict) -> str:
 
 
 if __name__ == "__main__":
-    print(table({label: summary(count_method(entry)) for label, entry in METHODS.items()}))
+    import argparse
+
+    ap = argparse.ArgumentParser(description="host reads and aten operations per step, per method (a table)")
+    ap.add_argument("--model", default="ssd_tiny", help="ssd_tiny (width 16, as the tests) or a full SSD")
+    ap.add_argument("--image-size", type=int, default=None, help="the synthetic images' size (the model's own)")
+    ap.add_argument("--methods", nargs="*", default=list(METHODS), help="labels of METHODS")
+    args = ap.parse_args()
+    if args.model != "ssd_tiny":
+        size = args.image_size or (512 if "512" in args.model else 300)
+        MODEL = {
+            "model": args.model,
+            "model_options": {"batched_loss": True},
+            "batch_size": 1,
+            "dataset": {"name": "synthetic", "train_images": 16, "val_images": 4, "image_size": size, "seed": 0},
+        }
+    print(table({label: summary(count_method(METHODS[label])) for label in args.methods}))
