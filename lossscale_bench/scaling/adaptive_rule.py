@@ -189,10 +189,14 @@ def _max_abs(t: torch.Tensor) -> torch.Tensor:
 
 
 def floor_pow2(s: torch.Tensor) -> torch.Tensor:
-    """The power of two at or below each positive finite value of ``s`` (exact, by ``frexp``); other values as they are."""
-    _, e = torch.frexp(s)
-    p = torch.ldexp(torch.ones_like(s), e - 1)
-    return torch.where((s > 0) & torch.isfinite(s), p, s)
+    """The power of two at or below each positive finite value of ``s``; other values as they are.
+
+    ``s = m * 2**e`` exactly (``frexp``, ``m`` in [0.5, 1)), so ``s / (2m)`` is ``2**(e-1)`` as a real number and
+    as an fp32 one (a correctly rounded quotient of a representable value), subnormals included: the same bits
+    as ``ldexp(1, e - 1)`` in 7 operations instead of 12 (``tests/scaling/test_adaptive_bound.py``).
+    """
+    m, _ = torch.frexp(s)
+    return torch.where((s > 0) & (s < math.inf), s / (m + m), s)
 
 
 def bound_scale_tensor(

@@ -98,3 +98,14 @@ def test_outside_that_domain_the_scales_still_agree_unless_a_layer_scale_is_inf(
         direct = bound_from_parts(cap, headroom(pp * ss, accum_upper_bound=accum))
         passed = bound_from_parts(cap, pass_headroom(headroom(pp, accum_upper_bound=accum), ss))
         assert bool(_same_bits(direct, passed).all()), accum
+
+
+def test_floor_pow2_is_ldexp_of_the_exponent_on_every_kind_of_float():
+    from lossscale_bench.scaling.adaptive_rule import floor_pow2
+
+    g = torch.Generator().manual_seed(4)
+    bits = torch.randint(-(2**31), 2**31 - 1, (2_000_000,), generator=g, dtype=torch.int64).to(torch.int32)
+    x = torch.cat([bits.view(torch.float32), torch.tensor(EDGES + ARRIVING_EDGES + [-float("inf"), 3.4028235e38])])
+    _, e = torch.frexp(x)
+    want = torch.where((x > 0) & torch.isfinite(x), torch.ldexp(torch.ones_like(x), e - 1), x)
+    assert bool(_same_bits(floor_pow2(x), want).all())
