@@ -176,7 +176,8 @@ class Iteration:
             scales = torch.stack(scale_ts)
             t = branch_target_scale(_branch_max_abs(m.stash, scales.device), scales, u_max)
         self.vals[m.out_id] = t
-        dtype = functools.reduce(torch.promote_types, (g.dtype for g, _ in live))
+        dtypes = {g.dtype for g, _ in live}  # one dtype, as a rule: no promotion to ask the dispatcher for
+        dtype = dtypes.pop() if len(dtypes) == 1 else functools.reduce(torch.promote_types, (g.dtype for g, _ in live))
         total = None
         for g, s in live:
             factor = t / s
