@@ -307,6 +307,7 @@ class AdaptiveLossScaler(PerLayerLossScaler):
         inf = torch.full((), float("inf"), dtype=_F32, device=dev)
         vec = torch.stack([i.last_unbounded.to(dev, _F32) if i.last_unbounded is not None else inf for i in infos])
         dist.all_reduce(vec, op=dist.ReduceOp.MIN)
+        self._recorded_rows = None
         for info, v in zip(infos, vec):
             if info.last_unbounded is not None:  # layers without statistics (no input gradient) stay so
                 info.last_unbounded = torch.where(torch.isfinite(v), v, torch.ones_like(v)).to(
@@ -342,6 +343,7 @@ class AdaptiveLossScaler(PerLayerLossScaler):
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._recorded_rows = None
         self._iter = int(state.get("iteration", 0))
         for name, rec in state.get("layers", {}).items():
             info = self._by_name.get(name)

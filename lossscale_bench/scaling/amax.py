@@ -150,6 +150,8 @@ class AmaxLossScaler(PointLossScaler):
         #: elsewhere: (scales, now, hist_max) as lists of 0-d tensors during a backward (one unbind each, where
         #: writing an element of a tensor is two dispatches), stacked back by :meth:`_flush_host` too
         self._dev: tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]] | None = None
+        #: :meth:`_host_view`'s floats, None once the state may have changed
+        self._view: tuple[list[float], list[float]] | None = None
         self._n = n
         self._loss_scale = float(init_scale)
         self._pending_state: dict[str, Any] | None = None
@@ -188,6 +190,7 @@ class AmaxLossScaler(PointLossScaler):
     # -- the rule ------------------------------------------------------------------
     def point_scale(self, k: int, grad: torch.Tensor, incoming: torch.Tensor, from_loss: bool) -> torch.Tensor:
         """TE's scale from point ``k``'s amax (this one or the history's); records the arriving amax."""
+        self._view = None
         self._ensure(grad.device)
         if (
             self.host_rule
@@ -253,21 +256,33 @@ class AmaxLossScaler(PointLossScaler):
             self._scales[0] = scale_from_amax(amax, self._scales[0], self.fmax, self.margin, self.power_of_two)
         self._loss_scale = float(self._scales[0])
         self.init_scale = self._loss_scale
+        self._view = None
 
     def current_scale(self) -> float:
         return self._loss_scale
 
     # -- introspection -------------------------------------------------------------
-    def point_scales(self) -> dict[str, float]:
+    def _host_view(self) -> tuple[list[float], list[float]] | None:
+        """The points' scales and last recorded amaxes as floats, in one read, kept until the state changes
+        (a logged step's metrics and layer table share it); None before the first backward."""
         self._flush_host()
         if self._scales is None:
+            return None
+        if self._view is None:
+            both = torch.cat([self._scales, self._hist[0].to(self._scales.device)]).tolist()
+            self._view = (both[: self._n], both[self._n :])
+        return self._view
+
+    def point_scales(self) -> dict[str, float]:
+        view = self._host_view()
+        if view is None:
             return {p: (self._loss_scale if k == 0 else 1.0) for k, p in enumerate(self.points)}
-        return dict(zip(self.points, self._scales.tolist()))
+        return dict(zip(self.points, view[0]))
 
     def layer_table(self) -> list[dict[str, Any]]:
-        self._flush_host()
         rows = super().layer_table()
-        last = [0.0] * self._n if self._hist is None else self._hist[0].tolist()
+        view = self._host_view()
+        last = [0.0] * self._n if view is None else view[1]
         for row, k in zip(rows, range(1, self._n)):
             row["amax"] = last[k]
         return rows
@@ -288,6 +303,7 @@ class AmaxLossScaler(PointLossScaler):
         return state
 
     def _restore(self, state: dict[str, Any]) -> None:
+        self._view = None
         index = {p: k for k, p in enumerate(state["points"])}
         scales = torch.tensor(state["scales"], dtype=_F32)
         hist = torch.tensor(state["amax_history"], dtype=_F32).reshape(-1, len(index))

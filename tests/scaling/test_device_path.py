@@ -87,3 +87,27 @@ def test_the_device_path_trains_as_the_cpu_path(label):
         assert any(result.overflow for result, _, _, _ in cpu)
     if label == "layerwise_dynamic":
         assert any(m["lw_points_backed_off"] > 0 for _, _, m, _ in cpu)
+
+
+@pytest.mark.parametrize("label", ["adaptive, update_every 3, output scaling", "amax delayed"])
+def test_what_a_step_reads_once_is_that_steps(label, monkeypatch):
+    # the scalers read their tables to the host once a step and keep it for the step's metrics and layer table:
+    # each step's copy must be that step's, i.e. equal to a fresh read
+    from lossscale_bench.scaling.amax import AmaxLossScaler
+    from lossscale_bench.scaling.per_layer import PerLayerLossScaler
+
+    seen = []
+    real_metrics = PerLayerLossScaler.metrics
+
+    def metrics(self):
+        kept = dict(real_metrics(self)), self.layer_table()
+        self._recorded_rows = None
+        if isinstance(self, AmaxLossScaler):
+            self._view = None
+        seen.append((repr(kept), repr((real_metrics(self), self.layer_table()))))  # repr: NaN equals NaN
+        return kept[0]
+
+    monkeypatch.setattr(PerLayerLossScaler, "metrics", metrics)
+    _run(METHODS[label], False)
+    assert len(seen) >= STEPS
+    assert all(kept == fresh for kept, fresh in seen)

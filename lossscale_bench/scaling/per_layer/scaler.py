@@ -106,6 +106,8 @@ class PerLayerLossScaler(LossScaler):
         #: id(param) -> (iteration, scale id) whose value the param's .grad carries, or None (unscaled)
         self._carried: dict[int, tuple[Iteration, int] | None] = {}
         self._last_plan = {"nodes": 0, "merge_points": 0, "layers": 0}
+        #: what _recorded() read this step (None: not read since the last backward, update or load)
+        self._recorded_rows: list[tuple[Any, list[float]]] | None = None
 
     # -- the hook -----------------------------------------------------------------
     @abstractmethod
@@ -153,6 +155,7 @@ class PerLayerLossScaler(LossScaler):
     def scale(self, loss: torch.Tensor) -> torch.Tensor:
         if self._model is None:
             raise RuntimeError("scaler was removed from its model")
+        self._recorded_rows = None
         # hooks of a finished backward go now: a parameter's AccumulateGrad node can outlive its graph
         for it in self._pending:
             if it.backward_done:
@@ -196,6 +199,7 @@ class PerLayerLossScaler(LossScaler):
 
     def update(self) -> None:
         super().update()
+        self._recorded_rows = None
         self._iter += 1
         self._carried.clear()
         self._release_pending()
@@ -228,7 +232,13 @@ class PerLayerLossScaler(LossScaler):
         return [i.name for i in self._layers]
 
     def _recorded(self) -> list[tuple[Any, list[float]]]:
-        """(info, [scale, prev, unbounded]) for layers that ran; one device->host copy."""
+        """(info, [scale, prev, unbounded]) for layers that ran; one device->host copy a step (kept until the
+        next backward, update or load: a logged step's metrics and layer table share it)."""
+        if self._recorded_rows is None:
+            self._recorded_rows = self._read_recorded()
+        return self._recorded_rows
+
+    def _read_recorded(self) -> list[tuple[Any, list[float]]]:
         rows = [i for i in self._layers + self._output_points if i.last_prev is not None]
         if not rows:
             return []
