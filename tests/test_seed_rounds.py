@@ -83,3 +83,13 @@ def test_seeds_in_rounds_until_decided_then_a_rerun_trains_nothing(tmp_path):
     assert rep.returncode == 0, rep.stderr[-3000:]
     assert f"(n={len(want)})" in rep.stdout and "## Seeds added until decided" in rep.stdout
     assert d.verdict in rep.stdout.split("## Seeds added until decided", 1)[1]
+
+    # the section is in the HTML and LaTeX reports and in --compare's too
+    for args, marker in (
+        (("--format", "html"), "<h2>Seeds added until decided</h2>"),
+        (("--format", "latex"), "% Seeds added until decided"),
+        (("--compare",), "## Seeds added until decided"),
+    ):
+        out = lsbench("report", path, "--runs-dir", runs, *args, "--no-plots", "--out", "-", cwd=tmp_path)
+        assert out.returncode == 0, out.stderr[-3000:]
+        assert marker in out.stdout and d.verdict in out.stdout.split(marker, 1)[1], args

@@ -4,44 +4,71 @@
 run (``lsbench.seeds.*``, ``lossscale_bench.seed_rounds``).  The tables' ``vs
 baseline`` column is each row's fixed-n test on all its seeds; after several
 looks only the group-sequential verdicts keep the stated error rates, so the
-markdown report adds them in a section of their own.  A study run with a list
+reports (markdown, HTML and LaTeX, the tables and ``--compare``) add them in a section of their own.  A study run with a list
 of seeds has no such tags and its report is unchanged.
 """
 
 from __future__ import annotations
 
-__all__ = ["SEEDS_TAG", "seed_section"]
+__all__ = ["SEEDS_TAG", "TITLE", "seed_looks", "seed_section", "with_seed_section"]
 
 #: the prefix of the parent run's tags (seed_rounds.TAG_PREFIX writes them)
 SEEDS_TAG = "lsbench.seeds."
+#: the section's heading, in every format
+TITLE = "Seeds added until decided"
 
 
-def seed_section(tracking_uri: str, study: str) -> str:
-    """Markdown: the method, the plan and one line per pair with its verdict and looks; "" without the tags."""
+def seed_looks(tracking_uri: str, study: str) -> tuple[str, list[str]] | None:
+    """The section's text, format-free: its paragraph and one line per pair; None without the tags."""
     from mlflow import MlflowClient
 
     client = MlflowClient(tracking_uri=tracking_uri)
     exp = client.get_experiment_by_name(study)
     if exp is None:
-        return ""
+        return None
     parents = client.search_runs([exp.experiment_id], filter_string="tags.`lsbench.role` = 'study'", max_results=1)
     tags = parents[0].data.tags if parents else {}
     if f"{SEEDS_TAG}method" not in tags:
-        return ""
+        return None
     pairs = sorted((k, v) for k, v in tags.items() if k.startswith(f"{SEEDS_TAG}pair."))
+    paragraph = (
+        f"Plan: {tags.get(f'{SEEDS_TAG}plan', '?')}. Method: {tags[f'{SEEDS_TAG}method']}; alpha 0.05 for a "
+        "false difference and for a false equivalence, per pair. The tables' fixed-n tests of all the seeds do "
+        "not account for the looks; these verdicts do (looks: how many times the pair was judged, n: its seeds "
+        "at the last)."
+    )
     lines = [
-        "",
-        "## Seeds added until decided",
-        "",
-        (
-            f"Plan: {tags.get(f'{SEEDS_TAG}plan', '?')}. Method: {tags[f'{SEEDS_TAG}method']}; alpha 0.05 for a "
-            "false difference and for a false equivalence, per pair. The vs baseline column above is each row's "
-            "fixed-n test on all its seeds and does not account for the looks; these verdicts do (looks: how many "
-            "times the pair was judged, n: its seeds at the last)."
-        ),
-        "",
+        f"{k[len(SEEDS_TAG) + len('pair.') :].split('.row')[0].replace('.b', ' batch ', 1)}: {v}" for k, v in pairs
     ]
-    lines += [
-        f"- {k[len(SEEDS_TAG) + len('pair.') :].split('.row')[0].replace('.b', ' batch ', 1)}: {v}" for k, v in pairs
-    ]
-    return "\n".join(lines) + "\n"
+    return paragraph, lines
+
+
+def seed_section(tracking_uri: str, study: str, fmt: str = "markdown") -> str:
+    """The section in ``fmt`` (markdown, html or latex; csv has none): the method, the plan and one line per pair
+    with its verdict and looks; "" for a study without the tags."""
+    looks = seed_looks(tracking_uri, study) if fmt in ("markdown", "html", "latex") else None
+    if looks is None:
+        return ""
+    paragraph, lines = looks
+    if fmt == "html":
+        from .renderers.html import md_inline_to_html
+
+        items = "".join(f"<li>{md_inline_to_html(line)}</li>" for line in lines)
+        return f'<h2>{TITLE}</h2>\n<p class="note">{md_inline_to_html(paragraph)}</p>\n<ul>{items}</ul>\n'
+    if fmt == "latex":
+        from .renderers.latex import latex_escape
+
+        items = "\n".join(rf"\item {latex_escape(line)}" for line in lines)
+        return f"\n% {TITLE}\n{latex_escape(paragraph)}\n\\begin{{itemize}}\n{items}\n\\end{{itemize}}\n"
+    return "\n".join(["", f"## {TITLE}", "", paragraph, "", *[f"- {line}" for line in lines]]) + "\n"
+
+
+def with_seed_section(text: str, tracking_uri: str, study: str | None, fmt: str) -> str:
+    """``text`` (a report in ``fmt``) with the seed-plan section: before an HTML page's ``</body>``, else at the end."""
+    section = seed_section(tracking_uri, study, fmt) if study else ""
+    if not section:
+        return text
+    if fmt == "html" and "</body>" in text:
+        head, _, tail = text.rpartition("</body>")
+        return f"{head}{section}</body>{tail}"
+    return text + section

@@ -133,8 +133,11 @@ def write_report(
         raise ReportError(f"no trial runs for {where} in {tracking_uri}")
     to_stdout = str(out) == "-"
     path = _report_path(out, reports_dir, f"{study or 'all'}{'_compare' if compare else ''}.{FORMATS[fmt]}")
+    from .seed_section import with_seed_section  # a study whose seeds were added until decided: its verdicts
+
     if compare:
         text = render_compare(summarize(runs, metric, margin, values=True), fmt, metric, margin)
+        text = with_seed_section(text, tracking_uri, study, fmt)
         return (text, None) if to_stdout else (text, _write(path, text, []))
     pictures: list[tuple[str, str, bytes]] = []  # (name, title, png)
     if plots and (fmt == "html" or (fmt == "markdown" and not to_stdout)):
@@ -143,12 +146,9 @@ def write_report(
     files: list[tuple[Path, bytes]] = []
     if fmt == "html":
         text = render(runs, fmt, metric, images={title: png for _, title, png in pictures}, margin=margin)
+        text = with_seed_section(text, tracking_uri, study, fmt)
     else:
-        text = render(runs, fmt, metric, margin=margin)
-        if fmt == "markdown" and study:  # a study whose seeds were added until decided: its verdicts
-            from .seed_section import seed_section
-
-            text += seed_section(tracking_uri, study)
+        text = with_seed_section(render(runs, fmt, metric, margin=margin), tracking_uri, study, fmt)
         if fmt == "markdown" and pictures:
             section, files = _markdown_plots(path, pictures)
             text += section
