@@ -311,3 +311,26 @@ def headless_chromium(tmp: Path, *args: str, timeout: int = 90) -> subprocess.Co
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env={**os.environ, "HOME": str(tmp)})
     assert r.returncode == 0, r.stderr[-2000:]
     return r
+
+
+def trial_trainer(tmp: Path, entry: dict, **study):
+    """A trial's ``Trainer`` as the runner builds it (data, precision, scaler, telemetry and metric hooks) for one
+    scaling ``entry`` of ``study_yaml(**study)`` (E4M3-emulated and endless unless ``study`` says otherwise),
+    written in ``tmp``; its batches in ``trainer.batches``, its hooks' ``before_train`` run. For tests that step
+    a trial by hand."""
+    from lossscale_bench.data.dali import make_batches
+    from lossscale_bench.engine.sink import MemorySink
+    from lossscale_bench.study import load_study
+    from lossscale_bench.trial import runner, setup
+
+    base = {"precision": "fp8-e4m3-emulated", "schedule": {"iterations": 10**6, "lr": 0.01, "warmup_iterations": 2}}
+    path = tmp / "study.yaml"
+    path.write_text(study_yaml(**{**base, **study, "scaling": [entry]}))
+    cfg = load_study(str(path)).trials()[0]
+    sink = MemorySink()
+    parts = setup.build_parts(cfg, sink, tmp, 1)
+    trainer = runner._trainer(cfg, parts, sink, tmp, tmp / "ck.pt", 10**9, 0, None)
+    trainer.batches = iter(make_batches(cfg, parts.train_ds, 0))
+    for h in trainer.hooks:
+        h.before_train(trainer)
+    return trainer

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import study_yaml
+from helpers import trial_trainer
 from lossscale_bench.core.host_path import device_path
 
 METHODS = {
@@ -45,31 +45,12 @@ def _weights(model: torch.nn.Module) -> str:
 
 
 def _run(entry: dict, on_device: bool) -> list:
-    from lossscale_bench.data.dali import make_batches
-    from lossscale_bench.engine.sink import MemorySink
-    from lossscale_bench.study import load_study
-    from lossscale_bench.trial import runner, setup
-
     torch.set_num_threads(1)
     out = []
     with tempfile.TemporaryDirectory() as d, device_path() if on_device else contextlib.nullcontext():
-        tmp = Path(d)
-        path = tmp / "study.yaml"
-        path.write_text(
-            study_yaml(
-                precision="fp8-e4m3-emulated",
-                scaling=[entry],
-                schedule={"iterations": 10**6, "lr": 0.01, "warmup_iterations": 2},
-                log_every=1,
-            )
-        )
-        cfg = load_study(str(path)).trials()[0]
-        sink = MemorySink()
-        parts = setup.build_parts(cfg, sink, tmp, 1)
-        trainer = runner._trainer(cfg, parts, sink, tmp, tmp / "ck.pt", 10**9, 0, None)
-        batches = iter(make_batches(cfg, parts.train_ds, 0))
+        trainer = trial_trainer(Path(d), entry, log_every=1)
         for _ in range(STEPS):
-            record = trainer.train_step(*next(batches)[1:])
+            record = trainer.train_step(*next(trainer.batches)[1:])
             loss = record.loss
             out.append(
                 (record.result, loss if loss == loss else "nan", trainer.scaler.metrics(), _weights(trainer.model))

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import study_yaml
+from helpers import trial_trainer
 from lossscale_bench.core.host_path import device_path
 from lossscale_bench.engine.budget import StepCounter
 
@@ -47,29 +47,7 @@ MODEL = {"model": "ssd_tiny", "model_options": {"width": 16}}
 
 
 def _trainer(entry: dict, tmp: Path):
-    from lossscale_bench.data.dali import make_batches
-    from lossscale_bench.engine.sink import MemorySink
-    from lossscale_bench.study import load_study
-    from lossscale_bench.trial import runner, setup
-
-    path = tmp / "study.yaml"
-    path.write_text(
-        study_yaml(
-            precision="fp8-e4m3-emulated",
-            scaling=[entry],
-            **MODEL,
-            schedule={"iterations": 10**6, "lr": 0.01, "warmup_iterations": 2},
-            log_every=LOG_EVERY,
-        )
-    )
-    cfg = load_study(str(path)).trials()[0]
-    sink = MemorySink()
-    parts = setup.build_parts(cfg, sink, tmp, 1)
-    trainer = runner._trainer(cfg, parts, sink, tmp, tmp / "ck.pt", 10**9, 0, None)
-    trainer.batches = iter(make_batches(cfg, parts.train_ds, 0))
-    for h in trainer.hooks:
-        h.before_train(trainer)
-    return trainer
+    return trial_trainer(tmp, entry, **MODEL, log_every=LOG_EVERY)
 
 
 def _iteration(trainer) -> None:
