@@ -54,7 +54,7 @@ from torch import nn
 from ..core.host_path import host_shortcuts
 from ..numerics.amax import max_abs, max_abs_value
 from ..precision.formats import FP16, FloatFormat
-from .base import all_reduce_flag
+from .base import all_reduce_flag, distributed
 from .host_fp32 import f32, floor_pow2_log2, recip
 from .per_layer import LOSS_POINT, PointLossScaler
 
@@ -152,6 +152,8 @@ class AmaxLossScaler(PointLossScaler):
         self._dev: tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]] | None = None
         #: :meth:`_host_view`'s floats, None once the state may have changed
         self._view: tuple[list[float], list[float]] | None = None
+        #: the next loss scale (tensor, float) read with the overflow verdict, for update()
+        self._next: tuple[torch.Tensor, float] | None = None
         self._n = n
         self._loss_scale = float(init_scale)
         self._pending_state: dict[str, Any] | None = None
@@ -234,7 +236,30 @@ class AmaxLossScaler(PointLossScaler):
         scales[k] = s
         return torch.tensor(s, dtype=_F32)
 
+    def _next_loss_scale(self) -> torch.Tensor:
+        """The loss's scale :meth:`update` will set, computed before it as it will (one worker: the history it
+        rolls in is this step's amaxes); the maximum over the kept history rows is exact in any order."""
+        now0 = self._now[0]
+        if self.recipe == "current" or self.history == 1:
+            amax = now0
+        else:
+            amax = torch.maximum(now0, self._hist[: self.history - 1, 0].amax())
+        return scale_from_amax(amax, self._scales[0], self.fmax, self.margin, self.power_of_two)
+
+    def read_overflow(self) -> bool:
+        """Off the host, one worker: the verdict and the next loss scale in one read (update() needs no other)."""
+        self._next = None
+        on_host = self.host_rule and host_shortcuts() and self._scales is not None and self._scales.device.type == "cpu"
+        if on_host or distributed() or self._found_inf is None or self._now is None or self._scales is None:
+            return super().read_overflow()
+        self._flush_host()
+        s0 = self._next_loss_scale()
+        found, scale = torch.stack([self._found_inf.reshape(()).to(s0.device, _F32), s0]).tolist()
+        self._next = (s0, scale)
+        return bool(found)
+
     def update(self) -> None:
+        early, self._next = self._next, None
         measured = self._now is not None and self._scales is not None
         self._flush_host()
         super().update()
@@ -248,13 +273,17 @@ class AmaxLossScaler(PointLossScaler):
         self._now = None
         self._hist_max = self._hist.amax(0)
         amax = self._hist[0, 0] if self.recipe == "current" else self._hist_max[0]
-        if self.host_rule and host_shortcuts() and self._scales.device.type == "cpu":
+        if early is not None:  # read with the verdict (read_overflow)
+            self._scales[0] = early[0]
+            self._loss_scale = early[1]
+        elif self.host_rule and host_shortcuts() and self._scales.device.type == "cpu":
             self._scales[0] = scale_from_amax_host(
                 float(amax), float(self._scales[0]), self.fmax, self.margin, self.power_of_two
             )
+            self._loss_scale = float(self._scales[0])
         else:
             self._scales[0] = scale_from_amax(amax, self._scales[0], self.fmax, self.margin, self.power_of_two)
-        self._loss_scale = float(self._scales[0])
+            self._loss_scale = float(self._scales[0])
         self.init_scale = self._loss_scale
         self._view = None
 

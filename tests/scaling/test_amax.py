@@ -276,3 +276,26 @@ def test_the_rule_for_recorded_amaxes_is_the_rule(power_of_two):
         want = scale_from_amax(amax, prev, fmax, margin, power_of_two)
         got = scale_from_finite_amax(amax, prev, fmax, margin, power_of_two)
         assert torch.equal(want.view(torch.int32), got.view(torch.int32)), (fmax, margin)
+
+
+@pytest.mark.parametrize("recipe, history", [("current", 1024), ("delayed", 1), ("delayed", 3), ("delayed", 16)])
+@pytest.mark.parametrize("power_of_two", [True, False])
+def test_the_next_loss_scale_read_with_the_verdict_is_the_one_update_sets(recipe, history, power_of_two):
+    # off the host, step() reads the next loss scale together with the overflow verdict and update() takes it
+    # from there: it must be what update() computes from the rolled history, on histories of every shape
+    from lossscale_bench.core.host_path import device_path
+
+    scaler = AmaxLossScaler(_chain(), recipe=recipe, history=history, margin=1, power_of_two=power_of_two)
+    scaler._ensure(torch.device("cpu"))
+    g = torch.Generator().manual_seed(0)
+    n = scaler._n
+    with device_path():
+        for _ in range(40):
+            rows = torch.rand(history, n, generator=g) * 2.0 ** torch.randint(-8, 8, (history, n), generator=g)
+            scaler._hist = torch.where(torch.rand(history, n, generator=g) < 0.2, torch.zeros(()), rows)
+            scaler._hist_max = scaler._hist.amax(0)
+            scaler._now = torch.rand(n, generator=g) * 2.0 ** torch.randint(-8, 8, (n,), generator=g)
+            scaler._scales = torch.rand(n, generator=g) * 1000
+            early = scaler._next_loss_scale()
+            scaler.update()  # no verdict read: update() computes it itself
+            assert scaler._scales[0].view(torch.int32) == early.view(torch.int32)

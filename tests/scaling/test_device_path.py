@@ -32,6 +32,10 @@ METHODS = {
     "adaptive, overflow -> NaN, init_scale 1024": {"method": "adaptive", "init_scale": 1024, "grad_overflow": "nan"},
     "amax current": {"method": "amax", "recipe": "current", "margin": 1},
     "amax delayed": {"method": "amax", "recipe": "delayed", "history": 4},
+    # scales that follow every layer's amax exactly (no power of two); the loss point's amax is the same at every
+    # step of this toy, so test_amax.py checks the next loss scale read with the verdict on random histories
+    "amax delayed, exact scales": {"method": "amax", "recipe": "delayed", "history": 3, "power_of_two": False},
+    "amax current, exact scales": {"method": "amax", "recipe": "current", "power_of_two": False},
 }
 STEPS = 8
 
