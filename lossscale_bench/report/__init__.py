@@ -74,7 +74,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "verdicts": ("noise_verdict", "paired_verdict", "compare_cells"),
     "compare": ("compare_rows", "letter_groups", "PAIR_COLUMNS", "RANK_COLUMNS"),
     "summary": ("summarize", "SUMMARY_COLUMNS", "RUNNING_TEXT"),
-    "tables": ("EMULATED_MARK", "EMULATION_NOTES", "HEADERS", "SEEDS_NOTE", "VS_HEADER", "_verdict_note"),
+    "tables": ("EMULATED_MARK", "EMULATION_NOTES", "HEADERS", "SEEDS_NOTE", "VS_HEADER", "verdict_note"),
     "metric_names": ("REPORT_METRICS", "check_metric"),
     "renderers": (
         "FORMATS",

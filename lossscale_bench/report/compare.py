@@ -30,7 +30,7 @@ import string
 
 import pandas as pd
 
-from .baseline import TABLE_KEYS
+from .baseline import TABLE_KEYS, VERDICT_NUMBERS
 from .cell_text import higher_is_better, metric_scale
 from .stats import ALPHA, DEFAULT_MARGIN, decide, format_margin, format_p, holm
 from .summary import table_labels
@@ -166,24 +166,7 @@ def _table_pairs(g: pd.DataFrame, labels: dict, margin: float, scale: float, hig
                 "n_b": v["n_baseline"],
                 "mean_a": v["mean"],
                 "mean_b": v["mean_baseline"],
-                **{
-                    c: v[c]
-                    for c in (
-                        "diff",
-                        "diff_ci_low",
-                        "diff_ci_high",
-                        "half_width",
-                        "p_value",
-                        "tost_p",
-                        "tost_ci_low",
-                        "tost_ci_high",
-                        "margin",
-                        "seeds_needed",
-                        "p_better",
-                        "p_better_low",
-                        "p_better_high",
-                    )
-                },
+                **{c: v[c] for c in VERDICT_NUMBERS},
                 "p_holm": p_holm,
                 "outcome": outcome,
                 "verdict": _pair_verdict(outcome, v, p_holm, margin * scale, alpha),

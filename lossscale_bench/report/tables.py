@@ -23,6 +23,7 @@ __all__ = [
     "HEADERS",
     "VS_HEADER",
     "SEEDS_NOTE",
+    "verdict_note",
     "EMULATED_MARK",
     "EMULATION_NOTES",
     "TableStudy",
@@ -72,7 +73,7 @@ def margin_text(margin: float, metric: str) -> str:
     return f"±{format_margin(margin)}" + (" mAP" if is_map_metric(metric) else "")
 
 
-def _verdict_note(metric: str, margin: float = DEFAULT_MARGIN) -> str:
+def verdict_note(metric: str, margin: float = DEFAULT_MARGIN) -> str:
     """How to read the ``vs baseline`` column; printed under tables that have one (``margin``: as shown)."""
     unit = "percentage points" if is_map_metric(metric) else "the metric's unit"
     m = margin_text(margin, metric)
@@ -259,7 +260,7 @@ def study_notes(summary: pd.DataFrame, runs_of_study: pd.DataFrame | None, metri
     if (pd.to_numeric(summary["n_values"], errors="coerce") > 1).any():
         lines.append(SEEDS_NOTE)
     if any(has for *_, has in report_tables(summary, metric)):
-        lines.append(_verdict_note(metric, table_margin(summary, metric)))
+        lines.append(verdict_note(metric, table_margin(summary, metric)))
     n = runs_of_study
     if n is not None and len(n):
         lines += _trial_counts(summary, n)

@@ -171,6 +171,10 @@ class AmaxLossScaler(PointLossScaler):
             self._scales = torch.stack(scales)
             self._now = torch.stack(now)
 
+    def _rule_on_host(self) -> bool:
+        """Whether the rule's arithmetic runs on the host: the state is on the CPU and its shortcuts are on."""
+        return self.host_rule and host_shortcuts() and self._scales is not None and self._scales.device.type == "cpu"
+
     def _device_lists(self) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
         if self._dev is None:
             hist = [] if self.recipe == "current" else list(self._hist_max.unbind())
@@ -194,11 +198,7 @@ class AmaxLossScaler(PointLossScaler):
         """TE's scale from point ``k``'s amax (this one or the history's); records the arriving amax."""
         self._view = None
         self._ensure(grad.device)
-        if (
-            self.host_rule
-            and host_shortcuts()
-            and self._scales.device.type == grad.device.type == incoming.device.type == "cpu"
-        ):
+        if self._rule_on_host() and grad.device.type == incoming.device.type == "cpu":
             return self._point_scale_host(k, grad, float(incoming), from_loss)
         if self._host is not None:
             self._flush_host()
@@ -249,8 +249,13 @@ class AmaxLossScaler(PointLossScaler):
     def read_overflow(self) -> bool:
         """Off the host, one worker: the verdict and the next loss scale in one read (update() needs no other)."""
         self._next = None
-        on_host = self.host_rule and host_shortcuts() and self._scales is not None and self._scales.device.type == "cpu"
-        if on_host or distributed() or self._found_inf is None or self._now is None or self._scales is None:
+        if (
+            self._rule_on_host()
+            or distributed()
+            or self._found_inf is None
+            or self._now is None
+            or self._scales is None
+        ):
             return super().read_overflow()
         self._flush_host()
         s0 = self._next_loss_scale()
@@ -276,7 +281,7 @@ class AmaxLossScaler(PointLossScaler):
         if early is not None:  # read with the verdict (read_overflow)
             self._scales[0] = early[0]
             self._loss_scale = early[1]
-        elif self.host_rule and host_shortcuts() and self._scales.device.type == "cpu":
+        elif self._rule_on_host():
             self._scales[0] = scale_from_amax_host(
                 float(amax), float(self._scales[0]), self.fmax, self.margin, self.power_of_two
             )

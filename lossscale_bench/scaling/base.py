@@ -94,10 +94,11 @@ def unscale_groups_(groups: list[tuple[torch.Tensor | None, list]], founds: list
             flagged: dict[int, tuple[torch.Tensor, list[int]]] = {}
             for i, k in enumerate(scaled):
                 flagged.setdefault(id(founds[k]), (founds[k], []))[1].append(i)
-            for found, rows in flagged.values():  # a flag of its own: its row; shared by all: their max
-                found.add_(
-                    bad[rows[0]] if len(rows) == 1 else bad.amax() if len(rows) == len(scaled) else bad[rows].amax()
-                )
+            for found, rows in flagged.values():  # a flag of its own takes its row, a shared one the rows' max
+                if len(rows) == 1:
+                    found.add_(bad[rows[0]])
+                else:  # all rows (the per-layer scalers' one flag a device): no gather
+                    found.add_(bad.amax() if len(rows) == len(scaled) else bad[rows].amax())
             inv = dict(zip(scaled, recips.reshape(-1, 1).unbind(0)))
         one = None
         for k in ks:

@@ -377,7 +377,7 @@ def test_markdown_exact(runs):
         "",
         report.SEEDS_NOTE,
         "",
-        report._verdict_note("final_map", 1.0),
+        report.verdict_note("final_map", 1.0),
         "",
         "Trials: 13 (8 finished, 3 diverged, 1 failed, 1 running).",
         "",
@@ -698,7 +698,7 @@ def test_verdict_column_and_notes_in_every_format(stats_store):
     )
     assert bad_vs == "worse than baseline (paired, p<0.001), Δ -39.00 [-41.48, -36.52], P(>)=0.00 [0.00, 0.71]"
     assert bad_line.split("|")[-2].strip() == bad_vs
-    assert report.SEEDS_NOTE in md and report._verdict_note("final_map", 1.0) in md
+    assert report.SEEDS_NOTE in md and report.verdict_note("final_map", 1.0) in md
     assert "alpha 0.05" in md and "left out of the test" in md
     assert "paired t-test of the per-seed differences" in md and "Welch's t-test" in md
     # both emulations appear, each named with what it rounds
@@ -752,7 +752,7 @@ def test_one_seed_study_says_too_few_seeds_and_no_seeds_note(stats_store):
     assert s["test"].tolist() == ["", ""]
     # the column is there, so is its explanation
     assert "vs baseline: the row's seed values against the baseline row's" in md
-    assert report._verdict_note("final_map", 1.0) in md
+    assert report.verdict_note("final_map", 1.0) in md
 
 
 def test_emulated_precisions_are_marked():
