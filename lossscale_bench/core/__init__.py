@@ -9,6 +9,7 @@
 * :mod:`.portable`: the environment pins that make CPU kernels repeatable across x86 machines.
 * :mod:`.env_vars`: every ``LSBENCH_*`` environment variable the package reads, described.
 * :mod:`.logged_names`: every metric and tag a trial or study logs, described.
+* :mod:`.uninterrupted`: calls (store writes) that a stop signal lets finish before it raises.
 
 Nothing here imports torch, Ray or MLflow, nor any other package of ``lossscale_bench``.
 """

@@ -12,6 +12,8 @@ import signal
 import threading
 from typing import Any
 
+from ..core.uninterrupted import defer
+
 
 class Interrupted(KeyboardInterrupt):
     """SIGINT or SIGTERM reached the driver while a study ran.
@@ -40,7 +42,8 @@ class SignalsRaise:
     it with ``sys.exit``), leaving every MLflow run RUNNING forever; Tune's own
     SIGINT handler stops quietly and returns as if the study were done. So the
     driver takes both signals itself; :meth:`install` is called again after
-    ``ray.init``. Outside the main thread (a library caller's worker thread)
+    ``ray.init``. A signal that lands inside a store call is raised when the call
+    returns (:mod:`lossscale_bench.core.uninterrupted` says why). Outside the main thread (a library caller's worker thread)
     signals cannot be handled and nothing is installed.
     """
 
@@ -58,6 +61,10 @@ class SignalsRaise:
     def _raise(self, signum, frame):
         if self.received is None:
             self.received = int(signum)
+        if not defer(lambda: self._stop(signum)):  # inside a store call: raised when the call returns
+            self._stop(signum)
+
+    def _stop(self, signum: int) -> None:
         stop = Interrupted(signum)
         stop.killed = self.killed
         raise stop

@@ -57,6 +57,11 @@ def store_error(exc: BaseException, uri: str) -> StoreError | None:
                 f"MLflow store {where} was written by an older MLflow ({detail}); back it up, then "
                 f"run `mlflow db upgrade {redact(uri)}`"
             )
+        if "database is locked" in text:  # _retry's callers retried first: it stayed locked
+            return StoreError(
+                f"MLflow store {where} stayed locked: another process holds its write lock; what was logged "
+                "before is kept: end that process and re-run to resume"
+            )
         if "disk i/o error" in text:
             return StoreError(
                 f"MLflow store {where}: disk I/O error (a full disk, a file-size limit or a failing device)"

@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from ..core.uninterrupted import WholeCalls
 from .run_status import base_run_name
 from .store import open_store, relative_artifact_location, sqlite_path
 from .store_faults import store_error
@@ -68,7 +69,8 @@ class Tracker:
 
         ensure_artifact_scheme()
         try:
-            self.client = MlflowClient(tracking_uri=tracking_uri)
+            # every store call whole: a stop signal raised inside one can leave SQLite locked (core.uninterrupted)
+            self.client = WholeCalls(MlflowClient(tracking_uri=tracking_uri))
             self.client.search_experiments(max_results=1)  # creates/migrates a SQLite store's tables now
         except Exception as exc:  # noqa: BLE001
             fault = store_error(exc, tracking_uri)
@@ -425,7 +427,7 @@ def set_study_tags(uri: str, study_name: str, tags: dict[str, str]) -> bool:
     same key); False when the store holds no such study yet."""
     from mlflow import MlflowClient
 
-    client = MlflowClient(uri)
+    client = WholeCalls(MlflowClient(uri))
     exp = client.get_experiment_by_name(study_name)
     if exp is None:
         return False
