@@ -4,9 +4,10 @@ Why a package of its own: the store is the study's record, and the code that
 touches it has separate jobs, one module each. ``store`` opens a store
 and names its faults (no MLflow writes; the ``lsbench-store:`` artifact
 resolver that pyproject.toml's entry point names); ``store_faults`` names a
-fault that appears after opening (a disk that fills up mid-study). ``tracker`` is the one
-writer of runs (``Tracker``: experiments, parent and trial runs, batched and
-retried writes). ``run_status`` is pure text: how a trial's end shows in the
+fault that appears after opening (a disk that fills up mid-study). ``client`` is the
+MLflow client on a store (each call on a database store made whole before a stop signal
+raises, calls retried while SQLite is locked). ``tracker`` is the one writer of runs
+(``Tracker``: experiments, parent and trial runs, batched writes). ``run_status`` is pure text: how a trial's end shows in the
 MLflow UI. ``attempts`` is pure rules too: what a continued run's next attempt
 does to the record of the earlier one (error set aside, repeated steps not
 logged twice). ``mlflow_sink`` is the sink of an in-process trial. ``ui_server`` starts

@@ -31,6 +31,7 @@ __all__ = [
     "StoreError",
     "StoreMissing",
     "ALLOWED_SCHEMES",
+    "DATABASE_SCHEMES",
     "USABLE_STORES",
     "ARTIFACT_SCHEME",
     "open_store",
@@ -51,6 +52,8 @@ __all__ = [
 #: (model-registry URIs: MLflow has no tracking store for them). ``databricks`` is accepted but
 #: not advertised in :data:`USABLE_STORES`: lsbench has never been tried on it.
 ALLOWED_SCHEMES = ("sqlite", "http", "https", "postgresql", "mysql", "mssql", "databricks")
+#: the stores MLflow reaches through SQLAlchemy (a database connection in this process), not a server
+DATABASE_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql")
 #: what every refused URI's message ends with: the stores known to work
 USABLE_STORES = (
     "use sqlite:///path/mlflow.db (a SQLite file), http://host:port or https://host (an MLflow "

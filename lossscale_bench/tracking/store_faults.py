@@ -57,7 +57,7 @@ def store_error(exc: BaseException, uri: str) -> StoreError | None:
                 f"MLflow store {where} was written by an older MLflow ({detail}); back it up, then "
                 f"run `mlflow db upgrade {redact(uri)}`"
             )
-        if "database is locked" in text:  # _retry's callers retried first: it stayed locked
+        if "database is locked" in text:  # retry()'s callers tried again first: it stayed locked
             return StoreError(
                 f"MLflow store {where} stayed locked: another process holds its write lock; what was logged "
                 "before is kept: end that process and re-run to resume"

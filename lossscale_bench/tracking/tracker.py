@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from ..core.uninterrupted import WholeCalls
+from .client import retry, store_client
 from .run_status import base_run_name
 from .store import open_store, relative_artifact_location, sqlite_path
 from .store_faults import store_error
@@ -33,29 +33,11 @@ def _bool_tag(value) -> str:
     return "true" if value else "false"
 
 
-def _retry(fn, *args, attempts: int = 8, **kwargs):
-    """Call an MlflowClient method, retrying "database is locked"; a store fault becomes a :class:`StoreError`."""
-    delay = 0.05
-    for i in range(attempts):
-        try:
-            return fn(*args, **kwargs)
-        except Exception as exc:  # noqa: BLE001
-            if "locked" not in str(exc).lower() or i == attempts - 1:
-                fault = store_error(exc, str(getattr(getattr(fn, "__self__", None), "tracking_uri", "") or ""))
-                if fault is not None:
-                    raise fault from exc
-                raise
-            time.sleep(delay)
-            delay = min(delay * 2, 2.0)
-
-
 class Tracker:
     """Study- and trial-level bookkeeping on one MLflow store."""
 
     def __init__(self, tracking_uri: str, artifact_root: str | Path | None = None) -> None:
         import logging
-
-        from mlflow.tracking import MlflowClient
 
         # Alembic/MLflow print migration chatter on first use of a store.
         logging.getLogger("alembic").setLevel(logging.WARNING)
@@ -69,8 +51,7 @@ class Tracker:
 
         ensure_artifact_scheme()
         try:
-            # every store call whole: a stop signal raised inside one can leave SQLite locked (core.uninterrupted)
-            self.client = WholeCalls(MlflowClient(tracking_uri=tracking_uri))
+            self.client = store_client(tracking_uri)
             self.client.search_experiments(max_results=1)  # creates/migrates a SQLite store's tables now
         except Exception as exc:  # noqa: BLE001
             fault = store_error(exc, tracking_uri)
@@ -91,7 +72,7 @@ class Tracker:
         if exp is not None:
             for key, value in self._experiment_tags().items():
                 if exp.tags.get(key) != value:
-                    _retry(self.client.set_experiment_tag, exp.experiment_id, key, value)
+                    retry(self.client.set_experiment_tag, exp.experiment_id, key, value)
             return exp.experiment_id
         if not create:
             return None
@@ -100,7 +81,7 @@ class Tracker:
             loc = relative_artifact_location(study_name)
         else:
             loc = (self.artifact_root / study_name).as_uri() if self.artifact_root else None
-        return _retry(
+        return retry(
             self.client.create_experiment,
             study_name,
             artifact_location=loc,
@@ -121,9 +102,9 @@ class Tracker:
         if runs:
             run_id = runs[0].info.run_id
             if runs[0].info.status != "RUNNING":
-                _retry(self.client.update_run, run_id, status="RUNNING")
+                retry(self.client.update_run, run_id, status="RUNNING")
         else:
-            run = _retry(
+            run = retry(
                 self.client.create_run,
                 exp_id,
                 run_name=study_name,
@@ -131,7 +112,7 @@ class Tracker:
             )
             run_id = run.info.run_id
             if study_file and Path(study_file).is_file():
-                _retry(self.client.log_artifact, run_id, study_file)
+                retry(self.client.log_artifact, run_id, study_file)
         return exp_id, run_id
 
     def study_counts(self, parent_run_id: str, trial_ids: Iterable[str] | None = None) -> dict[str, int]:
@@ -163,7 +144,7 @@ class Tracker:
         the tag ``lsbench.trials`` says the counts in words for the runs table.
         """
         c = self.study_counts(parent_run_id, trial_ids)
-        _retry(self.client.log_batch, parent_run_id, metrics=[self._metric(f"trials_{k}", v, 0) for k, v in c.items()])
+        retry(self.client.log_batch, parent_run_id, metrics=[self._metric(f"trials_{k}", v, 0) for k, v in c.items()])
         # lsbench.status too: an earlier SIGTERM left "interrupted" on the parent, which the runs
         # table would keep showing beside a FINISHED run once a re-run completed the study
         self.set_tags(
@@ -174,7 +155,7 @@ class Tracker:
                 "lsbench.status": "failed" if c["failed"] else "finished",
             },
         )
-        _retry(self.client.set_terminated, parent_run_id, status="FAILED" if c["failed"] else "FINISHED")
+        retry(self.client.set_terminated, parent_run_id, status="FAILED" if c["failed"] else "FINISHED")
         return c
 
     # -- trials ---------------------------------------------------------------------
@@ -232,7 +213,7 @@ class Tracker:
             if run is None or old is None or old == cfg.label:
                 continue
             self.set_tags(run.info.run_id, {"lsbench.label": cfg.label})
-            _retry(
+            retry(
                 self.client.update_run,
                 run.info.run_id,
                 name=run_name(cfg.label, cfg.trial_id, run.data.tags.get("lsbench.status", "")),
@@ -264,13 +245,13 @@ class Tracker:
             # the configuration this trial is a seed of: the report pools seeds only within one
             "lsbench.config_id": cfg.config_id(),
         }
-        run = _retry(self.client.create_run, exp_id, run_name=base_run_name(cfg.label, cfg.trial_id), tags=tags)
+        run = retry(self.client.create_run, exp_id, run_name=base_run_name(cfg.label, cfg.trial_id), tags=tags)
         run_id = run.info.run_id
         from mlflow.entities import Param
 
         params = [Param(k, str(v)[:500]) for k, v in cfg.flat_params().items()]
         for i in range(0, len(params), 100):
-            _retry(self.client.log_batch, run_id, params=params[i : i + 100])
+            retry(self.client.log_batch, run_id, params=params[i : i + 100])
         return run_id
 
     def continue_trial_run(self, cfg, existing) -> str:
@@ -284,7 +265,7 @@ class Tracker:
         name = base_run_name(cfg.label, cfg.trial_id)
         if existing.info.status != "RUNNING" or existing.info.run_name != name:
             # a re-run of a failed trial drops its "[failed] " name until it ends again
-            _retry(self.client.update_run, run_id, status="RUNNING", name=name)
+            retry(self.client.update_run, run_id, status="RUNNING", name=name)
         baseline = _bool_tag(getattr(cfg, "baseline", False))
         if existing.data.tags.get("lsbench.baseline") != baseline:
             self.set_tags(run_id, {"lsbench.baseline": baseline})
@@ -307,7 +288,7 @@ class Tracker:
             self.set_tags(run_id, {"lsbench.previous_error": error, "lsbench.failed_attempts": n})
         for key in ATTEMPT_TAGS:
             if key in tags:
-                _retry(self.client.delete_tag, run_id, key)
+                retry(self.client.delete_tag, run_id, key)
         if tags.get("lsbench.status") not in (None, "pending"):
             self.set_tags(run_id, {"lsbench.status": "pending"})  # not "failed" while it waits to run again
         self._logged[run_id] = last_steps(run)
@@ -318,10 +299,10 @@ class Tracker:
         import tempfile
 
         run_id = run.info.run_id
-        has_file = any(a.path == "error.txt" for a in _retry(self.client.list_artifacts, run_id))
+        has_file = any(a.path == "error.txt" for a in retry(self.client.list_artifacts, run_id))
         with tempfile.TemporaryDirectory() as tmp:
             if has_file:
-                local = Path(_retry(self.client.download_artifacts, run_id, "error.txt", tmp))
+                local = Path(retry(self.client.download_artifacts, run_id, "error.txt", tmp))
             else:
                 local = Path(tmp) / "error.txt"
                 local.write_text(error)
@@ -330,7 +311,7 @@ class Tracker:
             from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
 
             repo = get_artifact_repository(run.info.artifact_uri, tracking_uri=self.uri)
-            _retry(repo.delete_artifacts, "error.txt")
+            retry(repo.delete_artifacts, "error.txt")
 
     @staticmethod
     def _metric(key: str, value: float, step: int):
@@ -351,7 +332,7 @@ class Tracker:
             items = new_points(items, logged)
         metrics = [self._metric(k, v, s) for k, v, s in items]
         for i in range(0, len(metrics), 1000):
-            _retry(self.client.log_batch, run_id, metrics=metrics[i : i + 1000])
+            retry(self.client.log_batch, run_id, metrics=metrics[i : i + 1000])
         return len(metrics)
 
     def set_tags(self, run_id: str, tags: dict[str, Any]) -> None:
@@ -364,11 +345,11 @@ class Tracker:
             for k, v in tags.items()
         ]
         if clean:
-            _retry(self.client.log_batch, run_id, tags=clean)
+            retry(self.client.log_batch, run_id, tags=clean)
 
     def log_artifact(self, run_id: str, path: str, artifact_path: str | None = None) -> None:
         if Path(path).exists():
-            _retry(self.client.log_artifact, run_id, path, artifact_path)
+            retry(self.client.log_artifact, run_id, path, artifact_path)
 
     def end_trial(self, run_id: str, status: str) -> None:
         """End a trial's run so that the runs table shows how it ended (``run_status``).
@@ -387,8 +368,8 @@ class Tracker:
         label, tid = tags.get("lsbench.label"), tags.get("lsbench.trial_id")
         self.set_tags(run_id, {"mlflow.note.content": note(status, tags, metrics)})
         if label and tid:
-            _retry(self.client.update_run, run_id, name=run_name(label, tid, status))
-        _retry(self.client.set_terminated, run_id, status=mlflow_status(status))
+            retry(self.client.update_run, run_id, name=run_name(label, tid, status))
+        retry(self.client.set_terminated, run_id, status=mlflow_status(status))
 
     def end_interrupted(self, run_id: str) -> None:
         """SIGINT/SIGTERM stopped the study: the run ends KILLED, tagged ``lsbench.status=interrupted``.
@@ -397,7 +378,7 @@ class Tracker:
         it), and the tag is not in ``TERMINAL``: the next run of the study resumes it.
         """
         self.set_tags(run_id, {"lsbench.status": "interrupted"})
-        _retry(self.client.set_terminated, run_id, status="KILLED")
+        retry(self.client.set_terminated, run_id, status="KILLED")
 
 
 def study_view_urls(uri: str, base_url: str) -> list[tuple[str, str]]:
@@ -425,9 +406,7 @@ def study_view_urls(uri: str, base_url: str) -> list[tuple[str, str]]:
 def set_study_tags(uri: str, study_name: str, tags: dict[str, str]) -> bool:
     """Set ``tags`` on the parent run of study ``study_name`` in the store at ``uri`` (replacing those of the
     same key); False when the store holds no such study yet."""
-    from mlflow import MlflowClient
-
-    client = WholeCalls(MlflowClient(uri))
+    client = store_client(uri)
     exp = client.get_experiment_by_name(study_name)
     if exp is None:
         return False

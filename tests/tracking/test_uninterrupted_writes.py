@@ -96,6 +96,16 @@ def test_signals_at_random_moments_of_store_writes_leave_the_store_writable(tmp_
         assert got.data.tags.get("lsbench.step") in (None, str(step - 1), str(step))
 
 
+def test_only_a_database_store_gets_whole_calls(tmp_path):
+    """An MLflow server's request cut in half harms nothing, and one that hangs must stay interruptible."""
+    from mlflow.tracking import MlflowClient
+
+    from lossscale_bench.tracking.client import store_client
+
+    assert isinstance(store_client(f"sqlite:///{tmp_path / 'mlflow.db'}"), WholeCalls)
+    assert type(store_client("http://127.0.0.1:9")) is MlflowClient
+
+
 def test_a_store_that_stays_locked_is_one_line(tmp_path):
     """After the retries, "database is locked" is a StoreError naming the store, not a traceback."""
     from lossscale_bench.tracking.store import StoreError

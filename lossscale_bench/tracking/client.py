@@ -1,0 +1,46 @@
+"""The MLflow client on a store: each call made whole before a stop signal raises, and retried while locked.
+
+:func:`store_client` is the client every writer of a study's runs uses (:class:`.tracker.Tracker`);
+:func:`retry` calls one of its methods again while SQLite says "database is locked" and turns a store
+fault into one :class:`~.store.StoreError` line.
+"""
+
+from __future__ import annotations
+
+import time
+
+from ..core.uninterrupted import WholeCalls
+from .store import DATABASE_SCHEMES, check_scheme
+from .store_faults import store_error
+
+__all__ = ["retry", "store_client"]
+
+
+def store_client(uri: str):
+    """An ``MlflowClient`` on ``uri``; on a database store, each call made whole before a stop signal raises.
+
+    A call into a database store (SQLite, or a database server through SQLAlchemy) cut in half by the
+    driver's SIGINT/SIGTERM can leave its connection holding a lock, and every later write waits on it
+    (:mod:`lossscale_bench.core.uninterrupted`). An MLflow server's request cut in half harms nothing, and
+    one that hangs must stay interruptible: that client is left as it is.
+    """
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    return WholeCalls(client) if check_scheme(uri) in DATABASE_SCHEMES else client
+
+
+def retry(fn, *args, attempts: int = 8, **kwargs):
+    """Call an MlflowClient method, retrying "database is locked"; a store fault becomes a :class:`StoreError`."""
+    delay = 0.05
+    for i in range(attempts):
+        try:
+            return fn(*args, **kwargs)
+        except Exception as exc:  # noqa: BLE001
+            if "locked" not in str(exc).lower() or i == attempts - 1:
+                fault = store_error(exc, str(getattr(getattr(fn, "__self__", None), "tracking_uri", "") or ""))
+                if fault is not None:
+                    raise fault from exc
+                raise
+            time.sleep(delay)
+            delay = min(delay * 2, 2.0)
