@@ -43,8 +43,9 @@ class SignalsRaise:
     SIGINT handler stops quietly and returns as if the study were done. So the
     driver takes both signals itself; :meth:`install` is called again after
     ``ray.init``. A signal that lands inside a store call is raised when the call
-    returns (:mod:`lossscale_bench.core.uninterrupted` says why). Outside the main thread (a library caller's worker thread)
-    signals cannot be handled and nothing is installed.
+    returns (:mod:`lossscale_bench.core.uninterrupted` says why). Outside the main
+    thread (a library caller's worker thread) signals cannot be handled and nothing
+    is installed.
     """
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
