@@ -63,7 +63,7 @@ gpu-check-smoke: install
 # pandas, matplotlib, pyyaml, tabulate), at the versions of this venv, for Python 3.12, with their
 # dependencies, less the wheels the GPU machine has anyway. Ray is left out (about 70 MiB; the local executor
 # never imports it) and so is MLflow's server half (mlflow-skinny is the client and the SQLite store).
-# <= 64 MiB with the working tree (the device tool's limit), and with the kangaroo photos (20 MB) for
+# <= 64 MiB with the working tree (the limit on what the GPU machine is sent), and with the kangaroo photos (20 MB) for
 # benchmarks/gpu_census.sh and gpu_pace.sh: pandas (12 MB) stays behind, since gpu_deps.sh keeps the machine's
 # own pandas anyway. benchmarks/gpu_session.sh installs them there.
 GPU_WHEELS     ?= pydantic mlflow-skinny sqlalchemy alembic pycocotools statsmodels
@@ -78,7 +78,7 @@ gpu-wheels: install
 	  -r $(GPU_WHEELS_DIR)/pins.txt setuptools
 	for n in $(GPU_HAS); do rm -f $(GPU_WHEELS_DIR)/$$n-*.whl $(GPU_WHEELS_DIR)/$$(echo $$n | tr a-z A-Z)-*.whl; done
 	du -sh $(GPU_WHEELS_DIR)
-	test $$(du -sm $(GPU_WHEELS_DIR) | cut -f1) -le 60 || { echo "gpu-wheels: $(GPU_WHEELS_DIR) is over 60 MiB; with the working tree it would pass the device tool's 64 MiB"; exit 1; }
+	test $$(du -sm $(GPU_WHEELS_DIR) | cut -f1) -le 60 || { echo "gpu-wheels: $(GPU_WHEELS_DIR) is over 60 MiB; with the working tree it would pass the GPU machine's 64 MiB limit"; exit 1; }
 
 clean:
 	rm -rf runs reports/*.md reports/*.html reports/*.csv reports/*.tex

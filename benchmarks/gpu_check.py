@@ -15,7 +15,7 @@ b. SSD300-VGG16 mixed16 images/s at batch 32: lsbench's ``Trainer`` vs a plain t
 c. adaptive (update_every 1 and 10) vs dynamic step time in real fp16 autocast, SSD300 and SSD512.
 d. emulation vs reality: per-layer subnormal and flush rates (``telemetry.UnderflowProbe``) of
    fp16-emulated against real fp16 autocast on the same weights and batches, fp8-emulated alongside.
-e. a short real-fp16 run of the seed-000 rows (+ fp32) on ssd_tiny with the synthetic data, several seeds.
+e. a short real-fp16 run of the published SSD512 table's rows (+ fp32) on ssd_tiny with the synthetic data, several seeds.
 f. peak memory per method (``torch.cuda.max_memory_allocated``; ``ru_maxrss`` of a fresh process on CPU).
 g. section d for SSD512-VGG16 at batch 8 over 10 batches (on CUDA): where real fp16 flushes its gradients.
 h. section a with foreach SGD on both sides instead of the backend's fused SGD (is a difference GradScaler's

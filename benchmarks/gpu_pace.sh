@@ -2,7 +2,7 @@
 # The per-layer methods' and the telemetry's pace on a GPU, in one device call bounded to about 9 minutes.
 #
 #   make gpu-wheels                                   # here: shared/wheels (travels with the working tree)
-#   OUT=/some/dir bash benchmarks/gpu_pace.sh          # on the GPU machine (the device tool sets $OUT)
+#   OUT=/some/dir bash benchmarks/gpu_pace.sh          # on the GPU machine (the machine's runner sets $OUT)
 #
 # In order of importance, each step bounded by `timeout`, a failing step never stopping the next ones, every
 # result under $OUT as soon as it exists (packed into $OUT/results.tgz at the end):

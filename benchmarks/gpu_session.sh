@@ -2,7 +2,7 @@
 # Every GPU measurement in one device call, bounded to fit about 9 minutes of one card.
 #
 #   make gpu-wheels                       # here: shared/wheels (travels with the working tree)
-#   OUT=/some/dir bash benchmarks/gpu_session.sh     # on the GPU machine (the device tool sets $OUT)
+#   OUT=/some/dir bash benchmarks/gpu_session.sh     # on the GPU machine (the machine's runner sets $OUT)
 #
 # In order, each step bounded by `timeout`, a failing step never stopping the next ones, every result
 # written under $OUT as soon as it exists:
@@ -62,7 +62,7 @@ if [ "$B" -gt 30 ]; then
   stamp "gpu_check ${SECTIONS2:-bcaef}: rc=$?"
 fi
 stamp "done"
-# the device tool brings back at most 8 files (measured): the text results in one archive beside the
+# the GPU machine's runner brings back at most 8 files (measured): the text results in one archive beside the
 # session log; data caches and plots stay behind (an archive with section e's data cache was too big)
 cd "$OUT" && find . -type f \( -name '*.md' -o -name '*.json' -o -name '*.log' -o -name '*.txt' -o -name '*.err' \) \
   ! -name session.log > /tmp/lsbench_results.list && tar czf /tmp/results.tgz -T /tmp/lsbench_results.list && \

@@ -27,9 +27,17 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PROCESS_TALK = re.compile(
     r"issue [0-9]+|\bitem [0-9]+\b|deliver [0-9]|(this|that|next|last|previous|earlier|first|second|third|"
-    r"fourth|fifth|sixth|seventh|eighth|ninth|tenth) session|helpers'|\bthis turn\b",
+    r"fourth|fifth|sixth|seventh|eighth|ninth|tenth) session|helpers'|\bthis turn\b"
+    # the people and tools that did the work, and the notes they worked from
+    r"|(?<!User-)\bagents?\b|device tool|\bthe issue\b|\bissue-[0-9]+|\bthe brief\b|\bthat day's\b"
+    # "seed" for the published study and its code, which a page about random seeds cannot tell apart
+    r"|(?<![-\w])seeds?(?:'s|s'|')? (?:study|studies|tables?|recipes?|code|paper|documents?|repo|repository|"
+    r"project|tutorial|file|references?|row labels|ssd recipe|trains|published)\b|\bseeds? ran (?:it\b|`)"
+    r"|\bseed[- ]0\d\d\b|\bseeds'? `+mpiexec|\bas in the seeds\b",
     re.I,
 )
+# a path on the machine the work was done on, or beside the checkout: a reader has neither
+OUTSIDE_PATH = re.compile(r"/work/|(?<![\w.])\.\./(?:\.\./)*shared/")
 HEX = re.compile(r"(?<![\w/.-])([0-9a-f]{7,40})(?![\w-])")
 MD_LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
 CODE_PATH = re.compile(
@@ -62,6 +70,7 @@ def _prose_files() -> list[Path]:
 def _source_files() -> list[Path]:
     files = [f for d in ("lossscale_bench", "tests", "benchmarks", "tools") for f in sorted((ROOT / d).rglob("*.py"))]
     files += [f for d in ("benchmarks", "tools") for ext in ("*.sh", "*.yaml") for f in sorted((ROOT / d).rglob(ext))]
+    files.append(ROOT / "Makefile")
     return [f for f in files if f.is_file() and f != Path(__file__).resolve()]
 
 
@@ -111,18 +120,93 @@ def _commits(words: set[str]) -> set[str]:
     return {w for w, out in zip(words, r.stdout.splitlines()) if out.split()[1:2] == ["commit"]}
 
 
-def _process_talk(files: list[Path]) -> list[str]:
-    return [
-        f"{f.relative_to(ROOT)}:{i}: {line.strip()[:120]}"
-        for f in files
-        for i, line in _text_lines(f)
-        if PROCESS_TALK.search(line)
-    ]
+def _rel(path: Path) -> str:
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+
+
+def _process_talk(files: list[Path], pattern: re.Pattern = PROCESS_TALK) -> list[str]:
+    return [f"{_rel(f)}:{i}: {line.strip()[:120]}" for f in files for i, line in _text_lines(f) if pattern.search(line)]
 
 
 def test_no_process_talk():
     found = _process_talk(_prose_files())
     assert not found, "\n".join(found)
+
+
+def test_no_paths_outside_the_repository():
+    """A page or a study's comment names paths a reader has: in the repository, or one they choose."""
+    found = _process_talk(_prose_files(), OUTSIDE_PATH)
+    assert not found, "\n".join(found)
+
+
+#: phrases that were in the tree, each of which the checks above must catch (planted into a copy below)
+PLANTED = [
+    "while two other agents were running tests",
+    "the agent ran it",
+    "the device tool's 64 MiB",
+    "within the issue's 15 minutes",
+    "the NCHW slow path the issue-9 entry measured",
+    "the function name the brief uses",
+    "21.41 in that day's README",
+    "the seed's row labels",
+    "the seeds' `mpiexec -n 8`",
+    "as in the seeds.",
+    "the seed study's --dynamic-interval 10",
+    "the seed tables' 1, 8, 128, 256",
+    "optimizer of the seed recipes",
+    "a seed's reference does it that way",
+    "The seed ran it with `mpiexec -n 8`",
+    "the seed trains with 128 images per card",
+    "the seed's tutorial stops",
+    "Seed 000, first table",
+    "the base of Habana's seed-003 model",
+    "The seed's published table",
+]
+#: what the checks must leave alone: random seeds, and words that only look alike
+NOT_PLANTED = [
+    "the 12-seed study's verdicts",
+    "the seed ran once",
+    "seed 0: 21.41",
+    "User-Agent",
+    "per seed",
+    "seed noise",
+]
+OUTSIDE = ["photos in /work/shared/data/kangaroo", "root: ../../shared/data/kangaroo"]
+
+
+def _planted(tmp: Path, name: str, phrase: str) -> Path:
+    """A copy of a tree file with one more line holding the phrase (a comment in a YAML file)."""
+    src = ROOT / name
+    dst = tmp / name
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    prefix = "# " if src.suffix == ".yaml" else ""
+    dst.write_text(src.read_text(encoding="utf-8") + f"\n{prefix}{phrase}\n", encoding="utf-8")
+    return dst
+
+
+@pytest.mark.parametrize("name", ["docs/index.md", "studies/ssd512_bs8.yaml", "lossscale_bench/cli.py"])
+def test_each_phrase_planted_into_a_copy_is_caught(tmp_path, name):
+    assert not _process_talk([ROOT / name]) and not _process_talk([ROOT / name], OUTSIDE_PATH)
+    for phrase in PLANTED:
+        found = _process_talk([_planted(tmp_path, name, phrase)])
+        assert len(found) == 1 and phrase[:40] in found[0], (phrase, found)
+    for phrase in OUTSIDE:
+        found = _process_talk([_planted(tmp_path, name, phrase)], OUTSIDE_PATH)
+        assert len(found) == 1, (phrase, found)
+    for phrase in NOT_PLANTED:
+        assert not _process_talk([_planted(tmp_path, name, phrase)]), phrase
+
+
+def test_studies_that_need_photos_say_how_to_get_them():
+    """A study whose dataset lies outside the repository says, in its comments, where to get it."""
+    lacking = []
+    for f in sorted((ROOT / "studies").rglob("*.yaml")):
+        text = f.read_text(encoding="utf-8")
+        data = "\n".join(line.split("#", 1)[0] for line in text.splitlines())
+        comments = " ".join(line for _, line in _text_lines(f))
+        if re.search(r"root: \.\./", data) and "docs/guide/data.md" not in comments:
+            lacking.append(_rel(f))
+    assert not lacking, lacking
 
 
 def test_no_process_talk_in_sources():

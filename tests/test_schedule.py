@@ -1,4 +1,4 @@
-"""Schedule and optimizer options of the seed recipes (engine/schedule.py, the schema's schedule section)."""
+"""Schedule and optimizer options of the published recipes (engine/schedule.py, the schema's schedule section)."""
 
 from __future__ import annotations
 

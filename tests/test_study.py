@@ -23,7 +23,7 @@ from lossscale_bench.study import (
 
 DESIGN_EXAMPLE = """\
 name: ssd512_bs8
-description: SSD512 on VOC07+12, batch 8 (seed 000, first table)
+description: SSD512 on VOC07+12, batch 8 (the published study, first table)
 dataset: {name: voc0712, root: ~/datasets/VOCdevkit}
 model: [ssd512_vgg16]
 batch_size: [8]

@@ -115,7 +115,7 @@ def make_config(smoke: bool) -> dict:
         },
         "f": {"model": "ssd300_vgg16", "batch": 32, "steps": 3, "budget_s": 30},
         # SSD512 at the published batch: does real fp16 flush its gradients at loss scale 1 (the
-        # mechanism behind seed 000's "no loss scale: diverged")? 20 batches: with 75 s the emulated
+        # mechanism behind the published table's "no loss scale: diverged")? 20 batches: with 75 s the emulated
         # probe's third of the budget covered 1 batch on an H200 (its first call compiles; the share now starts after it)
         "g": {"model": "ssd512_vgg16", "batch": 8, "batches": 20, "budget_s": 200},
         "h": {

@@ -81,7 +81,7 @@ def render_markdown(res: dict) -> str:
         _render_profiles(L, c.get("profiles"))
     for key in ("d", "g"):
         _render_probe(L, head(key, "emulation vs reality: per-layer gradient underflow at loss scale 1"))
-    e = head("e", "short fp16 run of the seed-000 rows")
+    e = head("e", "short fp16 run of the published table's rows")
     if e:
         L.append(
             f"{e['model']}, {e['data']}, batch {e['batch']}, up to {e['iterations_target']} iterations, "

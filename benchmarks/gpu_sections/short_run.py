@@ -1,4 +1,4 @@
-"""Section e: a short real-fp16 run of the seed-000 rows (and FP32) on ssd_tiny with synthetic data, several
+"""Section e: a short real-fp16 run of the published SSD512 table's rows (and FP32) on ssd_tiny with synthetic data, several
 seeds; mAP where pycocotools imports."""
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """HPU (Intel Gaudi) backend, written against habana_frameworks.torch's documented API; not run here.
 
 Lazy mode accumulates ops into a graph that ``htcore.mark_step()`` executes:
-after ``backward()`` and after the optimizer step (Habana's training recipe,
-seed 003). Mixed precision is ``torch.autocast("hpu", torch.bfloat16)``.
+after ``backward()`` and after the optimizer step (Habana's published training
+recipe). Mixed precision is ``torch.autocast("hpu", torch.bfloat16)``.
 Habana's stack is installed from Habana's own index/container, not PyPI.
 """
 

@@ -248,7 +248,7 @@ def _build_coco(cfg: dict, *, image_size, hflip: bool, max_train, max_val):
         paths["train_images"], paths["train_ann"], train=True, hflip=hflip, max_images=max_train, bad_annotations=policy
     )
     if cfg.get("augment", True):
-        # the seeds' SSD recipe: photometric, zoom-out, IoU crop, flip (as for VOC)
+        # the published studies' SSD recipe: photometric, zoom-out, IoU crop, flip (as for VOC)
         from .augment import AugmentedDataset, SSDAugment
 
         train = AugmentedDataset(train, SSDAugment(flip=hflip, out_size=image_size))

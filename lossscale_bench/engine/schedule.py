@@ -1,6 +1,6 @@
-"""Learning-rate schedule and optimizer of the seed recipes: warmup, step decay, momentum SGD.
+"""Learning-rate schedule and optimizer of the published recipes: warmup, step decay, momentum SGD.
 
-Each option exists because a seed's reference does it that way (the study files cite them):
+Each option exists because a published study's code does it that way (the study files cite them):
 
 * ``warmup_mode: linear`` (default): the factor ramps from ``warmup_factor`` to 1 over
   ``warmup_iterations``; ``warmup_factor: 0`` is NVIDIA's / MLPerf's SSD warm-up
@@ -124,7 +124,7 @@ MOMENTUM_STYLES = ("torch", "chainer")
 
 
 def build_optimizer(model: torch.nn.Module, schedule: dict, impl: dict | None = None) -> torch.optim.Optimizer:
-    """Momentum SGD with weight decay over trainable parameters (the seeds' recipe).
+    """Momentum SGD with weight decay over trainable parameters (the published studies' recipe).
 
     Without ``weight_decay_exclude`` there is one group, as before (checkpoints of earlier
     trials load unchanged). ``impl``: the backend's ``optimizer_options()`` (``foreach``/``fused``

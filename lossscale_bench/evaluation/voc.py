@@ -1,7 +1,7 @@
 """Pascal VOC detection metric (chainercv's conventions) and the evaluator the trials call.
 
 ``eval_detection_voc`` follows ``chainercv.evaluations.eval_detection_voc``,
-because the published SSD512 table (seed 000) was scored with it:
+because the published SSD512 table (the Chainer study's) was scored with it:
 
 * per image and class, detections are taken in descending score order and
   each is matched to the ground truth box of highest IoU; IoU >= ``iou_thresh``

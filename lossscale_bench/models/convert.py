@@ -3,7 +3,7 @@
 chainercv's SSD (and the SSD paper's Caffe model) starts from VGG16 with fc6/fc7 subsampled
 into conv6 (3x3, dilation 6, 1024 channels) and conv7 (1x1, 1024): "VGG_ILSVRC_16_layers_fc_reduced".
 torchvision's ImageNet VGG16 has no such convs, so without this file conv6/conv7 start from
-scratch and the seed's recipe is not reproduced. Two public copies exist:
+scratch and the published recipe is not reproduced. Two public copies exist:
 
 * chainercv's ``ssd_vgg16_imagenet_converted_2017_06_09.npz`` (Chainer npz written by
   ``examples/ssd/caffe2npz.py``): keys ``extractor/conv{1_1..5_3,6,7}/{W,b}`` (the names of

@@ -406,7 +406,7 @@ def _resnet_ssd300(
 
 
 def ssd300_resnet34(num_classes: int, image_size: int = 300, backbone_weights=None, **kw) -> SSD:
-    """MLPerf SSD-ResNet34 (training reference v0.5-v0.7, the base of Habana's seed-003 model):
+    """MLPerf SSD-ResNet34 (training reference v0.5-v0.7, the base of Habana's published model):
     extra blocks with bias and no BatchNorm."""
     return _resnet_ssd300(resnet34, num_classes, image_size, backbone_weights, batch_norm=False, **kw)
 

@@ -1,7 +1,7 @@
 """Multi-device trials: one Tune trial drives a Ray Train ``TorchTrainer`` with N workers.
 
 A study with ``resources.devices_per_trial: N > 1`` runs each trial data-parallel
-over N devices, the way the seeds ran ``mpiexec -n 8``::
+over N devices, the way the published studies ran ``mpiexec -n 8``::
 
     Tune trial (the Train driver, CPU:0.25, no device)      driver side: MlflowFunnel
       ├─ thread: TorchTrainer.fit() ─▶ Train controller ─▶ N workers, one device each

@@ -59,7 +59,7 @@ class GradSync:
         return mean_across_replicas(t)
 
 
-#: the function name the brief and trial.py's docstring use
+#: the function name trial.py's docstring uses
 allreduce_mean = GradSync
 
 

@@ -4,7 +4,7 @@
 skip on overflow, x2 after ``growth_interval`` clean steps in a row); tested
 step for step against GradScaler itself.
 
-``chainer``: the seed study's ``--dynamic-interval 10``: start at 1, skip and
+``chainer``: the published study's ``--dynamic-interval 10``: start at 1, skip and
 halve on overflow, double every step until the first overflow, then grow by
 ``2 ** (1 / interval)`` per clean step, clamped to ``[min_scale, max_scale]``.
 

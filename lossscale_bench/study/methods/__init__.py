@@ -39,7 +39,7 @@ def scaling_tag(scaling: dict) -> str:
 
 
 def default_label(scaling: dict, precision: str) -> str:
-    """The seed table's wording for a scaling entry (options missing from ``scaling`` take defaults).
+    """The published table's wording for a scaling entry (options missing from ``scaling`` take defaults).
 
     Common options that make a row of their own are said after the method's words.
     """

@@ -1,6 +1,6 @@
 """Dynamic loss scaling: halve on overflow, grow after ``interval`` clean steps, in three styles.
 
-``chainer`` (the seed study's: start at 1, grow x2 until the first overflow), ``torch``
+``chainer`` (the published study's: start at 1, grow x2 until the first overflow), ``torch``
 (``GradScaler``) and ``deepspeed`` (DeepSpeed's ``DynamicLossScaler``, with hysteresis and a
 floor). The style decides the defaults; only deepspeed entries carry its own options, so
 chainer and torch trial ids stay as they were before deepspeed existed.

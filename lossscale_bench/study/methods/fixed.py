@@ -1,4 +1,4 @@
-"""A fixed loss scale (the seed tables' 1, 8, 128, 256)."""
+"""A fixed loss scale (the published tables' 1, 8, 128, 256)."""
 
 from __future__ import annotations
 
