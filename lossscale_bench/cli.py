@@ -4,7 +4,7 @@ User errors (a bad study file, missing data, an absent backend, an unknown
 study in the report) print one line naming the file/field/path and exit
 with code 2; anything else is a bug and keeps its traceback.
 
-Exit codes: ``core/exit_codes.py`` (what each means, beside its number) and README "Exit codes".
+Exit codes: ``core/exit_codes.py`` (what each means, beside its number) and docs/reference/exit-codes.md.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Adaptive layer-wise loss scaling (Zhao et al. 2019), for unmodified PyTorch models.
 
-The algorithm is ``docs/adaptive_algorithm.md`` (method ``approx_range``, the authors'
+The algorithm is ``docs/development/adaptive-algorithm.md`` (method ``approx_range``, the authors'
 default); why it is built the way it is (a per-instance ``forward`` patch with a custom
 autograd Function rather than backward hooks, a walk of the loss's graph to know which
 scale each gradient carries, merges at branch points, unscaling per scale group), its
@@ -113,7 +113,7 @@ def _world_size() -> int:
 class AdaptiveLossScaler(PerLayerLossScaler):
     """Adaptive layer-wise loss scaling on an unmodified model (see module doc).
 
-    Options as in docs/adaptive_algorithm.md. Keyword-only extras: ``sync_scales`` (all-reduce MIN
+    Options as in docs/development/adaptive-algorithm.md. Keyword-only extras: ``sync_scales`` (all-reduce MIN
     of recomputed unbounded scales when distributed and ``update_every > 1``),
     ``unscale_in_backward`` (None: only for a model wrapped in DDP), ``scale_fn``
     (test hook: ``fn(layer_name, grad, weight, prev_scale) -> scale`` replaces
@@ -210,7 +210,7 @@ class AdaptiveLossScaler(PerLayerLossScaler):
     def layer_factor(
         self, it: Iteration, layer: LayerInfo, grad: torch.Tensor, weight: torch.Tensor | None, incoming: torch.Tensor
     ) -> torch.Tensor:
-        """The adaptive rule's layer scale (steps 1-9 of docs/adaptive_algorithm.md), bounded against
+        """The adaptive rule's layer scale (steps 1-9 of docs/development/adaptive-algorithm.md), bounded against
         the ``incoming`` scale; statistics recomputed when due, else the layer's last ones reused."""
         info, g, w, prev = layer, grad, weight, incoming
         if self.scale_fn is not None:

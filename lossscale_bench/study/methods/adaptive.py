@@ -1,4 +1,4 @@
-"""Adaptive layer-wise loss scaling (Zhao et al. 2019; docs/adaptive_algorithm.md): per-layer scales computed
+"""Adaptive layer-wise loss scaling (Zhao et al. 2019; docs/development/adaptive-algorithm.md): per-layer scales computed
 from each layer's gradient and weight statistics, on an unmodified model (scaling/adaptive.py)."""
 
 from __future__ import annotations
