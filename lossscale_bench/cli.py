@@ -331,7 +331,11 @@ def _add_run_parser(sub) -> None:
     )
     sp.add_argument("--quiet", action="store_true", help="no per-trial progress lines")
     sp.add_argument("--no-report", action="store_true", help="do not print the report at the end")
-    sp.add_argument("--reports-dir", default="reports")
+    sp.add_argument(
+        "--reports-dir",
+        default="reports",
+        help="folder for the report written at the end (<study>.md with its plots); created if missing",
+    )
     sp.set_defaults(func=cmd_run)
 
 
@@ -344,7 +348,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run_parser(sub)
 
     sp = sub.add_parser("validate", help="validate study files and the paths they name; print their trial tables")
-    sp.add_argument("files", nargs="+")
+    sp.add_argument("files", nargs="+", help="study files (YAML) to check, each on its own")
     sp.add_argument(
         "--schema-only",
         action="store_true",
@@ -378,7 +382,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("ui", help="serve the MLflow UI for the study store")
     _store_args(sp)
     sp.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1: this machine only)")
-    sp.add_argument("--port", type=int, default=5000)
+    sp.add_argument("--port", type=int, default=5000, help="port to serve the UI on (default 5000)")
     sp.set_defaults(func=cmd_ui)
     return p
 

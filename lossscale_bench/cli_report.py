@@ -155,7 +155,11 @@ def report_parser(sub, store_args) -> None:
         help="final_map (default: mAP at the last evaluation), final_map_50 (mAP@0.5) "
         "or best_map (the best evaluation's); shown in percent",
     )
-    sp.add_argument("--reports-dir", default="reports")
+    sp.add_argument(
+        "--reports-dir",
+        default="reports",
+        help="folder the report goes to when --out is not given (<study>.<ext>; plots beside it)",
+    )
     sp.add_argument("--no-plots", action="store_true", help="tables only, no plots")
     sp.add_argument(
         "--telemetry",

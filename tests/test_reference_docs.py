@@ -156,6 +156,50 @@ def test_exit_codes_and_environment_pages(generated):
         assert f"| `{var}` |" in env, var
 
 
+def _rows(text: str, last: str = "") -> list[list[str]]:
+    """The cells of every table row of a page (header and rule rows left out); with ``last``, only the
+    rows of tables whose last column is headed so."""
+    rows, header = [], None
+    for line in text.splitlines():
+        if not line.startswith("|"):
+            header = None
+            continue
+        cells = [c.strip() for c in re.split(r"(?<!\\)\|", line.strip())[1:-1]]
+        if header is None:
+            header = cells
+        elif not set(cells[0]) <= set("-") and (not last or header[-1] == last):
+            rows.append(cells)
+    return rows
+
+
+def test_every_argument_is_described(generated):
+    """Every CLI argument's row says what it does (a parser's argument without ``help`` prints nothing)."""
+    bare = [r[0] for r in _rows((generated / "cli.md").read_text(encoding="utf-8")) if r[-1] in ("", "—")]
+    assert not bare, bare
+
+
+def test_no_exit_code_shares_its_meaning(generated):
+    meanings = [r[2] for r in _rows((generated / "exit-codes.md").read_text(encoding="utf-8"))]
+    assert len(meanings) == len(set(meanings)), meanings
+
+
+def test_study_and_names_pages_are_written_for_a_reader(generated):
+    """No raw fp32 bounds, no code-internal fragments, every description a sentence, every plan key's values."""
+    for name in ("study-file.md", "names.md"):
+        text = (generated / name).read_text(encoding="utf-8")
+        assert "1.1754943508222875e-38" not in text and "3.4028234663852886e+38" not in text, name
+        for fragment in ("grid.default_loader", "lives here", "module doc", "(SeedStreams)", "DEFAULT_MARGIN"):
+            assert fragment not in text, (name, fragment)
+        for row in _rows(text, "What it is"):
+            assert row[-1][:1].isupper() or re.match(r"[\w.-]+:|`|\d|cuda|cpu|mAP|ssd_tiny|grad_blocks", row[-1]), row
+            assert row[-1].endswith("."), row
+    study = _rows((generated / "study-file.md").read_text(encoding="utf-8"))
+    plan = {r[0]: r[3] for r in study if r[0].startswith("`seeds.")}
+    assert set(plan) == {f"`seeds.{k}`" for k in ("start", "step", "max", "until", "pairs", "spending")}
+    assert all(v not in ("", "—") for v in plan.values()), plan
+    assert plan["`seeds.pairs`"] == "`baseline`, `all`" and plan["`seeds.spending`"] == "`obf`, `pocock`"
+
+
 def test_the_pages_are_plain_markdown_without_machine_paths(generated):
     for name in PAGES:
         text = (generated / name).read_text(encoding="utf-8")

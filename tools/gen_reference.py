@@ -7,8 +7,8 @@
 The pages: the command line (the argparse parsers), the study file (the pydantic schema), the
 method and precision names (the registry, the method entries, the precision table), the exit codes,
 the ``LSBENCH_*`` environment variables (every one the package's source names, described in
-``lossscale_bench.env_vars``; a variable without a description stops the generator) and the logged
-metrics and tags (``lossscale_bench.logged_names``; an ``lsbench.*`` tag named in the source without
+``lossscale_bench.core.env_vars``; a variable without a description stops the generator) and the logged
+metrics and tags (``lossscale_bench.core.logged_names``; an ``lsbench.*`` tag named in the source without
 an entry stops it too). The output is deterministic: no dates, no machine paths, tables in a fixed
 order, and the defaults that an environment variable could change are those with it unset.
 """
@@ -36,6 +36,7 @@ from reference_md import (
     models_in,
     page,
     paragraph,
+    reader_text,
     table,
     type_text,
     value,
@@ -160,7 +161,7 @@ def field_rows(cls, prefix: str, keys: list[str] | None = None, skip=(), doc_pre
         key = (prefix if doc_prefix is None else doc_prefix) + name
         USED_KEY_DOCS.add(key)
         text = docs.get(name) or KEY_DOCS.get(key) or (PRECISION_OPTIONS[name].doc if name in PRECISION_OPTIONS else "")
-        rows.append([code(prefix + name), kind, default, allowed, text])
+        rows.append([code(prefix + name), kind, default, allowed, reader_text(text)])
     return rows
 
 

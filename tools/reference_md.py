@@ -86,6 +86,10 @@ def comment_docs(lines: list[str]) -> dict[str, str]:
     return docs
 
 
+#: fp32's smallest normal and its largest finite value: a range between them is named, not printed
+F32_TINY, F32_MAX = 2.0**-126, 3.4028234663852886e38
+
+
 def type_text(prop: dict, defs: dict) -> tuple[str, str]:
     """(type, allowed values) of a JSON-schema property, in words."""
     if "anyOf" in prop:
@@ -111,6 +115,8 @@ def type_text(prop: dict, defs: dict) -> tuple[str, str]:
         return f"list of {item}s", "; ".join(each + more) or "—"
     if "enum" in prop:
         return kind, ", ".join(code(v) for v in prop["enum"])
+    if prop.get("minimum") == F32_TINY and prop.get("maximum") == F32_MAX:
+        return kind, "fp32's normal range (2^-126 to about 3.4e38)"
     bounds = [
         f"{op} {prop[k]!r}"
         for k, op in (("exclusiveMinimum", ">"), ("minimum", ">="), ("exclusiveMaximum", "<"), ("maximum", "<="))
@@ -119,6 +125,33 @@ def type_text(prop: dict, defs: dict) -> tuple[str, str]:
     if prop.get("pattern"):
         bounds.append("not blank")
     return kind, "x " + ", x ".join(bounds) if bounds and "not blank" not in bounds else (", ".join(bounds) or "—")
+
+
+#: code-internal fragments of a field's comment, which a reader of the page has no use for
+_INTERNAL = [
+    re.compile(r"\s*\((?:[a-z_]+/)*[a-z_]+\.py [A-Z_]+\)"),  # (report/stats.py DEFAULT_MARGIN)
+    re.compile(r"\s*\((?:[a-z_]+\.)+[A-Za-z_]+\)"),  # (grid.default_loader), (formats.BlockScaledFormat)
+    re.compile(r"\s*\([A-Z][a-z]+(?:[A-Z][a-z]+)+\)"),  # (SeedStreams)
+    re.compile(r";\s*(?:[a-z_]+/)*[a-z_]+\.py's module doc"),  # ; precision/runtime.py's module doc
+    re.compile(r"\s*A trial option, so it lives here\."),
+]
+#: first words that stay lower-case at the start of a sentence (names, not words)
+_LOWER = {"cuda", "cpu", "xla", "hpu", "mAP", "torch", "true", "false"}
+
+
+def reader_text(text: str) -> str:
+    """A field's description as a sentence for a reader: code-internal fragments dropped, a capital
+    first letter (unless it starts with a name or with a value being described, ``stop: ...``), a full stop."""
+    for pattern in _INTERNAL:
+        text = pattern.sub("", text)
+    text = text.strip()
+    if not text or text == "—":
+        return text
+    first = re.match(r"[A-Za-z0-9_.-]+", text)
+    word = first.group(0) if first else ""
+    if word.isalpha() and word not in _LOWER and word.islower() and text[len(word) : len(word) + 1] != ":":
+        text = text[0].upper() + text[1:]
+    return text if text.endswith((".", "!", "?")) else text + "."
 
 
 def models_in(annotation) -> list[type]:

@@ -1,4 +1,4 @@
-"""``lsbench``'s exit codes, in one place (README "Exit codes" explains each for users; scripts and
+"""``lsbench``'s exit codes, in one place (docs/reference/exit-codes.md lists each for users; scripts and
 schedulers branch on them).
 
 Why a module of its own at the bottom layer: the CLI returns them, and so does code below it that
@@ -15,8 +15,10 @@ EXIT_USAGE = 2
 EXIT_TRIALS_FAILED = 3
 #: the tracking store cannot be used (corrupt, read-only, full, unreachable, bad URI)
 EXIT_STORE = 4
-#: interrupted by SIGINT / SIGTERM (trial runs are marked KILLED; a re-run resumes)
+#: interrupted by SIGINT, 128 + 2 (Ctrl-C at the terminal): trial runs are marked KILLED; a re-run resumes
 EXIT_SIGINT = 130
+#: terminated by SIGTERM, 128 + 15 (``kill``, ``timeout``, a scheduler ending the job): trial runs are
+#: marked KILLED; a re-run resumes
 EXIT_SIGTERM = 143
 #: the reader of standard output went away (``lsbench validate ... | head``)
 EXIT_SIGPIPE = 141

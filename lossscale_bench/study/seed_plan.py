@@ -21,21 +21,23 @@ that a resumed study looks at the same comparisons in the same way.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from .errors import StudyError, show_value
 
 __all__ = ["SeedPlan", "plan_text", "planned_trials", "split_seed_plan"]
 
 _KEYS = ("start", "step", "max", "until", "pairs", "spending")
-_UNTIL = ("decided",)
+#: when to stop adding seeds
+Until = Literal["decided"]
 #: which comparisons decide: each row against the table's baseline (the report's column), or every pair
 #: of rows (``lsbench report --compare``)
-_PAIRS = ("baseline", "all")
+Pairs = Literal["baseline", "all"]
 #: the alpha-spending functions (lossscale_bench.report.sequential.SPENDING; the study layer does not import it)
-_SPENDING = ("obf", "pocock")
+Spending = Literal["obf", "pocock"]
+_UNTIL, _PAIRS, _SPENDING = get_args(Until), get_args(Pairs), get_args(Spending)
 #: most seeds a row may get: beyond it a plan is almost always a typo (and its boundaries' simulation grows)
 _MAX_SEEDS = 100
 
@@ -46,12 +48,12 @@ class SeedPlan(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    start: int
-    step: int
-    max: int
-    until: str = "decided"
-    pairs: str = "baseline"
-    spending: str = "obf"
+    start: int = Field(ge=2, le=_MAX_SEEDS)
+    step: int = Field(ge=1, le=_MAX_SEEDS)
+    max: int = Field(ge=2, le=_MAX_SEEDS)
+    until: Until = "decided"
+    pairs: Pairs = "baseline"
+    spending: Spending = "obf"
 
     def looks(self) -> list[int]:
         """The numbers of seeds a row is looked at (the last is ``max``)."""
