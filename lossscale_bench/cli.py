@@ -45,6 +45,7 @@ USER_ERRORS = (
     ("lossscale_bench.orchestration.runs_lock", "RunsFolderBusy"),
     ("lossscale_bench.tracking.store", "StoreMissing"),
     ("lossscale_bench.core.portable", "PinConflict"),
+    ("lossscale_bench.core.env_vars", "EnvVarError"),
 )
 
 
@@ -283,6 +284,17 @@ def cmd_ui(args) -> int:
     return serve(cmd, args.port)
 
 
+def positive_int(text: str) -> int:
+    """An option's whole number of 1 or more (``--max-concurrent 0`` would start no trial and wait for ever)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: a whole number of 1 or more")
+    return value
+
+
 def _store_args(sp) -> None:
     """``--runs-dir`` and ``--tracking-uri``, for every command that opens the store."""
     sp.add_argument(
@@ -308,9 +320,13 @@ def _add_run_parser(sub) -> None:
         help="accept a grid of more than 1000 trials (refused by default: usually a typo)",
     )
     _store_args(sp)
-    sp.add_argument("--max-concurrent", type=int, default=None, help="at most this many trials at once")
+    sp.add_argument(
+        "--max-concurrent", type=positive_int, default=None, help="at most this many trials at once (1 or more)"
+    )
     sp.add_argument("--address", default=None, help="join an existing Ray cluster (else $RAY_ADDRESS, else local)")
-    sp.add_argument("--num-cpus", type=int, default=None, help="CPUs for a local Ray instance (default: all)")
+    sp.add_argument(
+        "--num-cpus", type=positive_int, default=None, help="CPUs for a local Ray instance (1 or more; default: all)"
+    )
     sp.add_argument(
         "--no-resource-check",
         action="store_true",

@@ -38,7 +38,6 @@ Boxes are mirrored with the data set's own :func:`~.transforms.hflip` rule
 from __future__ import annotations
 
 import collections
-import os
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -270,6 +269,8 @@ def make_batches(cfg, train_ds, start_step: int = 0) -> Iterator[tuple[int, list
         from . import infinite_batches
 
         return infinite_batches(train_ds, cfg.batch_size, seed=cfg.stream_seed("data"), start_step=start_step)
+    from ..core.env_vars import env_number
+
     threads = max(1, int(float((cfg.resources or {}).get("cpus_per_trial", 1))))
     return DaliBatches(
         train_ds,
@@ -277,5 +278,5 @@ def make_batches(cfg, train_ds, start_step: int = 0) -> Iterator[tuple[int, list
         seed=cfg.stream_seed("data"),
         start_step=start_step,
         device_id=dali_device_id(cfg),
-        num_threads=int(os.environ.get("LSBENCH_DALI_THREADS", threads)),
+        num_threads=int(env_number("LSBENCH_DALI_THREADS", threads)),
     )

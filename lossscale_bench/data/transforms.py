@@ -8,7 +8,6 @@ across an image of width ``W`` maps ``x`` to ``W - x``.
 from __future__ import annotations
 
 import io
-import os
 import sys
 
 import numpy as np
@@ -101,7 +100,9 @@ class PixelCache:
 
     def __init__(self, max_bytes: int | None = None) -> None:
         if max_bytes is None:
-            max_bytes = int(float(os.environ.get("LSBENCH_DECODE_CACHE_MB", DEFAULT_DECODE_CACHE_MB)) * 2**20)
+            from ..core.env_vars import env_number
+
+            max_bytes = int(float(env_number("LSBENCH_DECODE_CACHE_MB", DEFAULT_DECODE_CACHE_MB)) * 2**20)
         self.max_bytes = max(0, int(max_bytes))
         self.bytes = 0
         self._store: dict = {}

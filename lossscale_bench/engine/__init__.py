@@ -19,6 +19,7 @@ _WHERE = {
     "DivergenceHook": "hooks",
     "TrialDiverged": "hooks",
     "TelemetryHook": "hooks",
+    "StopCheck": "hooks",
 }
 
 __all__ = [
@@ -31,6 +32,7 @@ __all__ = [
     "DivergenceHook",
     "TrialDiverged",
     "TelemetryHook",
+    "StopCheck",
 ]
 
 

@@ -42,6 +42,17 @@ class Hook:
         pass
 
 
+class StopCheck(Hook):
+    """Calls ``check()`` before every step: where a caller that can be told to stop the trial from outside
+    (the study driver running it in its own process, on a stop signal) raises. The loop knows nothing of why."""
+
+    def __init__(self, check: Callable[[], None]) -> None:
+        self.check = check
+
+    def before_step(self, trainer, step: int) -> None:
+        self.check()
+
+
 class TrialDiverged(StopTraining):
     def __init__(self, step: int, last_finite_loss: float | None, scale: float, reason: str):
         super().__init__(f"diverged at step {step}: {reason}")

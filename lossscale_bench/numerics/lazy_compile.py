@@ -31,7 +31,6 @@ route tensors with fewer than 2 elements (or blocks) to the eager function.
 
 from __future__ import annotations
 
-import os
 import threading
 import types
 import warnings
@@ -46,7 +45,9 @@ NO_COMPILE_ENV = "LSBENCH_NO_COMPILE"
 def compile_disabled() -> bool:
     """Whether ``LSBENCH_NO_COMPILE`` asks for eager kernels (read on every call, so tests and
     benchmarks can switch it without reloading modules)."""
-    return os.environ.get(NO_COMPILE_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+    from ..core.env_vars import env_flag
+
+    return env_flag(NO_COMPILE_ENV)
 
 
 def _distinct(fn: Callable, tag: str) -> Callable:

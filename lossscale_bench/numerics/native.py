@@ -132,7 +132,9 @@ _failed: str | None = None
 
 def disabled() -> bool:
     """Whether the environment turns the C kernel off (read on every call, like ``compile_disabled``)."""
-    return compile_disabled() or os.environ.get(NO_NATIVE_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+    from ..core.env_vars import env_flag
+
+    return compile_disabled() or env_flag(NO_NATIVE_ENV)
 
 
 def failure() -> str | None:

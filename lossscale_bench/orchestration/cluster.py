@@ -31,8 +31,16 @@ class Infeasible(ClusterUnavailable):
     """
 
 
-#: seconds to wait for a TCP answer from ``--address`` before ray.init (which would retry for minutes)
-PROBE_TIMEOUT_S = float(os.environ.get("LSBENCH_ADDRESS_TIMEOUT_S", "5"))
+#: seconds to wait for a TCP answer from ``--address`` before ray.init (which would retry for minutes),
+#: unless ``LSBENCH_ADDRESS_TIMEOUT_S`` says otherwise (read when probing: :func:`probe_timeout`)
+PROBE_TIMEOUT_S = 5.0
+
+
+def probe_timeout() -> float:
+    """``LSBENCH_ADDRESS_TIMEOUT_S`` (a number > 0), else :data:`PROBE_TIMEOUT_S`."""
+    from ..core.env_vars import env_number
+
+    return float(env_number("LSBENCH_ADDRESS_TIMEOUT_S", PROBE_TIMEOUT_S))
 
 
 def _host_port(address: str) -> tuple[str, int] | None:
@@ -73,7 +81,7 @@ def _speaks_grpc(sock: socket.socket, timeout: float) -> bool:
     return len(head) == 9 and head[3] == 4
 
 
-def probe_address(address: str, timeout: float = PROBE_TIMEOUT_S) -> None:
+def probe_address(address: str, timeout: float | None = None) -> None:
     """Raise :class:`ClusterUnavailable` unless a Ray cluster can answer on ``address``'s port.
 
     ``ray.init`` keeps retrying an address for many minutes without a word when
@@ -86,6 +94,7 @@ def probe_address(address: str, timeout: float = PROBE_TIMEOUT_S) -> None:
     hp = _host_port(address)
     if hp is None:
         return
+    timeout = probe_timeout() if timeout is None else timeout
     host, port = hp
     if port > _MAX_PORT:
         raise ClusterUnavailable(
@@ -247,4 +256,6 @@ def cluster_nodes() -> list[dict[str, float]]:
 
 def resource_check_skipped() -> bool:
     """``LSBENCH_SKIP_RESOURCE_CHECK=1``: an autoscaler adds the nodes a study needs on demand."""
-    return os.environ.get("LSBENCH_SKIP_RESOURCE_CHECK", "").lower() in ("1", "true", "yes")
+    from ..core.env_vars import env_flag
+
+    return env_flag("LSBENCH_SKIP_RESOURCE_CHECK")

@@ -62,10 +62,22 @@ from ..engine.sink import Sink
 
 #: torch.distributed backend per lossscale_bench backend
 PROCESS_GROUP = {"cpu": "gloo", "cuda": "nccl", "hpu": "hccl", "xla": "xla"}
-#: seconds rank 0 waits for the other replicas' end records after it finished
-END_WAIT_S = float(os.environ.get("LSBENCH_DIST_END_WAIT_S", "120"))
-#: torch.distributed collective timeout (must exceed rank 0's longest evaluation)
-COLLECTIVE_TIMEOUT_S = int(os.environ.get("LSBENCH_DIST_TIMEOUT_S", "1800"))
+#: seconds rank 0 waits for the other replicas' end records after it finished (``LSBENCH_DIST_END_WAIT_S``)
+END_WAIT_S = 120.0
+#: torch.distributed collective timeout (must exceed rank 0's longest evaluation; ``LSBENCH_DIST_TIMEOUT_S``)
+COLLECTIVE_TIMEOUT_S = 1800
+
+
+def _end_wait_s() -> float:
+    from ..core.env_vars import env_number
+
+    return float(env_number("LSBENCH_DIST_END_WAIT_S", END_WAIT_S))
+
+
+def _collective_timeout_s() -> int:
+    from ..core.env_vars import env_number
+
+    return int(env_number("LSBENCH_DIST_TIMEOUT_S", COLLECTIVE_TIMEOUT_S))
 
 
 from .placement import (  # noqa: E402,F401 - re-exported: the launcher and its tests use them from here
@@ -184,7 +196,8 @@ def _replica(spec: dict, rank: int, world: int, channel, grad_sync) -> None:
             raise RuntimeError(f"replica {rank} failed: {outcome.error}")
         return
     # rank 0: the trial's outcome is its own; attach the replicas' agreement, then deliver it.
-    ends = channel.collect_ends(world - 1, END_WAIT_S)
+    wait = _end_wait_s()
+    ends = channel.collect_ends(world - 1, wait)
     missing = sorted(set(range(1, world)) - {e["rank"] for e in ends})
     tags: dict[str, Any] = {"lsbench.world_size": world}
     stats = [record["stats"]] + [e["stats"] for e in sorted(ends, key=lambda e: e["rank"])]
@@ -203,7 +216,7 @@ def _replica(spec: dict, rank: int, world: int, channel, grad_sync) -> None:
     sink.flush(outcome=outcome.to_dict())
     if missing:
         raise RuntimeError(
-            f"replicas {missing} did not finish within {END_WAIT_S:.0f} s after rank 0; stopping the worker group"
+            f"replicas {missing} did not finish within {wait:.0f} s after rank 0; stopping the worker group"
         )
 
 
@@ -314,10 +327,10 @@ def torch_config(backend: str, pg_backend: str | None = None):
     pg = pg_backend or ("gloo" if backend == "xla" else PROCESS_GROUP[backend])
     if backend == "cuda":
         try:  # each worker sees only its own GPU, so CUDABackend's cuda:0 is the right one
-            return _own_gpu_config_cls()(backend=pg, timeout_s=COLLECTIVE_TIMEOUT_S)
+            return _own_gpu_config_cls()(backend=pg, timeout_s=_collective_timeout_s())
         except ImportError:  # pragma: no cover - Ray moved the private class; the env switch does the same
             os.environ["TRAIN_ENABLE_SHARE_CUDA_VISIBLE_DEVICES"] = "0"
-    return TorchConfig(backend=pg, timeout_s=COLLECTIVE_TIMEOUT_S)
+    return TorchConfig(backend=pg, timeout_s=_collective_timeout_s())
 
 
 def fit_streaming(

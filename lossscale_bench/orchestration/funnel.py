@@ -69,6 +69,12 @@ class MlflowFunnel(Callback):
     def _tid(self, trial) -> str:
         return trial.config["trial"]["cfg"]["trial_id"]
 
+    def on_step_end(self, iteration, trials, **info):
+        """Tune's loop waits at most 0.1 s a step: a safe point for a stop signal (``signals.SignalsRaise``)."""
+        from .signals import safe_point
+
+        safe_point()
+
     def on_trial_start(self, iteration, trials, trial, **info):
         tid = self._tid(trial)
         begin_trial(self.tracker, self.continued, tid)

@@ -116,10 +116,14 @@ def _run_locked(study, runs_dir: Path, uri: str, opts: _Options) -> StudyResult:
 
     open_store(uri, create=True)  # a bad store (corrupt, read-only, foo://) fails now, before data or Ray
     run = _StudyRun(study, runs_dir, uri, opts)
-    guard = SignalsRaise()
+    outer = SignalsRaise.current  # a seed plan's rounds: one guard over them all (study_signals)
+    guard = outer or SignalsRaise()
     guard.install()
     try:
-        return run.execute(guard)
+        guard.check()  # a signal that came before (between two rounds) stops the study before it starts
+        result = run.execute(guard)
+        guard.check()
+        return result
     except BaseException as exc:
         stop = guard.interruption(exc)
         if stop is None:
@@ -138,7 +142,10 @@ def _run_locked(study, runs_dir: Path, uri: str, opts: _Options) -> StudyResult:
 
                 ray.shutdown()
         finally:
-            guard.restore()
+            if outer is None:
+                guard.restore()
+            else:
+                guard.install()  # the rounds' guard again (ray.init replaced a handler)
 
 
 class _StudyRun:
@@ -343,13 +350,17 @@ def _run_local(
 ) -> None:
     """Trials one after another in this process (debugging; no Ray)."""
     from ..trial import run_trial
+    from .signals import safe_point
 
     for cfg in todo:
+        safe_point()  # a stop signal between two trials: before the next one starts
         begin_trial(tracker, continued, cfg.trial_id)
         progress.start(cfg.trial_id, cfg.label)
         sink = MlflowSink(tracker, run_ids[cfg.trial_id])
         tdir = sdir / "trials" / cfg.trial_id
-        outcome = run_trial(cfg, sink=sink, trial_dir=tdir, threads=threads_of(cfg.resources)).to_dict()
+        outcome = run_trial(
+            cfg, sink=sink, trial_dir=tdir, threads=threads_of(cfg.resources), stop_check=safe_point
+        ).to_dict()
         record_end(
             tracker,
             result,

@@ -17,17 +17,18 @@ __all__ = ["retry", "store_client"]
 
 
 def store_client(uri: str):
-    """An ``MlflowClient`` on ``uri``; on a database store, each call made whole before a stop signal raises.
+    """An ``MlflowClient`` on ``uri`` whose every call ends at a safe point for a stop signal; on a
+    database store each call is also made whole before the stop is raised.
 
     A call into a database store (SQLite, or a database server through SQLAlchemy) cut in half by the
     driver's SIGINT/SIGTERM can leave its connection holding a lock, and every later write waits on it
     (:mod:`lossscale_bench.core.uninterrupted`). An MLflow server's request cut in half harms nothing, and
-    one that hangs must stay interruptible: that client is left as it is.
+    one that hangs must stay interruptible: its calls are not made whole.
     """
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=uri)
-    return WholeCalls(client) if check_scheme(uri) in DATABASE_SCHEMES else client
+    return WholeCalls(client, whole=check_scheme(uri) in DATABASE_SCHEMES)
 
 
 def retry(fn, *args, attempts: int = 8, **kwargs):

@@ -50,11 +50,14 @@ def run_trial(
     rank: int = 0,
     world_size: int = 1,
     grad_sync=None,
+    stop_check=None,
 ) -> TrialOutcome:
     """Train and evaluate one trial; always returns an outcome (errors become status ``failed``).
 
     For a data-parallel trial every replica calls this with its ``rank``; only rank 0
     reports to the sink and writes checkpoints, and ``grad_sync`` averages gradients.
+    ``stop_check()``, if given, is called before every step and may raise to stop the trial from
+    outside (the study driver's stop signal, ``engine.hooks.StopCheck``): not a failure, it propagates.
     """
     cfg = _as_config(cfg)
     t0 = time.time()
@@ -68,7 +71,9 @@ def run_trial(
         # inside the try: a folder that cannot be written is this trial's failure, one line, and
         # under Ray not a dead process that is retried (the same error would come back)
         _prepare_folder(trial_dir)
-        _train(cfg, sink, trial_dir, threads, checkpoint_every, outcome, rank, world_size, grad_sync, ckpt_dir)
+        _train(
+            cfg, sink, trial_dir, threads, checkpoint_every, outcome, rank, world_size, grad_sync, ckpt_dir, stop_check
+        )
     except Exception as exc:  # noqa: BLE001 - a failed trial is data, the study goes on
         if getattr(exc, "stops_study", False):
             raise  # the results store itself failed (tracking.StoreError): not this trial's failure
@@ -132,6 +137,7 @@ def _train(
     world_size: int = 1,
     grad_sync=None,
     ckpt_dir: Path | None = None,
+    stop_check=None,
 ) -> None:
     """Set up, resume if a checkpoint is there, train, and end with a final evaluation."""
     from ..data.dali import make_batches
@@ -140,6 +146,10 @@ def _train(
     parts = build_parts(cfg, sink, trial_dir, threads, rank)
     ckpt_path = (ckpt_dir or trial_dir) / "checkpoint.pt"  # rank 0 writes it, every rank resumes from it
     trainer = _trainer(cfg, parts, sink, trial_dir, ckpt_path, checkpoint_every, rank, grad_sync)
+    if stop_check is not None:
+        from ..engine import StopCheck
+
+        trainer.hooks.insert(0, StopCheck(stop_check))
     ck = resume(trainer, ckpt_path, cfg.trial_id)
     if ck is not None:
         parts.history.truncate_after(trainer.state.step)
