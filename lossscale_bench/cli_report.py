@@ -1,16 +1,18 @@
 """``lsbench report``: its arguments and what it does with them (the rest of ``lsbench`` is :mod:`.cli`).
 
-Reads the store, never creates one; a bad argument, file or store is one line, exit 2.
+Reads the store, never creates one; a bad argument or file, or a store that is not there, is one line,
+exit 2; a store that is there but cannot be read (locked, corrupt, not MLflow's) one line, exit 4.
 """
 
 from __future__ import annotations
 
 import sys
+from contextlib import contextmanager
 
 from .core.exit_codes import EXIT_OK, EXIT_USAGE
 from .core.registry import EQUIVALENCE_MARGIN_RANGE
 
-__all__ = ["cmd_report", "margin_flag", "report_parser", "telemetry_report"]
+__all__ = ["cmd_report", "margin_flag", "report_parser", "store_faults", "telemetry_report"]
 
 
 def margin_flag(text: str | None) -> float | None:
@@ -23,6 +25,21 @@ def margin_flag(text: str | None) -> float | None:
     if not lo <= value <= hi:  # also refuses nan
         raise ValueError(text)
     return value
+
+
+@contextmanager
+def store_faults(uri: str):
+    """A store fault raised inside the block (MLflow's, SQLAlchemy's, SQLite's) as one
+    :class:`~.tracking.store.StoreError` line (exit 4), as ``run`` says it."""
+    try:
+        yield
+    except Exception as exc:  # noqa: BLE001 - only a store fault is turned into a line; the rest is raised
+        from .tracking.store_faults import store_error
+
+        fault = store_error(exc, uri)
+        if fault is not None:
+            raise fault from exc
+        raise
 
 
 def cmd_report(args) -> int:
@@ -80,22 +97,23 @@ def cmd_report(args) -> int:
     else:
         trial_ids = None
     uri = open_store(resolve_tracking_uri(args.tracking_uri, args.runs_dir), create=False)
-    if args.telemetry:
-        return telemetry_report(uri, args, format_given)
-    from .report.stats import DEFAULT_MARGIN
+    with store_faults(uri):  # a store that fails while it is read (locked meanwhile, ...): one line, exit 4
+        if args.telemetry:
+            return telemetry_report(uri, args, format_given)
+        from .report.stats import DEFAULT_MARGIN
 
-    text, out = write_report(
-        uri,
-        study=args.study,
-        fmt=args.format,
-        out=args.out,
-        metric=args.metric or "final_map",
-        reports_dir=args.reports_dir,
-        plots=not args.no_plots,
-        margin=DEFAULT_MARGIN if margin is None else margin,
-        compare=args.compare,
-        trial_ids=trial_ids,
-    )
+        text, out = write_report(
+            uri,
+            study=args.study,
+            fmt=args.format,
+            out=args.out,
+            metric=args.metric or "final_map",
+            reports_dir=args.reports_dir,
+            plots=not args.no_plots,
+            margin=DEFAULT_MARGIN if margin is None else margin,
+            compare=args.compare,
+            trial_ids=trial_ids,
+        )
     if out is None:  # --out -: the report itself is the output
         sys.stdout.write(text if text.endswith("\n") else text + "\n")
     elif args.format == "html" or args.out:

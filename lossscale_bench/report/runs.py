@@ -344,6 +344,11 @@ def load_runs(tracking_uri: str, study: str | None = None) -> pd.DataFrame:
     except ReportError:
         raise
     except Exception as e:  # MlflowException, sqlalchemy errors, connection errors
+        from ..tracking.store_faults import store_error
+
+        fault = store_error(e, tracking_uri)  # a store that cannot be used (locked, corrupt): exit 4, as for run
+        if fault is not None:
+            raise fault from None
         msg = " ".join(str(e).split())
         raise ReportError(f"cannot read MLflow store {tracking_uri}: {type(e).__name__}: {msg[:300]}") from None
 

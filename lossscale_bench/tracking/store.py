@@ -67,6 +67,9 @@ MIN_FREE_BYTES = 1 << 20
 HTTP_TIMEOUT_S = 5.0
 #: larger SQLite stores skip the full-file PRAGMA quick_check (header and schema checks still run)
 QUICK_CHECK_MAX_BYTES = 512 << 20
+#: seconds a reader (``report``, ``ui``) waits for another process's write lock on a SQLite store before
+#: it says so in one line (SQLite's own busy wait; MLflow's would retry for over a minute, then a traceback)
+LOCK_WAIT_S = 10.0
 
 
 class StoreError(RuntimeError):
@@ -213,7 +216,9 @@ def _open_store(uri: str, create: bool) -> str:
     if db is not None:
         _check_sqlite(db, create)
     elif scheme in ("http", "https"):
-        _probe_http(uri)
+        from .server_probe import probe_server
+
+        probe_server(uri)
     elif scheme in ("postgresql", "mysql", "mssql"):
         _check_driver(uri)
     return uri
@@ -280,7 +285,7 @@ def _check_integrity(db: Path, create: bool, head: bytes = b"") -> None:
     if short:
         raise StoreError(f"MLflow store {db} is truncated ({short}); it was left as it is")
     try:
-        conn = sqlite3.connect(f"file:{quote(str(db.resolve()))}?mode=ro", uri=True, timeout=30)
+        conn = sqlite3.connect(f"file:{quote(str(db.resolve()))}?mode=ro", uri=True, timeout=LOCK_WAIT_S)
     except sqlite3.Error as e:
         raise StoreError(f"cannot open the MLflow store {db}: {e}") from None
     try:
@@ -288,6 +293,11 @@ def _check_integrity(db: Path, create: bool, head: bytes = b"") -> None:
         big = db.stat().st_size > QUICK_CHECK_MAX_BYTES
         problems = ["ok"] if big else [r[0] for r in conn.execute("PRAGMA quick_check(5)")]
     except sqlite3.OperationalError as e:
+        if "locked" in str(e).lower() and not create:  # a reader would wait on MLflow's retries for minutes
+            raise StoreError(
+                f"MLflow store {db} is locked: another process held its write lock for more than {LOCK_WAIT_S:g} s; "
+                "nothing was read: run again when it has finished writing"
+            ) from None
         if "locked" in str(e).lower() or "readonly" in str(e).lower():
             return  # a writer holds it (a study running); MLflow waits for it, and would see real damage
         raise StoreError(f"MLflow store {db} is corrupt or truncated ({e}); it was left as it is") from None
@@ -373,25 +383,6 @@ def _check_driver(uri: str) -> None:
     except Exception as e:  # noqa: BLE001 - sqlalchemy.exc.ArgumentError and kin: a malformed URL
         raise StoreError(
             f"tracking URI {redact(uri)} is not a valid database URL ({' '.join(str(e).split())[:150]})"
-        ) from None
-
-
-def _probe_http(uri: str) -> None:
-    """An unreachable server ends here in seconds, instead of MLflow's minutes of retries."""
-    import urllib.error
-    import urllib.request
-
-    url = uri.rstrip("/") + "/health"
-    try:
-        with urllib.request.urlopen(url, timeout=HTTP_TIMEOUT_S):  # noqa: S310 - http(s) only, checked above
-            pass
-    except urllib.error.HTTPError:
-        return  # something answered; MLflow reports what it says
-    except (urllib.error.URLError, OSError, ValueError) as e:
-        reason = getattr(e, "reason", e)
-        raise StoreError(
-            f"MLflow server {redact(uri)} is unreachable ({reason}, {HTTP_TIMEOUT_S:g} s timeout); "
-            "start it (lsbench ui / mlflow server) or pass another --tracking-uri"
         ) from None
 
 

@@ -278,6 +278,62 @@ def test_unreachable_server_ends_in_seconds(tmp_path):
     assert time.time() - t0 < 30
 
 
+def test_report_on_a_store_another_process_holds_locked_is_one_line_exit_4(study_store, tmp_path, monkeypatch, capsys):
+    """A writer holding the SQLite lock: ``report`` was a SQLAlchemy traceback after MLflow's minute of retries,
+    exit 1. Now one line after a bounded wait (``store.LOCK_WAIT_S``, shortened here), exit 4 as for ``run``;
+    a writer that has only begun (``BEGIN IMMEDIATE``: readers may still read) does not stop the report."""
+    import sqlite3
+
+    from lossscale_bench.cli import main
+    from lossscale_bench.tracking import store
+
+    runs = _copy(study_store, tmp_path / "runs")
+    db = runs / "mlflow.db"
+    monkeypatch.setattr(store, "LOCK_WAIT_S", 1.0)
+    args = ["report", "--tracking-uri", f"sqlite:///{db}", "--out", "-", "--no-plots"]
+    holder = sqlite3.connect(db, isolation_level=None)
+    try:
+        holder.execute("BEGIN IMMEDIATE")
+        assert main(args) == 0 and "tiny" in capsys.readouterr().out
+        holder.execute("ROLLBACK")
+        holder.execute("BEGIN EXCLUSIVE")
+        t0 = time.time()
+        assert main(args) == 4
+        assert time.time() - t0 < 30
+    finally:
+        holder.close()
+    err = capsys.readouterr().err.strip()
+    assert err.splitlines() == [err] and err.startswith(f"lsbench: error: MLflow store {db} is locked"), err
+
+
+def _not_mlflow_server():
+    """A plain ``http.server`` on a free port: every path is 404."""
+    import http.server
+    import threading
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.BaseHTTPRequestHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def test_a_server_that_is_not_mlflow_is_one_line_exit_4_for_run_and_report(tmp_path):
+    """``run`` was an MlflowException traceback, exit 1; ``report`` one line but exit 2."""
+    (tmp_path / "s.yaml").write_text(_study("s"))
+    server = _not_mlflow_server()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        for cmd in (
+            ["run", "s.yaml", "--executor", "local", "--no-report", "--tracking-uri", url, "--runs-dir", "runs"],
+            ["report", "--tracking-uri", url],
+        ):
+            r = _lsbench(*cmd, cwd=tmp_path, timeout=120)
+            assert r.returncode == 4, (cmd[0], r.returncode, r.stderr[-3000:])
+            _one_line(r, url, "not an MLflow tracking server", "HTTP 501")
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 # -- artifacts relative to the store ---------------------------------------------------------
 def test_copied_store_reads_its_own_artifacts(study_store, tmp_path):
     """Before: experiments had absolute artifact locations, so a copy read (or missed) the old folder."""
@@ -339,6 +395,9 @@ def test_ui_of_a_moved_store_serves_its_own_artifacts(study_store, tmp_path):
                 time.sleep(1)
         got = urllib.request.urlopen(f"{url}/get-artifact?run_uuid={rid}&path=plots/loss.png", timeout=30).read()
         assert got == png
+        from lossscale_bench.tracking.server_probe import probe_server
+
+        probe_server(url)  # an MLflow server passes the check that refuses other servers
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         try:
