@@ -10,7 +10,7 @@ rows against their eager versions.
     .venv/bin/python benchmarks/fp8_rounding.py                  # 2**21 elements, 1 thread, 50 rounds
     .venv/bin/python benchmarks/fp8_rounding.py --rounds 100 --numel 4194304
 
-Prints a markdown table (paste it into docs/numerics_benchmarks.md with the command), the first-call
+Prints a markdown table (paste it into docs/records/index.md with the command), the first-call
 (compile) time of each compiled kernel, and the number of Inductor graphs one kernel compiled for 20
 gradient shapes.
 """

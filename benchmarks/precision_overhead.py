@@ -12,7 +12,7 @@ times the eager fallback.
 
 ``--layouts`` instead times fp32 and fp8-emulated with the model in NCHW
 (``contiguous_format``) and in channels_last (the CPU backend's default), side
-by side. Prints a markdown table (paste it into docs/benchmarks.md with the command).
+by side. Prints a markdown table (paste it into docs/records/index.md with the command).
 """
 
 from __future__ import annotations

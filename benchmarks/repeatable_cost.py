@@ -9,7 +9,7 @@ this machine, the nearest one CPU gets to what capping an AVX-512 machine at AVX
 
     .venv/bin/python benchmarks/repeatable_cost.py --rounds 3 --steps 30 --warmup 5
 
-Prints a markdown table (docs/benchmarks.md "Repeatable across CPUs"), with each setting's final weights as
+Prints a markdown table (docs/records/index.md "Repeatable across CPUs"), with each setting's final weights as
 a SHA-256 prefix (one value when every round agreed): the pinned setting's value, for the same ``--steps``
 and ``--warmup``, is what another x86 machine with AVX2 must print too (the switch's promise), so the table
 doubles as a check across machines.

@@ -9,7 +9,7 @@ cancels in the ratio (not the load: run the study alone).
 
     .venv/bin/python benchmarks/row_cost.py runs/mlflow.db smoke
 
-Prints a markdown table for docs/benchmarks.md.
+Prints a markdown table for docs/records/index.md.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ figure of merit is each method's median step time divided by dynamic's.
 
     .venv/bin/python benchmarks/scaler_overhead.py --models ssd_tiny ssd300_vgg16 --steps 8
 
-Prints a markdown table (paste it into docs/benchmarks.md with the command).
+Prints a markdown table (paste it into docs/records/index.md with the command).
 """
 
 from __future__ import annotations

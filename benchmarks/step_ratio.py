@@ -3,7 +3,7 @@
 Why: ``trial_cost.py`` times each row in a process of its own, one after another, so a
 row's ratio carries whatever the machine did between the two processes: on this 2-vCPU VM one run's
 ratio moved by about ±0.07, and two trees' identical FP32 rows once came out 12 % apart
-(docs/benchmarks.md). Targets like "≤ 1.3× FP32" cannot be decided that way. Here every row is built
+(docs/records/index.md). Targets like "≤ 1.3× FP32" cannot be decided that way. Here every row is built
 with the trial's own parts (:func:`lossscale_bench.trial.setup.build_parts` and
 :func:`lossscale_bench.trial.runner._trainer`: its data, precision, scaler and telemetry hooks, exactly
 as ``trial_cost.py`` builds them) in one process, and one iteration of each row runs in turn (the batch
@@ -19,7 +19,7 @@ pays about alike.
     .venv/bin/python benchmarks/step_ratio.py --rows 0 1 4 5 6 7 8     # the default study's rows
     .venv/bin/python benchmarks/step_ratio.py --rows 0 4 5 6 --precision fp32   # the per-layer machinery alone
 
-Prints a markdown table for docs/benchmarks.md, with the CPU model and its vector extensions, and what the
+Prints a markdown table for docs/records/index.md, with the CPU model and its vector extensions, and what the
 study's logged steps (every ``log_every``-th: the telemetry census, the metrics) cost over the others.
 """
 

@@ -15,7 +15,7 @@ on a shared machine hits all of them alike); each reports the median over repeat
     .venv/bin/python benchmarks/step_speed.py --repeats 7 --steps 20
 
 On CPU a "read" costs little (the device is the host); on CUDA it is a wait for the queue,
-which is what ``sync_every`` removes. Prints markdown for docs/benchmarks.md.
+which is what ``sync_every`` removes. Prints markdown for docs/records/index.md.
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ hits every row alike; the table gives medians over repeats.
     git worktree add /tmp/before HEAD~1 && .venv/bin/python benchmarks/trial_cost.py --trees /tmp/before .
     .venv/bin/python benchmarks/trial_cost.py --study studies/methods_e4m3.yaml --rows 0 2 6
 
-Prints a markdown table for docs/benchmarks.md, with the CPU model and its vector extensions.
+Prints a markdown table for docs/records/index.md, with the CPU model and its vector extensions.
 """
 
 from __future__ import annotations
@@ -149,7 +149,7 @@ def main() -> None:
     t_all = time.perf_counter()
     for rnd in range(args.repeats):
         # rows rotated, and the trees' order within a row reversed every other repeat: the tree timed first
-        # in a pair came out faster in both orders on the 2-core machine (docs/benchmarks.md), so with
+        # in a pair came out faster in both orders on the 2-core machine (docs/records/index.md), so with
         # several trees use an even number of repeats
         for r in order(rows, rnd, "rotate"):
             for t in order(range(len(args.trees)), rnd, "abba"):

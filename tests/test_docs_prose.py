@@ -246,6 +246,32 @@ def test_commit_hashes_in_sources_only_on_provenance_lines():
     assert not found, "\n".join(found)
 
 
+DOCS_PATH = re.compile(r"(?<![\w/.-])docs/[\w./-]+\.md\b")
+
+
+def test_docs_pages_named_in_sources_exist():
+    """A docstring or comment that sends the reader to a page names one that exists."""
+    missing = [
+        f"{_rel(f)}:{i}: {m}"
+        for f in _source_files()
+        for i, line in _text_lines(f)
+        for m in DOCS_PATH.findall(line)
+        if not (ROOT / m).exists()
+    ]
+    assert not missing, "\n".join(missing)
+
+
+def test_no_escaped_pipe_in_code():
+    """``\\|`` in a code span prints as itself on the site (a table's pipe in code: ``<code>a &#124; b</code>``)."""
+    found = [
+        f"{_rel(f)}:{i}: {line.strip()[:100]}"
+        for f in sorted((ROOT / "docs").rglob("*.md"))
+        for i, line in _text_lines(f)
+        if any("\\|" in span for span in re.findall(r"`[^`]+`", line))
+    ]
+    assert not found, "\n".join(found)
+
+
 def _exists(target: str, here: Path) -> bool:
     return any(p.exists() for p in (here / target, ROOT / target, ROOT / "lossscale_bench" / target))
 

@@ -1,4 +1,4 @@
-"""benchmarks/host_memory.py (docs/benchmarks.md "Page faults" cites its table): its paired interval, and one
+"""benchmarks/host_memory.py (docs/records/index.md "Page faults" cites its table): its paired interval, and one
 round of one row, each arm in a child process of its own, with the arm's setting checked in the child
 (timings are not checked: only that it measures what it says)."""
 

@@ -199,7 +199,7 @@ def test_file_digest_is_cached_by_path_size_and_mtime(tmp_path):
 
 def test_voc_fingerprint_of_many_images_is_cheap(tmp_path):
     """VOC07+12 lists 21.5k images, whose XMLs are hashed (0.4 s of CPU: benchmarks/fingerprint_speed.py,
-    docs/benchmarks.md); 8k here."""
+    docs/records/index.md); 8k here."""
     d = tmp_path / "big"
     for sub in ("Annotations", "JPEGImages", "ImageSets/Main"):
         (d / sub).mkdir(parents=True)

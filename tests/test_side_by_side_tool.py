@@ -1,4 +1,4 @@
-"""benchmarks/side_by_side.py's reading of `lsbench report` cells and its table (docs/kangaroo_e4m3.md cites it)."""
+"""benchmarks/side_by_side.py's reading of `lsbench report` cells and its table (docs/results/kangaroo_e4m3.md cites it)."""
 
 import importlib.util
 from pathlib import Path

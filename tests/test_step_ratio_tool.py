@@ -1,4 +1,4 @@
-"""benchmarks/step_ratio.py (docs/benchmarks.md cites its tables): the paired bootstrap interval, and a
+"""benchmarks/step_ratio.py (docs/records/index.md cites its tables): the paired bootstrap interval, and a
 two-row run through the trial's own parts (timings are not checked: only that it measures what it says)."""
 
 import importlib.util

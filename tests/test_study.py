@@ -963,7 +963,7 @@ def test_entry_resources_are_validated(tmp_path):
 
 
 def test_methods_e4m3_is_the_e4m3_block_of_methods_fp8():
-    """docs/methods_e4m3.md was run from studies/methods_e4m3.yaml: its trials (ids and labels) must be
+    """docs/results/methods_e4m3.md was run from studies/methods_e4m3.yaml: its trials (ids and labels) must be
     exactly the FP32 baseline and the E4M3 rows of methods_fp8.yaml, so either file reproduces it."""
     from pathlib import Path
 

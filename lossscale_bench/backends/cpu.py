@@ -25,7 +25,7 @@ class CPUBackend(Backend):
         # channels_last: torch's CPU MaxPool2d on NCHW runs ~10x slower than on NHWC
         # (11 ms vs 1 ms for 8x16x128x128, one thread), and oneDNN's convolutions prefer
         # NHWC too: an ssd_tiny training step took 59 ms in NCHW and 38 ms in NHWC, side by
-        # side (docs/benchmarks.md). Values differ from NCHW only by float reordering.
+        # side (docs/records/index.md). Values differ from NCHW only by float reordering.
         self.channels_last = bool(channels_last)
         # glibc otherwise hands a step's freed memory back to the kernel and the next step faults it in
         # again: 4-15 ms of a 35-60 ms ssd_tiny step (host_memory's doc); the same values

@@ -3,7 +3,7 @@
 Why: with glibc's default malloc, a CPU training step returns much of what it freed to the kernel (large
 blocks are ``mmap``-ed and unmapped one by one; the heap top is trimmed once its free end passes a
 threshold), and the next step's tensors fault every page back in, zeroed by the kernel. Measured on
-ssd_tiny (batch 8, one thread; docs/benchmarks.md "Page faults"): 2,000-9,000 minor faults and 4-15 ms
+ssd_tiny (batch 8, one thread; docs/records/index.md "Page faults"): 2,000-9,000 minor faults and 4-15 ms
 of system time a step, a tenth to a quarter of the step, more for the emulated precisions (their
 rounding allocates more temporaries). Two glibc settings end it: a fixed ``mmap`` threshold at glibc's
 largest (32 MiB: blocks below it come from the heap, and fixing it also stops glibc's own threshold

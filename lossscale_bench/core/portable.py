@@ -1,6 +1,6 @@
 """Same seed, same numbers across x86 machines: pin the CPU kernels' instruction set.
 
-Why a trial differs between CPUs (docs/benchmarks.md "Repeatable across CPUs" has the
+Why a trial differs between CPUs (docs/records/index.md "Repeatable across CPUs" has the
 measurements): torch picks its own CPU kernels by the widest vector instructions the machine has
 (ATen's ``DEFAULT``/``AVX2``/``AVX512`` builds of each kernel: reductions such as the loss's sums),
 and oneDNN, which runs every convolution of the SSDs (forward, backward-data, backward-weights), JITs

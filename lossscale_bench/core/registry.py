@@ -44,7 +44,7 @@ EQUIVALENCE_MARGIN_RANGE = (1e-6, 100.0)
 
 # Bumped when a model's architecture or initialisation changes what it trains to, so that
 # trial ids (and with them resume and the report) never mix results of the old and new model.
-# ssd_tiny 2: BatchNorm after every backbone conv (docs/toy_model.md).
+# ssd_tiny 2: BatchNorm after every backbone conv (docs/development/toy-model.md).
 MODEL_VERSIONS = {"ssd_tiny": 2}
 # The same for a scaling method whose implementation changed what a trial trains to (none yet):
 # bump its entry (start at 2) and only that method's trial ids change.

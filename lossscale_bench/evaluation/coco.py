@@ -99,7 +99,7 @@ def evaluate_detections(coco_gt, detections: list[dict], img_ids=None, *, refere
 def _score(coco_gt, dets: list[dict], ids: list[int], reference: bool = False) -> dict:
     """:func:`evaluate_detections` for detections already in plain Python types (ints, a list of floats, a
     float) and sorted image ids: what :func:`evaluate_coco` builds, so it skips the copy that makes them so
-    (~0.3 s for the ~100 k detections of an untrained SSD on 512 images; docs/benchmarks.md)."""
+    (~0.3 s for the ~100 k detections of an untrained SSD on 512 images; docs/records/index.md)."""
     dets = top_per_image_category(dets, MAX_DETS)
     if reference:
         raw = pycocotools_box_stats(coco_gt, dets, ids)

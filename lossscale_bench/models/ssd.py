@@ -98,7 +98,7 @@ class TinyVGGBackbone(nn.Module):
     rescaled to unit output variance on a noise batch) did not help: seed 1
     still stalled (0.2 mAP at 800 iterations). With BatchNorm every seed learns,
     and at 800 iterations all five land within 2 mAP of their mean
-    (docs/toy_model.md has the measurements). ``batch_norm=False`` restores the
+    (docs/development/toy-model.md has the measurements). ``batch_norm=False`` restores the
     plain stack.
     """
 

@@ -4,7 +4,7 @@ Why not just ``t.to(torch.float8_e4m3fn).float()``: on CPU that eager cast costs
 2 M elements (E5M2 ~1.8 ms, fp16 ~0.4 ms), and the emulation rounds every activation gradient
 and parameter gradient, so an E4M3-gradient step pays it many times over. The same rounding
 written with fp32 arithmetic on the bits and fused by ``torch.compile`` costs ~0.5-1 ms, and
-~3-5 ms eager (docs/numerics_benchmarks.md). Every implementation here is bit-identical to torch's
+~3-5 ms eager (docs/records/index.md). Every implementation here is bit-identical to torch's
 cast, NaN bit patterns included; the tests check it on ties, subnormals, the overflow edge and
 1e6 random values.
 
@@ -29,7 +29,7 @@ Overflow of E4M3, saturating or not
 -----------------------------------
 Saturating E4M3 gives ``+-448`` for ``|x| > 448`` (inf included), as torch 2.14's CPU cast does; every
 path here clamps before casting, because torch's own cast is not the same across versions (torch
-2.11.0 gives NaN past 464 on the CPU and on CUDA: docs/benchmarks.md, "Rounding agreement"). The non-saturating
+2.11.0 gives NaN past 464 on the CPU and on CUDA: docs/records/index.md, "Rounding agreement"). The non-saturating
 variant (OCP FP8's non-saturating mode, ml_dtypes' cast) turns values whose rounding leaves the
 format into NaN. Where is that edge? 448 = 1.75 * 2^8 is the code ``S.1111.110`` (significand
 bits 110); the next code up, ``S.1111.111`` = 1.875 * 2^8 = 480, is NaN in ``e4m3fn``. The
@@ -184,7 +184,7 @@ def _cast_eager(x: torch.Tensor, spec: Fp8Spec, saturate: bool) -> torch.Tensor:
 
     Saturation is a clamp before the cast for E4M3 too: torch's ``float8_e4m3fn`` cast of values
     past 464 is not the same across versions (measured: +-448 in torch 2.14.1 on the CPU, NaN in
-    torch 2.11.0 on both the CPU and an H200; docs/benchmarks.md, "Rounding agreement"), and the
+    torch 2.11.0 on both the CPU and an H200; docs/records/index.md, "Rounding agreement"), and the
     emulation must not depend on it."""
     if saturate:
         x = x.clamp(-spec.max, spec.max)

@@ -15,13 +15,13 @@ The emulation applies it to the gradient only: the weight gradient is computed f
 **The sums, defined**: each transformed value is the sum of the 16 fp32 products
 ``h[i][j] * x[j]``, added in the order ``j = 0..15`` to a +0, each addition rounded (:func:`products`).
 A matrix product leaves its order to the BLAS: on the CPU measured MKL summed in that order for 8 or more
-columns but not for 5-7 (docs/benchmarks.md, "The Hadamard transform in C"), and cuBLAS has its own. Written out, the
+columns but not for 5-7 (docs/records/index.md, "The Hadamard transform in C"), and cuBLAS has its own. Written out, the
 transform gives the same values on any device and BLAS. On the CPU a C loop computes it
 (``lsb_hadamard16``, :mod:`.native`, checked against the torch code on probe values before use) at ~3x
 a 1-thread MKL product's speed: the transform's sign structure turns its 16 products a value into one
 multiply a row and additions. The torch code, a multiply and an addition a term over the whole tensor, is
 ~6x slower than that product on the CPU (where no C loop runs: no compiler, ``LSBENCH_NO_NATIVE=1``);
-``benchmarks/hadamard_speed.py`` and docs/benchmarks.md, "The Hadamard transform in C".
+``benchmarks/hadamard_speed.py`` and docs/records/index.md, "The Hadamard transform in C".
 """
 
 from __future__ import annotations

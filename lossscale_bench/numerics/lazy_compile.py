@@ -2,7 +2,7 @@
 
 Why compile at all: on CPU, torch's eager cast to ``float8_e4m3fn`` costs ~10 ms per 2 M
 elements, an eager bit-level rewrite ~3-5 ms, and the same rewrite fused by Inductor's C++ code
-generation ~0.5-1 ms (docs/numerics_benchmarks.md). The emulation rounds every activation and
+generation ~0.5-1 ms (docs/records/index.md). The emulation rounds every activation and
 parameter gradient, so that difference is most of an emulated step's overhead.
 
 Why lazily and with a fallback: compiling needs a C++ compiler and takes seconds on first use

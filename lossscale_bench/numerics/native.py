@@ -9,7 +9,7 @@ and element, the channels_last tile transposes, the passes), ``reductions.c`` (`
 ``lsb_census``), ``hadamard.c`` + the generated ``hadamard_chunk.h`` (``lsb_hadamard16``; its generator and the
 test that it is up to date: tests/numerics/test_native_sources.py). They are compiled together into one library.
 
-Why, measured (docs/benchmarks.md "What is left of an element row's cost"): a step of the default study's E4M3
+Why, measured (docs/records/index.md "What is left of an element row's cost"): a step of the default study's E4M3
 rows makes ~33 rounding calls, and the Inductor kernel they used cost ~195 us a call before it touched an
 element: ~95 us in Dynamo's frame evaluation, AOTAutograd's runtime wrapper and Inductor's Python ``call``, the
 rest in this package's flattening and dispatch. Its loop also ran ~1.8 ns per element, 40 % of it in the bit
@@ -24,7 +24,7 @@ block is then one float in each of `block` rows of C floats, so all C channels' 
 rounded together along the unit stride (~1.5x cheaper than the transposes). Elsewhere (weight gradients' 3x3
 planes, odd map sizes) it transposes each image into logical order in 16x16 tiles in a per-thread buffer (one
 image at a time where no block straddles two), and pads a ragged last block inside. Measured in
-docs/benchmarks.md.
+docs/records/index.md.
 
 Why it is safe to prefer it: the function is the same arithmetic as ``fp8._bits_fused`` (the "exact fp32 split"
 in fp8's module doc), with integer compares for the NaN test and no floating-point contraction or fast-math

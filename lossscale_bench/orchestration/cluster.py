@@ -170,7 +170,7 @@ def connect_ray(address: str | None, num_cpus: int | None, quiet: bool, env_vars
             raise ClusterUnavailable(
                 f"cannot join the Ray cluster at {address}: {str(exc).strip()[:300]} "
                 "(--address takes host:port, ray://host:port or auto; "
-                "see docs/cluster.md)"
+                "see docs/guide/cluster.md)"
             ) from None
         except (ConnectionError, RuntimeError) as exc:
             cause = exc
@@ -182,12 +182,12 @@ def connect_ray(address: str | None, num_cpus: int | None, quiet: bool, env_vars
                     f"cannot join the Ray cluster at {address}: the cluster's authentication token is missing "
                     "or wrong (a cluster started with token authentication, Ray's default, needs "
                     "RAY_AUTH_MODE=token and its token in ~/.ray/auth_token or RAY_AUTH_TOKEN on this "
-                    "machine; see docs/cluster.md)"
+                    "machine; see docs/guide/cluster.md)"
                 ) from None
             raise ClusterUnavailable(
                 f"cannot join the Ray cluster at {address}: {_first_words(text, cause)} "
                 "(is a Ray head running there and reachable from here? "
-                "see docs/cluster.md)"
+                "see docs/guide/cluster.md)"
             ) from None
     else:
         os.environ.update(env_vars or {})  # inherited by the raylet and every worker (see above)

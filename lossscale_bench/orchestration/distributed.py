@@ -43,7 +43,7 @@ calls ``torch_xla.launch``; each replica joins the ``xla`` process group
 (it all-reduces when the XLA world is larger than one), after the scaler
 unscaled them. Rank 0's payloads reach the Ray queue through a multiprocessing
 queue. The XLA path follows torch_xla's documented API and is untested on TPU
-hardware (see docs/cluster.md).
+hardware (see docs/guide/cluster.md).
 
 Metrics are rank 0's: ``loss`` is the loss of rank 0's shard and
 ``images_per_sec`` its per-replica throughput (× N for the trial).
@@ -263,7 +263,7 @@ def _xla_launch(spec: dict, channel) -> None:
     try:
         import torch_xla
     except Exception as exc:  # noqa: BLE001
-        raise RuntimeError(f"backend xla: cannot import torch_xla ({exc}); see docs/cluster.md") from None
+        raise RuntimeError(f"backend xla: cannot import torch_xla ({exc}); see docs/guide/cluster.md") from None
     manager = mp.get_context("spawn").Manager()
     mq, ends = manager.Queue(), manager.Queue()
     done = threading.Event()

@@ -89,7 +89,7 @@ def infeasible(resources: dict, cluster: dict[str, float]) -> str | None:
     what = ", ".join(f"{k} {_fmt(v)} (cluster has {_fmt(have)})" for k, (v, have) in short.items())
     return (
         f"a {devices_of(resources)}-device {resources.get('backend')} trial needs {what}; "
-        f"add nodes with that resource (docs/cluster.md) or lower resources.devices_per_trial"
+        f"add nodes with that resource (docs/guide/cluster.md) or lower resources.devices_per_trial"
     )
 
 

@@ -18,7 +18,7 @@ from ..engine.sink import Sink
 #: trainable reports synchronously (the training thread waits until the driver has run the result's callbacks,
 #: the MLflow funnel included, and asked for the next): ~20 ms a report, up to a second while the driver draws
 #: another trial's plots; every ``log_every`` = 10 steps that stalled a default-study trial 1-2.5 s in 500 steps
-#: (docs/benchmarks.md "Training waits for the driver"). Explicit flushes (a checkpoint, the trial's end) report
+#: (docs/records/index.md "Training waits for the driver"). Explicit flushes (a checkpoint, the trial's end) report
 #: at once.
 REPORT_INTERVAL_S = 2.0
 

@@ -67,7 +67,7 @@ def _grads(m: nn.Module, x, w, b, g_in, g_w, need_x: bool):
         return conv_bwd(g_in, [need_x, True, b is not None])
     # the bias gradient as a sum, not from the dgrad call: oneDNN computes a bias gradient with its
     # weight-gradient kernel, so asking the dgrad call for it cost a second wgrad's time (~3 ms of ~6 on
-    # ssd_tiny's largest layers; docs/benchmarks.md). The sum adds in another order than oneDNN's: the
+    # ssd_tiny's largest layers; docs/records/index.md). The sum adds in another order than oneDNN's: the
     # bias gradient's last bits differ from before (a new run of a Hadamard row gives other digits).
     dx = conv_bwd(g_in, [need_x, False, False])[0] if need_x else None
     db = g_in.sum((0, 2, 3)) if b is not None else None

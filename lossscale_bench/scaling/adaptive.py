@@ -4,7 +4,7 @@ The algorithm is ``docs/development/adaptive-algorithm.md`` (method ``approx_ran
 default); why it is built the way it is (a per-instance ``forward`` patch with a custom
 autograd Function rather than backward hooks, a walk of the loss's graph to know which
 scale each gradient carries, merges at branch points, unscaling per scale group), its
-deviations from the Chainer reference and its limits are in ``docs/adaptive_design.md``.
+deviations from the Chainer reference and its limits are in ``docs/development/adaptive-design.md``.
 Usage is GradScaler's::
 
     scaler = AdaptiveLossScaler(model)            # after precision.prepare(model)
@@ -14,7 +14,7 @@ Usage is GradScaler's::
     ...
     scaler.remove()                               # model restored exactly
 
-Not supported (docs/adaptive_design.md "Limits"): double backward, reentrant checkpointing,
+Not supported (docs/development/adaptive-design.md "Limits"): double backward, reentrant checkpointing,
 ``torch.compile`` of the patched modules, two separately scaled losses in one backward,
 ``torch.autograd.grad`` with ``inputs``.
 """

@@ -24,7 +24,7 @@ loader), cheaply:
   and ``run``; a JPEG edited without changing its size is a far rarer event
   than an annotation fix. The XMLs cost 0.4 s for VOC07+12's 21.5k listed
   files with a warm page cache, as the sizes did, and 2.8 s cold (2 busy cores;
-  ``benchmarks/fingerprint_speed.py``, ``docs/benchmarks.md``), which needs no
+  ``benchmarks/fingerprint_speed.py``, ``docs/records/index.md``), which needs no
   cache: a cache keyed by (path, size, mtime) would still ``stat`` every file,
   save only the reads, and trust mtimes that ``cp -p`` and ``tar`` restore.
 * ``coco2017``: the sha256 of both annotation JSONs (what every box comes

@@ -199,9 +199,9 @@ def default_batched_loss(backend: str | None) -> bool:
     per-image loop on the CPU backend.
 
     Why not batched everywhere: the two agree within float tolerance, not bit for bit, and a few
-    hundred steps of training amplify last-bit differences to the size of seed noise (docs/toy_model.md),
+    hundred steps of training amplify last-bit differences to the size of seed noise (docs/development/toy-model.md),
     so the loss implementation is part of a trial's identity. Keeping torchvision's loss on the CPU,
-    where it costs at most ~10 % of an ssd_tiny step (docs/benchmarks.md "Batched loss"), keeps
+    where it costs at most ~10 % of an ssd_tiny step (docs/records/index.md "Batched loss"), keeps
     every CPU result measured before the batched loss existed (the README's demo table, the
     methods_fp8 study) valid under its old trial id. On a GPU, where the per-image loop's host
     syncs cost most, no such results exist yet, so the faster loss is the default there.

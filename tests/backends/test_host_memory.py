@@ -3,7 +3,7 @@ fault on every round (each arm in a process of its own: the settings are process
 that ``LSBENCH_MALLOC=system`` keeps the defaults, and that the CPU backend applies them and reports it.
 
 What this cannot show: the step-time gain (benchmarks/host_memory.py measures it), or that values are
-unchanged (final weights compared by SHA-256 with and without, docs/benchmarks.md "Page faults")."""
+unchanged (final weights compared by SHA-256 with and without, docs/records/index.md "Page faults")."""
 
 from __future__ import annotations
 

@@ -354,7 +354,7 @@ def test_a_compiled_kernel_that_rounds_differently_is_not_used(monkeypatch):
 
 def test_channels_last_tensors_keep_their_layout_and_values():
     """The CPU backend runs models channels_last: a rounding that handed back NCHW tensors made every
-    later op convert layouts (measured: E4M3 steps 2.1x fp32 before, 1.25x after; docs/benchmarks.md)."""
+    later op convert layouts (measured: E4M3 steps 2.1x fp32 before, 1.25x after; docs/records/index.md)."""
     import torch
 
     from lossscale_bench.numerics.block_scaling import block_round

@@ -1,7 +1,7 @@
 """8 concurrent trials logging every step lose no metric and never fail on "database is locked".
 
 The same code as benchmarks/concurrent_logging.py (whose 5-minute run is in
-docs/benchmarks.md), for 20 seconds.
+docs/records/index.md), for 20 seconds.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Placement of a mixed-backend study on a fake cluster: trials land only where their resource exists.
 
-A local Ray cluster of three nodes stands in for the one in docs/cluster.md: a
+A local Ray cluster of three nodes stands in for the one in docs/guide/cluster.md: a
 head node that is also the "TPU node" (``resources={"TPU": 4}``), a "GPU node"
 (``num_gpus=2``) and a "Gaudi node" (``resources={"HPU": 2}``). The
 trials are real ``TrialConfig``s of a cpu, a cuda, an hpu and an xla study plus

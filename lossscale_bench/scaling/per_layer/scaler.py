@@ -128,7 +128,7 @@ class PerLayerLossScaler(LossScaler):
         return True
 
     def _attach_layers(self, model: nn.Module, layer_types) -> None:
-        """Patch each stock Conv2d/Linear's instance ``forward`` (docs/adaptive_design.md: why a
+        """Patch each stock Conv2d/Linear's instance ``forward`` (docs/development/adaptive-design.md: why a
         patch and not a hook); a module already attached to another scaler is refused."""
         stock = {nn.Conv2d: nn.Conv2d.forward, nn.Linear: nn.Linear.forward}
         for name, mod in model.named_modules():
