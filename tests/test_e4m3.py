@@ -45,7 +45,8 @@ def _overflowing_step(precision_kw):
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
     loss = model(torch.randn(16, 8) * 4).pow(2).mean()
     scaler.scale(loss).backward()
-    res = scaler.step(opt)
+    scaler.step(opt)
+    res = scaler.last_step
     scaler.update()
     return res, scaler.current_scale()
 

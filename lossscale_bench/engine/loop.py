@@ -1,10 +1,12 @@
 """One training step, and the loop that repeats it.
 
 A step is: autocast forward -> ``scaler.scale(loss).backward()`` -> backend
-hook -> optional unscale for clipping -> ``scaler.step`` (backend's optimizer
-step) -> ``scaler.update`` -> lr schedule. The loop knows no scaler type, no
-device type and no tracking system: those live behind ``LossScaler``,
-``Backend`` and the hooks.
+hook -> optional unscale for clipping (``Precision.unscale_grads``, which also rounds
+where the precision stores gradients after unscaling) -> ``scaler.step`` (backend's
+optimizer step; what happened is ``scaler.last_step``) -> ``scaler.update`` -> lr
+schedule: ``torch.amp.GradScaler``'s interface, the one a user's loop uses too. The
+loop knows no scaler type, no precision's specifics, no device type and no tracking
+system: those live behind ``LossScaler``, ``Precision``, ``Backend`` and the hooks.
 
 Host synchronisation. With ``sync_every`` N > 1 (the trial passes its
 ``log_every``) a step does not wait for the device: its loss stays a device
@@ -192,18 +194,10 @@ class Trainer:
             loss = sum(parts.values())
         self.scaler.scale(loss.float()).backward()
         self.backend.after_backward()
-        if (
-            self.grad_clip
-            or self.bias_grad_factor != 1.0
-            or self.grad_sync is not None
-            or self.precision.rounds_after_unscale
-        ):
-            # These act on true gradient values, so unscale first (idempotent in step()).
-            self.scaler.unscale_(self.optimizer)
-            if self.precision.rounds_after_unscale:  # Chainer's order: unscale, then store in fp16
-                self.scaler.mark_overflow(
-                    self.precision.round_unscaled_grads([p for g in self.optimizer.param_groups for p in g["params"]])
-                )
+        # clipping, the bias factor and the replicas' average act on true gradient values, so these unscale
+        # first; the precision unscales (and rounds) every step where it stores gradients after unscaling
+        needed = bool(self.grad_clip) or self.bias_grad_factor != 1.0 or self.grad_sync is not None
+        if self.precision.unscale_grads(self.scaler, self.optimizer, needed=needed):
             if self.grad_sync is not None:
                 self.grad_sync([p for g in self.optimizer.param_groups for p in g["params"]])
             if self.bias_grad_factor != 1.0:
@@ -213,7 +207,8 @@ class Trainer:
             if self.grad_clip:
                 torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
         lr = self.optimizer.param_groups[0]["lr"]
-        result = self.scaler.step(self.optimizer, step_fn=self.backend.optimizer_step)
+        self.scaler.step(self.optimizer, step_fn=self.backend.optimizer_step)
+        result = self.scaler.last_step
         self.scaler.update()
         with warnings.catch_warnings():
             # the schedule counts iterations, skipped steps included (as with torch's GradScaler), so

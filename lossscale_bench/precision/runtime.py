@@ -93,7 +93,7 @@ class Precision:
 
     @property
     def rounds_after_unscale(self) -> bool:
-        """Whether the loop must unscale every step and then call :meth:`round_unscaled_grads`."""
+        """Whether gradients are rounded after unscaling, every step (:meth:`unscale_grads` does both)."""
         return self.emulated and self.grad_rounding == "after_unscale"
 
     def prepare(self, model: nn.Module) -> EmulationHandle | None:
@@ -108,6 +108,19 @@ class Precision:
                 wgrad_hadamard=self.wgrad_hadamard,
             )
         return None
+
+    def unscale_grads(self, scaler, optimizer, *, needed: bool = False) -> bool:
+        """Unscale ``optimizer``'s gradients through ``scaler.unscale_`` where the caller needs true values
+        (``needed``: clipping, say) or where this precision stores gradients after unscaling
+        (:attr:`rounds_after_unscale`: they are then rounded to ``grad_format`` and an overflow the rounding
+        makes is added to the scaler's step). A training loop calls it between ``backward`` and
+        ``scaler.step``; returns whether the gradients are unscaled now."""
+        if not (needed or self.rounds_after_unscale):
+            return False
+        scaler.unscale_(optimizer)
+        if self.rounds_after_unscale:  # Chainer's order: unscale, then store in the gradient format
+            scaler.mark_overflow(self.round_unscaled_grads([p for g in optimizer.param_groups for p in g["params"]]))
+        return True
 
     def round_unscaled_grads(self, params) -> torch.Tensor | None:
         """``after_unscale``: round the (unscaled) gradients of ``params`` to ``grad_format`` in place.

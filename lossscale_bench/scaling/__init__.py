@@ -13,9 +13,9 @@ import inspect
 from importlib import import_module
 from typing import Any
 
-from .base import LossScaler, StepResult
+from .base import DisabledLossScaler, LossScaler, StepResult
 
-__all__ = ["LossScaler", "StepResult", "build_scaler", "scaler_class"]
+__all__ = ["DisabledLossScaler", "LossScaler", "StepResult", "build_scaler", "method_class", "scaler_class"]
 
 
 def scaler_class(path: str) -> type[LossScaler]:
@@ -55,21 +55,32 @@ def _recipe_without_pydantic(entry: dict[str, Any]) -> tuple[str, dict, bool, bo
     return f"{module.__name__}:{cls.__name__}", kwargs, "model" in params, "grad_format" in params
 
 
-def build_scaler(entry: dict[str, Any], model=None, grad_format=None) -> LossScaler:
-    """Build the scaler for a scaling entry (``{"method": ..., **options}``).
-
-    ``grad_format`` is the precision's gradient format (:mod:`lossscale_bench.precision.formats`); the
-    per-layer rules keep gradients inside its range (None: fp16, the methods' own format).
-    """
+def _recipe(entry: dict[str, Any]) -> tuple[str, dict, bool, bool]:
     try:
         from ..study.methods import ENTRIES, scaler_recipe
     except ImportError:  # pydantic missing: see _recipe_without_pydantic
-        path, kwargs, per_layer, takes_format = _recipe_without_pydantic(entry)
-    else:
-        if entry.get("method") not in ENTRIES:
-            raise ValueError(f"unknown scaling method {entry.get('method')!r}")
-        path, kwargs, per_layer, takes_format = scaler_recipe(entry)
+        return _recipe_without_pydantic(entry)
+    if entry.get("method") not in ENTRIES:
+        raise ValueError(f"unknown scaling method {entry.get('method')!r}; allowed: {', '.join(ENTRIES)}")
+    return scaler_recipe(entry)
+
+
+def method_class(method: str) -> tuple[type[LossScaler], bool, bool]:
+    """``(scaler class, per_layer, takes_grad_format)`` of a registered method (ValueError names an unknown one)."""
+    path, _, per_layer, takes_format = _recipe({"method": method})
+    return scaler_class(path), per_layer, takes_format
+
+
+def build_scaler(entry: dict[str, Any], model=None, grad_format=None, **options: Any) -> LossScaler:
+    """Build the scaler for a scaling entry (``{"method": ..., **options}``).
+
+    ``grad_format`` is the precision's gradient format (:mod:`lossscale_bench.precision.formats`); the
+    per-layer rules keep gradients inside its range (None: fp16, the methods' own format). ``options``:
+    keyword arguments of the scaler's constructor beyond the entry's (``lossscale_bench.create_scaler``).
+    """
+    path, kwargs, per_layer, takes_format = _recipe(entry)
     cls = scaler_class(path)
+    kwargs.update(options)
     if takes_format and grad_format is not None:
         kwargs["grad_format"] = grad_format
     return cls(model, **kwargs) if per_layer else cls(**kwargs)

@@ -200,11 +200,11 @@ class AdaptiveLossScaler(PerLayerLossScaler):
         self._recomputed |= recompute and self.update_count == "steps"
         return recompute
 
-    def update(self) -> None:
+    def update_scale(self) -> None:
         if self._recomputed and self.sync_scales and self.update_every > 1 and _world_size() > 1:
             self.agree_scales()
         self._recomputed = False
-        super().update()
+        super().update_scale()
 
     # -- the rule --------------------------------------------------------------
     def layer_factor(

@@ -263,11 +263,11 @@ class AmaxLossScaler(PointLossScaler):
         self._next = (s0, scale)
         return bool(found)
 
-    def update(self) -> None:
+    def update_scale(self) -> None:
         early, self._next = self._next, None
         measured = self._now is not None and self._scales is not None
         self._flush_host()
-        super().update()
+        super().update_scale()
         if not measured:
             return
         # the newest amaxes go in front; points not measured this step record 0 (TE: no amax, no update).
@@ -294,6 +294,15 @@ class AmaxLossScaler(PointLossScaler):
 
     def current_scale(self) -> float:
         return self._loss_scale
+
+    def set_scale(self, value: float) -> None:
+        """``update(new_scale=value)``: the amax history is rolled as :meth:`update` does, then the loss's
+        scale becomes ``value`` (the next step's rule starts from it)."""
+        super().set_scale(value)
+        self._loss_scale = float(value)
+        if self._scales is not None:
+            self._scales[0] = float(value)
+        self._view = None
 
     # -- introspection -------------------------------------------------------------
     def _host_view(self) -> tuple[list[float], list[float]] | None:

@@ -85,19 +85,18 @@ class DynamicLossScaler(LossScaler):
         self._iter = 0
         self._last_overflow_iter = -1
         self._cur_hysteresis = self.hysteresis
-        self._last_overflow = False
         # GradScaler keeps its scale as a float32 tensor; do the same so the
         # torch style takes bit-identical decisions.
         self._dtype = torch.float32
 
-    def scale(self, loss: torch.Tensor) -> torch.Tensor:
+    def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
         return loss * self._scale
 
     def current_scale(self) -> float:
         return self._scale
 
-    def update(self) -> None:
-        overflow = bool(self._last_overflow)
+    def update_scale(self) -> None:
+        overflow = self.overflowed
         if self.style == "torch":
             s = torch.tensor(self._scale, dtype=self._dtype)
             if overflow:
@@ -106,7 +105,8 @@ class DynamicLossScaler(LossScaler):
             else:
                 self._growth_tracker += 1
                 if self._growth_tracker == self.interval:
-                    s = s * self.growth_factor
+                    grown = s * self.growth_factor
+                    s = grown if torch.isfinite(grown) else s  # torch._amp_update_scale_: only to a finite scale
                     self._growth_tracker = 0
             self._scale = float(s)
         elif self.style == "deepspeed":
@@ -120,8 +120,12 @@ class DynamicLossScaler(LossScaler):
             else:
                 self._scale *= self.growth_factor ** (1.0 / self.interval)
         self._scale = min(max(self._scale, self.min_scale), self.max_scale)
-        self._last_overflow = False
-        super().update()
+        super().update_scale()
+
+    def set_scale(self, value: float) -> None:
+        """``update(new_scale=value)``: the scale becomes ``value``; the growth tracker is kept (GradScaler's)."""
+        self._scale = float(value)
+        LossScaler.update_scale(self)
 
     def _update_deepspeed(self, overflow: bool) -> None:
         """DeepSpeed's ``DynamicLossScaler.update_scale`` (scale factor 2), without its exception at

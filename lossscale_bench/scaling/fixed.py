@@ -25,11 +25,18 @@ class FixedLossScaler(LossScaler):
         self._scale = float(scale)
         self.skips_on_overflow = bool(skip_nonfinite)
 
-    def scale(self, loss: torch.Tensor) -> torch.Tensor:
+    def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
         return loss * self._scale if self._scale != 1.0 else loss
 
     def current_scale(self) -> float:
         return self._scale
+
+    def set_scale(self, value: float) -> None:
+        """``update(new_scale=value)``: the fixed scale becomes ``value``."""
+        if not value > 0:
+            raise ValueError(f"fixed loss scale must be > 0, got {value}")
+        self._scale = float(value)
+        self.update_scale()
 
     def state_dict(self) -> dict[str, Any]:
         return {"scale": self._scale}
@@ -45,3 +52,7 @@ class NoLossScaler(FixedLossScaler):
 
     def __init__(self) -> None:
         super().__init__(scale=1.0, skip_nonfinite=False)
+
+    def set_scale(self, value: float) -> None:
+        """Refused: ``none`` never scales."""
+        LossScaler.set_scale(self, value)

@@ -53,6 +53,8 @@ class LayerwiseDynamicLossScaler(PointLossScaler):
 
     method = "layerwise_dynamic"
     metric_prefix = "lw_"
+    #: the points' flags of a step come from one unscale of all gradients (:meth:`unscale_grads`)
+    several_optimizers = False
 
     def __init__(
         self,
@@ -126,7 +128,7 @@ class LayerwiseDynamicLossScaler(PointLossScaler):
         cache[key] = resolve
         return resolve
 
-    def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
+    def unscale_grads(self, optimizer: torch.optim.Optimizer) -> None:
         """Adaptive's unscaling, with one non-finite flag per group of gradients sharing a point set."""
         if self._unscaled:
             return
@@ -199,12 +201,12 @@ class LayerwiseDynamicLossScaler(PointLossScaler):
         self._point_flags = self._point_flags_of(values[1:], point_sets)[: len(self.points)]
         return bool(values[0])
 
-    def update(self) -> None:
+    def update_scale(self) -> None:
         if self._group_flags is not None:  # update() without step(): the flags are read here
             self.read_overflow()
         flags = self._point_flags
         self._point_flags = None
-        super().update()
+        super().update_scale()
         self.last_backoffs = 0
         if flags is None:
             return
@@ -228,6 +230,11 @@ class LayerwiseDynamicLossScaler(PointLossScaler):
 
     def current_scale(self) -> float:
         return self._scales[0]
+
+    def set_scale(self, value: float) -> None:
+        """``update(new_scale=value)``: the points' rules run, then the loss point's scale becomes ``value``."""
+        super().set_scale(value)
+        self._scales[0] = float(value)
 
     # -- introspection -------------------------------------------------------------
     def point_scales(self) -> dict[str, float]:

@@ -57,25 +57,25 @@ class SaturationLossScaler(LossScaler):
         self.max_scale = float("inf") if max_scale is None else float(max_scale)
         self.grad_format = grad_format
         self._growth_tracker = 0
-        self._last_overflow = False
         self._counts: torch.Tensor | None = None  # [saturated, total] of this step, on the device
         self.last_share = 0.0
 
-    def scale(self, loss: torch.Tensor) -> torch.Tensor:
+    def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
         return loss * self._scale
 
     def current_scale(self) -> float:
         return self._scale
 
-    def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
-        if not self._unscaled:
-            self._counts = saturation_counts(optimizer_grads(optimizer), self.grad_format.max)
-        super().unscale_(optimizer)
+    def unscale_grads(self, optimizer: torch.optim.Optimizer) -> None:
+        if not self._unscaled:  # several optimizers in a step: their counts add up
+            counts = saturation_counts(optimizer_grads(optimizer), self.grad_format.max)
+            self._counts = counts if self._counts is None else self._counts + counts.to(self._counts.device)
+        super().unscale_grads(optimizer)
 
-    def update(self) -> None:
+    def update_scale(self) -> None:
         counts = self._counts.tolist() if self._counts is not None else [0, 0]
         self.last_share = counts[0] / counts[1] if counts[1] else 0.0
-        if self._last_overflow or self.last_share > self.threshold:
+        if self.overflowed or self.last_share > self.threshold:
             self._scale *= self.backoff_factor
             self._growth_tracker = 0
         else:
@@ -84,9 +84,14 @@ class SaturationLossScaler(LossScaler):
                 self._scale *= self.growth_factor
                 self._growth_tracker = 0
         self._scale = min(max(self._scale, self.min_scale), self.max_scale)
-        self._last_overflow = False
         self._counts = None
-        super().update()
+        super().update_scale()
+
+    def set_scale(self, value: float) -> None:
+        """``update(new_scale=value)``: the scale becomes ``value``; the growth tracker is kept."""
+        self._scale = float(value)
+        self._counts = None
+        LossScaler.update_scale(self)
 
     def metrics(self) -> dict[str, float]:
         return {**super().metrics(), "saturated_share": float(self.last_share)}

@@ -76,7 +76,8 @@ def _gloo_rank(rank: int, port: int, out_dir: str) -> None:
         next(model.parameters()).grad[0, 0] = float("inf")
     scaler.unscale_(opt)
     sync(list(model.parameters()))
-    result = scaler.step(opt)
+    scaler.step(opt)
+    result = scaler.last_step
     scaler.update()
     res["dyn"] = [result.skipped, result.overflow, float(scaler.current_scale())]
 

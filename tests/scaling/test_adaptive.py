@@ -396,7 +396,8 @@ def test_forced_power_of_two_scales_are_exact(name, size, batch):
     scaler = AdaptiveLossScaler(model, init_scale=8.0, scale_fn=scale_fn)
     scaler.scale(_loss(model, images, targets)).backward()
     got_scaled = _grads(model)
-    result = scaler.step(_opt(model))
+    scaler.step(_opt(model))
+    result = scaler.last_step
     scaler.update()
     assert not result.skipped and result.scale == 8.0
     assert len(forced) >= len(scaler.layer_names) - 1  # every layer with an upstream got a scale
@@ -592,7 +593,8 @@ def test_metrics_and_layer_table():
     first = table[0]
     assert first["layer"] == "backbone.stem.0" and first["applied"] is False  # no input gradient
     assert all(r["prev_scale"] >= 4.0 for r in table)
-    res = scaler.step(_opt(model))
+    scaler.step(_opt(model))
+    res = scaler.last_step
     assert res.scale == 4.0 and not res.skipped
 
 
@@ -678,7 +680,8 @@ def test_injected_inf_skips_the_step_and_recovers():
     h = layer.register_forward_hook(poison)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     scaler.scale(_loss(model, images, targets)).backward()
-    result = scaler.step(opt)
+    scaler.step(opt)
+    result = scaler.last_step
     scaler.update()
     h.remove()
     assert result.skipped and result.overflow
@@ -687,7 +690,8 @@ def test_injected_inf_skips_the_step_and_recovers():
     assert all(math.isfinite(r["unbounded_scale"]) for r in scaler.layer_table() if r["applied"])
     opt.zero_grad(set_to_none=True)
     scaler.scale(_loss(model, images, targets)).backward()
-    result = scaler.step(opt)
+    scaler.step(opt)
+    result = scaler.last_step
     scaler.update()
     assert not result.skipped and not result.overflow
 
@@ -715,7 +719,8 @@ def test_gradient_accumulation_and_unscale_in_backward():
             scaler.scale(_loss(model, imgs, tgs)).backward()
         if unscale_in_backward:  # already true gradients in .grad
             assert all(_rel_err(model.get_parameter(k).grad, r) <= 1e-6 for k, r in ref.items())
-        res = scaler.step(_opt(model))
+        scaler.step(_opt(model))
+        res = scaler.last_step
         scaler.update()
         assert not res.skipped
         for k, r in ref.items():
@@ -804,7 +809,8 @@ def test_training_loop_reduces_loss_like_fp32():
             opt.zero_grad(set_to_none=True)
             loss = _loss(model, images, targets)
             scaler.scale(loss * factor).backward()
-            result = scaler.step(opt)
+            scaler.step(opt)
+            result = scaler.last_step
             scaler.update()
             assert not result.skipped
             losses.append(float(loss.detach()))

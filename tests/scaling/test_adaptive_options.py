@@ -164,7 +164,8 @@ def test_output_points_scale_what_arrives_at_the_heads():
     s = min(max(U_MIN / (K * float(g.std(unbiased=False))), 1.0), U_MAX / float(g.abs().max()))
     assert s > 16 and point["unbounded_scale"] == pytest.approx(s, rel=1e-3)
     assert point["scale"] == bounded(s) == 16.0 and layer["prev_scale"] == 64.0
-    res = scaler.step(torch.optim.SGD(model.parameters(), lr=0.0))
+    scaler.step(torch.optim.SGD(model.parameters(), lr=0.0))
+    res = scaler.last_step
     scaler.update()
     assert not res.skipped
     scaler.remove()

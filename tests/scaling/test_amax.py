@@ -169,7 +169,8 @@ def _run(scaler, model, steps, start=0):
     for step in range(start, start + steps):
         opt.zero_grad(set_to_none=True)
         scaler.scale(_loss(model, step)).backward()
-        res = scaler.step(opt)
+        scaler.step(opt)
+        res = scaler.last_step
         assert not res.overflow
         sent.append({r["layer"]: r["accum_scale"] for r in scaler.layer_table() if r["applied"]})
         scaler.update()
@@ -221,7 +222,8 @@ def test_unscaled_gradients_are_exact_on_ssd_tiny_and_fp8_scales_follow_e5m2():
         for _ in range(2):  # the second step's loss scale comes from the first step's amax
             opt.zero_grad(set_to_none=True)
             scaler.scale(sum(model(images, targets).values())).backward()
-            res = scaler.step(opt)
+            scaler.step(opt)
+            res = scaler.last_step
             scaler.update()
         assert not res.overflow
         return torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]), scaler

@@ -71,7 +71,8 @@ def _run_ours(scaler: DynamicLossScaler, pattern: list[bool]):
         scale = scaler.current_scale()
         before = p.detach().clone()
         p.grad = torch.full_like(p, math.inf if overflow else 1.0) * scale
-        res = scaler.step(opt)
+        scaler.step(opt)
+        res = scaler.last_step
         scaler.update()
         out.append((scale, res.skipped, torch.equal(before, p.detach())))
     return out

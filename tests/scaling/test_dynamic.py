@@ -51,7 +51,8 @@ def test_torch_style_matches_gradscaler(seed):
     def our_step(g):
         scale = ours.current_scale()
         p2.grad = g * scale
-        results.append(ours.step(o2))
+        ours.step(o2)
+        results.append(ours.last_step)
         ours.update()
         return scale
 
@@ -72,7 +73,8 @@ def test_chainer_style_rules():
     for overflow in [False, False, False, True, False, False, False, False, True]:
         seen.append(s.current_scale())
         p.grad = torch.full_like(p, float("nan") if overflow else 1.0)
-        res = s.step(opt)
+        s.step(opt)
+        res = s.last_step
         assert res.skipped == overflow
         s.update()
     # doubles until the first overflow: 1, 2, 4, 8 (overflow) -> 4, then x 2**(1/4) per clean step
@@ -117,17 +119,21 @@ def test_fixed_skips_and_none_does_not():
     opt = torch.optim.SGD([p], lr=1.0)
     fixed = FixedLossScaler(128)
     p.grad = torch.full((1,), 128.0)
-    r = fixed.step(opt)
+    fixed.step(opt)
+    r = fixed.last_step
+    fixed.update()  # GradScaler's rule: one step per optimizer between updates
     assert (r.skipped, r.overflow, r.scale) == (False, False, 128.0)
     assert p.item() == pytest.approx(-1.0)  # unscaled before the step
     p.grad = torch.full((1,), math.inf)
-    r = fixed.step(opt)
+    fixed.step(opt)
+    r = fixed.last_step
     fixed.update()
     assert r.skipped and r.overflow and p.item() == pytest.approx(-1.0)
 
     none = NoLossScaler()
     p.grad = torch.full((1,), math.inf)
-    r = none.step(opt)
+    none.step(opt)
+    r = none.last_step
     assert r.overflow and not r.skipped and math.isinf(p.item())
 
 

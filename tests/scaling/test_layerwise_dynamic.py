@@ -72,7 +72,8 @@ def test_parameters_carry_their_points_scale_and_unscale_exactly():
     scaler.scale(_chain_loss(model)).backward()
     for n, p in model.named_parameters():
         assert torch.equal(p.grad, ref[n] * pts[CARRIES[n.split(".")[0]]]), n
-    res = scaler.step(torch.optim.SGD(model.parameters(), lr=0.0))
+    scaler.step(torch.optim.SGD(model.parameters(), lr=0.0))
+    res = scaler.last_step
     assert (res.skipped, res.overflow, res.scale) == (False, False, 2.0**5)
     for n, p in model.named_parameters():
         assert torch.equal(p.grad, ref[n]), n
@@ -98,7 +99,8 @@ def test_each_point_backs_off_on_its_own_overflow_and_grows_on_its_own_interval(
         scaler.scale(_chain_loss(model, step)).backward()
         for n in bad:  # an overflow in this layer's own weight gradient
             layer_of[n].weight.grad[0].fill_(math.inf)
-        res = scaler.step(opt)
+        scaler.step(opt)
+        res = scaler.last_step
         scaler.update()
         for n in ref:
             ref[n]["found_inf_or_nan"] = any(CARRIES[layer] == n for layer in bad)
@@ -135,7 +137,8 @@ def test_ssd_tiny_exact_with_random_point_scales():
     rng = random.Random(3)
     scaler._scales = [2.0 ** rng.randint(-4, 12) for _ in scaler.points]
     scaler.scale(sum(model(images, targets).values())).backward()
-    res = scaler.step(torch.optim.SGD(model.parameters(), lr=0.0))
+    scaler.step(torch.optim.SGD(model.parameters(), lr=0.0))
+    res = scaler.last_step
     assert not res.overflow
     for n, p in model.named_parameters():
         if n in ref:
@@ -150,7 +153,8 @@ def _train(model, scaler, steps, start=0):
         images, targets = _tiny_batch(seed=i)
         opt.zero_grad(set_to_none=True)
         scaler.scale(sum(model(images, targets).values())).backward()
-        results.append(scaler.step(opt))
+        scaler.step(opt)
+        results.append(scaler.last_step)
         scaler.update()
     return opt, results
 
@@ -185,7 +189,8 @@ def test_fp16_overflow_backs_off_and_checkpoint_continues_identically():
         images, targets = _tiny_batch(seed=i)
         opt2.zero_grad(set_to_none=True)
         scaler2.scale(sum(model2(images, targets).values())).backward()
-        r = scaler2.step(opt2)
+        scaler2.step(opt2)
+        r = scaler2.last_step
         scaler2.update()
         assert (r.skipped, r.scale) == (more[i - 6].skipped, more[i - 6].scale)
     assert scaler2.state_dict() == scaler.state_dict()

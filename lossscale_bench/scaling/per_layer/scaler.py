@@ -30,6 +30,7 @@ from __future__ import annotations
 import math
 import statistics
 import warnings
+import weakref
 from abc import abstractmethod
 from typing import Any
 
@@ -62,6 +63,9 @@ class PerLayerLossScaler(LossScaler):
 
     #: prefix of the metrics this scaler logs (module doc); a subclass sets its own
     metric_prefix = "layer_"
+    #: one loss per backward: the layers' scales follow that loss's graph (two separately scaled losses in one
+    #: backward are not supported), so :meth:`scale` refuses an iterable of several
+    several_outputs = False
 
     def __init__(
         self,
@@ -134,9 +138,15 @@ class PerLayerLossScaler(LossScaler):
         for name, mod in model.named_modules():
             if not isinstance(mod, layer_types) or not isinstance(mod, (nn.Conv2d, nn.Linear)):
                 continue
-            if ATTACHED.get(mod) is not None:
+            held = ATTACHED.get(mod)
+            if held is not None:
                 self._detach_modules()
-                raise ValueError(f"module {name!r} already has an adaptive loss scaler attached")
+                owner = held.owner() if getattr(held, "owner", None) is not None else None
+                who = "another per-layer loss scaler" if owner is None else repr(owner)
+                raise ValueError(
+                    f"module {name!r} is already held by {who}: call that scaler's remove() "
+                    "(or leave its `with` block) before attaching another"
+                )
             base = nn.Conv2d if isinstance(mod, nn.Conv2d) else nn.Linear
             if type(mod).forward is not stock[base]:
                 self.skipped_layers.append((name, "class overrides forward"))
@@ -145,6 +155,7 @@ class PerLayerLossScaler(LossScaler):
                 self.skipped_layers.append((name, "instance forward already patched"))
                 continue
             info = LayerInfo(name or type(mod).__name__, mod)
+            info.owner = weakref.ref(self)  # named in the refusal of a second scaler
             ATTACHED[mod] = info
             mod.forward = PatchedForward(mod)
             self._layers.append(info)
@@ -152,7 +163,7 @@ class PerLayerLossScaler(LossScaler):
             self._by_name[info.name] = info
 
     # -- the loop's interface ------------------------------------------------
-    def scale(self, loss: torch.Tensor) -> torch.Tensor:
+    def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
         if self._model is None:
             raise RuntimeError("scaler was removed from its model")
         self._recorded_rows = None
@@ -173,7 +184,7 @@ class PerLayerLossScaler(LossScaler):
         self._pending.append(it)
         return scaled
 
-    def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
+    def unscale_grads(self, optimizer: torch.optim.Optimizer) -> None:
         """Divide each parameter gradient by the scale it carries; one fused non-finite check per group."""
         if self._unscaled:
             return
@@ -197,8 +208,8 @@ class PerLayerLossScaler(LossScaler):
         self._found_inf = all_reduce_flag(found)
         self._unscaled = True
 
-    def update(self) -> None:
-        super().update()
+    def update_scale(self) -> None:
+        super().update_scale()
         self._recorded_rows = None
         self._iter += 1
         self._carried.clear()
@@ -206,6 +217,18 @@ class PerLayerLossScaler(LossScaler):
 
     def current_scale(self) -> float:
         return self.init_scale
+
+    def set_scale(self, value: float) -> None:
+        """``update(new_scale=value)``: the step's bookkeeping as :meth:`update` does, then the loss's scale
+        (the scale every backward starts with) becomes ``value``."""
+        if not value > 0:
+            raise ValueError(f"new_scale must be > 0, got {value}")
+        self.update_scale()
+        self.init_scale = float(value)
+
+    def __repr__(self) -> str:
+        model = "removed" if self._model is None else type(self._model).__name__
+        return f"<{type(self).__name__} method={self.method!r} model={model} id=0x{id(self):x}>"
 
     def _release_pending(self) -> None:
         for it in self._pending:
@@ -339,10 +362,10 @@ class PointLossScaler(PerLayerLossScaler):
         target = self.point_scale(self._point[id(layer)], grad, incoming, incoming is it.vals[ROOT_SCALE_ID])
         return (target / incoming.to(device=target.device, dtype=_F32)).to(grad.device)
 
-    def scale(self, loss: torch.Tensor) -> torch.Tensor:
+    def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
         """Multiply ``loss`` by point 0's scale: the machinery starts every backward at ``init_scale``."""
         self.init_scale = self.current_scale()
-        return super().scale(loss)
+        return super().scale_loss(loss)
 
     def metrics(self) -> dict[str, float]:
         out = super().metrics()
