@@ -149,6 +149,7 @@ def cmd_run(args) -> int:
         trial_plots=run_plots,
         check_resources=not args.no_resource_check,
         wait=args.wait,
+        artifacts_uri=args.artifacts_uri,
     )
     looks = None
     try:
@@ -320,6 +321,13 @@ def _add_run_parser(sub) -> None:
         help="accept a grid of more than 1000 trials (refused by default: usually a typo)",
     )
     _store_args(sp)
+    sp.add_argument(
+        "--artifacts-uri",
+        default=None,
+        help="where a new study's plots and CSVs go (<uri>/<study>; a folder or a URI such as s3://...); "
+        "default: an MLflow server's own artifact store, beside a SQLite store, <runs-dir>/artifacts for a "
+        "database server",
+    )
     sp.add_argument(
         "--max-concurrent", type=positive_int, default=None, help="at most this many trials at once (1 or more)"
     )

@@ -13,7 +13,8 @@ EXIT_OK = 0
 EXIT_USAGE = 2
 #: the study ran but one or more trials failed (the others' results are kept and reported)
 EXIT_TRIALS_FAILED = 3
-#: the tracking store cannot be used (corrupt, read-only, full, unreachable, bad URI)
+#: the tracking store cannot be used (corrupt, read-only, full, unreachable, bad URI), or the joined Ray
+#: cluster's head node was lost mid-study (orchestration/head_watch.py); the same command continues
 EXIT_STORE = 4
 #: interrupted by SIGINT, 128 + 2 (Ctrl-C at the terminal): trial runs are marked KILLED; a re-run resumes
 EXIT_SIGINT = 130

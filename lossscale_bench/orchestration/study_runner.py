@@ -47,6 +47,8 @@ class _Options:
     check_resources: bool
     #: the trials to run instead of all the study's (a round of a seed plan); None: study.trials()
     trials: Any = None
+    #: where a new study's artifacts go (``--artifacts-uri``); None: the store's default (tracking.artifacts)
+    artifacts_uri: str | None = None
 
 
 def run_study(
@@ -64,6 +66,7 @@ def run_study(
     check_resources: bool = True,
     wait: bool = False,
     trials=None,
+    artifacts_uri: str | None = None,
 ) -> StudyResult:
     """Run every trial of ``study`` that has not finished or diverged yet.
 
@@ -78,6 +81,10 @@ def run_study(
 
     ``trials``: run these of the study's trials (and count only these) instead of all of them:
     a round of a study whose seeds are added until decided.
+
+    ``artifacts_uri``: the root of a new study's artifact location (``<uri>/<study>``); without it an
+    MLflow server keeps them in its own artifact store, a SQLite store beside ``mlflow.db``, a database
+    server under ``<runs_dir>/artifacts`` (:func:`..tracking.artifacts.artifact_location`).
 
     The whole call holds the runs folder's lock (:mod:`.runs_lock`): a second runner on the
     same folder or SQLite store raises :class:`.runs_lock.RunsFolderBusy`, or with ``wait=True``
@@ -105,6 +112,7 @@ def run_study(
         trial_plots,
         check_resources,
         None if trials is None else list(trials),
+        artifacts_uri,
     )
     with runs_lock(runs_dir, sqlite_path(uri), study.name, wait=wait, stream=stream):
         return _run_locked(study, runs_dir, uri, opts)
@@ -136,6 +144,8 @@ def _run_locked(study, runs_dir: Path, uri: str, opts: _Options) -> StudyResult:
             raise
         raise stop from None
     finally:
+        if run.head_watch is not None:
+            run.head_watch.stop()
         try:
             if run.ray_started:
                 import ray
@@ -166,6 +176,8 @@ class _StudyRun:
         self.todo: list = []
         self.relabelled: list[tuple[str, str]] = []
         self.ray_started = False
+        #: the joined cluster's head, watched (:mod:`.head_watch`); None for a Ray of our own
+        self.head_watch = None
 
     def execute(self, guard: SignalsRaise) -> StudyResult:
         """Data, store, cluster, runs, trials, in that order: each may stop the study before the next."""
@@ -173,7 +185,7 @@ class _StudyRun:
 
         # Data first: a study whose data is missing fails before any trial starts.
         prepare_dataset(self.trials[0].dataset)
-        self.tracker = Tracker(self.uri, artifact_root=self.artifact_root)
+        self.tracker = Tracker(self.uri, artifact_root=self.artifact_root, artifacts_uri=self.opts.artifacts_uri)
         existing = self.tracker.trial_runs(self.tracker.experiment_id(self.study.name))
         self.todo = self._pending(existing)
         if self.todo and self.opts.executor == "ray":
@@ -209,8 +221,13 @@ class _StudyRun:
             env_vars=PORTABLE_ENV if self.study.resources.repeatable else None,
         )
         guard.install()  # ray.init put its own SIGTERM handler (sys.exit) in place
+        local = not (self.opts.address or os.environ.get("RAY_ADDRESS"))  # a Ray of our own: --num-cpus helps
+        if not local:  # a joined cluster's head may die: one line and exit 4, not Ray's exit 1 a minute later
+            from .head_watch import HeadWatch, gcs_address
+
+            gcs = gcs_address()
+            self.head_watch = HeadWatch(gcs, self.end_interrupted).start() if gcs else None
         if self.opts.check_resources and not resource_check_skipped():
-            local = not (self.opts.address or os.environ.get("RAY_ADDRESS"))  # a Ray of our own: --num-cpus helps
             check_feasible(self.study, self.todo, cluster_nodes(), local=local)
 
     def _open_runs(self, existing: dict[str, Any]) -> None:

@@ -3,7 +3,8 @@
 Why a package of its own: the store is the study's record, and the code that
 touches it has separate jobs, one module each. ``store`` opens a store
 and names its faults (no MLflow writes; the ``lsbench-store:`` artifact
-resolver that pyproject.toml's entry point names); ``store_faults`` names a
+resolver that pyproject.toml's entry point names); ``artifacts`` says where a new study's
+artifacts go (an MLflow server's own store, beside SQLite, or ``--artifacts-uri``); ``store_faults`` names a
 fault that appears after opening (a disk that fills up mid-study). ``client`` is the
 MLflow client on a store (each call on a database store made whole before a stop signal
 raises, calls retried while SQLite is locked). ``tracker`` is the one writer of runs

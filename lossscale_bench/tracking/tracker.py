@@ -15,12 +15,24 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from .artifacts import artifact_location
 from .client import retry, store_client
 from .run_status import base_run_name
-from .store import open_store, relative_artifact_location, sqlite_path
+from .store import open_store, sqlite_path
 from .store_faults import store_error
 
 TERMINAL = ("finished", "diverged")
+#: how often opening a new database store is tried while another driver creates its tables
+SCHEMA_RACE_ATTEMPTS = 6
+
+
+def _schema_race(exc: BaseException) -> bool:
+    """Two drivers opening one new database (PostgreSQL) at once both create MLflow's tables; the loser
+    gets "duplicate key ... alembic_version" or "already exists" (measured: two ``lsbench run`` of two
+    studies started together on a fresh PostgreSQL database). A SQLite store is created under the runs
+    folder's lock; a database server is not, so the loser waits and opens the tables the winner made."""
+    text = str(exc).lower()
+    return "alembic_version" in text and ("duplicate key" in text or "already exists" in text)
 
 
 def is_emulated(precision) -> bool:
@@ -36,7 +48,12 @@ def _bool_tag(value) -> str:
 class Tracker:
     """Study- and trial-level bookkeeping on one MLflow store."""
 
-    def __init__(self, tracking_uri: str, artifact_root: str | Path | None = None) -> None:
+    def __init__(
+        self, tracking_uri: str, artifact_root: str | Path | None = None, artifacts_uri: str | None = None
+    ) -> None:
+        """``artifact_root``: the folder a database store's new experiments keep their artifacts in
+        (``<root>/<study>``); ``artifacts_uri``: a URI that replaces it for every store
+        (:func:`.artifacts.artifact_location` says where artifacts go)."""
         import logging
 
         # Alembic/MLflow print migration chatter on first use of a store.
@@ -50,15 +67,21 @@ class Tracker:
         from .store import ensure_artifact_scheme
 
         ensure_artifact_scheme()
-        try:
-            self.client = store_client(tracking_uri)
-            self.client.search_experiments(max_results=1)  # creates/migrates a SQLite store's tables now
-        except Exception as exc:  # noqa: BLE001
-            fault = store_error(exc, tracking_uri)
-            if fault is not None:
-                raise fault from exc
-            raise
+        for attempt in range(SCHEMA_RACE_ATTEMPTS):
+            try:
+                self.client = store_client(tracking_uri)
+                self.client.search_experiments(max_results=1)  # creates/migrates a new store's tables now
+                break
+            except Exception as exc:  # noqa: BLE001
+                if _schema_race(exc) and attempt < SCHEMA_RACE_ATTEMPTS - 1:
+                    time.sleep(1.0 + attempt)  # another driver is creating the tables: use them once made
+                    continue
+                fault = store_error(exc, tracking_uri)
+                if fault is not None:
+                    raise fault from exc
+                raise
         self.artifact_root = Path(artifact_root).resolve() if artifact_root else None
+        self.artifacts_uri = artifacts_uri
         #: run_id -> {metric key: last step logged before this attempt} (runs continued by begin_attempt)
         self._logged: dict[str, dict[str, int]] = {}
 
@@ -76,11 +99,7 @@ class Tracker:
             return exp.experiment_id
         if not create:
             return None
-        if sqlite_path(self.uri) is not None:
-            # relative to the folder of mlflow.db: a copied or moved runs folder keeps its artifacts
-            loc = relative_artifact_location(study_name)
-        else:
-            loc = (self.artifact_root / study_name).as_uri() if self.artifact_root else None
+        loc = artifact_location(self.uri, study_name, self.artifact_root, self.artifacts_uri)
         return retry(
             self.client.create_experiment,
             study_name,
