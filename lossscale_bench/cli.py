@@ -101,6 +101,12 @@ def cmd_validate(args) -> int:
                 problems += environment_problems(study)
         except StudyError as exc:
             problems = list(getattr(exc, "problems", [exc]))  # every problem in the file, one line each
+            partial = getattr(exc, "partial", None)  # valid but for keys the data checks do not read
+            if partial is not None and not args.schema_only:
+                try:
+                    problems += path_problems(partial)
+                except StudyError as more:
+                    problems += more.problems
         if problems:
             failed += 1
             for exc in problems:

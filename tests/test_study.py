@@ -485,8 +485,7 @@ def test_an_entry_that_repeats_another_is_refused_naming_both():
         ("loss scale (128)", 8),
         ("again", 16),
     ]
-    text = BASE.replace("model: ssd_tiny", "model: [ssd_tiny, ssd_tiny]")
-    assert len(load_study_text(text).trials()) == 2
+    # a model or batch size listed twice is refused like a seed (tests/study/test_one_pass.py)
 
 
 def test_scalar_axes_accepted():

@@ -96,9 +96,21 @@ def image_candidates(year_dir, img_id: str, file_name: str | None = None) -> Ite
 
 def split_id_lines(list_file) -> list[tuple[int, str]]:
     """``(line number, image id)`` of a split list: the first word of each non-blank line (a UTF-8 byte
-    order mark at the start of the file is not part of the first id)."""
+    order mark at the start of the file is not part of the first id). A byte order mark further down
+    (lists joined with ``cat``, one saved with a BOM) is an :class:`~.annotations.AnnotationError` naming
+    its line: it is invisible, and the id it sticks to names no file."""
     with open(list_file, encoding="utf-8-sig", errors="surrogateescape") as f:
-        return [(n, line.split()[0]) for n, line in enumerate(f, start=1) if line.strip()]
+        out = [(n, line.split()[0]) for n, line in enumerate(f, start=1) if line.strip()]
+    for n, img_id in out:
+        if "\ufeff" in img_id:
+            raise AnnotationError(
+                list_file,
+                f"line {n}",
+                f"a byte order mark (U+FEFF, invisible) is inside the image id {img_id!r}, in the middle of the "
+                "list (lists joined, one of them saved with a BOM?); remove it",
+                droppable=False,
+            )
+    return out
 
 
 def read_split_ids(list_file) -> list[str]:

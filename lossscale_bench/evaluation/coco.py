@@ -4,6 +4,14 @@
 the fake one), maps contiguous labels back to COCO category ids and scores
 the detections; ``evaluate_detections`` is the scoring part alone, with
 ``fast_coco.coco_box_stats`` (``reference=True``: pycocotools' ``COCOeval``).
+
+A data set without a COCO annotation file (VOC layout: ``data.voc.VOCDetection``) is scored against
+the ground truth :func:`ground_truth_from_targets` builds from the evaluated images' own targets, the
+boxes the VOC metric compares: category ``k`` is the class list's ``k``-th name (labels ``1..K``), a box's
+``area`` is its width times its height, and a *difficult* object is a crowd region (``iscrowd: 1``),
+which COCOeval ignores as the VOC metric ignores a difficult one (a detection on it is neither a true nor
+a false positive; COCOeval measures the overlap with a crowd region as the share of the detection inside
+it, where VOC uses the IoU).
 """
 
 from __future__ import annotations
@@ -16,6 +24,15 @@ import torch
 
 from .fast_coco import coco_box_stats
 from .predict import predictions
+
+__all__ = [
+    "MAX_DETS",
+    "evaluate_coco",
+    "evaluate_detections",
+    "ground_truth_from_targets",
+    "pycocotools_box_stats",
+    "top_per_image_category",
+]
 
 
 def _zero(num_images: int, num_detections: int = 0) -> dict:
@@ -115,6 +132,41 @@ def _score(coco_gt, dets: list[dict], ids: list[int], reference: bool = False) -
     }
 
 
+def ground_truth_from_targets(targets: list[tuple[int, dict]], class_names) -> object:
+    """A pycocotools ``COCO`` of ``targets`` (``(image id, target)`` pairs; a target's ``boxes`` xyxy
+    pixels, ``labels`` ``1..K``, ``difficult`` when present) with the categories ``1..K`` named by
+    ``class_names``: a difficult object becomes a crowd region (module doc)."""
+    from pycocotools.coco import COCO
+
+    anns: list[dict] = []
+    for image_id, t in targets:
+        boxes = t["boxes"].detach().double().cpu().reshape(-1, 4).tolist()
+        labels = t["labels"].detach().cpu().reshape(-1).tolist()
+        hard = t.get("difficult")
+        hard = [False] * len(boxes) if hard is None else hard.detach().cpu().reshape(-1).tolist()
+        for (x1, y1, x2, y2), lab, d in zip(boxes, labels, hard):
+            w, h = x2 - x1, y2 - y1
+            anns.append(
+                {
+                    "id": len(anns) + 1,  # COCOeval takes a match to id 0 for none
+                    "image_id": int(image_id),
+                    "category_id": int(lab),
+                    "bbox": [x1, y1, w, h],
+                    "area": w * h,
+                    "iscrowd": int(bool(d)),
+                }
+            )
+    coco = COCO()
+    coco.dataset = {
+        "images": [{"id": int(i)} for i, _ in targets],
+        "annotations": anns,
+        "categories": [{"id": k, "name": str(n)} for k, n in enumerate(class_names, start=1)],
+    }
+    with contextlib.redirect_stdout(io.StringIO()):  # createIndex prints
+        coco.createIndex()
+    return coco
+
+
 @torch.no_grad()
 def evaluate_coco(model, dataset, *, device="cpu", batch_size: int = 8, max_images=None, autocast=None) -> dict:
     """COCO mAP of ``model`` on the first ``max_images`` images of ``dataset`` (all by default).
@@ -123,14 +175,18 @@ def evaluate_coco(model, dataset, *, device="cpu", batch_size: int = 8, max_imag
     The model runs in eval mode and gets its previous train/eval mode back.
     ``autocast``: optional factory returning a context manager, entered around
     each forward (e.g. ``lambda: torch.autocast("cpu", torch.bfloat16)``).
+    A data set without ``coco`` and ``label_to_cat`` (VOC layout) is scored against its targets
+    (:func:`ground_truth_from_targets`; its labels are the category ids).
     """
+    own_gt = hasattr(type(dataset), "coco") and hasattr(dataset, "label_to_cat")
+    label_to_cat = dataset.label_to_cat if own_gt else None
     detections: list[dict] = []
-    img_ids: list[int] = []
+    targets: list[tuple[int, dict]] = []
     for target, out in predictions(
         model, dataset, device=device, batch_size=batch_size, max_images=max_images, autocast=autocast
     ):
         image_id = int(target["image_id"])
-        img_ids.append(image_id)
+        targets.append((image_id, {} if own_gt else target))
         boxes = out["boxes"].detach().float().cpu()
         if boxes.numel() == 0:
             continue
@@ -138,14 +194,15 @@ def evaluate_coco(model, dataset, *, device="cpu", batch_size: int = 8, max_imag
         labels = out["labels"].detach().cpu().tolist()
         scores = out["scores"].detach().float().cpu().tolist()
         for b, lab, s in zip(xywh, labels, scores):
-            cat = dataset.label_to_cat.get(int(lab))
+            cat = label_to_cat.get(int(lab)) if own_gt else (int(lab) if int(lab) >= 1 else None)
             if cat is None:  # background or out-of-range label: not a COCO class
                 continue
             detections.append({"image_id": image_id, "category_id": int(cat), "bbox": b, "score": s})
-    n = len(img_ids)
+    n = len(targets)
     if n == 0:
         return _zero(0)
     if not detections:
         return _zero(n)
+    gt = dataset.coco if own_gt else ground_truth_from_targets(targets, dataset.class_names)
     # already plain Python values (tolist), so evaluate_detections' normalising copy is skipped
-    return _score(dataset.coco, detections, sorted(img_ids))
+    return _score(gt, detections, sorted(i for i, _ in targets))

@@ -43,11 +43,20 @@ directory may be shared by a cluster's nodes. The library's name hashes every so
 flags, the compiler's version and the CPU's feature flags, and is written to a temporary file and renamed into
 place, so trials starting together on one machine never load half a file.
 
+Why every load checks the file first: a library cut short in the cache (a full disk, a copy interrupted, a
+cache synced by hand) is mapped by the loader as it lies, and touching its missing pages kills the process with
+SIGBUS ("Bus error", exit 135, no Python frame to report it, runs left RUNNING), in every later run, since the
+name still matches. So the build writes a record beside the library, ``<name>.so.sha256`` (its size and sha256,
+renamed into place after the library), and every load, a cache hit included, reads the library and compares
+before the loader sees it. A library that does not match its record, or has none (an empty file, a corrupt or
+foreign ELF, a cache an older version wrote), is rebuilt with one ``lsbench: note:`` line on stderr, then
+loaded; a rebuild that fails falls back as below.
+
 When it is not used (callers fall back to the Inductor kernel, then to eager, same values):
 ``LSBENCH_NO_COMPILE=1`` (every compiled kernel off), ``LSBENCH_NO_NATIVE=1`` (this one only; a benchmark
-compares the two that way), no C compiler, a compiler or loader error (a warning, once), a tensor that is not on
-the CPU, not fp32 or not dense in memory, and a large tensor when torch uses several threads (Inductor's kernel
-is parallel; this loop is not).
+compares the two that way), no C compiler, a compiler or loader error or a build over ten minutes (a warning,
+once), a tensor that is not on the CPU, not fp32 or not dense in memory, and a large tensor when torch uses
+several threads (Inductor's kernel is parallel; this loop is not).
 """
 
 from __future__ import annotations
@@ -58,6 +67,7 @@ import os
 import platform
 import shutil
 import subprocess
+import sys
 import tempfile
 import threading
 import warnings
@@ -65,12 +75,15 @@ from pathlib import Path
 
 from .lazy_compile import compile_disabled
 
-__all__ = ["CACHE_ENV", "NO_NATIVE_ENV", "SOURCE_DIR", "ProbeChecked", "disabled", "failure", "library"]
+__all__ = ["CACHE_ENV", "NO_NATIVE_ENV", "SOURCE_DIR", "ProbeChecked", "disabled", "failure", "library", "record_path"]
 
 #: set to 1 to use the Inductor kernel instead of the C one (same values)
 NO_NATIVE_ENV = "LSBENCH_NO_NATIVE"
 #: where the built library is kept (default: $XDG_CACHE_HOME or ~/.cache, then lossscale_bench/native)
 CACHE_ENV = "LSBENCH_NATIVE_CACHE"
+#: the longest a build may take, in seconds: it costs ~50 s of one core, and took over 120 s on two cores that
+#: eight test runs shared (2026-12-02)
+_BUILD_TIMEOUT_S = 600
 #: the folder of the C sources (package data): every ``*.c`` in it is compiled, every ``*.c`` and ``*.h`` keys the cache
 SOURCE_DIR = Path(__file__).resolve().parent / "csrc"
 
@@ -187,28 +200,75 @@ def _key(cc: str, folder: Path = SOURCE_DIR) -> str:
     ).hexdigest()[:20]
 
 
+def record_path(lib: Path) -> Path:
+    """The record of ``lib``'s build beside it: ``"<size> <sha256>"``, written after the library."""
+    return lib.with_name(lib.name + ".sha256")
+
+
+def _digest(path: Path) -> str:
+    """``"<size> <sha256>"`` of the file at ``path``."""
+    data = path.read_bytes()
+    return f"{len(data)} {hashlib.sha256(data).hexdigest()}"
+
+
+def _problem(lib: Path) -> str | None:
+    """Why the cached ``lib`` may not be loaded; None when it is the file its build recorded."""
+    try:
+        recorded = record_path(lib).read_text().split()
+        size = int(recorded[0])
+    except (OSError, ValueError, IndexError):
+        return "has no record of its build (written by an older version, or its build was cut short)"
+    try:
+        have = _digest(lib).split()
+    except OSError as exc:
+        return f"cannot be read ({exc.strerror or exc})"
+    if int(have[0]) != size:
+        return f"is {have[0]} bytes where its build wrote {size} (cut short or overwritten)"
+    if have[1:] != recorded[1:2]:
+        return "is not the file its build wrote (its sha256 differs)"
+    return None
+
+
+def _writable(cache: Path) -> bool:
+    try:  # a home that cannot be written (a locked-down CI runner): the system's temporary folder
+        cache.mkdir(parents=True, exist_ok=True)
+        return os.access(cache, os.W_OK)
+    except OSError:
+        return False
+
+
 def _build(cc: str, folder: Path = SOURCE_DIR) -> Path:
-    """The library built from ``folder``'s sources: from the cache, else compiled into it (or, where the cache
-    cannot be written, into the system's temporary folder)."""
-    name = f"lsb_round_{_key(cc, folder)}.so"
+    """The library built from ``folder``'s sources: from the cache where it matches its build's record, else
+    compiled into it (or, where the cache cannot be written, into the system's temporary folder)."""
+    name, stale = f"lsb_round_{_key(cc, folder)}.so", None
     for cache in (_cache_dir(), Path(tempfile.gettempdir()) / "lossscale_bench_native"):
-        if (cache / name).is_file():
-            return cache / name
-        try:  # a home that cannot be written (a locked-down CI runner): the system's temporary folder
-            cache.mkdir(parents=True, exist_ok=True)
-            if os.access(cache, os.W_OK):
-                break
-        except OSError:
-            continue
+        found = cache / name
+        if found.is_file():
+            problem = _problem(found)
+            if problem is None:
+                return found
+            stale = stale or (found, problem)
+        if _writable(cache):
+            break
     out = cache / name
+    if stale is not None:
+        where = "" if stale[0] == out else f" in {out.parent}"
+        print(f"lsbench: note: {stale[0]}: the cached C library {stale[1]}; rebuilding it{where}", file=sys.stderr)
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
-        lib = Path(tmp) / "lsb_round.so"
+        lib, record = Path(tmp) / "lsb_round.so", Path(tmp) / "record"
         units = [str(p) for p in _sources(folder) if p.suffix == ".c"]
-        done = subprocess.run([cc, *_FLAGS, *units, "-o", str(lib)], capture_output=True, text=True, timeout=120)
+        try:
+            done = subprocess.run(
+                [cc, *_FLAGS, *units, "-o", str(lib)], capture_output=True, text=True, timeout=_BUILD_TIMEOUT_S
+            )
+        except subprocess.TimeoutExpired:
+            raise RuntimeError(f"{Path(cc).name} took over {_BUILD_TIMEOUT_S} s") from None
         if done.returncode != 0:
             said = (done.stderr or done.stdout).strip().splitlines()
             raise RuntimeError(f"{Path(cc).name} failed (exit {done.returncode}){': ' + said[0] if said else ''}")
+        record.write_text(_digest(lib) + "\n")
         os.replace(lib, out)  # atomic: a trial loading it meanwhile sees the whole file or none
+        os.replace(record, record_path(out))  # after the library: a record names a library written whole
     return out
 
 

@@ -3,7 +3,11 @@
 Transformer Engine scales every FP8 tensor by ``(fp8_max / amax) / 2**margin``
 (``DelayedScaling``: margin 0, ``amax_history_len`` 1024, ``amax_compute_algo``
 "max"; a zero or non-finite amax keeps the previous scale; the scale starts at
-1). Two recipes:
+1). An amax so small that ``fp8_max / amax`` overflows fp32 (below ``fp8_max / 3.4e38``: ~1.7e-34
+for E5M2, ~1.3e-36 for E4M3) sets fp32's largest value, ``2**127`` with ``power_of_two``, as TE's
+``_default_sf_compute`` (transformer_engine/pytorch/quantization.py) and its CUDA
+``compute_scale_from_amax`` (common/recipe/recipe_common.cuh) do; before 2026-12 this module kept the
+previous scale there, as TE's older releases did. Two recipes:
 
 * ``current``: the amax of this step's gradient (``Float8CurrentScaling``).
 * ``delayed``: the largest amax of the last ``history`` steps, not including
@@ -71,26 +75,37 @@ _F32 = torch.float32
 RECIPES = ("current", "delayed")
 
 
+#: the scale where ``fmax / amax`` overflows fp32 (TE: fp32's largest value; its power of two below)
+_F32_MAX = torch.finfo(torch.float32).max
+
+
+def _largest(power_of_two: bool) -> float:
+    return 2.0**127 if power_of_two else _F32_MAX
+
+
 def scale_from_amax(
     amax: torch.Tensor, prev: torch.Tensor, fmax: float, margin: float, power_of_two: bool
 ) -> torch.Tensor:
-    """TE's default scaling factor: ``(fmax / amax) / 2**margin``; ``prev`` where amax is 0 or not finite."""
+    """TE's default scaling factor: ``(fmax / amax) / 2**margin``; ``prev`` where amax is 0 or not finite;
+    fp32's largest value (``2**127`` with ``power_of_two``) where amax is so small that the factor overflows."""
     sf = (fmax / amax) / (2.0**margin)
     if power_of_two:
         sf = torch.exp2(torch.floor(torch.log2(sf)))
-    ok = (amax > 0) & torch.isfinite(amax) & torch.isfinite(sf) & (sf > 0)
-    return torch.where(ok, sf, prev)
+    live = (amax > 0) & torch.isfinite(amax)
+    sf = torch.where(live & torch.isinf(sf), sf.new_tensor(_largest(power_of_two)), sf)
+    return torch.where(live & (sf > 0), sf, prev)
 
 
 def scale_from_finite_amax(
     amax: torch.Tensor, prev: torch.Tensor, fmax: float, margin: float, power_of_two: bool
 ) -> torch.Tensor:
     """:func:`scale_from_amax` for an ``amax`` known to be finite and not negative (a recorded one): the same
-    value in 3 operations fewer. There ``amax == 0`` makes ``sf`` inf and ``sf`` is never NaN, so "amax > 0,
-    amax and sf finite, sf > 0" is "0 < sf < inf"."""
+    value in fewer operations. There ``sf`` is never NaN, and inf either for ``amax == 0`` (``prev``) or
+    for an amax so small that the factor overflows (fp32's largest)."""
     sf = (fmax / amax) / (2.0**margin)
     if power_of_two:
         sf = torch.exp2(torch.floor(torch.log2(sf)))
+    sf = torch.where((amax > 0) & (sf == math.inf), sf.new_tensor(_largest(power_of_two)), sf)
     return torch.where((sf > 0) & (sf < math.inf), sf, prev)
 
 
@@ -100,9 +115,12 @@ def scale_from_amax_host(amax: float, prev: float, fmax: float, margin: float, p
     if not (amax > 0.0 and math.isfinite(amax)):
         return prev
     sf = f32(f32(recip(amax) * f32(fmax)) / f32(2.0**margin))
-    if not (sf > 0.0 and math.isfinite(sf)):
+    if math.isinf(sf):
+        return _largest(power_of_two)
+    if not sf > 0.0:
         return prev
-    return floor_pow2_log2(sf) if power_of_two else sf
+    sf = floor_pow2_log2(sf) if power_of_two else sf
+    return _largest(power_of_two) if math.isinf(sf) else sf
 
 
 class AmaxLossScaler(PointLossScaler):

@@ -21,7 +21,8 @@ class StudyError(Exception):
     Attributes: ``file``, ``path`` (field path such as ``scaling[2].scale``,
     or ``line 3, column 5`` for YAML syntax, or ``""``), ``problem`` and
     ``allowed`` (``None`` when there is no set or range to name); ``problems``:
-    every problem found in the file, this one first (``str(e)`` names only it).
+    every problem found in the file, this one first (``str(e)`` names only it); ``partial``: the
+    study without the keys that failed, for the data checks (:mod:`.partial`), or None.
     """
 
     def __init__(self, file: str, path: str, problem: str, allowed: str | None = None) -> None:
@@ -39,6 +40,9 @@ class StudyError(Exception):
         super().__init__(msg)
         #: every problem found in the file, this one first (``lsbench validate`` prints one line each)
         self.problems: list[StudyError] = [self]
+        #: the study validated without the keys that failed, where its data checks can still run on it
+        #: (:mod:`.partial`); None otherwise
+        self.partial = None
 
     @classmethod
     def of(cls, problems: list[StudyError]) -> StudyError:

@@ -45,6 +45,7 @@ from .datasets import DATASET_MODELS
 from .errors import ERROR_TYPE, StudyError, show_value
 from .fields import DEFAULT_SOURCE, NOT_BLANK
 from .methods import scaling_keys
+from .partial import MAX_ROUNDS, drop, independent, path_segments, touches_data
 from .schema import SECTION_MODELS, Study
 from .yaml_text import MAX_FILE_BYTES, parse_yaml, str_keys, yaml_error
 
@@ -204,17 +205,46 @@ def load_study_text(
         raise StudyError(source, "source", "unknown key (set by the loader, not the file)", ", ".join(keys))
     if base_dir is None:
         base_dir = os.path.dirname(os.path.abspath(source)) if not source.startswith("<") else os.getcwd()
-    data = dict(raw, source=source)
-    try:
-        study = Study.model_validate(data, context={"source": source, "base_dir": str(base_dir)})
-    except ValidationError as exc:
-        raise _convert(source, exc, raw) from None
-    repeats = _repeats(study)
-    if repeats:
-        raise StudyError.of(repeats)
+    study, found, dropped = _every_round(raw, source, {"source": source, "base_dir": str(base_dir)})
+    if found:
+        err = StudyError.of(found)
+        err.partial = study if study is not None and not touches_data(dropped) else None
+        raise err
     if not allow_large_grid:
         _check_grid_size(study)
     return study
+
+
+def _every_round(raw: dict, source: str, context: dict) -> tuple[Study | None, list[StudyError], list[list]]:
+    """``(study, problems, keys left out)``: validation repeated without each failing key until the study
+    validates (then its grid's repeats are checked) or nothing more can go (:mod:`.partial`). ``study``
+    is None unless it validated; the problems are those of the file itself, in the order found."""
+    found: dict[str, StudyError] = {}
+    dropped: list[list] = []
+    current = raw
+    for _ in range(MAX_ROUNDS):
+        try:
+            study = Study.model_validate(dict(current, source=source), context=dict(context))
+        except ValidationError as exc:
+            problems = _convert(source, exc, current).problems
+        except StudyError as exc:  # a check that raises its own (cross-field, a nested section's)
+            problems = exc.problems
+        else:
+            for p in _repeats(study):
+                if independent(p.path, dropped):
+                    found.setdefault(str(p), p)
+            return study, list(found.values()), dropped
+        progressed = False
+        for p in problems:
+            if independent(p.path, dropped):
+                found.setdefault(str(p), p)
+            gone = drop(current, path_segments(p.path))
+            if gone is not None:
+                (current, segs), progressed = gone, True
+                dropped.append(segs)
+        if not progressed:
+            break
+    return None, list(found.values()), dropped
 
 
 def _entry_points(study: Study, entry) -> set:
@@ -236,25 +266,32 @@ def _entry_points(study: Study, entry) -> set:
 
 
 def _repeats(study: Study) -> list[StudyError]:
-    """A seed listed twice, and a scaling entry whose every trial an earlier entry already gives.
+    """A model, batch size or seed listed twice, and a scaling entry whose every trial an earlier entry
+    already gives.
 
-    Both were merged without a word: the seed ran once, and the second entry's trials were the
+    Each was merged without a word: the seed (model, batch size) ran once, and the second entry's trials were the
     first's, so its label vanished from every table. An entry that shares only some of its
     trials with another (an override equal to one value of an axis) stays: it adds the others.
     """
     out = []
-    first_at: dict[int, int] = {}
-    for i, seed in enumerate(study.seeds):
-        j = first_at.setdefault(seed, i)
-        if j != i:
-            out.append(
-                StudyError(
-                    study.source,
-                    f"seeds[{i}]",
-                    f"seed {seed} is already seeds[{j}]; a seed listed twice would run once",
-                    "each seed once",
+    for key, what, values in (
+        ("model", "model", study.model),
+        ("batch_size", "batch size", study.batch_size),
+        ("seeds", "seed", study.seeds),
+    ):
+        first_at: dict = {}
+        for i, v in enumerate(values):
+            j = first_at.setdefault(v, i)
+            if j != i:
+                out.append(
+                    StudyError(
+                        study.source,
+                        f"{key}[{i}]",
+                        f"{what} {show_value(v) if key == 'model' else v} is already {key}[{j}]; a {what} listed "
+                        "twice would run once",
+                        f"each {what} once",
+                    )
                 )
-            )
     points = [_entry_points(study, e) for e in study.scaling]
     for k, mine in enumerate(points):
         j = next((i for i in range(k) if mine <= points[i]), None)

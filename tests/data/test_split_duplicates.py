@@ -85,3 +85,19 @@ def test_a_byte_order_mark_is_not_part_of_the_first_id(tmp_path):
     f = tmp_path / "test.txt"
     f.write_bytes("\ufeff00005\n00006 1\n\n".encode())
     assert read_split_ids(f) == ["00005", "00006"]
+
+
+def test_a_byte_order_mark_in_the_middle_of_a_list_is_refused_naming_its_line(tmp_path):
+    """Two lists joined with ``cat``, the second saved with a BOM: the mark sticks to an id and names no
+    file. It used to surface as an annotation "not there" whose path held an invisible character."""
+    f = tmp_path / "test.txt"
+    f.write_bytes("\ufeff00005\n00006\n\ufeff00007\n".encode())
+    with pytest.raises(AnnotationError, match=r"test\.txt: line 3: a byte order mark .* '\\ufeff00007'"):
+        read_split_ids(f)
+    root, ids = _voc(tmp_path)
+    listed = root / "ImageSets" / "Main" / "test.txt"
+    listed.write_bytes((ids["test"][0] + "\n\ufeff" + "\n".join(ids["test"][1:]) + "\n").encode())
+    r = lsbench("validate", _study(tmp_path, root), cwd=tmp_path)
+    err = r.stderr.strip()
+    assert r.returncode == 2 and len(err.splitlines()) == 1, r.stderr
+    assert f"{listed}: line 2: a byte order mark" in err and "Traceback" not in err, err

@@ -105,14 +105,19 @@ def test_native_refuses_what_it_cannot_round():
 
 
 def test_built_once_per_cache_and_a_failing_compiler_is_an_error_that_names_it(tmp_path, monkeypatch):
-    monkeypatch.setenv(native.CACHE_ENV, str(tmp_path))
+    """On a one-function source folder (the real one takes a minute to build; test_native_cache.py damages
+    the cache)."""
+    cache, src = tmp_path / "cache", tmp_path / "csrc"
+    src.mkdir()
+    (src / "one.c").write_text("int lsb_one(void) { return 1; }\n")
+    monkeypatch.setenv(native.CACHE_ENV, str(cache))
     cc = native._compiler()
-    first = native._build(cc)
+    first = native._build(cc, src)
     stamp = first.stat().st_mtime_ns
-    assert native._build(cc) == first and first.stat().st_mtime_ns == stamp
-    assert [p.name for p in tmp_path.iterdir()] == [first.name]  # no temporary files left behind
+    assert native._build(cc, src) == first and first.stat().st_mtime_ns == stamp
+    assert sorted(p.name for p in cache.iterdir()) == [first.name, native.record_path(first).name]  # no temporaries
     with pytest.raises(RuntimeError, match="false failed"):
-        native._build("/bin/false")
+        native._build("/bin/false", src)
 
 
 def test_no_compiler_means_a_warning_and_the_torch_kernels_with_the_same_values(tmp_path):
@@ -154,5 +159,8 @@ def test_a_cache_folder_that_cannot_be_made_falls_back_to_the_temporary_folder(t
     blocker = tmp_path / "a_file"
     blocker.write_text("")
     monkeypatch.setenv(native.CACHE_ENV, str(blocker / "native"))  # a folder inside a file: mkdir fails
-    built = native._build(native._compiler())
+    src = tmp_path / "csrc"
+    src.mkdir()
+    (src / "one.c").write_text("int lsb_one(void) { return 1; }\n")
+    built = native._build(native._compiler(), src)
     assert built.is_file() and built.parent.name == "lossscale_bench_native"

@@ -60,6 +60,28 @@ def test_scale_from_amax_is_tes_formula():
         assert float(scale_from_amax(t(bad), t(7.0), E5M2.max, 0, True)) == 7.0
 
 
+@pytest.mark.parametrize("power_of_two", [False, True])
+def test_an_amax_whose_factor_overflows_fp32_gets_fp32s_largest_scale_as_in_te(power_of_two):
+    """0 < amax < fmax / FLT_MAX: ``fmax / amax`` is inf in fp32. TE's ``_default_sf_compute`` (and its CUDA
+    ``compute_scale_from_amax``) set fp32's largest value there, ``2**127`` as a power of two (the mantissa
+    bits masked); the previous scale was kept before."""
+    t = torch.tensor
+    largest = 2.0**127 if power_of_two else torch.finfo(torch.float32).max
+    for fmax in (448.0, E5M2.max, FP16.max):
+        edge = float(t(fmax / torch.finfo(torch.float32).max))  # about where the factor overflows
+        for amax in (1e-37, 2.0**-149, edge / 2):
+            for margin in (0.0, 3.0):
+                assert float(scale_from_amax(t(amax), t(7.0), fmax, margin, power_of_two)) == largest, (fmax, amax)
+                assert float(scale_from_finite_amax(t(amax), t(7.0), fmax, margin, power_of_two)) == largest
+                assert scale_from_amax_host(float(t(amax)), 7.0, fmax, margin, power_of_two) == largest
+        # just above the edge the factor is finite: TE's formula, no clamp
+        above = float(t(edge * 3))
+        want = (fmax / above) if not power_of_two else 2.0 ** math.floor(math.log2(fmax / above))
+        assert float(scale_from_amax(t(above), t(7.0), fmax, 0.0, power_of_two)) == pytest.approx(want, rel=1e-6)
+    for kept in (0.0, math.inf, math.nan):  # still the previous scale
+        assert float(scale_from_amax(t(kept), t(7.0), E5M2.max, 0, power_of_two)) == 7.0
+
+
 def test_the_host_formula_is_the_tensor_formula_bit_for_bit():
     # amaxes over the fp32 range (subnormals and values just below fmax / 2**k included), four formats'
     # maxima, margins 0-8 (and a fractional one), power of two on and off, and the values TE keeps prev for

@@ -38,3 +38,26 @@ def test_validate_says_it_on_stderr_and_a_dry_run_on_stdout(tmp_path):
     assert r.returncode == 0 and "lsbench: note: " in r.stderr and "scaling[0] (fixed) in bf16" in r.stderr
     r = lsbench("run", f, "--dry-run")
     assert r.returncode == 0 and "scaling[0] (fixed) in bf16" in r.stdout and r.stderr.strip() == ""
+
+
+def test_evaluation_images_that_are_also_training_images_get_a_note(tmp_path):
+    """Scoring the training images is a check of fit, not a validation score: accepted, with a note."""
+    from lossscale_bench.data.voc import make_tiny_voc
+    from lossscale_bench.study.notices import study_notices
+
+    ids = make_tiny_voc(tmp_path / "voc", {"trainval": 4, "test": 2})  # val.txt: the second half of trainval
+
+    def notes(train, val):
+        ds = f"{{name: voc, root: {tmp_path / 'voc'}, classes: [square, disc], train_split: {train}, val_split: {val}}}"
+        return study_notices(_load(dataset=ds))
+
+    (note,) = notes("trainval", "val")
+    val_list = tmp_path / "voc" / "ImageSets" / "Main" / "val.txt"
+    assert note.startswith(
+        f"s.yaml: dataset.val_split: 2 of its 2 images are also training images ({ids['trainval'][2]!r}"
+    )
+    assert str(val_list) in note and "not a validation score" in note
+    assert notes("train", "val") == [] and notes("trainval", "test") == []
+    (note,) = notes("trainval", "test+val")  # a joined split: the shared part counted
+    assert "2 of its 4 images" in note
+    assert notes("trainval", "nowhere") == []  # a list that is not there: the path check names it
