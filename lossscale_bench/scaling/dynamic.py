@@ -31,6 +31,9 @@ import torch
 from .base import LossScaler
 
 
+__all__ = ["DynamicLossScaler"]
+
+
 class DynamicLossScaler(LossScaler):
     method = "dynamic"
 

@@ -15,6 +15,9 @@ import torch
 from .base import LossScaler
 
 
+__all__ = ["FixedLossScaler", "NoLossScaler"]
+
+
 class FixedLossScaler(LossScaler):
     method = "fixed"
 

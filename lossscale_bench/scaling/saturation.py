@@ -24,6 +24,9 @@ from ..precision.formats import FP16, FloatFormat
 from .base import LossScaler, optimizer_grads
 
 
+__all__ = ["SaturationLossScaler", "saturation_counts"]
+
+
 class SaturationLossScaler(LossScaler):
     method = "saturation"
 
