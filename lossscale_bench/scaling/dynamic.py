@@ -30,7 +30,6 @@ import torch
 
 from .base import LossScaler
 
-
 __all__ = ["DynamicLossScaler"]
 
 

@@ -14,7 +14,6 @@ import torch
 
 from .base import LossScaler
 
-
 __all__ = ["FixedLossScaler", "NoLossScaler"]
 
 

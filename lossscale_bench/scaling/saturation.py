@@ -23,7 +23,6 @@ from ..numerics.layout import memory_order_flat
 from ..precision.formats import FP16, FloatFormat
 from .base import LossScaler, optimizer_grads
 
-
 __all__ = ["SaturationLossScaler", "saturation_counts"]
 
 
