@@ -233,3 +233,26 @@ def test_importing_the_package_stays_torch_free():
     assert out.returncode == 0, out.stderr
     assert "create_scaler" in out.stdout
     assert lossscale_bench.create_scaler is create_scaler
+
+
+def test_a_per_layer_rule_learns_of_a_skipped_step_through_the_public_hook():
+    from lossscale_bench.scaling.per_layer import PerLayerLossScaler
+
+    class Recording(PerLayerLossScaler):
+        method = "recording"
+
+        def __init__(self, model):
+            super().__init__(model)
+            self.outcomes = []
+
+        def layer_factor(self, it, layer, grad, weight, incoming):
+            return torch.ones((), dtype=torch.float32)
+
+        def after_step(self, result):
+            self.outcomes.append((result.skipped, self.overflowed))
+
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with Recording(model) as scaler:
+        gradscaler_loop(scaler, model, opt, 4)  # an inf on steps 2 and 3
+    assert scaler.outcomes == [(False, False), (False, False), (True, True), (True, True)]

@@ -5,14 +5,14 @@ default); why it is built the way it is (a per-instance ``forward`` patch with a
 autograd Function rather than backward hooks, a walk of the loss's graph to know which
 scale each gradient carries, merges at branch points, unscaling per scale group), its
 deviations from the Chainer reference and its limits are in ``docs/development/adaptive-design.md``.
-Usage is GradScaler's::
+Usage is GradScaler's (docs/guide/own-loop.md)::
 
-    scaler = AdaptiveLossScaler(model)            # after precision.prepare(model)
-    scaler.scale(loss).backward()
-    result = scaler.step(optimizer)               # StepResult(skipped, scale, overflow)
-    scaler.update()
-    ...
-    scaler.remove()                               # model restored exactly
+    with create_scaler("adaptive", model, precision=precision) as scaler:   # after precision.prepare(model)
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)                    # the optimizer's result; scaler.last_step: StepResult
+        scaler.update()
+        ...
+    # the block's end calls scaler.remove(): the model is restored exactly
 
 Not supported (docs/development/adaptive-design.md "Limits"): double backward, reentrant checkpointing,
 ``torch.compile`` of the patched modules, two separately scaled losses in one backward,

@@ -30,6 +30,8 @@ import torch
 
 from .base import LossScaler
 
+__all__ = ["DynamicLossScaler"]
+
 
 class DynamicLossScaler(LossScaler):
     method = "dynamic"

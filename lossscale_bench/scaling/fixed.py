@@ -14,6 +14,8 @@ import torch
 
 from .base import LossScaler
 
+__all__ = ["FixedLossScaler", "NoLossScaler"]
+
 
 class FixedLossScaler(LossScaler):
     method = "fixed"

@@ -23,6 +23,8 @@ from ..numerics.layout import memory_order_flat
 from ..precision.formats import FP16, FloatFormat
 from .base import LossScaler, optimizer_grads
 
+__all__ = ["SaturationLossScaler", "saturation_counts"]
+
 
 class SaturationLossScaler(LossScaler):
     method = "saturation"

@@ -55,7 +55,10 @@ class PerLayerLossScaler(LossScaler):
     """A loss scaler that scales every stock Conv2d/Linear's input gradient by a factor of its own.
 
     Subclasses validate their options *before* calling ``super().__init__`` (which patches the
-    model: a refused option must leave it untouched) and implement :meth:`layer_factor`.
+    model: a refused option must leave it untouched) and implement :meth:`layer_factor`. A rule that
+    must know whether a step was skipped overrides :meth:`~LossScaler.after_step` (called with each
+    step's :class:`~lossscale_bench.scaling.base.StepResult`) or reads :attr:`last_step` /
+    :attr:`overflowed` in :meth:`update_scale`.
     ``grad_format`` is the format the gradients live in (the precision's; fp16 by default): its
     range bounds branch merges. ``unscale_in_backward`` (None: only for a model wrapped in DDP)
     unscales parameter gradients as they arrive; ``layer_types`` picks a subset of Conv2d/Linear.
