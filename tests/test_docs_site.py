@@ -1,21 +1,29 @@
 """The documentation site: ``mkdocs build --strict`` passes (every link and anchor checked), the built
 pages load nothing from the web, and the home page and a results page load in headless Chromium with no
-script errors and every image decoded (the same way the HTML report is checked).
+script errors and every image decoded (the same way the HTML report is checked); the site's search
+returns results for a typed word opened from ``file://`` (Material's offline plugin with the web-worker
+shim served from the site) and over http; the navigation has at most 12 top-level entries, each
+section opening with its index page and the dated records under one entry.
+``LSBENCH_KEEP_SCREENSHOT=/some/dir`` keeps a screenshot of the home page there (its figure at page width).
 
 Skipped, with the reason, where mkdocs (the dev extra) or Chromium is not installed.
 """
 
 from __future__ import annotations
 
+import functools
+import http.server
 import json
 import os
 import re
 import shutil
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
+from cdp_pipe import Browser
 
 from helpers import CHROMIUM, NO_CHROMIUM, headless_chromium
 
@@ -100,3 +108,64 @@ def test_page_loads_in_chromium(site, tmp_path, name, min_images):
     for img in images:
         assert img["complete"] and img["width"] > 0, img
         assert img["shown"] > 100, img
+
+
+WORD = "adaptive"
+
+
+class _Quiet(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args) -> None:
+        pass
+
+
+def _search(browser: Browser, url: str) -> tuple[int, str]:
+    """Type WORD into the page's search box; the number of results listed and the results' heading."""
+    browser.open(url)
+    assert browser.wait_for("document.readyState === 'complete' && !!document.querySelector('.md-search__input')")
+    browser.js("document.querySelector('.md-search__input').focus()")
+    browser.type(WORD)
+    n = browser.wait_for("document.querySelectorAll('.md-search-result__item').length", timeout=90) or 0
+    return n, (browser.js("document.querySelector('.md-search-result__meta').textContent") or "").strip()
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason=NO_CHROMIUM)
+def test_search_finds_a_word_from_disk_and_over_http(site, tmp_path):
+    with Browser(CHROMIUM, tmp_path / "profile-file") as b:
+        n, meta = _search(b, (site / "index.html").as_uri())
+        keep = os.environ.get("LSBENCH_KEEP_SCREENSHOT")
+        if keep:
+            b.js("document.querySelector('.md-search__input').blur(); location.hash = ''")
+            b.open((site / "index.html").as_uri())
+            b.wait_for("document.readyState === 'complete'")
+            b.screenshot(Path(keep) / "home.png")
+    assert n > 0 and "matching" in meta, f"file://: {n} results, {meta!r}"
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_Quiet, directory=str(site)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with Browser(CHROMIUM, tmp_path / "profile-http") as b:
+            n, meta = _search(b, f"http://127.0.0.1:{server.server_address[1]}/index.html")
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert n > 0 and "matching" in meta, f"http: {n} results, {meta!r}"
+
+
+def test_the_navigation_is_sections_with_index_pages(site):
+    import yaml
+
+    class _Loader(yaml.SafeLoader):
+        pass
+
+    _Loader.add_multi_constructor("", lambda loader, suffix, node: None)  # mkdocs' !ENV and python tags
+    nav = yaml.load((ROOT / "mkdocs.yml").read_text(encoding="utf-8"), Loader=_Loader)["nav"]
+    assert len(nav) <= 12, [next(iter(e)) if isinstance(e, dict) else e for e in nav]
+    for entry in nav:
+        if not isinstance(entry, dict):
+            continue
+        title, children = next(iter(entry.items()))
+        if isinstance(children, list):
+            assert isinstance(children[0], str) and children[0].endswith("index.md"), f"{title}: no index page first"
+    records = [e for e in nav if isinstance(e, dict) and "Records" in e]
+    assert len(records) == 1
+    dated = [p for e in nav for p in re.findall(r"records/\d{4}-\d\d-\d\d-[\w-]+\.md", str(e))]
+    assert dated and all(p in str(records[0]) for p in dated), "a dated record outside the Records section"
