@@ -162,11 +162,7 @@ def cmd_run(args) -> int:
         if study.seed_plan is None:
             result = run()
         else:  # seeds added in rounds until each comparison is decided
-            from .seed_rounds import run_in_rounds
-            from .tracking.store import resolve_tracking_uri
-
-            uri = resolve_tracking_uri(args.tracking_uri, Path(args.runs_dir).expanduser().resolve())
-            result, looks = run_in_rounds(study, run, tracking_uri=uri)
+            result, looks = _run_plan(study, run, args)
     except Interrupted as exc:
         print(
             f"lsbench: interrupted by {exc}: {exc.killed} unfinished trial run(s) marked KILLED; "
@@ -175,6 +171,18 @@ def cmd_run(args) -> int:
         )
         return EXIT_SIGINT if exc.signum == signal.SIGINT else EXIT_SIGTERM
     return _after_run(args, study, result, looks)
+
+
+def _run_plan(study, run, args):
+    """A seed plan's rounds under one stop-signal guard, its parent run ended after the last (``orchestration.rounds``)."""
+    from .orchestration.rounds import plan_rounds
+    from .seed_rounds import run_in_rounds
+    from .tracking.store import resolve_tracking_uri
+
+    uri = resolve_tracking_uri(args.tracking_uri, Path(args.runs_dir).expanduser().resolve())
+    with plan_rounds(uri, study.name) as rounds:
+        result, looks = run_in_rounds(study, rounds.each(run), tracking_uri=uri)
+    return result, looks
 
 
 def _dry_run(study, path: str) -> int:
@@ -293,13 +301,9 @@ def cmd_ui(args) -> int:
 
 def positive_int(text: str) -> int:
     """An option's whole number of 1 or more (``--max-concurrent 0`` would start no trial and wait for ever)."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
+    if not text.strip().isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"{text!r}: a whole number of 1 or more")
-    return value
+    return int(text)
 
 
 def _store_args(sp) -> None:
@@ -338,9 +342,7 @@ def _add_run_parser(sub) -> None:
         "--max-concurrent", type=positive_int, default=None, help="at most this many trials at once (1 or more)"
     )
     sp.add_argument("--address", default=None, help="join an existing Ray cluster (else $RAY_ADDRESS, else local)")
-    sp.add_argument(
-        "--num-cpus", type=positive_int, default=None, help="CPUs for a local Ray instance (1 or more; default: all)"
-    )
+    sp.add_argument("--num-cpus", type=positive_int, default=None, help="CPUs for a local Ray instance (default: all)")
     sp.add_argument(
         "--no-resource-check",
         action="store_true",

@@ -9,12 +9,15 @@ exit status for an uncaught exception: the traceback is printed, nobody returns 
 
 #: every trial finished or diverged (divergence is a result, not a failure)
 EXIT_OK = 0
-#: a user error, one line: bad study file or option, missing path, a cluster that cannot run the study
+#: a user error, one line: bad study file, option or LSBENCH_* variable, missing path (a store that is not
+#: there included), a cluster that cannot run the study
 EXIT_USAGE = 2
 #: the study ran but one or more trials failed (the others' results are kept and reported)
 EXIT_TRIALS_FAILED = 3
-#: the tracking store cannot be used (corrupt, read-only, full, unreachable, bad URI), or the joined Ray
-#: cluster's head node was lost mid-study (orchestration/head_watch.py); the same command continues
+#: the tracking store is there but cannot be used (corrupt, read-only, full, locked by another process), cannot
+#: be reached, or is not an MLflow store (another web server answers at the URI), or the URI is one lsbench
+#: cannot keep results in; for run and report alike; or the joined Ray cluster's head node was lost
+#: mid-study (orchestration/head_watch.py); the same command continues
 EXIT_STORE = 4
 #: interrupted by SIGINT, 128 + 2 (Ctrl-C at the terminal): trial runs are marked KILLED; a re-run resumes
 EXIT_SIGINT = 130

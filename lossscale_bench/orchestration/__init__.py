@@ -8,11 +8,12 @@ Why these modules, each with one job (a floor above ``trial``, beside ``tracking
 - ``tune_runner``: the Ray executor, the study's trials as one Tune run.
 - ``funnel``: the driver's Tune callback, the only MLflow writer for Ray trials.
 - ``outcomes``: :class:`StudyResult` and how a trial's end is recorded (both executors).
-- ``progress``: the console lines. ``signals``: SIGINT/SIGTERM as :class:`Interrupted`.
+- ``progress``: the console lines. ``signals``: SIGINT/SIGTERM as :class:`Interrupted`, at safe points.
+- ``rounds``: a seed plan's rounds under one signal guard, its parent run ended once.
 - ``cluster``: joining ``--address`` and refusing a cluster that can never run the study.
 - ``placement``: resource arithmetic (no Ray). ``tune_sink``: the sink of a trial inside Tune.
 - ``runs_lock``: one runner per runs folder and SQLite store (an OS file lock).
-- ``environment``: the environment switches a run reads, refused before training when misspelt.
+- ``environment``: the environment variables a run reads, refused before training when misspelt.
 - ``distributed``: multi-device trials (Ray Train); ``replica_sync``: its ``grad_sync``.
 
 Ray and MLflow are imported inside functions (``funnel`` only ever lazily, by

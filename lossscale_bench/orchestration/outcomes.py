@@ -67,11 +67,15 @@ def record_end(
     plots_dir: Path | None,
     draw=None,
 ) -> None:
-    """A trial delivered its outcome: keep it, log its plots (when it has a folder), end its run, say so."""
+    """A trial delivered its outcome: keep it, end its run, log its plots (when it has a folder), say so.
+
+    The run is ended first: its ``lsbench.status`` tag (written by the trial) already says the outcome,
+    and a driver killed before the MLflow status follows leaves the two disagreeing (a rerun mends it,
+    ``study_runner``); drawing the plots first would widen that window by seconds."""
     result.outcomes[tid] = outcome
+    tracker.end_trial(run_id, outcome["status"])
     if plots_dir is not None:
         log_trial_plots(tracker, run_id, plots_dir, draw)
-    tracker.end_trial(run_id, outcome["status"])
     progress.end(tid, label, outcome)
 
 

@@ -82,6 +82,8 @@ class SignalsRaise:
         self.killed = 0
         #: the runner has taken the stop (it is closing the runs): a further signal raises at once
         self.taken = False
+        #: a ``run_study`` under this guard opened the study's parent run (a plan's rounds may end it)
+        self.opened_parent = False
         self._asked: float | None = None  # when the pending request was made (monotonic)
         self._raised: float | None = None  # when its Interrupted was raised, not taken yet
         self._nudge = False

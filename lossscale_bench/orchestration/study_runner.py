@@ -49,6 +49,8 @@ class _Options:
     trials: Any = None
     #: where a new study's artifacts go (``--artifacts-uri``); None: the store's default (tracking.artifacts)
     artifacts_uri: str | None = None
+    #: end the parent run when the trials are done (False: a round of a seed plan, ``rounds.finish_plan`` ends it)
+    end_parent: bool = True
 
 
 def run_study(
@@ -67,6 +69,7 @@ def run_study(
     wait: bool = False,
     trials=None,
     artifacts_uri: str | None = None,
+    end_parent: bool = True,
 ) -> StudyResult:
     """Run every trial of ``study`` that has not finished or diverged yet.
 
@@ -80,7 +83,8 @@ def run_study(
     :class:`.signals.Interrupted`; the same call again resumes.
 
     ``trials``: run these of the study's trials (and count only these) instead of all of them:
-    a round of a study whose seeds are added until decided.
+    a round of a study whose seeds are added until decided; with ``end_parent=False`` the study's
+    parent run is left RUNNING for the next round (:mod:`.rounds`).
 
     ``artifacts_uri``: the root of a new study's artifact location (``<uri>/<study>``); without it an
     MLflow server keeps them in its own artifact store, a SQLite store beside ``mlflow.db``, a database
@@ -113,6 +117,7 @@ def run_study(
         check_resources,
         None if trials is None else list(trials),
         artifacts_uri,
+        end_parent,
     )
     with runs_lock(runs_dir, sqlite_path(uri), study.name, wait=wait, stream=stream):
         return _run_locked(study, runs_dir, uri, opts)
@@ -130,9 +135,11 @@ def _run_locked(study, runs_dir: Path, uri: str, opts: _Options) -> StudyResult:
     try:
         guard.check()  # a signal that came before (between two rounds) stops the study before it starts
         result = run.execute(guard)
+        guard.opened_parent = True
         guard.check()
         return result
     except BaseException as exc:
+        guard.opened_parent = guard.opened_parent or run.parent is not None
         stop = guard.interruption(exc)
         if stop is None:
             run.end_crashed(exc)
@@ -186,7 +193,7 @@ class _StudyRun:
         # Data first: a study whose data is missing fails before any trial starts.
         prepare_dataset(self.trials[0].dataset)
         self.tracker = Tracker(self.uri, artifact_root=self.artifact_root, artifacts_uri=self.opts.artifacts_uri)
-        existing = self.tracker.trial_runs(self.tracker.experiment_id(self.study.name))
+        existing = self._reconcile(self.tracker.trial_runs(self.tracker.experiment_id(self.study.name)))
         self.todo = self._pending(existing)
         if self.todo and self.opts.executor == "ray":
             self._join_cluster(guard)
@@ -194,9 +201,34 @@ class _StudyRun:
         progress = self._progress(existing)
         if self.todo:
             self._run_trials(progress)
-        # counted from the store: trials finished by earlier invocations count too
-        self.tracker.end_study(self.parent, [cfg.trial_id for cfg in self.trials])
+        if self.opts.end_parent:  # counted from the store: trials finished by earlier invocations count too
+            self.tracker.end_study(self.parent, [cfg.trial_id for cfg in self.trials])
+        else:  # a round of a seed plan: more may follow (rounds.finish_plan ends it)
+            self.tracker.set_tags(self.parent, {"lsbench.status": "running"})
         return self.result
+
+    def _reconcile(self, existing: dict[str, Any]) -> dict[str, Any]:
+        """Runs an earlier driver left RUNNING (killed with SIGKILL, a machine that went down) closed as
+        what they are; the trial runs of the store's study, read again when one changed.
+
+        No driver runs them: this one holds the runs folder's lock (:mod:`.runs_lock`), and the kernel
+        frees a dead holder's. A run whose ``lsbench.status`` says how its trial ended (finished,
+        diverged, failed: the outcome arrived, the MLflow status did not follow) gets that status; any
+        other ends KILLED, tagged interrupted, as after a signal: its trial is resumed.
+        """
+        mended = 0
+        for run in existing.values():
+            if run.info.status != "RUNNING":
+                continue
+            status = run.data.tags.get("lsbench.status")
+            if status in (*TERMINAL, "failed"):
+                self.tracker.end_trial(run.info.run_id, status)
+            else:
+                self.tracker.end_interrupted(run.info.run_id)
+            mended += 1
+        if not mended:
+            return existing
+        return self.tracker.trial_runs(self.tracker.experiment_id(self.study.name))
 
     def _pending(self, existing: dict[str, Any]) -> list:
         """The trials to run; finished and diverged ones (by their run's status tag) are only counted."""

@@ -216,9 +216,11 @@ def _open_store(uri: str, create: bool) -> str:
     if db is not None:
         _check_sqlite(db, create)
     elif scheme in ("http", "https"):
-        from .server_probe import probe_server
+        from .server_probe import server_problem
 
-        probe_server(uri)
+        problem = server_problem(uri, HTTP_TIMEOUT_S, redact(uri))
+        if problem:
+            raise StoreError(problem)
     elif scheme in ("postgresql", "mysql", "mssql"):
         _check_driver(uri)
     return uri

@@ -384,11 +384,12 @@ class Tracker:
         tags, metrics = run.data.tags, run.data.metrics
         if tags.get("lsbench.status") != status:
             self.set_tags(run_id, {"lsbench.status": status})
+        # the status right after the tag: a driver killed between the two leaves them disagreeing
+        retry(self.client.set_terminated, run_id, status=mlflow_status(status))
         label, tid = tags.get("lsbench.label"), tags.get("lsbench.trial_id")
         self.set_tags(run_id, {"mlflow.note.content": note(status, tags, metrics)})
         if label and tid:
             retry(self.client.update_run, run_id, name=run_name(label, tid, status))
-        retry(self.client.set_terminated, run_id, status=mlflow_status(status))
 
     def end_interrupted(self, run_id: str) -> None:
         """SIGINT/SIGTERM stopped the study: the run ends KILLED, tagged ``lsbench.status=interrupted``.

@@ -289,7 +289,7 @@ def test_report_on_a_store_another_process_holds_locked_is_one_line_exit_4(study
 
     runs = _copy(study_store, tmp_path / "runs")
     db = runs / "mlflow.db"
-    monkeypatch.setattr(store, "LOCK_WAIT_S", 1.0)
+    monkeypatch.setattr(store, "LOCK_WAIT_S", 1.0, raising=False)
     args = ["report", "--tracking-uri", f"sqlite:///{db}", "--out", "-", "--no-plots"]
     holder = sqlite3.connect(db, isolation_level=None)
     try:
@@ -306,12 +306,15 @@ def test_report_on_a_store_another_process_holds_locked_is_one_line_exit_4(study
     assert err.splitlines() == [err] and err.startswith(f"lsbench: error: MLflow store {db} is locked"), err
 
 
-def _not_mlflow_server():
-    """A plain ``http.server`` on a free port: every path is 404."""
+def _not_mlflow_server(folder: Path):
+    """A plain ``http.server`` serving an empty ``folder`` on a free port: every path is 404."""
+    import functools
     import http.server
     import threading
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.BaseHTTPRequestHandler)
+    folder.mkdir()
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(folder))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server
 
@@ -319,7 +322,7 @@ def _not_mlflow_server():
 def test_a_server_that_is_not_mlflow_is_one_line_exit_4_for_run_and_report(tmp_path):
     """``run`` was an MlflowException traceback, exit 1; ``report`` one line but exit 2."""
     (tmp_path / "s.yaml").write_text(_study("s"))
-    server = _not_mlflow_server()
+    server = _not_mlflow_server(tmp_path / "www")
     url = f"http://127.0.0.1:{server.server_address[1]}"
     try:
         for cmd in (
@@ -328,7 +331,7 @@ def test_a_server_that_is_not_mlflow_is_one_line_exit_4_for_run_and_report(tmp_p
         ):
             r = _lsbench(*cmd, cwd=tmp_path, timeout=120)
             assert r.returncode == 4, (cmd[0], r.returncode, r.stderr[-3000:])
-            _one_line(r, url, "not an MLflow tracking server", "HTTP 501")
+            _one_line(r, url, "not an MLflow tracking server", "HTTP 404")
     finally:
         server.shutdown()
         server.server_close()
@@ -395,9 +398,9 @@ def test_ui_of_a_moved_store_serves_its_own_artifacts(study_store, tmp_path):
                 time.sleep(1)
         got = urllib.request.urlopen(f"{url}/get-artifact?run_uuid={rid}&path=plots/loss.png", timeout=30).read()
         assert got == png
-        from lossscale_bench.tracking.server_probe import probe_server
+        from lossscale_bench.tracking.server_probe import server_problem
 
-        probe_server(url)  # an MLflow server passes the check that refuses other servers
+        assert server_problem(url, 30, url) is None  # an MLflow server passes the check that refuses others
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         try:
