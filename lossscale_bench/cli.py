@@ -115,6 +115,10 @@ def cmd_validate(args) -> int:
         print(f"{f}: ok{' (schema only: paths not checked)' if args.schema_only else ''}, study {study.name!r}")
         _print_notices(study)
         _print_table(study.trials())
+        if study.seed_plan is not None:
+            from .study.seed_plan import plan_summary
+
+            print(plan_summary(study))
     if paths_missing:
         print(
             "lsbench: (a study meant for another machine: lsbench validate --schema-only checks it without its paths)",

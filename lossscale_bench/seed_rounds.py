@@ -10,7 +10,13 @@ resume is the runner's own (finished and diverged trials are not run again),
 and since the verdicts are replayed from the stored values, an interrupted
 study resumes with the same decisions and a decided study's rerun trains
 nothing.  After every look the verdicts are written as tags on the study's
-parent run (:data:`TAG_PREFIX`), for a reader of the store.
+parent run (:data:`TAG_PREFIX`), for a reader of the store; a pair's decision
+(better, worse, equivalent) is also written once as ``<prefix>final.<pair>``
+(JSON, with the ``max`` in force) and read back at every later look: it is
+final, so raising ``max`` continues only the pairs that were open
+(:mod:`.report.seed_looks`).  ``<prefix>maxes`` lists the ``max`` of every
+plan that took looks, in order: more than one means ``max`` was changed after
+seeing results, which the report says.
 
 Above both the runner and the report in the import order: it uses both.
 """
@@ -20,17 +26,42 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["TAG_PREFIX", "look_at_store", "looks_text", "run_in_rounds"]
+__all__ = ["TAG_PREFIX", "look_at_store", "looks_text", "run_in_rounds", "stored_tags"]
 
 #: the parent run's tags: ``<prefix>method``, ``<prefix>plan``, ``<prefix>round``, and one per pair
 TAG_PREFIX = "lsbench.seeds."
 _DONE = ("finished", "diverged")
+#: the parent run's tag of a pair's final decision: ``<TAG_PREFIX><_FINAL><pair_key>``
+_FINAL = "final."
 
 
-def look_at_store(uri: str, study):
+def stored_tags(uri: str, study_name: str) -> dict[str, str]:
+    """The ``lsbench.seeds.*`` tags of the study's parent run ({} when there is none yet)."""
+    from .tracking.client import store_client
+
+    client = store_client(uri)
+    exp = client.get_experiment_by_name(study_name)
+    if exp is None:
+        return {}
+    parents = client.search_runs([exp.experiment_id], filter_string="tags.`lsbench.role` = 'study'", max_results=1)
+    tags = parents[0].data.tags if parents else {}
+    return {k: v for k, v in tags.items() if k.startswith(TAG_PREFIX)}
+
+
+def _final(tags: dict[str, str]) -> dict[str, dict]:
+    """pair_key -> the decision recorded at the look that decided it."""
+    import json
+
+    head = f"{TAG_PREFIX}{_FINAL}"
+    return {k[len(head) :]: json.loads(v) for k, v in tags.items() if k.startswith(head)}
+
+
+def look_at_store(uri: str, study, tags: dict[str, str] | None = None):
     """(decisions, done): the pairs' verdicts from the store (:func:`.report.seed_looks.seed_looks`) and
     (setting_id, model, batch_size, row) -> the seeds of that row that finished or diverged.
 
+    The pairs decided at an earlier look (the parent run's ``final`` tags, or those in ``tags``) keep
+    their decision.
     Only the runs of this study file's trials (seeds below the plan's ``max``) count:
     an earlier version of the file under the same name keeps its own runs apart.
     """
@@ -54,6 +85,7 @@ def look_at_store(uri: str, study):
         margin=study.report.equivalence_margin,
         all_pairs=plan.pairs == "all",
         spending=plan.spending,
+        final=_final(stored_tags(uri, study.name) if tags is None else tags),
     )
     return decisions, done
 
@@ -64,11 +96,16 @@ def looks_text(decisions) -> list[str]:
 
 
 def _record(uri: str, study, decisions, round_no: int) -> None:
-    """The verdicts as tags on the study's parent run (replaced at every look)."""
+    """The verdicts as tags on the study's parent run (replaced at every look); a decision once (final)."""
+    import json
+
+    from .report.seed_looks import DECIDED, pair_key
     from .report.sequential import method_text
     from .tracking import set_study_tags
 
     plan = study.seed_plan
+    before = stored_tags(uri, study.name)
+    maxes = [m for m in before.get(f"{TAG_PREFIX}maxes", "").split(",") if m]
     tags = {
         f"{TAG_PREFIX}method": method_text(plan.spending),
         f"{TAG_PREFIX}plan": (
@@ -76,11 +113,17 @@ def _record(uri: str, study, decisions, round_no: int) -> None:
             f"pairs={plan.pairs} spending={plan.spending}"
         ),
         f"{TAG_PREFIX}round": str(round_no),
+        f"{TAG_PREFIX}maxes": ",".join(maxes if maxes and maxes[-1] == str(plan.max) else [*maxes, str(plan.max)]),
     }
     for r in decisions.itertuples():
-        tags[f"{TAG_PREFIX}pair.{r.model}.b{r.batch_size}.row{r.row_a}-row{r.row_b}"] = (
-            f"{r.label_a} vs {r.label_b}: {r.verdict}"
-        )
+        key = pair_key(r.model, r.batch_size, r.row_a, r.row_b)
+        tags[f"{TAG_PREFIX}pair.{key}"] = f"{r.label_a} vs {r.label_b}: {r.verdict}"
+        if r.outcome in DECIDED and f"{TAG_PREFIX}{_FINAL}{key}" not in before:
+            numbers = {"diff": r.diff, "p_seq": r.p_seq, "p_holm": r.p_holm}
+            tags[f"{TAG_PREFIX}{_FINAL}{key}"] = json.dumps(
+                {"outcome": r.outcome, "looks": int(r.looks), "n": int(r.n), "max": plan.max}
+                | {k: float(v) for k, v in numbers.items()}
+            )
     set_study_tags(uri, study.name, tags)
 
 

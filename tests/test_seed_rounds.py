@@ -93,3 +93,44 @@ def test_seeds_in_rounds_until_decided_then_a_rerun_trains_nothing(tmp_path):
         out = lsbench("report", path, "--runs-dir", runs, *args, "--no-plots", "--out", "-", cwd=tmp_path)
         assert out.returncode == 0, out.stderr[-3000:]
         assert marker in out.stdout and d.verdict in out.stdout.split(marker, 1)[1], args
+
+
+@pytest.mark.slow
+def test_raising_max_trains_nothing_for_a_decided_pair_and_keeps_its_verdict(tmp_path):
+    # On this study the pair is equivalent at its second look (n=3) under max 4: the TOST bound of that
+    # look, |Δ| + c·se with c the max-4 boundary, lies inside ±0.9 mAP. With max 6 the boundary of the same
+    # look is about twice as large (O'Brien-Fleming spends less there), and replaying the looks with it
+    # reopened the pair and trained two more seeds of both rows.
+    from mlflow import MlflowClient
+
+    from lossscale_bench.seed_rounds import TAG_PREFIX
+
+    path = tmp_path / "rounds.yaml"
+    path.write_text(ROUNDS + "report: {equivalence_margin: 0.9}\n")
+    runs = tmp_path / "runs"
+    cmd = ("run", path, "--runs-dir", runs, "--executor", "local", "--no-report", "--quiet")
+    first = lsbench(*cmd, cwd=tmp_path, timeout=900)
+    assert first.returncode == 0, first.stderr[-3000:]
+    client = MlflowClient(f"sqlite:///{runs / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("rounds")
+    pair = next(v for k, v in _parent_tags(client, exp).items() if k.startswith(f"{TAG_PREFIX}pair."))
+    assert any(f": {w} (" in pair for w in ("better", "worse", "equivalent")), pair  # decided under max 4
+    before = len(_trial_runs(client, exp))
+    assert before < 8  # decided before max
+
+    path.write_text(path.read_text().replace("max: 4", "max: 6"))
+    again = lsbench(*cmd, cwd=tmp_path, timeout=900)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert len(_trial_runs(client, exp)) == before, again.stdout[-2000:]
+    tags = _parent_tags(client, exp)
+    assert next(v for k, v in tags.items() if k.startswith(f"{TAG_PREFIX}pair.")) == pair
+    assert tags[f"{TAG_PREFIX}maxes"] == "4,6"
+    rep = lsbench("report", path, "--runs-dir", runs, "--out", "-", cwd=tmp_path)
+    assert rep.returncode == 0, rep.stderr[-3000:]
+    section = rep.stdout.split("## Seeds added until decided", 1)[1]
+    assert "max was changed after looks had been taken (max 4 then 6)" in section
+    assert "outside the plan's stated error rates" in section and pair.split(": ", 1)[1] in section
+
+
+def _parent_tags(client, exp) -> dict:
+    return client.search_runs([exp.experiment_id], "tags.`lsbench.role` = 'study'")[0].data.tags

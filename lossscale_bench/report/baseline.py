@@ -13,7 +13,7 @@ import math
 import pandas as pd
 
 from .stats import ALPHA
-from .verdicts import compare_cells
+from .verdicts import compare_cells, diverged_against
 
 #: the numeric columns a row's comparison with the baseline fills (NaN where no test ran)
 VERDICT_NUMBERS = (
@@ -30,6 +30,9 @@ VERDICT_NUMBERS = (
     "p_better",
     "p_better_low",
     "p_better_high",
+    "shapiro_p",
+    "wilcoxon_p",
+    "rank_tost_p",
 )
 
 __all__ = ["NO_BASELINE", "TABLE_KEYS", "add_verdicts", "VERDICT_NUMBERS"]
@@ -64,6 +67,12 @@ def _no_baseline_text(counts: dict[str, int]) -> str:
     return f"baseline has no values ({', '.join(parts)})"
 
 
+def _ended(out: pd.DataFrame, i) -> tuple[int, int]:
+    """(diverged, ended) of a cell: its diverged seeds, and those that finished with a value or diverged."""
+    diverged = int(out.at[i, "_counts"]["diverged"])
+    return diverged, len(out.at[i, "_vals"]) + diverged
+
+
 def add_verdicts(out: pd.DataFrame, higher: bool, margin: float, shown_scale: float) -> pd.DataFrame:
     """``baseline``, ``baseline_label`` and the comparison's numbers and ``verdict`` per row.
 
@@ -92,8 +101,8 @@ def add_verdicts(out: pd.DataFrame, higher: bool, margin: float, shown_scale: fl
                 out.at[i, "baseline"] = True
                 out.at[i, "verdict"] = "baseline"
                 continue
-            if empty:
-                out.at[i, "outcome"], out.at[i, "verdict"] = NO_BASELINE, empty
+            if empty:  # no test, but the margin the table was judged at (the verdict note names it)
+                out.at[i, "outcome"], out.at[i, "verdict"], out.at[i, "margin"] = NO_BASELINE, empty, margin
                 continue
             v = compare_cells(
                 out.at[i, "_vals"],
@@ -105,6 +114,7 @@ def add_verdicts(out: pd.DataFrame, higher: bool, margin: float, shown_scale: fl
                 higher_is_better=higher,
                 shown_scale=shown_scale,
             )
+            v = diverged_against(v, *_ended(out, i), *_ended(out, b), who=("", "the baseline"))
             for c in (*VERDICT_NUMBERS, "outcome", "test", "verdict"):
                 out.at[i, c] = v[c]
     return out

@@ -34,7 +34,7 @@ from .baseline import TABLE_KEYS, VERDICT_NUMBERS
 from .cell_text import higher_is_better, metric_scale
 from .stats import ALPHA, DEFAULT_MARGIN, decide, format_margin, format_p, holm
 from .summary import table_labels
-from .verdicts import compare_cells
+from .verdicts import compare_cells, diverged_against, skew_text
 
 __all__ = ["PAIR_COLUMNS", "RANK_COLUMNS", "compare_rows", "letter_groups"]
 
@@ -114,18 +114,14 @@ def _pair_verdict(outcome: str, v: dict, p_holm: float, shown_margin: float, alp
     ``inconclusive (paired, p=0.03, Holm p=0.09)`` (the raw p beside Holm's: a reader sees what the
     correction changed), ``too few seeds``."""
     paired = v["test"] == "paired"
+    how = "paired and Wilcoxon signed-rank, " if v.get("skewed") else ("paired, " if paired else "")
     if outcome in ("better", "worse"):
-        return f"{outcome} ({'paired, ' if paired else ''}Holm {format_p(p_holm, alpha)})"
+        return f"{outcome} ({how}Holm {format_p(p_holm, alpha)})"
     if outcome == "equivalent":
-        return (
-            f"equivalent (±{format_margin(shown_margin)}, {'paired ' if paired else ''}"
-            f"TOST {format_p(v['tost_p'], alpha)})"
-        )
+        how = "paired and rank " if v.get("skewed") else ("paired " if paired else "")
+        return f"equivalent (±{format_margin(shown_margin)}, {how}TOST {format_p(v.get('tost_decide', v['tost_p']), alpha)})"
     if outcome == "inconclusive":
-        return (
-            f"inconclusive ({'paired, ' if paired else ''}{format_p(v['p_value'], alpha)}, "
-            f"Holm {format_p(p_holm, alpha)})"
-        )
+        return f"inconclusive ({how}{format_p(v.get('p_decide', v['p_value']), alpha)}, Holm {format_p(p_holm, alpha)})"
     return v["verdict"]  # too few seeds, no seed variance
 
 
@@ -146,12 +142,23 @@ def _table_pairs(g: pd.DataFrame, labels: dict, margin: float, scale: float, hig
             shown_scale=scale,
         )
         found.append((i, j, v))
-    corrected = holm([v["p_value"] for *_, v in found], alpha)
+    # the p a pair is decided on: the t-test's, or the signed-rank test's where the differences look skewed
+    corrected = holm([v.get("p_decide", v["p_value"]) for *_, v in found], alpha)
     out = []
     for (i, j, v), p_holm in zip(found, corrected):
         a, b = g.loc[i], g.loc[j]
         tested = not math.isnan(v["p_value"])
-        outcome = decide(p_holm, v["tost_p"], v["diff"], alpha, higher) if tested else v["outcome"]
+        outcome = (
+            decide(p_holm, v.get("tost_decide", v["tost_p"]), v["diff"], alpha, higher) if tested else v["outcome"]
+        )
+        verdict = _pair_verdict(outcome, v, p_holm, margin * scale, alpha) + (
+            skew_text(v, alpha) if v.get("skewed") else ""
+        )
+        ended = [(int(r["n_diverged"]), int(r["n"]) + int(r["n_diverged"])) for r in (a, b)]
+        kept = diverged_against(
+            {**v, "outcome": outcome, "verdict": verdict}, *ended[0], *ended[1], who=(labels[i], labels[j])
+        )
+        outcome, verdict = kept["outcome"], kept["verdict"]
         out.append(
             {
                 **{c: a[c] for c in _TABLE},
@@ -169,7 +176,7 @@ def _table_pairs(g: pd.DataFrame, labels: dict, margin: float, scale: float, hig
                 **{c: v[c] for c in VERDICT_NUMBERS},
                 "p_holm": p_holm,
                 "outcome": outcome,
-                "verdict": _pair_verdict(outcome, v, p_holm, margin * scale, alpha),
+                "verdict": verdict,
                 "_a": i,
                 "_b": j,
             }

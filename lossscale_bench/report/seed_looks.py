@@ -16,8 +16,16 @@ t-test (:func:`.sequential.sequential_p`); Holm over the table's pairs
 better/worse; otherwise a pair is equivalent where TOST reaches the spending
 boundary of that look (each pair's own, as in the fixed-n report); otherwise
 it stays open until the last look, where it is "not equivalent and not
-different at max".  Raising ``max`` continues the open pairs: the looks taken
-are replayed with the new ``max``.
+different at max".
+
+A decision is final.  ``final`` (:func:`seed_looks`) carries the pairs that an
+earlier look decided (better, worse or equivalent, as ``lsbench run`` recorded
+them on the study's parent run, with the ``max`` in force then): they keep that
+verdict and are not looked at again, so raising ``max`` (whose boundaries differ
+at every look: O'Brien–Fleming at n=3 is 4.96 with max 4 and 10.08 with max 6)
+cannot reopen them.  Only the pairs that were open, or undecided at the old
+``max``, go on; their looks are replayed with the new ``max``.  A ``max`` raised
+after looking is outside the plan's stated error rates (the report says so).
 """
 
 from __future__ import annotations
@@ -29,10 +37,14 @@ from collections.abc import Mapping
 import pandas as pd
 
 from .metric_names import PERCENT
+from .normality import looks_skewed
 from .sequential import UNDECIDED_TEXT, sequential_p, t_boundaries
 from .stats import ALPHA, holm
 
-__all__ = ["LOOK_COLUMNS", "reached", "rows_to_grow", "seed_looks"]
+__all__ = ["DECIDED", "LOOK_COLUMNS", "pair_key", "reached", "rows_to_grow", "seed_looks"]
+
+#: the outcomes that are final once a look reached them
+DECIDED = ("better", "worse", "equivalent")
 
 #: one line per pair: ``outcome`` better | worse | equivalent | continue | undecided; ``looks``: how many
 #: looks the pair had, ``n`` the seeds at its last; ``p_seq``/``p_holm`` the repeated p-value and Holm's
@@ -51,7 +63,13 @@ LOOK_COLUMNS = [
     "p_seq",
     "p_holm",
     "verdict",
+    "final",
 ]
+
+
+def pair_key(model, batch_size, row_a, row_b) -> str:
+    """``ssd_tiny.b8.row1-row0``: one pair of one table, as the parent run's tags name it."""
+    return f"{model}.b{batch_size}.row{row_a}-row{row_b}"
 
 
 def reached(done_seeds: set, looks: list[int]) -> int:
@@ -83,25 +101,90 @@ def _look_stats(a: Mapping, b: Mapping, upto: int) -> tuple[int, float, float]:
     return n, mean, sd / math.sqrt(n)
 
 
+def _diverged(ended: set, values: Mapping, upto: int) -> set:
+    """The seeds below ``upto`` that ended without a value (diverged)."""
+    return {k for k in ended if k < upto} - {int(k) for k in values}
+
+
+def _start_state(g: pd.DataFrame, pairs: list[tuple], final: Mapping) -> dict:
+    """Each pair's state before the looks: open, or decided at an earlier look (kept, never looked at again)."""
+    state = {p: {"outcome": "continue", "history": [], "p": math.nan, "diff": math.nan} for p in pairs}
+    for p in pairs:  # decided at an earlier look: kept as it was, never looked at again
+        kept = final.get(pair_key(g.at[p[0], "model"], g.at[p[0], "batch_size"], g.at[p[0], "row"], g.at[p[1], "row"]))
+        if kept and kept.get("outcome") in DECIDED:
+            state[p] = {
+                "outcome": kept["outcome"],
+                "history": [(int(kept["n"]), math.nan)] * int(kept["looks"]),
+                "p": float(kept.get("p_seq", math.nan)),
+                "diff": float(kept.get("diff", math.nan)) / PERCENT,
+                "p_holm": float(kept.get("p_holm", math.nan)),
+                "final": True,
+            }
+    return state
+
+
+def _pair_row(g: pd.DataFrame, i, j, st: dict) -> dict:
+    """One pair's line of :data:`LOOK_COLUMNS` from its state after the looks."""
+    h = st["history"]
+    word = st["outcome"]
+    verdict = {"undecided": UNDECIDED_TEXT, "continue": "undecided, more seeds to come"}.get(word, word)
+    if word == "stopped":
+        verdict = f"stopped: {st['why']}, no comparison possible"
+    notes = [
+        "the differences looked skewed (Shapiro–Wilk p < 0.05): no decision at that look"
+        if st.get("held") and word in ("continue", "undecided")
+        else "",
+        "one row diverged on more seeds: never equivalent" if st.get("lost") and word not in DECIDED[:2] else "",
+    ]
+    n = h[-1][0] if h else 0
+    return {
+        "setting_id": g.at[i, "setting_id"],
+        "model": g.at[i, "model"],
+        "batch_size": g.at[i, "batch_size"],
+        "row_a": g.at[i, "row"],
+        "label_a": g.at[i, "label"],
+        "row_b": g.at[j, "row"],
+        "label_b": g.at[j, "label"],
+        "outcome": word,
+        "looks": len(h),
+        "n": n,
+        "diff": st["diff"] * PERCENT,
+        "p_seq": st["p"],
+        "p_holm": st.get("p_holm", math.nan),
+        "verdict": f"{verdict} ({len(h)} look{'s' if len(h) != 1 else ''}, n={n})"
+        + "".join(f"; {x}" for x in notes if x),
+        "final": bool(st.get("final", False)),
+    }
+
+
 def _table(
     g: pd.DataFrame,
     stage: Mapping,
+    ended: Mapping,
     looks: list[int],
     maximum: int,
     margin: float,
     alpha: float,
     all_pairs: bool,
     spending: str,
+    final: Mapping,
 ) -> list[dict]:
     pairs = _pairs(g, all_pairs)
-    state = {p: {"outcome": "continue", "history": [], "p": math.nan, "diff": math.nan} for p in pairs}
+    state = _start_state(g, pairs, final)
     for s in looks:
         open_now = [p for p in pairs if state[p]["outcome"] == "continue" and min(stage[p[0]], stage[p[1]]) >= s]
         if not open_now:
             continue
         equivalent = {}
         for p in open_now:
-            n, mean, se = _look_stats(g.at[p[0], "values_by_seed"], g.at[p[1], "values_by_seed"], s)
+            a, b = g.at[p[0], "values_by_seed"], g.at[p[1], "values_by_seed"]
+            lost = [_diverged(ended[k], g.at[k, "values_by_seed"], s) for k in p]
+            for k, side in zip(p, lost):
+                if side and len(side) == s:  # every seed of the row diverged: nothing more to learn from seeds
+                    state[p].update(outcome="stopped", why=f"{g.at[k, 'label']} diverged on all {s} seeds")
+            if state[p]["outcome"] == "stopped":
+                continue
+            n, mean, se = _look_stats(a, b, s)
             h = state[p]["history"]
             if n < 2 or (h and h[-1][0] == n):
                 continue  # no new seed pair: no look
@@ -109,12 +192,18 @@ def _table(
             h.append((n, t_abs))
             sizes = [k for k, _ in h]
             state[p].update(p=sequential_p([t for _, t in h], sizes, maximum, spending), diff=mean)
-            equivalent[p] = abs(mean) + t_boundaries(sizes, maximum, alpha, spending)[-1] * se <= margin
+            d = [float(a[k]) - float(b[k]) for k in sorted(set(a) & set(b)) if int(k) < s]
+            state[p]["held"] = looks_skewed(d)  # no decision at a look whose differences look skewed
+            state[p]["lost"] = len(lost[0]) != len(lost[1])  # one row diverged more: never equivalent
+            inside = abs(mean) + t_boundaries(sizes, maximum, alpha, spending)[-1] * se <= margin
+            equivalent[p] = inside and not state[p]["lost"]
         corrected = dict(zip(pairs, holm([state[p]["p"] for p in pairs], alpha)))
         for p, inside in equivalent.items():
             st = state[p]
             st["p_holm"] = corrected[p]
-            if corrected[p] < alpha:
+            if st["held"]:
+                st["outcome"] = "undecided" if s >= maximum else "continue"
+            elif corrected[p] < alpha:
                 st["outcome"] = "better" if st["diff"] > 0 else "worse"
             elif inside:
                 st["outcome"] = "equivalent"
@@ -123,30 +212,7 @@ def _table(
     for p in pairs:  # both rows at max and still open (too few values to look at): not decided at max
         if state[p]["outcome"] == "continue" and min(stage[p[0]], stage[p[1]]) >= maximum:
             state[p]["outcome"] = "undecided"
-    out = []
-    for (i, j), st in state.items():
-        h = st["history"]
-        word = st["outcome"]
-        verdict = {"undecided": UNDECIDED_TEXT, "continue": "undecided, more seeds to come"}.get(word, word)
-        out.append(
-            {
-                "setting_id": g.at[i, "setting_id"],
-                "model": g.at[i, "model"],
-                "batch_size": g.at[i, "batch_size"],
-                "row_a": g.at[i, "row"],
-                "label_a": g.at[i, "label"],
-                "row_b": g.at[j, "row"],
-                "label_b": g.at[j, "label"],
-                "outcome": word,
-                "looks": len(h),
-                "n": h[-1][0] if h else 0,
-                "diff": st["diff"] * PERCENT,
-                "p_seq": st["p"],
-                "p_holm": st.get("p_holm", math.nan),
-                "verdict": f"{verdict} ({len(h)} look{'s' if len(h) != 1 else ''}, n={h[-1][0] if h else 0})",
-            }
-        )
-    return out
+    return [_pair_row(g, i, j, st) for (i, j), st in state.items()]
 
 
 def seed_looks(
@@ -158,6 +224,7 @@ def seed_looks(
     alpha: float = ALPHA,
     all_pairs: bool = False,
     spending: str = "obf",
+    final: Mapping | None = None,
 ) -> pd.DataFrame:
     """The pairs' decisions (:data:`LOOK_COLUMNS`) after the rounds in the store.
 
@@ -167,17 +234,18 @@ def seed_looks(
     or diverged; a row has reached the largest planned look (``looks``, the
     last the plan's ``max``) whose seeds all did.  ``margin`` in mAP points;
     ``spending``: the alpha-spending function (:data:`.sequential.SPENDING`).
+    ``final``: :func:`pair_key` -> an earlier look's decision (``outcome``, ``looks``, ``n``, ``diff`` in
+    points, ``p_seq``, ``p_holm``); a decided one is kept as it is (``final`` True in the result).
     """
     out: list[dict] = []
     keys = ["setting_id", "model", "batch_size"]
     for _, g in summary.groupby(keys, dropna=False, sort=False):
-        stage = {
-            i: reached(
-                done.get((g.at[i, "setting_id"], g.at[i, "model"], g.at[i, "batch_size"], g.at[i, "row"]), set()), looks
-            )
+        ended = {
+            i: set(done.get((g.at[i, "setting_id"], g.at[i, "model"], g.at[i, "batch_size"], g.at[i, "row"]), set()))
             for i in g.index
         }
-        out += _table(g, stage, looks, looks[-1], margin / PERCENT, alpha, all_pairs, spending)
+        stage = {i: reached(ended[i], looks) for i in g.index}
+        out += _table(g, stage, ended, looks, looks[-1], margin / PERCENT, alpha, all_pairs, spending, final or {})
     return pd.DataFrame(out, columns=LOOK_COLUMNS)
 
 

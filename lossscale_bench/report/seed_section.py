@@ -37,6 +37,13 @@ def seed_looks(tracking_uri: str, study: str) -> tuple[str, list[str]] | None:
         "not account for the looks; these verdicts do (looks: how many times the pair was judged, n: its seeds "
         "at the last)."
     )
+    maxes = [m for m in tags.get(f"{SEEDS_TAG}maxes", "").split(",") if m]
+    if len(maxes) > 1:
+        paragraph += (
+            f" The plan's max was changed after looks had been taken (max {' then '.join(maxes)}): the pairs "
+            "decided before keep their verdicts; the looks of the pairs that went on are outside the plan's "
+            "stated error rates (a max chosen after seeing results is not part of the plan)."
+        )
     lines = [
         f"{k[len(SEEDS_TAG) + len('pair.') :].split('.row')[0].replace('.b', ' batch ', 1)}: {v}" for k, v in pairs
     ]
@@ -51,16 +58,20 @@ def seed_section(tracking_uri: str, study: str, fmt: str = "markdown") -> str:
         return ""
     paragraph, lines = looks
     if fmt == "html":
+        import html
+
         from .renderers.html import md_inline_to_html
 
-        items = "".join(f"<li>{md_inline_to_html(line)}</li>" for line in lines)
+        items = "".join(f"<li>{html.escape(line)}</li>" for line in lines)
         return f'<h2>{TITLE}</h2>\n<p class="note">{md_inline_to_html(paragraph)}</p>\n<ul>{items}</ul>\n'
     if fmt == "latex":
         from .renderers.latex import latex_escape
 
         items = "\n".join(rf"\item {latex_escape(line)}" for line in lines)
         return f"\n% {TITLE}\n{latex_escape(paragraph)}\n\\begin{{itemize}}\n{items}\n\\end{{itemize}}\n"
-    return "\n".join(["", f"## {TITLE}", "", paragraph, "", *[f"- {line}" for line in lines]]) + "\n"
+    from .renderers.markdown import md_text
+
+    return "\n".join(["", f"## {TITLE}", "", paragraph, "", *[f"- {md_text(line)}" for line in lines]]) + "\n"
 
 
 def with_seed_section(text: str, tracking_uri: str, study: str | None, fmt: str) -> str:

@@ -282,7 +282,9 @@ def t_boundaries(sizes: Sequence[int], maximum: int, alpha: float, spending: str
     return list(_t_boundaries(tuple(int(n) for n in sizes), int(maximum), float(alpha), spending))
 
 
-def run_rule(diffs, sizes: Sequence[int], margin: float, crit_diff: Sequence[float], crit_equiv: Sequence[float]):
+def run_rule(
+    diffs, sizes: Sequence[int], margin: float, crit_diff: Sequence[float], crit_equiv: Sequence[float], held=None
+):
     """Apply the stopping rule to many comparisons at once: (outcome codes, seeds used, sign of Δ̂).
 
     ``diffs``: an array (comparisons × at least max(sizes)) of paired
@@ -292,7 +294,10 @@ def run_rule(diffs, sizes: Sequence[int], margin: float, crit_diff: Sequence[flo
     ``margin``; the first look that decides stops the comparison.  Returns
     numpy arrays: the outcome (:data:`DIFFERENT`, :data:`EQUIVALENT`,
     :data:`UNDECIDED` after the last look), the seeds used, and the sign of
-    the mean difference at the stopping look.
+    the mean difference at the stopping look.  ``held``: (comparisons × looks)
+    booleans, looks at which no decision is taken (the differences looked
+    skewed: :func:`.normality.held_looks`); a comparison held at the last look
+    is undecided.
     """
     import numpy as np
 
@@ -308,6 +313,9 @@ def run_rule(diffs, sizes: Sequence[int], margin: float, crit_diff: Sequence[flo
     different = t >= np.asarray(crit_diff, dtype=float)
     equivalent = (np.abs(mean) + np.asarray(crit_equiv, dtype=float) * se <= margin) & ~different
     decided = different | equivalent
+    if held is not None:
+        held = np.asarray(held, dtype=bool)
+        different, equivalent, decided = different & ~held, equivalent & ~held, decided & ~held
     first = np.where(decided.any(axis=1), decided.argmax(axis=1), len(n) - 1)
     rows = np.arange(d.shape[0])
     outcome = np.where(different[rows, first], DIFFERENT, np.where(equivalent[rows, first], EQUIVALENT, UNDECIDED))

@@ -15,9 +15,10 @@ import math
 import warnings
 from collections.abc import Mapping, Sequence
 
+from .normality import NORMALITY_ALPHA
 from .stats import ALPHA, decide, format_margin, format_p, mean_var, prob_better, seeds_needed, tost_p
 
-__all__ = ["noise_verdict", "paired_verdict", "compare_cells", "can_pair"]
+__all__ = ["noise_verdict", "paired_verdict", "compare_cells", "can_pair", "skew_text", "diverged_against"]
 
 WORSE = "worse than baseline"
 BETTER = "better than baseline"
@@ -59,6 +60,9 @@ _NUMBERS = (
     "p_better",
     "p_better_low",
     "p_better_high",
+    "shapiro_p",
+    "wilcoxon_p",
+    "rank_tost_p",
 )
 
 
@@ -102,7 +106,54 @@ def _result(
         "p_better_high": pb_hi,
         "outcome": outcome,
         "verdict": _verdict_text(outcome, p, tost, paired, margin * shown_scale, alpha),
+        "skewed": False,
+        "p_decide": p,
+        "tost_decide": tost,
     }
+
+
+def _rank_opinion(d: Sequence[float], margin: float) -> dict:
+    """The normality check of the per-seed differences and the rank tests (:mod:`.normality`)."""
+    from .normality import rank_tost_p, shapiro_p, wilcoxon_p
+
+    return {"shapiro_p": shapiro_p(d), "wilcoxon_p": wilcoxon_p(d), "rank_tost_p": rank_tost_p(d, margin)}
+
+
+def _skewed_result(v: dict, *, alpha: float, higher_is_better: bool, shown_margin: float) -> dict:
+    """A paired comparison whose differences fail the normality check: a verdict needs the rank test too.
+
+    Different only where the t-test and the Wilcoxon signed-rank test both say so, equivalent only
+    where TOST and the rank TOST both do (the larger of each pair of p-values decides, so the rate of
+    a false verdict is at most either test's); otherwise inconclusive.  The t-test's numbers stay.
+    """
+    w = 1.0 if math.isnan(v["wilcoxon_p"]) else v["wilcoxon_p"]
+    rt = 1.0 if math.isnan(v["rank_tost_p"]) else v["rank_tost_p"]
+    p_decide, tost_decide = max(v["p_value"], w), max(v["tost_p"], rt)
+    outcome = decide(p_decide, tost_decide, v["diff"], alpha, higher_is_better)
+    if outcome == "equivalent":
+        head = (
+            f"{EQUIVALENT} (±{format_margin(shown_margin)}, paired TOST {format_p(v['tost_p'], alpha)}, "
+            f"rank TOST {format_p(rt, alpha)})"
+        )
+    else:
+        word = {"better": BETTER, "worse": WORSE}.get(outcome, INCONCLUSIVE)
+        head = f"{word} (paired, {format_p(v['p_value'], alpha)}, Wilcoxon signed-rank {format_p(w, alpha)})"
+    return {
+        **v,
+        "outcome": outcome,
+        "verdict": head + skew_text(v),
+        "skewed": True,
+        "p_decide": p_decide,
+        "tost_decide": tost_decide,
+    }
+
+
+def skew_text(v: dict) -> str:
+    """``; skewed or heavy-tailed differences (Shapiro–Wilk p=0.012): a verdict needs the rank test too``."""
+    return (
+        f"; skewed or heavy-tailed differences (Shapiro–Wilk {format_p(v['shapiro_p'], NORMALITY_ALPHA)}): "
+        "a verdict needs the rank test too"
+    )
 
 
 def _check_margin(margin: float) -> None:
@@ -235,9 +286,10 @@ def paired_verdict(
     from scipy import stats
 
     res = stats.ttest_rel(x, y)
-    return {
+    v = {
         **out,
         "test": "paired",
+        **_rank_opinion(d, margin),
         **_result(
             x,
             y,
@@ -252,6 +304,9 @@ def paired_verdict(
             var_kw={"var_diff": vd},
         ),
     }
+    if not math.isnan(v["shapiro_p"]) and v["shapiro_p"] < NORMALITY_ALPHA:
+        return _skewed_result(v, alpha=alpha, higher_is_better=higher_is_better, shown_margin=margin * shown_scale)
+    return v
 
 
 def can_pair(a_by_seed: Mapping, n_a: int, b_by_seed: Mapping, n_b: int) -> bool:
@@ -278,3 +333,30 @@ def compare_cells(
         # same seeds = same initial weights and batches: compare seed by seed
         return paired_verdict(a_by_seed, b_by_seed, **kw)
     return noise_verdict(a_vals, b_vals, **kw)
+
+
+#: the ``outcome`` of a comparison in which one side diverged on more seeds than the other
+DIVERGED = "diverged"
+
+
+def diverged_against(
+    v: dict, diverged: int, trained: int, other_diverged: int, other_trained: int, *, who=("", "baseline")
+) -> dict:
+    """``v`` (a comparison's result) with the diverged seeds counted against the side that diverged more.
+
+    Diverged seeds have no value and are left out of the tests; a row that diverged on some of them
+    and matches the other on the rest is not "equivalent" to it.  Where one side diverged on more
+    seeds than the other, an ``equivalent``, ``inconclusive`` or untested outcome becomes
+    :data:`DIVERGED` (``diverged on 1 of 3 seeds (never equivalent); the other seeds: ...``); a shown
+    difference stays, with the count beside it.  ``who``: the two sides' names in the text (the row
+    itself: empty).
+    """
+    if diverged == other_diverged:
+        return v
+    k, n, name = (diverged, trained, who[0]) if diverged > other_diverged else (other_diverged, other_trained, who[1])
+    said = f"{name + ' ' if name else ''}diverged on {k} of {n} seeds"
+    if v["outcome"] in ("better", "worse"):
+        return {**v, "verdict": f"{v['verdict']}; {said}"}
+    if v["outcome"] == "no values" and k == n:  # nothing but diverged seeds on that side
+        return {**v, "outcome": DIVERGED, "verdict": said}
+    return {**v, "outcome": DIVERGED, "verdict": f"{said} (never equivalent); the other seeds: {v['verdict']}"}

@@ -12,7 +12,6 @@ html embeds the plots in the page; markdown links PNG files written beside it.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -43,15 +42,12 @@ def _plot_list(tracking_uri: str, study: str | None, runs: pd.DataFrame, metric:
         ) from None
 
 
-def _md_alt(text: str) -> str:
-    return re.sub(r"([\\\[\]])", r"\\\1", text)
-
-
 def _markdown_plots(path: Path, pictures: list[tuple[str, str, bytes]]) -> tuple[str, list[tuple[Path, bytes]]]:
     """Markdown section linking PNG files beside ``path``: ``<stem>_<name>.png``."""
     from urllib.parse import quote
 
     from .plots import slug
+    from .renderers.markdown import md_alt
 
     lines, files, used = ["", "## Plots", ""], [], set()
     for name, title, png in pictures:
@@ -61,7 +57,7 @@ def _markdown_plots(path: Path, pictures: list[tuple[str, str, bytes]]) -> tuple
             fname, k = f"{base}_{k}.png", k + 1
         used.add(fname)
         files.append((path.parent / fname, png))
-        lines += [f"![{_md_alt(title)}]({quote(fname)})", ""]
+        lines += [f"![{md_alt(title)}]({quote(fname)})", ""]
     return "\n".join(lines).rstrip("\n") + "\n", files
 
 

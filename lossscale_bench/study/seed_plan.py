@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from .errors import StudyError, show_value
 
-__all__ = ["SeedPlan", "plan_text", "planned_trials", "split_seed_plan"]
+__all__ = ["SeedPlan", "plan_summary", "plan_text", "planned_trials", "split_seed_plan"]
 
 _KEYS = ("start", "step", "max", "until", "pairs", "spending")
 #: when to stop adding seeds
@@ -126,4 +126,15 @@ def plan_text(plan: SeedPlan) -> str:
     return (
         f"seeds 0-{plan.start - 1} of every row first, then {plan.step} more at a time for the rows of "
         f"undecided comparisons, up to {plan.max}"
+    )
+
+
+def plan_summary(study) -> str:
+    """What ``lsbench validate`` says of a plan study under its trial table: the table is the first round,
+    and how many trials the plan may train at most (every row at ``max`` seeds)."""
+    plan = study.seed_plan
+    first, most = len(study.trials()), len(planned_trials(study))
+    return (
+        f"a seed plan (seeds added until decided): the {first} trials above are the first round; "
+        f"{plan_text(plan)}: at most {most} trials"
     )

@@ -188,3 +188,55 @@ def test_latex_table_survives_a_hostile_label(uri, tmp_path):
     bare = _LATEX_TOKEN.sub("", label_tex)
     assert not re.search(r"[\\&%$#_{}~^<>|]", bare), bare
     assert _unescape(label_tex).replace("$^\\dagger$", "") == FLAT
+
+
+class _Items(HTMLParser):
+    """The text of every ``<li>``, the tags opened inside one, and every ``<img>``'s alt text."""
+
+    def __init__(self):
+        super().__init__(convert_charrefs=True)
+        self.items: list[str] = []
+        self.inner: list[str] = []
+        self.alts: list[str] = []
+        self._in = False
+
+    def handle_starttag(self, tag, attrs):
+        if tag == "li":
+            self._in = True
+            self.items.append("")
+        elif tag == "img":
+            self.alts.append(dict(attrs).get("alt", ""))
+        elif self._in:
+            self.inner.append(tag)
+
+    def handle_endtag(self, tag):
+        if tag == "li":
+            self._in = False
+
+    def handle_data(self, data):
+        if self._in:
+            self.items[-1] += data
+
+
+def test_the_seed_plan_list_and_the_image_alt_texts_escape_a_hostile_label(uri, tmp_path):
+    # the seed-plan section listed "label vs label: verdict" as written (a `*em*` became emphasis, a
+    # `<script>` raw HTML), and an image's alt text escaped only brackets
+    cmarkgfm = pytest.importorskip("cmarkgfm", reason="dev extra: pip install -e '.[dev]'")
+    from lossscale_bench.tracking import set_study_tags
+
+    tags = {
+        "lsbench.seeds.method": "group-sequential",
+        "lsbench.seeds.plan": "start=2 step=1 max=4",
+        "lsbench.seeds.pair.ssd_tiny.b4.row1-row0": f"{FLAT} vs FP32 baseline: equivalent (2 looks, n=3)",
+    }
+    assert set_study_tags(uri, STUDY, tags)
+    md = _report(uri, "markdown", tmp_path)
+    items = _Items()
+    items.feed(cmarkgfm.github_flavored_markdown_to_html(md.split("## Seeds added until decided", 1)[1]))
+    assert items.items == [f"ssd_tiny batch 4: {FLAT} vs FP32 baseline: equivalent (2 looks, n=3)"], items.items
+    assert items.inner == [], items.inner  # no emphasis, code, link or raw HTML opened inside the item
+    from lossscale_bench.report.renderers.markdown import md_alt
+
+    alt = _Items()
+    alt.feed(cmarkgfm.github_flavored_markdown_to_html(f"![{md_alt(HOSTILE)}](plot.png)\n"))
+    assert alt.alts == [FLAT] and alt.inner == []

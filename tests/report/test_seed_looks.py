@@ -38,8 +38,10 @@ def test_reached_is_the_last_look_whose_seeds_all_ended():
 
 
 def test_a_clear_difference_is_decided_and_its_rows_stop_growing():
-    # five points better on every seed, spread 0.5: decided at the second look (n=6) of 3, 6, 9
-    rows = {"fp32": BASE[:6], "good": [v + 0.05 + 0.005 * (-1) ** i for i, v in enumerate(BASE[:6])]}
+    # five points better on every seed, spread about 0.5: decided at the second look (n=6) of 3, 6, 9 (the
+    # spread is not two-valued: a two-point sample fails the normality check, which holds the decision)
+    offsets = [-1, 0.4, 1, -0.3, 0.6, -0.8]
+    rows = {"fp32": BASE[:6], "good": [v + 0.05 + 0.005 * o for v, o in zip(BASE[:6], offsets)]}
     d = seed_looks(_summary(rows), _done(rows), [3, 6, 9], margin=1.0)
     assert len(d) == 1
     r = d.iloc[0]
@@ -94,3 +96,49 @@ def test_pocock_spending_decides_a_large_difference_at_the_first_look_where_obri
     pocock = seed_looks(_summary(rows), _done(rows), [3, 6, 9], margin=1.0, spending="pocock")
     assert obf.iloc[0].outcome == "continue"
     assert (pocock.iloc[0].outcome, pocock.iloc[0].looks, pocock.iloc[0].n) == ("better", 1, 3)
+
+
+def test_a_decided_pair_stays_decided_when_max_is_raised():
+    # differences -0.5, 0.3, 0.6, -0.4, 0.2, -0.2 points (mean 0, se 0.18): equivalent at the second look
+    # (n=6) of 3, 6, 9, where |Δ| + 2.98·se = 0.52 <= 1; with max 18 the same look's boundary is 6.45 and the
+    # replay alone leaves the pair open (1.13 > 1): the decision recorded at the look (final) is kept instead
+    offsets = [-0.5, 0.3, 0.6, -0.4, 0.2, -0.2]
+    rows = {"fp32": BASE[:6], "same": [v + o / 100 for v, o in zip(BASE[:6], offsets)]}
+    first = seed_looks(_summary(rows), _done(rows), [3, 6, 9], margin=1.0).iloc[0]
+    assert (first.outcome, first.looks, first.n) == ("equivalent", 2, 6)
+    wider = [3, 6, 9, 12, 15, 18]
+    assert seed_looks(_summary(rows), _done(rows), wider, margin=1.0).iloc[0].outcome == "continue"
+    kept = {"ssd_tiny.b8.row1-row0": {k: first[k] for k in ("outcome", "looks", "n", "diff", "p_seq", "p_holm")}}
+    again = seed_looks(_summary(rows), _done(rows), wider, margin=1.0, final=kept).iloc[0]
+    assert (again.outcome, again.looks, again.n, again.verdict, again.final) == (
+        "equivalent",
+        2,
+        6,
+        first.verdict,
+        True,
+    )
+    assert rows_to_grow(pd.DataFrame([again]), _done(rows), wider) == {}
+
+
+def test_a_row_that_diverged_on_a_seed_is_never_equivalent_and_a_skewed_look_decides_nothing():
+    # within ±0.05 points on the seeds it finished, but seed 1 diverged: equivalent at the first look before
+    same = [v + 0.0005 * o for v, o in zip(BASE[:4], [-1, 0.4, 1, -0.3])]
+    summary = _summary({"fp32": BASE[:4], "same": same})
+    summary.at[1, "values_by_seed"] = {k: v for k, v in enumerate(same) if k != 1}
+    done = {("s", "ssd_tiny", 8, 0): set(range(4)), ("s", "ssd_tiny", 8, 1): set(range(4))}
+    d = seed_looks(summary, done, [4, 6, 9], margin=1.0).iloc[0]
+    assert d.outcome != "equivalent" and "never equivalent" in d.verdict, d.verdict
+    # one seed far out among close ones: Shapiro-Wilk flags the differences, the look decides nothing
+    skewed = {"fp32": BASE[:6], "odd": [v + (0.0005 if i != 4 else -0.006) for i, v in enumerate(BASE[:6])]}
+    r = seed_looks(_summary(skewed), _done(skewed), [6, 9], margin=1.0).iloc[0]
+    assert r.outcome == "continue" and "looked skewed" in r.verdict, r.verdict
+
+
+def test_a_baseline_that_diverged_everywhere_stops_the_plan():
+    # no value on any seed of the baseline: no look can ever compare with it, and every other row got seeds to max
+    rows = {"fp32": [], "a": BASE[:3], "b": BASE[3:6]}
+    done = _done({"fp32": [0, 0, 0], "a": BASE[:3], "b": BASE[3:6]})
+    d = seed_looks(_summary(rows), done, [3, 6, 9], margin=1.0)
+    assert set(d["outcome"]) == {"stopped"}
+    assert all("fp32 diverged on all 3 seeds" in v for v in d["verdict"]), d["verdict"].tolist()
+    assert rows_to_grow(d, done, [3, 6, 9]) == {}

@@ -87,9 +87,14 @@ def render_compare_markdown(runs: pd.DataFrame) -> str:
 
 
 def test_p_better_from_three_seeds_is_never_a_zero_width_interval():
-    # worse on every one of 3 seeds: 0 wins in 3, Clopper-Pearson [0, 0.708] (the bootstrap said [0, 0])
+    # worse on every one of 3 seeds: 0 wins in 3, Clopper-Pearson [0, 0.708] (the bootstrap said [0, 0]); no two
+    # differences tied (two of three equal is the most skewed three values can be: Shapiro-Wilk flags it)
     runs = _runs(
-        {"base": {0: 0.50, 1: 0.51, 2: 0.49}, "bad": {0: 0.10, 1: 0.12, 2: 0.11}, "good": {0: 0.52, 1: 0.53, 2: 0.515}},
+        {
+            "base": {0: 0.50, 1: 0.51, 2: 0.49},
+            "bad": {0: 0.10, 1: 0.12, 2: 0.11},
+            "good": {0: 0.521, 1: 0.535, 2: 0.52},
+        },
         "base",
     )
     s = summarize(runs)
@@ -156,3 +161,53 @@ def test_a_row_no_test_ran_on_names_no_test():
     runs = _runs({"base": {0: 0.50, 1: 0.51}, "two": {0: 0.40, 1: 0.42}, "other": {2: 0.40, 3: 0.43}}, "base")
     s = summarize(runs)
     assert (_row(s, "two")["test"], _row(s, "other")["test"]) == ("paired", "welch")
+
+
+@pytest.mark.parametrize(
+    "rows",
+    [
+        {"base": {0: "diverged", 1: "diverged"}, "a": {0: 0.40, 1: 0.42}},  # the baseline diverged everywhere
+        {"base": {0: "running", 1: "running"}, "a": {0: "running", 1: "running"}},  # before any value exists
+    ],
+)
+def test_the_verdict_note_names_the_study_margin_when_no_row_has_a_test(rows):
+    # no row has a test, so no row carried the margin, and the note named the default ±1.0 for a study at 0.5
+    md = render(_runs(rows, "base"), "markdown", margin=0.5)
+    note = next(x for x in md.splitlines() if x.startswith("vs baseline:"))
+    assert "inside ±0.5 mAP" in note and "equivalence_margin: 0.5" in note and "±1.0" not in note
+
+
+def test_a_row_that_diverged_on_some_seeds_is_never_equivalent():
+    # within ±0.1 points of the baseline on the three seeds it finished, diverged on the fourth: the TOST on
+    # the values (Welch: the seeds differ) said "equivalent", as if the diverged seed had not happened
+    runs = _runs(
+        {"base": {0: 0.400, 1: 0.401, 2: 0.402, 3: 0.4015}, "row": {0: 0.4005, 1: 0.4012, 2: 0.4019, 3: "diverged"}},
+        "base",
+    )
+    r = _row(summarize(runs), "row")
+    assert r["outcome"] == "diverged" and r["test"] == "welch"
+    assert r["verdict"].startswith("diverged on 1 of 4 seeds (never equivalent); the other seeds: equivalent (±1.0")
+    assert "diverged on 1 of 4 seeds (never equivalent)" in _vs(render(runs, "markdown"), "row")
+
+
+def test_a_row_with_skewed_differences_is_flagged_and_needs_the_rank_test():
+    from scipy import stats
+
+    # seven seeds a little better than the baseline, one far worse: the t-test sees no difference, and the
+    # differences are skewed (one long tail), which Shapiro-Wilk flags; the rank test is the second opinion
+    base = [0.40, 0.42, 0.41, 0.43, 0.39, 0.405, 0.415, 0.425]
+    offsets = [0.002, 0.003, 0.0025, 0.0035, 0.0028, 0.0022, 0.0031, -0.06]
+    runs = _runs(
+        {"base": dict(enumerate(base)), "row": {k: b + o for k, (b, o) in enumerate(zip(base, offsets))}}, "base"
+    )
+    r = _row(summarize(runs), "row")
+    d = [(b + o) - b for b, o in zip(base, offsets)]
+    assert stats.shapiro(d).pvalue < 0.05 and r["shapiro_p"] == pytest.approx(stats.shapiro(d).pvalue, rel=1e-6)
+    assert r["wilcoxon_p"] == pytest.approx(stats.wilcoxon(d).pvalue, rel=1e-6)
+    assert "skewed or heavy-tailed differences (Shapiro–Wilk p" in r["verdict"]
+    assert "Wilcoxon signed-rank p=" in r["verdict"] and r["outcome"] == "inconclusive"
+    assert "skewed or heavy-tailed differences" in _vs(render(runs, "markdown"), "row")
+    # normal-looking differences: no flag, the t-test's verdict alone (and the rank numbers in the csv)
+    runs = _runs({"base": {0: 0.40, 1: 0.42, 2: 0.41}, "ok": {0: 0.401, 1: 0.4225, 2: 0.4118}}, "base")
+    ok = _row(summarize(runs), "ok")
+    assert "skewed" not in ok["verdict"] and not math.isnan(ok["shapiro_p"]) and ok["shapiro_p"] >= 0.05

@@ -49,3 +49,17 @@ def test_seed_plan_is_not_a_key_of_the_file():
     with pytest.raises(StudyError) as e:
         load_study_text(study_yaml(seed_plan={"start": 3, "step": 3, "max": 9}), source="s.yaml")
     assert e.value.path == "seed_plan"
+
+
+def test_validate_says_a_plan_study_is_a_plan_and_its_most_trials(tmp_path):
+    # the trial table of a plan is its first round: validate said "4 trials" and nothing about the plan
+    from helpers import lsbench
+
+    path = tmp_path / "plan.yaml"
+    path.write_text(study_yaml(seeds={"start": 2, "step": 2, "max": 6}))
+    r = lsbench("validate", "--schema-only", path, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    first = load_study_text(path.read_text())
+    rows = len(first.trials()) // 2
+    assert f"a seed plan (seeds added until decided): the {2 * rows} trials above are the first round" in r.stdout
+    assert f"up to 6: at most {6 * rows} trials" in r.stdout

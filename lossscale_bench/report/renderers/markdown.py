@@ -8,7 +8,7 @@ from ..metric_names import value_header
 from ..summary import model_name
 from ..tables import EMULATED_MARK, HEADERS, VS_HEADER, bold_split, report_tables, study_notes, table_heading
 
-__all__ = ["render_markdown", "md_cell", "md_text", "Markdown", "md_table"]
+__all__ = ["render_markdown", "md_alt", "md_cell", "md_text", "Markdown", "md_table"]
 
 
 _BREAKS = re.compile(r"\s*[\r\n]+\s*")
@@ -38,6 +38,17 @@ def md_text(text) -> Markdown:
     link by GitHub's autolink extension; that link shows its own address, so it hides nothing.)
     """
     return Markdown(_MD_SPECIAL.sub(lambda m: "\\" + m.group(0), _BREAKS.sub(" ", str(text))))
+
+
+#: every ASCII punctuation character (CommonMark reads any of them backslash-escaped as itself)
+_PUNCTUATION = re.compile(r"[!-/:-@\[-`{-~]")
+
+
+def md_alt(text) -> str:
+    """``text`` as an image's alt text (``![text](file.png)``): one line, every ASCII punctuation
+    character escaped, so no bracket ends the alt text early and no ``*``, ``_``, ``<`` or backtick in a
+    label or study name turns into emphasis, HTML or code there."""
+    return _PUNCTUATION.sub(lambda m: "\\" + m.group(0), _BREAKS.sub(" ", str(text)))
 
 
 def md_cell(text) -> str:
