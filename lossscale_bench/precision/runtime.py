@@ -27,8 +27,9 @@ Parameter gradients: two orders (``grad_rounding``)
   mixed16 and the adaptive-scaling authors' code do (gradients divided by ``P`` and stored in
   fp16 before the fp32 update). A true gradient below the format's smallest subnormal flushes
   here but survives the default order when ``P`` lifts it; past ``u_max`` it becomes inf and the
-  step is skipped. The training loop calls :meth:`Precision.round_unscaled_grads` right after
-  ``scaler.unscale_``.
+  step is skipped. A training loop calls :meth:`Precision.unscale_grads` between backward and
+  ``scaler.step``: it unscales (``scaler.unscale_``), rounds (:meth:`Precision.round_unscaled_grads`)
+  and adds an overflow the rounding made to the scaler's step.
 """
 
 from __future__ import annotations
