@@ -14,6 +14,8 @@ REPO = Path(__file__).resolve().parents[1]
 if str(Path(__file__).parent) not in sys.path:
     sys.path.insert(0, str(Path(__file__).parent))
 
+from servers import mlflow_server, postgres, reference  # noqa: E402,F401  (session fixtures: the team's servers)
+
 from helpers import BASE_STUDY, study_yaml, write_study  # noqa: E402,F401  (the study builder)
 
 

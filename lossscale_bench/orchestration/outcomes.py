@@ -76,6 +76,16 @@ def record_end(
     tracker.end_trial(run_id, outcome["status"])
     if plots_dir is not None:
         log_trial_plots(tracker, run_id, plots_dir, draw)
+    if (
+        plots_dir is not None
+        and outcome.get("status") in ("finished", "diverged")
+        and tracker.artifacts_elsewhere(run_id)
+    ):
+        # everything it wrote is in the tracking server's store now, and it is not run again: the runs
+        # folder keeps only what unfinished trials resume from
+        import shutil
+
+        shutil.rmtree(plots_dir.parent, ignore_errors=True)
     progress.end(tid, label, outcome)
 
 

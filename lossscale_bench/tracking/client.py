@@ -11,7 +11,7 @@ import time
 
 from ..core.uninterrupted import WholeCalls
 from .store import DATABASE_SCHEMES, check_scheme
-from .store_faults import store_error
+from .store_faults import store_error, unreachable
 
 __all__ = ["retry", "store_client"]
 
@@ -32,16 +32,18 @@ def store_client(uri: str):
 
 
 def retry(fn, *args, attempts: int = 8, **kwargs):
-    """Call an MlflowClient method, retrying "database is locked"; a store fault becomes a :class:`StoreError`."""
+    """Call an MlflowClient method, retrying "database is locked" and a store server that is away (restarting:
+    1, 2, 4, 8, 10, 10, 10 s apart); a store fault becomes a :class:`StoreError`."""
     delay = 0.05
     for i in range(attempts):
         try:
             return fn(*args, **kwargs)
         except Exception as exc:  # noqa: BLE001
-            if "locked" not in str(exc).lower() or i == attempts - 1:
+            away = unreachable(exc)  # a database or MLflow server restarting: about a minute's tries
+            if ("locked" not in str(exc).lower() and not away) or i == attempts - 1:
                 fault = store_error(exc, str(getattr(getattr(fn, "__self__", None), "tracking_uri", "") or ""))
                 if fault is not None:
                     raise fault from exc
                 raise
-            time.sleep(delay)
+            time.sleep(min(2.0**i, 10.0) if away else delay)
             delay = min(delay * 2, 2.0)

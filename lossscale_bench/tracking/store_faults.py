@@ -12,7 +12,18 @@ import errno
 
 from .store import StoreError, redact, sqlite_path
 
-__all__ = ["store_error"]
+__all__ = ["store_error", "unreachable"]
+
+#: what a database server or an MLflow server that is away (restarting, down) answers, in any driver's words
+UNREACHABLE = (
+    "connection refused",
+    "could not connect to server",
+    "server closed the connection unexpectedly",
+    "terminating connection due to administrator command",
+    "the database system is shutting down",
+    "the database system is starting up",
+    "max retries exceeded",
+)
 
 
 def _chain(exc: BaseException):
@@ -24,6 +35,19 @@ def _chain(exc: BaseException):
         if orig is not None and id(orig) not in seen:
             yield orig
         exc = exc.__cause__ or exc.__context__
+
+
+def _refused_credentials(e: BaseException) -> bool:
+    """An MLflow server (or the proxy before it) answered 401/403: MLflow's ``RestException`` code, or its text."""
+    code = str(getattr(e, "error_code", ""))
+    return code in ("UNAUTHENTICATED", "PERMISSION_DENIED") or any(
+        f"error code {c} != 200" in str(e) for c in (401, 403)
+    )
+
+
+def unreachable(exc: BaseException) -> bool:
+    """Whether ``exc`` says the store's server is away (restarting, down): worth trying again a while."""
+    return any(any(t in str(e).lower() for t in UNREACHABLE) for e in _chain(exc))
 
 
 def store_error(exc: BaseException, uri: str) -> StoreError | None:
@@ -66,4 +90,14 @@ def store_error(exc: BaseException, uri: str) -> StoreError | None:
             return StoreError(
                 f"MLflow store {where}: disk I/O error (a full disk, a file-size limit or a failing device)"
             )
+    if any(_refused_credentials(e) for e in _chain(exc)):
+        return StoreError(
+            f"MLflow server {where} refused this client's credentials ({detail}); set MLFLOW_TRACKING_TOKEN "
+            "(a bearer token) or MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD (basic auth)"
+        )
+    if unreachable(exc):  # retry()'s callers tried again first: it stayed away
+        return StoreError(
+            f"MLflow store {where} is unreachable ({' '.join(str(exc).split())[:150]}); what was logged "
+            "before is kept: start it again and re-run to resume"
+        )
     return None

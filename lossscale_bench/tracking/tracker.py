@@ -370,6 +370,14 @@ class Tracker:
         if Path(path).exists():
             retry(self.client.log_artifact, run_id, path, artifact_path)
 
+    def artifacts_elsewhere(self, run_id: str) -> bool:
+        """Whether the run's artifacts live away from this machine's disk (an MLflow server's store,
+        ``s3://``, ...): then a finished trial's folder holds nothing that is not in the store."""
+        from .store import ARTIFACT_SCHEME
+
+        uri = self.client.get_run(run_id).info.artifact_uri or ""
+        return not uri.startswith(("file:", f"{ARTIFACT_SCHEME}:", "/"))
+
     def end_trial(self, run_id: str, status: str) -> None:
         """End a trial's run so that the runs table shows how it ended (``run_status``).
 

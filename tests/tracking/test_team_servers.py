@@ -1,0 +1,141 @@
+"""A team's store, for real: PostgreSQL, and ``mlflow server`` on it with an artifact store of its own.
+
+Before: with ``--tracking-uri http://...`` the study's experiment was created with a ``file://`` artifact
+location in the driver's runs folder; the server's artifact store received no file, and a report made
+where the driver's disk is not (another machine, or the runs folder deleted) drew no heatmap. Now the
+experiment takes the server's location (``mlflow-artifacts:``) and every artifact goes through the server.
+
+The faults of a team's day, on both stores (PostgreSQL direct, and behind the server): two drivers of two
+studies at once, one of them killed with SIGKILL, the store restarted while the other runs; the reruns leave
+one run per trial and the metric history of an uninterrupted run. The servers are started by the fixtures
+of ``tests/servers.py`` with the command lines of docs/guide/team-setup.md (checked here too).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import servers
+from servers import assert_same_history, finish, history, run_env, start_run, wait_checkpoint
+
+REPO = Path(__file__).resolve().parents[2]
+PAGE = REPO / "docs" / "guide" / "team-setup.md"
+
+
+def _one_line_store_error(rc: int, err: str) -> None:
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert rc == 4 and len(lines) == 1 and lines[0].startswith("lsbench: error:"), (rc, err[-3000:])
+
+
+def test_team_setup_page_gives_the_commands_the_tests_run():
+    text = PAGE.read_text()
+    missing = [name for name, cmd in servers.COMMANDS.items() if cmd not in text]
+    assert not missing, f"commands the tests run that {PAGE.name} does not give: {missing}"
+
+
+def test_a_new_study_on_a_server_keeps_its_artifacts_in_the_servers_store(mlflow_server, tmp_path):
+    """Before: ``file://<runs-dir>/artifacts/<study>``, the driver's disk, which the server never sees."""
+    from lossscale_bench.tracking import Tracker
+
+    tracker = Tracker(mlflow_server.uri, artifact_root=tmp_path / "runs" / "artifacts")
+    exp = tracker.client.get_experiment(tracker.experiment_id("team-location"))
+    assert exp.artifact_location.startswith("mlflow-artifacts:"), exp.artifact_location
+    chosen = Tracker(mlflow_server.uri, artifacts_uri=str(tmp_path / "shared"))
+    exp = chosen.client.get_experiment(chosen.experiment_id("team-location-chosen"))
+    assert exp.artifact_location == (tmp_path / "shared" / "team-location-chosen").as_uri()
+
+
+def _report(command: str, env: dict, out: Path, *extra: str) -> subprocess.CompletedProcess:
+    """The page's report command, run in the folder ``out`` and writing there (``extra``: more options)."""
+    out.mkdir(parents=True, exist_ok=True)
+    env = {**env, "OUT": str(out)}
+    return subprocess.run(
+        ["bash", "-c", " ".join([servers.shell(command, env), *extra])],
+        env=env, capture_output=True, text=True, timeout=600, cwd=out,
+    )  # fmt: skip
+
+
+def test_server_keeps_every_artifact_and_a_report_elsewhere_is_the_same(mlflow_server, reference, tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    env = reference["env"]
+    client = MlflowClient(tracking_uri=mlflow_server.uri)
+    exp = client.get_experiment_by_name("team-reference")
+    assert exp.artifact_location.startswith("mlflow-artifacts:"), exp.artifact_location
+    stored = {p.name for p in (mlflow_server.artifacts / exp.experiment_id).rglob("*") if p.is_file()}
+    assert {"layers_history.csv", "loss.png", "team-reference.yaml"} <= stored, stored
+    # the driver's runs folder keeps only what unfinished trials resume from: nothing, once all finished
+    assert not [p for p in (Path(env["RUNS"]) / "team-reference" / "trials").rglob("*") if p.is_file()]
+    first = _report("report_server", env, tmp_path / "here")
+    assert first.returncode == 0, first.stderr[-3000:]
+    shutil.rmtree(env["RUNS"])  # the driver's disk is gone: what remains is on the server
+    second = _report("report_server", env, tmp_path / "elsewhere")
+    assert second.returncode == 0, second.stderr[-3000:]
+    md1, md2 = (tmp_path / d / "team-reference.md" for d in ("here", "elsewhere"))
+    assert md1.read_text() == md2.read_text()
+    assert "underflow-rate heatmap" in md2.read_text()
+    pngs = sorted(p.name for p in (tmp_path / "elsewhere").glob("*.png"))
+    assert pngs == sorted(p.name for p in (tmp_path / "here").glob("*.png")) and any("underflow" in p for p in pngs)
+    tele = _report("report_server", env, tmp_path / "telemetry", "--telemetry")
+    assert tele.returncode == 0, tele.stderr[-3000:]
+    assert "flush" in (tmp_path / "telemetry" / "team-reference_telemetry.md").read_text()
+
+
+def _restart_postgres(pg) -> None:
+    subprocess.run(["bash", "-c", servers.shell("pg_stop", pg.env)], env=pg.env, check=True, timeout=120)
+    time.sleep(1.0)
+    pg.start()
+
+
+def _restart_server(server) -> None:
+    server.stop()
+    server.start()
+
+
+@pytest.mark.parametrize("store", ["postgresql", "server"])
+def test_two_drivers_a_kill_and_a_restart_lose_nothing(store, postgres, mlflow_server, reference, tmp_path):
+    """Two studies at once on one store; driver A is killed (SIGKILL) after its first checkpoint, then the
+    store restarts while B trains; B ends (exit 0, or exit 4 with one line: then rerun), A is rerun."""
+    if store == "postgresql":
+        base = {**postgres.env, "DB": f"team_{os.getpid()}"}
+        uri = postgres.createdb(base["DB"])
+        command, restart = "run_database", lambda: _restart_postgres(postgres)
+    else:
+        base, uri = mlflow_server.env, mlflow_server.uri
+        command, restart = "run_server", lambda: _restart_server(mlflow_server)
+    a = run_env(tmp_path, f"team-{store}-a", base)
+    b = run_env(tmp_path, f"team-{store}-b", base)
+    if store == "server":  # B's experiment as lsbench made it before: its artifacts on the driver's disk
+        from mlflow.tracking import MlflowClient
+
+        location = (Path(b["RUNS"]) / "artifacts" / b["NAME"]).as_uri()
+        MlflowClient(tracking_uri=uri).create_experiment(b["NAME"], artifact_location=location)
+    pa = start_run(command, a, tmp_path / "a.log")
+    pb = start_run(command, b, tmp_path / "b.log")
+    wait_checkpoint(a, pa)
+    os.killpg(pa.pid, signal.SIGKILL)
+    pa.wait(timeout=60)
+    wait_checkpoint(b, pb)
+    restart()
+    rc, err = finish(pb)
+    if rc != 0:  # the store was away longer than the client retries: one line, and the rerun continues
+        _one_line_store_error(rc, err)
+        rc, err = finish(start_run(command, b, tmp_path / "b2.log"))
+        assert rc == 0, err[-3000:]
+    rc, err = finish(start_run(command, a, tmp_path / "a2.log"))
+    assert rc == 0, err[-3000:]
+    for env in (a, b):
+        assert_same_history(history(uri, env["NAME"]), reference["history"])
+    # a report from a second folder is the first one's
+    report = "report_database" if store == "postgresql" else "report_server"
+    for env in (a, b):  # B's store made by the earlier code reports too
+        one, two = (_report(report, env, tmp_path / env["NAME"] / d) for d in ("one", "two"))
+        assert one.returncode == 0 and two.returncode == 0, one.stderr[-2000:] + two.stderr[-2000:]
+        md = [(tmp_path / env["NAME"] / d / f"{env['NAME']}.md").read_text() for d in ("one", "two")]
+        assert md[0] == md[1] and "underflow-rate heatmap" in md[0]
