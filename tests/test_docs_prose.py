@@ -29,7 +29,8 @@ PROCESS_TALK = re.compile(
     r"issue [0-9]+|\bitem [0-9]+\b|deliver [0-9]|(this|that|next|last|previous|earlier|first|second|third|"
     r"fourth|fifth|sixth|seventh|eighth|ninth|tenth) session|helpers'|\bthis turn\b"
     # the people and tools that did the work, and the notes they worked from
-    r"|(?<!User-)\bagents?\b|device tool|\bthe issue\b|\bissue-[0-9]+|\bthe brief\b|\bthat day's\b"
+    # (a hyphen on either side leaves the word alone: Ray's flags such as ``--dashboard-agent-listen-port``)
+    r"|(?<!User-)(?<!-)\bagents?\b(?!-)|device tool|\bthe issue\b|\bissue-[0-9]+|\bthe brief\b|\bthat day's\b"
     # "seed" for the published study and its code, which a page about random seeds cannot tell apart
     r"|(?<![-\w])seeds?(?:'s|s'|')? (?:study|studies|tables?|recipes?|code|paper|documents?|repo|repository|"
     r"project|tutorial|file|references?|row labels|ssd recipe|trains|published)\b|\bseeds? ran (?:it\b|`)"
