@@ -1,5 +1,6 @@
-"""Detector builders; see ``ssd.py``."""
+"""Detector builders (``ssd.py``: the SSDs) and :func:`build_model`, which builds any name a study may use
+(``build.py``; the names and options are described in ``lossscale_bench/study/models/``)."""
 
-from .ssd import BUILDERS, build_model
+from .build import build_model, builder_of, detector_problem
 
-__all__ = ["BUILDERS", "build_model"]
+__all__ = ["build_model", "builder_of", "detector_problem"]
