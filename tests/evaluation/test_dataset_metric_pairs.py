@@ -9,11 +9,12 @@ import pytest
 import torch
 
 from helpers import coco_from_synthetic, kangaroo_root, study_yaml
-from lossscale_bench.core.registry import DATASET_NAMES, EVAL_METRICS
+from lossscale_bench.core.registry import EVAL_METRICS
 from lossscale_bench.data.voc import make_tiny_voc
 from lossscale_bench.engine.sink import MemorySink
 from lossscale_bench.evaluation.coco import evaluate_detections, ground_truth_from_targets
 from lossscale_bench.study import load_study_text
+from lossscale_bench.study.datasets import DATASET_NAMES
 from lossscale_bench.trial import run_trial
 
 KANGAROO, WHY = kangaroo_root()
