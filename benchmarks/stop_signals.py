@@ -105,9 +105,7 @@ def main() -> int:
     t0 = time.time()
     with ThreadPoolExecutor(args.parallel) as pool:
         results = list(pool.map(one, cases))
-    held = [
-        r["rc"] == (130 if r["signal"] == "SIGINT" else 143) and "RUNNING" not in r["statuses"] for r in results
-    ]
+    held = [r["rc"] == (130 if r["signal"] == "SIGINT" else 143) and "RUNNING" not in r["statuses"] for r in results]
     rcs = Counter((r["signal"], r["rc"]) for r in results)
     running = sum(r["statuses"].count("RUNNING") for r in results)
     print(f"{sum(held)} of {n} signals held; exit codes {dict(sorted(rcs.items()))}; RUNNING runs left: {running}; ")
