@@ -35,7 +35,9 @@ def seed_looks(tracking_uri: str, study: str) -> tuple[str, list[str]] | None:
         f"Plan: {tags.get(f'{SEEDS_TAG}plan', '?')}. Method: {tags[f'{SEEDS_TAG}method']}; alpha 0.05 for a "
         "false difference and for a false equivalence, per pair. The tables' fixed-n tests of all the seeds do "
         "not account for the looks; these verdicts do (looks: how many times the pair was judged, n: its seeds "
-        "at the last)."
+        "at the last). Their error rates assume roughly normal per-seed differences: a look whose differences "
+        "Shapiro–Wilk flags (p < 0.05) decides nothing. A decision is final; equivalence is per pair (Holm "
+        "controls only the family's false differences)."
     )
     maxes = [m for m in tags.get(f"{SEEDS_TAG}maxes", "").split(",") if m]
     if len(maxes) > 1:

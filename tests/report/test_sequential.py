@@ -172,3 +172,19 @@ def test_pocock_spending_holds_the_same_rates(sd):
     kw = {"sizes": sizes, "maximum": 18, "margin": MARGIN, "reps": REPS, "alpha": ALPHA, "spending": "pocock"}
     assert simulate(0.0, sd, seed=11, **kw)["different"] <= ALPHA + MC
     assert simulate(MARGIN, sd, seed=12, **kw)["equivalent"] <= ALPHA + MC
+
+
+def test_the_normality_check_holds_decisions_on_skewed_differences_and_keeps_the_rates_on_normal_ones():
+    # a look whose differences Shapiro-Wilk flags decides nothing (run_rule's held): under lognormal-shaped
+    # differences (most seeds close, now and then one much worse) it lowers the false differences the plain rule
+    # makes (measured in the reports guide: 0.120 -> 0.084 at sd 1.7, 4,000 comparisons), and under normal ones
+    # it keeps the plan's rate
+    sizes = look_sizes(3, 3, 18)
+    kw = {"sizes": sizes, "maximum": 18, "margin": MARGIN, "reps": 2000, "alpha": ALPHA}
+    mc = 3 * math.sqrt(ALPHA * (1 - ALPHA) / 2000)
+    plain = simulate(0.0, 1.7, seed=21, shape="lognormal", **kw)
+    checked = simulate(0.0, 1.7, seed=21, shape="lognormal", check=True, **kw)
+    assert checked["different"] < plain["different"] and plain["different"] > ALPHA + mc
+    assert simulate(0.0, 1.7, seed=22, shape="normal", check=True, **kw)["different"] <= ALPHA + mc
+    held = run_rule([[0.0, 0.1, -0.1, 0.0, 0.05, -0.05]], [3, 6], 1.0, [4.3, 2.6], [2.9, 2.0], held=[[True, False]])
+    assert held[0].tolist() == [2] and held[1].tolist() == [6]  # equivalent at look 1 held: decided at look 2
