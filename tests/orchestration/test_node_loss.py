@@ -31,6 +31,7 @@ def cluster(tmp_path):
     c = servers.RayCluster(tmp_path / "ray")
     try:
         c.start_head()
+        c.wait_nodes(1)  # a worker started before the head's GCS is up fails to join (seen: InvalidAuthToken)
         c.add_worker()
         c.add_worker()
         c.wait_nodes(3)
@@ -92,6 +93,7 @@ def test_head_node_lost_the_driver_stops_with_one_line_and_a_new_cluster_continu
     fresh = servers.RayCluster(tmp_path / "ray2")
     try:
         fresh.start_head()
+        fresh.wait_nodes(1)
         fresh.add_worker()
         fresh.wait_nodes(2)
         rc, err = finish(start_run("run_cluster", {**env, "RAY_PORT": str(fresh.port)}, tmp_path / "rerun.log"))
