@@ -389,7 +389,7 @@ def mlflow_server(postgres, tmp_path_factory):
 
 # ------------------------------------------------------------------------------------------------ the team study
 #: what the tests add to the page's `lsbench run` lines: one trial at a time in the driver (no Ray to start:
-#: the Ray cluster is tests/orchestration/test_node_loss.py's), no report at the end, no progress lines
+#: the store is what these tests are about), no report at the end, no progress lines
 TEST_FLAGS = ["--executor", "local", "--no-report", "--quiet"]
 #: metrics that depend on the machine's speed and memory, not on the training
 MACHINE_METRICS = ("images_per_sec", "host_")

@@ -3,8 +3,8 @@
 Why: when the head node of a cluster joined with ``--address`` dies, Ray's own client in the driver
 waits 60 s for its GCS (the head's control store) and then ends the process from C++ (exit 1, a
 log line about ``gcs_server.out``), with the study's MLflow runs left RUNNING. Measured with a head and
-a worker started by ``ray start`` on one machine (tests/orchestration/test_node_loss.py): exit 1 after
-61 s. :class:`HeadWatch` probes the GCS port from a thread and, once it has not answered for
+a worker started by ``ray start`` on one machine (the commands of docs/guide/team-setup.md): exit 1
+after 61 s. :class:`HeadWatch` probes the GCS port from a thread and, once it has not answered for
 :data:`LOST_AFTER_S`, closes the study's open runs as after a stop signal (KILLED, ``interrupted``:
 the next run resumes them) and ends the process with one ``lsbench: error:`` line, exit 4. The same
 command against a new cluster continues the study.

@@ -1,6 +1,6 @@
 """The head watch (``orchestration.head_watch``) on a real socket: a head that stops answering ends the study
 with the open runs closed, one line and exit 4; one that answers is left alone.
-(The real head loss, a ``ray start`` cluster's head killed mid-study: tests/orchestration/test_node_loss.py.)"""
+The socket stands for the head's GCS port, which is what the watch probes."""
 
 from __future__ import annotations
 
