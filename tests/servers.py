@@ -328,7 +328,7 @@ class RayCluster:
         raise RuntimeError(f"Ray cluster at {self.address}: not {alive} nodes alive after {timeout} s ({seen})")
 
     def kill_node(self, proc: subprocess.Popen) -> list[int]:
-        """SIGKILL one node: its ``ray start``, raylet and agents (one process group) and its workers
+        """SIGKILL one node: its ``ray start``, raylet and its side processes (one process group) and its workers
         (the raylet's children, each in a session of its own); returns the pids killed."""
         pids = descendants(proc.pid)
         for pid in pids:
