@@ -5,7 +5,17 @@ so the sets of allowed names live here and the implementing modules check
 themselves against them in the tests.
 """
 
-MODEL_NAMES = ("ssd_tiny", "ssd300_vgg16", "ssd512_vgg16", "ssd300_resnet34", "ssd300_resnet50")
+MODEL_NAMES = (
+    "ssd_tiny",
+    "ssd300_vgg16",
+    "ssd512_vgg16",
+    "ssd300_resnet34",
+    "ssd300_resnet50",
+    # torchvision's one-stage detectors (models/torchvision_detectors.py)
+    "ssdlite320_mobilenet_v3_large",
+    "retinanet_resnet50_fpn_v2",
+    "fcos_resnet50_fpn",
+)
 SCALING_METHODS = ("none", "fixed", "dynamic", "adaptive", "layerwise_dynamic", "amax", "saturation")
 DYNAMIC_STYLES = ("chainer", "torch", "deepspeed")
 AMAX_RECIPES = ("current", "delayed")

@@ -423,10 +423,11 @@ BUILDERS: dict[str, Callable[..., SSD]] = {
     "ssd300_resnet34": ssd300_resnet34,
     "ssd300_resnet50": ssd300_resnet50,
 }
-assert tuple(BUILDERS) == MODEL_NAMES
+# models/__init__.py adds torchvision's one-stage detectors (models/torchvision_detectors.py imports
+# this module's weight loading) and checks the names against MODEL_NAMES
 
 
-def build_model(name: str, num_classes: int, batched_loss: bool | None = None, **options) -> SSD:
+def build_model(name: str, num_classes: int, batched_loss: bool | None = None, **options) -> nn.Module:
     """Build a detector by registry name; ``options`` are the study's ``model_options``.
 
     ``batched_loss``: true matches anchors and computes the multibox loss over the whole batch
@@ -438,7 +439,7 @@ def build_model(name: str, num_classes: int, batched_loss: bool | None = None, *
     if name not in BUILDERS:
         raise ValueError(f"unknown model {name!r}; allowed: {', '.join(MODEL_NAMES)}")
     model = BUILDERS[name](num_classes, **options)
-    if batched_loss:
+    if batched_loss and type(model) is SSD:  # the multibox loss; RetinaNet/FCOS keep their own
         from .multibox_loss import BatchedLossSSD
 
         model.__class__ = BatchedLossSSD

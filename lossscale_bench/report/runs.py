@@ -59,6 +59,9 @@ MODEL_NAMES: dict[str, str] = {
     "ssd_tiny": "SSD-tiny",
     "ssd300_resnet34": "SSD300-R34",
     "ssd300_resnet50": "SSD300-R50",
+    "ssdlite320_mobilenet_v3_large": "SSDlite320-MobileNetV3",
+    "retinanet_resnet50_fpn_v2": "RetinaNet-R50-FPN v2",
+    "fcos_resnet50_fpn": "FCOS-R50-FPN",
 }
 
 EMULATED_SUFFIX = "-emulated"  # any precision named so is a CPU emulation, marked † in tables
