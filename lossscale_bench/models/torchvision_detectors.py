@@ -22,8 +22,8 @@ from __future__ import annotations
 from functools import partial
 
 from torch import nn
-from torchvision.models import mobilenet_v3_large
 from torchvision.models import detection as tv_detection
+from torchvision.models import mobilenet_v3_large
 from torchvision.models.detection import _utils as det_utils
 from torchvision.models.detection.anchor_utils import DefaultBoxGenerator
 from torchvision.models.detection.fcos import FCOS
@@ -43,12 +43,7 @@ __all__ = [
 
 
 def ssdlite320_mobilenet_v3_large(
-    num_classes: int,
-    *,
-    image_size: int = 320,
-    backbone_weights: str | None = None,
-    width_mult: float = 1.0,
-    **kw,
+    num_classes: int, *, image_size: int = 320, backbone_weights: str | None = None, width_mult: float = 1.0, **kw
 ) -> SSD:
     """torchvision's SSDlite320 (MobileNetV3-Large, depthwise convolutions, BatchNorm), built as
     ``ssdlite320_mobilenet_v3_large`` builds it, at ``image_size`` pixels and ``width_mult`` channels.
@@ -120,13 +115,12 @@ def retinanet_resnet50_fpn_v2(
 ) -> RetinaNet:
     """torchvision's RetinaNet v2: ResNet-50 with BatchNorm, FPN P3-P7, GroupNorm heads, sigmoid focal
     loss and GIoU box loss, trained at ``image_size`` (torchvision's ``min_size``/``max_size``)."""
-    return _one_stage(tv_detection.retinanet_resnet50_fpn_v2, RetinaNetLabels, num_classes, image_size, backbone_weights, kw)
+    return _one_stage(
+        tv_detection.retinanet_resnet50_fpn_v2, RetinaNetLabels, num_classes, image_size, backbone_weights, kw
+    )
 
 
-def fcos_resnet50_fpn(
-    num_classes: int, *, image_size: int = 800, backbone_weights: str | None = None, **kw
-) -> FCOS:
+def fcos_resnet50_fpn(num_classes: int, *, image_size: int = 800, backbone_weights: str | None = None, **kw) -> FCOS:
     """torchvision's FCOS: ResNet-50 with BatchNorm, FPN P3-P7, GroupNorm heads, sigmoid focal loss,
     GIoU box loss and centre-ness, anchor-free, trained at ``image_size``."""
     return _one_stage(tv_detection.fcos_resnet50_fpn, FCOSLabels, num_classes, image_size, backbone_weights, kw)
-

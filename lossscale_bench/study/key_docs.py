@@ -53,7 +53,7 @@ KEY_DOCS: dict[str, str] = {
     "resources.backend": "The device: cpu, cuda, xla (TPU), hpu (Gaudi), or auto (the best one present).",
     "resources.devices_per_trial": "Devices per trial (data parallel); batch sizes must divide by it.",
     "resources.cpus_per_trial": "CPUs Ray reserves for each trial.",
-    "model_options.image_size": "Input size in pixels (not given: the model's own, 300 or 512; ssd_tiny 128).",
+    "model_options.image_size": "Input size in pixels (not given: the model's own: SSDs 300 or 512, ssd_tiny 128, SSDlite 320, RetinaNet/FCOS 800).",
     "model_options.width": "ssd_tiny only: its channel width (not given: the model's default, 16).",
     "model_options.backbone_weights": "Backbone weights file (lsbench weights convert); relative to the study file.",
     "divergence.patience": "Consecutive steps with a non-finite loss after which a trial counts as diverged.",

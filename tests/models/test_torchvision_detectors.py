@@ -62,9 +62,9 @@ def test_sigmoid_detectors_never_return_the_background_label(name):
     model = build_model(name, num_classes=4, image_size=64)
     assert type(model) in (RetinaNetLabels, FCOSLabels)
     with torch.no_grad():
-        model.head.classification_head.cls_logits.bias.copy_(torch.tensor([8.0, -8.0, -8.0, -8.0]).repeat(
-            model.head.classification_head.num_anchors
-        ))
+        model.head.classification_head.cls_logits.bias.copy_(
+            torch.tensor([8.0, -8.0, -8.0, -8.0]).repeat(model.head.classification_head.num_anchors)
+        )
     model.eval()
     images, _ = random_detection_batch(1, 64)
     plain = type(model).__mro__[2]  # torchvision's class: same module, its postprocessing
@@ -147,3 +147,60 @@ def test_forced_power_of_two_layer_scales_are_exact(name):
         got = model.get_parameter(k).grad
         assert float((got - r).norm() / r.norm().clamp_min(1e-30)) <= 1e-5, k
     scaler.remove()
+
+
+# ---------------------------------------------------------------------------
+# through `lsbench run`: every scaling method on each detector, E4M3 everywhere, per-layer telemetry
+METHODS = (
+    "{method: none, label: m-none}",
+    "{method: fixed, scale: 128, label: m-fixed}",
+    "{method: dynamic, style: torch, label: m-dynamic}",
+    "{method: adaptive, label: m-adaptive}",
+    "{method: layerwise_dynamic, label: m-layerwise}",
+    "{method: amax, recipe: current, margin: 1, label: m-amax}",
+    "{method: saturation, init_scale: 65536, interval: 50, label: m-saturation}",
+)
+
+
+def test_the_rows_cover_every_scaling_method():
+    from lossscale_bench.core.registry import SCALING_METHODS
+
+    assert {e.split(",")[0].split(": ")[1] for e in METHODS} == set(SCALING_METHODS)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", NAMES)
+def test_every_method_trains_through_lsbench_run(tmp_path, name):
+    from helpers import lsbench, study_yaml
+
+    study = tmp_path / "s.yaml"
+    study.write_text(
+        study_yaml(
+            name="tvdet",
+            dataset={"name": "synthetic", "train_images": 4, "val_images": 2, "image_size": 64, "seed": 0},
+            model=name,
+            model_options={"image_size": 64},
+            batch_size=2,
+            precision="fp8-e4m3-emulated",
+            scaling=list(METHODS),
+            schedule={"iterations": 2, "lr": 0.01, "warmup_iterations": 1},
+            log_every=1,
+        )
+    )
+    runs = ["--runs-dir", str(tmp_path / "runs")]
+    r = lsbench("run", study, *runs, "--executor", "local", "--no-report", "--quiet", timeout=1800)
+    assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-3000:])
+    assert "7 finished, 0 diverged, 0 failed" in r.stdout, r.stdout[-2000:]
+    r = lsbench("report", *runs, "--study", "tvdet", "--telemetry", timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    lines = r.stdout.splitlines()
+    head = next(ln for ln in lines if ln.startswith("| row"))
+    cols = [c.strip() for c in head.split("|")[2:-1]]
+    rows = {ln.split("|")[1].strip(): [c.strip() for c in ln.split("|")[2:-1]] for ln in lines if "| m-" in ln}
+    assert set(rows) == {e.split("label: ")[1].rstrip("}") for e in METHODS}, r.stdout
+    layer_scale = cols.index("layer scale log2, median (last)")
+    for per_layer in ("m-adaptive", "m-layerwise", "m-amax"):  # the per-layer scalers' scales are shown
+        float(rows[per_layer][layer_scale])
+    assert rows["m-fixed"][layer_scale] == "–"
+    flushed = cols.index("flushed (act. grads)")
+    assert all(rows[k][flushed].endswith("%") for k in rows)  # the activation-gradient census ran
