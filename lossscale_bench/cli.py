@@ -14,6 +14,7 @@ import os
 import sys
 from pathlib import Path
 
+from .cli_plugins import register as register_plugins_parser
 from .cli_report import report_parser
 from .core.exit_codes import (
     EXIT_OK,
@@ -35,6 +36,7 @@ def embedded_study() -> Path:
 # so classifying an error never imports torch (a bad study file fails in a fraction of a second).
 USER_ERRORS = (
     ("lossscale_bench.study", "StudyError"),
+    ("lossscale_bench.core.plugins", "PluginError"),
     ("lossscale_bench.data.coco", "DataNotFound"),
     ("lossscale_bench.backends.base", "BackendUnavailable"),
     ("lossscale_bench.models.ssd", "WeightsError"),
@@ -193,6 +195,10 @@ def _cannot_start(study, args) -> bool:
     if problems:
         return True
     check_paths(study)  # missing data or weights: one line now, not a failed trial each after Ray started
+    from .cli_plugins import plugin_model_problems, print_problems
+
+    if print_problems(plugin_model_problems(study)):  # a plug-in that is no detector: before any run is opened
+        return True
     if not args.no_report:  # written after the last trial: found unwritable now, not after hours of training
         from .core.writable import folder_problem
 
@@ -354,6 +360,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.set_defaults(func=cmd_validate)
 
     report_parser(sub, _store_args)
+    register_plugins_parser(sub)
 
     # Listed for --help; main() hands `lsbench data ...` to data/download.py before parsing.
     sub.add_parser("data", help="download, verify and extract VOC or COCO: lsbench data {voc,coco} --root DIR")

@@ -1,13 +1,15 @@
-"""The recipe page (docs/development/extending.md, linked from the README), done as written: a new
-per-layer method and a new precision in a copy of the package, run through ``lsbench run`` and
-``lsbench report --telemetry``.
+"""The recipe page (docs/development/extending.md), done as written, both ways: a model, a data set, a
+per-layer method and a precision added to a copy of the package, and the same four in a separate
+package found through its ``.dist-info`` folder; each trained through ``lsbench run`` and read back
+with ``lsbench report --telemetry``.
 
-Why a copy and the page's own code blocks: the claim is that a method is its scaler file, its
-entry and its registry name, and a precision its table entry and its registry name, with no other
-edit. The test makes exactly those edits (the files are the page's blocks, verbatim; the names are
-appended to the registry's tuples) in a copy of ``lossscale_bench`` and runs the real CLI on it in a
-fresh interpreter, so a recipe that misses a step, or code that still names the shipped methods or
-precisions somewhere, fails here. The copy is deleted with ``tmp_path``.
+Why the page's own code blocks: the claim is that a plug-in is its description (and its code) with no
+other edit: in the package, no list of names to extend; outside it, no edit to the package at all. The
+test writes exactly the page's blocks (the first line of each names its file) and runs the real CLI
+in a fresh interpreter, so a recipe that misses a step, or code that still names the shipped plug-ins
+somewhere, fails here. The separate package is "installed" the way an installer leaves it: its
+``pyproject.toml`` entry points become the ``entry_points.txt`` of a ``mylsb-0.1.dist-info`` folder on
+``PYTHONPATH``, which ``importlib.metadata`` reads (FIELD-NOTES "Servers, plug-ins, Lightning").
 """
 
 from __future__ import annotations
@@ -20,91 +22,121 @@ import sys
 from pathlib import Path
 
 import pytest
+import tomllib
 
 from helpers import study_yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "docs" / "development" / "extending.md"
+#: the four plug-ins the page adds, each way
+NAMES = {"model": "ssd_mini", "dataset": "shapes", "method": "static_pow2", "precision": "e5m2-grads-emulated"}
 
 
 def _recipe_blocks() -> list[tuple[str, str]]:
-    """(path, code) of every python block of the recipe page; ``path`` is its first line's comment."""
-    section = RECIPE.read_text()
+    """(path, code) of every code block of the recipe page; ``path`` is its first line's comment."""
     blocks = []
-    for block in re.findall(r"```python\n(.*?)```", section, flags=re.S):
+    for block in re.findall(r"```(?:python|toml)\n(.*?)```", RECIPE.read_text(), flags=re.S):
         lines = [line[3:] if line.startswith("   ") else line for line in block.splitlines()]  # list indent
         first, body = lines[0], "\n".join(lines[1:]) + "\n"
-        assert first.startswith("# lossscale_bench/"), first
+        assert first.startswith("# "), first
         blocks.append((first[2:].split(":")[0].strip(), body))
     return blocks
 
 
-def _append_name(registry: Path, tuple_name: str, name: str) -> None:
-    """Step "its name, appended to <tuple> in lossscale_bench/core/registry.py"."""
-    text = registry.read_text()
-    # one line or one name a line (the formatter's layout, with a trailing comma): the name goes last
-    new, n = re.subn(rf"^({tuple_name} = \(.*?)\s*,?\s*\)", rf'\1, "{name}")', text, count=1, flags=re.M | re.S)
-    assert n == 1, tuple_name
-    registry.write_text(new)
+def _insert(target: Path, marker: str, code: str) -> None:
+    """One more entry of a table or one more class of a module: ``code`` put before ``marker``."""
+    text = target.read_text()
+    assert marker in text, (target, marker)
+    target.write_text(text.replace(marker, code + marker, 1))
 
 
-def _extended_package(where: Path) -> tuple[str, str]:
-    """A copy of the package under ``where`` with the recipe's method and precision; their names."""
-    pkg = where / "lossscale_bench"
-    shutil.copytree(ROOT / "lossscale_bench", pkg, ignore=shutil.ignore_patterns("__pycache__"))
-    method = precision = None
+def _extended_package(where: Path) -> None:
+    """A copy of the package under ``where`` with the page's in-package blocks."""
+    shutil.copytree(ROOT / "lossscale_bench", where / "lossscale_bench", ignore=shutil.ignore_patterns("__pycache__"))
+    written = 0
     for path, code in _recipe_blocks():
+        if not path.startswith("lossscale_bench/"):
+            continue
         target = where / path
         if path.endswith("study/precisions.py"):  # one more PrecisionSpec in the table
-            precision = re.search(r'PrecisionSpec\("([^"]+)"', code).group(1)
-            text = target.read_text()
-            assert "_SPECS = (\n" in text
-            target.write_text(text.replace("_SPECS = (\n", "_SPECS = (\n" + code, 1))
+            _insert(target, "_SPECS = (\n", "")
+            target.write_text(target.read_text().replace("_SPECS = (\n", "_SPECS = (\n" + code, 1))
+        elif path.endswith("study/datasets.py"):  # one more class, above `def _loaded`
+            _insert(target, 'plugins.DESCRIBERS["dataset"] = _describe_entry_point\n', code + "\n\n")
         else:  # a new module
             assert not target.exists(), path
             target.write_text(code)
-            if "/study/methods/" in path:
-                method = re.search(r'method: Literal\["([^"]+)"\]', code).group(1)
-    assert method and precision, "the recipe shows a method and a precision"
-    _append_name(pkg / "core/registry.py", "SCALING_METHODS", method)
-    _append_name(pkg / "core/registry.py", "PRECISIONS", precision)
-    return method, precision
+        written += 1
+    assert written == 7, "the page shows a model (2 files), a data set (2), a method (2) and a precision (1)"
 
 
-def _lsbench(where: Path, *args) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(where / "pkg"), os.environ.get("PYTHONPATH", "")])}
+def _separate_package(where: Path) -> None:
+    """The page's separate package under ``where``, with the dist-info an installer would write."""
+    project = None
+    for path, code in _recipe_blocks():
+        if path == "pyproject.toml":
+            project = tomllib.loads(code)["project"]
+        elif not path.startswith("lossscale_bench/"):
+            (where / path).parent.mkdir(parents=True, exist_ok=True)
+            (where / path).write_text(code)
+    (where / "mylsb" / "__init__.py").touch()
+    info = where / f"{project['name']}-{project['version']}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {project['name']}\nVersion: {project['version']}\n")
+    (info / "entry_points.txt").write_text(
+        "".join(
+            f"[{group}]\n" + "".join(f"{k} = {v}\n" for k, v in eps.items()) + "\n"
+            for group, eps in project["entry-points"].items()
+        )
+    )
+
+
+def _lsbench(where: Path, path: Path, *args) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(path), os.environ.get("PYTHONPATH", "")])}
     return subprocess.run(
         [sys.executable, "-m", "lossscale_bench.cli", *map(str, args)],
         cwd=where,
         env=env,
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=900,
     )
 
 
-@pytest.mark.slow
-def test_the_readme_recipe_gives_a_working_method_and_precision(tmp_path):
-    (tmp_path / "pkg").mkdir()
-    method, precision = _extended_package(tmp_path / "pkg")
+def _study(tmp_path: Path) -> Path:
     study = tmp_path / "ext.yaml"
     study.write_text(
         study_yaml(
             name="ext",
-            precision=precision,
+            dataset="{name: shapes, images: 8}",
+            model=NAMES["model"],
+            model_options=None,
+            batch_size=2,
+            precision=NAMES["precision"],
             log_every=2,
             schedule={"iterations": 4, "lr": 0.01, "warmup_iterations": 2},
-            scaling=[f"{{method: {method}, exponent: 8}}", "{method: fixed, scale: 128}"],
+            scaling=[f"{{method: {NAMES['method']}, exponent: 8}}", "{method: fixed, scale: 128}"],
         )
     )
-    r = _lsbench(tmp_path, "run", study, "--executor", "local", "--runs-dir", "runs", "--quiet")
+    return study
+
+
+def _run_and_report(tmp_path: Path, path: Path) -> None:
+    """The four plug-ins validate, train and report with the layer scales of the new method."""
+    study = _study(tmp_path)
+    r = _lsbench(tmp_path, path, "validate", study)
+    assert r.returncode == 0, r.stderr[-3000:]
+    r = _lsbench(tmp_path, path, "run", study, "--executor", "local", "--runs-dir", "runs", "--quiet")
     assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-3000:])
     assert "2 finished" in r.stdout, r.stdout[-2000:]
     assert "static 2^8 per layer" in r.stdout  # the entry's label in the report
-    assert "gradients rounded to float8 E5M2" in r.stdout  # the precision's note under its table
+    assert f"† {NAMES['precision']}: these numbers come from a CPU emulation" in r.stdout  # its table entry's note
+    assert "static 2^8 per layer †" in r.stdout  # an emulation, marked from its table entry (never from its name)
+    assert "SSD-mini" in r.stdout or "ssd_mini" in r.stdout  # the model's name in the table heading
 
-    r = _lsbench(tmp_path, "report", "--runs-dir", "runs", "--study", "ext", "--telemetry")
+    r = _lsbench(tmp_path, path, "report", "--runs-dir", "runs", "--study", "ext", "--telemetry")
     assert r.returncode == 0, r.stderr[-3000:]
+    precision = NAMES["precision"]
     rows = {
         line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
         for line in r.stdout.splitlines()
@@ -115,3 +147,32 @@ def test_the_readme_recipe_gives_a_working_method_and_precision(tmp_path):
     assert rows["static 2^8 per layer"][col] == "8", r.stdout  # every point at 2^8, from the method's metrics
     assert rows["loss scale (128)"][col] == "–"  # a global method has no layer scales
     assert rows["static 2^8 per layer"][0] == precision
+
+
+@pytest.mark.slow
+def test_the_recipe_in_the_package(tmp_path):
+    (tmp_path / "pkg").mkdir()
+    _extended_package(tmp_path / "pkg")
+    _run_and_report(tmp_path, tmp_path / "pkg")
+    r = _lsbench(tmp_path, tmp_path / "pkg", "plugins")
+    for name in NAMES.values():
+        assert re.search(rf"^  {re.escape(name)}\s+built in$", r.stdout, flags=re.M), r.stdout
+
+
+@pytest.mark.slow
+def test_the_recipe_as_a_separate_package(tmp_path):
+    (tmp_path / "site").mkdir()
+    _separate_package(tmp_path / "site")
+    _run_and_report(tmp_path, tmp_path / "site")
+    r = _lsbench(tmp_path, tmp_path / "site", "plugins")
+    assert r.returncode == 0, r.stderr[-2000:]
+    for kind, name in NAMES.items():
+        group = f"lossscale_bench.{kind}s"
+        assert re.search(rf"^  {re.escape(name)}\s+entry point {group} of mylsb 0.1  sha256:\w+$", r.stdout, re.M), (
+            r.stdout
+        )
+
+
+def test_the_page_says_how_to_regenerate_the_reference():
+    text = RECIPE.read_text()
+    assert "python tools/gen_reference.py" in text and "--check" in text

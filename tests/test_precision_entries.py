@@ -1,7 +1,7 @@
 """Every registered precision rounds to the formats its entry names, and its words name the same ones.
 
-Why: a precision is one table entry (``study/precisions.py``) and its name in ``registry.PRECISIONS``
-(README "Adding a method or a precision"). An entry that names E4M3 gradients where E5M2 was meant
+Why: a precision is one table entry (``study/precisions.py``), registered with it
+(docs/development/extending.md). An entry that names E4M3 gradients where E5M2 was meant
 (its name and note saying E5M2) trains, logs and reports like a correct one, so the trial tests
 cannot tell. For each registered precision (from the registry: a new entry is covered with no edit
 here):
@@ -31,8 +31,7 @@ import pytest
 import torch
 from torch import nn
 
-from lossscale_bench.core import registry
-from lossscale_bench.study.precisions import PRECISION_SPECS, PrecisionSpec
+from lossscale_bench.study.precisions import PRECISION_NAMES, PRECISION_SPECS, PrecisionSpec
 
 E2M1_GRID = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
 #: relative slack of NVFP4's dequantised values against their block scale: the definition divides by
@@ -254,12 +253,12 @@ def landing_problems(name: str, formats: dict[str, str] | None = None) -> list[s
     return problems
 
 
-@pytest.mark.parametrize("name", registry.PRECISIONS)
+@pytest.mark.parametrize("name", PRECISION_NAMES)
 def test_every_precision_says_what_its_fields_name(name):
     assert word_problems(PRECISION_SPECS[name]) == [], name
 
 
-@pytest.mark.parametrize("name", registry.PRECISIONS)
+@pytest.mark.parametrize("name", PRECISION_NAMES)
 def test_every_precision_lands_on_the_formats_its_entry_names(name):
     from lossscale_bench.precision import get_precision
 
@@ -271,8 +270,7 @@ def test_every_precision_lands_on_the_formats_its_entry_names(name):
 
 
 def _register(monkeypatch, spec: PrecisionSpec) -> None:
-    """``spec`` as a registered precision for one test: its table entry and its name in the registry."""
-    monkeypatch.setattr(registry, "PRECISIONS", (*registry.PRECISIONS, spec.name))
+    """``spec`` as a registered precision for one test: its table entry, as the runtime reads it."""
     monkeypatch.setitem(PRECISION_SPECS, spec.name, spec)
 
 
@@ -357,3 +355,29 @@ def test_the_references_tell_the_formats_apart():
     tiles = torch.cat([block.repeat(16, 1) * 0.37, block.repeat(16, 1) * 0.11], 1)  # two 16x16 tiles
     rows = block.repeat(16, 1) * torch.tensor([0.37] * 8 + [0.11] * 8).view(16, 1)  # a tile of two scales
     assert not BAD["nvfp4-w16x16"](tiles) and BAD["nvfp4-w16x16"](rows) == 13 * 16 and not BAD["nvfp4"](rows)
+
+
+@pytest.mark.parametrize(
+    "name, fields, says",
+    [
+        ("e5m2fwd-e4m3grad-emulated", {"forward_format": "e4m3", "grad_format": "e5m2"}, "e5m2 forward values"),
+        ("e4m3fwd-e5m2grad-emulated", {"forward_format": "e5m2", "grad_format": "e4m3"}, "e5m2 gradients"),
+        ("e4m3fwd-nvfp4grad-emulated", {"forward_format": "e4m3", "grad_format": "e2m1"}, "nvfp4 gradients"),
+        ("e5m2-grads-emulated", {"grad_format": "e4m3"}, "e5m2 gradients"),
+    ],
+)
+def test_a_name_that_swaps_the_directions_is_refused(name, fields, says):
+    """The set of formats named agrees, the order does not: the table refuses it when it is written
+    (the word check above compares sets, so only this one sees which direction has which format)."""
+    with pytest.raises(ValueError, match=f"its name says {says}"):
+        PrecisionSpec(name, emulated=True, needs_scaler=True, note=f"{name}: e4m3, e5m2", **fields)
+
+
+def test_the_readme_precision_with_its_directions_swapped_is_refused():
+    """The recipe's own entry, renamed as if its directions were the other way round."""
+    with pytest.raises(ValueError, match="its name says"):
+        _readme_entry(
+            lambda code: code.replace('"e5m2-grads-emulated"', '"e4m3fwd-e5m2grad-emulated"').replace(
+                'grad_format="e5m2"', 'forward_format="e5m2", grad_format="e4m3"'
+            )
+        )

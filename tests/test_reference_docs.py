@@ -101,7 +101,9 @@ def test_the_cli_page_has_every_subcommand_and_option(generated):
 
 
 def test_the_names_page_has_every_method_and_precision_with_options(generated):
-    from lossscale_bench.core.registry import MODEL_NAMES, PRECISIONS, SCALING_METHODS
+    from lossscale_bench.study.plugins import names
+
+    MODEL_NAMES, PRECISIONS, SCALING_METHODS = (names(k, entry_points=False) for k in ("model", "precision", "method"))
     from lossscale_bench.study.methods import ENTRIES
     from lossscale_bench.study.precisions import PRECISION_OPTIONS
 

@@ -19,9 +19,11 @@ import math
 import pytest
 
 from helpers import study_yaml
-from lossscale_bench.core.registry import LAYER_SCALE_SUFFIX, PRECISIONS, SCALING_METHODS
+from lossscale_bench.core.registry import LAYER_SCALE_SUFFIX
 from lossscale_bench.study import load_study_text
 from lossscale_bench.study.methods import ENTRIES
+from lossscale_bench.study.methods import METHOD_NAMES as SCALING_METHODS
+from lossscale_bench.study.precisions import PRECISION_NAMES as PRECISIONS
 from lossscale_bench.study.precisions import PRECISION_SPECS
 
 #: the precision the methods are tried in: the first emulated one whose gradients need a loss scale
@@ -75,3 +77,36 @@ def test_every_precision_trains(tmp_path, precision):
     sink = _trial(tmp_path, precision, entry)
     want = 128.0 if PRECISION_SPECS[precision].needs_scaler else 1.0
     assert {v for _, v in sink.history("loss_scale")} == {want}
+
+
+# ------------------------------------------------------------------------------------ every option has a doc
+def undocumented(plugin) -> list[str]:
+    """The options of a registered plug-in without a one-line doc (the reference pages would show "—")."""
+    return [o.name for o in plugin.options if not (o.doc or "").strip()]
+
+
+@pytest.mark.parametrize("kind", ["model", "method", "precision", "dataset"])
+def test_every_option_of_every_plugin_has_a_doc(kind):
+    from lossscale_bench.study import plugins
+
+    missing = {p.name: undocumented(p) for p in plugins.entries(kind) if undocumented(p)}
+    assert not missing, f"options without a doc (a #: comment above the field): {missing}"
+
+
+def test_an_option_without_a_doc_is_caught():
+    """The mistake as the recipe's reader makes it: a new option with no ``#:`` comment above it."""
+    from typing import Literal
+
+    from lossscale_bench.study.fields import number_field
+    from lossscale_bench.study.methods.base import MethodEntry, method_plugin
+
+    class Undocumented(MethodEntry):
+        method: Literal["undocumented"]
+        #: documented
+        alpha: number_field("int", ge=0) = 1  # type: ignore[valid-type]
+        beta: number_field("int", ge=0) = 2  # type: ignore[valid-type]
+        scaler = "lossscale_bench.scaling.fixed:FixedLossScaler"
+
+    plugin = method_plugin(Undocumented)
+    assert plugin.option("alpha").doc == "documented"
+    assert undocumented(plugin) == ["beta"]

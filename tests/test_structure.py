@@ -39,6 +39,7 @@ FLOORS = [
     [
         "cli",
         "cli_report",
+        "cli_plugins",
         "__main__",
         "seed_rounds",
     ],  # lsbench commands; seed_rounds drives the runner and reads the verdicts

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from lossscale_bench.core.registry import BACKEND_NAMES, DATASET_NAMES, MODEL_NAMES, PRECISIONS, SCALING_METHODS
+from lossscale_bench.core.registry import BACKEND_NAMES
 from lossscale_bench.orchestration.placement import placement_text
 from lossscale_bench.study import (
     VOC_CLASSES,
@@ -19,6 +19,11 @@ from lossscale_bench.study import (
     load_study,
     load_study_text,
     trial_table,
+)
+from lossscale_bench.study.plugins import names
+
+MODEL_NAMES, SCALING_METHODS, PRECISIONS, DATASET_NAMES = (
+    names(k) for k in ("model", "method", "precision", "dataset")
 )
 
 DESIGN_EXAMPLE = """\
@@ -158,7 +163,7 @@ MALFORMED = [
     (
         "unknown-model",
         BASE.replace("model: ssd_tiny", "model: [ssd_tiny, ssd1024]"),
-        f"model[1]: unknown model 'ssd1024'; allowed: {', '.join(MODEL_NAMES)}",
+        f"model[1]: unknown model 'ssd1024'; allowed: {', '.join(MODEL_NAMES)} or package.module:callable",
     ),
     (
         "unknown-method",
@@ -694,7 +699,7 @@ def test_trial_id_known_value():
     assert _only(ONE).trial_id == KNOWN_ID
 
 
-# changed on purpose: ssd_tiny version 2 (BatchNorm in the backbone, registry.MODEL_VERSIONS), and the
+# changed on purpose: ssd_tiny version 2 (BatchNorm in the backbone, its entry's version), and the
 # CPU thread count (cpus_per_trial on backend cpu) is part of the identity
 KNOWN_ID = "ssd_tiny-bs8-fp16-emulated-fixed128-s0-2859bb7a"
 
@@ -711,22 +716,20 @@ def test_cpu_thread_count_is_part_of_a_cpu_trials_id():
     )
 
 
-def test_model_version_changes_only_that_models_ids():
+def test_model_version_changes_only_that_models_ids(monkeypatch):
     """A model whose training changed gets new ids; other models keep theirs."""
-    from lossscale_bench import study as study_mod
+    from dataclasses import replace
+
+    from lossscale_bench.core import plugins
 
     tiny = _only(ONE)
     vgg_text = ONE.replace("model: ssd_tiny", "model: ssd300_vgg16")
     vgg = _only(vgg_text)
     assert "model_version" in tiny.identity() and "model_version" not in vgg.identity()
-    old = dict(study_mod.MODEL_VERSIONS)
-    try:
-        study_mod.MODEL_VERSIONS["ssd_tiny"] = old["ssd_tiny"] + 1
-        assert _only(ONE).trial_id != tiny.trial_id
-        assert _only(vgg_text).trial_id == vgg.trial_id
-    finally:
-        study_mod.MODEL_VERSIONS.clear()
-        study_mod.MODEL_VERSIONS.update(old)
+    entry = plugins.entry("model", "ssd_tiny")
+    monkeypatch.setitem(plugins._REGISTERED["model"], "ssd_tiny", replace(entry, version=entry.version + 1))
+    assert _only(ONE).trial_id != tiny.trial_id
+    assert _only(vgg_text).trial_id == vgg.trial_id
 
 
 @pytest.mark.parametrize(

@@ -47,20 +47,18 @@ from lossscale_bench.cli import build_parser
 from lossscale_bench.core import env_vars, exit_codes, logged_names
 from lossscale_bench.core.env_vars import ENV_VARS
 from lossscale_bench.core.logged_names import EXPERIMENT_TAGS, METRICS, TAGS, entry_for
-from lossscale_bench.core.registry import (
-    AMAX_RECIPES,
-    BACKEND_NAMES,
-    DATASET_NAMES,
-    DYNAMIC_STYLES,
-    EVAL_METRICS,
-    MODEL_NAMES,
-    SCALING_METHODS,
-)
+from lossscale_bench.core.registry import AMAX_RECIPES, BACKEND_NAMES, DYNAMIC_STYLES, EVAL_METRICS
 from lossscale_bench.data.download import register as register_data_parser
-from lossscale_bench.study import Study, key_docs
+from lossscale_bench.study import Study, key_docs, plugins
 from lossscale_bench.study.key_docs import KEY_DOCS
 from lossscale_bench.study.methods import ENTRIES, MethodEntry
 from lossscale_bench.study.precisions import PRECISION_OPTIONS, PRECISION_SPECS
+
+#: the package's own plug-ins only: the pages describe the package, not what this machine has installed
+MODEL_NAMES = plugins.names("model", entry_points=False)
+SCALING_METHODS = plugins.names("method", entry_points=False)
+PRECISION_NAMES = plugins.names("precision", entry_points=False)
+DATASET_NAMES = plugins.names("dataset", entry_points=False)
 
 # -------------------------------------------------------------------------------------------------------
 
@@ -159,9 +157,23 @@ def field_rows(cls, prefix: str, keys: list[str] | None = None, skip=(), doc_pre
             allowed = f"see [{prefix}{name}](#{anchor(prefix + name)})"
         key = (prefix if doc_prefix is None else doc_prefix) + name
         USED_KEY_DOCS.add(key)
-        text = docs.get(name) or KEY_DOCS.get(key) or (PRECISION_OPTIONS[name].doc if name in PRECISION_OPTIONS else "")
+        text = (
+            docs.get(name)
+            or KEY_DOCS.get(key)
+            or (PRECISION_OPTIONS[name].doc if name in PRECISION_OPTIONS else "")
+            or (model_option_doc(name) if prefix == "model_options." else "")
+        )
         rows.append([code(prefix + name), kind, default, allowed, text])
     return rows
+
+
+def model_option_doc(name: str) -> str:
+    """A ``model_options`` key's doc: the first model whose registry entry has it (and which models do)."""
+    having = [m for m in MODEL_NAMES if plugins.entry("model", m).option(name) is not None]
+    if not having:
+        return ""
+    doc = plugins.entry("model", having[0]).option(name).doc
+    return doc if len(having) == len(MODEL_NAMES) else f"{', '.join(having)} only: {doc}"
 
 
 def study_page() -> str:
@@ -196,7 +208,10 @@ def study_page() -> str:
         dname = cls.model_json_schema()["properties"]["name"].get("const")
         ds.append(
             f"### dataset: {dname}\n\n"
-            + table(["Key", "Type", "Default", "Allowed", "What it is"], field_rows(cls, "dataset."))
+            + table(
+                ["Key", "Type", "Default", "Allowed", "What it is"],
+                field_rows(cls, "dataset.", keys=["name", *(k for k in cls.model_fields if k != "name")]),
+            )
         )
     sections.append("\n\n".join(ds))
     common = field_rows(ENTRIES[SCALING_METHODS[0]], "scaling[].", keys=["method", *ENTRY_COMMON])
@@ -251,12 +266,14 @@ def names_page() -> str:
     sections = [
         (
             "## Scaling methods\n\nA study's `scaling` entries name one of these in `method:` "
-            "(`registry.SCALING_METHODS`); each entry also takes the [common keys](study-file.md#scaling)."
+            "(each registered where it is described, `lossscale_bench/study/methods/`); each entry also takes "
+            "the [common keys](study-file.md#scaling)."
         )
     ]
     sections += [method_section(m) for m in SCALING_METHODS]
     rows = []
-    for name, spec in PRECISION_SPECS.items():
+    for name in PRECISION_NAMES:
+        spec = PRECISION_SPECS[name]
         scaling = spec.grad_scaling or "—"
         rows.append(
             [
@@ -273,7 +290,7 @@ def names_page() -> str:
         )
     sections.append(
         "## Precisions\n\n`precision:` (study-wide, or a scaling entry's own) names one of these "
-        "(`registry.PRECISIONS`). Emulated: computed in fp32 on the CPU, values rounded to the formats "
+        "(the table in `lossscale_bench/study/precisions.py`). Emulated: computed in fp32 on the CPU, values rounded to the formats "
         "(the report marks such rows). Loss scale: whether the gradients are in a narrow format, so "
         "a loss scale has something to rescue.\n\n"
         + table(
@@ -291,7 +308,9 @@ def names_page() -> str:
             rows,
         )
     )
-    sections.append("\n".join(f"- `{n}`: {cell(s.doc or s.note)}" for n, s in PRECISION_SPECS.items()))
+    sections.append(
+        "\n".join(f"- `{n}`: {cell(PRECISION_SPECS[n].doc or PRECISION_SPECS[n].note)}" for n in PRECISION_NAMES)
+    )
     orows = [
         [
             code(o.name),
@@ -307,8 +326,8 @@ def names_page() -> str:
         "the precisions listed take them.\n\n"
         + table(["Option", "Values", "Default", "Precisions", "What it does"], orows)
     )
+    sections.append(models_section())
     others = [
-        ("Models (`model`)", MODEL_NAMES),
         ("Datasets (`dataset.name`)", DATASET_NAMES),
         ("Backends (`resources.backend`)", BACKEND_NAMES),
         ("Evaluation protocols (`eval.metric`)", EVAL_METRICS),
@@ -320,10 +339,40 @@ def names_page() -> str:
     )
     return page(
         "Methods, precisions and other names",
-        "Every name a study file may use, from the registry "
-        "(`lossscale_bench/core/registry.py`) and the tables that describe each entry.",
+        "Every name a study file may use, from the plug-in registry (`lossscale_bench/core/plugins.py`: each "
+        "model, method, precision and data set registered where it is described) and the fixed names of "
+        "`lossscale_bench/core/registry.py`. `lsbench plugins` lists them with those installed "
+        "distributions add ([your own detector](../guide/your-model.md)).",
         *sections,
     )
+
+
+def models_section() -> str:
+    """The models: each one's display name, builder, options (with their docs) and version."""
+    text = [
+        "## Models\n\n`model:` names one of these, or a builder of your own by import path "
+        "(`package.module:callable`, [your own detector](../guide/your-model.md)); `model_options` "
+        "are the builder's keyword arguments."
+    ]
+    for name in MODEL_NAMES:
+        p = plugins.entry("model", name)
+        rows = [
+            [
+                code(o.name),
+                o.type,
+                value(o.default),
+                ", ".join(value(a) for a in o.allowed) if o.allowed else "—",
+                o.doc,
+            ]
+            for o in p.options
+        ]
+        version = f", version {p.version}" if p.version is not None else ""
+        text.append(
+            f"### `{name}`\n\n{cell(p.doc)} Reported as {p.display_name}; built by "
+            f"`{p.target.replace(':', '.')}`{version}.\n\n"
+            + table(["Option", "Type", "Default", "Allowed", "What it is"], rows)
+        )
+    return "\n\n".join(text)
 
 
 # ================================================================================== exit codes page

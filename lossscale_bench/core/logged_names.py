@@ -97,6 +97,12 @@ TAGS: dict[str, str] = {
     "`crowd_boxes`, `dropped_difficult`; `unknown_objects` and "
     "`dropped_annotations` (with `dataset.bad_annotations: drop`) as JSON "
     "counts by reason.",
+    "lsbench.plugin.<kind>.name": "A plug-in from outside the package the trial uses (`<kind>`: model, method, precision or dataset): "
+    "its name (a model's import path, or an entry point's name).",
+    "lsbench.plugin.<kind>.origin": "Where that plug-in comes from: `import path ...` or "
+    "`entry point <group> of <distribution> <version>`.",
+    "lsbench.plugin.<kind>.digest": "sha256 of that plug-in's source (its module file; for "
+    "an entry point also its distribution's version and RECORD hashes), also in the trial id.",
     "lsbench.world_size": "Multi-device trials: the number of replicas.",
     "lsbench.replica_param_drift": "Multi-device trials: the replicas' largest parameter-sum difference.",
     "lsbench.replicas_missing": "Multi-device trials: ranks whose end record did not arrive.",

@@ -1,40 +1,12 @@
-"""Names that study files may use, kept free of heavy imports.
+"""Fixed names that study files may use, kept free of heavy imports.
 
-Study validation (``lsbench validate``) must not import torch, Ray or MLflow,
-so the sets of allowed names live here and the implementing modules check
-themselves against them in the tests.
+Study validation (``lsbench validate``) must not import torch, Ray or MLflow. The names of the
+plug-ins (models, scaling methods, precisions, data sets) are not here: each is registered where it
+is described (:mod:`lossscale_bench.core.plugins`; ``lossscale_bench.study.plugins`` lists them).
 """
 
-MODEL_NAMES = (
-    "ssd_tiny",
-    "ssd300_vgg16",
-    "ssd512_vgg16",
-    "ssd300_resnet34",
-    "ssd300_resnet50",
-    # torchvision's one-stage detectors (models/torchvision_detectors.py)
-    "ssdlite320_mobilenet_v3_large",
-    "retinanet_resnet50_fpn_v2",
-    "fcos_resnet50_fpn",
-)
-SCALING_METHODS = ("none", "fixed", "dynamic", "adaptive", "layerwise_dynamic", "amax", "saturation")
 DYNAMIC_STYLES = ("chainer", "torch", "deepspeed")
 AMAX_RECIPES = ("current", "delayed")
-PRECISIONS = (
-    "fp32",
-    "mixed16",
-    "bf16",
-    "fp16-emulated",
-    "fp8-emulated",
-    "fp8-e4m3-emulated",
-    # FP4 emulations: forward values in E4M3 or NVFP4, gradients in plain E2M1, NVFP4 or MXFP4
-    "e4m3fwd-e2m1grad-emulated",
-    "e4m3fwd-nvfp4grad-emulated",
-    "e4m3fwd-mxfp4grad-emulated",
-    "nvfp4fwd-e2m1grad-emulated",
-    "nvfp4fwd-nvfp4grad-emulated",
-    "nvfp4fwd-mxfp4grad-emulated",
-)
-DATASET_NAMES = ("synthetic", "voc", "voc0712", "coco2017")
 BACKEND_NAMES = ("cpu", "cuda", "xla", "hpu", "auto")
 EVAL_METRICS = ("coco", "voc07", "voc")
 
@@ -51,14 +23,6 @@ LAYER_SCALE_SUFFIX = "scale_log2_median"
 # below a millionth of a point no run-to-run difference is resolved (the statistics' numbers would underflow).
 # Here because the study file's checks and the report both read it and neither imports the other.
 EQUIVALENCE_MARGIN_RANGE = (1e-6, 100.0)
-
-# Bumped when a model's architecture or initialisation changes what it trains to, so that
-# trial ids (and with them resume and the report) never mix results of the old and new model.
-# ssd_tiny 2: BatchNorm after every backbone conv (docs/toy_model.md).
-MODEL_VERSIONS = {"ssd_tiny": 2}
-# The same for a scaling method whose implementation changed what a trial trains to (none yet):
-# bump its entry (start at 2) and only that method's trial ids change.
-METHOD_VERSIONS: dict[str, int] = {}
 
 # The 20 PASCAL VOC classes in the devkit's order (label i is VOC_CLASSES[i - 1]); a voc0712
 # study's default ``dataset.classes``. Here, not in ``data``: importing ``lossscale_bench.data``

@@ -183,7 +183,19 @@ def build_datasets(dataset_cfg, *, image_size: int | None = None, max_val_images
         return _build_coco(cfg, image_size=image_size, hflip=hflip, max_train=max_train, max_val=max_val)
     if name in ("voc", "voc0712"):
         return _build_voc(cfg, image_size=image_size, max_val_images=max_val)
-    raise ValueError(f"unknown dataset {name!r}; allowed: synthetic, coco2017, voc, voc0712")
+    return _build_registered(name, cfg, image_size=image_size, max_val_images=max_val)
+
+
+def _build_registered(name: str, cfg: dict, *, image_size, max_val_images):
+    """A data set described outside this module (its registry entry names the builder):
+    ``builder(cfg, image_size=..., max_val_images=...) -> (train_ds, val_ds, class_names)``."""
+    from importlib import import_module
+
+    from ..core import plugins
+
+    target = plugins.entry("dataset", name).target
+    module, attr = target.split(":")
+    return getattr(import_module(module), attr)(cfg, image_size=image_size, max_val_images=max_val_images)
 
 
 def _build_synthetic(cfg: dict, *, image_size, hflip: bool, max_train, max_val):

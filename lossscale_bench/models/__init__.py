@@ -1,16 +1,6 @@
-"""Detector builders: the SSDs (``ssd.py``) and torchvision's one-stage detectors (``torchvision_detectors.py``)."""
+"""Detector builders (``ssd.py``: the SSDs) and :func:`build_model`, which builds any name a study may use
+(``build.py``; the names and options are described in ``lossscale_bench/study/models/``)."""
 
-from ..core.registry import MODEL_NAMES
-from . import torchvision_detectors as _tv
-from .ssd import BUILDERS, build_model
+from .build import build_model, builder_of, detector_problem
 
-BUILDERS.update(
-    {
-        "ssdlite320_mobilenet_v3_large": _tv.ssdlite320_mobilenet_v3_large,
-        "retinanet_resnet50_fpn_v2": _tv.retinanet_resnet50_fpn_v2,
-        "fcos_resnet50_fpn": _tv.fcos_resnet50_fpn,
-    }
-)
-assert tuple(BUILDERS) == MODEL_NAMES
-
-__all__ = ["BUILDERS", "build_model"]
+__all__ = ["build_model", "builder_of", "detector_problem"]

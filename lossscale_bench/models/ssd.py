@@ -23,8 +23,6 @@ from torchvision.models.detection.ssd import SSD, SSDFeatureExtractorVGG, _vgg_e
 from torchvision.models.vgg import cfgs as vgg_cfgs
 from torchvision.models.vgg import make_layers as make_vgg_layers
 
-from ..core.registry import MODEL_NAMES
-
 # torchvision's SSD300 VGG normalisation: inputs in [0, 1] become 0..255 minus the mean.
 _VGG_MEAN = [0.48235, 0.45882, 0.40784]
 _VGG_STD = [1.0 / 255.0] * 3
@@ -414,33 +412,3 @@ def ssd300_resnet34(num_classes: int, image_size: int = 300, backbone_weights=No
 def ssd300_resnet50(num_classes: int, image_size: int = 300, backbone_weights=None, **kw) -> SSD:
     """NVIDIA SSD300 v1.1 (DeepLearningExamples): ResNet-50 to layer3, BatchNorm extra blocks."""
     return _resnet_ssd300(resnet50, num_classes, image_size, backbone_weights, batch_norm=True, **kw)
-
-
-BUILDERS: dict[str, Callable[..., SSD]] = {
-    "ssd_tiny": ssd_tiny,
-    "ssd300_vgg16": ssd300_vgg16,
-    "ssd512_vgg16": ssd512_vgg16,
-    "ssd300_resnet34": ssd300_resnet34,
-    "ssd300_resnet50": ssd300_resnet50,
-}
-# models/__init__.py adds torchvision's one-stage detectors (models/torchvision_detectors.py imports
-# this module's weight loading) and checks the names against MODEL_NAMES
-
-
-def build_model(name: str, num_classes: int, batched_loss: bool | None = None, **options) -> nn.Module:
-    """Build a detector by registry name; ``options`` are the study's ``model_options``.
-
-    ``batched_loss``: true matches anchors and computes the multibox loss over the whole batch
-    (:class:`.multibox_loss.BatchedLossSSD`), equal to torchvision's per-image loop within float
-    tolerance, not bitwise; false or None (not given: what a trial config without the key means,
-    see ``study.grid.default_batched_loss``) keeps torchvision's ``SSD.forward``. The subclass holds
-    no state, so it is applied by class assignment after any builder: state dicts are unchanged.
-    """
-    if name not in BUILDERS:
-        raise ValueError(f"unknown model {name!r}; allowed: {', '.join(MODEL_NAMES)}")
-    model = BUILDERS[name](num_classes, **options)
-    if batched_loss and type(model) is SSD:  # the multibox loss; RetinaNet/FCOS keep their own
-        from .multibox_loss import BatchedLossSSD
-
-        model.__class__ = BatchedLossSSD
-    return model

@@ -38,15 +38,11 @@ from dataclasses import dataclass, replace
 import torch
 from torch import nn
 
-from ..core.registry import PRECISIONS
-from ..study.precisions import PRECISION_OPTIONS, PRECISION_SPECS
+from ..study.precisions import GRAD_ROUNDINGS, PRECISION_NAMES, PRECISION_OPTIONS, PRECISION_SPECS
 from .formats import E4M3_NAN, FORMATS, FP16, FloatFormat, Fp4Format, block_scaled, fp4_format
 from .layers import EmulationHandle, install_emulation
 
 __all__ = ["GRAD_ROUNDINGS", "Precision", "get_precision"]
-
-#: the orders in which an emulated precision rounds parameter gradients (module doc)
-GRAD_ROUNDINGS = ("before_unscale", "after_unscale")
 
 
 @dataclass(frozen=True)
@@ -200,7 +196,7 @@ def _with_grad_format(
     try:
         prec = _build(name, seed, options)
     except KeyError:
-        raise ValueError(f"unknown precision {name!r}; allowed: {', '.join(PRECISIONS)}") from None
+        raise ValueError(f"unknown precision {name!r}; allowed: {', '.join(PRECISION_NAMES)}") from None
     fmt = prec.grad_format
     if grad_overflow == "nan":
         if fmt is None or fmt.name != "e4m3":

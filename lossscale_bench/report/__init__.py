@@ -51,25 +51,13 @@ __all__ = [
     "write_report",
     "compare_rows",
     "noise_verdict",
-    "MODEL_NAMES",
     "FORMATS",
     "REPORT_METRICS",
 ]
 
 #: submodule -> the names this package offers from it
 _EXPORTS: dict[str, tuple[str, ...]] = {
-    "runs": (
-        "ReportError",
-        "load_runs",
-        "derive_label",
-        "model_name",
-        "is_emulated",
-        "MODEL_NAMES",
-        "RUN_COLUMNS",
-        "STATUSES",
-        "TAG",
-        "EMULATED_SUFFIX",
-    ),
+    "runs": ("ReportError", "load_runs", "derive_label", "model_name", "is_emulated", "RUN_COLUMNS", "STATUSES", "TAG"),
     "stats": ("ALPHA", "DEFAULT_MARGIN"),
     "verdicts": ("noise_verdict", "paired_verdict", "compare_cells"),
     "compare": ("compare_rows", "letter_groups", "PAIR_COLUMNS", "RANK_COLUMNS"),

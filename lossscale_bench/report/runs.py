@@ -32,7 +32,9 @@ from collections.abc import Mapping
 
 import pandas as pd
 
+from ..study import plugins
 from ..study.configs import config_params, run_config_id, setting_id
+from ..study.precisions import is_emulated
 
 __all__ = [
     "ReportError",
@@ -40,11 +42,9 @@ __all__ = [
     "derive_label",
     "model_name",
     "is_emulated",
-    "MODEL_NAMES",
     "RUN_COLUMNS",
     "STATUSES",
     "TAG",
-    "EMULATED_SUFFIX",
     "is_true",
     "isna",
     "to_int",
@@ -52,19 +52,6 @@ __all__ = [
 
 # --------------------------------------------------------------------------
 # constants
-
-MODEL_NAMES: dict[str, str] = {
-    "ssd512_vgg16": "SSD512",
-    "ssd300_vgg16": "SSD300",
-    "ssd_tiny": "SSD-tiny",
-    "ssd300_resnet34": "SSD300-R34",
-    "ssd300_resnet50": "SSD300-R50",
-    "ssdlite320_mobilenet_v3_large": "SSDlite320-MobileNetV3",
-    "retinanet_resnet50_fpn_v2": "RetinaNet-R50-FPN v2",
-    "fcos_resnet50_fpn": "FCOS-R50-FPN",
-}
-
-EMULATED_SUFFIX = "-emulated"  # any precision named so is a CPU emulation, marked † in tables
 
 STATUSES = ("running", "finished", "diverged", "failed")
 
@@ -162,11 +149,6 @@ def is_true(value) -> bool:
     if isinstance(value, str):
         return value.strip().lower() in ("true", "1", "yes")
     return bool(value)
-
-
-def is_emulated(precision) -> bool:
-    """Any ``*-emulated`` precision is a CPU emulation: its rows carry the † mark."""
-    return isinstance(precision, str) and precision.endswith(EMULATED_SUFFIX)
 
 
 def _status(tag_status: str | None, mlflow_status: str) -> str:
@@ -369,6 +351,13 @@ def load_runs(tracking_uri: str, study: str | None = None) -> pd.DataFrame:
 
 
 def model_name(model: str | None) -> str:
+    """The report's name of a model: its registry entry's display name (an import path or a name no
+    longer registered: as stored)."""
     if model is None or isna(model):
         return "?"
-    return MODEL_NAMES.get(str(model), str(model))
+    if str(model) not in plugins.names("model"):
+        return str(model)
+    try:
+        return plugins.entry("model", str(model)).display_name
+    except plugins.PluginError:
+        return str(model)

@@ -52,8 +52,6 @@ from ..study.configs import describe, differing_fields, study_setting
 from .baseline import TABLE_KEYS, VERDICT_NUMBERS, add_verdicts
 from .cell_text import NOT_VALUE, RUNNING_TEXT, format_cell, format_value, higher_is_better, is_map_metric, metric_scale  # noqa: F401 (re-exported)
 from .runs import (
-    EMULATED_SUFFIX,
-    MODEL_NAMES,
     RUN_COLUMNS,
     STATUSES,
     TAG,
@@ -80,12 +78,10 @@ __all__ = [
     "paired_verdict",
     "ALPHA",
     "DEFAULT_MARGIN",
-    "MODEL_NAMES",
     "RUN_COLUMNS",
     "SUMMARY_COLUMNS",
     "STATUSES",
     "TAG",
-    "EMULATED_SUFFIX",
     "RUNNING_TEXT",
     "latest_setting",
     "table_labels",

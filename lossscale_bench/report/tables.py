@@ -17,7 +17,7 @@ import pandas as pd
 from ..study.precisions import PRECISION_SPECS
 from .cell_text import is_map_metric, metric_scale
 from .stats import MAX_SEEDS, format_margin
-from .summary import ALPHA, DEFAULT_MARGIN, EMULATED_SUFFIX, STATUSES, is_emulated, isna, model_name, table_labels
+from .summary import ALPHA, DEFAULT_MARGIN, STATUSES, is_emulated, isna, model_name, table_labels
 
 __all__ = [
     "HEADERS",
@@ -248,8 +248,7 @@ def emulation_notes(precisions: Iterable) -> list[str]:
     )
     lines = []
     for p in found:
-        fmt = p[: -len(EMULATED_SUFFIX)]
-        note = EMULATION_NOTES.get(p, f"these numbers come from a CPU emulation of {fmt}, not real {fmt}.")
+        note = EMULATION_NOTES.get(p, "these numbers come from a CPU emulation, not real low precision.")
         lines.append(f"{EMULATED_MARK} {p}: {note}")
     return lines
 

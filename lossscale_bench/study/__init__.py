@@ -28,17 +28,12 @@ YAML, bounded).
 from __future__ import annotations
 
 # besides __all__, the names the single module this package replaced offered stay importable from
-# here: the registry's names (MODEL_VERSIONS is the very dict trial ids read), the concrete models
-# and the trial-id helpers
+# here: the registry's fixed names, the concrete models and the trial-id helpers (the plug-ins' names:
+# :mod:`.plugins`)
 from ..core.registry import (
     BACKEND_NAMES,  # noqa: F401
-    DATASET_NAMES,  # noqa: F401
     DYNAMIC_STYLES,  # noqa: F401
     EVAL_METRICS,  # noqa: F401
-    MODEL_NAMES,  # noqa: F401
-    MODEL_VERSIONS,  # noqa: F401
-    PRECISIONS,  # noqa: F401
-    SCALING_METHODS,  # noqa: F401
     VOC_CLASSES,
 )
 

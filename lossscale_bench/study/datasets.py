@@ -1,18 +1,26 @@
 """The study file's ``dataset`` section: one pydantic model per data set, chosen by ``name``.
 
-:data:`DatasetSpec` is the union the study's ``dataset`` key validates against (``synthetic``, ``voc``,
-``voc0712``, ``coco2017``); :data:`DATASET_MODELS` maps each name to its model. Every model refuses
-unknown keys, resolves ``root`` against the study file's folder and refuses a class listed twice.
+Each data set is a model class under ``@register_dataset`` (its keys are its fields, each documented
+by the ``#:`` comment above it, here or in :class:`DatasetBase`); :data:`DatasetSpec` is the union the
+study's ``dataset`` key validates against and :data:`DATASET_MODELS` maps each registered name to its
+model (the package's: ``synthetic``, ``voc``, ``voc0712``, ``coco2017``; then those installed
+distributions name in the entry-point group ``lossscale_bench.datasets``: a ``DatasetBase`` subclass
+whose ``builder`` is the import path of ``builder(cfg: dict, *, image_size, max_val_images) ->
+(train_ds, val_ds, class_names)``). Every model refuses unknown keys, resolves ``root`` against the
+study file's folder and refuses a class listed twice.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from importlib import import_module
+from typing import Annotated, ClassVar, Literal, Union, get_args
 
 from pydantic import BaseModel, Discriminator, Field, ValidationInfo, field_validator, model_validator
 
-from ..core.registry import DATASET_NAMES, VOC_CLASSES
+from ..core import plugins
+from ..core.registry import VOC_CLASSES
 from ..dataset_files.annotations import BAD_ANNOTATIONS
+from .described import field_options
 from .errors import StudyError
 from .fields import (
     STRICT,
@@ -29,8 +37,12 @@ from .fields import (
     resolve_path,
 )
 
-__all__ = [
+__all__ = [  # noqa: F822 (DATASET_MODELS and DatasetSpec: module __getattr__)
     "DATASET_MODELS",
+    "DATASET_NAMES",
+    "DatasetBase",
+    "dataset_models",
+    "register_dataset",
     "BadAnnotations",
     "COCODataset",
     "DatasetSpec",
@@ -41,8 +53,14 @@ __all__ = [
 ]
 
 
-class _DatasetBase(BaseModel):
+class DatasetBase(BaseModel):
+    """What every data set's model has: unknown keys refused, ``root`` resolved, classes unique."""
+
     model_config = STRICT
+    #: import path of what builds ``(train_ds, val_ds, class_names)`` from the section
+    builder: ClassVar[str] = "lossscale_bench.data:build_datasets"
+    #: bumped (start at 2) when the loader's code changes what a trial trains on (None: never bumped)
+    version: ClassVar[int | None] = None
 
     @field_validator("root", mode="after", check_fields=False)
     @classmethod
@@ -61,18 +79,62 @@ class _DatasetBase(BaseModel):
         return self
 
 
+def dataset_plugin(cls: type[DatasetBase], origin: str = plugins.BUILT_IN) -> plugins.Plugin:
+    """The registry's description of the data set model ``cls`` (its name: the ``name`` literal)."""
+    name = get_args(cls.model_fields["name"].annotation)[0]
+    doc = (cls.__doc__ or "").strip().splitlines()
+    keys = [k for k in cls.model_fields if k != "name"]
+    return plugins.Plugin(
+        kind="dataset",
+        name=name,
+        target=cls.builder,
+        options=field_options(cls, keys),
+        version=cls.version,
+        origin=origin,
+        description=cls,
+        doc=doc[0] if doc else "",
+    )
+
+
+def register_dataset(cls: type[DatasetBase]) -> type[DatasetBase]:
+    """Class decorator: register the data set model ``cls``."""
+    p = dataset_plugin(cls)
+    plugins.register("dataset", p.name, p.target, options=p.options, version=p.version, description=cls, doc=p.doc)
+    return cls
+
+
+def _describe_entry_point(name: str, target: str, origin: str) -> plugins.Plugin:
+    """An entry point of ``lossscale_bench.datasets``: its value names a :class:`DatasetBase` subclass."""
+    module, attr = target.split(":")
+    try:
+        cls = getattr(import_module(module), attr)
+    except Exception as exc:  # noqa: BLE001 - whatever the plug-in's import raises is its error
+        raise plugins.PluginError(f"dataset {name!r} ({origin}): cannot load {target}: {exc}") from None
+    if not (isinstance(cls, type) and issubclass(cls, DatasetBase)) or dataset_plugin(cls).name != name:
+        raise plugins.PluginError(f"dataset {name!r} ({origin}): {target} is not a DatasetBase subclass named {name!r}")
+    return dataset_plugin(cls, origin)
+
+
 #: ``dataset.bad_annotations`` (voc, voc0712, coco2017): a bad annotation (a class outside the
 #: class list; an impossible, non-finite or wholly-outside box) is an error naming file, record and
 #: value, or is dropped and counted in the run's tags (:mod:`.annotations`)
 BadAnnotations = choice_field("dataset.bad_annotations policy", BAD_ANNOTATIONS)
 
 
-class SyntheticDataset(_DatasetBase):
+@register_dataset
+class SyntheticDataset(DatasetBase):
+    """Generated images of squares and discs (cached on disk), for CPU studies and tests."""
+
     name: Literal["synthetic"]
+    #: Its folder, relative to the study file (synthetic: its cache; not given: `$LSBENCH_DATA`).
     root: OptStr = None
+    #: Synthetic training images.
     train_images: PosInt = 512  # type: ignore[valid-type]
+    #: Synthetic validation images.
     val_images: PosInt = 128  # type: ignore[valid-type]
+    #: Side of the synthetic images in pixels.
     image_size: number_field("int", ge=32) = 128  # type: ignore[valid-type]
+    #: Seed the synthetic images are generated from.
     seed: NonNegInt = 0  # type: ignore[valid-type]
 
 
@@ -86,31 +148,48 @@ class SyntheticDataset(_DatasetBase):
 TrainMaxSide = number_field("int", ge=32, nullable=True, why="pixels of a training photo's longer side")
 
 
-class VOCDataset(_DatasetBase):
+class AnnotatedDataset(DatasetBase):
+    """A data set read from annotation files (VOC XML, COCO JSON)."""
+
+    #: Its folder, relative to the study file (not given: `$LSBENCH_DATA`).
+    root: OptStr = None
+    #: An annotation naming a class outside the list, or an impossible, non-finite or wholly-outside
+    #: box: error (one line naming file, record and value) or drop (skipped, counted in the run's tags).
+    bad_annotations: BadAnnotations = "error"  # type: ignore[valid-type]
+
+
+@register_dataset
+class VOCDataset(AnnotatedDataset):
+    """A folder in PASCAL VOC's layout (JPEGImages, Annotations, ImageSets/Main)."""
+
     name: Literal["voc"]
     root: Str
+    #: The class names, in label order (as in the annotations).
     classes: ListOf(Str)  # type: ignore[valid-type]
+    #: The training split's list file (ImageSets/Main/<split>.txt).
     train_split: Str = "trainval"
+    #: The validation split's list file.
     val_split: Str = "test"
-    bad_annotations: BadAnnotations = "error"  # type: ignore[valid-type]
+    #: Shrink training photos once, when first read, so that their longer side is at most this many
+    #: pixels (boxes alike); validation photos are never shrunk. Not given: photos as stored.
     train_max_side: TrainMaxSide = None  # type: ignore[valid-type]
 
 
-class VOC0712Dataset(_DatasetBase):
-    name: Literal["voc0712"]
-    root: Str
+@register_dataset
+class VOC0712Dataset(VOCDataset):
+    """PASCAL VOC 2007+2012 (the SSD papers' training set), its 20 classes by default."""
+
+    name: Literal["voc0712"]  # type: ignore[assignment]
     classes: ListOf(Str) = Field(default_factory=lambda: list(VOC_CLASSES))  # type: ignore[valid-type]
-    train_split: Str = "trainval"
-    val_split: Str = "test"
-    bad_annotations: BadAnnotations = "error"  # type: ignore[valid-type]
-    train_max_side: TrainMaxSide = None  # type: ignore[valid-type]
 
 
-class COCODataset(_DatasetBase):
+@register_dataset
+class COCODataset(AnnotatedDataset):
+    """COCO 2017 (train2017, val2017 and their instances JSON), or generated COCO-shaped data."""
+
     name: Literal["coco2017"]
-    root: OptStr = None
+    #: Generated COCO-shaped data instead of the real set.
     fake_data: Bool = False
-    bad_annotations: BadAnnotations = "error"  # type: ignore[valid-type]
 
     @model_validator(mode="after")
     def _root_needed(self, info: ValidationInfo):
@@ -119,12 +198,30 @@ class COCODataset(_DatasetBase):
         return self
 
 
-DATASET_MODELS: dict[str, type[_DatasetBase]] = {
-    "synthetic": SyntheticDataset,
-    "voc": VOCDataset,
-    "voc0712": VOC0712Dataset,
-    "coco2017": COCODataset,
-}
-assert tuple(DATASET_MODELS) == tuple(DATASET_NAMES)
+plugins.DESCRIBERS["dataset"] = _describe_entry_point
+#: every data set name a study may use: the package's, then the entry points' (their names read from the
+#: installed metadata; their models loaded when first needed)
+DATASET_NAMES = plugins.names("dataset")
+_MODELS: dict[str, type[DatasetBase]] = {}
 
-DatasetSpec = Annotated[SyntheticDataset | VOCDataset | VOC0712Dataset | COCODataset, Discriminator("name")]
+
+def dataset_models() -> dict[str, type[DatasetBase]]:
+    """name -> the data set's model (also as ``DATASET_MODELS``); entry points loaded on the first call
+    (a broken one is left out here and named by ``lsbench plugins``)."""
+    for name in DATASET_NAMES:
+        if name not in _MODELS:
+            try:  # a plug-in whose module is still being imported is tried again on the next call
+                _MODELS[name] = plugins.entry("dataset", name).description
+            except plugins.PluginError:
+                continue
+    return _MODELS
+
+
+def __getattr__(name: str):
+    """``DATASET_MODELS`` and ``DatasetSpec`` (the union the ``dataset`` key validates against),
+    computed when first read (PEP 562)."""
+    if name == "DATASET_MODELS":
+        return dataset_models()
+    if name == "DatasetSpec":
+        return Annotated[Union[tuple(dataset_models().values())], Discriminator("name")]  # type: ignore[valid-type]  # noqa: UP007
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

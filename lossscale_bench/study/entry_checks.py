@@ -7,7 +7,7 @@ call, so ``lsbench validate`` names every problem of a file.
 from __future__ import annotations
 
 from .methods import default_label
-from .precisions import EMULATED_PRECISIONS, FP8_GRAD_PRECISIONS, PRECISION_SPECS, precision_option_problems
+from .precisions import precision_option_problems, precision_specs, precisions_where
 
 __all__ = ["check_grad_rounding", "check_method_options", "unique_labels"]
 
@@ -60,24 +60,24 @@ def check_grad_rounding(study, fail) -> None:
         prec = e.precision if e.precision is not None else study.precision
         for opt, problem, allowed in precision_option_problems(dict(e), prec):
             fail(f"scaling[{k}].{opt}", problem, allowed)
-        if e.grad_rounding is not None and prec not in EMULATED_PRECISIONS:
+        if e.grad_rounding is not None and prec not in precisions_where("EMULATED_PRECISIONS"):
             fail(
                 f"scaling[{k}].grad_rounding",
                 f"only for the emulated precisions, but this entry trains in {prec}",
-                ", ".join(EMULATED_PRECISIONS),
+                ", ".join(precisions_where("EMULATED_PRECISIONS")),
             )
         for opt in ("grad_blocks", "block_rounding"):
-            if getattr(e, opt) is not None and prec not in FP8_GRAD_PRECISIONS:
+            if getattr(e, opt) is not None and prec not in precisions_where("FP8_GRAD_PRECISIONS"):
                 fail(
                     f"scaling[{k}].{opt}",
                     f"only for the emulated fp8 precisions, but this entry trains in {prec}",
-                    ", ".join(FP8_GRAD_PRECISIONS),
+                    ", ".join(precisions_where("FP8_GRAD_PRECISIONS")),
                 )
         if e.block_rounding is not None and e.grad_blocks != "mx32":
             fail(f"scaling[{k}].block_rounding", "only meaningful with grad_blocks: mx32")
-        if e.grad_overflow is not None and PRECISION_SPECS[prec].grad_format != "e4m3":
+        if e.grad_overflow is not None and precision_specs()[prec].grad_format != "e4m3":
             fail(
                 f"scaling[{k}].grad_overflow",
                 f"only for E4M3 gradients, but this entry trains in {prec}",
-                ", ".join(n for n, p in PRECISION_SPECS.items() if p.emulated and p.grad_format == "e4m3"),
+                ", ".join(n for n, p in precision_specs().items() if p.emulated and p.grad_format == "e4m3"),
             )

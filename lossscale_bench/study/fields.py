@@ -21,6 +21,7 @@ from pydantic import (
     ConfigDict,
     Field,
     StrictBool,
+    StrictStr,
     ValidationError,
     ValidationInfo,
     WrapValidator,
@@ -30,6 +31,7 @@ from ..core.float_ranges import FP32
 from ..core.wording import suggest
 from .as_written import AsWritten
 from .errors import field_error, fmt_num, show_value
+from .models.signature import is_import_path
 
 __all__ = [
     "DEFAULT_SOURCE",
@@ -42,6 +44,7 @@ __all__ = [
     "ctx_source",
     "Label",
     "ListOf",
+    "model_field",
     "mapping_or_empty",
     "NonNegInt",
     "number_field",
@@ -161,6 +164,23 @@ def choice_field(kind: str, names):
             raise field_error(f"unknown {kind} {show_value(v)}{suggest(v, names)}", ", ".join(names)) from None
 
     return Annotated[Literal[names], WrapValidator(check)]  # type: ignore[valid-type]
+
+
+def model_field():
+    """A detector: a registered model name (read when the value is checked, so entry points count) or
+    an import path ``package.module:callable`` (found and checked by the study, which knows its folder)."""
+    from ..core.plugins import names
+
+    def check(v: Any, handler):
+        v = handler(v)
+        known = names("model")
+        if v in known or is_import_path(v):
+            return v
+        raise field_error(
+            f"unknown model {show_value(v)}{suggest(v, known)}", ", ".join(known) + " or package.module:callable"
+        )
+
+    return Annotated[StrictStr, WrapValidator(check)]
 
 
 def _numbers_as_text(v: Any):

@@ -13,7 +13,7 @@ import re
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from ..core import registry
+from ..core import plugins as registry
 from .fingerprint import canonical_json, trial_fingerprint
 from .methods import default_label, scaling_tag
 
@@ -81,6 +81,7 @@ def trial_identity(
     fingerprint=None,
     on_divergence="stop",
     seed_streams=None,
+    plugins=None,
 ) -> dict:
     """Everything that changes a trial's result, and no machine-specific path.
 
@@ -100,7 +101,10 @@ def trial_identity(
     final mAP instead of stopping without one); ``stop``, the default, adds
     nothing, so ids of the default stay as they were. Models and scaling
     methods whose code changed what they train to carry a version
-    (``registry.MODEL_VERSIONS`` / ``METHOD_VERSIONS``). Label, description,
+    (their registry entry's ``version``). A plug-in from outside the package
+    (``plugins``: kind -> its :meth:`~lossscale_bench.core.plugins.Plugin.identity`,
+    its origin and the digest of its source) is in, so an edited plug-in never
+    reuses old results; the package's own add nothing. Label, description,
     row, ``baseline``, ``log_every`` and ``max_failures`` change neither what
     is trained nor how it is scored.
 
@@ -114,10 +118,8 @@ def trial_identity(
     mo = dict(model_options)
     if mo.get("backbone_weights"):
         mo["backbone_weights"] = True  # which file: fingerprint["weights"], by content
-    # read at call time: lossscale_bench.study.MODEL_VERSIONS is this very dict
-    versions = registry.MODEL_VERSIONS
-    method_versions = getattr(registry, "METHOD_VERSIONS", {})
-    method = scaling.get("method")
+    model_version = _version("model", model)
+    method_version = _version("method", scaling.get("method"))
     return {
         "v": TRIAL_ID_VERSION,
         "model": model,
@@ -133,13 +135,35 @@ def trial_identity(
         "divergence": dict(divergence),
         "loader": loader,
         # only models that changed carry a version, so other models' ids stay as they were
-        **({"model_version": versions[model]} if model in versions else {}),
-        **({"method_version": method_versions[method]} if method in method_versions else {}),
+        **({"model_version": model_version} if model_version is not None else {}),
+        **({"method_version": method_version} if method_version is not None else {}),
+        **({"plugins": dict(plugins)} if plugins else {}),
         **({"fingerprint": dict(fingerprint)} if fingerprint else {}),
         **({"on_divergence": on_divergence} if on_divergence not in (None, "stop") else {}),
         # streams that do not follow the seed as they always did (schema.SeedStreams); none by default
         **({"seed_streams": dict(seed_streams)} if seed_streams else {}),
     }
+
+
+def _version(kind: str, name) -> int | None:
+    """The registered version of a model or method (None: never bumped, or not registered by name)."""
+    if not isinstance(name, str) or name not in registry.names(kind):
+        return None
+    try:
+        return registry.entry(kind, name).version
+    except registry.PluginError:
+        return None
+
+
+def trial_plugins(study, model: str, scaling: dict, precision: str, dataset: dict) -> dict:
+    """kind -> identity of each plug-in from outside the package a trial uses (empty for built-ins)."""
+    used = {
+        "model": study.model_plugin(model),
+        "method": registry.entry("method", scaling.get("method")),
+        "precision": registry.entry("precision", precision),
+        "dataset": registry.entry("dataset", dataset.get("name")),
+    }
+    return {k: {"name": p.name, **p.identity()} for k, p in used.items() if not p.built_in}
 
 
 def config_id(identity: dict) -> str:
@@ -209,10 +233,13 @@ def default_batched_loss(backend: str | None) -> bool:
     return backend not in (None, "cpu")
 
 
-def _resolved_model_options(model_options: dict, backend: str | None) -> dict:
+def _resolved_model_options(model_options: dict, backend: str | None, takes_batched: bool = True) -> dict:
     """``model_options`` with ``batched_loss`` resolved: ``True`` is written (it enters the id),
-    torchvision's loss is the absence of the key, so CPU trials keep the ids they always had."""
+    torchvision's loss is the absence of the key, so CPU trials keep the ids they always had. A
+    model without the option (not an SSD of the package's) gets only what the study gives."""
     mo = dict(model_options)
+    if not takes_batched:
+        return mo
     batched = mo.pop("batched_loss", None)
     if batched if batched is not None else default_batched_loss(backend):
         mo["batched_loss"] = True
@@ -260,26 +287,15 @@ def expand(study) -> list[dict[str, Any]]:
                 loader = (
                     study.loader if "loader" in study.model_fields_set else default_loader(res.get("backend"), dataset)
                 )
-                mo = _resolved_model_options(model_options, res.get("backend"))
+                takes_batched = study.model_plugin(m).option("batched_loss") is not None
+                mo, used = (
+                    _resolved_model_options(model_options, res.get("backend"), takes_batched),
+                    trial_plugins(study, m, scaling, p, dataset),
+                )
                 for seed in study.seeds:
                     streams = study.seed_streams.given()
-                    ident = trial_identity(
-                        m,
-                        b,
-                        p,
-                        scaling,
-                        seed,
-                        dataset,
-                        schedule,
-                        eval_,
-                        res,
-                        mo,
-                        divergence,
-                        loader,
-                        fingerprint,
-                        study.on_divergence,
-                        streams,
-                    )
+                    ident = trial_identity(*(m, b, p, scaling, seed, dataset, schedule, eval_, res, mo), divergence,
+                                           loader, fingerprint, study.on_divergence, streams, used)  # fmt: skip
                     tid = make_trial_id(ident)
                     if tid in seen:
                         if entry.baseline:
@@ -298,6 +314,8 @@ def expand(study) -> list[dict[str, Any]]:
                             row=row,
                             seed=seed,
                             baseline=entry.baseline,
+                            plugins=used,
+                            plugin_dir=study.plugin_dir() if used else None,
                             dataset=dict(dataset),
                             schedule=dict(schedule),
                             eval=dict(eval_),

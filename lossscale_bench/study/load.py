@@ -39,12 +39,11 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from ..core.registry import DATASET_NAMES, SCALING_METHODS
 from ..core.wording import suggest
-from .datasets import DATASET_MODELS
+from .datasets import DATASET_MODELS, DATASET_NAMES
 from .errors import ERROR_TYPE, StudyError, show_value
 from .fields import DEFAULT_SOURCE, NOT_BLANK
-from .methods import scaling_keys
+from .methods import METHOD_NAMES, scaling_keys
 from .schema import SECTION_MODELS, Study
 from .yaml_text import MAX_FILE_BYTES, parse_yaml, str_keys, yaml_error
 
@@ -61,7 +60,7 @@ def _clean_loc(loc: tuple, raw: Any) -> tuple[list, tuple | None]:
     tag = None
     if loc[:1] == ["dataset"] and len(loc) > 1 and loc[1] in DATASET_NAMES:
         tag = ("dataset", loc.pop(1))
-    elif loc[:1] == ["scaling"] and len(loc) > 2 and isinstance(loc[1], int) and loc[2] in SCALING_METHODS:
+    elif loc[:1] == ["scaling"] and len(loc) > 2 and isinstance(loc[1], int) and loc[2] in METHOD_NAMES:
         tag = ("scaling", loc.pop(2))
     out: list = []
     node = raw
@@ -143,9 +142,7 @@ def _convert_one(source: str, first: dict, raw: Any) -> StudyError:
         problem = "required key missing"
     elif etype in ("union_tag_invalid", "union_tag_not_found"):
         key, names, kind = (
-            ("method", SCALING_METHODS, "scaling method")
-            if loc[:1] == ["scaling"]
-            else ("name", DATASET_NAMES, "dataset")
+            ("method", METHOD_NAMES, "scaling method") if loc[:1] == ["scaling"] else ("name", DATASET_NAMES, "dataset")
         )
         loc = loc + [key]
         allowed = ", ".join(names)

@@ -5,8 +5,11 @@ name), the formats (:mod:`lossscale_bench.precision.formats`, by name) its forwa
 gradients are rounded to, whether it is a CPU emulation, whether a loss scale has anything
 to rescue, Transformer Engine's name for the recipe where there is one, and the report's
 note under a table of its rows. ``lossscale_bench.precision.runtime`` builds the runtime object
-from it, the schema reads which precisions are emulated, and the report its note; a new
-precision is one entry here and its name in ``registry.PRECISIONS``.
+from it, the schema reads which precisions are emulated, and the report its note and its
+emulation mark (:func:`is_emulated`, never the name's suffix); a new precision is one entry
+here (:func:`register_precision` registers every entry of the table), or a ``PrecisionSpec`` an
+installed distribution names in the entry-point group ``lossscale_bench.precisions``. The orders
+in which an emulation may round parameter gradients (:data:`GRAD_ROUNDINGS`) are here too.
 
 Precision options (:class:`PrecisionOption`) are study-row keys that change how a precision
 rounds (the FP4 gradients' stochastic rounding, the Hadamard transform of the weight-gradient
@@ -17,10 +20,15 @@ default label and the trial's ``get_precision`` call are all derived from this t
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
+from ..core import plugins
 from ..core.float_ranges import RANGES
-from ..core.registry import PRECISIONS
+
+#: the orders in which an emulated precision rounds parameter gradients: before unscaling (PyTorch AMP's
+#: order, the default) or after (Chainer's); precision/runtime.py's module doc
+GRAD_ROUNDINGS = ("before_unscale", "after_unscale")
 
 #: autocast dtype name -> the format autocast computes in (the ones torch's autocast offers)
 AUTOCAST_FORMATS = {"float16": "fp16", "bfloat16": "bf16"}
@@ -78,10 +86,25 @@ class PrecisionSpec:
                     f"without emulation nothing rounds: forward_format and grad_format are what "
                     f"autocast computes in ({fmt or 'None'}), or set emulated"
                 )
+        problems += self._direction_problems()
         if self.needs_scaler and self.grad_format is None:
             problems.append("needs_scaler without a grad_format: fp32 gradients have nothing to rescue")
         if problems:
             raise ValueError(f"precision table entry {self.name!r}: " + "; ".join(problems))
+
+    def _direction_problems(self) -> list[str]:
+        """A name that says which format each direction has (``e4m3fwd-e2m1grad-emulated``,
+        ``e5m2-grads-emulated``) must say it in the order the fields have it: forward values first."""
+        fields = {
+            "fwd": "nvfp4" if self.forward_scaling == "nvfp4" else self.forward_format or "fp32",
+            "grad": self.grad_scaling or self.grad_format or "fp32",
+        }
+        out = []
+        for marker, direction in (("fwd", "forward values"), ("grad", "gradients")):
+            m = re.search(rf"(?:^|-)([a-z0-9]+?)[-_]?{marker}s?(?:-|$)", self.name)
+            if m and m.group(1) != fields[marker]:
+                out.append(f"its name says {m.group(1)} {direction}, its fields {fields[marker]}")
+        return out
 
 
 @dataclass(frozen=True)
@@ -215,29 +238,103 @@ _SPECS = (
 )
 
 
-def _in_registry_order(specs) -> dict[str, PrecisionSpec]:
-    """name -> spec in ``registry.PRECISIONS``'s order (where a new entry goes in ``_SPECS`` does not
-    matter); a name in one and not the other is a mistake in the recipe, said in one line at import."""
-    by_name = {s.name: s for s in specs}
-    missing, extra = [p for p in PRECISIONS if p not in by_name], [n for n in by_name if n not in PRECISIONS]
-    if missing or extra or len(by_name) != len(specs):
-        raise ImportError(
-            "registry.PRECISIONS and the table in study/precisions.py disagree: "
-            f"no PrecisionSpec for {missing}, not in registry.PRECISIONS: {extra}, or a name twice "
-            "(README: Adding a method or a precision)"
+#: what builds a precision's runtime object from its spec
+RUNTIME = "lossscale_bench.precision.runtime:get_precision"
+
+
+def precision_plugin(spec: PrecisionSpec, origin: str = plugins.BUILT_IN) -> plugins.Plugin:
+    """The registry's description of the table entry ``spec``."""
+    options = tuple(
+        plugins.Option(
+            o, "choice", PRECISION_OPTIONS[o].default, PRECISION_OPTIONS[o].choices, PRECISION_OPTIONS[o].doc
         )
-    return {p: by_name[p] for p in PRECISIONS}
+        for o in spec.options
+    )
+    doc = (spec.doc or spec.note or "").split(". ")[0].rstrip(".")
+    return plugins.Plugin(
+        kind="precision", name=spec.name, target=RUNTIME, options=options, origin=origin, description=spec, doc=doc
+    )
 
 
-#: name -> spec, in the registry's order
-PRECISION_SPECS: dict[str, PrecisionSpec] = _in_registry_order(_SPECS)
+def register_precision(spec: PrecisionSpec) -> PrecisionSpec:
+    """Register the table entry ``spec`` (every entry of ``_SPECS`` is)."""
+    p = precision_plugin(spec)
+    plugins.register("precision", p.name, p.target, options=p.options, description=spec, doc=p.doc)
+    return spec
 
-#: the emulated precisions (the options about emulated rounding apply to these only)
-EMULATED_PRECISIONS = tuple(n for n, s in PRECISION_SPECS.items() if s.emulated)
-#: emulated precisions whose gradients are fp8 (block scaling and E4M3 overflow options apply)
-FP8_GRAD_PRECISIONS = tuple(n for n, s in PRECISION_SPECS.items() if s.emulated and s.grad_format in ("e4m3", "e5m2"))
-#: precisions whose gradients underflow, so a loss scale is meaningful
-SCALED_PRECISIONS = tuple(n for n, s in PRECISION_SPECS.items() if s.needs_scaler)
+
+def _describe_entry_point(name: str, target: str, origin: str) -> plugins.Plugin:
+    """An entry point of ``lossscale_bench.precisions``: its value names a ``PrecisionSpec``."""
+    from importlib import import_module
+
+    module, attr = target.split(":")
+    try:
+        spec = getattr(import_module(module), attr)
+    except Exception as exc:  # noqa: BLE001 - whatever the plug-in's import raises is its error
+        raise plugins.PluginError(f"precision {name!r} ({origin}): cannot load {target}: {exc}") from None
+    if not isinstance(spec, PrecisionSpec) or spec.name != name:
+        raise plugins.PluginError(f"precision {name!r} ({origin}): {target} is not a PrecisionSpec named {name!r}")
+    return precision_plugin(spec, origin)
+
+
+for _spec in _SPECS:
+    register_precision(_spec)
+plugins.DESCRIBERS["precision"] = _describe_entry_point
+
+
+#: every precision name a study may use: the table's, in its order, then the entry points' (their
+#: names are read from the installed metadata; their specs are loaded when first needed)
+PRECISION_NAMES = plugins.names("precision")
+_SPECS_LOADED: dict[str, PrecisionSpec] = {}
+
+
+def precision_specs() -> dict[str, PrecisionSpec]:
+    """name -> spec, in :data:`PRECISION_NAMES`' order (also as ``PRECISION_SPECS``); entry points loaded
+    on the first call (a broken one is left out here and named by ``lsbench plugins``). Loaded late
+    so that a plug-in's module may import the study layer."""
+    for name in PRECISION_NAMES:
+        if name not in _SPECS_LOADED:
+            try:  # a plug-in whose module is still being imported is tried again on the next call
+                _SPECS_LOADED[name] = plugins.entry("precision", name).description
+            except plugins.PluginError:
+                continue
+    return _SPECS_LOADED
+
+
+def __getattr__(name: str):
+    """``PRECISION_SPECS`` and the tuples derived from it, computed when first read (PEP 562)."""
+    specs = precision_specs() if name in _DERIVED else None
+    if name == "PRECISION_SPECS":
+        return specs
+    if name in _DERIVED:
+        return tuple(n for n, s in specs.items() if _DERIVED[name](s))
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+#: the tuples of precision names derived from the specs: the emulated precisions (the options about
+#: emulated rounding apply to these only), the emulated ones with fp8 gradients (block scaling and
+#: E4M3 overflow options apply), those whose gradients underflow (a loss scale is meaningful)
+_DERIVED = {
+    "PRECISION_SPECS": None,
+    "EMULATED_PRECISIONS": lambda s: s.emulated,
+    "FP8_GRAD_PRECISIONS": lambda s: s.emulated and s.grad_format in ("e4m3", "e5m2"),
+    "SCALED_PRECISIONS": lambda s: s.needs_scaler,
+}
+
+
+def precisions_where(what: str) -> tuple[str, ...]:
+    """The precision names of one of the derived tuples (``EMULATED_PRECISIONS``, ``FP8_GRAD_PRECISIONS``,
+    ``SCALED_PRECISIONS``), computed now (entry points included)."""
+    return tuple(n for n, s in precision_specs().items() if _DERIVED[what](s))
+
+
+def is_emulated(precision) -> bool:
+    """Whether ``precision`` (a name, as a stored run's tag has it) is a CPU emulation, from its table
+    entry; a name no entry has is not one."""
+    spec = precision_specs().get(precision) if isinstance(precision, str) else None
+    return bool(spec is not None and spec.emulated)
+
+
 #: the format the per-layer scalers keep gradients in where a precision has none (fp32): their own
 #: default, fp16 (``build_scaler`` passes no format then)
 SCALER_DEFAULT_GRAD_FORMAT = "fp16"
@@ -246,11 +343,11 @@ SCALER_DEFAULT_GRAD_FORMAT = "fp16"
 def precision_option_problems(values: dict, precision: str) -> list[tuple[str, str, str]]:
     """``(option, problem, allowed)`` for each precision option in ``values`` (a scaling entry's
     fields; None: not given) that ``precision`` does not take."""
-    takes = PRECISION_SPECS[precision].options
+    takes = precision_specs()[precision].options
     out = []
     for name in PRECISION_OPTIONS:
         if values.get(name) is not None and name not in takes:
-            where = [n for n, s in PRECISION_SPECS.items() if name in s.options]
+            where = [n for n, s in precision_specs().items() if name in s.options]
             out.append((name, f"not an option of {precision}", ", ".join(where)))
     return out
 
@@ -266,4 +363,4 @@ def precision_option_words(scaling: dict) -> list[str]:
 
 def scaler_grad_format(precision: str) -> str:
     """The name of the gradient format a scaler in ``precision`` works to (its range bounds options)."""
-    return PRECISION_SPECS[precision].grad_format or SCALER_DEFAULT_GRAD_FORMAT
+    return precision_specs()[precision].grad_format or SCALER_DEFAULT_GRAD_FORMAT

@@ -16,13 +16,16 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    PrivateAttr,
     ValidationInfo,
     field_validator,
     model_serializer,
     model_validator,
 )
 
-from ..core.registry import EQUIVALENCE_MARGIN_RANGE, EVAL_METRICS, MODEL_NAMES, PRECISIONS
+from ..core.plugins import PluginError
+from ..core.registry import EQUIVALENCE_MARGIN_RANGE, EVAL_METRICS
+from ..core.wording import suggest
 from .as_written import AsWritten
 from .datasets import DatasetSpec
 from .entry_checks import check_grad_rounding, check_method_options, unique_labels
@@ -41,11 +44,14 @@ from .fields import (
     ctx_base_dir,
     ctx_source,
     mapping_or_empty,
+    model_field,
     number_field,
     resolve_path,
 )
 from .grid import expand
 from .methods import ScalingEntry
+from .models import model_entry, model_option_problems
+from .precisions import PRECISION_NAMES
 from .resources import Resources, check_repeatable
 from .seed_plan import SeedPlan, split_seed_plan
 from .seed_streams import SeedStreams
@@ -130,7 +136,10 @@ class EvalSpec(BaseModel):
 
 
 class ModelOptions(BaseModel):
-    model_config = STRICT
+    """The built-in models' options (each model's own are on the names page); a model from outside
+    the package takes the keys its builder's signature names, checked by the study."""
+
+    model_config = ConfigDict(extra="allow", frozen=True, validate_default=False)
 
     image_size: number_field("int", ge=32, nullable=True) = None  # type: ignore[valid-type]
     width: number_field("int", ge=4, nullable=True) = None  # type: ignore[valid-type]
@@ -256,9 +265,9 @@ class Study(BaseModel):
     name: Annotated[str, BeforeValidator(_check_name)]
     description: Annotated[str, BeforeValidator(_check_description)] = ""
     dataset: Annotated[DatasetSpec, BeforeValidator(_dataset_shorthand)]
-    model: ListOf(choice_field("model", MODEL_NAMES))  # type: ignore[valid-type]
+    model: ListOf(model_field())  # type: ignore[valid-type]
     batch_size: ListOf(PosInt)  # type: ignore[valid-type]
-    precision: choice_field("precision", PRECISIONS)  # type: ignore[valid-type]
+    precision: choice_field("precision", PRECISION_NAMES)  # type: ignore[valid-type]
     scaling: Annotated[list[ScalingEntry], Field(min_length=1), BeforeValidator(_scaling_axis)]
     seeds: ListOf(number_field("int", ge=0, lt=2**32)) = Field(default_factory=lambda: [0])  # type: ignore[valid-type]
     schedule: Schedule
@@ -279,6 +288,10 @@ class Study(BaseModel):
     seed_plan: SeedPlan | None = None
     #: the file it came from; set by the loader, not a key of the YAML schema
     source: str = DEFAULT_SOURCE
+    #: model name -> its registry entry (an import path resolved against the study file's folder)
+    _models: dict = PrivateAttr(default_factory=dict)
+    #: the study file's folder, where its import paths are found first
+    _base_dir: str | None = PrivateAttr(default=None)
 
     @model_validator(mode="before")
     @classmethod
@@ -327,20 +340,12 @@ class Study(BaseModel):
                 f"scaling[{marked[0]}] is already the baseline; at most one scaling entry may say baseline: true",
             )
 
-        tiny_only = {"width": self.model_options.width, "batch_norm": self.model_options.batch_norm}
+        self._base_dir = ctx_base_dir(info) if getattr(info, "context", None) else None
+        self._check_models(fail)
         for k, e in enumerate(self.scaling):
             own = e.resources.given() if e.resources is not None else {}
             backend = own.get("backend", self.resources.backend)
             devices = own.get("devices_per_trial", self.resources.devices_per_trial)
-            models = [e.model] if e.model is not None else self.model
-            for opt, val in tiny_only.items():
-                for m in models:
-                    if val is not None and m != "ssd_tiny":
-                        fail(
-                            f"model_options.{opt}",
-                            f"only meaningful for ssd_tiny, but the grid has {m}"
-                            + (f" (scaling[{k}].model)" if e.model is not None else ""),
-                        )
             if e.batch_size is not None:
                 bs_paths = [(f"scaling[{k}].batch_size", e.batch_size)]
             else:
@@ -357,7 +362,7 @@ class Study(BaseModel):
                 fail(
                     f"scaling[{k}].precision" if e.precision is not None else "precision",
                     "mixed16 is not supported on backend xla (torch_xla has no fp16 autocast path); use bf16",
-                    ", ".join(p for p in PRECISIONS if p != "mixed16"),
+                    ", ".join(p for p in PRECISION_NAMES if p != "mixed16"),
                 )
         check_repeatable(self, fail)
         unique_labels(self, fail)
@@ -366,6 +371,47 @@ class Study(BaseModel):
         if found:
             raise StudyError.of(list({str(p): p for p in found}.values()))
         return self
+
+    def _check_models(self, fail) -> None:
+        """Every model of the grid found (an import path: its module and callable), and every
+        ``model_options`` key one that each of them takes."""
+        where = [(f"model[{i}]", m) for i, m in enumerate(self.model)]
+        where += [(f"scaling[{k}].model", e.model) for k, e in enumerate(self.scaling) if e.model is not None]
+        grid: dict[str, list[str]] = {}  # model -> where it is named
+        missing = False
+        for path, m in where:
+            if m not in self._models:
+                try:
+                    self._models[m] = model_entry(m, self._base_dir)
+                except PluginError as exc:
+                    fail(path, str(exc))
+                    missing = True
+                    continue
+            grid.setdefault(m, []).append(path)
+        if missing:  # which options it takes is not known: its error is the one to fix first
+            return
+        given = self.model_options.model_dump(mode="json", exclude_none=True)
+        builtin_keys = list(ModelOptions.model_fields)
+        for key in given:
+            takers = [m for m, p in self._models.items() if not model_option_problems(p, {key: None})]
+            if not takers:
+                known = list(dict.fromkeys(builtin_keys + [o.name for p in self._models.values() for o in p.options]))
+                fail(f"model_options.{key}", f"unknown key{suggest(key, known)}", ", ".join(known))
+                continue
+            for m, paths in grid.items():
+                if m not in takers:
+                    on = "" if paths[0].startswith("model[") else f" ({paths[0]})"
+                    fail(f"model_options.{key}", f"only meaningful for {', '.join(takers)}, but the grid has {m}{on}")
+
+    def plugin_dir(self) -> str | None:
+        """The study file's folder: where its import paths are found first (a trial puts it on ``sys.path``)."""
+        return self._base_dir
+
+    def model_plugin(self, name: str):
+        """The registry entry of a model of this study's grid."""
+        if name not in self._models:
+            self._models[name] = model_entry(name, self._base_dir)
+        return self._models[name]
 
     def trials(self) -> list[TrialConfig]:
         """model × batch_size × scaling entry × seed, overrides applied, duplicates collapsed.

@@ -46,6 +46,12 @@ class TrialConfig(BaseModel):
     #: random streams set otherwise than the default (``{"init": 0}``, ``{"val": "trial"}``:
     #: schema.SeedStreams); empty by default, and then not in the id
     seed_streams: dict[str, int | str] = {}
+    #: kind -> name, origin and source digest of each plug-in from outside the package the trial uses
+    #: (:func:`.grid.trial_plugins`); part of the id; empty (and then not in the id) for built-ins
+    plugins: dict[str, dict[str, Any]] = {}
+    #: the study file's folder, put first on ``sys.path`` where the trial builds an import-path plug-in;
+    #: a machine path, so not in the id
+    plugin_dir: str | None = None
 
     def __hash__(self) -> int:  # dict fields are unhashable; the id identifies the trial
         return hash((self.study, self.trial_id))
@@ -75,6 +81,7 @@ class TrialConfig(BaseModel):
             self.fingerprint,
             self.on_divergence,
             self.seed_streams,
+            self.plugins,
         )
 
     def stream_seed(self, stream: str) -> int | None:
@@ -82,6 +89,19 @@ class TrialConfig(BaseModel):
         a fixed one (schema.SeedStreams), or None for ``val`` when the dataset's own set is used."""
         v = self.seed_streams.get(stream, None if stream == "val" else "trial")
         return None if v is None else self.seed if v == "trial" else int(v)
+
+    def plugin_tags(self) -> dict[str, str]:
+        """MLflow tags naming each plug-in from outside the package: name, origin, digest."""
+        out = {}
+        for kind, p in sorted(self.plugins.items()):
+            out.update(
+                {
+                    f"lsbench.plugin.{kind}.name": str(p.get("name")),
+                    f"lsbench.plugin.{kind}.origin": str(p.get("origin")),
+                    f"lsbench.plugin.{kind}.digest": str(p.get("digest")),
+                }
+            )
+        return out
 
     def config_id(self) -> str:
         """The configuration this trial is a seed of (tag ``lsbench.config_id``; :func:`.grid.config_id`)."""

@@ -15,17 +15,13 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from ..study.precisions import is_emulated
 from .client import retry, store_client
 from .run_status import base_run_name
 from .store import open_store, relative_artifact_location, sqlite_path
 from .store_faults import store_error
 
 TERMINAL = ("finished", "diverged")
-
-
-def is_emulated(precision) -> bool:
-    """``fp16-emulated``, ``fp8-emulated``, ...: a CPU emulation, which the report marks †."""
-    return str(precision).endswith("-emulated")
 
 
 def _bool_tag(value) -> str:
@@ -244,6 +240,8 @@ class Tracker:
             "lsbench.baseline": baseline,
             # the configuration this trial is a seed of: the report pools seeds only within one
             "lsbench.config_id": cfg.config_id(),
+            # a plug-in from outside the package: its name, origin and source digest (also in the trial id)
+            **cfg.plugin_tags(),
         }
         run = retry(self.client.create_run, exp_id, run_name=base_run_name(cfg.label, cfg.trial_id), tags=tags)
         run_id = run.info.run_id

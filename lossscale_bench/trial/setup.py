@@ -86,6 +86,7 @@ def build_parts(cfg, sink: Sink, trial_dir: Path, threads, rank: int = 0) -> Tri
     from ..precision import get_precision
     from ..precision.telemetry import LayerHistory, UnderflowProbe
     from ..scaling import build_scaler
+    from ..study.models.signature import on_path
     from ..study.precisions import PRECISION_OPTIONS
 
     backend = seeded_backend(cfg, threads)
@@ -98,7 +99,8 @@ def build_parts(cfg, sink: Sink, trial_dir: Path, threads, rank: int = 0) -> Tri
         dataset, image_size=opts.get("image_size"), max_val_images=cfg.eval.get("max_images")
     )
     sink.tags(data_report(train_ds, val_ds))
-    model = backend.prepare_model(build_model(cfg.model, num_classes=len(classes) + 1, **opts))
+    with on_path(cfg.plugin_dir):  # an import-path plug-in is found in the study file's folder first
+        model = backend.prepare_model(build_model(cfg.model, num_classes=len(classes) + 1, **opts))
     precision = get_precision(
         cfg.precision,
         seed=cfg.seed,

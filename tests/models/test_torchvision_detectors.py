@@ -24,6 +24,13 @@ def _shapes(model) -> dict[str, tuple]:
     return {k: tuple(v.shape) for k, v in model.state_dict().items()}
 
 
+def test_the_names_are_registered_models():
+    from lossscale_bench.study.plugins import entry, names
+
+    assert set(NAMES) <= set(names("model"))
+    assert entry("model", "fcos_resnet50_fpn").display == "FCOS-R50-FPN"
+
+
 def test_ssdlite_is_torchvisions_model_at_width_one():
     ours = build_model("ssdlite320_mobilenet_v3_large", num_classes=4)
     theirs = torchvision.models.detection.ssdlite320_mobilenet_v3_large(
@@ -163,9 +170,9 @@ METHODS = (
 
 
 def test_the_rows_cover_every_scaling_method():
-    from lossscale_bench.core.registry import SCALING_METHODS
+    from lossscale_bench.study.plugins import names
 
-    assert {e.split(",")[0].split(": ")[1] for e in METHODS} == set(SCALING_METHODS)
+    assert {e.split(",")[0].split(": ")[1] for e in METHODS} == set(names("method", entry_points=False))
 
 
 @pytest.mark.slow

@@ -12,9 +12,10 @@ import inspect
 import pytest
 from torch import nn
 
-from lossscale_bench.core.registry import DYNAMIC_STYLES, SCALING_METHODS
+from lossscale_bench.core.registry import DYNAMIC_STYLES
 from lossscale_bench.scaling import build_scaler, scaler_class
 from lossscale_bench.study.methods import ENTRIES
+from lossscale_bench.study.methods import METHOD_NAMES as SCALING_METHODS
 
 
 def _model():

@@ -1,41 +1,85 @@
 """Loss-scaling methods as a study file names them: one module per method, each one entry.
 
 Adding a method: its scaler in ``lossscale_bench/scaling/`` (a per-layer one subclasses
-``scaling/per_layer/scaler.py``'s ``PointLossScaler`` or ``PerLayerLossScaler``), its entry here (a module
-named after the method that defines ``ENTRY``, a :class:`~.base.MethodEntry` subclass), and its
-name in ``registry.SCALING_METHODS`` (README "Adding a method or a precision" has a worked example,
-run by ``tests/test_extending.py``). Everything else (the schema's union, trial-id tags, default
-labels, the report's labels of stored runs, ``build_scaler``, ``report --telemetry``) reads the
-entries and the scalers' metrics.
+``scaling/per_layer/scaler.py``'s ``PointLossScaler`` or ``PerLayerLossScaler``) and its entry here
+(a module of this package with a :class:`~.base.MethodEntry` subclass under ``@register_method``),
+or both in a distribution of its own that names the entry class in the entry-point group
+``lossscale_bench.methods`` (docs/development/extending.md has both, run by
+``tests/test_extending.py``). The modules here are found and imported on their own; entry points
+are loaded when this package is first imported (the schema's union needs their classes). Everything
+else (the schema's union, trial-id tags, default labels, the report's labels of stored runs,
+``build_scaler``, ``report --telemetry``) reads the registered entries and the scalers' metrics.
 """
 
 from __future__ import annotations
 
+import pkgutil
 from importlib import import_module
 from typing import Annotated, Union
 
 from pydantic import Discriminator
 
-from ...core.registry import SCALING_METHODS
+from ...core import plugins
 from ..precisions import PRECISION_OPTIONS, precision_option_words
-from .base import COMMON_KEYS, Fail, MethodEntry, ResourcesOverride
+from .base import COMMON_KEYS, Fail, MethodEntry, ResourcesOverride, method_plugin, register_method
 
-#: method name -> its entry class, in the registry's order
-ENTRIES: dict[str, type[MethodEntry]] = {m: import_module(f".{m}", __name__).ENTRY for m in SCALING_METHODS}
 
-#: one ``scaling:`` entry, told apart by ``method``
-ScalingEntry = Annotated[Union[tuple(ENTRIES.values())], Discriminator("method")]  # type: ignore[valid-type]  # noqa: UP007 (a tuple of types: only Union[...] takes one)
+def _describe_entry_point(name: str, target: str, origin: str) -> plugins.Plugin:
+    """An entry point of ``lossscale_bench.methods``: its value names a ``MethodEntry`` subclass."""
+    module, attr = target.split(":")
+    try:
+        cls = getattr(import_module(module), attr)
+    except Exception as exc:  # noqa: BLE001 - whatever the plug-in's import raises is its error
+        raise plugins.PluginError(f"method {name!r} ({origin}): cannot load {target}: {exc}") from None
+    if not (isinstance(cls, type) and issubclass(cls, MethodEntry)):
+        raise plugins.PluginError(f"method {name!r} ({origin}): {target} is not a MethodEntry subclass")
+    return method_plugin(cls, name, origin)
+
+
+plugins.DESCRIBERS["method"] = _describe_entry_point
+for _info in pkgutil.iter_modules(__path__):
+    if _info.name != "base":
+        import_module(f".{_info.name}", __name__)
+
+
+#: every scaling method a study may name: the package's (its modules in name order), then the entry
+#: points' (their names read from the installed metadata; their entries loaded when first needed)
+METHOD_NAMES = plugins.names("method")
+_ENTRIES: dict[str, type[MethodEntry]] = {}
+
+
+def entries() -> dict[str, type[MethodEntry]]:
+    """method name -> its entry class (also as ``ENTRIES``); entry points loaded on the first call (a
+    broken one is left out here and named by ``lsbench plugins``), late so that a plug-in's module may
+    import the study layer."""
+    for name in METHOD_NAMES:
+        if name not in _ENTRIES:
+            try:  # a plug-in whose module is still being imported is tried again on the next call
+                _ENTRIES[name] = plugins.entry("method", name).description
+            except plugins.PluginError:
+                continue
+    return _ENTRIES
+
+
+def __getattr__(name: str):
+    """``ENTRIES`` and ``ScalingEntry`` (one ``scaling:`` entry, told apart by ``method``), computed when
+    first read (PEP 562)."""
+    if name == "ENTRIES":
+        return entries()
+    if name == "ScalingEntry":
+        return Annotated[Union[tuple(entries().values())], Discriminator("method")]  # type: ignore[valid-type]  # noqa: UP007 (a tuple of types: only Union[...] takes one)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def entry_of(scaling: dict) -> type[MethodEntry]:
     """The entry class of a normalized scaling dict; ``KeyError`` names an unknown method."""
-    return ENTRIES[scaling.get("method")]  # type: ignore[index]
+    return entries()[scaling.get("method")]  # type: ignore[index]
 
 
 def scaling_tag(scaling: dict) -> str:
     """The readable part of a trial id for this scaling (``fixed128``, ``adaptive-f10``)."""
     method = scaling.get("method")
-    return ENTRIES[method].id_tag(scaling) if method in ENTRIES else str(method)
+    return entries()[method].id_tag(scaling) if method in entries() else str(method)
 
 
 def default_label(scaling: dict, precision: str) -> str:
@@ -63,12 +107,12 @@ def default_label(scaling: dict, precision: str) -> str:
         rest = {k: v for k, v in scaling.items() if k != "grad_overflow"}
         return f"{default_label(rest, precision)} (grad overflow -> NaN)"
     method = scaling.get("method")
-    return ENTRIES[method].row_label(scaling, precision) if method in ENTRIES else str(method)
+    return entries()[method].row_label(scaling, precision) if method in entries() else str(method)
 
 
 def scaling_keys(method: str) -> list[str]:
     """Every key a ``method`` entry accepts, common keys first (for "unknown key" errors)."""
-    return list(COMMON_KEYS) + ENTRIES[method].option_names()
+    return list(COMMON_KEYS) + entries()[method].option_names()
 
 
 def scaler_recipe(scaling: dict) -> tuple[str, dict, bool, bool]:
@@ -80,6 +124,9 @@ def scaler_recipe(scaling: dict) -> tuple[str, dict, bool, bool]:
 
 __all__ = [
     "ENTRIES",
+    "METHOD_NAMES",
+    "entries",
+    "register_method",
     "ScalingEntry",
     "MethodEntry",
     "ResourcesOverride",

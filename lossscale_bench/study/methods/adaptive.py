@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Literal
 
 from ..fields import Bool, PosInt, Scale, choice_field, number_field
-from .base import Fail, MethodEntry, num, option_parts
+from .base import Fail, MethodEntry, num, option_parts, register_method
 
 #: the authors' defaults (ADAPTIVE.md); options added after studies ran are left out of the trial
 #: id while at their default (``LATE``), so existing ids stay
@@ -29,13 +29,20 @@ _LABEL_PARTS = (
 )
 
 
+@register_method
 class AdaptiveScaling(MethodEntry):
     method: Literal["adaptive"]
+    #: Recompute the layer scales every this many steps (or backward calls).
     update_every: PosInt = DEFAULTS["update_every"]  # type: ignore[valid-type]
+    #: The share of gradient elements allowed to underflow when a layer's scale is chosen.
     n_uf_threshold: number_field("float", gt=0, lt=1) = DEFAULTS["n_uf_threshold"]  # type: ignore[valid-type]
+    #: Largest factor of one layer.
     scale_upper_bound: Scale = DEFAULTS["scale_upper_bound"]  # type: ignore[valid-type]
+    #: Largest accumulated scale (the product of the factors down to a layer).
     accum_upper_bound: Scale = DEFAULTS["accum_upper_bound"]  # type: ignore[valid-type]
+    #: Keep the scales powers of two (exact to apply and to undo).
     power_of_two: Bool = DEFAULTS["power_of_two"]
+    #: The starting scale.
     init_scale: Scale = DEFAULTS["init_scale"]  # type: ignore[valid-type]
     #: the authors' later head-output and L2Norm-input scaling points (scaling/adaptive.py); the
     #: published table predates them, so off by default
@@ -84,6 +91,3 @@ class AdaptiveScaling(MethodEntry):
         if scaling.get("update_count", "steps") == "calls" and n != 1:
             parts.append("per-call count")
         return "adaptive" + (f" ({', '.join(parts)})" if parts else "")
-
-
-ENTRY = AdaptiveScaling

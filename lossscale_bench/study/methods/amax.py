@@ -9,8 +9,8 @@ from typing import Literal
 from ...core.float_ranges import FP32, RANGES
 from ...core.registry import AMAX_RECIPES
 from ..fields import Bool, NonNegInt, PosInt, Scale, choice_field
-from ..precisions import PRECISION_SPECS, scaler_grad_format
-from .base import Fail, MethodEntry, differs, num
+from ..precisions import precision_specs, scaler_grad_format
+from .base import Fail, MethodEntry, differs, num, register_method
 
 #: Transformer Engine's DelayedScaling defaults
 DEFAULTS = {"recipe": "delayed", "history": 1024, "margin": 0, "power_of_two": True, "init_scale": 1.0}
@@ -34,13 +34,19 @@ def max_margin(grad_format: str, block_scaled: bool = False) -> int:
     return math.floor(top if block_scaled else min(RANGES[grad_format].log2_span(), top))
 
 
+@register_method
 class AmaxScaling(MethodEntry):
     method: Literal["amax"]
+    #: current: each step's own amax; delayed: the largest over a history of steps (Transformer Engine's
+    #: DelayedScaling).
     recipe: choice_field("amax recipe", AMAX_RECIPES) = DEFAULTS["recipe"]  # type: ignore[valid-type]
     #: recipe delayed only: steps of amax history (TE's amax_history_len)
     history: PosInt | None = None  # type: ignore[valid-type]
+    #: Put a layer's largest gradient 2**margin below the format's maximum.
     margin: NonNegInt = DEFAULTS["margin"]  # type: ignore[valid-type]
+    #: Keep the scales powers of two.
     power_of_two: Bool = DEFAULTS["power_of_two"]
+    #: The starting scale.
     init_scale: Scale = DEFAULTS["init_scale"]  # type: ignore[valid-type]
     scaler = "lossscale_bench.scaling.amax:AmaxLossScaler"
     per_layer = True
@@ -61,7 +67,7 @@ class AmaxScaling(MethodEntry):
         if self.history is not None and self.recipe != "delayed":
             fail(".history", f"only meaningful with recipe: delayed (this entry has recipe: {self.recipe})")
         fmt = scaler_grad_format(precision)
-        blocks = PRECISION_SPECS[precision].grad_scaling  # nvfp4, mxfp4: a scale per block; None: the format alone
+        blocks = precision_specs()[precision].grad_scaling  # nvfp4, mxfp4: a scale per block; None: the format alone
         top = max_margin(fmt, block_scaled=blocks is not None)
         if self.margin > top:
             if self.margin > math.log2(FP32.max):
@@ -98,6 +104,3 @@ class AmaxScaling(MethodEntry):
         if scaling.get("power_of_two", True) is False:
             parts.append("no pow2")
         return f"amax ({', '.join(parts)})"
-
-
-ENTRY = AmaxScaling

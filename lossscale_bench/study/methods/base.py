@@ -14,15 +14,18 @@ Torch-free (the study layer): the scaler is named by its import path, imported o
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import Any, ClassVar, get_args
 
 from pydantic import BaseModel, create_model
 
-from ...core.registry import BACKEND_NAMES, MODEL_NAMES, PRECISIONS
+from ...core import plugins
+from ...core.registry import BACKEND_NAMES
+from ..described import field_options
 from ..errors import fmt_num
-from ..fields import STRICT, Bool, Label, PosFloat, PosInt, choice_field
-from ..precisions import PRECISION_OPTIONS
+from ..fields import STRICT, Bool, Label, PosFloat, PosInt, choice_field, model_field
+from ..precisions import GRAD_ROUNDINGS, PRECISION_NAMES, PRECISION_OPTIONS
 
 #: ``fail(path_suffix, problem, allowed=None)``: raise the study error for ``scaling[k]<path_suffix>``
 Fail = Callable[..., None]
@@ -113,17 +116,20 @@ class MethodEntry(_PrecisionOptionFields):
     per_layer: ClassVar[bool] = False
     #: a global scaler that still needs the gradient format (its maximum, its range)
     takes_grad_format: ClassVar[bool] = False
+    #: bumped (start at 2) when the scaler's code changes what a trial trains to: only this method's
+    #: trial ids change (None: never bumped)
+    version: ClassVar[int | None] = None
 
     label: Label = None
-    precision: choice_field("precision", PRECISIONS) | None = None  # type: ignore[valid-type]
-    model: choice_field("model", MODEL_NAMES) | None = None  # type: ignore[valid-type]
+    precision: choice_field("precision", PRECISION_NAMES) | None = None  # type: ignore[valid-type]
+    model: model_field() | None = None  # type: ignore[valid-type]
     batch_size: PosInt | None = None  # type: ignore[valid-type]
     resources: ResourcesOverride | None = None
     #: the report's reference row (its test of every other row); not in the trial id
     baseline: Bool = False
     #: emulated precisions: parameter gradients rounded before (default, PyTorch AMP) or after
     #: unscaling (Chainer's order); precision/runtime.py's module doc. A trial option, so it lives here.
-    grad_rounding: choice_field("grad_rounding", ("before_unscale", "after_unscale")) | None = None  # type: ignore
+    grad_rounding: choice_field("grad_rounding", GRAD_ROUNDINGS) | None = None  # type: ignore
     #: E4M3 gradients only: an overflow saturates to +-448 (torch's cast, TE) or becomes NaN (OCP's
     #: non-saturating conversion), which overflow-driven scalers can see
     grad_overflow: choice_field("grad_overflow", ("saturate", "nan")) | None = None  # type: ignore
@@ -183,3 +189,28 @@ class MethodEntry(_PrecisionOptionFields):
         """Refuse option combinations that cannot mean what they say (``fail(".opt", problem)``) in
         ``precision`` (the entry's own or the study's), whose formats bound some of them. A bound that
         holds whatever the precision belongs on the option's type (``fields.Scale``)."""
+
+
+def method_plugin(cls: type[MethodEntry], name: str | None = None, origin: str = plugins.BUILT_IN) -> plugins.Plugin:
+    """The registry's description of the method entry ``cls`` (its name: the ``method`` literal)."""
+    method = get_args(cls.model_fields["method"].annotation)[0]
+    if name is not None and name != method:
+        raise plugins.PluginError(f"method {name!r} ({origin}): its entry says method: {method!r}")
+    doc = (sys.modules[cls.__module__].__doc__ or cls.__doc__ or "").strip().splitlines()
+    return plugins.Plugin(
+        kind="method",
+        name=method,
+        target=cls.scaler,
+        options=field_options(cls, cls.option_names()),
+        version=cls.version,
+        origin=origin,
+        description=cls,
+        doc=doc[0] if doc else "",
+    )
+
+
+def register_method(cls: type[MethodEntry]) -> type[MethodEntry]:
+    """Class decorator: register the method entry ``cls`` (``@register_method`` above the class)."""
+    p = method_plugin(cls)
+    plugins.register("method", p.name, p.target, options=p.options, version=p.version, description=cls, doc=p.doc)
+    return cls

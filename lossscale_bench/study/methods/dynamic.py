@@ -12,7 +12,7 @@ from typing import Literal
 
 from ...core.registry import DYNAMIC_STYLES
 from ..fields import Bool, PosInt, Scale, choice_field
-from .base import Fail, MethodEntry, differs, num
+from .base import Fail, MethodEntry, differs, num, register_method
 
 #: the options per style where the entry leaves them out
 DEFAULTS = {
@@ -32,14 +32,21 @@ STYLE_ONLY = {"hysteresis": "deepspeed", "min_scale": "deepspeed", "consecutive_
 _TAG_PREFIX = {"torch": "dyntorch", "deepspeed": "dynds"}
 
 
+@register_method
 class DynamicScaling(MethodEntry):
     method: Literal["dynamic"]
+    #: Whose rule: chainer (start at 1, grow until the first overflow), torch (GradScaler) or deepspeed
+    #: (DynamicLossScaler, with hysteresis and a floor).
     style: choice_field("dynamic style", DYNAMIC_STYLES) = "chainer"  # type: ignore[valid-type]
+    #: Clean steps after which the scale doubles.
     interval: PosInt | None = None  # type: ignore[valid-type]
+    #: The starting scale.
     init_scale: Scale | None = None  # type: ignore[valid-type]
     #: style deepspeed only (DeepSpeed's hysteresis, min_loss_scale, consecutive_hysteresis)
     hysteresis: PosInt | None = None  # type: ignore[valid-type]
+    #: style deepspeed only: the scale never drops below this.
     min_scale: Scale | None = None  # type: ignore[valid-type]
+    #: style deepspeed only: hysteresis counts consecutive overflows only.
     consecutive_hysteresis: Bool | None = None
     scaler = "lossscale_bench.scaling.dynamic:DynamicLossScaler"
 
@@ -90,6 +97,3 @@ class DynamicScaling(MethodEntry):
             if scaling.get("consecutive_hysteresis"):
                 parts.append("consecutive hysteresis")
         return f"loss scale ({', '.join(parts)})"
-
-
-ENTRY = DynamicScaling

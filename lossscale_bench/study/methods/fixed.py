@@ -5,11 +5,13 @@ from __future__ import annotations
 from typing import Literal
 
 from ..fields import Bool, Scale
-from .base import MethodEntry, num
+from .base import MethodEntry, num, register_method
 
 
+@register_method
 class FixedScaling(MethodEntry):
     method: Literal["fixed"]
+    #: The loss scale, applied at every step.
     scale: Scale = 1.0  # type: ignore[valid-type]
     #: skip a step whose gradients are not finite (Chainer's and AMP's behaviour)
     skip_nonfinite: Bool = True
@@ -26,6 +28,3 @@ class FixedScaling(MethodEntry):
         if scale == 1.0:
             return "no loss scale" + (f" ({extra})" if extra else "")
         return f"loss scale ({num(scale)}{', ' + extra if extra else ''})"
-
-
-ENTRY = FixedScaling

@@ -6,17 +6,22 @@ from __future__ import annotations
 from typing import Literal
 
 from ..fields import PosInt, Scale
-from .base import Fail, MethodEntry, interval_label, num
+from .base import Fail, MethodEntry, interval_label, num, register_method
 
 #: fairscale's growth_interval; GradScaler's start
 DEFAULTS = {"init_scale": 65536.0, "interval": 10000}
 
 
+@register_method
 class LayerwiseDynamicScaling(MethodEntry):
     method: Literal["layerwise_dynamic"]
+    #: Every scaling point's starting scale.
     init_scale: Scale = DEFAULTS["init_scale"]  # type: ignore[valid-type]
+    #: Clean steps after which a point's scale doubles.
     interval: PosInt = DEFAULTS["interval"]  # type: ignore[valid-type]
+    #: A point's scale never drops below this (not given: no floor).
     min_scale: Scale | None = None  # type: ignore[valid-type]
+    #: A point's scale never grows past this (not given: no ceiling).
     max_scale: Scale | None = None  # type: ignore[valid-type]
     scaler = "lossscale_bench.scaling.layerwise_dynamic:LayerwiseDynamicLossScaler"
     per_layer = True
@@ -42,6 +47,3 @@ class LayerwiseDynamicScaling(MethodEntry):
             DEFAULTS,
             (("init_scale", "init"), ("min_scale", "min"), ("max_scale", "max")),
         )
-
-
-ENTRY = LayerwiseDynamicScaling

@@ -6,15 +6,18 @@ from __future__ import annotations
 from typing import Literal
 
 from ..fields import PosInt, Scale, number_field
-from .base import MethodEntry, interval_label, num
+from .base import MethodEntry, interval_label, num, register_method
 
 #: FP8-LM's rule: back off past 0.001 % saturated elements, grow x2 after 1000 clean steps
 DEFAULTS = {"init_scale": 1.0, "interval": 1000, "threshold": 1e-5}
 
 
+@register_method
 class SaturationScaling(MethodEntry):
     method: Literal["saturation"]
+    #: The starting scale.
     init_scale: Scale = DEFAULTS["init_scale"]  # type: ignore[valid-type]
+    #: Clean steps after which the scale doubles.
     interval: PosInt = DEFAULTS["interval"]  # type: ignore[valid-type]
     #: share of parameter-gradient elements at or past the format's max that triggers a back-off
     threshold: number_field("float", ge=0, lt=1) = DEFAULTS["threshold"]  # type: ignore[valid-type]
@@ -30,6 +33,3 @@ class SaturationScaling(MethodEntry):
         return interval_label(
             "saturation-aware dynamic", scaling, DEFAULTS, (("init_scale", "init"), ("threshold", "threshold"))
         )
-
-
-ENTRY = SaturationScaling
