@@ -756,16 +756,19 @@ def test_one_seed_study_says_too_few_seeds_and_no_seeds_note(stats_store):
 
 
 def test_emulated_precisions_are_marked():
+    """From the precision table (its ``emulated`` field), never from the name: a name no entry has
+    (``fp4-emulated``, a precision since renamed) is not marked for its suffix."""
     base = dict(study="s", model="ssd_tiny", batch_size=4, eval_metric="voc", status="finished", seed=0)
     rows = [
         dict(base, trial_id="a", row=0, label="a", precision="fp8-emulated", final_map=0.3),
-        dict(base, trial_id="b", row=1, label="b", precision="fp4-emulated", final_map=0.2),
+        dict(base, trial_id="b", row=1, label="b", precision="e4m3fwd-nvfp4grad-emulated", final_map=0.2),
         dict(base, trial_id="c", row=2, label="c", precision="bf16", final_map=0.1),
+        dict(base, trial_id="d", row=3, label="d", precision="fp4-emulated", final_map=0.1),
     ]
     md = render(pd.DataFrame(rows), "markdown")
-    assert "| a † " in md and "| b † " in md and "| c " in md and "| c †" not in md
-    assert "† fp8-emulated: " in md and "† fp4-emulated: these numbers come from a CPU emulation of fp4" in md
-    assert "fp16-emulated" not in md
+    assert "| a † " in md and "| b † " in md and "| c " in md and "| c †" not in md and "| d †" not in md
+    assert "† fp8-emulated: " in md and "† e4m3fwd-nvfp4grad-emulated: these numbers come from the CPU FP4" in md
+    assert "fp16-emulated" not in md and "† fp4-emulated" not in md
 
 
 TAGGED = (
