@@ -46,7 +46,9 @@ def build_model(name: str, num_classes: int, batched_loss: bool | None = None, *
     no state, so it is applied by class assignment after any builder: state dicts are unchanged.
     """
     model = builder_of(name)(num_classes=num_classes, **options)
-    if batched_loss:
+    from torchvision.models.detection.ssd import SSD
+
+    if batched_loss and type(model) is SSD:  # the multibox loss; RetinaNet/FCOS keep their own
         from .multibox_loss import BatchedLossSSD
 
         model.__class__ = BatchedLossSSD
