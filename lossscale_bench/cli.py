@@ -14,6 +14,7 @@ import os
 import sys
 from pathlib import Path
 
+from .cli_args import add_run_parser, store_args
 from .cli_plugins import register as register_plugins_parser
 from .cli_report import report_parser
 from .core.exit_codes import (
@@ -309,85 +310,13 @@ def cmd_ui(args) -> int:
     return serve(cmd, args.port)
 
 
-def positive_int(text: str) -> int:
-    """An option's whole number of 1 or more (``--max-concurrent 0`` would start no trial and wait for ever)."""
-    if not text.strip().isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: a whole number of 1 or more")
-    return int(text)
-
-
-def _store_args(sp) -> None:
-    """``--runs-dir`` and ``--tracking-uri``, for every command that opens the store."""
-    sp.add_argument(
-        "--runs-dir",
-        default=os.environ.get("LSBENCH_RUNS", "runs"),
-        help="study outputs and the default MLflow store (runs/mlflow.db)",
-    )
-    sp.add_argument(
-        "--tracking-uri",
-        default=None,
-        help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI or sqlite:///<runs-dir>/mlflow.db)",
-    )
-
-
-def _add_run_parser(sub) -> None:
-    """``lsbench run`` and its arguments."""
-    sp = sub.add_parser("run", help="run a study (default: the embedded smoke study)")
-    sp.add_argument("file", nargs="?", help="study YAML file")
-    sp.add_argument("--dry-run", action="store_true", help="print the trial table and exit")
-    sp.add_argument(
-        "--allow-large-grid",
-        action="store_true",
-        help="accept a grid of more than 1000 trials (refused by default: usually a typo)",
-    )
-    _store_args(sp)
-    sp.add_argument(
-        "--artifacts-uri",
-        default=None,
-        help="where a new study's plots and CSVs go (<uri>/<study>; a folder or a URI such as s3://...); "
-        "default: an MLflow server's own artifact store, beside a SQLite store, <runs-dir>/artifacts for a "
-        "database server",
-    )
-    sp.add_argument(
-        "--max-concurrent", type=positive_int, default=None, help="at most this many trials at once (1 or more)"
-    )
-    sp.add_argument("--address", default=None, help="join an existing Ray cluster (else $RAY_ADDRESS, else local)")
-    sp.add_argument("--num-cpus", type=positive_int, default=None, help="CPUs for a local Ray instance (default: all)")
-    sp.add_argument(
-        "--no-resource-check",
-        action="store_true",
-        help="start trials even if no node can hold them now (an autoscaler adds nodes on demand); "
-        "also LSBENCH_SKIP_RESOURCE_CHECK=1",
-    )
-    sp.add_argument(
-        "--executor",
-        choices=("ray", "local"),
-        default="ray",
-        help="'local' runs trials one by one in this process, without Ray (debugging)",
-    )
-    sp.add_argument(
-        "--wait",
-        action="store_true",
-        help="if another lsbench run uses the same runs folder or store, wait for it to end "
-        "(default: exit 2 naming it)",
-    )
-    sp.add_argument("--quiet", action="store_true", help="no per-trial progress lines")
-    sp.add_argument("--no-report", action="store_true", help="do not print the report at the end")
-    sp.add_argument(
-        "--reports-dir",
-        default="reports",
-        help="folder for the report written at the end (<study>.md with its plots); created if missing",
-    )
-    sp.set_defaults(func=cmd_run)
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="lsbench", description="Mixed-precision loss-scaling studies of SSD detectors")
     from . import __version__
 
     p.add_argument("--version", action="version", version=f"lsbench {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
-    _add_run_parser(sub)
+    add_run_parser(sub, cmd_run)
 
     sp = sub.add_parser("validate", help="validate study files and the paths they name; print their trial tables")
     sp.add_argument("files", nargs="+", help="study files (YAML) to check, each on its own")
@@ -399,7 +328,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--allow-large-grid", action="store_true", help="accept a grid of more than 1000 trials")
     sp.set_defaults(func=cmd_validate)
 
-    report_parser(sub, _store_args)
+    report_parser(sub, store_args)
     register_plugins_parser(sub)
 
     # Listed for --help; main() hands `lsbench data ...` to data/download.py before parsing.
@@ -423,7 +352,7 @@ def build_parser() -> argparse.ArgumentParser:
     wp.set_defaults(func=cmd_weights)
 
     sp = sub.add_parser("ui", help="serve the MLflow UI for the study store")
-    _store_args(sp)
+    store_args(sp)
     sp.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1: this machine only)")
     sp.add_argument("--port", type=int, default=5000, help="port to serve the UI on (default 5000)")
     sp.set_defaults(func=cmd_ui)

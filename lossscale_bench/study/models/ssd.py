@@ -35,7 +35,7 @@ register_model(
     "ssd_tiny",
     "lossscale_bench.models.ssd:ssd_tiny",
     display="SSD-tiny",
-    # 2: BatchNorm after every backbone conv (docs/toy_model.md)
+    # 2: BatchNorm after every backbone conv (docs/development/toy-model.md)
     version=2,
     doc="A small VGG-style SSD for CPU studies (4 feature maps, strides 8 to 64).",
     options=(
