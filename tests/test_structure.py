@@ -39,7 +39,13 @@ FLOORS = [
     ["trial"],  # one trial from its config; no Ray, no MLflow
     ["tracking", "orchestration"],  # the MLflow store; running a study (in-process or Ray)
     ["report"],  # runs -> tables, plots, files
-    ["cli", "cli_args", "cli_report", "cli_plugins", "seed_rounds"],  # lsbench commands; seed_rounds drives the runner and reads the verdicts
+    [
+        "cli",
+        "cli_args",
+        "cli_report",
+        "cli_plugins",
+        "seed_rounds",
+    ],  # lsbench commands; seed_rounds drives the runner and reads the verdicts
 ]
 
 #: Modules exempt from the length limit and from the underscore rule (others may import them), with the reason.
