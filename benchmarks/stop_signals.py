@@ -17,7 +17,6 @@ temporary folder, removed).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import random
@@ -34,6 +33,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "orchestration"))
 sys.path.insert(0, str(ROOT / "tests"))
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import parser  # noqa: E402
 from test_stop_signals import REPRO  # noqa: E402  (the study of the test, verbatim)
 
 
@@ -76,7 +77,7 @@ def attempt(study: Path, runs: Path, signum: int, delay: float) -> dict:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = parser(__doc__, out=False)
     ap.add_argument("--signals", type=int, default=50)
     ap.add_argument("--parallel", type=int, default=3)
     ap.add_argument("--from", dest="lo", type=float, default=0.1)

@@ -14,8 +14,6 @@ from importlib import import_module
 import torch
 from torch import nn
 
-from ..study import plugins
-
 __all__ = ["DETECTION_KEYS", "build_model", "builder_of", "detector_problem"]
 
 #: what an eval-mode detector returns for each image
@@ -23,7 +21,17 @@ DETECTION_KEYS = ("boxes", "labels", "scores")
 
 
 def builder_of(name: str):
-    """The callable behind a model name or import path (imported now)."""
+    """The callable behind a model name or import path (imported now).
+
+    Without pydantic (the bare GPU machine that runs benchmarks/gpu_check.py, where the study layer's
+    registry cannot load) a built-in name is the function of that name in this package's model modules,
+    and an import path is taken as written."""
+    try:
+        from ..study import plugins
+    except ImportError as exc:
+        if "pydantic" not in str(exc):
+            raise
+        return _builder_without_pydantic(name)
     plugin = plugins.entry("model", name)
     module, attr = plugin.target.split(":")
     try:
@@ -34,6 +42,17 @@ def builder_of(name: str):
         return getattr(mod, attr)
     except AttributeError:
         raise plugins.PluginError(f"model {name!r}: module {module} has no attribute {attr!r}") from None
+
+
+def _builder_without_pydantic(name: str):
+    if ":" in name:
+        module, attr = name.split(":")
+        return getattr(import_module(module), attr)
+    for module in ("ssd", "torchvision_detectors"):
+        fn = getattr(import_module(f"{__package__}.{module}"), name, None)
+        if callable(fn):
+            return fn
+    raise ValueError(f"unknown model {name!r}")
 
 
 def build_model(name: str, num_classes: int, batched_loss: bool | None = None, **options) -> nn.Module:

@@ -40,13 +40,14 @@ def md_text(text) -> Markdown:
     return Markdown(_MD_SPECIAL.sub(lambda m: "\\" + m.group(0), _BREAKS.sub(" ", str(text))))
 
 
-#: every ASCII punctuation character (CommonMark reads any of them backslash-escaped as itself)
-_PUNCTUATION = re.compile(r"[!-/:-@\[-`{-~]")
+#: what could end an alt text early or turn into emphasis, HTML, an entity or code there (CommonMark reads
+#: each backslash-escaped as itself); other punctuation (``-``, ``:``, ``(``) is left as written, readable
+_PUNCTUATION = re.compile(r"[\[\]\\*_<>&`!]")
 
 
 def md_alt(text) -> str:
-    """``text`` as an image's alt text (``![text](file.png)``): one line, every ASCII punctuation
-    character escaped, so no bracket ends the alt text early and no ``*``, ``_``, ``<`` or backtick in a
+    """``text`` as an image's alt text (``![text](file.png)``): one line, brackets, backslashes,
+    ``*``, ``_``, ``<``, ``>``, ``&``, ``!`` and backticks escaped, so no bracket ends the alt text early and no ``*``, ``_``, ``<`` or backtick in a
     label or study name turns into emphasis, HTML or code there."""
     return _PUNCTUATION.sub(lambda m: "\\" + m.group(0), _BREAKS.sub(" ", str(text)))
 
