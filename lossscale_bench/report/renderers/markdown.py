@@ -40,14 +40,15 @@ def md_text(text) -> Markdown:
     return Markdown(_MD_SPECIAL.sub(lambda m: "\\" + m.group(0), _BREAKS.sub(" ", str(text))))
 
 
-#: what could end an alt text early or turn into emphasis, HTML, an entity or code there (CommonMark reads
-#: each backslash-escaped as itself); other punctuation (``-``, ``:``, ``(``) is left as written, readable
-_PUNCTUATION = re.compile(r"[\[\]\\*_<>&`!]")
+#: ASCII punctuation that could end an alt text early or turn into emphasis, strikethrough, HTML, an entity
+#: or code there (CommonMark reads each backslash-escaped as itself); ``-``, ``:``, ``,``, ``.``, ``(``,
+#: ``)``, quotes, ``/``, ``%``, ``+``, ``=``, ``?`` and ``;`` mark nothing up and are left as written
+_PUNCTUATION = re.compile(r"[!#$&*<>@\[\\\]^_`{|}~]")
 
 
 def md_alt(text) -> str:
-    """``text`` as an image's alt text (``![text](file.png)``): one line, brackets, backslashes,
-    ``*``, ``_``, ``<``, ``>``, ``&``, ``!`` and backticks escaped, so no bracket ends the alt text early and no ``*``, ``_``, ``<`` or backtick in a
+    """``text`` as an image's alt text (``![text](file.png)``): one line, every ASCII punctuation
+    character that marks something up escaped, so no bracket ends the alt text early and no ``*``, ``_``, ``<`` or backtick in a
     label or study name turns into emphasis, HTML or code there."""
     return _PUNCTUATION.sub(lambda m: "\\" + m.group(0), _BREAKS.sub(" ", str(text)))
 
