@@ -39,6 +39,7 @@ __all__ = [
     "file_digest",
     "load_entry_point",
     "module_file",
+    "load_descriptions",
     "names",
     "register",
 ]
@@ -159,6 +160,21 @@ def entry(kind: str, name: str) -> Plugin:
     if name in entry_point_names(kind):
         return load_entry_point(kind, name)
     raise PluginError(f"unknown {kind} {name!r}; allowed: {', '.join(names(kind))}")
+
+
+def load_descriptions(kind: str, wanted, loaded: dict) -> dict:
+    """``loaded``, with the description of every name of ``wanted`` it lacks added (name -> what the
+    plug-in describes itself with: a method entry, a precision spec, a data set's schema). Entry points
+    load here, late, so that a plug-in's module may import the study layer; one that fails (its module
+    still being imported, or broken) is left out now, tried again on the next call, and named by
+    ``lsbench plugins``."""
+    for name in wanted:
+        if name not in loaded:
+            try:
+                loaded[name] = entry(kind, name).description
+            except PluginError:
+                continue
+    return loaded
 
 
 # ------------------------------------------------------------------------------------ entry points

@@ -208,13 +208,7 @@ _MODELS: dict[str, type[DatasetBase]] = {}
 def dataset_models() -> dict[str, type[DatasetBase]]:
     """name -> the data set's model (also as ``DATASET_MODELS``); entry points loaded on the first call
     (a broken one is left out here and named by ``lsbench plugins``)."""
-    for name in DATASET_NAMES:
-        if name not in _MODELS:
-            try:  # a plug-in whose module is still being imported is tried again on the next call
-                _MODELS[name] = plugins.entry("dataset", name).description
-            except plugins.PluginError:
-                continue
-    return _MODELS
+    return plugins.load_descriptions("dataset", DATASET_NAMES, _MODELS)
 
 
 def __getattr__(name: str):

@@ -292,13 +292,7 @@ def precision_specs() -> dict[str, PrecisionSpec]:
     """name -> spec, in :data:`PRECISION_NAMES`' order (also as ``PRECISION_SPECS``); entry points loaded
     on the first call (a broken one is left out here and named by ``lsbench plugins``). Loaded late
     so that a plug-in's module may import the study layer."""
-    for name in PRECISION_NAMES:
-        if name not in _SPECS_LOADED:
-            try:  # a plug-in whose module is still being imported is tried again on the next call
-                _SPECS_LOADED[name] = plugins.entry("precision", name).description
-            except plugins.PluginError:
-                continue
-    return _SPECS_LOADED
+    return plugins.load_descriptions("precision", PRECISION_NAMES, _SPECS_LOADED)
 
 
 def __getattr__(name: str):

@@ -52,13 +52,7 @@ def entries() -> dict[str, type[MethodEntry]]:
     """method name -> its entry class (also as ``ENTRIES``); entry points loaded on the first call (a
     broken one is left out here and named by ``lsbench plugins``), late so that a plug-in's module may
     import the study layer."""
-    for name in METHOD_NAMES:
-        if name not in _ENTRIES:
-            try:  # a plug-in whose module is still being imported is tried again on the next call
-                _ENTRIES[name] = plugins.entry("method", name).description
-            except plugins.PluginError:
-                continue
-    return _ENTRIES
+    return plugins.load_descriptions("method", METHOD_NAMES, _ENTRIES)
 
 
 def __getattr__(name: str):
