@@ -22,6 +22,8 @@ DOCUMENTED = [
     "lossscale_bench.scaling.per_layer",
     "lossscale_bench.precision",
     "lossscale_bench.lightning",
+    "lossscale_bench.study.plugins",
+    "lossscale_bench.core.plugins",
 ]
 
 
