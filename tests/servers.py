@@ -441,7 +441,8 @@ def wait_checkpoint(env: dict, proc: subprocess.Popen, timeout: float = 600) -> 
         if ck is not None:
             return ck
         time.sleep(0.3)
-    raise AssertionError(f"no checkpoint of {env['NAME']} appeared (driver exit {proc.poll()})")
+    err = proc.stderr.read()[-3000:] if proc.poll() is not None and proc.stderr else ""
+    raise AssertionError(f"no checkpoint of {env['NAME']} appeared (driver exit {proc.poll()}): {err}")
 
 
 def history(uri: str, study: str) -> dict:

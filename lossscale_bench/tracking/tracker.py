@@ -20,20 +20,9 @@ from .artifacts import artifact_location
 from .client import retry, store_client
 from .run_status import base_run_name
 from .store import open_store, sqlite_path
-from .store_faults import store_error
+from .store_open import open_client
 
 TERMINAL = ("finished", "diverged")
-#: how often opening a new database store is tried while another driver creates its tables
-SCHEMA_RACE_ATTEMPTS = 6
-
-
-def _schema_race(exc: BaseException) -> bool:
-    """Two drivers opening one new database (PostgreSQL) at once both create MLflow's tables; the loser
-    gets "duplicate key ... alembic_version" or "already exists" (measured: two ``lsbench run`` of two
-    studies started together on a fresh PostgreSQL database). A SQLite store is created under the runs
-    folder's lock; a database server is not, so the loser waits and opens the tables the winner made."""
-    text = str(exc).lower()
-    return "alembic_version" in text and ("duplicate key" in text or "already exists" in text)
 
 
 def _bool_tag(value) -> str:
@@ -63,19 +52,7 @@ class Tracker:
         from .store import ensure_artifact_scheme
 
         ensure_artifact_scheme()
-        for attempt in range(SCHEMA_RACE_ATTEMPTS):
-            try:
-                self.client = store_client(tracking_uri)
-                self.client.search_experiments(max_results=1)  # creates/migrates a new store's tables now
-                break
-            except Exception as exc:  # noqa: BLE001
-                if _schema_race(exc) and attempt < SCHEMA_RACE_ATTEMPTS - 1:
-                    time.sleep(1.0 + attempt)  # another driver is creating the tables: use them once made
-                    continue
-                fault = store_error(exc, tracking_uri)
-                if fault is not None:
-                    raise fault from exc
-                raise
+        self.client = open_client(tracking_uri)  # a new database's tables made under its server's lock
         self.artifact_root = Path(artifact_root).resolve() if artifact_root else None
         self.artifacts_uri = artifacts_uri
         #: run_id -> {metric key: last step logged before this attempt} (runs continued by begin_attempt)

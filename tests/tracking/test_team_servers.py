@@ -17,6 +17,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -49,6 +50,46 @@ def test_a_new_study_on_a_server_keeps_its_artifacts_in_the_servers_store(mlflow
     chosen = Tracker(mlflow_server.uri, artifacts_uri=str(tmp_path / "shared"))
     exp = chosen.client.get_experiment(chosen.experiment_id("team-location-chosen"))
     assert exp.artifact_location == (tmp_path / "shared" / "team-location-chosen").as_uri()
+
+
+_OPEN = """
+import sys
+from lossscale_bench.tracking.tracker import Tracker
+Tracker(sys.argv[1]).experiment_id(sys.argv[2])
+"""
+
+
+def test_drivers_opening_one_new_database_together_wait_while_one_makes_its_tables(postgres):
+    """Before: drivers opening a new PostgreSQL database at once all made MLflow's tables; a loser got
+    duplicate key "pg_type_typname_nsp_index" and its study exited having trained nothing (one open in 18,
+    three at a time). Now each waits on the server's advisory lock: held here, three openers queue on it and
+    no table appears; released, all three open the one set of tables."""
+    import sqlalchemy
+
+    from lossscale_bench.tracking.store_open import schema_lock
+
+    uri = postgres.createdb(f"race_{os.getpid()}")
+    engine = sqlalchemy.create_engine(uri, poolclass=sqlalchemy.pool.NullPool)
+    waiting = "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+    with schema_lock(uri) as held:
+        assert held
+        procs = [
+            subprocess.Popen([sys.executable, "-c", _OPEN, uri, f"race-{i}"], stderr=subprocess.PIPE, text=True)
+            for i in range(3)
+        ]
+        deadline, queued = time.monotonic() + 300, 0
+        while queued < 3 and time.monotonic() < deadline and all(p.poll() is None for p in procs):
+            time.sleep(0.5)
+            with engine.connect() as conn:
+                queued = conn.execute(sqlalchemy.text(waiting)).scalar()
+        assert queued == 3, (queued, [p.poll() for p in procs])
+        assert sqlalchemy.inspect(engine).get_table_names() == []
+    errors = [p.communicate(timeout=300)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0], [e[-1500:] for e in errors]
+    with engine.connect() as conn:
+        names = conn.execute(sqlalchemy.text("SELECT name FROM experiments")).scalars().all()
+    assert sorted(n for n in names if n.startswith("race-")) == ["race-0", "race-1", "race-2"]
+    engine.dispose()
 
 
 def _report(command: str, env: dict, out: Path, *extra: str) -> subprocess.CompletedProcess:
