@@ -216,9 +216,10 @@ def _cannot_start(study, args) -> bool:
     if problems:
         return True
     check_paths(study)  # missing data or weights: one line now, not a failed trial each after Ray started
-    from .cli_plugins import plugin_model_problems, print_problems
+    from .cli_plugins import plugin_dataset_problems, plugin_model_problems, print_problems
 
-    if print_problems(plugin_model_problems(study)):  # a plug-in that is no detector: before any run is opened
+    # a plug-in that is no detector or no data set: before any run is opened
+    if print_problems(plugin_model_problems(study) or plugin_dataset_problems(study)):
         return True
     if not args.no_report:  # written after the last trial: found unwritable now, not after hours of training
         from .core.writable import folder_problem

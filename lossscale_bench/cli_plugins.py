@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 
-__all__ = ["cmd_plugins", "plugin_model_problems", "register"]
+__all__ = ["cmd_plugins", "plugin_dataset_problems", "plugin_model_problems", "print_problems", "register"]
 
 
 def register(sub) -> None:
@@ -30,8 +30,8 @@ def cmd_plugins(args) -> int:
             kind = k
         print(f"  {name:<{width}}  {origin}" + (f"  sha256:{digest}" if digest else ""))
     print(
-        "\n(a model may also be named by import path, package.module:callable, found from the study "
-        "file's folder, then sys.path)"
+        "\n(a model or a data set may also be named by import path, package.module:callable, found from "
+        "the study file's folder, then sys.path)"
     )
     return 0
 
@@ -71,7 +71,30 @@ def plugin_model_problems(study) -> list[str]:
     return problems
 
 
+def plugin_dataset_problems(study) -> list[str]:
+    """One line where ``study``'s data set is named by import path and its callable does not return a data
+    set (:func:`lossscale_bench.data.dataset_problem`: built once, its first training sample read), before
+    any run is opened."""
+    from .core.plugins import PluginError
+    from .data import build_datasets
+    from .study.models.signature import on_path
+
+    if study.dataset_plugin().built_in:
+        return []
+    size = study.model_options.model_dump(mode="json", exclude_none=True).get("image_size")
+    try:
+        with on_path(study.plugin_dir()):
+            build_datasets(study.dataset.model_dump(mode="json"), image_size=size, max_val_images=1)
+    except PluginError as exc:
+        return [f"{study.source}: dataset.name: {exc}"]
+    except Exception as exc:  # noqa: BLE001 - whatever the builder raises is the plug-in's error
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        return [f"{study.source}: dataset.name: {study.dataset.name}: building it raised {type(exc).__name__}: {first}"]
+    return []
+
+
 def print_problems(problems: list[str]) -> bool:
+    """Each of ``problems`` as one ``lsbench: error:`` line on stderr; whether there were any."""
     for p in problems:
         print(f"lsbench: error: {p}", file=sys.stderr)
     return bool(problems)

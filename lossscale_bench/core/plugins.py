@@ -22,6 +22,7 @@ has registered so far).
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -29,6 +30,7 @@ __all__ = [
     "BUILT_IN",
     "DESCRIBERS",
     "ENTRY_POINT_GROUPS",
+    "IMPORT_PATH",
     "KINDS",
     "Option",
     "Plugin",
@@ -37,6 +39,7 @@ __all__ = [
     "entry",
     "entry_point_names",
     "file_digest",
+    "is_import_path",
     "load_entry_point",
     "module_file",
     "load_descriptions",
@@ -54,6 +57,15 @@ BUILT_IN = "built in"
 
 class PluginError(ValueError):
     """A plug-in that cannot be found, loaded or used; the message is one line for the user."""
+
+
+#: ``package.module:callable``
+IMPORT_PATH = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*\Z")
+
+
+def is_import_path(text) -> bool:
+    """Whether ``text`` is written as an import path ``package.module:callable``."""
+    return isinstance(text, str) and IMPORT_PATH.match(text) is not None
 
 
 @dataclass(frozen=True)
@@ -92,6 +104,8 @@ class Plugin:
     description: Any = field(default=None, compare=False, repr=False)
     #: the one-line doc of the plug-in, for listings
     doc: str = ""
+    #: the options a study must give (a callable's parameters without a default)
+    required: tuple[str, ...] = ()
 
     @property
     def display_name(self) -> str:

@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader, Sampler
 
+from ..core import plugins
 from .coco import CocoDetection, DataNotFound, FakeCocoDetection, fake_coco, require_ground_truth
 from .synthetic import CLASSES as SYNTHETIC_CLASSES
 from .synthetic import ensure_synthetic
@@ -29,6 +30,7 @@ __all__ = [
     "SYNTHETIC_CLASSES",
     "build_datasets",
     "collate",
+    "dataset_problem",
     "ensure_synthetic",
     "fake_coco",
     "infinite_batches",
@@ -183,15 +185,68 @@ def build_datasets(dataset_cfg, *, image_size: int | None = None, max_val_images
         return _build_coco(cfg, image_size=image_size, hflip=hflip, max_train=max_train, max_val=max_val)
     if name in ("voc", "voc0712"):
         return _build_voc(cfg, image_size=image_size, max_val_images=max_val)
+    if plugins.is_import_path(name) and name not in plugins.names("dataset"):
+        return _build_import_path(name, cfg, image_size=image_size, max_val_images=max_val)
     return _build_registered(name, cfg, image_size=image_size, max_val_images=max_val)
+
+
+def _build_import_path(name: str, cfg: dict, *, image_size, max_val_images):
+    """A data set named by import path: ``callable(**options)``, the section's keys but ``name`` (and
+    ``image_size``, ``max_val_images`` where its signature takes them), its return value checked."""
+    import inspect
+    from importlib import import_module
+
+    module, attr = name.split(":")
+    try:
+        fn = getattr(import_module(module), attr)
+    except Exception as exc:  # noqa: BLE001 - whatever the plug-in's import raises is its error
+        raise plugins.PluginError(f"dataset {name}: cannot load it: {type(exc).__name__}: {exc}") from None
+    kwargs = {k: v for k, v in cfg.items() if k != "name" and v is not None}
+    params = inspect.signature(fn).parameters
+    takes_any = any(p.kind == p.VAR_KEYWORD for p in params.values())
+    for key, value in (("image_size", image_size), ("max_val_images", max_val_images)):
+        if key in params or takes_any:
+            kwargs[key] = value
+    return dataset_problem(name, fn(**kwargs))
+
+
+def dataset_problem(name: str, built):
+    """``built`` as ``(train_ds, val_ds, class_names)`` when it is what a data set's builder returns, else a
+    one-line :class:`PluginError` saying what it returned instead (checked on the first training sample)."""
+
+    def bad(what: str):
+        return plugins.PluginError(f"dataset {name} is not a data set: {what}")
+
+    if not (isinstance(built, tuple) and len(built) == 3):
+        raise bad(f"it returned {type(built).__name__}, not (train_ds, val_ds, class_names)")
+    train, val, classes = built
+    for which, ds in (("train_ds", train), ("val_ds", val)):
+        if not (hasattr(ds, "__len__") and hasattr(ds, "__getitem__")):
+            raise bad(f"its {which} is a {type(ds).__name__}, not a map-style data set (__len__, __getitem__)")
+        if len(ds) == 0:
+            raise bad(f"its {which} is empty")
+    if not (isinstance(classes, (list, tuple)) and classes and all(isinstance(c, str) for c in classes)):
+        raise bad(f"class_names is {classes!r}, not a non-empty list of strings")
+    sample = train[sample_key(train, 0, 0, 0)]
+    if not (isinstance(sample, tuple) and len(sample) == 2 and isinstance(sample[0], torch.Tensor)):
+        raise bad(f"train_ds[0] is {type(sample).__name__}, not (image tensor, target dict)")
+    image, target = sample
+    if image.dim() != 3 or not image.is_floating_point():
+        raise bad(f"train_ds[0]'s image is a {image.dim()}-d {image.dtype} tensor, not a float C x H x W one")
+    boxes, labels = (target.get(k) if isinstance(target, dict) else None for k in ("boxes", "labels"))
+    if not (isinstance(boxes, torch.Tensor) and isinstance(labels, torch.Tensor)) or boxes.shape[-1:] != (4,):
+        raise bad("train_ds[0]'s target is not {'boxes': (N, 4) tensor, 'labels': (N,) tensor, 'image_id': int}")
+    if "image_id" not in target:
+        raise bad("train_ds[0]'s target has no 'image_id' (what the evaluation tells its images apart by)")
+    if labels.numel() and (int(labels.min()) < 1 or int(labels.max()) > len(classes)):
+        raise bad(f"train_ds[0]'s labels run {int(labels.min())}..{int(labels.max())}, not 1..{len(classes)}")
+    return train, val, list(classes)
 
 
 def _build_registered(name: str, cfg: dict, *, image_size, max_val_images):
     """A data set described outside this module (its registry entry names the builder):
     ``builder(cfg, image_size=..., max_val_images=...) -> (train_ds, val_ds, class_names)``."""
     from importlib import import_module
-
-    from ..core import plugins
 
     target = plugins.entry("dataset", name).target
     module, attr = target.split(":")

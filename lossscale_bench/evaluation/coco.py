@@ -168,7 +168,9 @@ def ground_truth_from_targets(targets: list[tuple[int, dict]], class_names) -> o
 
 
 @torch.no_grad()
-def evaluate_coco(model, dataset, *, device="cpu", batch_size: int = 8, max_images=None, autocast=None) -> dict:
+def evaluate_coco(
+    model, dataset, *, device="cpu", batch_size: int = 8, max_images=None, autocast=None, class_names=None
+) -> dict:
     """COCO mAP of ``model`` on the first ``max_images`` images of ``dataset`` (all by default).
 
     Returns ``{"map": AP@[.5:.95], "map_50": AP@.5, "map_75", "num_images", "num_detections"}``.
@@ -176,7 +178,8 @@ def evaluate_coco(model, dataset, *, device="cpu", batch_size: int = 8, max_imag
     ``autocast``: optional factory returning a context manager, entered around
     each forward (e.g. ``lambda: torch.autocast("cpu", torch.bfloat16)``).
     A data set without ``coco`` and ``label_to_cat`` (VOC layout) is scored against its targets
-    (:func:`ground_truth_from_targets`; its labels are the category ids).
+    (:func:`ground_truth_from_targets`; its labels are the category ids, named by ``class_names``,
+    else by the data set's ``class_names``).
     """
     own_gt = hasattr(type(dataset), "coco") and hasattr(dataset, "label_to_cat")
     label_to_cat = dataset.label_to_cat if own_gt else None
@@ -203,6 +206,6 @@ def evaluate_coco(model, dataset, *, device="cpu", batch_size: int = 8, max_imag
         return _zero(0)
     if not detections:
         return _zero(n)
-    gt = dataset.coco if own_gt else ground_truth_from_targets(targets, dataset.class_names)
+    gt = dataset.coco if own_gt else ground_truth_from_targets(targets, class_names or dataset.class_names)
     # already plain Python values (tolist), so evaluate_detections' normalising copy is skipped
     return _score(gt, detections, sorted(i for i, _ in targets))

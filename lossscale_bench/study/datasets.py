@@ -13,9 +13,9 @@ study file's folder and refuses a class listed twice.
 from __future__ import annotations
 
 from importlib import import_module
-from typing import Annotated, ClassVar, Literal, Union, get_args
+from typing import Annotated, Any, ClassVar, Literal, Union, get_args
 
-from pydantic import BaseModel, Discriminator, Field, ValidationInfo, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationInfo, field_validator, model_validator
 
 from ..core import plugins
 from ..core.registry import VOC_CLASSES
@@ -36,12 +36,17 @@ from .fields import (
     number_field,
     resolve_path,
 )
+from .models.signature import OFFERED_PARAMS, import_path_plugin
 
 __all__ = [  # noqa: F822 (DATASET_MODELS and DatasetSpec: module __getattr__)
     "DATASET_MODELS",
     "DATASET_NAMES",
     "DatasetBase",
+    "IMPORT_PATH_TAG",
+    "ImportPathDataset",
+    "PASSED_BY_THE_TRIAL",
     "dataset_models",
+    "import_path_problems",
     "register_dataset",
     "BadAnnotations",
     "COCODataset",
@@ -198,6 +203,52 @@ class COCODataset(AnnotatedDataset):
         return self
 
 
+class ImportPathDataset(DatasetBase):
+    """A data set of your own, named by import path: ``dataset: {name: package.module:callable, ...}``.
+
+    Its other keys are the callable's keyword arguments, checked against its signature by the study
+    (:func:`import_path_problems`); ``root`` is resolved against the study file's folder like every
+    data set's. The callable returns ``(train_ds, val_ds, class_names)``: two map-style data sets of
+    ``(image, target)`` (a float CHW tensor in [0, 1]; ``{"boxes": (N, 4) xyxy pixels, "labels": (N,)
+    1..K}``) and the K class names; it is also given ``image_size`` and ``max_val_images`` where its
+    signature takes them (:data:`PASSED_BY_THE_TRIAL`)."""
+
+    model_config = ConfigDict(extra="allow", frozen=True, validate_default=False)
+    name: Str
+    #: Its folder, relative to the study file (passed on only where the callable takes ``root``).
+    root: OptStr = None
+
+
+#: what the trial gives a data set's callable where its signature takes it (never a study key)
+PASSED_BY_THE_TRIAL = OFFERED_PARAMS["dataset"]
+#: the union's tag of a data set named by import path (no registered name can be this)
+IMPORT_PATH_TAG = "<import path>"
+
+
+def import_path_problems(ds: ImportPathDataset, base_dir: str | None) -> tuple[plugins.Plugin | None, list]:
+    """The plug-in behind ``ds`` (None where it cannot be found) and ``(path, problem, allowed)`` for its
+    module or callable missing, a key the callable does not take, and a parameter it needs not given."""
+    try:
+        plugin = import_path_plugin("dataset", ds.name, base_dir)
+    except plugins.PluginError as exc:
+        return None, [("dataset.name", str(exc), None)]
+    given = {k for k, v in ds.model_dump(exclude_none=True).items() if k != "name"}
+    known = [o.name for o in plugin.options if o.name not in PASSED_BY_THE_TRIAL]
+    problems = []
+    for key in sorted(given):
+        if key in PASSED_BY_THE_TRIAL:
+            problems.append((f"dataset.{key}", "given by the trial, not by the study", ", ".join(known) or "none"))
+        elif key not in known and plugin.description != "any options":
+            problems.append((f"dataset.{key}", f"not an option of {ds.name}", ", ".join(known) or "none"))
+    problems += [(f"dataset.{k}", "required key missing", None) for k in plugin.required if k not in given]
+    return plugin, problems
+
+
+def _dataset_tag(value: Any) -> str | None:
+    name = value.get("name") if isinstance(value, dict) else getattr(value, "name", None)
+    return IMPORT_PATH_TAG if plugins.is_import_path(name) and name not in DATASET_NAMES else name
+
+
 plugins.DESCRIBERS["dataset"] = _describe_entry_point
 #: every data set name a study may use: the package's, then the entry points' (their names read from the
 #: installed metadata; their models loaded when first needed)
@@ -217,5 +268,7 @@ def __getattr__(name: str):
     if name == "DATASET_MODELS":
         return dataset_models()
     if name == "DatasetSpec":
-        return Annotated[Union[tuple(dataset_models().values())], Discriminator("name")]  # type: ignore[valid-type]  # noqa: UP007
+        tagged = [Annotated[m, Tag(n)] for n, m in dataset_models().items()]
+        tagged.append(Annotated[ImportPathDataset, Tag(IMPORT_PATH_TAG)])
+        return Annotated[Union[tuple(tagged)], Discriminator(_dataset_tag)]  # type: ignore[valid-type]  # noqa: UP007
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -28,10 +28,10 @@ from pydantic import (
 )
 
 from ..core.float_ranges import FP32
+from ..core.plugins import is_import_path
 from ..core.wording import suggest
 from .as_written import AsWritten
 from .errors import field_error, fmt_num, show_value
-from .models.signature import is_import_path
 
 __all__ = [
     "DEFAULT_SOURCE",

@@ -31,6 +31,9 @@ loader), cheaply:
   from) and the names and sizes in ``train2017/`` and ``val2017/``.
 * ``synthetic`` and ``coco2017`` with ``fake_data``: nothing; the data is
   generated from options that are already in the id.
+* a data set named by import path, with a ``root``: every file under it by
+  relative path and size, annotation-like files (``.xml``, ``.json``, ``.txt``,
+  ``.csv``, ``.yaml``) by content; its code is covered by the plug-in's digest.
 * backbone weights: the file's sha256.
 
 A root or file that is not there gives ``missing`` (or ``incomplete:<hash>``
@@ -206,6 +209,27 @@ def _coco(cfg: dict) -> str:
     return f"coco:{digest}" if complete else f"{_INCOMPLETE}{digest}"
 
 
+#: the files of a data set named by import path read by content (annotations, lists); others by size
+_TEXT_SUFFIXES = (".xml", ".json", ".txt", ".csv", ".yaml", ".yml")
+
+
+def _folder(root: str) -> str:
+    """A data set named by import path: its ``root``'s files, every one by relative path and size and
+    the annotation-like ones (:data:`_TEXT_SUFFIXES`) by content, as VOC's XMLs are."""
+    base = Path(root).expanduser()
+    if not base.is_dir():
+        return MISSING
+    lines = []
+    for folder, dirs, files in os.walk(base):
+        dirs.sort()
+        for name in sorted(files):
+            path = os.path.join(folder, name)
+            rel = os.path.relpath(path, base)
+            text = _content_digest(path) if name.lower().endswith(_TEXT_SUFFIXES) else None
+            lines.append(f"{rel} {_size(path)}" + (f" {text}" if text else ""))
+    return f"folder:{_digest(lines)}"
+
+
 # --------------------------------------------------------------------------- entry points
 
 
@@ -216,6 +240,8 @@ def data_fingerprint(dataset: dict) -> str:
         return _voc(dataset) if dataset.get("root") else MISSING
     if name == "coco2017" and not dataset.get("fake_data"):
         return _coco(dataset) if dataset.get("root") else MISSING
+    if ":" in str(name) and dataset.get("root"):  # named by import path: its code is in the plug-in's digest
+        return _folder(str(dataset["root"]))
     return ""
 
 

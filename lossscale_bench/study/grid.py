@@ -161,7 +161,7 @@ def trial_plugins(study, model: str, scaling: dict, precision: str, dataset: dic
         "model": study.model_plugin(model),
         "method": registry.entry("method", scaling.get("method")),
         "precision": registry.entry("precision", precision),
-        "dataset": registry.entry("dataset", dataset.get("name")),
+        "dataset": study.dataset_plugin(),
     }
     return {k: {"name": p.name, **p.identity()} for k, p in used.items() if not p.built_in}
 

@@ -58,7 +58,8 @@ KEY_DOCS: dict[str, str] = {
     "divergence.max_consecutive_skips": "Consecutive skipped steps after which a trial counts as diverged.",
     "seed_streams.init": "The initial weights' seed: `trial` (the trial's seed) or a fixed integer.",
     "seed_streams.data": "The training batches' order and flips: `trial` or a fixed integer.",
-    "dataset.name": "Which data set (the [names](names.md#other-names) page lists them).",
+    "dataset.name": "Which data set (the [names](names.md#other-names) page lists them), or one of your own by "
+    "import path, `package.module:callable`, its other keys the callable's arguments.",
     "scaling[].label": "The row's label in the report (not given: one made from the method and its options).",
     "scaling[].precision": "This entry's precision, instead of the study's.",
     "scaling[].model": "This entry's model (a name or an import path), instead of the study's list.",

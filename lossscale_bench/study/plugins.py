@@ -14,9 +14,10 @@ entry points installed distributions declare. Torch-free.
 from __future__ import annotations
 
 from ..core import plugins as _mechanism
-from ..core.plugins import KINDS, Option, Plugin, PluginError
+from ..core.plugins import KINDS, Option, Plugin, PluginError, is_import_path
 from . import datasets, methods, models, precisions  # noqa: F401 - registers the package's plug-ins
-from .models import is_import_path, model_entry
+from .models import model_entry
+from .models.signature import import_path_plugin
 
 __all__ = ["KINDS", "Option", "Plugin", "PluginError", "entries", "entry", "listing", "names"]
 
@@ -27,9 +28,12 @@ def names(kind: str, *, entry_points: bool = True) -> tuple[str, ...]:
 
 
 def entry(kind: str, name: str, base_dir: str | None = None) -> Plugin:
-    """The plug-in ``name`` of ``kind``; a model named by import path is resolved against ``base_dir``."""
+    """The plug-in ``name`` of ``kind``; a model or data set named by import path is resolved against
+    ``base_dir``."""
     if kind == "model" and is_import_path(name):
         return model_entry(name, base_dir)
+    if kind == "dataset" and is_import_path(name) and name not in names("dataset"):
+        return import_path_plugin("dataset", name, base_dir)
     return _mechanism.entry(kind, name)
 
 

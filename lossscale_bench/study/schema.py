@@ -23,11 +23,12 @@ from pydantic import (
     model_validator,
 )
 
+from ..core import plugins as registry
 from ..core.plugins import PluginError
 from ..core.registry import EQUIVALENCE_MARGIN_RANGE, EVAL_METRICS
 from ..core.wording import suggest
 from .as_written import AsWritten
-from .datasets import DatasetSpec
+from .datasets import DatasetSpec, ImportPathDataset, import_path_problems
 from .entry_checks import check_grad_rounding, check_method_options, unique_labels
 from .errors import StudyError, field_error, fmt_num, show_value
 from .fields import (
@@ -292,6 +293,8 @@ class Study(BaseModel):
     _models: dict = PrivateAttr(default_factory=dict)
     #: the study file's folder, where its import paths are found first
     _base_dir: str | None = PrivateAttr(default=None)
+    #: the plug-in behind a data set named by import path (None: a registered data set)
+    _dataset_plugin: Any = PrivateAttr(default=None)
 
     @model_validator(mode="before")
     @classmethod
@@ -342,6 +345,10 @@ class Study(BaseModel):
 
         self._base_dir = ctx_base_dir(info) if getattr(info, "context", None) else None
         self._check_models(fail)
+        if isinstance(self.dataset, ImportPathDataset):
+            self._dataset_plugin, problems = import_path_problems(self.dataset, self._base_dir)
+            for problem in problems:
+                fail(*problem)
         for k, e in enumerate(self.scaling):
             own = e.resources.given() if e.resources is not None else {}
             backend = own.get("backend", self.resources.backend)
@@ -406,6 +413,14 @@ class Study(BaseModel):
     def plugin_dir(self) -> str | None:
         """The study file's folder: where its import paths are found first (a trial puts it on ``sys.path``)."""
         return self._base_dir
+
+    def dataset_plugin(self):
+        """The registry entry of this study's data set (one named by import path: resolved from the study's folder)."""
+        if isinstance(self.dataset, ImportPathDataset):
+            if self._dataset_plugin is None:
+                self._dataset_plugin, _ = import_path_problems(self.dataset, self._base_dir)
+            return self._dataset_plugin
+        return registry.entry("dataset", self.dataset.name)
 
     def model_plugin(self, name: str):
         """The registry entry of a model of this study's grid."""

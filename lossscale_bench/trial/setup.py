@@ -32,8 +32,9 @@ class TrialParts:
     evaluate: Callable[[], dict]
 
 
-def make_evaluator(metric: str, model, val_ds, backend, precision, max_images=None):
-    """Return a zero-argument function computing ``{"map", "map_50"}`` on the validation set."""
+def make_evaluator(metric: str, model, val_ds, backend, precision, max_images=None, class_names=None):
+    """Return a zero-argument function computing ``{"map", "map_50"}`` on the validation set (``class_names``:
+    its labels' names, where the data set does not carry them)."""
 
     def autocast():
         return backend.autocast(precision.autocast_dtype)
@@ -41,7 +42,9 @@ def make_evaluator(metric: str, model, val_ds, backend, precision, max_images=No
     if metric == "coco":
         from ..evaluation.coco import evaluate_coco
 
-        return lambda: evaluate_coco(model, val_ds, device=backend.device, max_images=max_images, autocast=autocast)
+        return lambda: evaluate_coco(
+            model, val_ds, device=backend.device, max_images=max_images, autocast=autocast, class_names=class_names
+        )
     if metric in ("voc07", "voc"):
         from ..evaluation.voc import evaluate_voc
 
@@ -95,11 +98,11 @@ def build_parts(cfg, sink: Sink, trial_dir: Path, threads, rank: int = 0) -> Tri
         opts["image_size"] = int(cfg.dataset.get("image_size", 128))
     val_seed = cfg.stream_seed("val")  # seed_streams.val: a validation set of the trial's own
     dataset = cfg.dataset if val_seed is None else {**cfg.dataset, "val_seed": val_seed}
-    train_ds, val_ds, classes = build_datasets(
-        dataset, image_size=opts.get("image_size"), max_val_images=cfg.eval.get("max_images")
-    )
-    sink.tags(data_report(train_ds, val_ds))
     with on_path(cfg.plugin_dir):  # an import-path plug-in is found in the study file's folder first
+        train_ds, val_ds, classes = build_datasets(
+            dataset, image_size=opts.get("image_size"), max_val_images=cfg.eval.get("max_images")
+        )
+        sink.tags(data_report(train_ds, val_ds))
         model = backend.prepare_model(build_model(cfg.model, num_classes=len(classes) + 1, **opts))
     precision = get_precision(
         cfg.precision,
@@ -124,7 +127,7 @@ def build_parts(cfg, sink: Sink, trial_dir: Path, threads, rank: int = 0) -> Tri
     )
     optimizer = build_optimizer(model, cfg.schedule, backend.optimizer_options())
     evaluate = make_evaluator(
-        cfg.eval.get("metric", "coco"), model, val_ds, backend, precision, cfg.eval.get("max_images")
+        cfg.eval.get("metric", "coco"), model, val_ds, backend, precision, cfg.eval.get("max_images"), classes
     )
     if rank != 0:  # replicas hold identical weights: rank 0's evaluation is the trial's
         evaluate = lambda: {"map": float("nan"), "map_50": float("nan")}  # noqa: E731

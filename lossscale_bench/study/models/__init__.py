@@ -18,17 +18,10 @@ import pkgutil
 from importlib import import_module
 
 from ...core import plugins
-from ...core.plugins import Option, Plugin, PluginError
-from .signature import import_path_plugin, is_import_path
+from ...core.plugins import Option, Plugin, PluginError, is_import_path
+from .signature import import_path_plugin
 
-__all__ = [
-    "model_entry",
-    "model_option_problems",
-    "model_names",
-    "register_model",
-    "is_import_path",
-    "import_path_plugin",
-]
+__all__ = ["model_entry", "model_option_problems", "model_names", "register_model"]
 
 
 def register_model(name: str, target: str, *, options: tuple[Option, ...] = (), **fields) -> Plugin:

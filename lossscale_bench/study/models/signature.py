@@ -17,17 +17,12 @@ from contextlib import contextmanager
 
 from ...core.plugins import Option, Plugin, PluginError, file_digest, module_file
 
-__all__ = ["IMPORT_PATH", "import_path_plugin", "is_import_path"]
+__all__ = ["OFFERED_PARAMS", "import_path_plugin"]
 
-#: ``package.module:callable``
-IMPORT_PATH = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*\Z")
 #: the parameter every builder gets from the trial, not from the study
 FIXED_PARAMS = {"model": ("num_classes",), "dataset": ()}
-
-
-def is_import_path(text) -> bool:
-    """Whether ``text`` is written as an import path ``package.module:callable``."""
-    return isinstance(text, str) and IMPORT_PATH.match(text) is not None
+#: what the trial gives a builder where its signature takes it (never a study's option)
+OFFERED_PARAMS = {"model": (), "dataset": ("image_size", "max_val_images")}
 
 
 @contextmanager
@@ -174,4 +169,5 @@ def import_path_plugin(kind: str, name: str, base_dir: str | None) -> Plugin:
         digest=file_digest(path),
         description="any options" if takes_any else "named options",
         doc=first,
+        required=tuple(p for p, _, _, has in params if not has and p not in fixed + OFFERED_PARAMS.get(kind, ())),
     )
