@@ -1,7 +1,7 @@
 """What one table cell says: its text from a row's seed values and run counts, and how a metric is shown.
 
-Split from :mod:`lossscale_bench.report.summary` (which re-exports these names) so that the summary
-module keeps to computing cells; the renderers and comparisons read the metric helpers from there.
+:mod:`lossscale_bench.report.summary` computes a row's values and writes its cells with these; the tables,
+renderers and comparisons read the metric helpers (which way is better, the scale a metric is shown at).
 """
 
 from __future__ import annotations

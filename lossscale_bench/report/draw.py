@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from .figure import panel_grid, png_bytes, quiet_numerics
-from .summary import model_name
+from .runs import model_name
 
 __all__ = ["curves_png", "map_bars_png", "label_colors"]
 

@@ -44,7 +44,8 @@ import pandas as pd
 from .draw import MAX_POINTS, SMOOTH_MIN, Series, curves_png, label_colors, map_bars_png  # noqa: F401 - MAX_POINTS, SMOOTH_MIN: re-exported
 from .figure import DPI, PlotError, slug  # noqa: F401 - DPI: re-exported
 from .heatmap import MAX_STEPS, has_values, layer_heatmap_png, rate_columns, read_layers_csv  # noqa: F401 - MAX_STEPS
-from .summary import latest_setting, load_runs, model_name, summarize
+from .runs import load_runs, model_name
+from .summary import latest_setting, summarize
 
 # this module's own names, plus the drawing functions it re-exports
 __all__ = [

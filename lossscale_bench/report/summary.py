@@ -50,43 +50,11 @@ import pandas as pd
 
 from ..study.configs import describe, differing_fields, study_setting
 from .baseline import TABLE_KEYS, VERDICT_NUMBERS, add_verdicts
-from .cell_text import NOT_VALUE, RUNNING_TEXT, format_cell, format_value, higher_is_better, is_map_metric, metric_scale  # noqa: F401 (re-exported)
-from .runs import (
-    RUN_COLUMNS,
-    STATUSES,
-    TAG,
-    ReportError,
-    derive_label,
-    is_emulated,
-    is_true,
-    isna,
-    load_runs,
-    model_name,
-    to_int,
-)
-from .stats import ALPHA, DEFAULT_MARGIN
-from .verdicts import noise_verdict, paired_verdict
+from .cell_text import NOT_VALUE, format_cell, higher_is_better, metric_scale
+from .runs import is_true, isna, model_name, to_int
+from .stats import DEFAULT_MARGIN
 
-__all__ = [
-    "ReportError",
-    "load_runs",
-    "summarize",
-    "derive_label",
-    "model_name",
-    "is_emulated",
-    "noise_verdict",
-    "paired_verdict",
-    "ALPHA",
-    "DEFAULT_MARGIN",
-    "RUN_COLUMNS",
-    "SUMMARY_COLUMNS",
-    "STATUSES",
-    "TAG",
-    "RUNNING_TEXT",
-    "latest_setting",
-    "table_labels",
-    "VALUE_COLUMNS",
-]
+__all__ = ["SUMMARY_COLUMNS", "VALUE_COLUMNS", "latest_setting", "summarize", "table_labels"]
 
 # summary columns, in this order (csv output)
 SUMMARY_COLUMNS = [

@@ -16,8 +16,9 @@ import pandas as pd
 
 from ..study.precisions import PRECISION_SPECS
 from .cell_text import is_map_metric, metric_scale
-from .stats import MAX_SEEDS, format_margin
-from .summary import ALPHA, DEFAULT_MARGIN, STATUSES, is_emulated, isna, model_name, table_labels
+from .runs import STATUSES, is_emulated, isna, model_name
+from .stats import ALPHA, DEFAULT_MARGIN, MAX_SEEDS, format_margin
+from .summary import table_labels
 
 __all__ = [
     "HEADERS",

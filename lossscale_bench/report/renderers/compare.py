@@ -17,8 +17,8 @@ import pandas as pd
 from ..cell_text import higher_is_better, metric_scale
 from ..compare import PAIR_COLUMNS, RANK_COLUMNS, compare_rows
 from ..metric_names import value_header
+from ..runs import is_emulated
 from ..stats import ALPHA, format_margin
-from ..summary import is_emulated
 from ..tables import (
     EMULATED_MARK,
     P_BETTER_NOTE,

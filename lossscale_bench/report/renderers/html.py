@@ -8,7 +8,7 @@ import re
 from collections.abc import Mapping
 
 from ..metric_names import value_header
-from ..summary import model_name
+from ..runs import model_name
 from ..tables import EMULATED_MARK, HEADERS, VS_HEADER, bold_split, report_tables, study_notes, table_heading
 
 __all__ = ["render_html", "HTML_STYLE", "md_inline_to_html"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 from ..metric_names import value_header
-from ..summary import model_name
+from ..runs import model_name
 from ..tables import EMULATED_MARK, HEADERS, VS_HEADER, bold_split, report_tables, study_notes, table_heading
 
 __all__ = ["render_latex", "latex_escape", "md_inline_to_latex"]

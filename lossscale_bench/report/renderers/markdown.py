@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 from ..metric_names import value_header
-from ..summary import model_name
+from ..runs import model_name
 from ..tables import EMULATED_MARK, HEADERS, VS_HEADER, bold_split, report_tables, study_notes, table_heading
 
 __all__ = ["render_markdown", "md_alt", "md_cell", "md_text", "Markdown", "md_table"]
