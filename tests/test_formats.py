@@ -10,7 +10,7 @@ from lossscale_bench.precision import get_precision
 from lossscale_bench.precision.formats import E4M3, E5M2, FORMATS, FP16
 from lossscale_bench.precision.telemetry import UnderflowProbe
 from lossscale_bench.scaling import build_scaler
-from lossscale_bench.scaling.adaptive import unbounded_scale_tensor
+from lossscale_bench.scaling.adaptive_rule import unbounded_scale_tensor
 
 
 def test_format_constants_match_torch_finfo():

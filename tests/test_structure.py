@@ -6,6 +6,10 @@ The limits, each with its reason:
 * no function over ``MAX_FUNCTION_LINES`` lines: a longer one does several things under one name;
 * no import of another module's underscore names (function, class, constant or module): a name that
   another module uses is an interface, so it is public (in its module's ``__all__``, documented);
+* no re-export: a module other than a package's ``__init__.py`` lists in ``__all__`` only the names it
+  defines itself (``def``, ``class``, assignment); a name it only imports belongs to the module that
+  defines it, and its users import it from there (a package's ``__init__.py`` gathers its modules'
+  names: that is its job);
 * no import circle between modules: a circle makes the import order, and so the code, fragile;
 * no import against ``FLOORS``: each floor imports its own floor and those below, never one above,
   so a reader can learn the package from the bottom up and a change moves effects upwards only.
@@ -170,6 +174,56 @@ def underscore_imports(root: Path = PKG) -> list[str]:
     return out
 
 
+def _module_level(tree: ast.Module) -> list[ast.stmt]:
+    """The statements that run at import: the module's own, and those inside its ``if``/``try``/``with``."""
+    out, todo = [], list(tree.body)
+    while todo:
+        stmt = todo.pop(0)
+        out.append(stmt)
+        if isinstance(stmt, (ast.If, ast.Try, ast.With)):
+            todo += stmt.body + getattr(stmt, "orelse", []) + getattr(stmt, "finalbody", [])
+            todo += [s for h in getattr(stmt, "handlers", []) for s in h.body]
+    return out
+
+
+def _targets(stmt: ast.stmt) -> list[ast.expr]:
+    """What an assignment binds (``=``, ``+=``, annotated); nothing for any other statement."""
+    if isinstance(stmt, ast.Assign):
+        return stmt.targets
+    return [stmt.target] if isinstance(stmt, (ast.AugAssign, ast.AnnAssign)) else []
+
+
+def _listed(tree: ast.Module) -> list[str]:
+    """The names of the module's ``__all__`` (a list or tuple of strings; ``+=`` counts too)."""
+    return [
+        e.value
+        for stmt in _module_level(tree)
+        if any(isinstance(t, ast.Name) and t.id == "__all__" for t in _targets(stmt)) and stmt.value is not None
+        for e in ast.walk(stmt.value)
+        if isinstance(e, ast.Constant) and isinstance(e.value, str)
+    ]
+
+
+def reexports(root: Path = PKG) -> list[str]:
+    """Modules (not a package's ``__init__.py``) whose ``__all__`` lists names they only import."""
+    out = []
+    for p in package_files(root):
+        if p.name == "__init__.py":
+            continue
+        tree = ast.parse(p.read_text(), str(p))
+        defined, imported = set(), set()
+        for stmt in _module_level(tree):
+            if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                defined.add(stmt.name)
+            elif isinstance(stmt, (ast.Import, ast.ImportFrom)):
+                imported |= {(a.asname or a.name).split(".")[0] for a in stmt.names}
+            defined |= {n.id for t in _targets(stmt) for n in ast.walk(t) if isinstance(n, ast.Name)}
+        bad = [n for n in _listed(tree) if n in imported and n not in defined]
+        if bad:
+            out.append(f"{module_name(p, root)} re-exports {', '.join(bad)}")
+    return out
+
+
 def upward_imports(root: Path = PKG) -> list[str]:
     out = []
     for mod, deps in graph(root).items():
@@ -213,7 +267,9 @@ def circles(root: Path = PKG) -> list[str]:
 
 
 @pytest.mark.parametrize(
-    "check", [long_modules, long_functions, underscore_imports, upward_imports, circles], ids=lambda f: f.__name__
+    "check",
+    [long_modules, long_functions, underscore_imports, reexports, upward_imports, circles],
+    ids=lambda f: f.__name__,
 )
 def test_the_package_keeps_its_shape(check):
     found = check()
@@ -233,9 +289,13 @@ def test_the_checks_see_what_they_look_for(tmp_path):
     for d in (pkg, pkg / "core", pkg / "trial"):
         (d / "__init__.py").write_text("")
     (pkg / "core" / "low.py").write_text("def f():\n    from ..trial.high import g\n" + "    x = 1\n" * 80 + "\n" * 380)
-    (pkg / "trial" / "high.py").write_text("from ..core.low import f, _hidden\n\n\ndef g():\n    pass\n")
+    (pkg / "trial" / "high.py").write_text(
+        "from ..core.low import f, _hidden\n\n__all__ = ['g', 'f', 'h']\nh = 1\n\n\ndef g():\n    pass\n"
+    )
+    (pkg / "trial" / "__init__.py").write_text("from .high import g\n\n__all__ = ['g']\n")  # gathering: allowed
     assert long_modules(pkg) == ["lossscale_bench.core.low: 462 lines"]
     assert long_functions(pkg) == ["lossscale_bench.core.low.f (line 1): 82 lines"]
     assert underscore_imports(pkg) == ["lossscale_bench.trial.high:1 imports _hidden from lossscale_bench.core.low"]
+    assert reexports(pkg) == ["lossscale_bench.trial.high re-exports f"]
     assert upward_imports(pkg) == ["lossscale_bench.core.low (floor 1) imports lossscale_bench.trial.high (floor 6)"]
     assert circles(pkg) == ["lossscale_bench.core.low -> lossscale_bench.trial.high -> lossscale_bench.core.low"]

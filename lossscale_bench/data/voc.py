@@ -47,7 +47,6 @@ from ..dataset_files.voc_layout import (
     annotation_file,
     image_candidates,
     required_paths,
-    resolve_devkit,
     side_ids,
     split_list,
     split_names,
@@ -57,16 +56,7 @@ from ..dataset_files.voc_xml import parse_voc
 from .coco import DataNotFound, require_ground_truth
 from .transforms import PixelCache, flip_decision, hflip
 
-__all__ = [
-    "VOCDetection",
-    "VOC_CLASSES",
-    "resolve_devkit",
-    "voc_sources",
-    "voc_required_paths",
-    "build_voc_datasets",
-    "make_tiny_voc",
-    "FETCH_VOC",
-]
+__all__ = ["VOCDetection", "voc_required_paths", "build_voc_datasets", "make_tiny_voc", "FETCH_VOC"]
 
 FETCH_VOC = "lsbench data voc --root {root}"
 

@@ -174,7 +174,7 @@ class Trainer:
         # ``grad_sync(params)`` averages the true gradients across replicas, and
         # ``grad_sync.mean(t)`` (if it has one) the step's loss values, so that every replica
         # logs the same loss and takes the same divergence decisions. The object comes from
-        # the launcher (``distributed.GradSync``); the loop knows only this interface.
+        # the launcher (``replica_sync.GradSync``); the loop knows only this interface.
         self.grad_sync = grad_sync
         self._bias_params = [p for n, p in model.named_parameters() if n.endswith(".bias") and p.requires_grad]
         #: wait for the device (and read losses eagerly) every this many steps; module doc

@@ -14,6 +14,8 @@ from importlib import import_module
 import torch
 from torch import nn
 
+from ..core.plugins import PluginError
+
 __all__ = ["DETECTION_KEYS", "build_model", "builder_of", "detector_problem"]
 
 #: what an eval-mode detector returns for each image
@@ -37,11 +39,11 @@ def builder_of(name: str):
     try:
         mod = import_module(module)
     except ImportError as exc:
-        raise plugins.PluginError(f"model {name!r}: cannot import {module}: {exc}") from None
+        raise PluginError(f"model {name!r}: cannot import {module}: {exc}") from None
     try:
         return getattr(mod, attr)
     except AttributeError:
-        raise plugins.PluginError(f"model {name!r}: module {module} has no attribute {attr!r}") from None
+        raise PluginError(f"model {name!r}: module {module} has no attribute {attr!r}") from None
 
 
 def _builder_without_pydantic(name: str):

@@ -16,15 +16,15 @@ group reserves its own placement group, ``N × {CPU: cpus_per_trial, <DEV>: 1}``
 (PACK). Nesting the devices into the Tune trial's bundle as well would reserve
 them twice and deadlock (Train V2 always creates its own placement group and
 cannot adopt Tune's). Consequences, both handled here: Tune no longer sees the
-device demand, so :func:`tune_concurrency` gives the ``max_concurrent_trials``
+device demand, so :func:`~.placement.tune_concurrency` gives the ``max_concurrent_trials``
 that keeps Tune from starting trials whose Train runs can only wait; and a
 trial whose devices the cluster does not have at all fails at once with a
-message (:func:`infeasible`) instead of waiting forever for them.
+message (:func:`~.placement.infeasible`) instead of waiting forever for them.
 
 *Gradients.* There is no DDP: each replica runs the same ``run_trial`` on its
 shard ``images[rank::N]`` of the global batch (``batch_size`` is the global
 batch), its scaler unscales its own gradients (per layer for adaptive scaling),
-and :class:`GradSync` then averages the true gradients with one flattened
+and :class:`~.replica_sync.GradSync` then averages the true gradients with one flattened
 all-reduce per dtype. Overflow flags are max-reduced inside the scalers
 (``scaling.base.all_reduce_flag``), so every replica skips the same steps and
 the weights stay identical; at the end rank 0 compares per-tensor parameter
@@ -59,6 +59,8 @@ from collections.abc import Callable
 from typing import Any
 
 from ..engine.sink import Sink
+from .placement import backend_of, infeasible, worker_bundles
+from .replica_sync import GradSync, RecordOnlySync
 
 #: torch.distributed backend per lossscale_bench backend
 PROCESS_GROUP = {"cpu": "gloo", "cuda": "nccl", "hpu": "hccl", "xla": "xla"}
@@ -79,20 +81,6 @@ def _collective_timeout_s() -> int:
 
     return int(env_number("LSBENCH_DIST_TIMEOUT_S", COLLECTIVE_TIMEOUT_S))
 
-
-from .placement import (  # noqa: E402,F401 - re-exported: the launcher and its tests use them from here
-    DEVICE_RESOURCE,
-    DRIVER_CPUS,
-    backend_of,
-    devices_of,
-    driver_bundle,
-    infeasible,
-    is_distributed,
-    placement_text,
-    single_bundle,
-    tune_concurrency,
-    worker_bundles,
-)
 
 # --------------------------------------------------------------------------- worker side
 
@@ -126,9 +114,6 @@ class QueueSink(Sink):
             return
         self.reports = self._inner.reports
         self._put({"kind": "report", "final": outcome is not None, "report": report})
-
-
-from .replica_sync import GradSync, RecordOnlySync, allreduce_mean, mean_across_replicas  # noqa: E402,F401
 
 
 def param_stats(params) -> list[float]:

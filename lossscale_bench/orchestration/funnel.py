@@ -71,7 +71,7 @@ class MlflowFunnel(Callback):
 
     def on_step_end(self, iteration, trials, **info):
         """Tune's loop waits at most 0.1 s a step: a safe point for a stop signal (``signals.SignalsRaise``)."""
-        from .signals import safe_point
+        from ..core.uninterrupted import safe_point
 
         safe_point()
 

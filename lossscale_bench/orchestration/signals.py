@@ -17,7 +17,7 @@ from typing import Any
 
 from ..core.uninterrupted import deferring, request_stop, safe_point, stop_requested, withdraw
 
-__all__ = ["Interrupted", "SignalsRaise", "safe_point"]
+__all__ = ["Interrupted", "SignalsRaise"]
 
 
 class Interrupted(KeyboardInterrupt):

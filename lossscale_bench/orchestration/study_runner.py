@@ -398,8 +398,8 @@ def _run_local(
     trial_plots=None,
 ) -> None:
     """Trials one after another in this process (debugging; no Ray)."""
+    from ..core.uninterrupted import safe_point
     from ..trial import run_trial
-    from .signals import safe_point
 
     for cfg in todo:
         safe_point()  # a stop signal between two trials: before the next one starts

@@ -43,7 +43,7 @@ from ..study.precisions import GRAD_ROUNDINGS, PRECISION_NAMES, PRECISION_OPTION
 from .formats import E4M3_NAN, FORMATS, FP16, FloatFormat, Fp4Format, block_scaled, fp4_format
 from .layers import EmulationHandle, install_emulation
 
-__all__ = ["GRAD_ROUNDINGS", "Precision", "get_precision"]
+__all__ = ["Precision", "get_precision"]
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ The modules, imports only ever pointing down::
       │    └─ figure  matplotlib plumbing: a figure without pyplot, PNG bytes
       ├─ compare      compare_rows(): pairs of rows, Holm, ranking with letter groups
       ├─ seed_section a seed-plan study's looks, from its parent run's tags (markdown)
-      └─ summary      summarize(), verdicts; re-exports runs
+      └─ summary      summarize(), verdicts
            ├─ runs    load_runs(): the MLflow store contract
            └─ baseline  each row of a table against the table's baseline row
                 └─ verdicts  a row against another: paired or Welch, the verdict text
@@ -55,9 +55,10 @@ __all__ = [
     "REPORT_METRICS",
 ]
 
-#: submodule -> the names this package offers from it
+#: submodule (or, spelled out, a module of the study layer) -> the names this package offers from it
 _EXPORTS: dict[str, tuple[str, ...]] = {
-    "runs": ("ReportError", "load_runs", "derive_label", "model_name", "is_emulated", "RUN_COLUMNS", "STATUSES", "TAG"),
+    "runs": ("ReportError", "load_runs", "derive_label", "model_name", "RUN_COLUMNS", "STATUSES", "TAG"),
+    "lossscale_bench.study.precisions": ("is_emulated",),
     "stats": ("ALPHA", "DEFAULT_MARGIN"),
     "verdicts": ("noise_verdict", "paired_verdict", "compare_cells"),
     "compare": ("compare_rows", "letter_groups", "PAIR_COLUMNS", "RANK_COLUMNS"),
@@ -88,9 +89,11 @@ def __getattr__(name: str):
     import sys
 
     # all at once, and spelled out, so tests/test_structure.py sees these edges (and any circle through them)
+    from ..study import precisions  # noqa: F401
     from . import compare, metric_names, renderers, runs, stats, summary, tables, verdicts, write  # noqa: F401
 
-    value = getattr(sys.modules[f"{__name__}.{module}"], name)
+    home = module if module.startswith("lossscale_bench.") else f"{__name__}.{module}"
+    value = getattr(sys.modules[home], name)
     globals()[name] = value  # later uses skip this function
     return value
 

@@ -7,7 +7,7 @@
 
 The figure plumbing (no pyplot, lazy matplotlib) is in :mod:`.figure`; the layer x step
 heatmaps in :mod:`.heatmap`.  :mod:`lossscale_bench.report.plots` builds the trial and
-study plots from these (and re-exports them).  The only report module used here is the
+study plots from these.  The only report module used here is the
 summary layer (:mod:`lossscale_bench.report.summary`, for model names).
 """
 

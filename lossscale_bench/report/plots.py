@@ -1,8 +1,9 @@
 """Plots for study reports and for single trials: matplotlib -> PNG.
 
 Every function returns PNG bytes or writes PNG files.  The drawing itself
-(matplotlib, lazily imported, no pyplot) is in :mod:`lossscale_bench.report.draw`,
-whose functions are re-exported here; this module picks the data: from a
+(matplotlib, lazily imported, no pyplot) is in :mod:`lossscale_bench.report.draw`
+(curves, bars) and :mod:`lossscale_bench.report.heatmap` (layer heatmaps), with the figure
+plumbing in :mod:`lossscale_bench.report.figure`; this module picks the data: from a
 trial's own histories, or from the MLflow store.  Of the report it uses only
 the summary layer (:mod:`lossscale_bench.report.summary`), never the table
 renderers or :mod:`lossscale_bench.report.write`, which calls in here.
@@ -41,28 +42,13 @@ from pathlib import Path
 
 import pandas as pd
 
-from .draw import MAX_POINTS, SMOOTH_MIN, Series, curves_png, label_colors, map_bars_png  # noqa: F401 - MAX_POINTS, SMOOTH_MIN: re-exported
-from .figure import DPI, PlotError, slug  # noqa: F401 - DPI: re-exported
-from .heatmap import MAX_STEPS, has_values, layer_heatmap_png, rate_columns, read_layers_csv  # noqa: F401 - MAX_STEPS
+from .draw import Series, curves_png, label_colors, map_bars_png
+from .figure import slug
+from .heatmap import has_values, layer_heatmap_png, rate_columns, read_layers_csv
 from .runs import load_runs, model_name
 from .summary import latest_setting, summarize
 
-# this module's own names, plus the drawing functions it re-exports
-__all__ = [
-    "Plot",
-    "metric_histories",
-    "study_plots",
-    "trial_plots",
-    "run_plots",
-    "PlotError",
-    "curves_png",
-    "map_bars_png",
-    "layer_heatmap_png",
-    "label_colors",
-    "read_layers_csv",
-    "slug",
-    "has_values",
-]
+__all__ = ["Plot", "metric_histories", "study_plots", "trial_plots", "run_plots"]
 
 LAYERS_ARTIFACT = "layers/layers_history.csv"
 

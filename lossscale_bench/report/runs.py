@@ -22,7 +22,7 @@ Only :func:`load_runs` touches MLflow, and it imports it lazily so that the
 rest of the package (and ``lsbench --help``) does not pay for the import.
 
 Part of the summary layer (with :mod:`lossscale_bench.report.summary`, which
-re-exports everything public here): no rendering, no plots.
+builds on it): no rendering, no plots.
 """
 
 from __future__ import annotations
@@ -32,16 +32,15 @@ from collections.abc import Mapping
 
 import pandas as pd
 
+from ..core.plugins import PluginError
 from ..study import plugins
 from ..study.configs import config_params, run_config_id, setting_id
-from ..study.precisions import is_emulated
 
 __all__ = [
     "ReportError",
     "load_runs",
     "derive_label",
     "model_name",
-    "is_emulated",
     "RUN_COLUMNS",
     "STATUSES",
     "TAG",
@@ -364,5 +363,5 @@ def model_name(model: str | None) -> str:
         return str(model)
     try:
         return plugins.entry("model", str(model)).display_name
-    except plugins.PluginError:
+    except PluginError:
         return str(model)

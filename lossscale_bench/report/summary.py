@@ -1,9 +1,9 @@
 """Runs -> summary: one row per table cell, with seed statistics and verdicts.
 
-The summary layer of the report: :func:`load_runs` (MLflow -> runs, from
-:mod:`lossscale_bench.report.runs`, re-exported here) and :func:`summarize`
-(runs -> one row per (study, model, batch, row)).  No rendering and no plots
-here: the table renderers (:mod:`lossscale_bench.report.renderers`) and
+The summary layer of the report: :func:`~lossscale_bench.report.runs.load_runs` (MLflow -> runs,
+in :mod:`lossscale_bench.report.runs`) and :func:`summarize` (runs -> one row per (study, model,
+batch, row)).  No rendering and no plots here: the table renderers
+(:mod:`lossscale_bench.report.renderers`) and
 :mod:`lossscale_bench.report.plots` build on this module, and
 :mod:`lossscale_bench.report.write` sits above them all.
 

@@ -14,9 +14,9 @@ from collections.abc import Iterable
 
 import pandas as pd
 
-from ..study.precisions import PRECISION_SPECS
+from ..study.precisions import PRECISION_SPECS, is_emulated
 from .cell_text import is_map_metric, metric_scale
-from .runs import STATUSES, is_emulated, isna, model_name
+from .runs import STATUSES, isna, model_name
 from .stats import ALPHA, DEFAULT_MARGIN, MAX_SEEDS, format_margin
 from .summary import table_labels
 

@@ -46,7 +46,7 @@ def _markdown_plots(path: Path, pictures: list[tuple[str, str, bytes]]) -> tuple
     """Markdown section linking PNG files beside ``path``: ``<stem>_<name>.png``."""
     from urllib.parse import quote
 
-    from .plots import slug
+    from .figure import slug
     from .renderers.markdown import md_alt
 
     lines, files, used = ["", "## Plots", ""], [], set()

@@ -32,17 +32,9 @@ from torch import nn
 from ..core.host_path import on_host
 from ..precision.formats import FP16, FloatFormat
 from .adaptive_bound import bound_from_parts, headroom, layer_cap, pass_headroom
-
-# rule names this module does not use are re-exported: tests and callers import them from here
 from .adaptive_rule import (
-    U_MAX,
-    U_MIN,
-    approx_range_scale,
-    approx_range_scale_tensor,
-    backward_fan_in,
     bound_scale_host,
     bound_scale_tensor,
-    branch_target_scale,
     output_scale_tensor,
     unbounded_scale_host,
     unbounded_scale_tensor,
@@ -52,20 +44,7 @@ from .per_layer import PerLayerLossScaler
 from .per_layer.functions import LayerInfo, PointInfo, point_hook
 from .per_layer.iteration import Iteration
 
-__all__ = [
-    "AdaptiveLossScaler",
-    "approx_range_scale",
-    "approx_range_scale_tensor",
-    "unbounded_scale_tensor",
-    "bound_scale_tensor",
-    "branch_target_scale",
-    "backward_fan_in",
-    "output_scale_tensor",
-    "find_output_points",
-    "UPDATE_COUNTS",
-    "U_MIN",
-    "U_MAX",
-]
+__all__ = ["AdaptiveLossScaler", "find_output_points", "UPDATE_COUNTS"]
 
 #: what ``update_every`` counts: optimizer steps (ours) or each layer's backward calls (the reference)
 UPDATE_COUNTS = ("steps", "calls")

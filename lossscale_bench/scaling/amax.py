@@ -60,16 +60,9 @@ from ..numerics.amax import max_abs, max_abs_value
 from ..precision.formats import FP16, FloatFormat
 from .base import all_reduce_flag, distributed
 from .host_fp32 import f32, floor_pow2_log2, recip
-from .per_layer import LOSS_POINT, PointLossScaler
+from .per_layer import PointLossScaler
 
-__all__ = [
-    "AmaxLossScaler",
-    "scale_from_amax",
-    "scale_from_finite_amax",
-    "scale_from_amax_host",
-    "RECIPES",
-    "LOSS_POINT",
-]
+__all__ = ["AmaxLossScaler", "scale_from_amax", "scale_from_finite_amax", "scale_from_amax_host", "RECIPES"]
 
 _F32 = torch.float32
 RECIPES = ("current", "delayed")

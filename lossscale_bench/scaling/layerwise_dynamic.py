@@ -40,10 +40,10 @@ from torch import nn
 from ..core.host_path import host_shortcuts
 from ..precision.formats import FP16, FloatFormat
 from .base import all_reduce_flag, distributed, unscale_groups_
-from .per_layer import LOSS_POINT, PointLossScaler
+from .per_layer import PointLossScaler
 from .per_layer.graph import ROOT_SCALE_ID
 
-__all__ = ["LayerwiseDynamicLossScaler", "LOSS_POINT"]
+__all__ = ["LayerwiseDynamicLossScaler"]
 
 _F32 = torch.float32
 

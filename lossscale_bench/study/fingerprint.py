@@ -68,7 +68,7 @@ from ..dataset_files.voc_layout import (
     voc_sources,
 )
 
-__all__ = ["MISSING", "data_fingerprint", "weights_fingerprint", "file_sha256", "voc_sources", "trial_fingerprint"]
+__all__ = ["MISSING", "data_fingerprint", "weights_fingerprint", "file_sha256", "trial_fingerprint"]
 
 #: the marker of a root or file that is not there; no real fingerprint has this form
 MISSING = "missing"

@@ -14,12 +14,12 @@ entry points installed distributions declare. Torch-free.
 from __future__ import annotations
 
 from ..core import plugins as _mechanism
-from ..core.plugins import KINDS, Option, Plugin, PluginError, is_import_path
+from ..core.plugins import KINDS, Plugin, PluginError, is_import_path
 from . import datasets, methods, models, precisions  # noqa: F401 - registers the package's plug-ins
 from .models import model_entry
 from .models.signature import import_path_plugin
 
-__all__ = ["KINDS", "Option", "Plugin", "PluginError", "entries", "entry", "listing", "names"]
+__all__ = ["entries", "entry", "listing", "names"]
 
 
 def names(kind: str, *, entry_points: bool = True) -> tuple[str, ...]:

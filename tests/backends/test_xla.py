@@ -110,7 +110,7 @@ def test_multi_device_launcher_path_on_one_cpu_device(tmp_path):
     outcome come back through the multiprocessing queue. Real multi-chip runs need a TPU host."""
     import json
 
-    from lossscale_bench.orchestration import distributed
+    from lossscale_bench.orchestration import distributed, placement
     from lossscale_bench.study import load_study_text
 
     (cfg,) = load_study_text(
@@ -129,7 +129,7 @@ def test_multi_device_launcher_path_on_one_cpu_device(tmp_path):
         resources: {backend: xla, devices_per_trial: 2}
         """)
     ).trials()
-    assert distributed.worker_bundles(cfg.resources) == [{"CPU": 1.0, "TPU": 2.0}]
+    assert placement.worker_bundles(cfg.resources) == [{"CPU": 1.0, "TPU": 2.0}]
 
     class Channel:
         items: list = []

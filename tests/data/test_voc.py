@@ -8,8 +8,9 @@ import torch
 
 from lossscale_bench.data.coco import DataNotFound
 from lossscale_bench.data.prepare import prepare_dataset
-from lossscale_bench.data.voc import VOCDetection, build_voc_datasets, make_tiny_voc, resolve_devkit
+from lossscale_bench.data.voc import VOCDetection, build_voc_datasets, make_tiny_voc
 from lossscale_bench.dataset_files.annotations import AnnotationError
+from lossscale_bench.dataset_files.voc_layout import resolve_devkit
 
 XML = """<annotation><filename>{id}.jpg</filename><size><width>40</width><height>30</height><depth>3</depth></size>
 <object><name>cat</name><difficult>0</difficult><bndbox><xmin>1</xmin><ymin>1</ymin><xmax>10</xmax><ymax>20</ymax></bndbox></object>

@@ -38,7 +38,7 @@ def _gloo_rank(rank: int, port: int, out_dir: str) -> None:
     import torch.distributed as dist
     from torch import nn
 
-    from lossscale_bench.orchestration.distributed import GradSync
+    from lossscale_bench.orchestration.replica_sync import GradSync
     from lossscale_bench.scaling import build_scaler
 
     torch.set_num_threads(1)
@@ -106,7 +106,7 @@ def _gloo_rank(rank: int, port: int, out_dir: str) -> None:
         res[f"ada{every}"] = {k: v["unbounded"] for k, v in ada.state_dict()["layers"].items()}
         ada.remove()
     # 5. the loop's loss agreement helper: the replicas' mean on every replica
-    from lossscale_bench.orchestration.distributed import mean_across_replicas
+    from lossscale_bench.orchestration.replica_sync import mean_across_replicas
 
     res["mean"] = mean_across_replicas(torch.tensor([rank + 1.0, 10.0 * (rank + 1)])).tolist()
     dist.destroy_process_group()

@@ -24,7 +24,7 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from lossscale_bench.orchestration import distributed  # noqa: E402
+from lossscale_bench.orchestration import distributed, placement  # noqa: E402
 from lossscale_bench.study import load_study_text  # noqa: E402
 
 STUDY = textwrap.dedent("""\
@@ -92,7 +92,7 @@ def _probe_trainable(config: dict) -> None:
     spec = config["trial"]
     res = spec["cfg"]["resources"]
     out = {"tag": spec["cfg"]["study"], "driver": _where()}
-    if distributed.is_distributed(res):
+    if placement.is_distributed(res):
         workers: list = []
         # the real placement and (for cuda) the real one-GPU-per-worker config, with gloo: no devices here
         cfg = _no_setup_config() if res["backend"] == "hpu" else None
@@ -137,10 +137,10 @@ def test_mixed_study_trials_land_only_where_their_resource_exists(cluster, tmp_p
                 "cfg": cfg.to_dict(),
                 "trial_dir": str(tmp_path / tag),
                 "threads": 1,
-                "resources": distributed.single_bundle(cfg.resources),
+                "resources": placement.single_bundle(cfg.resources),
             }
         )
-    limit = distributed.tune_concurrency([s["cfg"]["resources"] for s in specs], ray.cluster_resources())
+    limit = placement.tune_concurrency([s["cfg"]["resources"] for s in specs], ray.cluster_resources())
     tuner = tune.Tuner(
         tune.with_resources(_probe_trainable, _resources_of),
         param_space={"trial": tune.grid_search(specs)},
@@ -167,7 +167,7 @@ def test_mixed_study_trials_land_only_where_their_resource_exists(cluster, tmp_p
     for tag, dev, env in (("gpu2", "GPU", "CUDA_VISIBLE_DEVICES"), ("hpu2", "HPU", "HABANA_VISIBLE_MODULES")):
         p = probes[tag]
         assert p["error"] is None, p["error"]
-        assert p["driver"]["resources"] == {"CPU": distributed.DRIVER_CPUS}
+        assert p["driver"]["resources"] == {"CPU": placement.DRIVER_CPUS}
         workers = sorted(p["workers"], key=lambda w: w["rank"])
         assert [w["rank"] for w in workers] == [0, 1]
         for w in workers:
@@ -180,22 +180,22 @@ def test_mixed_study_trials_land_only_where_their_resource_exists(cluster, tmp_p
 
 def test_placement_shapes_and_feasibility():
     gpu8 = {"backend": "cuda", "devices_per_trial": 8, "cpus_per_trial": 4}
-    assert distributed.placement_text(gpu8) == "CPU:0.25 + 8×{CPU:4, GPU:1}"
-    assert distributed.placement_text({"backend": "hpu", "devices_per_trial": 1, "cpus_per_trial": 2}) == "CPU:2, HPU:1"
-    assert distributed.placement_text({"backend": "xla", "devices_per_trial": 8}) == "CPU:0.25 + 1×{CPU:1, TPU:8}"
-    assert distributed.placement_text({"backend": "cpu", "devices_per_trial": 2}) == "CPU:0.25 + 2×{CPU:1}"
+    assert placement.placement_text(gpu8) == "CPU:0.25 + 8×{CPU:4, GPU:1}"
+    assert placement.placement_text({"backend": "hpu", "devices_per_trial": 1, "cpus_per_trial": 2}) == "CPU:2, HPU:1"
+    assert placement.placement_text({"backend": "xla", "devices_per_trial": 8}) == "CPU:0.25 + 1×{CPU:1, TPU:8}"
+    assert placement.placement_text({"backend": "cpu", "devices_per_trial": 2}) == "CPU:0.25 + 2×{CPU:1}"
     cluster = {"CPU": 64.0, "GPU": 8.0}
-    assert distributed.infeasible(gpu8, cluster) is None
-    msg = distributed.infeasible({"backend": "hpu", "devices_per_trial": 2}, cluster)
+    assert placement.infeasible(gpu8, cluster) is None
+    msg = placement.infeasible({"backend": "hpu", "devices_per_trial": 2}, cluster)
     assert "HPU 2 (cluster has 0)" in msg
     # Tune sees only the driver's CPU: the limit comes from the scarcest device
-    assert distributed.tune_concurrency([gpu8, gpu8, gpu8], {"CPU": 64.0, "GPU": 16.0}) == 2
+    assert placement.tune_concurrency([gpu8, gpu8, gpu8], {"CPU": 64.0, "GPU": 16.0}) == 2
     hpu1 = {"backend": "hpu", "devices_per_trial": 1, "cpus_per_trial": 1}
-    assert distributed.tune_concurrency([gpu8] * 3 + [hpu1] * 5, {"CPU": 64.0, "GPU": 16.0, "HPU": 4.0}) == 2 + 4
-    assert distributed.tune_concurrency([{"backend": "cuda", "devices_per_trial": 1}], {"GPU": 8.0}) is None
-    assert "not placeable" in distributed.placement_text({"backend": "auto", "devices_per_trial": 2})
+    assert placement.tune_concurrency([gpu8] * 3 + [hpu1] * 5, {"CPU": 64.0, "GPU": 16.0, "HPU": 4.0}) == 2 + 4
+    assert placement.tune_concurrency([{"backend": "cuda", "devices_per_trial": 1}], {"GPU": 8.0}) is None
+    assert "not placeable" in placement.placement_text({"backend": "auto", "devices_per_trial": 2})
     with pytest.raises(ValueError, match="auto cannot"):
-        distributed.worker_bundles({"backend": "auto", "devices_per_trial": 2})
+        placement.worker_bundles({"backend": "auto", "devices_per_trial": 2})
 
 
 def test_feasibility_check_on_the_real_cluster(cluster):

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 from plot_store import FIELDS, LAYERS, OTHER, STUDY, png_size, shared_store, write_layers_csv
 
-from lossscale_bench.report import ReportError, load_runs, plots, render, summarize, write_report
+from lossscale_bench.report import ReportError, draw, figure, heatmap, load_runs, plots, render, summarize, write_report
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +55,7 @@ def _is_png(png, min_w=300, min_h=200, max_side=4000) -> tuple[int, int]:
 def test_curves_png_seeds_mean_and_nonfinite():
     seeds = [[(s, 5.0 - 0.1 * s + k) for s in range(30)] for k in (0.0, 0.2)]
     diverged = [(s, 5.0 - 0.1 * s) for s in range(10)] + [(10, math.nan), (11, math.inf)]
-    png = plots.curves_png(
+    png = draw.curves_png(
         {
             "SSD-tiny batch 4": {"adaptive": seeds, "no loss scale": [diverged]},
             "SSD300 batch 8": {"adaptive": [seeds[0]]},
@@ -66,13 +66,13 @@ def test_curves_png_seeds_mean_and_nonfinite():
     w, h = _is_png(png)
     assert w > h  # two panels side by side
     long = [(s, 1.0 + (s % 7) / 10) for s in range(5000)]  # smoothed, subsampled
-    _is_png(plots.curves_png({"": {"x": [long]}}, ylabel="loss"))
+    _is_png(draw.curves_png({"": {"x": [long]}}, ylabel="loss"))
     # a log2 axis drops non-positive values; nothing drawable -> None
     _is_png(
-        plots.curves_png({"": {"fixed": [[(0, 128.0), (5, 128.0)]], "zero": [[(0, 0.0)]]}}, ylabel="scale", log2=True)
+        draw.curves_png({"": {"fixed": [[(0, 128.0), (5, 128.0)]], "zero": [[(0, 0.0)]]}}, ylabel="scale", log2=True)
     )
-    assert plots.curves_png({"": {"x": [[(0, math.nan)], []]}}, ylabel="loss") is None
-    assert plots.curves_png({}, ylabel="loss") is None
+    assert draw.curves_png({"": {"x": [[(0, math.nan)], []]}}, ylabel="loss") is None
+    assert draw.curves_png({}, ylabel="loss") is None
 
 
 def test_map_bars_marks_diverged_failed_running():
@@ -89,21 +89,21 @@ def test_map_bars_marks_diverged_failed_running():
         dict(base, trial_id="p1", row=4, label="dynamic", seed=1, status="diverged", final_map=None),
     ]
     s = summarize(pd.DataFrame(rows))
-    _is_png(plots.map_bars_png(s, title="mAP"))
-    assert plots.map_bars_png(s.iloc[0:0]) is None
+    _is_png(draw.map_bars_png(s, title="mAP"))
+    assert draw.map_bars_png(s.iloc[0:0]) is None
 
 
 def test_layer_heatmaps_from_csv(tmp_path):
-    plain = plots.read_layers_csv(write_layers_csv(tmp_path / "p.csv", adaptive=False))
-    ada = plots.read_layers_csv(write_layers_csv(tmp_path / "a.csv", adaptive=True))
+    plain = heatmap.read_layers_csv(write_layers_csv(tmp_path / "p.csv", adaptive=False))
+    ada = heatmap.read_layers_csv(write_layers_csv(tmp_path / "a.csv", adaptive=True))
     assert set(plain["layer"]) == set(LAYERS) and plain["scale"].isna().all()
-    _is_png(plots.layer_heatmap_png(plain, ("underflow_rate",), title="u"), min_h=250)
-    w, _ = _is_png(plots.layer_heatmap_png(ada, ("scale", "accum_scale"), log2=True), min_h=250)
+    _is_png(heatmap.layer_heatmap_png(plain, ("underflow_rate",), title="u"), min_h=250)
+    w, _ = _is_png(heatmap.layer_heatmap_png(ada, ("scale", "accum_scale"), log2=True), min_h=250)
     assert w > 1000  # two panels
-    assert plots.layer_heatmap_png(plain, ("scale", "accum_scale"), log2=True) is None  # no adaptive scales
+    assert heatmap.layer_heatmap_png(plain, ("scale", "accum_scale"), log2=True) is None  # no adaptive scales
     (tmp_path / "bad.csv").write_text("a,b\n1,2\n")
     with pytest.raises(ValueError, match="not a layers history"):
-        plots.read_layers_csv(tmp_path / "bad.csv")
+        heatmap.read_layers_csv(tmp_path / "bad.csv")
 
 
 def test_layers_csv_matches_telemetry(tmp_path):
@@ -118,9 +118,9 @@ def test_layers_csv_matches_telemetry(tmp_path):
         {"conv1": {"underflow_rate": 0.25, "flush_rate": 0.0, "nonzero": 10}},
         [{"layer": "conv1", "scale": 4.0, "accum_scale": 4.0}],
     )
-    t = plots.read_layers_csv(h.path)
+    t = heatmap.read_layers_csv(h.path)
     assert t["step"].tolist() == [0, 5] and math.isnan(t["scale"][0]) and t["scale"][1] == 4.0
-    _is_png(plots.layer_heatmap_png(t, ("underflow_rate",)), min_h=150)
+    _is_png(heatmap.layer_heatmap_png(t, ("underflow_rate",)), min_h=150)
 
 
 def test_trial_plots_files(tmp_path):
@@ -229,7 +229,7 @@ def test_html_report_embeds_plots_csv_latex_unchanged(store, reuse_plots, study_
 
 def test_plot_failure_is_one_line_report_error(store, tmp_path, monkeypatch):
     def broken(*a, **k):
-        raise plots.PlotError("matplotlib is not installed (No module named 'matplotlib')")
+        raise figure.PlotError("matplotlib is not installed (No module named 'matplotlib')")
 
     monkeypatch.setattr(plots, "study_plots", broken)
     with pytest.raises(ReportError, match=r"cannot draw the report's plots: PlotError: .*--no-plots") as e:

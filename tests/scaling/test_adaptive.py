@@ -20,23 +20,21 @@ from helpers import random_detection_batch
 from lossscale_bench.models import build_model
 from lossscale_bench.precision import install_fp16_emulation, round_fp16
 from lossscale_bench.scaling import build_scaler
-from lossscale_bench.scaling.adaptive import (
+from lossscale_bench.scaling.adaptive import AdaptiveLossScaler
+from lossscale_bench.scaling.adaptive_rule import (
     U_MAX,
     U_MIN,
-    AdaptiveLossScaler,
     approx_range_scale,
     approx_range_scale_tensor,
     backward_fan_in,
-    branch_target_scale,
-    unbounded_scale_tensor,
-    underflow_k,
-)
-from lossscale_bench.scaling.adaptive_rule import (
     bound_scale_host,
     bound_scale_tensor,
     branch_fallback_scale_host,
+    branch_target_scale,
     branch_target_scale_host,
     unbounded_scale_host,
+    unbounded_scale_tensor,
+    underflow_k,
 )
 from lossscale_bench.scaling.fixed import FixedLossScaler
 from lossscale_bench.scaling.per_layer import functions as per_layer_functions

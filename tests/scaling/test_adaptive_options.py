@@ -23,13 +23,8 @@ from helpers import random_detection_batch
 from lossscale_bench.models import build_model
 from lossscale_bench.precision import install_fp16_emulation
 from lossscale_bench.scaling import build_scaler
-from lossscale_bench.scaling.adaptive import (
-    AdaptiveLossScaler,
-    bound_scale_tensor,
-    branch_target_scale,
-    find_output_points,
-    output_scale_tensor,
-)
+from lossscale_bench.scaling.adaptive import AdaptiveLossScaler, find_output_points
+from lossscale_bench.scaling.adaptive_rule import bound_scale_tensor, branch_target_scale, output_scale_tensor
 from lossscale_bench.study import load_study_text
 
 U_MIN, U_MAX = 6.0e-8, 65504.0

@@ -18,13 +18,8 @@ from lossscale_bench.models import build_model
 from lossscale_bench.precision import get_precision
 from lossscale_bench.precision.formats import E5M2, FP16
 from lossscale_bench.scaling import build_scaler
-from lossscale_bench.scaling.amax import (
-    LOSS_POINT,
-    AmaxLossScaler,
-    scale_from_amax,
-    scale_from_amax_host,
-    scale_from_finite_amax,
-)
+from lossscale_bench.scaling.amax import AmaxLossScaler, scale_from_amax, scale_from_amax_host, scale_from_finite_amax
+from lossscale_bench.scaling.per_layer import LOSS_POINT
 
 
 def _through_checkpoint(state):

@@ -18,7 +18,8 @@ from torch import nn
 from lossscale_bench.models import build_model
 from lossscale_bench.precision import install_fp16_emulation
 from lossscale_bench.scaling import build_scaler
-from lossscale_bench.scaling.layerwise_dynamic import LOSS_POINT, LayerwiseDynamicLossScaler
+from lossscale_bench.scaling.layerwise_dynamic import LayerwiseDynamicLossScaler
+from lossscale_bench.scaling.per_layer import LOSS_POINT
 
 
 def _through_checkpoint(state):

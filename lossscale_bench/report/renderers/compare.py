@@ -14,10 +14,10 @@ import math
 
 import pandas as pd
 
+from ...study.precisions import is_emulated
 from ..cell_text import higher_is_better, metric_scale
 from ..compare import PAIR_COLUMNS, RANK_COLUMNS, compare_rows
 from ..metric_names import value_header
-from ..runs import is_emulated
 from ..stats import ALPHA, format_margin
 from ..tables import (
     EMULATED_MARK,
