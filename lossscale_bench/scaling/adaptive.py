@@ -31,11 +31,14 @@ from torch import nn
 
 from ..core.host_path import on_host
 from ..precision.formats import FP16, FloatFormat
-from .adaptive_bound import bound_from_parts, headroom, layer_cap, pass_headroom
 from .adaptive_rule import (
+    bound_from_parts,
     bound_scale_host,
     bound_scale_tensor,
+    headroom,
+    layer_cap,
     output_scale_tensor,
+    pass_headroom,
     unbounded_scale_host,
     unbounded_scale_tensor,
     underflow_k,
@@ -159,7 +162,7 @@ class AdaptiveLossScaler(PerLayerLossScaler):
         self._recomputed = False
         #: number of statistics computations (steps 1-6) since construction
         self.stat_computations = 0
-        #: id(layer info) -> (its unbounded scale, that scale's cap, adaptive_bound.layer_cap)
+        #: id(layer info) -> (its unbounded scale, that scale's cap, adaptive_rule.layer_cap)
         self._caps: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def _attach_output_points(self, model: nn.Module) -> None:
@@ -258,7 +261,7 @@ class AdaptiveLossScaler(PerLayerLossScaler):
         return self._bound_in_parts(it, info, unb, prev)
 
     def _bound_in_parts(self, it: Iteration, info: Any, unb: torch.Tensor, prev: torch.Tensor) -> torch.Tensor:
-        """:func:`bound_scale_tensor` with powers of two, as :mod:`.adaptive_bound` splits it: the layer's cap
+        """:func:`bound_scale_tensor` with powers of two, in :mod:`.adaptive_rule`'s two parts: the layer's cap
         once per new unbounded scale, the headroom carried from layer to layer (four operations a layer)."""
         cap = self._caps.get(id(info))
         if cap is None or cap[0] is not unb:

@@ -1,16 +1,13 @@
 """The per-layer rule of adaptive loss scaling: ADAPTIVE.md steps 1-9 and the branch merge target.
 
-Pure tensor functions, no ``nn.Module`` and no autograd: given the gradient
-arriving at a layer, the layer's weight and the accumulated scale ``P`` the
-gradient already carries, :func:`approx_range_scale_tensor` returns the layer
-scale ``s`` (:func:`unbounded_scale_tensor`: steps 1-6, the statistics;
-:func:`bound_scale_tensor`: steps 7-9, the heuristic bounds, power of two and
-fp16 storage); :func:`branch_target_scale` is the common scale of merging
-branches (ADAPTIVE.md "Branches"). Everything returns 0-d fp32 tensors on the
-gradient's device and never synchronises with the host, so the rule can run
-inside a backward pass per layer; :func:`approx_range_scale` is the float
-convenience form. The layers, hooks and scaler that apply the rule live in
-:mod:`.per_layer.iteration` and :mod:`.adaptive`.
+Pure tensor functions, no ``nn.Module`` and no autograd: given the gradient arriving at a layer, the layer's
+weight and the accumulated scale ``P`` the gradient already carries, :func:`approx_range_scale_tensor` returns the
+layer scale ``s`` (:func:`unbounded_scale_tensor`: steps 1-6, the statistics; :func:`bound_scale_tensor`: steps
+7-9, the heuristic bounds, power of two and fp16 storage, also in two parts for a backward pass: see below);
+:func:`branch_target_scale` is the common scale of merging branches (ADAPTIVE.md "Branches"). Everything returns
+0-d fp32 tensors on the gradient's device and never synchronises with the host, so the rule can run inside a
+backward pass per layer; :func:`approx_range_scale` is the float convenience form. The layers, hooks and scaler
+that apply the rule live in :mod:`.per_layer.iteration` and :mod:`.adaptive`.
 
 Deviations from the Chainer reference in the rule (ADAPTIVE.md's terms; the
 others are listed in :mod:`.adaptive`)
@@ -47,6 +44,24 @@ alone, no fan-in. Plain: ``s = u_min / (k * std(g))``. Lognormal (class scores):
 sqrt(2) * erfinv(2T - 1))`` (the T-quantile of a lognormal ``|g|`` moved to ``u_min``). Then
 ``max(s, 1)``, ``min(s, u_max / max|g|)``; the bounds, power of two and fp16 storage of
 :func:`bound_scale_tensor` follow as for layers.
+
+Steps 7-9 in two parts (a backward pass spends a few operations a layer)
+------------------------------------------------------------------------
+:func:`bound_scale_tensor` is ``R(F(min(u, A / P, U)))``: ``u`` the unbounded scale, ``P`` the scale the arriving
+gradient carries, ``A`` = ``accum_upper_bound``, ``U`` = ``scale_upper_bound``, ``F`` the power of two at or below
+(:func:`floor_pow2`), ``R`` the fp16 storage: ~19 dispatched operations on 0-d tensors per layer and backward on an
+accelerator, although ``u`` changes only when statistics are recomputed. ``F`` and ``R`` are monotone, so they
+commute with ``min``: ``R(F(min(u, A / P, U))) == min(R(F(min(u, U))), R(F(A / P)))`` bit for bit, NaN included.
+:func:`layer_cap` (the first part) depends on the layer alone, computed once per new ``u``; :func:`headroom`
+(``F(A / P)``) on the arriving scale; :func:`bound_from_parts` takes the ``min``. With ``power_of_two`` (the
+default: every layer scale ``s`` is then a power of two, 0 or inf) the headroom of the scale a layer sends upstream,
+``P * s``, is the arriving headroom divided by ``s`` (:func:`pass_headroom`), bit for bit while ``A / P`` is finite
+(``P`` above ``A * 2^-128``); below, the carried headroom is inf where the direct one is a large finite power of two,
+which fp16 stores as inf too, so the scales agree unless a layer scale is itself inf (a ``scale_upper_bound`` of
+65520 or more). A layer whose statistics are reused costs four operations (two casts, one ``minimum``, one
+division); the headroom is computed in full only where a scale starts (the loss) or branches merge.
+``tests/scaling/test_adaptive_rule.py`` checks both identities, at the edges too (0, inf, NaN, subnormals, fp16's
+overflow).
 """
 
 from __future__ import annotations
@@ -68,6 +83,10 @@ __all__ = [
     "approx_range_scale_tensor",
     "unbounded_scale_tensor",
     "bound_scale_tensor",
+    "layer_cap",
+    "headroom",
+    "bound_from_parts",
+    "pass_headroom",
     "floor_pow2",
     "branch_target_scale",
     "backward_fan_in",
@@ -193,7 +212,7 @@ def floor_pow2(s: torch.Tensor) -> torch.Tensor:
 
     ``s = m * 2**e`` exactly (``frexp``, ``m`` in [0.5, 1)), so ``s / (2m)`` is ``2**(e-1)`` as a real number and
     as an fp32 one (a correctly rounded quotient of a representable value), subnormals included: the same bits
-    as ``ldexp(1, e - 1)`` in 7 operations instead of 12 (``tests/scaling/test_adaptive_bound.py``).
+    as ``ldexp(1, e - 1)`` in 7 operations instead of 12 (``tests/scaling/test_adaptive_rule.py``).
     """
     m, _ = torch.frexp(s)
     return torch.where((s > 0) & (s < math.inf), s / (m + m), s)
@@ -216,6 +235,30 @@ def bound_scale_tensor(
     if power_of_two:
         s = floor_pow2(s)
     return s.to(torch.float16).to(_F32)
+
+
+def layer_cap(unbounded: torch.Tensor, *, scale_upper_bound: float, power_of_two: bool = True) -> torch.Tensor:
+    """``R(F(min(u, U)))``: the layer's part of its bounded scale (0-d fp32, ``unbounded``'s device)."""
+    s = unbounded.to(_F32).clamp(max=scale_upper_bound)
+    if power_of_two:
+        s = floor_pow2(s)
+    return s.to(torch.float16).to(_F32)
+
+
+def headroom(prev_scale: torch.Tensor, *, accum_upper_bound: float, power_of_two: bool = True) -> torch.Tensor:
+    """``F(A / P)`` in fp32, ``A / P`` taken as :func:`bound_scale_tensor` takes it."""
+    h = accum_upper_bound / prev_scale.to(_F32)
+    return floor_pow2(h) if power_of_two else h
+
+
+def bound_from_parts(cap: torch.Tensor, head: torch.Tensor) -> torch.Tensor:
+    """The bounded layer scale from :func:`layer_cap` and :func:`headroom`: ``min(cap, R(head))``."""
+    return torch.minimum(cap, head.to(torch.float16).to(_F32))
+
+
+def pass_headroom(head: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """The headroom of ``P * scale`` from ``P``'s (module doc: exact when ``scale`` is a power of two, 0 or inf)."""
+    return head / scale
 
 
 def approx_range_scale_tensor(
@@ -312,7 +355,7 @@ def unbounded_scale_host(
     operation on floats (:func:`.host_fp32.f32`), in the tensor version's order, with its hidden steps spelt out:
     ``float / tensor`` is ``tensor.reciprocal() * float`` (``torch/_tensor.py``), a Python constant is
     rounded to fp32 where it meets a tensor, and ``clamp``/``minimum`` keep a NaN
-    (tests/scaling/test_adaptive.py compares the two on random and edge values, bit for bit)."""
+    (tests/scaling/test_adaptive_rule.py compares the two on random and edge values, bit for bit)."""
     if fan_in is None:
         fan_in = backward_fan_in(weight)
     g, w = grad.detach(), weight.detach()
@@ -365,7 +408,7 @@ def branch_target_scale_host(max_abs: list[float], scales: list[float], u_max: f
     Why: on the CPU the tensor version is ~15 ops on 0-d tensors at ~3-8 us of dispatch
     each, for a few float operations; the values are fp32 values and every operation here is one fp32
     operation (:func:`.host_fp32.f32`), so where it answers it answers what the tensor version does
-    (tests/scaling/test_adaptive.py checks both on random and edge values)."""
+    (tests/scaling/test_adaptive_rule.py checks both on random and edge values)."""
     if not all(s > 0.0 for s in scales):
         return None
     m = _branch_max(max_abs, scales)

@@ -53,7 +53,7 @@ class Iteration:
         self.vals: list[torch.Tensor | None] = [None] * n_ids
         self.vals[ROOT_SCALE_ID] = root_scale
         #: per scale id, a value a scaler's rule carries along with the scale (adaptive: the headroom under its
-        #: accumulated bound, :mod:`..adaptive_bound`); None until the rule sets it. A rule reads the ids of
+        #: accumulated bound, :mod:`..adaptive_rule`); None until the rule sets it. A rule reads the ids of
         #: the layer it is called for from ``layer.scale_ids``.
         self.side: list[torch.Tensor | None] = [None] * n_ids
         self.recompute = recompute
