@@ -54,8 +54,7 @@ from .methods import ScalingEntry
 from .models import model_entry, model_option_problems
 from .precisions import PRECISION_NAMES
 from .resources import Resources, check_repeatable
-from .seed_plan import SeedPlan, split_seed_plan
-from .seed_streams import SeedStreams
+from .seed_plan import SeedPlan, SeedStreams, split_seed_plan
 from .trial_config import TrialConfig
 
 __all__ = [

@@ -1,12 +1,12 @@
-"""``seeds: {start: 3, step: 3, max: 18, until: decided}``: seeds added in rounds until each comparison is decided.
+"""The study file's seeds: the plan form of ``seeds``, and ``seed_streams`` (which random streams follow a seed).
 
-The list form (``seeds: [0, 1, 2]``) trains those seeds of every row, as it
-always has.  The plan form trains seeds 0 .. start−1 of every row first, then
-adds ``step`` seeds at a time only to the rows whose comparisons are not yet
-decided, up to ``max`` seeds (``lossscale_bench.seed_rounds``; the statistics
-in ``lossscale_bench.report.sequential``).  In a validated study ``seeds`` is
-the first round's list and ``seed_plan`` the plan: a seed's trial id is the
-same in both forms, so a list study's seeds count as a plan's and back.
+The plan form, ``seeds: {start: 3, step: 3, max: 18, until: decided}``: seeds added in rounds until each
+comparison is decided.  The list form (``seeds: [0, 1, 2]``) trains those seeds of every row, as it always
+has.  The plan form trains seeds 0 .. start−1 of every row first, then adds ``step`` seeds at a time only to
+the rows whose comparisons are not yet decided, up to ``max`` seeds (``lossscale_bench.seed_rounds``; the
+statistics in ``lossscale_bench.report.sequential``).  In a validated study ``seeds`` is the first round's
+list and ``seed_plan`` the plan: a seed's trial id is the same in both forms, so a list study's seeds count
+as a plan's and back.
 
 ``pairs: baseline`` (the default) decides each row against its table's
 baseline row, as the report's ``vs baseline`` column; ``pairs: all`` every
@@ -16,18 +16,24 @@ even a large difference waits for the second look, and the last look is
 nearly the fixed-n test) or ``pocock`` (Pocock type: early looks decide large
 differences, the last needs more).  Both are part of the file, not flags, so
 that a resumed study looks at the same comparisons in the same way.
+
+``seed_streams: {init: trial, data: 0}`` (:class:`SeedStreams`, a section of the schema): which random
+streams follow the trial's seed, each on its own: the initial weights, the training batches' order and
+flips, the synthetic validation set. ``trial`` follows the seed, an integer fixes the stream for every
+seed of the study; the defaults are what a seed always meant, and leave the trial ids as they were.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Literal, get_args
+from typing import Annotated, Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
-from .errors import StudyError, show_value
+from .errors import StudyError, field_error, show_value
+from .fields import STRICT
 
-__all__ = ["SeedPlan", "plan_summary", "plan_text", "planned_trials", "split_seed_plan"]
+__all__ = ["SeedPlan", "SeedStreams", "plan_summary", "plan_text", "planned_trials", "split_seed_plan"]
 
 _KEYS = ("start", "step", "max", "until", "pairs", "spending")
 #: when to stop adding seeds
@@ -138,3 +144,45 @@ def plan_summary(study) -> str:
         f"a seed plan (seeds added until decided): the {first} trials above are the first round; "
         f"{plan_text(plan)}: at most {most} trials"
     )
+
+
+# --------------------------------------------------------------------------- seed_streams
+
+
+def _stream_seed(v: Any):
+    """``trial`` (the trial's own seed) or a fixed seed, an integer in [0, 2**32)."""
+    if v == "trial" or v is None:
+        return v
+    if isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**32:
+        return v
+    raise field_error(f"{show_value(v)} is not a seed", "'trial' (the trial's seed) or an integer 0 to 4294967295")
+
+
+StreamSeed = Annotated[Literal["trial"] | int | None, BeforeValidator(_stream_seed)]
+
+
+class SeedStreams(BaseModel):
+    """Which random streams follow the trial's seed, each on its own (to tell where seed noise
+    comes from). ``init``: the initial weights (torch, Python and numpy RNGs before the model is
+    built); ``data``: the order of the training batches and their flips; ``val``: the synthetic
+    validation set (generated from that seed, as the dataset's own ``seed`` generates it).
+
+    ``trial`` follows the trial's seed; an integer fixes the stream for every seed of the study,
+    so the seeds' spread is the other streams' alone. The defaults are what a seed always meant:
+    weights and data follow the seed, the validation set is the dataset's (``val`` not given), and
+    a study that leaves this section out keeps its trial ids.
+    """
+
+    model_config = STRICT
+
+    init: StreamSeed = "trial"
+    data: StreamSeed = "trial"
+    #: not given: the dataset's own validation set (its ``seed``)
+    val: StreamSeed = None
+
+    def given(self) -> dict[str, int | str]:
+        """The streams set otherwise than the default, as written: ``{"init": 0}``, ``{"val": "trial"}``.
+        This, not the seeds it resolves to, enters the trial id: the seeds of one row then share a
+        configuration (``config_id`` leaves out only the seed) and pool in the report."""
+        defaults = {"init": "trial", "data": "trial", "val": None}
+        return {k: getattr(self, k) for k, d in defaults.items() if getattr(self, k) != d}
