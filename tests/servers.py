@@ -52,17 +52,17 @@ COMMANDS = {
         "--artifacts-destination $ARTIFACTS --host 127.0.0.1 --port $MLFLOW_PORT --workers 2"
     ),
     "ray_head": (
-        "ray start --head --node-ip-address 127.0.0.1 --port $RAY_PORT --num-cpus 0 "
+        "ray start --head --node-ip-address $HEAD_IP --port $RAY_PORT --num-cpus 0 "
         "--include-dashboard false --dashboard-port $DASHBOARD_PORT --temp-dir $RAY_TMP --disable-usage-stats --block $RAY_PORTS"
     ),
     "ray_worker": (
-        "ray start --address 127.0.0.1:$RAY_PORT --node-ip-address 127.0.0.1 --num-cpus 1 "
+        "ray start --address $HEAD_IP:$RAY_PORT --node-ip-address $NODE_IP --num-cpus 1 "
         "--resources '{\"lsbench_worker\": 1}' --disable-usage-stats --block $RAY_PORTS"
     ),
     "run_server": "lsbench run $STUDY --tracking-uri http://127.0.0.1:$MLFLOW_PORT --runs-dir $RUNS",
     "run_database": "lsbench run $STUDY --tracking-uri postgresql://postgres@127.0.0.1:$PGPORT/$DB --runs-dir $RUNS",
     "run_cluster": (
-        "lsbench run $STUDY --tracking-uri http://127.0.0.1:$MLFLOW_PORT --runs-dir $RUNS --address 127.0.0.1:$RAY_PORT"
+        "lsbench run $STUDY --tracking-uri http://127.0.0.1:$MLFLOW_PORT --runs-dir $RUNS --address $HEAD_IP:$RAY_PORT"
     ),
     "report_server": "lsbench report --study $NAME --tracking-uri http://127.0.0.1:$MLFLOW_PORT --out $OUT",
     "report_database": "lsbench report --study $NAME --tracking-uri postgresql://postgres@127.0.0.1:$PGPORT/$DB --out $OUT",
@@ -278,6 +278,20 @@ def node_ports() -> str:
     return " ".join(f"--{n} {free_port()}" for n in names)
 
 
+def machine_ip() -> str:
+    """This machine's address as Ray finds it (the interface a UDP socket would leave by; nothing is sent).
+
+    Not 127.0.0.1: a driver that joins ``127.0.0.1:<port>`` has it rewritten to this address by Ray
+    (``resolve_ip_for_localhost``), and a cluster started with ``--node-ip-address 127.0.0.1`` is then not
+    found there (measured: "Failed to connect to Ray cluster at 192.0.2.2:<port>")."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("8.8.8.8", 80))
+            return s.getsockname()[0]
+        except OSError:
+            return "127.0.0.1"
+
+
 class RayCluster:
     """A head (no CPUs: trials never run there) and worker nodes of 1 CPU each, separate ``ray start`` processes."""
 
@@ -285,7 +299,8 @@ class RayCluster:
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
-        self.address = f"127.0.0.1:{self.port}"
+        self.ip = machine_ip()
+        self.address = f"{self.ip}:{self.port}"
         # Ray's socket paths must stay under 107 bytes: a short temp dir of its own
         self.tmp = Path(subprocess.check_output(["mktemp", "-d", "/tmp/lsr-XXXXXX"], text=True).strip())
         self.head: subprocess.Popen | None = None
@@ -293,7 +308,11 @@ class RayCluster:
 
     def _env(self) -> dict[str, str]:
         ports = node_ports()
-        return environment(RAY_PORT=self.port, RAY_TMP=self.tmp, RAY_PORTS=ports)
+        # Ray 2.60's `ray start --head` turns token authentication on and writes ~/.ray/auth_token; a node
+        # or driver that joins must say RAY_AUTH_MODE=token, or it is refused (InvalidAuthToken)
+        return environment(
+            RAY_PORT=self.port, RAY_TMP=self.tmp, RAY_PORTS=ports, HEAD_IP=self.ip, NODE_IP=self.ip, RAY_AUTH_MODE="token"
+        )
 
     def start_head(self) -> None:
         env = self._env()
@@ -317,8 +336,9 @@ class RayCluster:
         while time.monotonic() < deadline:
             try:
                 r = subprocess.run(
-                    [sys.executable, "-c", code, self.address], capture_output=True, text=True, timeout=300
-                )
+                    [sys.executable, "-c", code, self.address],
+                    capture_output=True, text=True, timeout=300, env=self._env(),
+                )  # fmt: skip
             except subprocess.TimeoutExpired:  # a loaded machine: the probe's own Ray start is slow
                 continue
             seen = r.stdout.strip().splitlines()[-1:] or r.stderr[-500:]
