@@ -4,7 +4,7 @@ Why a module of its own: validation (``lsbench validate``, the study layer) must
 the scale-like options of a study file by fp32's range and by the precision's gradient
 format, and it never imports torch (it stays instant). :mod:`lossscale_bench.precision.formats`
 builds its torch-facing :class:`~lossscale_bench.precision.formats.FloatFormat` from these same
-numbers, so a range is written once, here; ``tests/test_formats.py`` checks each
+numbers, so a range is written once, here; ``tests/precision/test_formats.py`` checks each
 against ``torch.finfo``.
 """
 

@@ -14,7 +14,7 @@ from lossscale_bench.study.precisions import EMULATED_PRECISIONS, PRECISION_SPEC
 
 #: every emulated precision that rounds gradients element by element to nearest (from the table: a new
 #: one is tested too); the FP4 precisions round in blocks or stochastically, through their own layers
-#: (tests/test_precision_fp4.py), so "the gradient rounded on its own" is not ``grad_format.round`` there
+#: (tests/precision/test_precision_fp4.py), so "the gradient rounded on its own" is not ``grad_format.round`` there
 GRAD_ROUNDING_EMULATIONS = [
     n
     for n in EMULATED_PRECISIONS
