@@ -306,22 +306,28 @@ class RayCluster:
         self.head: subprocess.Popen | None = None
         self.workers: list[subprocess.Popen] = []
 
-    def _env(self) -> dict[str, str]:
+    def env(self) -> dict[str, str]:
+        """The environment its commands run in: its ports, its temp folder, this machine's address, token auth."""
         ports = node_ports()
         # Ray 2.60's `ray start --head` turns token authentication on and writes ~/.ray/auth_token; a node
         # or driver that joins must say RAY_AUTH_MODE=token, or it is refused (InvalidAuthToken)
         return environment(
-            RAY_PORT=self.port, RAY_TMP=self.tmp, RAY_PORTS=ports, HEAD_IP=self.ip, NODE_IP=self.ip, RAY_AUTH_MODE="token"
+            RAY_PORT=self.port,
+            RAY_TMP=self.tmp,
+            RAY_PORTS=ports,
+            HEAD_IP=self.ip,
+            NODE_IP=self.ip,
+            RAY_AUTH_MODE="token",
         )
 
     def start_head(self) -> None:
-        env = self._env()
+        env = self.env()
         env["DASHBOARD_PORT"] = str(free_port())
         self.head = start("ray_head", env, self.root / "head.log")
 
     def add_worker(self) -> subprocess.Popen:
         n = len(self.workers)
-        proc = start("ray_worker", self._env(), self.root / f"worker{n}.log")
+        proc = start("ray_worker", self.env(), self.root / f"worker{n}.log")
         self.workers.append(proc)
         return proc
 
@@ -337,7 +343,7 @@ class RayCluster:
             try:
                 r = subprocess.run(
                     [sys.executable, "-c", code, self.address],
-                    capture_output=True, text=True, timeout=300, env=self._env(),
+                    capture_output=True, text=True, timeout=300, env=self.env(),
                 )  # fmt: skip
             except subprocess.TimeoutExpired:  # a loaded machine: the probe's own Ray start is slow
                 continue
