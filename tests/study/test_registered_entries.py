@@ -9,7 +9,7 @@ log its loss scale every step and, for a per-layer method, the layer-scale metri
 E4M3 gradients, whose 448 maximum saturates instead of overflowing (a scaler that waits for an
 overflow sees none; finishing or diverging is a result there, an error is not). What the method
 computes is its own test's business (tests/scaling/); that each precision rounds to the formats its
-entry names is tests/test_precision_entries.py's.
+entry names is tests/study/test_precision_entries.py's.
 """
 
 from __future__ import annotations

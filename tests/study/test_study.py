@@ -911,7 +911,7 @@ def test_import_is_light():
         "import sys; import lossscale_bench.study; "
         "bad = [m for m in ('torch', 'ray', 'mlflow') if m in sys.modules]; assert not bad, bad"
     )
-    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[1])
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[2])
 
 
 def test_textwrap_indented_study_loads():
@@ -971,7 +971,7 @@ def test_methods_e4m3_is_the_e4m3_block_of_methods_fp8():
 
     from lossscale_bench.study import load_study
 
-    studies = Path(__file__).resolve().parents[1] / "studies"
+    studies = Path(__file__).resolve().parents[2] / "studies"
     full = {t.trial_id: t.label for t in load_study(studies / "methods_fp8.yaml").trials()}
     block = {t.trial_id: t.label for t in load_study(studies / "methods_e4m3.yaml").trials()}
     wanted = {k: v for k, v in full.items() if "E4M3" in v or v == "FP32 baseline"}
