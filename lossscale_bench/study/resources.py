@@ -1,6 +1,6 @@
 """The study's ``resources`` section: where and with what its trials run.
 
-Its own module since ``repeatable`` joined it (schema.py was past its size). ``repeatable: true``
+The section's model and the checks that tie it to the scaling entries. ``repeatable: true``
 pins the CPU kernels of every process that trains (:mod:`lossscale_bench.core.portable` says which and
 why), so that a trial gives the same numbers bit for bit on any x86 machine with AVX2. It is
 study-wide, not a scaling entry's (an entry's ``resources`` has no such key): the pins are
