@@ -16,7 +16,12 @@ The limits, each with its reason:
 
 Every ``import`` / ``from ... import`` counts, at module level or inside a function (a lazy import
 still ties the modules together), except those under ``if TYPE_CHECKING:``, which never run.
-Tests, benchmarks and the studies folder are not checked.
+Tests, benchmarks and the studies folder are not checked by these limits.
+
+The tests mirror the package, so a module's tests are found without a search: a test of one subpackage
+is in ``tests/<subpackage>/``, every folder of ``tests/`` is named after a subpackage, and a test file
+at the top of ``tests/`` is one of ``WHOLE_PRODUCT`` (tests of the product as a whole: the command,
+the docs, the benchmark tools, the top-level modules), each listed with its reason.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from pathlib import Path
 import pytest
 
 PKG = Path(__file__).resolve().parents[1] / "lossscale_bench"
+TESTS = Path(__file__).resolve().parent
 MAX_MODULE_LINES = 450
 MAX_FUNCTION_LINES = 80
 
@@ -59,6 +65,35 @@ EXCEPTIONS: dict[str, str] = {}  # module name -> why it may break a limit (none
 UPWARD: dict[tuple[str, str], str] = {
     ("lossscale_bench", "lossscale_bench.library"): "the package's lazy facade: its __getattr__ imports the public"
     " factory on first use of lossscale_bench.create_scaler & co., so importing the package stays torch-free"
+}
+
+#: The test files at the top of ``tests/``: each tests the product as a whole (or a top-level module), with the
+#: reason; every other test file is in the folder of the subpackage it tests.
+WHOLE_PRODUCT: dict[str, str] = {
+    "test_api_pages.py": "the API reference pages against every documented module's __all__",
+    "test_architecture_page.py": "docs/development/architecture.md against FLOORS and every module",
+    "test_benchmark_harness.py": "benchmarks/harness.py, outside the package",
+    "test_cli.py": "the lsbench command's contract: one-line errors, exit code 2, dry runs",
+    "test_docs_prose.py": "the prose of README.md, CHANGELOG.md, docs/ and the study files",
+    "test_docs_site.py": "the documentation site, built and loaded in a browser",
+    "test_e2e.py": "a study through lsbench run, Ray Tune, MLflow and the report",
+    "test_eval_curve_tool.py": "benchmarks/eval_curve.py, outside the package",
+    "test_exit_codes.py": "the exit codes of lsbench run, from its trials' outcomes",
+    "test_extending.py": "docs/development/extending.md done as written, in a copy of the package and outside it",
+    "test_gpu_check.py": "benchmarks/gpu_check.py, outside the package",
+    "test_guide_pages.py": "the code of the guide pages, run as written",
+    "test_host_memory_tool.py": "benchmarks/host_memory.py, outside the package",
+    "test_kangaroo.py": "the real photos through lsbench run, Ray Tune, MLflow and the report",
+    "test_library.py": "library.py, a top-level module: the public factory in a loop of one's own",
+    "test_lightning.py": "lightning.py, a top-level module: the Lightning plugin in a real Trainer",
+    "test_plugins.py": "detectors from outside the package, validated, trained and reported",
+    "test_reference_docs.py": "docs/reference/ against tools/gen_reference.py's output for today's code",
+    "test_run_environment.py": "what lsbench validate and run refuse in the environment before training",
+    "test_seed_rounds.py": "seed_rounds.py, a top-level module: rounds of seeds through lsbench run",
+    "test_side_by_side_tool.py": "benchmarks/side_by_side.py, outside the package",
+    "test_step_ratio_tool.py": "benchmarks/step_ratio.py, outside the package",
+    "test_structure.py": "the package's shape and the tests' layout",
+    "test_version.py": "one version in the package, pyproject.toml, lsbench --version and CHANGELOG.md",
 }
 
 #: Packages of one floor that must not import each other, with the reason.
@@ -276,6 +311,29 @@ def test_the_package_keeps_its_shape(check):
     assert not found, f"{len(found)} found:\n" + "\n".join(found)
 
 
+def misplaced_tests(tests: Path = TESTS, root: Path = PKG, listed: dict[str, str] = WHOLE_PRODUCT) -> list[str]:
+    """Test files and folders of ``tests/`` out of the package's layout."""
+    out = [
+        f"tests/{p.name}: at the top of tests/ and not in WHOLE_PRODUCT (a subpackage's test is in its folder)"
+        for p in sorted(tests.glob("test_*.py"))
+        if p.name not in listed
+    ]
+    out += [
+        f"WHOLE_PRODUCT lists {name}, which is not in tests/" for name in sorted(listed) if not (tests / name).exists()
+    ]
+    out += [
+        f"tests/{d.name}/: no subpackage lossscale_bench/{d.name}/"
+        for d in sorted(tests.iterdir())
+        if d.is_dir() and not d.name.startswith((".", "__")) and not (root / d.name / "__init__.py").exists()
+    ]
+    return out
+
+
+def test_each_test_is_in_its_subpackages_folder():
+    found = misplaced_tests()
+    assert not found, f"{len(found)} found:\n" + "\n".join(found)
+
+
 def test_every_module_is_on_a_floor():
     for module in graph():
         floor(module)
@@ -299,3 +357,20 @@ def test_the_checks_see_what_they_look_for(tmp_path):
     assert reexports(pkg) == ["lossscale_bench.trial.high re-exports f"]
     assert upward_imports(pkg) == ["lossscale_bench.core.low (floor 1) imports lossscale_bench.trial.high (floor 6)"]
     assert circles(pkg) == ["lossscale_bench.core.low -> lossscale_bench.trial.high -> lossscale_bench.core.low"]
+
+
+def test_the_layout_check_sees_what_it_looks_for(tmp_path):
+    """A subpackage's test at the top of tests/, a listed file gone, and a folder named after no subpackage."""
+    pkg, tests = tmp_path / "lossscale_bench", tmp_path / "tests"
+    (pkg / "core").mkdir(parents=True)
+    (pkg / "core" / "__init__.py").write_text("")
+    (tests / "core").mkdir(parents=True)
+    (tests / "elsewhere").mkdir()
+    for name in ("test_cli.py", "test_writable.py", "helpers.py", "core/test_portable.py", "elsewhere/test_x.py"):
+        (tests / name).write_text("")
+    listed = {"test_cli.py": "the command", "test_gone.py": "removed since"}
+    assert misplaced_tests(tests, pkg, listed) == [
+        "tests/test_writable.py: at the top of tests/ and not in WHOLE_PRODUCT (a subpackage's test is in its folder)",
+        "WHOLE_PRODUCT lists test_gone.py, which is not in tests/",
+        "tests/elsewhere/: no subpackage lossscale_bench/elsewhere/",
+    ]
