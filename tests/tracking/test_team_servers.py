@@ -202,15 +202,9 @@ def test_a_worker_node_killed_mid_trial_is_retried_on_another_from_its_checkpoin
     trial has a checkpoint, the node running it is killed (its raylet and workers, SIGKILL). The trial is
     retried on the other node from that checkpoint, the study ends (exit 0) and its history is an
     uninterrupted run's: one run, no step lost or logged twice, nothing left RUNNING."""
-    cluster = servers.RayCluster(tmp_path / "ray")
+    cluster = _cluster(tmp_path / "ray", workers=2)
     try:
-        cluster.start_head()
-        cluster.wait_nodes(1)
-        for alive in (2, 3):  # one after another: two joining at once timed out ("Failed to get node info")
-            cluster.add_worker()
-            cluster.wait_nodes(alive)
-        env = {**mlflow_server.env, **cluster.env(), "HEAD_IP": cluster.ip}
-        env = run_env(tmp_path, "team-node-loss", env)
+        env = run_env(tmp_path, "team-node-loss", {**mlflow_server.env, **cluster.env()})
         proc = start_run("run_cluster", env, tmp_path / "run.log", flags=("--no-report", "--quiet"))
         wait_checkpoint(env, proc)
         deadline = time.monotonic() + 120
@@ -230,5 +224,40 @@ def test_a_worker_node_killed_mid_trial_is_retried_on_another_from_its_checkpoin
         exp = client.get_experiment_by_name("team-node-loss")
         (run,) = client.search_runs([exp.experiment_id], "tags.`lsbench.role` = 'trial'")
         assert int(run.data.tags.get("lsbench.resumed_from_step", 0)) > 0, run.data.tags  # from the checkpoint
+    finally:
+        cluster.stop()
+
+
+def _cluster(root: Path, workers: int) -> servers.RayCluster:
+    """A head and ``workers`` worker nodes, each its own ``ray start``, all counted by the head."""
+    cluster = servers.RayCluster(root)
+    cluster.start_head()
+    cluster.wait_nodes(1)
+    for alive in range(2, workers + 2):  # one after another: two joining at once timed out ("Failed to get node info")
+        cluster.add_worker()
+        cluster.wait_nodes(alive)
+    return cluster
+
+
+def test_the_head_node_killed_mid_study_is_one_line_and_a_new_cluster_continues(mlflow_server, reference, tmp_path):
+    """The head of the cluster killed (SIGKILL) while its trial trains: the driver stops with one line, exit 4;
+    the same command against a new cluster continues the study to the uninterrupted run's history."""
+    cluster = _cluster(tmp_path / "ray1", workers=1)
+    try:
+        env = run_env(tmp_path, "team-head-loss", {**mlflow_server.env, **cluster.env()})
+        proc = start_run("run_cluster", env, tmp_path / "run.log", flags=("--no-report", "--quiet"))
+        wait_checkpoint(env, proc)
+        cluster.kill_node(cluster.head)
+        rc, err = finish(proc, timeout=300)
+        lines = [ln for ln in err.splitlines() if ln.strip()]
+        assert rc == 4 and len(lines) == 1 and lines[0].startswith("lsbench: error:"), (rc, err[-3000:])
+    finally:
+        cluster.stop()
+    cluster = _cluster(tmp_path / "ray2", workers=1)
+    try:
+        env = {**env, **cluster.env()}
+        rc, err = finish(start_run("run_cluster", env, tmp_path / "rerun.log", flags=("--no-report", "--quiet")))
+        assert rc == 0, err[-3000:]
+        assert_same_history(history(mlflow_server.uri, "team-head-loss"), reference["history"])
     finally:
         cluster.stop()
