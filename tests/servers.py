@@ -51,6 +51,10 @@ COMMANDS = {
         "mlflow server --backend-store-uri postgresql://postgres@127.0.0.1:$PGPORT/mlflow "
         "--artifacts-destination $ARTIFACTS --host 127.0.0.1 --port $MLFLOW_PORT --workers 2"
     ),
+    "mlflow_basic_auth": (
+        "mlflow server --app-name basic-auth --backend-store-uri sqlite:///$AUTH_DIR/mlflow.db "
+        "--artifacts-destination $ARTIFACTS --host 127.0.0.1 --port $MLFLOW_PORT --workers 1"
+    ),
     "ray_head": (
         "ray start --head --node-ip-address $HEAD_IP --port $RAY_PORT --num-cpus 0 "
         "--include-dashboard false --dashboard-port $DASHBOARD_PORT --temp-dir $RAY_TMP --disable-usage-stats --block $RAY_PORTS"

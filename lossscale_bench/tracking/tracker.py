@@ -44,6 +44,11 @@ class Tracker:
         # Alembic/MLflow print migration chatter on first use of a store.
         logging.getLogger("alembic").setLevel(logging.WARNING)
         logging.getLogger("mlflow").setLevel(logging.WARNING)
+        # MLflow's client writes "View run ... at: <url>" to stdout whenever a run on a server ends: one pair
+        # of lines for every trial under the study's own progress lines (and under --quiet)
+        import os
+
+        os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
         # it logs a traceback for every database error; ours become one StoreError line (store_faults.store_error)
         logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
         # checked before MLflow opens it: a bad store is one StoreError line, never a traceback
