@@ -425,21 +425,21 @@ TEST_FLAGS = ["--executor", "local", "--no-report", "--quiet"]
 MACHINE_METRICS = ("images_per_sec", "host_")
 
 
-def team_study(name: str) -> str:
+def team_study(name: str, iterations: int = 120) -> str:
     """One fp16-emulated trial long enough to be killed between checkpoints (every 30 of 120 steps)."""
     return study_yaml(
         name=name,
         precision="fp16-emulated",
         scaling=["{method: fixed, scale: 128}"],
-        schedule={"iterations": 120, "lr": 0.01, "warmup_iterations": 4},
+        schedule={"iterations": iterations, "lr": 0.01, "warmup_iterations": 4},
         eval={"every": 30, "metric": "coco", "max_images": 4},
         log_every=2,
     )
 
 
-def run_env(tmp: Path, name: str, base: dict, runs: Path | None = None) -> dict:
+def run_env(tmp: Path, name: str, base: dict, runs: Path | None = None, iterations: int = 120) -> dict:
     study = tmp / f"{name}.yaml"
-    study.write_text(team_study(name))
+    study.write_text(team_study(name, iterations))
     return {**base, "STUDY": str(study), "RUNS": str(runs or tmp / f"runs-{name}"), "NAME": name}
 
 

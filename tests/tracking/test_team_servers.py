@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 import servers
-from servers import assert_same_history, finish, history, run_env, start_run, wait_checkpoint
+from servers import assert_same_history, checkpoint, finish, history, run_env, start_run, wait_checkpoint
 
 REPO = Path(__file__).resolve().parents[2]
 PAGE = REPO / "docs" / "guide" / "team-setup.md"
@@ -239,25 +239,43 @@ def _cluster(root: Path, workers: int) -> servers.RayCluster:
     return cluster
 
 
-def test_the_head_node_killed_mid_study_is_one_line_and_a_new_cluster_continues(mlflow_server, reference, tmp_path):
+def test_the_head_node_killed_mid_study_is_one_line_and_a_new_cluster_continues(mlflow_server, tmp_path):
     """The head of the cluster killed (SIGKILL) while its trial trains: the driver stops with one line, exit 4;
-    the same command against a new cluster continues the study to the uninterrupted run's history."""
+    the same command against a new cluster continues the trial from its checkpoint: one run, every step once.
+    (A trial ten times the others' length: the 120-step one had ended by the time its first checkpoint was
+    seen, so the head died with nothing running.)"""
+    iterations = 1200
     cluster = _cluster(tmp_path / "ray1", workers=1)
     try:
-        env = run_env(tmp_path, "team-head-loss", {**mlflow_server.env, **cluster.env()})
+        env = run_env(tmp_path, "team-head-loss", {**mlflow_server.env, **cluster.env()}, iterations=iterations)
         proc = start_run("run_cluster", env, tmp_path / "run.log", flags=("--no-report", "--quiet"))
         wait_checkpoint(env, proc)
+        assert _trial_node(cluster) is not None, "the trial is not running"
         cluster.kill_node(cluster.head)
         rc, err = finish(proc, timeout=300)
         lines = [ln for ln in err.splitlines() if ln.strip()]
         assert rc == 4 and len(lines) == 1 and lines[0].startswith("lsbench: error:"), (rc, err[-3000:])
     finally:
         cluster.stop()
+    # what the checkpoints need is the runs folder: Tune's own storage (its experiment state) is deleted here,
+    # and the trial still resumes from lsbench's checkpoint in <runs>/<study>/trials/<id>/
+    tune_storage = Path(env["RUNS"]) / env["NAME"] / "ray"
+    assert tune_storage.is_dir() and checkpoint(env) is not None
+    shutil.rmtree(tune_storage)
     cluster = _cluster(tmp_path / "ray2", workers=1)
     try:
         env = {**env, **cluster.env()}
         rc, err = finish(start_run("run_cluster", env, tmp_path / "rerun.log", flags=("--no-report", "--quiet")))
         assert rc == 0, err[-3000:]
-        assert_same_history(history(mlflow_server.uri, "team-head-loss"), reference["history"])
+        got = history(mlflow_server.uri, "team-head-loss")  # every trial run FINISHED, checked there
+        assert (got["studies"], got["trial_runs"]) == (1, 1)
+        (metrics,) = got["trials"].values()
+        assert [s for s, _ in metrics["loss"]] == list(range(1, iterations + 1))  # none lost, none twice
+        from mlflow.tracking import MlflowClient
+
+        client = MlflowClient(tracking_uri=mlflow_server.uri)
+        exp = client.get_experiment_by_name("team-head-loss")
+        (run,) = client.search_runs([exp.experiment_id], "tags.`lsbench.role` = 'trial'")
+        assert int(run.data.tags.get("lsbench.resumed_from_step", 0)) > 0, run.data.tags
     finally:
         cluster.stop()
