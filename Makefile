@@ -22,7 +22,7 @@ demo: install
 # CI has 2 cores and much of the suite waits on Ray and MLflow process starts
 test: install
 	$(MAKE) lint
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile --durations=25
 	$(MAKE) docs
 
 # ruff (pyproject.toml [tool.ruff]): the rules, then the formatting, over everything that is Python

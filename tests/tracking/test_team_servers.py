@@ -242,9 +242,9 @@ def _cluster(root: Path, workers: int) -> servers.RayCluster:
 def test_the_head_node_killed_mid_study_is_one_line_and_a_new_cluster_continues(mlflow_server, tmp_path):
     """The head of the cluster killed (SIGKILL) while its trial trains: the driver stops with one line, exit 4;
     the same command against a new cluster continues the trial from its checkpoint: one run, every step once.
-    (A trial ten times the others' length: the 120-step one had ended by the time its first checkpoint was
+    (A trial five times the others' length: the 120-step one had ended by the time its first checkpoint was
     seen, so the head died with nothing running.)"""
-    iterations = 1200
+    iterations = 600
     cluster = _cluster(tmp_path / "ray1", workers=1)
     try:
         env = run_env(tmp_path, "team-head-loss", {**mlflow_server.env, **cluster.env()}, iterations=iterations)
