@@ -131,6 +131,16 @@ LIBRARY_LINE = re.compile(
 )
 
 
+def one_error_line(r: subprocess.CompletedProcess, *words: str) -> str:
+    """The one ``stderr`` line of a command refused with exit 2 (no traceback), holding every one of ``words``."""
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1, (r.returncode, r.stderr[-2000:])
+    assert "Traceback" not in r.stderr
+    for w in words:
+        assert w in lines[0], lines[0]
+    return lines[0]
+
+
 def library_lines(text: str) -> list[str]:
     """The lines of ``text`` that come from a library, not from lsbench (:data:`LIBRARY_LINE`)."""
     return [ln for ln in text.splitlines() if LIBRARY_LINE.search(ln)]

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import study_yaml
+from helpers import one_error_line, study_yaml
 from lossscale_bench.study import load_study
 
 MODEL_FILE = '''"""A detector of the test's own: the package's ssd_tiny, wrapped."""
@@ -82,15 +82,6 @@ def _study(tmp_path: Path, model: str = "mymodels:tiny_detector", options="{widt
     return study
 
 
-def _one_error_line(r: subprocess.CompletedProcess, *words: str) -> str:
-    lines = r.stderr.strip().splitlines()
-    assert r.returncode == 2 and len(lines) == 1, (r.returncode, r.stderr[-2000:])
-    assert "Traceback" not in r.stderr
-    for w in words:
-        assert w in lines[0], lines[0]
-    return lines[0]
-
-
 # ---------------------------------------------------------------------------------------- import path
 def test_an_import_path_model_is_found_in_the_study_folder_and_its_options_come_from_its_signature(tmp_path):
     study = load_study(_study(tmp_path, options="{width: 8, dropout_free: false}"))
@@ -129,13 +120,13 @@ def test_editing_the_model_file_changes_the_trial_ids_and_a_built_in_rows_do_not
 )
 def test_a_bad_import_path_is_one_line_at_validate(tmp_path, model, options, words):
     study = _study(tmp_path, model=model, options=options)
-    line = _one_error_line(_cli("validate", "--schema-only", study, cwd=tmp_path), str(study), *words)
+    line = one_error_line(_cli("validate", "--schema-only", study, cwd=tmp_path), str(study), *words)
     assert line.startswith("lsbench: error: ")
 
 
 def test_a_mixed_grid_takes_only_the_options_every_model_takes(tmp_path):
     study = _study(tmp_path, model="[ssd_tiny, mymodels:tiny_detector]", options="{dropout_free: true}")
-    _one_error_line(
+    one_error_line(
         _cli("validate", "--schema-only", study, cwd=tmp_path),
         "model_options.dropout_free: only meaningful for mymodels:tiny_detector, but the grid has ssd_tiny",
     )
@@ -145,7 +136,7 @@ def test_a_builder_that_is_not_a_detector_stops_the_run_before_any_run_is_opened
     study = _study(tmp_path, model="mymodels:not_a_detector", options=None)
     assert _cli("validate", "--schema-only", study, cwd=tmp_path).returncode == 0  # it is a callable
     r = _cli("run", study, "--executor", "local", "--runs-dir", tmp_path / "runs", "--quiet", cwd=tmp_path)
-    _one_error_line(
+    one_error_line(
         r,
         "model[0]: mymodels:not_a_detector is not a detector",
         "in training, model(images, targets) returned a Tensor (expected a dict of loss tensors)",
@@ -199,4 +190,4 @@ def test_an_entry_point_model_is_a_name_and_its_version_is_in_the_ids(tmp_path):
         assert "tinydet_ssd" in r.stdout and f"entry point lossscale_bench.models of tinydet {version}" in r.stdout
     assert ids["0.1"] and ids["0.1"] != ids["0.2"]  # a new version never reuses the old one's results
     r = _cli("validate", "--schema-only", _study(tmp_path, model="tinydet_ssd"), cwd=tmp_path)
-    _one_error_line(r, "model: unknown model 'tinydet_ssd'")  # not installed here
+    one_error_line(r, "model: unknown model 'tinydet_ssd'")  # not installed here

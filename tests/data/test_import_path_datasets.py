@@ -9,16 +9,13 @@ ones docs/guide/data.md gives ("A data set of your own, in code").
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
-from helpers import study_yaml
+from helpers import lsbench, one_error_line, study_yaml
 from lossscale_bench.study import load_study
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "guide" / "data.md"
@@ -46,17 +43,6 @@ def not_a_data_set(n_train: int = 1):
 )
 
 
-def _cli(*args, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "lossscale_bench.cli", *map(str, args)],
-        cwd=cwd,
-        env=dict(os.environ),
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-
-
 def _study(tmp_path: Path, dataset: dict | None = None, name: str = "own-data") -> Path:
     (tmp_path / "mydata.py").write_text(DATA_FILE)
     study = tmp_path / f"{name}.yaml"
@@ -71,15 +57,6 @@ def _study(tmp_path: Path, dataset: dict | None = None, name: str = "own-data") 
         )
     )
     return study
-
-
-def _one_error_line(r: subprocess.CompletedProcess, *words: str) -> str:
-    lines = r.stderr.strip().splitlines()
-    assert r.returncode == 2 and len(lines) == 1, (r.returncode, r.stderr[-2000:])
-    assert "Traceback" not in r.stderr
-    for w in words:
-        assert w in lines[0], lines[0]
-    return lines[0]
 
 
 def test_the_data_sets_keys_come_from_its_signature_and_its_identity_from_its_file(tmp_path):
@@ -125,26 +102,26 @@ def test_editing_the_data_sets_file_or_a_file_under_its_root_changes_the_trial_i
 )
 def test_a_bad_data_set_by_import_path_is_one_line_at_validate(tmp_path, dataset, words):
     study = _study(tmp_path, dataset)
-    line = _one_error_line(_cli("validate", "--schema-only", study, cwd=tmp_path), str(study), *words)
+    line = one_error_line(lsbench("validate", "--schema-only", study, cwd=tmp_path), str(study), *words)
     assert line.startswith("lsbench: error: ")
 
 
 def test_a_callable_that_returns_no_data_set_stops_the_run_before_any_run_is_opened(tmp_path):
     study = _study(tmp_path, {"name": "mydata:not_a_data_set"})
-    assert _cli("validate", "--schema-only", study, cwd=tmp_path).returncode == 0  # it is a callable
-    r = _cli("run", study, "--executor", "local", "--runs-dir", tmp_path / "runs", "--quiet", cwd=tmp_path)
-    _one_error_line(r, "dataset.name: dataset mydata:not_a_data_set is not a data set: it returned list")
+    assert lsbench("validate", "--schema-only", study, cwd=tmp_path).returncode == 0  # it is a callable
+    r = lsbench("run", study, "--executor", "local", "--runs-dir", tmp_path / "runs", "--quiet", cwd=tmp_path)
+    one_error_line(r, "dataset.name: dataset mydata:not_a_data_set is not a data set: it returned list")
     assert not (tmp_path / "runs" / "mlflow.db").exists()
 
 
 @pytest.mark.slow
 def test_the_pages_data_set_trains_and_reports_with_its_tags(tmp_path):
     study = _study(tmp_path)
-    assert _cli("validate", study, cwd=tmp_path).returncode == 0
-    r = _cli("run", study, "--executor", "local", "--runs-dir", "runs", "--quiet", cwd=tmp_path)
+    assert lsbench("validate", study, cwd=tmp_path).returncode == 0
+    r = lsbench("run", study, "--executor", "local", "--runs-dir", "runs", "--quiet", cwd=tmp_path)
     assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-3000:])
     assert "1 finished" in r.stdout, r.stdout[-2000:]
-    r = _cli("report", "--runs-dir", "runs", "--study", "own-data", cwd=tmp_path)
+    r = lsbench("report", "--runs-dir", "runs", "--study", "own-data", cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
 
     from mlflow import MlflowClient
