@@ -32,6 +32,7 @@ __all__ = [
     "ENTRY_POINT_GROUPS",
     "IMPORT_PATH",
     "KINDS",
+    "OFFERED_PARAMS",
     "Option",
     "Plugin",
     "PluginError",
@@ -61,6 +62,8 @@ class PluginError(ValueError):
 
 #: ``package.module:callable``
 IMPORT_PATH = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*\Z")
+#: what the trial gives a builder named by import path where its signature takes it (never a study's option)
+OFFERED_PARAMS = {"model": (), "dataset": ("image_size", "max_val_images")}
 
 
 def is_import_path(text) -> bool:

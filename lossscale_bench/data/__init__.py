@@ -204,9 +204,10 @@ def _build_import_path(name: str, cfg: dict, *, image_size, max_val_images):
     kwargs = {k: v for k, v in cfg.items() if k != "name" and v is not None}
     params = inspect.signature(fn).parameters
     takes_any = any(p.kind == p.VAR_KEYWORD for p in params.values())
-    for key, value in (("image_size", image_size), ("max_val_images", max_val_images)):
+    offered = {"image_size": image_size, "max_val_images": max_val_images}
+    for key in plugins.OFFERED_PARAMS["dataset"]:
         if key in params or takes_any:
-            kwargs[key] = value
+            kwargs[key] = offered[key]
     return dataset_problem(name, fn(**kwargs))
 
 

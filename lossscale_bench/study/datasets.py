@@ -36,7 +36,7 @@ from .fields import (
     number_field,
     resolve_path,
 )
-from .models.signature import OFFERED_PARAMS, import_path_plugin
+from .models.signature import import_path_plugin
 
 __all__ = [  # noqa: F822 (DATASET_MODELS and DatasetSpec: module __getattr__)
     "DATASET_MODELS",
@@ -220,7 +220,7 @@ class ImportPathDataset(DatasetBase):
 
 
 #: what the trial gives a data set's callable where its signature takes it (never a study key)
-PASSED_BY_THE_TRIAL = OFFERED_PARAMS["dataset"]
+PASSED_BY_THE_TRIAL = plugins.OFFERED_PARAMS["dataset"]
 #: the union's tag of a data set named by import path (no registered name can be this)
 IMPORT_PATH_TAG = "<import path>"
 

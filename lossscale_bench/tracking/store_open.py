@@ -148,9 +148,9 @@ def _keep_template(db: Path) -> None:
     template = store_template()
     if is_empty_store(template):  # kept already (one that is not whole is replaced)
         return
+    tmp = template.with_name(f".{template.name}.{os.getpid()}.new")
     try:
         template.parent.mkdir(parents=True, exist_ok=True)
-        tmp = template.with_name(f".{template.name}.{os.getpid()}.new")
         con = sqlite3.connect(db)
         try:
             out = sqlite3.connect(tmp)
@@ -166,7 +166,7 @@ def _keep_template(db: Path) -> None:
     except (OSError, sqlite3.Error):
         pass
     finally:
-        with contextlib.suppress(OSError, UnboundLocalError):
+        with contextlib.suppress(OSError):
             tmp.unlink()
 
 

@@ -10,6 +10,7 @@ retried when SQLite reports "database is locked".
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -46,8 +47,6 @@ class Tracker:
         logging.getLogger("mlflow").setLevel(logging.WARNING)
         # MLflow's client writes "View run ... at: <url>" to stdout whenever a run on a server ends: one pair
         # of lines for every trial under the study's own progress lines (and under --quiet)
-        import os
-
         os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
         # it logs a traceback for every database error; ours become one StoreError line (store_faults.store_error)
         logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)

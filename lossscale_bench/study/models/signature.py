@@ -15,14 +15,12 @@ import re
 import sys
 from contextlib import contextmanager
 
-from ...core.plugins import Option, Plugin, PluginError, file_digest, module_file
+from ...core.plugins import OFFERED_PARAMS, Option, Plugin, PluginError, file_digest, module_file
 
-__all__ = ["OFFERED_PARAMS", "import_path_plugin"]
+__all__ = ["import_path_plugin"]
 
 #: the parameter every builder gets from the trial, not from the study
 FIXED_PARAMS = {"model": ("num_classes",), "dataset": ()}
-#: what the trial gives a builder where its signature takes it (never a study's option)
-OFFERED_PARAMS = {"model": (), "dataset": ("image_size", "max_val_images")}
 
 
 @contextmanager
